@@ -1,0 +1,159 @@
+//! Wiring: builds the store, responder, adapters and dispatcher from a [`Config`] and
+//! runs them. The binary is a thin shell around [`run`] and [`chat`]; both take their
+//! shutdown as a future, so tests can trigger it.
+
+use std::future::Future;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tokio_util::sync::CancellationToken;
+
+use crate::adapters::console::{self, ConsoleOutbound};
+use crate::clock::SystemClock;
+use crate::config::{Config, LlmConfig};
+use crate::dispatcher::{DispatchSettings, Dispatcher, Event, MAX_MESSAGE_CHARS};
+use crate::llm::Responder;
+use crate::llm::echo::EchoResponder;
+use crate::llm::openai::OpenAiResponder;
+use crate::platform::Outbound;
+use crate::store::{SqliteStore, Store};
+
+/// Open the configured database.
+pub fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
+    let store = SqliteStore::open(&config.database)
+        .with_context(|| format!("DATABASE_URL: cannot use {}", config.database.display()))?;
+    #[cfg(feature = "test-switches")]
+    let store = if std::env::var("LULL_TEST_DISABLE_LEASE").is_ok_and(|v| v == "1") {
+        tracing::warn!(
+            "LULL_TEST_DISABLE_LEASE=1: lease checks are OFF (counter-test build); replies may be duplicated"
+        );
+        store.without_lease_checks()
+    } else {
+        store
+    };
+    Ok(Arc::new(store))
+}
+
+/// The configured responder.
+pub fn responder(config: &Config) -> Arc<dyn Responder> {
+    match &config.llm {
+        LlmConfig::Echo(delay) => Arc::new(EchoResponder::new(*delay)),
+        LlmConfig::OpenAi(settings) => Arc::new(OpenAiResponder::new(settings.clone())),
+    }
+}
+
+pub fn dispatch_settings(config: &Config) -> DispatchSettings {
+    DispatchSettings {
+        timers: config.timers,
+        lease: config.lease,
+        poll_every: config.poll_every,
+        history: DispatchSettings::defaults().history,
+        max_rounds: DispatchSettings::defaults().max_rounds,
+        shutdown_grace: config.shutdown_grace,
+        access: config.access.clone(),
+        max_message_chars: MAX_MESSAGE_CHARS,
+    }
+}
+
+fn dispatcher(
+    config: &Config,
+    outbounds: Vec<Arc<dyn Outbound>>,
+) -> anyhow::Result<Arc<Dispatcher>> {
+    Ok(Dispatcher::new(
+        open_store(config)?,
+        responder(config),
+        outbounds,
+        dispatch_settings(config),
+        Arc::new(SystemClock),
+    ))
+}
+
+/// `lull run`: every configured adapter, the scheduler, until `shutdown` completes.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    let outbounds: Vec<Arc<dyn Outbound>> = Vec::new();
+    if outbounds.is_empty() {
+        anyhow::bail!(
+            "nothing to run: set TELEGRAM_BOT_TOKEN, DISCORD_BOT_TOKEN or LULL_WEBHOOK_URL to enable an adapter (or try `lull chat`)"
+        );
+    }
+    let dispatcher = dispatcher(&config, outbounds)?;
+    let stop = CancellationToken::new();
+    let scheduler = tokio::spawn(dispatcher.clone().run(stop.clone()));
+    shutdown.await;
+    tracing::info!("shutting down");
+    stop.cancel();
+    scheduler.await.context("the scheduler task failed")?;
+    Ok(())
+}
+
+/// `lull chat`: the console adapter on standard input and output. At end of input it
+/// waits until every message is answered, then returns success. If the model fails,
+/// the messages stay stored (a later run answers them) and the exit code says so.
+pub async fn chat(config: Config, interrupt: impl Future<Output = ()>) -> anyhow::Result<ExitCode> {
+    let dispatcher = dispatcher(&config, vec![Arc::new(ConsoleOutbound::stdout())])?;
+    let stop = CancellationToken::new();
+    let scheduler = tokio::spawn(dispatcher.clone().run(stop.clone()));
+    let mut events = dispatcher.subscribe();
+    let stdin = tokio::io::BufReader::new(tokio::io::stdin());
+
+    tokio::pin!(interrupt);
+    let outcome = tokio::select! {
+        read = console::read_messages(&dispatcher, stdin) => {
+            read.context("reading standard input")?;
+            tokio::select! {
+                settled = wait_until_answered(&dispatcher, &mut events) => settled,
+                () = &mut interrupt => ChatEnd::Interrupted,
+            }
+        }
+        () = &mut interrupt => ChatEnd::Interrupted,
+    };
+    stop.cancel();
+    scheduler.await.context("the scheduler task failed")?;
+    Ok(match outcome {
+        ChatEnd::Answered => ExitCode::SUCCESS,
+        ChatEnd::Interrupted => {
+            eprintln!("lull: interrupted; unanswered messages are kept and answered next time");
+            ExitCode::from(130)
+        }
+        ChatEnd::ModelFailed(error) => {
+            eprintln!(
+                "lull: the model failed ({error}); your messages are kept and answered next time"
+            );
+            ExitCode::from(1)
+        }
+    })
+}
+
+enum ChatEnd {
+    Answered,
+    Interrupted,
+    ModelFailed(String),
+}
+
+/// Wait until the console conversation has nothing pending and nothing undelivered.
+/// Progress is observed through the dispatcher's events; the store is the judge.
+async fn wait_until_answered(
+    dispatcher: &Dispatcher,
+    events: &mut tokio::sync::broadcast::Receiver<Event>,
+) -> ChatEnd {
+    let conversation = console::conversation();
+    loop {
+        match dispatcher.store().is_settled(&conversation).await {
+            Ok(Some(true) | None) => return ChatEnd::Answered,
+            Ok(Some(false)) => {}
+            Err(e) => tracing::warn!(error = %e, "cannot check for pending messages"),
+        }
+        tokio::select! {
+            event = events.recv() => {
+                if let Ok(Event::GenerationFailed { error, .. }) = event {
+                    // Let the failure notice reach the terminal first.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    return ChatEnd::ModelFailed(error);
+                }
+            }
+            () = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+    }
+}

@@ -1,0 +1,498 @@
+//! Configuration: environment variables (and a `.env` file), each also a command-line
+//! flag. Defaults make `lull chat` work with nothing set.
+//!
+//! Parsing happens in two steps: clap reads every value into [`Settings`] (a value
+//! that does not parse stops the program with a message naming its variable), then
+//! [`Config::from_settings`] checks the values together (settings that cannot work,
+//! such as a debounce not shorter than its cap) and builds the typed [`Config`].
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use secrecy::SecretString;
+
+use crate::access::AccessList;
+use crate::llm::echo::EchoDelay;
+use crate::llm::openai::OpenAiSettings;
+use crate::timing::{LeaseTiming, TimerPolicy};
+
+pub const DEFAULT_TELEGRAM_API_URL: &str = "https://api.telegram.org";
+pub const DEFAULT_DISCORD_API_URL: &str = "https://discord.com";
+pub const DEFAULT_OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
+pub const DEFAULT_OPENAI_MODEL: &str = "gpt-4.1-mini";
+pub const DEFAULT_SYSTEM_PROMPT: &str = "You are lull, a friendly and concise assistant in a chat. \
+Several messages from the user may arrive together: read them all and answer them in one reply.";
+
+/// lull: a self-hosted AI chat bot that waits for a lull in the conversation and answers once.
+#[derive(Debug, Parser)]
+#[command(name = "lull", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub settings: Settings,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Subcommand)]
+pub enum Command {
+    /// Run the configured adapters, the scheduler and the HTTP server (the default).
+    Run,
+    /// Chat in the terminal: each input line is a message, replies go to stdout.
+    Chat,
+}
+
+fn secret(s: &str) -> Result<SecretString, std::convert::Infallible> {
+    Ok(SecretString::from(s))
+}
+
+/// Every setting, as read from flags and the environment.
+#[derive(Debug, Clone, Args)]
+pub struct Settings {
+    /// Telegram bot token; enables the Telegram adapter.
+    #[arg(long, global = true, env = "TELEGRAM_BOT_TOKEN", hide_env_values = true, value_parser = secret)]
+    pub telegram_bot_token: Option<SecretString>,
+    /// teloxide's name for the Telegram token.
+    #[arg(long, global = true, env = "TELOXIDE_TOKEN", hide = true, hide_env_values = true, value_parser = secret)]
+    pub teloxide_token: Option<SecretString>,
+    /// Telegram Bot API base URL (a self-hosted Bot API server, tests).
+    #[arg(long, global = true, env = "TELEGRAM_API_URL", default_value = DEFAULT_TELEGRAM_API_URL)]
+    pub telegram_api_url: String,
+
+    /// Discord bot token; enables the Discord adapter.
+    #[arg(long, global = true, env = "DISCORD_BOT_TOKEN", hide_env_values = true, value_parser = secret)]
+    pub discord_bot_token: Option<SecretString>,
+    /// serenity's name for the Discord token.
+    #[arg(long, global = true, env = "DISCORD_TOKEN", hide = true, hide_env_values = true, value_parser = secret)]
+    pub discord_token: Option<SecretString>,
+    /// Discord REST base URL; the gateway URL is read from it.
+    #[arg(long, global = true, env = "DISCORD_API_URL", default_value = DEFAULT_DISCORD_API_URL)]
+    pub discord_api_url: String,
+
+    /// API key of the LLM server (optional for local servers).
+    #[arg(long, global = true, env = "OPENAI_API_KEY", hide_env_values = true, value_parser = secret)]
+    pub openai_api_key: Option<SecretString>,
+    /// Base URL of any OpenAI-compatible server [default: OpenAI's]
+    #[arg(long, global = true, env = "OPENAI_BASE_URL")]
+    pub openai_base_url: Option<String>,
+    /// Older name of OPENAI_BASE_URL.
+    #[arg(long, global = true, env = "OPENAI_API_BASE", hide = true)]
+    pub openai_api_base: Option<String>,
+    /// Model name.
+    #[arg(long, global = true, env = "OPENAI_MODEL", default_value = DEFAULT_OPENAI_MODEL)]
+    pub openai_model: String,
+    /// `openai` or `echo` (offline) [default: openai if a key or base URL is set, else echo]
+    #[arg(long, global = true, env = "LULL_LLM")]
+    pub llm: Option<LlmKind>,
+    /// System prompt.
+    #[arg(long, global = true, env = "LULL_SYSTEM_PROMPT", default_value = DEFAULT_SYSTEM_PROMPT, hide_default_value = true)]
+    pub system_prompt: String,
+    /// Time limit of one model request, in milliseconds.
+    #[arg(
+        long,
+        global = true,
+        env = "LULL_LLM_TIMEOUT_MS",
+        default_value_t = 60_000
+    )]
+    pub llm_timeout_ms: u64,
+
+    /// Database, `sqlite:PATH`.
+    #[arg(
+        long,
+        global = true,
+        env = "DATABASE_URL",
+        default_value = "sqlite:lull.db"
+    )]
+    pub database_url: String,
+
+    /// Debounce window: a reply waits this long after the last message.
+    #[arg(long, global = true, env = "LULL_DEBOUNCE_MS", default_value_t = 1500)]
+    pub debounce_ms: u64,
+    /// Cap of the debounce window, counted from the oldest unanswered message.
+    #[arg(
+        long,
+        global = true,
+        env = "LULL_MAX_WAIT_MS",
+        default_value_t = 10_000
+    )]
+    pub max_wait_ms: u64,
+    /// Answer at once when this many messages are pending.
+    #[arg(long, global = true, env = "LULL_MAX_BATCH", default_value_t = 20)]
+    pub max_batch: u32,
+    /// Lease lifetime; a crashed process's conversations are taken over after it.
+    #[arg(
+        long,
+        global = true,
+        env = "LULL_LEASE_TTL_MS",
+        default_value_t = 30_000
+    )]
+    pub lease_ttl_ms: u64,
+    /// Lease renewal interval [default: a third of LULL_LEASE_TTL_MS]
+    #[arg(long, global = true, env = "LULL_LEASE_RENEW_MS")]
+    pub lease_renew_ms: Option<u64>,
+    /// How often to look for work armed by other processes.
+    #[arg(long, global = true, env = "LULL_POLL_MS", default_value_t = 1000)]
+    pub poll_ms: u64,
+
+    /// Address of the HTTP server (health, metrics, http adapter).
+    #[arg(
+        long,
+        global = true,
+        env = "LULL_HTTP_ADDR",
+        default_value = "127.0.0.1:8080"
+    )]
+    pub http_addr: SocketAddr,
+    /// Where the http adapter POSTs replies; enables the http adapter.
+    #[arg(long, global = true, env = "LULL_WEBHOOK_URL")]
+    pub webhook_url: Option<String>,
+    /// Bearer token the http adapter requires.
+    #[arg(long, global = true, env = "LULL_HTTP_TOKEN", hide_env_values = true, value_parser = secret)]
+    pub http_token: Option<SecretString>,
+
+    /// Delay of the echo responder: `N` or `MIN..MAX` milliseconds.
+    #[arg(long, global = true, env = "LULL_ECHO_DELAY_MS", default_value = "0")]
+    pub echo_delay_ms: EchoDelay,
+    /// Time to finish generations in flight on SIGTERM, in milliseconds.
+    #[arg(
+        long,
+        global = true,
+        env = "LULL_SHUTDOWN_GRACE_MS",
+        default_value_t = 10_000
+    )]
+    pub shutdown_grace_ms: u64,
+    /// Who may use the bot: `platform:user_id` entries, `platform:*` or `*` [default: local users only]
+    #[arg(
+        long,
+        global = true,
+        env = "LULL_ALLOWED_USERS",
+        default_value = "",
+        hide_default_value = true
+    )]
+    pub allowed_users: AccessList,
+
+    /// Log format: `text` or `json`.
+    #[arg(long, global = true, env = "LOG_FORMAT", default_value = "text")]
+    pub log_format: LogFormat,
+    /// Log filter, tracing's EnvFilter syntax [default: info; warn for `lull chat`]
+    #[arg(long, global = true, env = "RUST_LOG")]
+    pub log_filter: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LlmKind {
+    Openai,
+    Echo,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// A configuration that cannot work. The message names the variable to fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+impl From<crate::timing::TimingError> for ConfigError {
+    fn from(e: crate::timing::TimingError) -> Self {
+        ConfigError(e.to_string())
+    }
+}
+
+/// Which responder answers.
+#[derive(Debug, Clone)]
+pub enum LlmConfig {
+    Echo(EchoDelay),
+    OpenAi(OpenAiSettings),
+}
+
+/// A platform's connection settings.
+#[derive(Debug, Clone)]
+pub struct PlatformConfig {
+    pub token: SecretString,
+    pub api_url: String,
+}
+
+/// The http adapter's settings.
+#[derive(Debug, Clone)]
+pub struct HttpAdapterConfig {
+    pub webhook_url: String,
+    pub token: Option<SecretString>,
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub telegram: Option<PlatformConfig>,
+    pub discord: Option<PlatformConfig>,
+    pub llm: LlmConfig,
+    pub database: PathBuf,
+    pub timers: TimerPolicy,
+    pub lease: LeaseTiming,
+    pub poll_every: Duration,
+    pub http_addr: SocketAddr,
+    pub http_adapter: Option<HttpAdapterConfig>,
+    pub shutdown_grace: Duration,
+    pub access: AccessList,
+}
+
+/// An http(s) URL, or an error naming the variable.
+fn http_url(variable: &str, value: &str) -> Result<String, ConfigError> {
+    let value = value.trim();
+    if !(value.starts_with("http://") || value.starts_with("https://"))
+        || value.len() <= "https://".len()
+    {
+        return Err(ConfigError(format!(
+            "{variable} must be an http:// or https:// URL, got '{value}'"
+        )));
+    }
+    Ok(value.trim_end_matches('/').to_owned())
+}
+
+/// `sqlite:PATH` (also `sqlite://PATH`) to the file path.
+pub fn database_path(url: &str) -> Result<PathBuf, ConfigError> {
+    let path = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+        .ok_or_else(|| {
+            ConfigError(format!(
+                "DATABASE_URL must be sqlite:PATH (for example sqlite:lull.db), got '{url}'"
+            ))
+        })?;
+    if path.is_empty() || path.starts_with(':') {
+        return Err(ConfigError(format!(
+            "DATABASE_URL must name a database file (sqlite:PATH), got '{url}'"
+        )));
+    }
+    Ok(PathBuf::from(path))
+}
+
+fn positive(variable: &str, ms: u64) -> Result<Duration, ConfigError> {
+    if ms == 0 {
+        return Err(ConfigError(format!("{variable} must be greater than 0")));
+    }
+    Ok(Duration::from_millis(ms))
+}
+
+impl Config {
+    /// Check the settings together and build the configuration.
+    pub fn from_settings(s: &Settings) -> Result<Config, ConfigError> {
+        let telegram = s
+            .telegram_bot_token
+            .clone()
+            .or_else(|| s.teloxide_token.clone())
+            .map(|token| {
+                Ok::<_, ConfigError>(PlatformConfig {
+                    token,
+                    api_url: http_url("TELEGRAM_API_URL", &s.telegram_api_url)?,
+                })
+            })
+            .transpose()?;
+        let discord = s
+            .discord_bot_token
+            .clone()
+            .or_else(|| s.discord_token.clone())
+            .map(|token| {
+                Ok::<_, ConfigError>(PlatformConfig {
+                    token,
+                    api_url: http_url("DISCORD_API_URL", &s.discord_api_url)?,
+                })
+            })
+            .transpose()?;
+
+        let base_url = s
+            .openai_base_url
+            .clone()
+            .or_else(|| s.openai_api_base.clone());
+        let kind = s
+            .llm
+            .unwrap_or(if s.openai_api_key.is_some() || base_url.is_some() {
+                LlmKind::Openai
+            } else {
+                LlmKind::Echo
+            });
+        let llm = match kind {
+            LlmKind::Echo => LlmConfig::Echo(s.echo_delay_ms),
+            LlmKind::Openai => {
+                let base_url = http_url(
+                    "OPENAI_BASE_URL",
+                    base_url.as_deref().unwrap_or(DEFAULT_OPENAI_BASE_URL),
+                )?;
+                if s.openai_api_key.is_none() && base_url == DEFAULT_OPENAI_BASE_URL {
+                    return Err(ConfigError(
+                        "OPENAI_API_KEY is required for OpenAI's API (set it, point OPENAI_BASE_URL at another server, or use LULL_LLM=echo)".into(),
+                    ));
+                }
+                if s.openai_model.trim().is_empty() {
+                    return Err(ConfigError("OPENAI_MODEL must not be empty".into()));
+                }
+                LlmConfig::OpenAi(OpenAiSettings {
+                    base_url,
+                    api_key: s.openai_api_key.clone(),
+                    model: s.openai_model.trim().to_owned(),
+                    system_prompt: s.system_prompt.clone(),
+                    timeout: positive("LULL_LLM_TIMEOUT_MS", s.llm_timeout_ms)?,
+                })
+            }
+        };
+
+        let timers = TimerPolicy::new(
+            Duration::from_millis(s.debounce_ms),
+            positive("LULL_MAX_WAIT_MS", s.max_wait_ms)?,
+            s.max_batch,
+        )?;
+        let ttl = positive("LULL_LEASE_TTL_MS", s.lease_ttl_ms)?;
+        let lease = match s.lease_renew_ms {
+            Some(renew) => LeaseTiming::new(ttl, Duration::from_millis(renew))?,
+            None => LeaseTiming::with_ttl(ttl)?,
+        };
+
+        let http_adapter = s
+            .webhook_url
+            .as_deref()
+            .map(|url| {
+                Ok::<_, ConfigError>(HttpAdapterConfig {
+                    webhook_url: http_url("LULL_WEBHOOK_URL", url)?,
+                    token: s.http_token.clone(),
+                })
+            })
+            .transpose()?;
+        if let Some(adapter) = &http_adapter {
+            if adapter.token.is_none() && !s.http_addr.ip().is_loopback() {
+                return Err(ConfigError(format!(
+                    "LULL_HTTP_TOKEN is required when the http adapter (LULL_WEBHOOK_URL) listens on a non-loopback address (LULL_HTTP_ADDR={})",
+                    s.http_addr
+                )));
+            }
+        }
+
+        Ok(Config {
+            telegram,
+            discord,
+            llm,
+            database: database_path(&s.database_url)?,
+            timers,
+            lease,
+            poll_every: positive("LULL_POLL_MS", s.poll_ms)?,
+            http_addr: s.http_addr,
+            http_adapter,
+            shutdown_grace: Duration::from_millis(s.shutdown_grace_ms),
+            access: s.allowed_users.clone(),
+        })
+    }
+}
+
+impl Cli {
+    /// Parse the command line and environment. A value that does not parse ends the
+    /// program with clap's message, prefixed with the variable it came from.
+    pub fn parse_or_exit() -> Cli {
+        use clap::CommandFactory;
+        use clap::error::{ContextKind, ContextValue, ErrorKind};
+        match Cli::try_parse() {
+            Ok(cli) => cli,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::ValueValidation | ErrorKind::InvalidValue
+                ) =>
+            {
+                let variable = match e.get(ContextKind::InvalidArg) {
+                    Some(ContextValue::String(arg)) => Cli::command()
+                        .get_arguments()
+                        .find(|a| {
+                            a.get_long().is_some_and(|l| {
+                                arg.starts_with(&format!("--{l} ")) || arg == &format!("--{l}")
+                            })
+                        })
+                        .and_then(|a| a.get_env().map(|v| v.to_string_lossy().into_owned())),
+                    _ => None,
+                };
+                match variable {
+                    Some(variable) => {
+                        eprintln!(
+                            "lull: invalid {variable}: {}",
+                            e.render()
+                                .to_string()
+                                .trim_start_matches("error: ")
+                                .trim_end()
+                        );
+                        std::process::exit(2);
+                    }
+                    None => e.exit(),
+                }
+            }
+            Err(e) => e.exit(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(args: &[&str]) -> Settings {
+        let mut argv = vec!["lull"];
+        argv.extend_from_slice(args);
+        Cli::try_parse_from(argv).expect("parses").settings
+    }
+
+    #[test]
+    fn defaults_give_echo_on_sqlite() {
+        let config = Config::from_settings(&settings(&[])).unwrap();
+        assert!(matches!(config.llm, LlmConfig::Echo(_)));
+        assert_eq!(config.database, PathBuf::from("lull.db"));
+        assert_eq!(config.timers.debounce(), Duration::from_millis(1500));
+        assert_eq!(config.timers.max_wait(), Duration::from_millis(10_000));
+        assert_eq!(config.lease.ttl(), Duration::from_secs(30));
+        assert!(
+            config.telegram.is_none() && config.discord.is_none() && config.http_adapter.is_none()
+        );
+    }
+
+    #[test]
+    fn a_base_url_selects_openai_without_a_key() {
+        let config = Config::from_settings(&settings(&[
+            "--openai-base-url",
+            "http://127.0.0.1:11434/v1/",
+        ]))
+        .unwrap();
+        match config.llm {
+            LlmConfig::OpenAi(s) => assert_eq!(s.base_url, "http://127.0.0.1:11434/v1"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn errors_name_the_variable() {
+        let cases: &[(&[&str], &str)] = &[
+            (
+                &["--debounce-ms", "5000", "--max-wait-ms", "4000"],
+                "LULL_DEBOUNCE_MS",
+            ),
+            (
+                &["--lease-ttl-ms", "1000", "--lease-renew-ms", "500"],
+                "LULL_LEASE_TTL_MS",
+            ),
+            (&["--database-url", "postgres://x"], "DATABASE_URL"),
+            (&["--llm", "openai"], "OPENAI_API_KEY"),
+            (&["--webhook-url", "ftp://x"], "LULL_WEBHOOK_URL"),
+            (
+                &[
+                    "--webhook-url",
+                    "http://127.0.0.1:9/x",
+                    "--http-addr",
+                    "0.0.0.0:8080",
+                ],
+                "LULL_HTTP_TOKEN",
+            ),
+            (&["--max-wait-ms", "0"], "LULL_MAX_WAIT_MS"),
+        ];
+        for (args, variable) in cases {
+            let e = Config::from_settings(&settings(args)).unwrap_err().0;
+            assert!(e.contains(variable), "{args:?}: {e}");
+        }
+    }
+}

@@ -1,0 +1,65 @@
+//! What the dispatcher did, broadcast for observers: `lull chat` waits on these, and
+//! tests observe progress through them instead of sleeping.
+
+use crate::domain::{ConversationId, LeaseToken, OutboxId, Version};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A message (or edit) was stored and the timer armed.
+    Ingested {
+        conversation: ConversationId,
+        version: Version,
+    },
+    /// This process won the lease for a round.
+    Claimed {
+        conversation: ConversationId,
+        token: LeaseToken,
+    },
+    /// Another process held the lease.
+    Contended { conversation: ConversationId },
+    /// A reply passed the final check and sits in the outbox.
+    Committed {
+        conversation: ConversationId,
+        outbox: OutboxId,
+        v0: Version,
+        batch: usize,
+        forced: bool,
+    },
+    /// A reply was dropped because the conversation moved on during generation.
+    DroppedStale {
+        conversation: ConversationId,
+        v0: Version,
+        version: Version,
+    },
+    /// An outbox row (reply or notice) was delivered completely.
+    Delivered {
+        conversation: ConversationId,
+        outbox: OutboxId,
+    },
+    /// The lease was lost mid-round; the work was abandoned.
+    LeaseLost { conversation: ConversationId },
+    /// The model failed; the messages stay pending and are retried later.
+    GenerationFailed {
+        conversation: ConversationId,
+        attempts: u32,
+        error: String,
+    },
+    /// A round ended (whatever happened in it).
+    RoundEnded { conversation: ConversationId },
+}
+
+impl Event {
+    pub fn conversation(&self) -> ConversationId {
+        match self {
+            Event::Ingested { conversation, .. }
+            | Event::Claimed { conversation, .. }
+            | Event::Contended { conversation }
+            | Event::Committed { conversation, .. }
+            | Event::DroppedStale { conversation, .. }
+            | Event::Delivered { conversation, .. }
+            | Event::LeaseLost { conversation }
+            | Event::GenerationFailed { conversation, .. }
+            | Event::RoundEnded { conversation } => *conversation,
+        }
+    }
+}

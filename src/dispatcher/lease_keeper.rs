@@ -1,0 +1,126 @@
+//! Holding a conversation lease for as long as the work it protects.
+//!
+//! The keeper renews the lease every renewal interval in the background. If a
+//! renewal finds the lease gone (expired or taken over), the keeper reports it lost
+//! and the round abandons its work: a reply generated without the lease must not be
+//! committed or delivered.
+
+use std::sync::{Arc, Mutex};
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::Clock;
+use crate::domain::Lease;
+use crate::store::{Store, StoreError};
+use crate::timing::LeaseTiming;
+
+/// A claimed lease, renewed in the background until released or dropped.
+pub struct LeaseKeeper {
+    /// The latest renewed lease. A std mutex: held only to copy or replace a value,
+    /// never across an await.
+    lease: Arc<Mutex<Lease>>,
+    lost: CancellationToken,
+    renewer: JoinHandle<()>,
+    store: Arc<dyn Store>,
+}
+
+impl LeaseKeeper {
+    pub fn start(
+        store: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+        lease: Lease,
+        timing: LeaseTiming,
+    ) -> Self {
+        let shared = Arc::new(Mutex::new(lease));
+        let lost = CancellationToken::new();
+        let renewer = tokio::spawn(renew(
+            store.clone(),
+            clock,
+            shared.clone(),
+            timing,
+            lost.clone(),
+        ));
+        Self {
+            lease: shared,
+            lost,
+            renewer,
+            store,
+        }
+    }
+
+    /// The lease as last renewed: what writes under it must present.
+    pub fn lease(&self) -> Lease {
+        self.lease.lock().expect("lease mutex poisoned").clone()
+    }
+
+    /// Completes when the lease is found lost.
+    pub async fn lost(&self) {
+        self.lost.cancelled().await
+    }
+
+    pub fn is_lost(&self) -> bool {
+        self.lost.is_cancelled()
+    }
+
+    /// Mark the lease lost (a fenced write was refused).
+    pub fn mark_lost(&self) {
+        self.lost.cancel();
+    }
+
+    /// Stop renewing and give the lease back, so another process can claim the
+    /// conversation at once instead of after the TTL.
+    pub async fn release(self) {
+        self.renewer.abort();
+        if self.is_lost() {
+            return;
+        }
+        let lease = self.lease();
+        if let Err(e) = self.store.release_lease(&lease).await {
+            // Harmless: the lease expires on its own.
+            tracing::warn!(lease = %lease.key, error = %e, "could not release a lease; it will expire");
+        }
+    }
+}
+
+impl Drop for LeaseKeeper {
+    fn drop(&mut self) {
+        self.renewer.abort();
+    }
+}
+
+async fn renew(
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    shared: Arc<Mutex<Lease>>,
+    timing: LeaseTiming,
+    lost: CancellationToken,
+) {
+    let mut wait = timing.renew_every();
+    loop {
+        tokio::time::sleep(wait).await;
+        let current = shared.lock().expect("lease mutex poisoned").clone();
+        let now = clock.now();
+        match store.renew_lease(&current, timing.ttl(), now).await {
+            Ok(renewed) => {
+                *shared.lock().expect("lease mutex poisoned") = renewed;
+                wait = timing.renew_every();
+            }
+            Err(StoreError::LeaseLost(key)) => {
+                tracing::warn!(lease = %key, token = %current.token, "lease lost; abandoning the work it protected");
+                lost.cancel();
+                return;
+            }
+            Err(e) => {
+                // The database hiccuped; the lease is still ours until it expires.
+                if clock.now() >= current.expires_at {
+                    tracing::warn!(lease = %current.key, error = %e, "could not renew a lease before it expired");
+                    lost.cancel();
+                    return;
+                }
+                tracing::debug!(lease = %current.key, error = %e, "lease renewal failed; retrying");
+                wait = timing.renew_every() / 4;
+            }
+        }
+    }
+}

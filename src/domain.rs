@@ -1,0 +1,237 @@
+//! The domain words of lull as types: conversation, message, version, lease, token,
+//! reply. Each newtype exists so that a value of one kind cannot be passed where
+//! another is expected (a version where a token belongs, a platform's chat id where
+//! the store's conversation row id belongs).
+
+use std::fmt;
+use std::str::FromStr;
+
+/// A chat platform lull talks to. Timers are only taken by processes that serve the
+/// timer's platform, so this is part of every conversation's identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Platform {
+    /// The local terminal (`lull chat`).
+    Console,
+    /// The generic JSON adapter (`POST /api/messages`, replies to a webhook).
+    Http,
+    Telegram,
+    Discord,
+}
+
+impl Platform {
+    pub const ALL: [Platform; 4] = [
+        Platform::Console,
+        Platform::Http,
+        Platform::Telegram,
+        Platform::Discord,
+    ];
+
+    /// The stable name stored in the database and used in `LULL_ALLOWED_USERS`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Platform::Console => "console",
+            Platform::Http => "http",
+            Platform::Telegram => "telegram",
+            Platform::Discord => "discord",
+        }
+    }
+
+    /// Platforms whose users are on the machine (or trusted app) running lull; they are
+    /// allowed by default, the public chat platforms are not.
+    pub fn is_local(self) -> bool {
+        matches!(self, Platform::Console | Platform::Http)
+    }
+}
+
+impl fmt::Display for Platform {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Platform {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Platform::ALL
+            .into_iter()
+            .find(|p| p.as_str().eq_ignore_ascii_case(s))
+            .ok_or_else(|| {
+                format!("unknown platform '{s}' (expected one of console, http, telegram, discord)")
+            })
+    }
+}
+
+/// The store's row id of a conversation. Only the store creates these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConversationId(pub i64);
+
+impl fmt::Display for ConversationId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// Where a conversation lives on its platform: a private chat, a group, a forum
+/// topic, a Discord channel or thread. The key is the adapter's own encoding (for
+/// example `-1001234:42` for topic 42 of a Telegram supergroup); the core treats it
+/// as opaque.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ConversationRef {
+    pub platform: Platform,
+    pub key: String,
+}
+
+impl ConversationRef {
+    pub fn new(platform: Platform, key: impl Into<String>) -> Self {
+        Self {
+            platform,
+            key: key.into(),
+        }
+    }
+}
+
+impl fmt::Display for ConversationRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.platform, self.key)
+    }
+}
+
+/// A conversation's version counter. It grows by one with every stored message or
+/// edit, in the same transaction that stores it, and never goes down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Version(pub i64);
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "v{}", self.0)
+    }
+}
+
+/// A fencing token: bumped by every successful lease claim, so a later holder always
+/// has a larger token than any earlier one, and every write of a holder is checked
+/// against it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LeaseToken(pub i64);
+
+impl fmt::Display for LeaseToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "#{}", self.0)
+    }
+}
+
+/// Milliseconds since the Unix epoch. Every process on one database compares these,
+/// so they come from the wall clock (see [`crate::clock`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Timestamp(pub i64);
+
+impl Timestamp {
+    pub fn plus(self, d: std::time::Duration) -> Timestamp {
+        Timestamp(self.0.saturating_add(millis(d)))
+    }
+
+    /// Time from `self` until `later`, zero if `later` is not after `self`.
+    pub fn until(self, later: Timestamp) -> std::time::Duration {
+        std::time::Duration::from_millis(later.0.saturating_sub(self.0).max(0) as u64)
+    }
+}
+
+/// A duration in whole milliseconds, as the database stores it.
+pub fn millis(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The identity of one running process as a lease holder. Unique per process start,
+/// so a restarted process never mistakes its predecessor's lease for its own.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct HolderId(String);
+
+impl HolderId {
+    /// `host:pid:random`, readable in the database when debugging who holds what.
+    pub fn generate() -> Self {
+        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "local".into());
+        Self(format!(
+            "{host}:{}:{:08x}",
+            std::process::id(),
+            fastrand::u32(..)
+        ))
+    }
+
+    pub fn new(id: impl Into<String>) -> Self {
+        Self(id.into())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for HolderId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What a lease protects. Conversations are leased for a whole round (generation and
+/// delivery); platforms are leased by the one process that may poll them.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum LeaseKey {
+    Conversation(ConversationId),
+    Poller(Platform),
+}
+
+impl LeaseKey {
+    /// The primary key of the lease row.
+    pub fn resource(&self) -> String {
+        match self {
+            LeaseKey::Conversation(id) => format!("conversation/{}", id.0),
+            LeaseKey::Poller(p) => format!("poller/{}", p.as_str()),
+        }
+    }
+}
+
+impl fmt::Display for LeaseKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.resource())
+    }
+}
+
+/// A lease this process holds: the proof it must present (holder and token) with
+/// every write it makes under the lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub key: LeaseKey,
+    pub holder: HolderId,
+    pub token: LeaseToken,
+    pub expires_at: Timestamp,
+}
+
+/// The id of a row in the reply outbox (replies and notices). Sent to webhooks as
+/// `reply_id` and used to derive Discord nonces, so it is stable across retries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OutboxId(pub i64);
+
+impl fmt::Display for OutboxId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn platform_names_round_trip() {
+        for p in Platform::ALL {
+            assert_eq!(p.as_str().parse::<Platform>().unwrap(), p);
+        }
+        assert!("irc".parse::<Platform>().is_err());
+    }
+
+    #[test]
+    fn timestamps_never_go_negative_in_until() {
+        assert_eq!(Timestamp(10).until(Timestamp(5)).as_millis(), 0);
+        assert_eq!(Timestamp(5).until(Timestamp(10)).as_millis(), 5);
+    }
+}

@@ -1,0 +1,80 @@
+//! The `lull` binary: read the configuration, set up logging, run a command.
+
+use std::process::ExitCode;
+
+use lull::config::{Cli, Command, Config};
+
+fn main() -> ExitCode {
+    if let Err(e) = dotenvy::dotenv() {
+        if !e.not_found() {
+            eprintln!("lull: cannot read .env: {e}");
+            return ExitCode::from(2);
+        }
+    }
+    let cli = Cli::parse_or_exit();
+    let command = cli.command.unwrap_or(Command::Run);
+    let default_filter = if command == Command::Chat {
+        "warn"
+    } else {
+        "info"
+    };
+    let filter = cli.settings.log_filter.as_deref().unwrap_or(default_filter);
+    if let Err(e) = lull::logging::init(cli.settings.log_format, filter) {
+        eprintln!("lull: {e}");
+        return ExitCode::from(2);
+    }
+    let config = match Config::from_settings(&cli.settings) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("lull: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("lull: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match command {
+            Command::Chat => lull::app::chat(config, ctrl_c()).await,
+            Command::Run => lull::app::run(config, shutdown_signal())
+                .await
+                .map(|()| ExitCode::SUCCESS),
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("lull: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn ctrl_c() {
+    if tokio::signal::ctrl_c().await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// SIGTERM (docker stop) or SIGINT (Ctrl-C).
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    () = ctrl_c() => {}
+                }
+            }
+            Err(_) => ctrl_c().await,
+        }
+    }
+    #[cfg(not(unix))]
+    ctrl_c().await;
+}

@@ -1,0 +1,369 @@
+//! The store: the only shared state between lull processes.
+//!
+//! The dispatcher talks to it through the [`Store`] trait alone, so another backend
+//! (Postgres, for several hosts) can join and run the same test suite. Every method
+//! is one short transaction; none writes back a row it read earlier, each changes
+//! only its own fields. Methods that act under a lease take the [`Lease`] and check
+//! holder, fencing token and expiry inside the same transaction as their writes.
+
+pub mod migrations;
+pub mod sqlite;
+
+use async_trait::async_trait;
+
+use crate::domain::{
+    ConversationId, ConversationRef, Lease, LeaseKey, OutboxId, Platform, Timestamp, Version,
+};
+use crate::timing::TimerPolicy;
+
+pub use sqlite::SqliteStore;
+
+/// Why a store operation failed. `Busy` and `Full` are conditions of the database
+/// the caller may wait out; `LeaseLost` means the caller no longer owns what it was
+/// acting on and must abandon its work.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("the database is busy (locked by another writer longer than the busy timeout)")]
+    Busy,
+    #[error("the database or its disk is full")]
+    Full,
+    #[error("the lease on {0} was lost (expired or taken over)")]
+    LeaseLost(LeaseKey),
+    #[error("conversation {0} does not exist")]
+    NoConversation(ConversationId),
+    #[error("cannot open the database at {path}: {reason}")]
+    Open { path: String, reason: String },
+    #[error("database error while {context}: {source}")]
+    Sqlite {
+        context: &'static str,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("unexpected data in the database: {0}")]
+    Corrupt(String),
+    #[error("database connection pool: {0}")]
+    Pool(String),
+}
+
+impl StoreError {
+    /// Whether waiting and trying again may succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Busy | StoreError::Full | StoreError::Pool(_)
+        )
+    }
+}
+
+/// A new message as the store keeps it.
+#[derive(Debug, Clone)]
+pub struct NewMessage {
+    pub conversation: ConversationRef,
+    pub is_group: bool,
+    /// The platform's message id; a second message with the same id in the same
+    /// conversation is a redelivery and is not stored again.
+    pub message_id: String,
+    pub user_id: String,
+    pub author: String,
+    pub text: String,
+}
+
+/// An edit of a message by its platform id.
+#[derive(Debug, Clone)]
+pub struct MessageEdit {
+    pub conversation: ConversationRef,
+    pub message_id: String,
+    pub text: String,
+}
+
+/// What ingest did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IngestOutcome {
+    /// Stored (or, for an edit, applied): the version was bumped and the timer armed.
+    Stored {
+        conversation: ConversationId,
+        version: Version,
+        due_at: Timestamp,
+    },
+    /// Already stored earlier (a redelivered update): nothing changed.
+    Duplicate { conversation: ConversationId },
+    /// An edit of a message that is unknown, unchanged or already answered: ignored.
+    EditIgnored,
+}
+
+/// A notice is an outbox row that answers no message: help text, a "text only" hint,
+/// an access denial, a failure notice. It never enters the model's history.
+#[derive(Debug, Clone)]
+pub struct NewNotice {
+    pub conversation: ConversationRef,
+    pub is_group: bool,
+    pub text: String,
+    pub reply_to: Option<String>,
+    /// At most one notice per key is ever stored, so a redelivered command or a
+    /// repeated failure does not notify twice.
+    pub dedupe_key: String,
+}
+
+/// Conversations that need a round now, and when to look again.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DueWork {
+    /// Conversations with a due timer or a due outbox row, and no live lease.
+    pub ready: Vec<ConversationId>,
+    /// The earliest future moment something else becomes due (a timer, an outbox
+    /// retry, a lease expiry that frees a due conversation).
+    pub next_at: Option<Timestamp>,
+}
+
+/// A stored message waiting for its reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingMessage {
+    /// The store's row id (what `covers` records).
+    pub row: i64,
+    pub message_id: String,
+    pub user_id: String,
+    pub author: String,
+    pub text: String,
+    pub version: Version,
+    pub received_at: Timestamp,
+}
+
+/// One earlier exchange: the merged user messages and the reply that covered them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exchange {
+    pub user: Vec<(String, String)>,
+    pub reply: String,
+}
+
+/// Everything a round needs to generate a reply, read in one snapshot.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    pub conversation_id: ConversationId,
+    pub conversation: ConversationRef,
+    pub is_group: bool,
+    /// The version when collected: the reply may only be committed while the
+    /// conversation is still at this version (or the cap forces it).
+    pub v0: Version,
+    /// Every message after `answered_version`, oldest first.
+    pub pending: Vec<PendingMessage>,
+    /// The most recent exchanges since the last `/reset`, oldest first.
+    pub history: Vec<Exchange>,
+    /// The conversation's timer: when it is due and how many rounds failed in a row.
+    pub timer: Option<TimerState>,
+}
+
+impl Batch {
+    /// When the oldest pending message arrived (the base of the cap).
+    pub fn oldest_pending_at(&self) -> Option<Timestamp> {
+        self.pending.iter().map(|m| m.received_at).min()
+    }
+
+    /// The platform message id a reply should quote: the last message of the batch.
+    pub fn last_message_id(&self) -> Option<&str> {
+        self.pending.last().map(|m| m.message_id.as_str())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimerState {
+    pub due_at: Timestamp,
+    pub attempts: u32,
+}
+
+/// Token counts reported by the model, stored with the reply.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TokenUsage {
+    pub prompt: u64,
+    pub completion: u64,
+}
+
+/// A generated reply, ready for the final check.
+#[derive(Debug, Clone)]
+pub struct NewReply {
+    pub text: String,
+    pub usage: Option<TokenUsage>,
+    pub llm_ms: u64,
+}
+
+/// The result of the final check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CommitOutcome {
+    /// Stored in the outbox; the batch is answered. `forced` when newer messages had
+    /// arrived but the cap made the reply go out anyway.
+    Committed { outbox: OutboxId, forced: bool },
+    /// A newer message arrived during generation: nothing stored, timer kept.
+    Stale { version: Version },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutboxKind {
+    Reply,
+    Notice,
+}
+
+impl OutboxKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutboxKind::Reply => "reply",
+            OutboxKind::Notice => "notice",
+        }
+    }
+}
+
+/// An outbox row waiting to be delivered.
+#[derive(Debug, Clone)]
+pub struct OutboxRow {
+    pub id: OutboxId,
+    pub conversation: ConversationRef,
+    pub kind: OutboxKind,
+    pub text: String,
+    pub reply_to: Option<String>,
+    /// Platform message ids of the messages a reply covers (empty for notices).
+    pub covers: Vec<String>,
+    /// Parts already delivered: delivery resumes after them.
+    pub parts_sent: u32,
+    pub attempts: u32,
+}
+
+/// The shared state lull runs on. See the module docs for the rules every method keeps.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Store a message, bump the conversation's version and arm its timer, in one
+    /// transaction. Idempotent on the platform message id.
+    async fn ingest(
+        &self,
+        message: NewMessage,
+        policy: TimerPolicy,
+        now: Timestamp,
+    ) -> Result<IngestOutcome, StoreError>;
+
+    /// Replace the text of a still-pending message; counts as a new message (version
+    /// bump, timer re-armed). Edits of answered or unknown messages are ignored.
+    async fn edit(
+        &self,
+        edit: MessageEdit,
+        policy: TimerPolicy,
+        now: Timestamp,
+    ) -> Result<IngestOutcome, StoreError>;
+
+    /// Queue a notice for delivery, at most once per dedupe key. Returns whether it
+    /// was queued now (false: an earlier one with that key exists).
+    async fn enqueue_notice(&self, notice: NewNotice, now: Timestamp) -> Result<bool, StoreError>;
+
+    /// Start a fresh context: earlier exchanges are kept but no longer offered as
+    /// history. Pending messages are kept and answered in the fresh context.
+    async fn reset_context(
+        &self,
+        conversation: &ConversationRef,
+        now: Timestamp,
+    ) -> Result<(), StoreError>;
+
+    /// Conversations of `platforms` with work due now and no live lease.
+    async fn due_work(
+        &self,
+        platforms: &[Platform],
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<DueWork, StoreError>;
+
+    /// Claim a lease by compare-and-swap: succeeds only if the lease is free or
+    /// expired, and then bumps the fencing token. `None`: someone else holds it.
+    async fn claim_lease(
+        &self,
+        key: &LeaseKey,
+        holder: &crate::domain::HolderId,
+        ttl: std::time::Duration,
+        now: Timestamp,
+    ) -> Result<Option<Lease>, StoreError>;
+
+    /// Extend a lease this process holds. `Err(LeaseLost)` if it expired or was taken.
+    async fn renew_lease(
+        &self,
+        lease: &Lease,
+        ttl: std::time::Duration,
+        now: Timestamp,
+    ) -> Result<Lease, StoreError>;
+
+    /// Give a lease back so another process can claim it at once. A lease already
+    /// lost is left alone.
+    async fn release_lease(&self, lease: &Lease) -> Result<(), StoreError>;
+
+    /// Read the conversation's version, pending messages, recent history and timer in
+    /// one snapshot.
+    async fn collect(
+        &self,
+        conversation: ConversationId,
+        history: usize,
+    ) -> Result<Batch, StoreError>;
+
+    /// The final check and commit, in one transaction: lease still ours and version
+    /// still `batch.v0` (or the cap reached) → store the reply, mark the batch
+    /// answered, delete the timer unless a newer message re-armed it.
+    async fn commit_reply(
+        &self,
+        lease: &Lease,
+        batch: &Batch,
+        reply: NewReply,
+        policy: TimerPolicy,
+        now: Timestamp,
+    ) -> Result<CommitOutcome, StoreError>;
+
+    /// Delete the timer of a conversation with nothing pending at `v0` (under lease).
+    async fn disarm_idle_timer(
+        &self,
+        lease: &Lease,
+        v0: Version,
+        now: Timestamp,
+    ) -> Result<(), StoreError>;
+
+    /// A generation failed: push the timer to `retry_at` and count the attempt (under
+    /// lease). Returns the number of consecutive failed attempts.
+    async fn record_failure(
+        &self,
+        lease: &Lease,
+        retry_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<u32, StoreError>;
+
+    /// Outbox rows of a conversation that are due for delivery, oldest first.
+    async fn due_outbox(
+        &self,
+        conversation: ConversationId,
+        now: Timestamp,
+    ) -> Result<Vec<OutboxRow>, StoreError>;
+
+    /// Record that the first `parts_sent` parts of a row were delivered; with `done`
+    /// the row is sent. A fact, not a decision: never fenced, never goes backwards.
+    async fn mark_sent(
+        &self,
+        id: OutboxId,
+        parts_sent: u32,
+        done: bool,
+        now: Timestamp,
+    ) -> Result<(), StoreError>;
+
+    /// Delivery failed for now: try again at `retry_at`.
+    async fn defer_outbox(
+        &self,
+        id: OutboxId,
+        retry_at: Timestamp,
+        error: &str,
+    ) -> Result<(), StoreError>;
+
+    /// Delivery failed for good (the platform refused it): stop trying.
+    async fn fail_outbox(
+        &self,
+        id: OutboxId,
+        error: &str,
+        now: Timestamp,
+    ) -> Result<(), StoreError>;
+
+    /// Whether a conversation has nothing left to do: no pending message, no timer, no
+    /// undelivered outbox row. `None` if the conversation does not exist.
+    async fn is_settled(&self, conversation: &ConversationRef) -> Result<Option<bool>, StoreError>;
+
+    /// How many conversations have messages waiting for a reply.
+    async fn pending_conversations(&self) -> Result<u64, StoreError>;
+
+    /// Whether the database answers (for health checks).
+    async fn ping(&self) -> Result<(), StoreError>;
+}

@@ -1,0 +1,1078 @@
+//! The SQLite backend: one database file shared by every lull process on a host.
+//!
+//! WAL journal (readers never block the writer), `busy_timeout` (writers queue
+//! instead of failing at once), `synchronous = FULL` (a message acknowledged as
+//! stored survives a crash of the process or the machine), and every write
+//! transaction starts with `BEGIN IMMEDIATE`, so it takes the write lock before it
+//! reads and can never deadlock on a lock upgrade. Blocking SQLite calls run on
+//! tokio's blocking pool.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use r2d2_sqlite::SqliteConnectionManager;
+use rusqlite::{
+    Connection, ErrorCode, OptionalExtension, Transaction, TransactionBehavior, params,
+};
+
+use super::{
+    Batch, CommitOutcome, DueWork, Exchange, IngestOutcome, MessageEdit, NewMessage, NewNotice,
+    NewReply, OutboxKind, OutboxRow, PendingMessage, Store, StoreError, TimerState,
+};
+use crate::domain::{
+    ConversationId, ConversationRef, HolderId, Lease, LeaseKey, LeaseToken, OutboxId, Platform,
+    Timestamp, Version,
+};
+use crate::timing::TimerPolicy;
+
+/// How long a writer waits for the write lock before reporting [`StoreError::Busy`].
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections per process: rounds mostly wait on the model, not the database.
+const POOL_SIZE: u32 = 8;
+
+/// Whether lease conditions are part of the SQL. Only the counter-test turns them
+/// off, to show that the stress test catches what the lease prevents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LeaseChecks {
+    Enforced,
+    #[cfg(feature = "test-switches")]
+    Disabled,
+}
+
+/// A [`Store`] on one SQLite file.
+#[derive(Clone)]
+pub struct SqliteStore {
+    pool: r2d2::Pool<SqliteConnectionManager>,
+    path: PathBuf,
+    lease_checks: LeaseChecks,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+/// Attaches what we were doing to a SQLite error and sorts out the conditions a
+/// caller can wait out (busy, full) from real failures.
+trait Context<T> {
+    fn ctx(self, context: &'static str) -> Result<T, StoreError>;
+}
+
+impl<T> Context<T> for Result<T, rusqlite::Error> {
+    fn ctx(self, context: &'static str) -> Result<T, StoreError> {
+        self.map_err(|source| classify(context, source))
+    }
+}
+
+fn classify(context: &'static str, source: rusqlite::Error) -> StoreError {
+    match source.sqlite_error_code() {
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => StoreError::Busy,
+        Some(ErrorCode::DiskFull) => StoreError::Full,
+        _ => StoreError::Sqlite { context, source },
+    }
+}
+
+impl SqliteStore {
+    /// Open (creating if needed) the database at `path` and bring its schema up to
+    /// date. Safe to call from several processes at once.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        let open_error = |reason: String| StoreError::Open {
+            path: path.display().to_string(),
+            reason,
+        };
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            if !parent.is_dir() {
+                return Err(open_error(format!(
+                    "the folder {} does not exist",
+                    parent.display()
+                )));
+            }
+        }
+        let manager = SqliteConnectionManager::file(&path).with_init(|conn| {
+            conn.busy_timeout(BUSY_TIMEOUT)?;
+            conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;")?;
+            // Every `conn.transaction()` is BEGIN IMMEDIATE (migrations included).
+            conn.set_transaction_behavior(TransactionBehavior::Immediate);
+            Ok(())
+        });
+        let pool = r2d2::Pool::builder()
+            .max_size(POOL_SIZE)
+            .min_idle(Some(1))
+            .connection_timeout(Duration::from_secs(10))
+            .build(manager)
+            .map_err(|e| open_error(e.to_string()))?;
+        let mut conn = pool.get().map_err(|e| open_error(e.to_string()))?;
+        // WAL is a property of the file: set once, it stays.
+        let mode: String =
+            retry_busy(|| conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0)))
+                .map_err(|e| open_error(format!("cannot switch to WAL: {e}")))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(open_error(format!(
+                "journal mode is {mode}, WAL is required"
+            )));
+        }
+        migrate(&mut conn).map_err(|e| open_error(format!("schema migration failed: {e}")))?;
+        drop(conn);
+        Ok(Self {
+            pool,
+            path,
+            lease_checks: LeaseChecks::Enforced,
+        })
+    }
+
+    /// The counter-test's switch: the same store with every lease condition removed
+    /// from its SQL (claims always succeed, fences always pass). Exists only in builds
+    /// with the `test-switches` feature.
+    #[cfg(feature = "test-switches")]
+    pub fn without_lease_checks(mut self) -> Self {
+        self.lease_checks = LeaseChecks::Disabled;
+        self
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn unchecked(&self) -> bool {
+        self.lease_checks != LeaseChecks::Enforced
+    }
+
+    /// Run `f` with a pooled connection on the blocking pool.
+    async fn with_conn<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let pool = self.pool.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut conn = pool.get().map_err(|e| StoreError::Pool(e.to_string()))?;
+            f(&mut conn)
+        })
+        .await
+        .map_err(|e| StoreError::Pool(format!("database task failed: {e}")))?
+    }
+
+    /// Run `f` in one `BEGIN IMMEDIATE` transaction, committed if `f` succeeds.
+    async fn write<T, F>(&self, context: &'static str, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Transaction<'_>) -> Result<T, StoreError> + Send + 'static,
+    {
+        self.with_conn(move |conn| {
+            let tx = conn.transaction().ctx(context)?;
+            let value = f(&tx)?;
+            tx.commit().ctx(context)?;
+            Ok(value)
+        })
+        .await
+    }
+}
+
+/// Retry a statement that found the file locked in a way busy_timeout does not cover
+/// (switching the journal mode while another process opens the file).
+fn retry_busy<T>(mut f: impl FnMut() -> rusqlite::Result<T>) -> rusqlite::Result<T> {
+    let mut attempt = 0;
+    loop {
+        match f() {
+            Err(e)
+                if attempt < 50
+                    && matches!(
+                        e.sqlite_error_code(),
+                        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked)
+                    ) =>
+            {
+                attempt += 1;
+                std::thread::sleep(Duration::from_millis(20 + fastrand::u64(0..40)));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Bring the schema up to date. Several processes starting on a fresh file race
+/// here: the loser's migration fails (the tables exist by then) and it tries again,
+/// finding the schema current.
+fn migrate(conn: &mut Connection) -> Result<(), rusqlite_migration::Error> {
+    let migrations = super::migrations::migrations();
+    let mut attempt = 0;
+    loop {
+        match migrations.to_latest(conn) {
+            Ok(()) => return Ok(()),
+            Err(e) if attempt < 10 => {
+                attempt += 1;
+                tracing::debug!(error = %e, attempt, "schema migration raced another process; retrying");
+                std::thread::sleep(Duration::from_millis(50 * attempt));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Find or create a conversation row; returns its id.
+fn upsert_conversation(
+    tx: &Transaction<'_>,
+    conversation: &ConversationRef,
+    is_group: bool,
+    now: Timestamp,
+) -> Result<ConversationId, StoreError> {
+    tx.execute(
+        "INSERT INTO conversations (platform, key, is_group, created_at) VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT (platform, key) DO NOTHING",
+        params![
+            conversation.platform.as_str(),
+            conversation.key,
+            is_group,
+            now.0
+        ],
+    )
+    .ctx("creating a conversation")?;
+    tx.query_row(
+        "SELECT id FROM conversations WHERE platform = ?1 AND key = ?2",
+        params![conversation.platform.as_str(), conversation.key],
+        |r| r.get(0),
+    )
+    .map(ConversationId)
+    .ctx("finding a conversation")
+}
+
+/// Bump the version of a conversation that just got a message (or an edit) and arm
+/// its timer. Must run in the transaction that stored the message.
+fn bump_and_arm(
+    tx: &Transaction<'_>,
+    conversation: ConversationId,
+    platform: Platform,
+    policy: TimerPolicy,
+    now: Timestamp,
+) -> Result<(Version, Timestamp), StoreError> {
+    // Version counter: bumped in the same transaction that stores the message.
+    let (version, answered): (i64, i64) = tx
+        .query_row(
+            "UPDATE conversations SET version = version + 1 WHERE id = ?1
+             RETURNING version, answered_version",
+            [conversation.0],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .ctx("bumping the version")?;
+    let (pending, first_pending) = pending_after(tx, conversation, answered)?;
+    let retry_at: i64 = tx
+        .query_row(
+            "SELECT retry_at FROM timers WHERE conversation_id = ?1",
+            [conversation.0],
+            |r| r.get(0),
+        )
+        .optional()
+        .ctx("reading the timer")?
+        .unwrap_or(0);
+    let due_at = policy
+        .due_at(now, first_pending.unwrap_or(now), pending)
+        .max(Timestamp(retry_at));
+    // Capped debounce: every message re-arms the timer, never past the cap.
+    tx.execute(
+        "INSERT INTO timers (conversation_id, platform, due_at, armed_version, armed_at)
+         VALUES (?1, ?2, ?3, ?4, ?5)
+         ON CONFLICT (conversation_id) DO UPDATE SET
+             due_at = excluded.due_at,
+             armed_version = excluded.armed_version,
+             armed_at = excluded.armed_at",
+        params![conversation.0, platform.as_str(), due_at.0, version, now.0],
+    )
+    .ctx("arming the timer")?;
+    Ok((Version(version), due_at))
+}
+
+/// How many messages are pending after `answered` and when the oldest arrived.
+fn pending_after(
+    tx: &Transaction<'_>,
+    conversation: ConversationId,
+    answered: i64,
+) -> Result<(u32, Option<Timestamp>), StoreError> {
+    tx.query_row(
+        "SELECT COUNT(*), MIN(received_at) FROM messages
+         WHERE conversation_id = ?1 AND version > ?2",
+        params![conversation.0, answered],
+        |r| {
+            Ok((
+                r.get::<_, i64>(0)? as u32,
+                r.get::<_, Option<i64>>(1)?.map(Timestamp),
+            ))
+        },
+    )
+    .ctx("counting pending messages")
+}
+
+/// Exclusive: a write under a lease needs the live holder with the current token.
+fn ensure_lease(
+    tx: &Transaction<'_>,
+    lease: &Lease,
+    now: Timestamp,
+    unchecked: bool,
+) -> Result<(), StoreError> {
+    if unchecked {
+        return Ok(());
+    }
+    let ours: bool = tx
+        .query_row(
+            "SELECT EXISTS (SELECT 1 FROM leases
+                 WHERE resource = ?1 AND holder = ?2 AND token = ?3 AND expires_at > ?4)",
+            params![
+                lease.key.resource(),
+                lease.holder.as_str(),
+                lease.token.0,
+                now.0
+            ],
+            |r| r.get(0),
+        )
+        .ctx("checking the lease")?;
+    if ours {
+        Ok(())
+    } else {
+        Err(StoreError::LeaseLost(lease.key.clone()))
+    }
+}
+
+fn conversation_of(lease: &Lease) -> ConversationId {
+    match lease.key {
+        LeaseKey::Conversation(id) => id,
+        LeaseKey::Poller(p) => panic!("a poller lease ({p}) was used for conversation work"),
+    }
+}
+
+/// `?N, ?N+1, …` placeholders for an IN list starting at parameter `first`.
+fn placeholders(first: usize, count: usize) -> String {
+    (first..first + count)
+        .map(|i| format!("?{i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn ingest(
+        &self,
+        message: NewMessage,
+        policy: TimerPolicy,
+        now: Timestamp,
+    ) -> Result<IngestOutcome, StoreError> {
+        self.write("storing a message", move |tx| {
+            let conversation = upsert_conversation(tx, &message.conversation, message.is_group, now)?;
+            // No duplicate: a redelivered platform message is stored once.
+            let inserted = tx
+                .execute(
+                    "INSERT INTO messages
+                         (conversation_id, platform_message_id, user_id, author, text, version, received_at)
+                     SELECT ?1, ?2, ?3, ?4, ?5, version + 1, ?6 FROM conversations WHERE id = ?1
+                     ON CONFLICT (conversation_id, platform_message_id) DO NOTHING",
+                    params![
+                        conversation.0,
+                        message.message_id,
+                        message.user_id,
+                        message.author,
+                        message.text,
+                        now.0
+                    ],
+                )
+                .ctx("storing a message")?;
+            if inserted == 0 {
+                return Ok(IngestOutcome::Duplicate { conversation });
+            }
+            let (version, due_at) = bump_and_arm(tx, conversation, message.conversation.platform, policy, now)?;
+            Ok(IngestOutcome::Stored {
+                conversation,
+                version,
+                due_at,
+            })
+        })
+        .await
+    }
+
+    async fn edit(
+        &self,
+        edit: MessageEdit,
+        policy: TimerPolicy,
+        now: Timestamp,
+    ) -> Result<IngestOutcome, StoreError> {
+        self.write("editing a message", move |tx| {
+            let found: Option<(i64, i64)> = tx
+                .query_row(
+                    "SELECT id, answered_version FROM conversations WHERE platform = ?1 AND key = ?2",
+                    params![edit.conversation.platform.as_str(), edit.conversation.key],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()
+                .ctx("finding a conversation")?;
+            let Some((id, answered)) = found else {
+                return Ok(IngestOutcome::EditIgnored);
+            };
+            // Edits: only a still-pending message changes, and it counts as new.
+            let changed = tx
+                .execute(
+                    "UPDATE messages
+                     SET text = ?1, version = (SELECT version + 1 FROM conversations WHERE id = ?2)
+                     WHERE conversation_id = ?2 AND platform_message_id = ?3
+                       AND version > ?4 AND text <> ?1",
+                    params![edit.text, id, edit.message_id, answered],
+                )
+                .ctx("editing a message")?;
+            if changed == 0 {
+                return Ok(IngestOutcome::EditIgnored);
+            }
+            let conversation = ConversationId(id);
+            let (version, due_at) = bump_and_arm(tx, conversation, edit.conversation.platform, policy, now)?;
+            Ok(IngestOutcome::Stored {
+                conversation,
+                version,
+                due_at,
+            })
+        })
+        .await
+    }
+
+    async fn enqueue_notice(&self, notice: NewNotice, now: Timestamp) -> Result<bool, StoreError> {
+        self.write("queueing a notice", move |tx| {
+            let conversation = upsert_conversation(tx, &notice.conversation, notice.is_group, now)?;
+            // At most one notice per dedupe key.
+            let inserted = tx
+                .execute(
+                    "INSERT INTO outbox (conversation_id, kind, text, reply_to, dedupe_key, created_at, next_attempt_at)
+                     VALUES (?1, 'notice', ?2, ?3, ?4, ?5, ?5)
+                     ON CONFLICT (dedupe_key) DO NOTHING",
+                    params![conversation.0, notice.text, notice.reply_to, notice.dedupe_key, now.0],
+                )
+                .ctx("queueing a notice")?;
+            Ok(inserted == 1)
+        })
+        .await
+    }
+
+    async fn reset_context(
+        &self,
+        conversation: &ConversationRef,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let conversation = conversation.clone();
+        self.write("resetting the context", move |tx| {
+            let id = upsert_conversation(tx, &conversation, false, now)?;
+            tx.execute(
+                "UPDATE conversations SET context_version = version WHERE id = ?1",
+                [id.0],
+            )
+            .ctx("resetting the context")?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn due_work(
+        &self,
+        platforms: &[Platform],
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<DueWork, StoreError> {
+        if platforms.is_empty() {
+            return Ok(DueWork::default());
+        }
+        let names: Vec<&'static str> = platforms.iter().map(|p| p.as_str()).collect();
+        let unchecked = self.unchecked();
+        self.with_conn(move |conn| {
+            let list = placeholders(4, names.len());
+            let lease_free = "(?2 OR l.holder IS NULL OR l.expires_at <= ?1)";
+            let ready_sql = format!(
+                "SELECT conversation_id FROM (
+                     SELECT t.conversation_id, t.due_at AS at FROM timers t
+                     LEFT JOIN leases l ON l.resource = 'conversation/' || t.conversation_id
+                     WHERE t.platform IN ({list}) AND t.due_at <= ?1 AND {lease_free}
+                     UNION
+                     SELECT o.conversation_id, MIN(o.next_attempt_at) AS at FROM outbox o
+                     JOIN conversations c ON c.id = o.conversation_id
+                     LEFT JOIN leases l ON l.resource = 'conversation/' || o.conversation_id
+                     WHERE o.sent_at IS NULL AND o.failed_at IS NULL AND o.next_attempt_at <= ?1
+                       AND c.platform IN ({list}) AND {lease_free}
+                     GROUP BY o.conversation_id
+                 ) GROUP BY conversation_id ORDER BY MIN(at) LIMIT ?3"
+            );
+            // A due conversation under a live lease becomes claimable when it expires.
+            let at = |column: &str| {
+                format!("CASE WHEN NOT ?2 AND l.holder IS NOT NULL AND l.expires_at > {column} THEN l.expires_at ELSE {column} END")
+            };
+            let next_sql = format!(
+                "SELECT MIN(at) FROM (
+                     SELECT {timer_at} AS at FROM timers t
+                     LEFT JOIN leases l ON l.resource = 'conversation/' || t.conversation_id
+                     WHERE t.platform IN ({list})
+                     UNION ALL
+                     SELECT {outbox_at} AS at FROM outbox o
+                     JOIN conversations c ON c.id = o.conversation_id
+                     LEFT JOIN leases l ON l.resource = 'conversation/' || o.conversation_id
+                     WHERE o.sent_at IS NULL AND o.failed_at IS NULL AND c.platform IN ({list})
+                 ) WHERE at > ?1",
+                timer_at = at("t.due_at"),
+                outbox_at = at("o.next_attempt_at"),
+            );
+            let mut values: Vec<rusqlite::types::Value> = vec![
+                now.0.into(),
+                (unchecked as i64).into(),
+                (limit as i64).into(),
+            ];
+            values.extend(names.iter().map(|n| rusqlite::types::Value::from(n.to_string())));
+            let params = rusqlite::params_from_iter(values.iter());
+            let mut ready_stmt = conn.prepare_cached(&ready_sql).ctx("finding due work")?;
+            let ready = ready_stmt
+                .query_map(params.clone(), |r| r.get(0).map(ConversationId))
+                .ctx("finding due work")?
+                .collect::<Result<Vec<_>, _>>()
+                .ctx("finding due work")?;
+            let mut next_stmt = conn.prepare_cached(&next_sql).ctx("finding the next deadline")?;
+            let next_at: Option<i64> = next_stmt
+                .query_row(params, |r| r.get(0))
+                .ctx("finding the next deadline")?;
+            Ok(DueWork {
+                ready,
+                next_at: next_at.map(Timestamp),
+            })
+        })
+        .await
+    }
+
+    async fn claim_lease(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Option<Lease>, StoreError> {
+        let key = key.clone();
+        let holder = holder.clone();
+        let unchecked = self.unchecked();
+        self.write("claiming a lease", move |tx| {
+            let resource = key.resource();
+            tx.execute(
+                "INSERT INTO leases (resource) VALUES (?1) ON CONFLICT (resource) DO NOTHING",
+                [&resource],
+            )
+            .ctx("creating a lease")?;
+            let expires_at = now.plus(ttl);
+            // Exclusive: claim only a free or expired lease (compare-and-swap); every
+            // claim bumps the fencing token.
+            let token: Option<i64> = tx
+                .query_row(
+                    "UPDATE leases SET holder = ?2, token = token + 1, expires_at = ?3
+                     WHERE resource = ?1 AND (?5 OR holder IS NULL OR expires_at <= ?4)
+                     RETURNING token",
+                    params![resource, holder.as_str(), expires_at.0, now.0, unchecked],
+                    |r| r.get(0),
+                )
+                .optional()
+                .ctx("claiming a lease")?;
+            Ok(token.map(|token| Lease {
+                key,
+                holder,
+                token: LeaseToken(token),
+                expires_at,
+            }))
+        })
+        .await
+    }
+
+    async fn renew_lease(
+        &self,
+        lease: &Lease,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Lease, StoreError> {
+        let mut lease = lease.clone();
+        let unchecked = self.unchecked();
+        self.write("renewing a lease", move |tx| {
+            let expires_at = now.plus(ttl);
+            // Exclusive: only the live holder with this fencing token extends the lease.
+            let changed = tx
+                .execute(
+                    "UPDATE leases SET expires_at = ?4
+                     WHERE resource = ?1
+                       AND (?6 OR (holder = ?2 AND token = ?3 AND expires_at > ?5))",
+                    params![
+                        lease.key.resource(),
+                        lease.holder.as_str(),
+                        lease.token.0,
+                        expires_at.0,
+                        now.0,
+                        unchecked
+                    ],
+                )
+                .ctx("renewing a lease")?;
+            if changed == 0 {
+                return Err(StoreError::LeaseLost(lease.key.clone()));
+            }
+            lease.expires_at = expires_at;
+            Ok(lease)
+        })
+        .await
+    }
+
+    async fn release_lease(&self, lease: &Lease) -> Result<(), StoreError> {
+        let lease = lease.clone();
+        self.write("releasing a lease", move |tx| {
+            // Only our own claim is released: a lease taken over since stays with its holder.
+            tx.execute(
+                "UPDATE leases SET holder = NULL WHERE resource = ?1 AND holder = ?2 AND token = ?3",
+                params![lease.key.resource(), lease.holder.as_str(), lease.token.0],
+            )
+            .ctx("releasing a lease")?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn collect(
+        &self,
+        conversation: ConversationId,
+        history: usize,
+    ) -> Result<Batch, StoreError> {
+        self.with_conn(move |conn| {
+            // One read snapshot (WAL): version, pending messages and timer agree.
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Deferred)
+                .ctx("collecting a batch")?;
+            let row: Option<(String, String, bool, i64, i64, i64)> = tx
+                .query_row(
+                    "SELECT platform, key, is_group, version, answered_version, context_version
+                     FROM conversations WHERE id = ?1",
+                    [conversation.0],
+                    |r| {
+                        Ok((
+                            r.get(0)?,
+                            r.get(1)?,
+                            r.get(2)?,
+                            r.get(3)?,
+                            r.get(4)?,
+                            r.get(5)?,
+                        ))
+                    },
+                )
+                .optional()
+                .ctx("reading a conversation")?;
+            let Some((platform, key, is_group, version, answered, context_version)) = row else {
+                return Err(StoreError::NoConversation(conversation));
+            };
+            let platform: Platform = platform.parse().map_err(StoreError::Corrupt)?;
+            let pending = {
+                let mut stmt = tx
+                    .prepare_cached(
+                        "SELECT id, platform_message_id, user_id, author, text, version, received_at
+                         FROM messages WHERE conversation_id = ?1 AND version > ?2 ORDER BY id",
+                    )
+                    .ctx("reading pending messages")?;
+                stmt.query_map(params![conversation.0, answered], |r| {
+                    Ok(PendingMessage {
+                        row: r.get(0)?,
+                        message_id: r.get(1)?,
+                        user_id: r.get(2)?,
+                        author: r.get(3)?,
+                        text: r.get(4)?,
+                        version: Version(r.get(5)?),
+                        received_at: Timestamp(r.get(6)?),
+                    })
+                })
+                .ctx("reading pending messages")?
+                .collect::<Result<Vec<_>, _>>()
+                .ctx("reading pending messages")?
+            };
+            let timer = tx
+                .query_row(
+                    "SELECT due_at, attempts FROM timers WHERE conversation_id = ?1",
+                    [conversation.0],
+                    |r| {
+                        Ok(TimerState {
+                            due_at: Timestamp(r.get(0)?),
+                            attempts: r.get(1)?,
+                        })
+                    },
+                )
+                .optional()
+                .ctx("reading the timer")?;
+            let history = read_history(&tx, conversation, context_version, history)?;
+            Ok(Batch {
+                conversation_id: conversation,
+                conversation: ConversationRef::new(platform, key),
+                is_group,
+                v0: Version(version),
+                pending,
+                history,
+                timer,
+            })
+        })
+        .await
+    }
+
+    async fn commit_reply(
+        &self,
+        lease: &Lease,
+        batch: &Batch,
+        reply: NewReply,
+        policy: TimerPolicy,
+        now: Timestamp,
+    ) -> Result<CommitOutcome, StoreError> {
+        let lease = lease.clone();
+        let conversation = batch.conversation_id;
+        let v0 = batch.v0;
+        let covered: Vec<i64> = batch.pending.iter().map(|m| m.row).collect();
+        let reply_to = batch.last_message_id().map(str::to_owned);
+        let oldest = batch.oldest_pending_at().unwrap_or(now);
+        let unchecked = self.unchecked();
+        self.write("committing a reply", move |tx| {
+            ensure_lease(tx, &lease, now, unchecked)?;
+            let version: i64 = tx
+                .query_row("SELECT version FROM conversations WHERE id = ?1", [conversation.0], |r| r.get(0))
+                .ctx("reading the version")?;
+            // Fresh: a reply is committed only if no message arrived since it was
+            // collected, unless the cap forces it out.
+            let forced = version != v0.0;
+            if forced && !policy.cap_reached(now, oldest) {
+                return Ok(CommitOutcome::Stale {
+                    version: Version(version),
+                });
+            }
+            let usage = reply.usage.unwrap_or_default();
+            let outbox: i64 = tx
+                .query_row(
+                    "INSERT INTO outbox (conversation_id, kind, text, reply_to, version, lease_token, forced,
+                                         prompt_tokens, completion_tokens, llm_ms, created_at, next_attempt_at)
+                     VALUES (?1, 'reply', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10)
+                     RETURNING id",
+                    params![
+                        conversation.0,
+                        reply.text,
+                        reply_to,
+                        v0.0,
+                        lease.token.0,
+                        forced,
+                        reply.usage.map(|_| usage.prompt as i64),
+                        reply.usage.map(|_| usage.completion as i64),
+                        reply.llm_ms as i64,
+                        now.0
+                    ],
+                    |r| r.get(0),
+                )
+                .ctx("storing a reply")?;
+            {
+                let mut cover = tx
+                    .prepare_cached("INSERT INTO reply_covers (outbox_id, message_id) VALUES (?1, ?2)")
+                    .ctx("recording covered messages")?;
+                for row in &covered {
+                    cover.execute(params![outbox, row]).ctx("recording covered messages")?;
+                }
+            }
+            // The answered version only grows.
+            tx.execute(
+                "UPDATE conversations SET answered_version = ?2 WHERE id = ?1 AND answered_version < ?2",
+                params![conversation.0, v0.0],
+            )
+            .ctx("marking the batch answered")?;
+            // The timer goes only if nothing newer than v0 armed it.
+            let deleted = tx
+                .execute(
+                    "DELETE FROM timers WHERE conversation_id = ?1 AND armed_version <= ?2",
+                    params![conversation.0, v0.0],
+                )
+                .ctx("deleting the timer")?;
+            if deleted == 0 {
+                rearm_for_remaining(tx, conversation, v0, policy)?;
+            }
+            Ok(CommitOutcome::Committed {
+                outbox: OutboxId(outbox),
+                forced,
+            })
+        })
+        .await
+    }
+
+    async fn disarm_idle_timer(
+        &self,
+        lease: &Lease,
+        v0: Version,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let lease = lease.clone();
+        let unchecked = self.unchecked();
+        self.write("disarming an idle timer", move |tx| {
+            ensure_lease(tx, &lease, now, unchecked)?;
+            let conversation = conversation_of(&lease);
+            tx.execute(
+                "DELETE FROM timers WHERE conversation_id = ?1 AND armed_version <= ?2
+                   AND NOT EXISTS (SELECT 1 FROM messages m JOIN conversations c ON c.id = m.conversation_id
+                                   WHERE c.id = ?1 AND m.version > c.answered_version)",
+                params![conversation.0, v0.0],
+            )
+            .ctx("disarming an idle timer")?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn record_failure(
+        &self,
+        lease: &Lease,
+        retry_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<u32, StoreError> {
+        let lease = lease.clone();
+        let unchecked = self.unchecked();
+        self.write("recording a failed generation", move |tx| {
+            ensure_lease(tx, &lease, now, unchecked)?;
+            let conversation = conversation_of(&lease);
+            let attempts: Option<u32> = tx
+                .query_row(
+                    "UPDATE timers SET attempts = attempts + 1, retry_at = ?2,
+                         due_at = CASE WHEN due_at < ?2 THEN ?2 ELSE due_at END
+                     WHERE conversation_id = ?1 RETURNING attempts",
+                    params![conversation.0, retry_at.0],
+                    |r| r.get(0),
+                )
+                .optional()
+                .ctx("recording a failed generation")?;
+            Ok(attempts.unwrap_or(0))
+        })
+        .await
+    }
+
+    async fn due_outbox(
+        &self,
+        conversation: ConversationId,
+        now: Timestamp,
+    ) -> Result<Vec<OutboxRow>, StoreError> {
+        self.with_conn(move |conn| {
+            let mut rows = Vec::new();
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT o.id, c.platform, c.key, o.kind, o.text, o.reply_to, o.parts_sent,
+                            o.attempts, o.next_attempt_at
+                     FROM outbox o JOIN conversations c ON c.id = o.conversation_id
+                     WHERE o.conversation_id = ?1 AND o.sent_at IS NULL AND o.failed_at IS NULL
+                     ORDER BY o.id",
+                )
+                .ctx("reading the outbox")?;
+            let mut query = stmt.query([conversation.0]).ctx("reading the outbox")?;
+            while let Some(r) = query.next().ctx("reading the outbox")? {
+                // Delivery keeps the outbox order: a row waiting for its retry holds
+                // back the rows behind it.
+                let next_attempt_at: i64 = r.get(8).ctx("reading the outbox")?;
+                if next_attempt_at > now.0 {
+                    break;
+                }
+                let platform: String = r.get(1).ctx("reading the outbox")?;
+                let kind: String = r.get(3).ctx("reading the outbox")?;
+                rows.push(OutboxRow {
+                    id: OutboxId(r.get(0).ctx("reading the outbox")?),
+                    conversation: ConversationRef::new(
+                        platform.parse().map_err(StoreError::Corrupt)?,
+                        r.get::<_, String>(2).ctx("reading the outbox")?,
+                    ),
+                    kind: if kind == "reply" {
+                        OutboxKind::Reply
+                    } else {
+                        OutboxKind::Notice
+                    },
+                    text: r.get(4).ctx("reading the outbox")?,
+                    reply_to: r.get(5).ctx("reading the outbox")?,
+                    covers: Vec::new(),
+                    parts_sent: r.get(6).ctx("reading the outbox")?,
+                    attempts: r.get(7).ctx("reading the outbox")?,
+                });
+            }
+            drop(query);
+            let mut covers = conn
+                .prepare_cached(
+                    "SELECT m.platform_message_id FROM reply_covers rc
+                     JOIN messages m ON m.id = rc.message_id
+                     WHERE rc.outbox_id = ?1 ORDER BY m.id",
+                )
+                .ctx("reading covered messages")?;
+            for row in rows.iter_mut().filter(|r| r.kind == OutboxKind::Reply) {
+                row.covers = covers
+                    .query_map([row.id.0], |r| r.get(0))
+                    .ctx("reading covered messages")?
+                    .collect::<Result<Vec<String>, _>>()
+                    .ctx("reading covered messages")?;
+            }
+            Ok(rows)
+        })
+        .await
+    }
+
+    async fn mark_sent(
+        &self,
+        id: OutboxId,
+        parts_sent: u32,
+        done: bool,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.write("marking a reply sent", move |tx| {
+            tx.execute(
+                "UPDATE outbox SET
+                     parts_sent = CASE WHEN parts_sent < ?2 THEN ?2 ELSE parts_sent END,
+                     sent_at = CASE WHEN ?3 AND sent_at IS NULL THEN ?4 ELSE sent_at END
+                 WHERE id = ?1",
+                params![id.0, parts_sent, done, now.0],
+            )
+            .ctx("marking a reply sent")?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn defer_outbox(
+        &self,
+        id: OutboxId,
+        retry_at: Timestamp,
+        error: &str,
+    ) -> Result<(), StoreError> {
+        let error = error.to_owned();
+        self.write("deferring a delivery", move |tx| {
+            tx.execute(
+                "UPDATE outbox SET attempts = attempts + 1, next_attempt_at = ?2, error = ?3
+                 WHERE id = ?1 AND sent_at IS NULL",
+                params![id.0, retry_at.0, error],
+            )
+            .ctx("deferring a delivery")?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn fail_outbox(
+        &self,
+        id: OutboxId,
+        error: &str,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let error = error.to_owned();
+        self.write("giving up a delivery", move |tx| {
+            tx.execute(
+                "UPDATE outbox SET failed_at = ?2, error = ?3 WHERE id = ?1 AND sent_at IS NULL",
+                params![id.0, now.0, error],
+            )
+            .ctx("giving up a delivery")?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn is_settled(&self, conversation: &ConversationRef) -> Result<Option<bool>, StoreError> {
+        let conversation = conversation.clone();
+        self.with_conn(move |conn| {
+            conn.query_row(
+                "SELECT c.version = c.answered_version
+                        AND NOT EXISTS (SELECT 1 FROM timers t WHERE t.conversation_id = c.id)
+                        AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.conversation_id = c.id
+                                        AND o.sent_at IS NULL AND o.failed_at IS NULL)
+                 FROM conversations c WHERE c.platform = ?1 AND c.key = ?2",
+                params![conversation.platform.as_str(), conversation.key],
+                |r| r.get(0),
+            )
+            .optional()
+            .ctx("checking whether a conversation is settled")
+        })
+        .await
+    }
+
+    async fn pending_conversations(&self) -> Result<u64, StoreError> {
+        self.with_conn(|conn| {
+            conn.query_row("SELECT COUNT(*) FROM timers", [], |r| r.get::<_, i64>(0))
+                .map(|n| n as u64)
+                .ctx("counting pending conversations")
+        })
+        .await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.with_conn(|conn| {
+            conn.query_row("SELECT 1", [], |r| r.get::<_, i64>(0))
+                .map(drop)
+                .ctx("pinging the database")
+        })
+        .await
+    }
+}
+
+/// After a forced commit, messages newer than `v0` are still pending: their timer
+/// stays, and its cap now counts from the oldest of them, not from the burst just
+/// answered.
+fn rearm_for_remaining(
+    tx: &Transaction<'_>,
+    conversation: ConversationId,
+    v0: Version,
+    policy: TimerPolicy,
+) -> Result<(), StoreError> {
+    let (pending, first_pending) = pending_after(tx, conversation, v0.0)?;
+    let Some(first_pending) = first_pending else {
+        return Ok(());
+    };
+    let armed_at: Option<i64> = tx
+        .query_row(
+            "SELECT armed_at FROM timers WHERE conversation_id = ?1",
+            [conversation.0],
+            |r| r.get(0),
+        )
+        .optional()
+        .ctx("reading the timer")?;
+    let Some(armed_at) = armed_at else {
+        return Ok(());
+    };
+    let due_at = policy.due_at(Timestamp(armed_at), first_pending, pending);
+    tx.execute(
+        "UPDATE timers SET due_at = ?2, attempts = 0, retry_at = 0 WHERE conversation_id = ?1",
+        params![conversation.0, due_at.0],
+    )
+    .ctx("re-arming the timer")?;
+    Ok(())
+}
+
+/// The last `limit` replies since the context was reset, with the messages each
+/// covered, oldest first. Dropped (stale) replies were never stored, so they never
+/// appear here.
+fn read_history(
+    tx: &Transaction<'_>,
+    conversation: ConversationId,
+    context_version: i64,
+    limit: usize,
+) -> Result<Vec<Exchange>, StoreError> {
+    if limit == 0 {
+        return Ok(Vec::new());
+    }
+    let replies: Vec<(i64, String)> = {
+        let mut stmt = tx
+            .prepare_cached(
+                "SELECT id, text FROM outbox
+                 WHERE conversation_id = ?1 AND kind = 'reply' AND version > ?2
+                 ORDER BY id DESC LIMIT ?3",
+            )
+            .ctx("reading history")?;
+        stmt.query_map(
+            params![conversation.0, context_version, limit as i64],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .ctx("reading history")?
+        .collect::<Result<_, _>>()
+        .ctx("reading history")?
+    };
+    let mut covered = tx
+        .prepare_cached(
+            "SELECT m.author, m.text FROM reply_covers rc JOIN messages m ON m.id = rc.message_id
+             WHERE rc.outbox_id = ?1 ORDER BY m.id",
+        )
+        .ctx("reading history")?;
+    let mut history = Vec::with_capacity(replies.len());
+    for (id, reply) in replies.into_iter().rev() {
+        let user = covered
+            .query_map([id], |r| Ok((r.get(0)?, r.get(1)?)))
+            .ctx("reading history")?
+            .collect::<Result<Vec<_>, _>>()
+            .ctx("reading history")?;
+        history.push(Exchange { user, reply });
+    }
+    Ok(history)
+}

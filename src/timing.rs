@@ -1,0 +1,250 @@
+//! The timing rules, as pure functions of their inputs: when a conversation's timer
+//! is due, when a stale reply must be delivered anyway, how lease renewal is paced.
+//! Both the store (which arms timers inside its ingest transaction) and the dispatcher
+//! use these, so the rules live in one place and are tested without a database.
+
+use std::time::Duration;
+
+use crate::domain::Timestamp;
+
+/// The capped debounce window. Each message re-arms the conversation's timer to
+/// `now + debounce`, but never past `first_pending + max_wait`; a burst of
+/// `max_batch` pending messages is due at once.
+///
+/// Invariant (checked by [`TimerPolicy::new`]): `debounce < max_wait` and
+/// `max_batch >= 1`, so the cap is always reachable and always binding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimerPolicy {
+    debounce: Duration,
+    max_wait: Duration,
+    max_batch: u32,
+}
+
+/// Why a timing setting cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TimingError {
+    #[error(
+        "LULL_DEBOUNCE_MS ({debounce_ms}) must be shorter than LULL_MAX_WAIT_MS ({max_wait_ms}): the cap would never let the debounce window end on its own"
+    )]
+    DebounceNotShorterThanCap {
+        debounce_ms: u128,
+        max_wait_ms: u128,
+    },
+    #[error("LULL_MAX_BATCH must be at least 1")]
+    EmptyBatch,
+    #[error(
+        "LULL_LEASE_TTL_MS ({ttl_ms}) must be at least three renewal intervals (LULL_LEASE_RENEW_MS = {renew_ms}): a lease must survive two missed renewals"
+    )]
+    LeaseTooShort { ttl_ms: u128, renew_ms: u128 },
+    #[error("LULL_LEASE_RENEW_MS must be at least 10 ms")]
+    RenewTooFast,
+}
+
+impl TimerPolicy {
+    pub fn new(
+        debounce: Duration,
+        max_wait: Duration,
+        max_batch: u32,
+    ) -> Result<Self, TimingError> {
+        if debounce >= max_wait {
+            return Err(TimingError::DebounceNotShorterThanCap {
+                debounce_ms: debounce.as_millis(),
+                max_wait_ms: max_wait.as_millis(),
+            });
+        }
+        if max_batch == 0 {
+            return Err(TimingError::EmptyBatch);
+        }
+        Ok(Self {
+            debounce,
+            max_wait,
+            max_batch,
+        })
+    }
+
+    pub fn debounce(&self) -> Duration {
+        self.debounce
+    }
+
+    pub fn max_wait(&self) -> Duration {
+        self.max_wait
+    }
+
+    pub fn max_batch(&self) -> u32 {
+        self.max_batch
+    }
+
+    /// When a timer armed at `armed_at` fires, given the oldest pending message and how
+    /// many messages are pending: `min(armed_at + debounce, first_pending + max_wait)`,
+    /// or `armed_at` itself once the batch is full.
+    pub fn due_at(
+        &self,
+        armed_at: Timestamp,
+        first_pending_at: Timestamp,
+        pending: u32,
+    ) -> Timestamp {
+        if pending >= self.max_batch {
+            return armed_at;
+        }
+        armed_at
+            .plus(self.debounce)
+            .min(first_pending_at.plus(self.max_wait))
+    }
+
+    /// The cap: a reply made stale by newer messages is still delivered once the
+    /// oldest message it covers has waited `max_wait`, so a chat that never pauses
+    /// is never starved.
+    pub fn cap_reached(&self, now: Timestamp, oldest_pending_at: Timestamp) -> bool {
+        now >= oldest_pending_at.plus(self.max_wait)
+    }
+}
+
+/// Lease lifetime and renewal pace. Invariant (checked by [`LeaseTiming::new`]): the
+/// lease lives at least three renewal intervals, so one slow or failed renewal does
+/// not lose it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseTiming {
+    ttl: Duration,
+    renew_every: Duration,
+}
+
+impl LeaseTiming {
+    pub fn new(ttl: Duration, renew_every: Duration) -> Result<Self, TimingError> {
+        if renew_every < Duration::from_millis(10) {
+            return Err(TimingError::RenewTooFast);
+        }
+        if ttl < renew_every * 3 {
+            return Err(TimingError::LeaseTooShort {
+                ttl_ms: ttl.as_millis(),
+                renew_ms: renew_every.as_millis(),
+            });
+        }
+        Ok(Self { ttl, renew_every })
+    }
+
+    /// The contract's default pace: renewed every third of the TTL.
+    pub fn with_ttl(ttl: Duration) -> Result<Self, TimingError> {
+        Self::new(ttl, ttl / 3)
+    }
+
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    pub fn renew_every(&self) -> Duration {
+        self.renew_every
+    }
+}
+
+/// Delay before retrying a conversation whose generation failed `attempts` times in a
+/// row: doubling from one second, capped at five minutes, with up to 25 % jitter so
+/// processes do not retry in lock-step.
+pub fn failure_backoff(attempts: u32) -> Duration {
+    let base_ms = 1000u64.saturating_mul(1u64 << attempts.saturating_sub(1).min(9));
+    let capped = base_ms.min(300_000);
+    let jitter = fastrand::u64(0..=capped / 4);
+    Duration::from_millis(capped + jitter)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn policy() -> TimerPolicy {
+        TimerPolicy::new(ms(1500), ms(10_000), 20).unwrap()
+    }
+
+    #[test]
+    fn each_message_pushes_the_timer_by_the_debounce() {
+        let p = policy();
+        assert_eq!(
+            p.due_at(Timestamp(1000), Timestamp(1000), 1),
+            Timestamp(2500)
+        );
+        assert_eq!(
+            p.due_at(Timestamp(2000), Timestamp(1000), 2),
+            Timestamp(3500)
+        );
+    }
+
+    #[test]
+    fn the_timer_never_passes_the_cap() {
+        let p = policy();
+        // Oldest pending at 1000: the cap is 11000 however late the last message is.
+        assert_eq!(
+            p.due_at(Timestamp(10_000), Timestamp(1000), 5),
+            Timestamp(11_000)
+        );
+        assert_eq!(
+            p.due_at(Timestamp(50_000), Timestamp(1000), 5),
+            Timestamp(11_000)
+        );
+    }
+
+    #[test]
+    fn a_full_batch_is_due_at_once() {
+        let p = policy();
+        assert_eq!(
+            p.due_at(Timestamp(2000), Timestamp(1000), 20),
+            Timestamp(2000)
+        );
+        assert_eq!(
+            p.due_at(Timestamp(2000), Timestamp(1000), 19),
+            Timestamp(3500)
+        );
+    }
+
+    #[test]
+    fn the_cap_is_reached_after_max_wait() {
+        let p = policy();
+        assert!(!p.cap_reached(Timestamp(10_999), Timestamp(1000)));
+        assert!(p.cap_reached(Timestamp(11_000), Timestamp(1000)));
+    }
+
+    #[test]
+    fn settings_that_cannot_work_are_refused() {
+        assert!(matches!(
+            TimerPolicy::new(ms(3000), ms(3000), 20),
+            Err(TimingError::DebounceNotShorterThanCap { .. })
+        ));
+        assert_eq!(
+            TimerPolicy::new(ms(10), ms(20), 0),
+            Err(TimingError::EmptyBatch)
+        );
+        assert!(matches!(
+            LeaseTiming::new(ms(1000), ms(400)),
+            Err(TimingError::LeaseTooShort { .. })
+        ));
+        assert!(LeaseTiming::new(ms(1200), ms(400)).is_ok());
+        assert_eq!(
+            LeaseTiming::with_ttl(ms(30_000)).unwrap().renew_every(),
+            ms(10_000)
+        );
+    }
+
+    #[test]
+    fn the_error_names_the_variable() {
+        let e = TimerPolicy::new(ms(3000), ms(1000), 20)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("LULL_DEBOUNCE_MS") && e.contains("LULL_MAX_WAIT_MS"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn failure_backoff_grows_and_is_capped() {
+        for _ in 0..50 {
+            let first = failure_backoff(1);
+            assert!(first >= ms(1000) && first <= ms(1250));
+            let tenth = failure_backoff(10);
+            assert!(tenth >= ms(300_000) && tenth <= ms(375_000));
+            assert!(failure_backoff(40) <= ms(375_000));
+        }
+    }
+}

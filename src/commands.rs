@@ -17,7 +17,7 @@ impl Command {
     /// (Telegram's `/cmd@botname`, a leading mention); anything after the command
     /// word is ignored.
     pub fn parse(text: &str) -> Option<Command> {
-        let word = text.trim_start().split_whitespace().next()?;
+        let word = text.split_whitespace().next()?;
         let name = word.strip_prefix('/')?;
         match name.to_ascii_lowercase().as_str() {
             "start" => Some(Command::Start),

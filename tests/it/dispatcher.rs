@@ -1,0 +1,516 @@
+//! The dispatcher's promises, shown on real SQLite files: one reply per burst, stale
+//! replies dropped, the cap, exclusivity across dispatchers, crash recovery, fencing,
+//! idempotent ingest, and the counter-test that shows the lease is what prevents
+//! duplicates.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use lull::dispatcher::{Accepted, Event};
+use lull::domain::{ConversationRef, HolderId, LeaseKey, Platform};
+use lull::store::{NewMessage, NewReply, SqliteStore, Store, StoreError};
+use lull::timing::TimerPolicy;
+
+use crate::helpers::faulty_store::FaultyStore;
+use crate::helpers::{
+    CountingEcho, GatedResponder, Leases, Node, db, ms, settings, temp_db, wait_event,
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_gets_one_reply_covering_every_message() {
+    let db = temp_db();
+    let echo = CountingEcho::new(0);
+    let node = Node::start(
+        &db.path,
+        settings(300, 3000, 3000),
+        echo.clone(),
+        Leases::Enforced,
+    );
+    for (i, text) in ["alpha", "bravo", "charlie"].iter().enumerate() {
+        node.send("c1", &format!("m{i}"), text).await;
+    }
+    let replies = node.outbound.wait_replies(1, Duration::from_secs(10)).await;
+    assert!(
+        replies[0].text.contains("alpha\nbravo\ncharlie"),
+        "{}",
+        replies[0].text
+    );
+    assert_eq!(replies[0].covers, ["m0", "m1", "m2"]);
+    // Give a second reply every chance to appear, then check the database.
+    wait_settled(&node, "c1").await;
+    assert_eq!(node.outbound.replies().len(), 1);
+    assert_eq!(
+        echo.calls.load(Ordering::SeqCst),
+        1,
+        "one model call per burst"
+    );
+    let verdict = db::check(&db.path);
+    assert_eq!(
+        (verdict.duplicates, verdict.lost, verdict.stale),
+        (0, 0, 0),
+        "{verdict:?}"
+    );
+}
+
+/// Test 2: a message that arrives while the model is generating makes that reply
+/// stale; it is dropped and one reply covering everything is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_during_generation_drops_the_stale_reply() {
+    let db = temp_db();
+    let (responder, mut started) = GatedResponder::new();
+    let node = Node::start(
+        &db.path,
+        settings(100, 5000, 3000),
+        responder.clone(),
+        Leases::Enforced,
+    );
+    let mut events = node.events();
+
+    node.send("c1", "m1", "what is the capital of France?")
+        .await;
+    assert_eq!(
+        started.recv().await,
+        Some(1),
+        "first generation covers one message"
+    );
+    node.send("c1", "m2", "and of Italy?").await;
+    responder.open(1);
+    let (v0, version) = wait_event(&mut events, Duration::from_secs(10), |e| match e {
+        Event::DroppedStale { v0, version, .. } => Some((*v0, *version)),
+        _ => None,
+    })
+    .await;
+    assert_eq!((v0.0, version.0), (1, 2));
+
+    assert_eq!(
+        started.recv().await,
+        Some(2),
+        "the next round covers both messages"
+    );
+    responder.open(1);
+    let replies = node.outbound.wait_replies(1, Duration::from_secs(10)).await;
+    assert!(
+        replies[0].text.contains("France?\nand of Italy?"),
+        "{}",
+        replies[0].text
+    );
+    wait_settled(&node, "c1").await;
+    assert_eq!(
+        node.outbound.replies().len(),
+        1,
+        "the stale reply was never delivered"
+    );
+    assert_eq!(
+        db::replies(&db.path).len(),
+        1,
+        "the stale reply was never stored"
+    );
+    assert_eq!(responder.calls.load(Ordering::SeqCst), 2);
+}
+
+/// Test 3: a user who never pauses still gets replies at most `max_wait` plus
+/// generation time apart, and no message is left uncovered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_who_never_pauses_is_answered_within_the_cap() {
+    let db = temp_db();
+    let (debounce, max_wait, generation) = (1000, 3000, 200);
+    let node = Node::start(
+        &db.path,
+        settings(debounce, max_wait, 3000),
+        CountingEcho::new(generation),
+        Leases::Enforced,
+    );
+    let started = Instant::now();
+    let mut sent = 0;
+    while started.elapsed() < Duration::from_secs(20) {
+        node.send("c1", &format!("m{sent}"), &format!("message {sent}"))
+            .await;
+        sent += 1;
+        tokio::time::sleep(ms(300)).await;
+    }
+    wait_settled(&node, "c1").await;
+
+    let verdict = db::check(&db.path);
+    assert_eq!(verdict.messages, sent);
+    assert_eq!(
+        (verdict.duplicates, verdict.lost, verdict.stale),
+        (0, 0, 0),
+        "{verdict:?}"
+    );
+    let replies = db::replies(&db.path);
+    let messages = db::messages(&db.path);
+    assert!(
+        replies.iter().any(|r| r.forced),
+        "the cap must have forced replies out"
+    );
+    // Generous slack for scheduling on a shared machine: the property is the cap, not
+    // the speed.
+    let slack = 1500;
+    for reply in &replies {
+        let oldest = messages
+            .iter()
+            .filter(|m| reply.covers.contains(&m.message_id))
+            .map(|m| m.received_at)
+            .min()
+            .unwrap();
+        let waited = reply.created_at - oldest;
+        assert!(
+            waited <= (max_wait + generation + slack) as i64,
+            "reply {} came {waited} ms after its oldest message",
+            reply.id
+        );
+    }
+    let sent_times: Vec<Instant> = node.outbound.replies().iter().map(|d| d.at).collect();
+    for pair in sent_times.windows(2) {
+        let gap = pair[1] - pair[0];
+        assert!(
+            gap <= ms(max_wait + generation + slack),
+            "replies {gap:?} apart"
+        );
+    }
+    // Far fewer model calls than messages, far more than one.
+    assert!(
+        (5..=12).contains(&replies.len()),
+        "{} replies for {sent} messages",
+        replies.len()
+    );
+}
+
+/// Test 4 (first half) and the shape of the counter-test: two dispatchers on one
+/// database, a burst spread over both.
+async fn burst_over_two_dispatchers(leases: Leases) -> db::Verdict {
+    let db = temp_db();
+    let a = Node::start(
+        &db.path,
+        settings(200, 3000, 3000),
+        CountingEcho::new(600),
+        leases,
+    );
+    let b = Node::start(
+        &db.path,
+        settings(200, 3000, 3000),
+        CountingEcho::new(600),
+        leases,
+    );
+    for i in 0..6 {
+        let node = if i % 2 == 0 { &a } else { &b };
+        node.send("burst", &format!("m{i}"), &format!("part {i}"))
+            .await;
+    }
+    wait_settled(&a, "burst").await;
+    // Let a straggling duplicate round (possible only without leases) finish.
+    tokio::time::sleep(ms(1500)).await;
+    wait_settled(&a, "burst").await;
+    db::check(&db.path)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_dispatchers_answer_a_burst_once() {
+    let verdict = burst_over_two_dispatchers(Leases::Enforced).await;
+    assert_eq!(verdict.messages, 6);
+    assert_eq!(verdict.replies, 1, "{verdict:?}");
+    assert_eq!(
+        (verdict.duplicates, verdict.lost, verdict.stale),
+        (0, 0, 0),
+        "{verdict:?}"
+    );
+}
+
+/// Test 7, the counter-test: the same burst with the lease checks switched off must
+/// produce a duplicate. If it did not, the test above would prove nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counter_test_without_leases_the_burst_is_answered_twice() {
+    let verdict = burst_over_two_dispatchers(Leases::Disabled).await;
+    assert!(
+        verdict.duplicates > 0,
+        "without leases a duplicate was expected: {verdict:?}"
+    );
+}
+
+/// Test 4 (second half): a dispatcher dies holding the lease mid-generation; the
+/// other answers once the lease has expired. Nothing lost, nothing doubled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_holder_is_replaced_after_the_lease_expires() {
+    let db = temp_db();
+    let ttl = 1500;
+    let (stuck, mut started) = GatedResponder::new();
+    let a = Node::start(
+        &db.path,
+        settings(100, 3000, ttl),
+        stuck.clone(),
+        Leases::Enforced,
+    );
+    let mut a_events = a.events();
+
+    a.send("c1", "m1", "first").await;
+    a.send("c1", "m2", "second").await;
+    let token = wait_event(&mut a_events, Duration::from_secs(10), |e| match e {
+        Event::Claimed { token, .. } => Some(*token),
+        _ => None,
+    })
+    .await;
+    assert_eq!(started.recv().await, Some(2));
+    // The second dispatcher joins while the first holds the lease mid-generation.
+    let b_echo = CountingEcho::new(0);
+    let b = Node::start(
+        &db.path,
+        settings(100, 3000, ttl),
+        b_echo.clone(),
+        Leases::Enforced,
+    );
+    let crashed_at = Instant::now();
+    a.crash();
+
+    let replies = b.outbound.wait_replies(1, Duration::from_secs(15)).await;
+    let took = crashed_at.elapsed();
+    assert!(
+        took >= ms(ttl) - ms(700),
+        "the other dispatcher must wait for the lease to expire (took {took:?})"
+    );
+    assert_eq!(replies[0].covers, ["m1", "m2"]);
+    wait_settled(&b, "c1").await;
+    let verdict = db::check(&db.path);
+    assert_eq!(
+        (verdict.replies, verdict.duplicates, verdict.lost),
+        (1, 0, 0),
+        "{verdict:?}"
+    );
+    assert!(
+        db::replies(&db.path)[0].token > token.0,
+        "the new holder has a larger token"
+    );
+    assert_eq!(b_echo.calls.load(Ordering::SeqCst), 1);
+}
+
+/// A holder that committed its reply but died before delivering it: the outbox row is
+/// delivered by the other dispatcher after the lease expires, without a second model
+/// call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_committed_reply_is_delivered_after_its_holder_crashes() {
+    let db = temp_db();
+    let a_echo = CountingEcho::new(0);
+    let a = Node::start(
+        &db.path,
+        settings(100, 3000, 1500),
+        a_echo.clone(),
+        Leases::Enforced,
+    );
+    a.outbound.hang.store(true, Ordering::SeqCst);
+    let mut a_events = a.events();
+
+    a.send("c1", "m1", "hello").await;
+    wait_event(&mut a_events, Duration::from_secs(10), |e| match e {
+        Event::Committed { .. } => Some(()),
+        _ => None,
+    })
+    .await;
+    let b_echo = CountingEcho::new(0);
+    let b = Node::start(
+        &db.path,
+        settings(100, 3000, 1500),
+        b_echo.clone(),
+        Leases::Enforced,
+    );
+    a.crash();
+
+    let replies = b.outbound.wait_replies(1, Duration::from_secs(15)).await;
+    assert_eq!(replies[0].covers, ["m1"]);
+    wait_settled(&b, "c1").await;
+    assert_eq!(b.outbound.replies().len(), 1);
+    assert_eq!(a_echo.calls.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        b_echo.calls.load(Ordering::SeqCst),
+        0,
+        "recovery delivers, it does not regenerate"
+    );
+    let verdict = db::check(&db.path);
+    assert_eq!(
+        (verdict.replies, verdict.duplicates, verdict.lost),
+        (1, 0, 0),
+        "{verdict:?}"
+    );
+}
+
+/// Test 5: a redelivered platform message is stored and counted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_platform_message_is_counted_once() {
+    let db = temp_db();
+    let node = Node::start(
+        &db.path,
+        settings(200, 3000, 3000),
+        CountingEcho::new(0),
+        Leases::Enforced,
+    );
+    let first = node.send("c1", "42", "hello").await;
+    assert!(
+        matches!(first, Accepted::Stored { version, .. } if version.0 == 1),
+        "{first:?}"
+    );
+    assert_eq!(node.send("c1", "42", "hello").await, Accepted::Duplicate);
+    let replies = node.outbound.wait_replies(1, Duration::from_secs(10)).await;
+    assert!(
+        replies[0].text.starts_with("[echo] 1 message:"),
+        "{}",
+        replies[0].text
+    );
+    // Redelivered after the reply: still nothing new.
+    assert_eq!(node.send("c1", "42", "hello").await, Accepted::Duplicate);
+    wait_settled(&node, "c1").await;
+    assert_eq!(db::count(&db.path, "SELECT COUNT(*) FROM messages"), 1);
+    assert_eq!(db::count(&db.path, "SELECT version FROM conversations"), 1);
+    assert_eq!(node.outbound.replies().len(), 1);
+}
+
+/// Test 6, at the store: a holder whose lease expired and was taken over cannot
+/// commit, and the new holder can.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_refuses_a_commit_from_a_replaced_holder() {
+    let db = temp_db();
+    let store = SqliteStore::open(&db.path).unwrap();
+    let policy = TimerPolicy::new(ms(10), ms(10_000), 20).unwrap();
+    let conversation = ConversationRef::new(Platform::Http, "c1");
+    let clock = lull::clock::SystemClock;
+    use lull::clock::Clock;
+    let stored = store
+        .ingest(
+            NewMessage {
+                conversation: conversation.clone(),
+                is_group: false,
+                message_id: "m1".into(),
+                user_id: "u".into(),
+                author: "U".into(),
+                text: "hi".into(),
+            },
+            policy,
+            clock.now(),
+        )
+        .await
+        .unwrap();
+    let id = match stored {
+        lull::store::IngestOutcome::Stored { conversation, .. } => conversation,
+        other => panic!("{other:?}"),
+    };
+    let key = LeaseKey::Conversation(id);
+    let old = store
+        .claim_lease(&key, &HolderId::new("old"), ms(100), clock.now())
+        .await
+        .unwrap()
+        .expect("free lease");
+    assert!(
+        store
+            .claim_lease(&key, &HolderId::new("new"), ms(100), clock.now())
+            .await
+            .unwrap()
+            .is_none(),
+        "a live lease cannot be claimed"
+    );
+    let batch = store.collect(id, 10).await.unwrap();
+    tokio::time::sleep(ms(150)).await;
+    let new = store
+        .claim_lease(&key, &HolderId::new("new"), ms(10_000), clock.now())
+        .await
+        .unwrap()
+        .expect("expired lease is claimable");
+    assert!(new.token > old.token, "fencing tokens only grow");
+
+    let reply = |text: &str| NewReply {
+        text: text.into(),
+        usage: None,
+        llm_ms: 1,
+    };
+    let refused = store
+        .commit_reply(&old, &batch, reply("late"), policy, clock.now())
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::LeaseLost(_))),
+        "{refused:?}"
+    );
+    assert!(matches!(
+        store.renew_lease(&old, ms(100), clock.now()).await,
+        Err(StoreError::LeaseLost(_))
+    ));
+    let batch = store.collect(id, 10).await.unwrap();
+    store
+        .commit_reply(&new, &batch, reply("fresh"), policy, clock.now())
+        .await
+        .unwrap();
+    let replies = db::replies(&db.path);
+    assert_eq!(replies.len(), 1);
+    assert_eq!(
+        (replies[0].text.as_str(), replies[0].token),
+        ("fresh", new.token.0)
+    );
+}
+
+/// Test 6, end to end: a holder that believes it still holds its lease (its
+/// renewals silently stop reaching the database, like a process frozen by the OS)
+/// is replaced; its reply is refused by the fence and only the new holder's reply is
+/// delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_stops_a_frozen_holder_end_to_end() {
+    let db = temp_db();
+    let ttl = 900;
+    let frozen_store = FaultyStore::new(SqliteStore::open(&db.path).unwrap());
+    frozen_store.freeze_renewals.store(true, Ordering::SeqCst);
+    let (slow, mut started) = GatedResponder::new();
+    let a = Node::start_with_store(frozen_store, settings(100, 5000, ttl), slow.clone());
+    let mut a_events = a.events();
+
+    a.send("c1", "m1", "hello").await;
+    assert_eq!(started.recv().await, Some(1));
+    let b = Node::start(
+        &db.path,
+        settings(100, 5000, ttl),
+        CountingEcho::new(0),
+        Leases::Enforced,
+    );
+    // B takes over once A's lease expires and answers.
+    let replies = b.outbound.wait_replies(1, Duration::from_secs(15)).await;
+    assert_eq!(replies[0].covers, ["m1"]);
+    // A finishes its generation late; the fence refuses its commit.
+    slow.open(1);
+    wait_event(&mut a_events, Duration::from_secs(10), |e| match e {
+        Event::LeaseLost { .. } => Some(()),
+        _ => None,
+    })
+    .await;
+    wait_settled(&b, "c1").await;
+    assert!(
+        a.outbound.replies().is_empty(),
+        "the replaced holder delivered nothing"
+    );
+    let verdict = db::check(&db.path);
+    assert_eq!(
+        (
+            verdict.replies,
+            verdict.duplicates,
+            verdict.lost,
+            verdict.token_regressions
+        ),
+        (1, 0, 0, 0),
+        "{verdict:?}"
+    );
+}
+
+/// Wait until a conversation has nothing pending and nothing undelivered.
+pub async fn wait_settled(node: &Node, key: &str) {
+    let conversation = ConversationRef::new(Platform::Http, key);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if node
+            .dispatcher
+            .store()
+            .is_settled(&conversation)
+            .await
+            .unwrap()
+            == Some(true)
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "conversation {key} did not settle"
+        );
+        tokio::time::sleep(ms(50)).await;
+    }
+}

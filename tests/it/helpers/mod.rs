@@ -1,0 +1,358 @@
+//! Shared test scaffolding: dispatchers ("nodes") running in their own runtimes so a
+//! test can crash one mid-generation, an outbound that records what it delivered, and
+//! responders a test can hold mid-generation.
+
+#![allow(dead_code)]
+
+pub mod db;
+pub mod faulty_store;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use lull::clock::SystemClock;
+use lull::dispatcher::{Accepted, DispatchSettings, Dispatcher, Event};
+use lull::domain::{ConversationRef, OutboxId, Platform};
+use lull::llm::echo::{EchoDelay, EchoResponder};
+use lull::llm::{Generation, LlmError, Prompt, Responder};
+use lull::platform::{Content, Incoming, IncomingKind, Outbound, OutgoingPart, SendError};
+use lull::store::{OutboxKind, SqliteStore};
+use lull::timing::{LeaseTiming, TimerPolicy};
+use tokio::sync::{Notify, Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+
+pub fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// A fresh database file in its own temporary folder (removed on drop).
+pub struct TempDb {
+    _dir: tempfile::TempDir,
+    pub path: PathBuf,
+}
+
+pub fn temp_db() -> TempDb {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("lull.db");
+    TempDb { _dir: dir, path }
+}
+
+/// Settings with short timings for tests.
+pub fn settings(debounce: u64, max_wait: u64, ttl: u64) -> DispatchSettings {
+    DispatchSettings {
+        timers: TimerPolicy::new(ms(debounce), ms(max_wait), 20).unwrap(),
+        lease: LeaseTiming::with_ttl(ms(ttl)).unwrap(),
+        poll_every: ms(50),
+        ..DispatchSettings::defaults()
+    }
+}
+
+/// One delivered part, as the platform saw it.
+#[derive(Debug, Clone)]
+pub struct Delivered {
+    pub conversation: ConversationRef,
+    pub outbox: OutboxId,
+    pub kind: OutboxKind,
+    pub text: String,
+    pub covers: Vec<String>,
+    pub at: Instant,
+}
+
+/// An outbound for the `http` platform that records every part it is given.
+pub struct RecordingOutbound {
+    pub platform: Platform,
+    pub sent: Mutex<Vec<Delivered>>,
+    changed: Notify,
+    /// While set, sends hang (a process stuck mid-delivery).
+    pub hang: std::sync::atomic::AtomicBool,
+}
+
+impl RecordingOutbound {
+    pub fn new(platform: Platform) -> Arc<Self> {
+        Arc::new(Self {
+            platform,
+            sent: Mutex::new(Vec::new()),
+            changed: Notify::new(),
+            hang: Default::default(),
+        })
+    }
+
+    pub fn replies(&self) -> Vec<Delivered> {
+        self.sent
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|d| d.kind == OutboxKind::Reply)
+            .cloned()
+            .collect()
+    }
+
+    pub fn all(&self) -> Vec<Delivered> {
+        self.sent.lock().unwrap().clone()
+    }
+
+    /// Wait until at least `n` replies were delivered; panics after `limit`.
+    pub async fn wait_replies(&self, n: usize, limit: Duration) -> Vec<Delivered> {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let notified = self.changed.notified();
+            let replies = self.replies();
+            if replies.len() >= n {
+                return replies;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                panic!(
+                    "expected {n} replies within {limit:?}, got {}: {:#?}",
+                    replies.len(),
+                    replies
+                );
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Outbound for RecordingOutbound {
+    fn platform(&self) -> Platform {
+        self.platform
+    }
+
+    fn split(&self, text: &str) -> Vec<String> {
+        lull::split::split_message(text, 4096)
+    }
+
+    async fn send(&self, part: &OutgoingPart<'_>) -> Result<(), SendError> {
+        if self.hang.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        self.sent.lock().unwrap().push(Delivered {
+            conversation: part.conversation.clone(),
+            outbox: part.outbox_id,
+            kind: part.kind,
+            text: part.text.to_owned(),
+            covers: part.covers.to_vec(),
+            at: Instant::now(),
+        });
+        self.changed.notify_waiters();
+        Ok(())
+    }
+
+    async fn typing(&self, _conversation: &ConversationRef) -> Result<(), SendError> {
+        Ok(())
+    }
+
+    fn typing_every(&self) -> Option<Duration> {
+        None
+    }
+}
+
+/// A responder that reports each generation as it starts and finishes only when the
+/// test opens its gate (one permit per generation). Replies like `echo`.
+pub struct GatedResponder {
+    started: mpsc::UnboundedSender<usize>,
+    gate: Semaphore,
+    pub calls: AtomicUsize,
+}
+
+impl GatedResponder {
+    pub fn new() -> (Arc<Self>, mpsc::UnboundedReceiver<usize>) {
+        let (started, rx) = mpsc::unbounded_channel();
+        (
+            Arc::new(Self {
+                started,
+                gate: Semaphore::new(0),
+                calls: AtomicUsize::new(0),
+            }),
+            rx,
+        )
+    }
+
+    /// Let `n` generations finish.
+    pub fn open(&self, n: usize) {
+        self.gate.add_permits(n);
+    }
+}
+
+#[async_trait]
+impl Responder for GatedResponder {
+    fn name(&self) -> &'static str {
+        "gated"
+    }
+
+    async fn respond(&self, prompt: &Prompt) -> Result<Generation, LlmError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let _ = self.started.send(prompt.batch.len());
+        self.gate.acquire().await.expect("gate open").forget();
+        EchoResponder::new(EchoDelay::fixed(0))
+            .respond(prompt)
+            .await
+    }
+}
+
+/// Counts calls to the echo responder.
+pub struct CountingEcho {
+    inner: EchoResponder,
+    pub calls: AtomicUsize,
+}
+
+impl CountingEcho {
+    pub fn new(delay_ms: u64) -> Arc<Self> {
+        Arc::new(Self {
+            inner: EchoResponder::new(EchoDelay::fixed(delay_ms)),
+            calls: AtomicUsize::new(0),
+        })
+    }
+}
+
+#[async_trait]
+impl Responder for CountingEcho {
+    fn name(&self) -> &'static str {
+        "counting-echo"
+    }
+
+    async fn respond(&self, prompt: &Prompt) -> Result<Generation, LlmError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.inner.respond(prompt).await
+    }
+}
+
+/// A dispatcher with its scheduler running in a runtime of its own, so that the test
+/// can kill it abruptly (as `kill -9` would: no lease released, nothing flushed).
+pub struct Node {
+    pub dispatcher: Arc<Dispatcher>,
+    pub outbound: Arc<RecordingOutbound>,
+    runtime: Option<tokio::runtime::Runtime>,
+    stop: CancellationToken,
+}
+
+/// Whether the node's store enforces leases (the counter-test turns them off).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leases {
+    Enforced,
+    Disabled,
+}
+
+impl Node {
+    pub fn start(
+        db: &Path,
+        settings: DispatchSettings,
+        responder: Arc<dyn Responder>,
+        leases: Leases,
+    ) -> Node {
+        Self::start_with_store(
+            match leases {
+                Leases::Enforced => Arc::new(SqliteStore::open(db).expect("open db")),
+                Leases::Disabled => Arc::new(
+                    SqliteStore::open(db)
+                        .expect("open db")
+                        .without_lease_checks(),
+                ),
+            },
+            settings,
+            responder,
+        )
+    }
+
+    pub fn start_with_store(
+        store: Arc<dyn lull::store::Store>,
+        settings: DispatchSettings,
+        responder: Arc<dyn Responder>,
+    ) -> Node {
+        let outbound = RecordingOutbound::new(Platform::Http);
+        let dispatcher = Dispatcher::new(
+            store,
+            responder,
+            vec![outbound.clone() as Arc<dyn Outbound>],
+            settings,
+            Arc::new(SystemClock),
+        );
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("node runtime");
+        let stop = CancellationToken::new();
+        runtime.spawn(dispatcher.clone().run(stop.clone()));
+        Node {
+            dispatcher,
+            outbound,
+            runtime: Some(runtime),
+            stop,
+        }
+    }
+
+    pub fn events(&self) -> tokio::sync::broadcast::Receiver<Event> {
+        self.dispatcher.subscribe()
+    }
+
+    /// Kill the node abruptly: every task stops where it is; its leases stay in the
+    /// database until they expire.
+    pub fn crash(mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+
+    /// Stop gracefully (rounds finish within the grace period).
+    pub async fn stop(mut self) {
+        self.stop.cancel();
+        if let Some(runtime) = self.runtime.take() {
+            tokio::task::spawn_blocking(move || runtime.shutdown_timeout(Duration::from_secs(15)))
+                .await
+                .unwrap();
+        }
+    }
+
+    pub async fn send(&self, conversation: &str, id: &str, text: &str) -> Accepted {
+        self.dispatcher
+            .ingest(message(conversation, id, text))
+            .await
+            .expect("ingest")
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// A new text message on the http platform.
+pub fn message(conversation: &str, id: &str, text: &str) -> Incoming {
+    Incoming {
+        conversation: ConversationRef::new(Platform::Http, conversation),
+        is_group: false,
+        user_id: "user".into(),
+        author: "User".into(),
+        message_id: id.into(),
+        content: Content::Text(text.into()),
+        kind: IncomingKind::New,
+    }
+}
+
+/// Wait for the first event matching `pick`; panics after `limit`.
+pub async fn wait_event<T>(
+    events: &mut tokio::sync::broadcast::Receiver<Event>,
+    limit: Duration,
+    mut pick: impl FnMut(&Event) -> Option<T>,
+) -> T {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        match tokio::time::timeout_at(deadline, events.recv()).await {
+            Ok(Ok(event)) => {
+                if let Some(found) = pick(&event) {
+                    return found;
+                }
+            }
+            Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => {}
+            Ok(Err(e)) => panic!("event stream ended: {e}"),
+            Err(_) => panic!("no matching event within {limit:?}"),
+        }
+    }
+}

@@ -1,0 +1,6 @@
+//! lull's integration tests: one test binary (faster to build and link), one module
+//! per area, shared scaffolding in `helpers`.
+
+mod chat;
+mod dispatcher;
+mod helpers;

@@ -88,7 +88,9 @@ CREATE TABLE outbox (
     failed_at         INTEGER,
     error             TEXT
 );
-CREATE INDEX outbox_undelivered ON outbox (next_attempt_at)
+-- Delivery is in outbox order per conversation: the head row of each decides when
+-- that conversation's outbox is due.
+CREATE INDEX outbox_undelivered ON outbox (conversation_id, id)
     WHERE sent_at IS NULL AND failed_at IS NULL;
 CREATE INDEX outbox_history ON outbox (conversation_id, kind, id);
 

@@ -481,18 +481,21 @@ impl Store for SqliteStore {
         self.with_conn(move |conn| {
             let list = placeholders(4, names.len());
             let lease_free = "(?2 OR l.holder IS NULL OR l.expires_at <= ?1)";
+            // The head (oldest undelivered row) of each conversation's outbox: delivery
+            // keeps outbox order, so a row waiting for its retry holds back the rest.
+            let heads = "SELECT o.conversation_id, o.next_attempt_at FROM outbox o
+                 JOIN conversations c ON c.id = o.conversation_id
+                 WHERE o.id IN (SELECT MIN(id) FROM outbox
+                                WHERE sent_at IS NULL AND failed_at IS NULL GROUP BY conversation_id)";
             let ready_sql = format!(
                 "SELECT conversation_id FROM (
                      SELECT t.conversation_id, t.due_at AS at FROM timers t
                      LEFT JOIN leases l ON l.resource = 'conversation/' || t.conversation_id
                      WHERE t.platform IN ({list}) AND t.due_at <= ?1 AND {lease_free}
-                     UNION
-                     SELECT o.conversation_id, MIN(o.next_attempt_at) AS at FROM outbox o
-                     JOIN conversations c ON c.id = o.conversation_id
-                     LEFT JOIN leases l ON l.resource = 'conversation/' || o.conversation_id
-                     WHERE o.sent_at IS NULL AND o.failed_at IS NULL AND o.next_attempt_at <= ?1
-                       AND c.platform IN ({list}) AND {lease_free}
-                     GROUP BY o.conversation_id
+                     UNION ALL
+                     SELECT h.conversation_id, h.next_attempt_at AS at FROM ({heads} AND c.platform IN ({list})) h
+                     LEFT JOIN leases l ON l.resource = 'conversation/' || h.conversation_id
+                     WHERE h.next_attempt_at <= ?1 AND {lease_free}
                  ) GROUP BY conversation_id ORDER BY MIN(at) LIMIT ?3"
             );
             // A due conversation under a live lease becomes claimable when it expires.
@@ -505,13 +508,11 @@ impl Store for SqliteStore {
                      LEFT JOIN leases l ON l.resource = 'conversation/' || t.conversation_id
                      WHERE t.platform IN ({list})
                      UNION ALL
-                     SELECT {outbox_at} AS at FROM outbox o
-                     JOIN conversations c ON c.id = o.conversation_id
-                     LEFT JOIN leases l ON l.resource = 'conversation/' || o.conversation_id
-                     WHERE o.sent_at IS NULL AND o.failed_at IS NULL AND c.platform IN ({list})
+                     SELECT {outbox_at} AS at FROM ({heads} AND c.platform IN ({list})) h
+                     LEFT JOIN leases l ON l.resource = 'conversation/' || h.conversation_id
                  ) WHERE at > ?1",
                 timer_at = at("t.due_at"),
-                outbox_at = at("o.next_attempt_at"),
+                outbox_at = at("h.next_attempt_at"),
             );
             let mut values: Vec<rusqlite::types::Value> = vec![
                 now.0.into(),

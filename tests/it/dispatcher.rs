@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use lull::dispatcher::{Accepted, Event};
 use lull::domain::{ConversationRef, HolderId, LeaseKey, Platform};
+use lull::platform::SendError;
 use lull::store::{NewMessage, NewReply, SqliteStore, Store, StoreError};
 use lull::timing::TimerPolicy;
 
@@ -328,6 +329,68 @@ async fn a_committed_reply_is_delivered_after_its_holder_crashes() {
         (verdict.replies, verdict.duplicates, verdict.lost),
         (1, 0, 0),
         "{verdict:?}"
+    );
+}
+
+/// A platform outage: the reply is retried within the round, then deferred with a
+/// backoff (no busy loop), and a later reply waits behind it so the outbox order
+/// holds. A permanent refusal gives up on that row only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_deliveries_are_deferred_in_order_without_spinning() {
+    let db = temp_db();
+    let node = Node::start(
+        &db.path,
+        settings(100, 3000, 3000),
+        CountingEcho::new(0),
+        Leases::Enforced,
+    );
+    let mut events = node.events();
+    // Four attempts fail within the first round, the fifth in the next one.
+    node.outbound
+        .fail(5, SendError::Transient("connection reset".into()));
+    node.send("c1", "m1", "first").await;
+    let deferred_at = Instant::now();
+    wait_event(&mut events, Duration::from_secs(10), |e| match e {
+        Event::Committed { .. } => Some(()),
+        _ => None,
+    })
+    .await;
+    // A second burst is answered while the first reply still waits for the platform.
+    tokio::time::sleep(ms(800)).await;
+    node.send("c1", "m2", "second").await;
+    let replies = node.outbound.wait_replies(2, Duration::from_secs(20)).await;
+    assert!(
+        deferred_at.elapsed() >= ms(3000),
+        "the row was retried with backoff"
+    );
+    assert_eq!(replies[0].covers, ["m1"], "outbox order holds");
+    assert_eq!(replies[1].covers, ["m2"]);
+    assert_eq!(node.outbound.attempts.load(Ordering::SeqCst), 7);
+    let mut claims = 0;
+    while let Ok(event) = events.try_recv() {
+        claims += matches!(event, Event::Claimed { .. }) as usize;
+    }
+    assert!(
+        claims <= 6,
+        "{claims} rounds: the scheduler must not spin on a deferred row"
+    );
+
+    // A permanent refusal drops that row and lets the next one through.
+    node.outbound.fail(
+        1,
+        SendError::Permanent("bot was blocked by the user".into()),
+    );
+    node.send("c1", "m3", "third").await;
+    wait_settled(&node, "c1").await;
+    node.send("c1", "m4", "fourth").await;
+    let replies = node.outbound.wait_replies(3, Duration::from_secs(10)).await;
+    assert_eq!(replies[2].covers, ["m4"]);
+    assert_eq!(
+        db::count(
+            &db.path,
+            "SELECT COUNT(*) FROM outbox WHERE failed_at IS NOT NULL"
+        ),
+        1
     );
 }
 

@@ -68,6 +68,11 @@ pub struct RecordingOutbound {
     changed: Notify,
     /// While set, sends hang (a process stuck mid-delivery).
     pub hang: std::sync::atomic::AtomicBool,
+    /// The next this-many sends fail with `fail_with`.
+    pub fail_next: AtomicUsize,
+    pub fail_with: Mutex<Option<SendError>>,
+    /// Every send attempt, successful or not.
+    pub attempts: AtomicUsize,
 }
 
 impl RecordingOutbound {
@@ -77,7 +82,16 @@ impl RecordingOutbound {
             sent: Mutex::new(Vec::new()),
             changed: Notify::new(),
             hang: Default::default(),
+            fail_next: AtomicUsize::new(0),
+            fail_with: Mutex::new(None),
+            attempts: AtomicUsize::new(0),
         })
+    }
+
+    /// Make the next `n` sends fail with `error`.
+    pub fn fail(&self, n: usize, error: SendError) {
+        *self.fail_with.lock().unwrap() = Some(error);
+        self.fail_next.store(n, Ordering::SeqCst);
     }
 
     pub fn replies(&self) -> Vec<Delivered> {
@@ -127,6 +141,14 @@ impl Outbound for RecordingOutbound {
     async fn send(&self, part: &OutgoingPart<'_>) -> Result<(), SendError> {
         if self.hang.load(Ordering::SeqCst) {
             std::future::pending::<()>().await;
+        }
+        self.attempts.fetch_add(1, Ordering::SeqCst);
+        if self
+            .fail_next
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(self.fail_with.lock().unwrap().clone().expect("failure set"));
         }
         self.sent.lock().unwrap().push(Delivered {
             conversation: part.conversation.clone(),

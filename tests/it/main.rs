@@ -4,3 +4,4 @@
 mod chat;
 mod dispatcher;
 mod helpers;
+mod ingest;

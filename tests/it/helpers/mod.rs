@@ -283,7 +283,17 @@ impl Node {
         settings: DispatchSettings,
         responder: Arc<dyn Responder>,
     ) -> Node {
-        let outbound = RecordingOutbound::new(Platform::Http);
+        Self::start_on(Platform::Http, store, settings, responder)
+    }
+
+    /// A node serving `platform` (its outbound records under that platform).
+    pub fn start_on(
+        platform: Platform,
+        store: Arc<dyn lull::store::Store>,
+        settings: DispatchSettings,
+        responder: Arc<dyn Responder>,
+    ) -> Node {
+        let outbound = RecordingOutbound::new(platform);
         let dispatcher = Dispatcher::new(
             store,
             responder,
@@ -329,10 +339,9 @@ impl Node {
     }
 
     pub async fn send(&self, conversation: &str, id: &str, text: &str) -> Accepted {
-        self.dispatcher
-            .ingest(message(conversation, id, text))
-            .await
-            .expect("ingest")
+        let mut incoming = message(conversation, id, text);
+        incoming.conversation.platform = self.outbound.platform;
+        self.dispatcher.ingest(incoming).await.expect("ingest")
     }
 }
 

@@ -5,3 +5,4 @@
 //! point from here to the core, never back.
 
 pub mod console;
+pub mod http;

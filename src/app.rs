@@ -2,7 +2,7 @@
 //! runs them. The binary is a thin shell around [`run`] and [`chat`]; both take their
 //! shutdown as a future, so tests can trigger it.
 
-use std::future::Future;
+use std::future::{Future, IntoFuture};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,9 +11,13 @@ use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 
 use crate::adapters::console::{self, ConsoleOutbound};
+use crate::adapters::http::WebhookOutbound;
 use crate::clock::SystemClock;
 use crate::config::{Config, LlmConfig};
 use crate::dispatcher::{DispatchSettings, Dispatcher, Event, MAX_MESSAGE_CHARS};
+use crate::domain::Platform;
+use crate::health::{AdapterState, Health};
+use crate::http::HttpState;
 use crate::llm::Responder;
 use crate::llm::echo::EchoResponder;
 use crate::llm::openai::OpenAiResponder;
@@ -70,21 +74,72 @@ fn dispatcher(
     ))
 }
 
-/// `lull run`: every configured adapter, the scheduler, until `shutdown` completes.
+/// `lull run`: every configured adapter, the scheduler and the HTTP server, until
+/// `shutdown` completes. Then the HTTP server stops taking messages, and rounds in
+/// flight get the grace period to finish before their leases are released.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-    let outbounds: Vec<Arc<dyn Outbound>> = Vec::new();
+    let metrics = crate::metrics::install().map_err(anyhow::Error::msg)?;
+    let health = Health::default();
+    let mut outbounds: Vec<Arc<dyn Outbound>> = Vec::new();
+    if let Some(http) = &config.http_adapter {
+        outbounds.push(Arc::new(
+            WebhookOutbound::new(http.webhook_url.clone()).map_err(anyhow::Error::msg)?,
+        ));
+        health.set(Platform::Http, AdapterState::Up);
+    }
     if outbounds.is_empty() {
         anyhow::bail!(
             "nothing to run: set TELEGRAM_BOT_TOKEN, DISCORD_BOT_TOKEN or LULL_WEBHOOK_URL to enable an adapter (or try `lull chat`)"
         );
     }
-    let dispatcher = dispatcher(&config, outbounds)?;
-    let stop = CancellationToken::new();
-    let scheduler = tokio::spawn(dispatcher.clone().run(stop.clone()));
+    let store = open_store(&config)?;
+    let dispatcher = Dispatcher::new(
+        store.clone(),
+        responder(&config),
+        outbounds,
+        dispatch_settings(&config),
+        Arc::new(SystemClock),
+    );
+    let api = config
+        .http_adapter
+        .as_ref()
+        .map(|http| crate::adapters::http::routes(dispatcher.clone(), http.token.clone()));
+    let router = crate::http::app(
+        HttpState {
+            store,
+            health,
+            metrics: Some(metrics.clone()),
+        },
+        api,
+    );
+    let listener = tokio::net::TcpListener::bind(config.http_addr)
+        .await
+        .with_context(|| format!("LULL_HTTP_ADDR: cannot listen on {}", config.http_addr))?;
+    tracing::info!(addr = %listener.local_addr()?, "HTTP server listening");
+
+    let stop_intake = CancellationToken::new();
+    let stop_scheduler = CancellationToken::new();
+    let server = tokio::spawn(
+        axum::serve(listener, router)
+            .with_graceful_shutdown(stop_intake.clone().cancelled_owned())
+            .into_future(),
+    );
+    let scheduler = tokio::spawn(dispatcher.clone().run(stop_scheduler.clone()));
+    let upkeep = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            metrics.run_upkeep();
+        }
+    });
+
     shutdown.await;
-    tracing::info!("shutting down");
-    stop.cancel();
+    tracing::info!("shutting down: no new messages; finishing rounds in flight");
+    stop_intake.cancel();
+    stop_scheduler.cancel();
     scheduler.await.context("the scheduler task failed")?;
+    server.await.context("the HTTP server task failed")??;
+    upkeep.abort();
+    tracing::info!("stopped");
     Ok(())
 }
 

@@ -45,6 +45,8 @@ pub mod commands;
 pub mod config;
 pub mod dispatcher;
 pub mod domain;
+pub mod health;
+pub mod http;
 pub mod llm;
 pub mod logging;
 pub mod metrics;

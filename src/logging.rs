@@ -12,8 +12,10 @@ pub fn init(format: LogFormat, filter: &str) -> Result<(), ConfigError> {
             "RUST_LOG is not a valid log filter ('{filter}'): {e}"
         ))
     })?;
+    use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let result = match format {
         LogFormat::Text => builder.try_init(),

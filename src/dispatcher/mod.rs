@@ -40,7 +40,8 @@ pub struct DispatchSettings {
     pub timers: TimerPolicy,
     pub lease: LeaseTiming,
     /// How often to look for work armed by other processes (and for leases of
-    /// crashed processes that expired). Timers this process arms wake it at once.
+    /// crashed processes that expired). Timers this process arms wake it at once;
+    /// another process's work becomes due here this much later than for its owner.
     pub poll_every: Duration,
     /// How many earlier exchanges the model sees.
     pub history: usize,
@@ -245,7 +246,7 @@ impl Dispatcher {
                     text,
                 };
                 self.store
-                    .ingest(message, self.settings.timers, now)
+                    .ingest(message, self.settings.timers, &self.holder, now)
                     .await?
             }
             IncomingKind::Edit => {
@@ -254,7 +255,9 @@ impl Dispatcher {
                     message_id: incoming.message_id,
                     text,
                 };
-                self.store.edit(edit, self.settings.timers, now).await?
+                self.store
+                    .edit(edit, self.settings.timers, &self.holder, now)
+                    .await?
             }
         };
         Ok(match outcome {
@@ -318,7 +321,7 @@ impl Dispatcher {
             reply_to: incoming.is_group.then(|| incoming.message_id.clone()),
             dedupe_key: format!("{what}/{}/{}", incoming.conversation, incoming.message_id),
         };
-        if self.store.enqueue_notice(notice, now).await? {
+        if self.store.enqueue_notice(notice, &self.holder, now).await? {
             self.wake.notify_one();
         }
         Ok(())
@@ -337,7 +340,7 @@ impl Dispatcher {
             reply_to: incoming.is_group.then(|| incoming.message_id.clone()),
             dedupe_key: format!("denied/{platform}/{}/{day}", incoming.user_id),
         };
-        if self.store.enqueue_notice(notice, now).await? {
+        if self.store.enqueue_notice(notice, &self.holder, now).await? {
             self.wake.notify_one();
         }
         Ok(())

@@ -296,7 +296,7 @@ impl Dispatcher {
             reply_to: None,
             dedupe_key: format!("model-down/{}/{first}", batch.conversation),
         };
-        self.store.enqueue_notice(notice, now).await?;
+        self.store.enqueue_notice(notice, &self.holder, now).await?;
         self.deliver_due(conversation, keeper, stop).await?;
         Ok(RoundEnd::LlmFailed)
     }

@@ -16,6 +16,7 @@ use super::Dispatcher;
 use super::round::RoundEnd;
 use crate::domain::{ConversationId, Timestamp};
 use crate::metrics as names;
+use crate::store::WorkQuery;
 
 /// Conversations taken per scheduler pass.
 const BATCH_LIMIT: usize = 256;
@@ -45,15 +46,20 @@ impl Dispatcher {
     /// within `shutdown_grace`; rounds still running after it are stopped and hand
     /// their leases back, so another process takes over at once.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
-        let platforms = self.platforms();
-        tracing::info!(holder = %self.holder, platforms = ?platforms, "scheduler started");
+        let query = WorkQuery {
+            platforms: self.platforms(),
+            holder: self.holder.clone(),
+            handoff: self.settings.poll_every,
+            limit: BATCH_LIMIT,
+        };
+        tracing::info!(holder = %self.holder, platforms = ?query.platforms, "scheduler started");
         let rounds = TaskTracker::new();
         let hard_stop = CancellationToken::new();
         let mut gauge_at = Timestamp(0);
         loop {
             let now = self.clock.now();
             let mut wake_at = now.plus(self.settings.poll_every);
-            match self.store.due_work(&platforms, now, BATCH_LIMIT).await {
+            match self.store.due_work(&query, now).await {
                 Ok(work) => {
                     for conversation in work.ready {
                         self.start_round(conversation, now, &rounds, &hard_stop);

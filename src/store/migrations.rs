@@ -48,6 +48,9 @@ CREATE TABLE timers (
     -- timer only if armed_version <= v0.
     armed_version   INTEGER NOT NULL,
     armed_at        INTEGER NOT NULL,
+    -- The process that armed it is woken in-process at due_at; others take it over
+    -- only a hand-off later (they poll), so processes do not race for every timer.
+    armed_by        TEXT    NOT NULL,
     -- Failed generations: back off until retry_at.
     attempts        INTEGER NOT NULL DEFAULT 0,
     retry_at        INTEGER NOT NULL DEFAULT 0
@@ -77,6 +80,8 @@ CREATE TABLE outbox (
     lease_token       INTEGER,
     forced            INTEGER NOT NULL DEFAULT 0,
     dedupe_key        TEXT UNIQUE,
+    -- The process that queued it delivers it; others only after a hand-off.
+    owner             TEXT    NOT NULL,
     prompt_tokens     INTEGER,
     completion_tokens INTEGER,
     llm_ms            INTEGER,

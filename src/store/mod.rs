@@ -12,7 +12,8 @@ pub mod sqlite;
 use async_trait::async_trait;
 
 use crate::domain::{
-    ConversationId, ConversationRef, Lease, LeaseKey, OutboxId, Platform, Timestamp, Version,
+    ConversationId, ConversationRef, HolderId, Lease, LeaseKey, OutboxId, Platform, Timestamp,
+    Version,
 };
 use crate::timing::TimerPolicy;
 
@@ -102,6 +103,19 @@ pub struct NewNotice {
     /// At most one notice per key is ever stored, so a redelivered command or a
     /// repeated failure does not notify twice.
     pub dedupe_key: String,
+}
+
+/// Which work a process looks for.
+#[derive(Debug, Clone)]
+pub struct WorkQuery {
+    /// Only timers and outbox rows of these platforms (the ones this process serves).
+    pub platforms: Vec<Platform>,
+    /// This process: timers it armed and rows it owns are due at once.
+    pub holder: HolderId,
+    /// How much later another process's work is due here.
+    pub handoff: std::time::Duration,
+    /// At most this many conversations per call.
+    pub limit: usize,
 }
 
 /// Conversations that need a round now, and when to look again.
@@ -233,6 +247,7 @@ pub trait Store: Send + Sync + 'static {
         &self,
         message: NewMessage,
         policy: TimerPolicy,
+        holder: &HolderId,
         now: Timestamp,
     ) -> Result<IngestOutcome, StoreError>;
 
@@ -242,12 +257,18 @@ pub trait Store: Send + Sync + 'static {
         &self,
         edit: MessageEdit,
         policy: TimerPolicy,
+        holder: &HolderId,
         now: Timestamp,
     ) -> Result<IngestOutcome, StoreError>;
 
     /// Queue a notice for delivery, at most once per dedupe key. Returns whether it
     /// was queued now (false: an earlier one with that key exists).
-    async fn enqueue_notice(&self, notice: NewNotice, now: Timestamp) -> Result<bool, StoreError>;
+    async fn enqueue_notice(
+        &self,
+        notice: NewNotice,
+        holder: &HolderId,
+        now: Timestamp,
+    ) -> Result<bool, StoreError>;
 
     /// Start a fresh context: earlier exchanges are kept but no longer offered as
     /// history. Pending messages are kept and answered in the fresh context.
@@ -257,20 +278,18 @@ pub trait Store: Send + Sync + 'static {
         now: Timestamp,
     ) -> Result<(), StoreError>;
 
-    /// Conversations of `platforms` with work due now and no live lease.
-    async fn due_work(
-        &self,
-        platforms: &[Platform],
-        now: Timestamp,
-        limit: usize,
-    ) -> Result<DueWork, StoreError>;
+    /// Conversations with work due now for this process and no live lease. Work armed
+    /// by another process becomes due here `handoff` later than for its owner, which
+    /// is woken in-process: processes do not race for every timer, yet a dead
+    /// owner's work is picked up.
+    async fn due_work(&self, query: &WorkQuery, now: Timestamp) -> Result<DueWork, StoreError>;
 
     /// Claim a lease by compare-and-swap: succeeds only if the lease is free or
     /// expired, and then bumps the fencing token. `None`: someone else holds it.
     async fn claim_lease(
         &self,
         key: &LeaseKey,
-        holder: &crate::domain::HolderId,
+        holder: &HolderId,
         ttl: std::time::Duration,
         now: Timestamp,
     ) -> Result<Option<Lease>, StoreError>;

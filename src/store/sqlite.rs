@@ -18,7 +18,7 @@ use rusqlite::{
 
 use super::{
     Batch, CommitOutcome, DueWork, Exchange, IngestOutcome, MessageEdit, NewMessage, NewNotice,
-    NewReply, OutboxKind, OutboxRow, PendingMessage, Store, StoreError, TimerState,
+    NewReply, OutboxKind, OutboxRow, PendingMessage, Store, StoreError, TimerState, WorkQuery,
 };
 use crate::domain::{
     ConversationId, ConversationRef, HolderId, Lease, LeaseKey, LeaseToken, OutboxId, Platform,
@@ -247,6 +247,7 @@ fn bump_and_arm(
     conversation: ConversationId,
     platform: Platform,
     policy: TimerPolicy,
+    holder: &HolderId,
     now: Timestamp,
 ) -> Result<(Version, Timestamp), StoreError> {
     // Version counter: bumped in the same transaction that stores the message.
@@ -273,13 +274,21 @@ fn bump_and_arm(
         .max(Timestamp(retry_at));
     // Capped debounce: every message re-arms the timer, never past the cap.
     tx.execute(
-        "INSERT INTO timers (conversation_id, platform, due_at, armed_version, armed_at)
-         VALUES (?1, ?2, ?3, ?4, ?5)
+        "INSERT INTO timers (conversation_id, platform, due_at, armed_version, armed_at, armed_by)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)
          ON CONFLICT (conversation_id) DO UPDATE SET
              due_at = excluded.due_at,
              armed_version = excluded.armed_version,
-             armed_at = excluded.armed_at",
-        params![conversation.0, platform.as_str(), due_at.0, version, now.0],
+             armed_at = excluded.armed_at,
+             armed_by = excluded.armed_by",
+        params![
+            conversation.0,
+            platform.as_str(),
+            due_at.0,
+            version,
+            now.0,
+            holder.as_str()
+        ],
     )
     .ctx("arming the timer")?;
     Ok((Version(version), due_at))
@@ -356,8 +365,10 @@ impl Store for SqliteStore {
         &self,
         message: NewMessage,
         policy: TimerPolicy,
+        holder: &HolderId,
         now: Timestamp,
     ) -> Result<IngestOutcome, StoreError> {
+        let holder = holder.clone();
         self.write("storing a message", move |tx| {
             let conversation = upsert_conversation(tx, &message.conversation, message.is_group, now)?;
             // No duplicate: a redelivered platform message is stored once.
@@ -380,7 +391,8 @@ impl Store for SqliteStore {
             if inserted == 0 {
                 return Ok(IngestOutcome::Duplicate { conversation });
             }
-            let (version, due_at) = bump_and_arm(tx, conversation, message.conversation.platform, policy, now)?;
+            let (version, due_at) =
+                bump_and_arm(tx, conversation, message.conversation.platform, policy, &holder, now)?;
             Ok(IngestOutcome::Stored {
                 conversation,
                 version,
@@ -394,8 +406,10 @@ impl Store for SqliteStore {
         &self,
         edit: MessageEdit,
         policy: TimerPolicy,
+        holder: &HolderId,
         now: Timestamp,
     ) -> Result<IngestOutcome, StoreError> {
+        let holder = holder.clone();
         self.write("editing a message", move |tx| {
             let found: Option<(i64, i64)> = tx
                 .query_row(
@@ -422,7 +436,7 @@ impl Store for SqliteStore {
                 return Ok(IngestOutcome::EditIgnored);
             }
             let conversation = ConversationId(id);
-            let (version, due_at) = bump_and_arm(tx, conversation, edit.conversation.platform, policy, now)?;
+            let (version, due_at) = bump_and_arm(tx, conversation, edit.conversation.platform, policy, &holder, now)?;
             Ok(IngestOutcome::Stored {
                 conversation,
                 version,
@@ -432,16 +446,22 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn enqueue_notice(&self, notice: NewNotice, now: Timestamp) -> Result<bool, StoreError> {
+    async fn enqueue_notice(
+        &self,
+        notice: NewNotice,
+        holder: &HolderId,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        let holder = holder.clone();
         self.write("queueing a notice", move |tx| {
             let conversation = upsert_conversation(tx, &notice.conversation, notice.is_group, now)?;
             // At most one notice per dedupe key.
             let inserted = tx
                 .execute(
-                    "INSERT INTO outbox (conversation_id, kind, text, reply_to, dedupe_key, created_at, next_attempt_at)
-                     VALUES (?1, 'notice', ?2, ?3, ?4, ?5, ?5)
+                    "INSERT INTO outbox (conversation_id, kind, text, reply_to, dedupe_key, owner, created_at, next_attempt_at)
+                     VALUES (?1, 'notice', ?2, ?3, ?4, ?5, ?6, ?6)
                      ON CONFLICT (dedupe_key) DO NOTHING",
-                    params![conversation.0, notice.text, notice.reply_to, notice.dedupe_key, now.0],
+                    params![conversation.0, notice.text, notice.reply_to, notice.dedupe_key, holder.as_str(), now.0],
                 )
                 .ctx("queueing a notice")?;
             Ok(inserted == 1)
@@ -467,57 +487,59 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn due_work(
-        &self,
-        platforms: &[Platform],
-        now: Timestamp,
-        limit: usize,
-    ) -> Result<DueWork, StoreError> {
-        if platforms.is_empty() {
+    async fn due_work(&self, query: &WorkQuery, now: Timestamp) -> Result<DueWork, StoreError> {
+        if query.platforms.is_empty() {
             return Ok(DueWork::default());
         }
-        let names: Vec<&'static str> = platforms.iter().map(|p| p.as_str()).collect();
+        let names: Vec<&'static str> = query.platforms.iter().map(|p| p.as_str()).collect();
+        let holder = query.holder.as_str().to_owned();
+        let handoff = crate::domain::millis(query.handoff);
+        let limit = query.limit as i64;
         let unchecked = self.unchecked();
         self.with_conn(move |conn| {
-            let list = placeholders(4, names.len());
-            let lease_free = "(?2 OR l.holder IS NULL OR l.expires_at <= ?1)";
+            // Parameters: ?1 now, ?2 lease checks off, ?3 limit, ?4 this holder,
+            // ?5 hand-off, ?6… platforms.
+            let list = placeholders(6, names.len());
+            // Work armed or owned by another process is due here a hand-off later.
+            let timers = format!(
+                "SELECT t.conversation_id,
+                        t.due_at + CASE WHEN t.armed_by = ?4 THEN 0 ELSE ?5 END AS at
+                 FROM timers t WHERE t.platform IN ({list})"
+            );
             // The head (oldest undelivered row) of each conversation's outbox: delivery
             // keeps outbox order, so a row waiting for its retry holds back the rest.
-            let heads = "SELECT o.conversation_id, o.next_attempt_at FROM outbox o
-                 JOIN conversations c ON c.id = o.conversation_id
-                 WHERE o.id IN (SELECT MIN(id) FROM outbox
-                                WHERE sent_at IS NULL AND failed_at IS NULL GROUP BY conversation_id)";
-            let ready_sql = format!(
-                "SELECT conversation_id FROM (
-                     SELECT t.conversation_id, t.due_at AS at FROM timers t
-                     LEFT JOIN leases l ON l.resource = 'conversation/' || t.conversation_id
-                     WHERE t.platform IN ({list}) AND t.due_at <= ?1 AND {lease_free}
-                     UNION ALL
-                     SELECT h.conversation_id, h.next_attempt_at AS at FROM ({heads} AND c.platform IN ({list})) h
-                     LEFT JOIN leases l ON l.resource = 'conversation/' || h.conversation_id
-                     WHERE h.next_attempt_at <= ?1 AND {lease_free}
-                 ) GROUP BY conversation_id ORDER BY MIN(at) LIMIT ?3"
+            let heads = format!(
+                "SELECT o.conversation_id,
+                        o.next_attempt_at + CASE WHEN o.owner = ?4 THEN 0 ELSE ?5 END AS at
+                 FROM outbox o JOIN conversations c ON c.id = o.conversation_id
+                 WHERE c.platform IN ({list}) AND o.id IN (
+                     SELECT MIN(id) FROM outbox
+                     WHERE sent_at IS NULL AND failed_at IS NULL GROUP BY conversation_id)"
             );
-            // A due conversation under a live lease becomes claimable when it expires.
-            let at = |column: &str| {
-                format!("CASE WHEN NOT ?2 AND l.holder IS NOT NULL AND l.expires_at > {column} THEN l.expires_at ELSE {column} END")
-            };
+            let work = format!(
+                "SELECT w.conversation_id, w.at, l.holder, l.expires_at
+                 FROM ({timers} UNION ALL {heads}) w
+                 LEFT JOIN leases l ON l.resource = 'conversation/' || w.conversation_id"
+            );
+            // Due now, with no live lease (unless lease checks are off).
+            let ready_sql = format!(
+                "SELECT conversation_id FROM ({work})
+                 WHERE at <= ?1 AND (?2 OR holder IS NULL OR expires_at <= ?1)
+                 GROUP BY conversation_id ORDER BY MIN(at) LIMIT ?3"
+            );
+            // The next moment something becomes due: a due conversation under a live
+            // lease becomes claimable when the lease expires.
             let next_sql = format!(
-                "SELECT MIN(at) FROM (
-                     SELECT {timer_at} AS at FROM timers t
-                     LEFT JOIN leases l ON l.resource = 'conversation/' || t.conversation_id
-                     WHERE t.platform IN ({list})
-                     UNION ALL
-                     SELECT {outbox_at} AS at FROM ({heads} AND c.platform IN ({list})) h
-                     LEFT JOIN leases l ON l.resource = 'conversation/' || h.conversation_id
-                 ) WHERE at > ?1",
-                timer_at = at("t.due_at"),
-                outbox_at = at("h.next_attempt_at"),
+                "SELECT MIN(CASE WHEN NOT ?2 AND holder IS NOT NULL AND expires_at > at THEN expires_at ELSE at END)
+                 FROM ({work}) WHERE
+                     CASE WHEN NOT ?2 AND holder IS NOT NULL AND expires_at > at THEN expires_at ELSE at END > ?1"
             );
             let mut values: Vec<rusqlite::types::Value> = vec![
                 now.0.into(),
                 (unchecked as i64).into(),
-                (limit as i64).into(),
+                limit.into(),
+                holder.into(),
+                handoff.into(),
             ];
             values.extend(names.iter().map(|n| rusqlite::types::Value::from(n.to_string())));
             let params = rusqlite::params_from_iter(values.iter());
@@ -741,8 +763,8 @@ impl Store for SqliteStore {
             let outbox: i64 = tx
                 .query_row(
                     "INSERT INTO outbox (conversation_id, kind, text, reply_to, version, lease_token, forced,
-                                         prompt_tokens, completion_tokens, llm_ms, created_at, next_attempt_at)
-                     VALUES (?1, 'reply', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10)
+                                         prompt_tokens, completion_tokens, llm_ms, owner, created_at, next_attempt_at)
+                     VALUES (?1, 'reply', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?11, ?10, ?10)
                      RETURNING id",
                     params![
                         conversation.0,
@@ -754,7 +776,8 @@ impl Store for SqliteStore {
                         reply.usage.map(|_| usage.prompt as i64),
                         reply.usage.map(|_| usage.completion as i64),
                         reply.llm_ms as i64,
-                        now.0
+                        now.0,
+                        lease.holder.as_str()
                     ],
                     |r| r.get(0),
                 )

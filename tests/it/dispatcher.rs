@@ -445,6 +445,7 @@ async fn fencing_refuses_a_commit_from_a_replaced_holder() {
                 text: "hi".into(),
             },
             policy,
+            &HolderId::new("ingest"),
             clock.now(),
         )
         .await

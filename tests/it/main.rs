@@ -1,7 +1,11 @@
 //! lull's integration tests: one test binary (faster to build and link), one module
 //! per area, shared scaffolding in `helpers`.
 
+#[path = "../support/mod.rs"]
+mod support;
+
 mod chat;
 mod dispatcher;
 mod helpers;
 mod ingest;
+mod stress;

@@ -8,12 +8,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lull::domain::{
-    ConversationId, ConversationRef, HolderId, Lease, LeaseKey, OutboxId, Platform, Timestamp,
-    Version,
+    ConversationId, ConversationRef, HolderId, Lease, LeaseKey, OutboxId, Timestamp, Version,
 };
 use lull::store::{
     Batch, CommitOutcome, DueWork, IngestOutcome, MessageEdit, NewMessage, NewNotice, NewReply,
-    OutboxRow, SqliteStore, Store, StoreError,
+    OutboxRow, SqliteStore, Store, StoreError, WorkQuery,
 };
 use lull::timing::TimerPolicy;
 
@@ -54,33 +53,35 @@ impl Store for FaultyStore {
         &self,
         m: NewMessage,
         p: TimerPolicy,
+        h: &HolderId,
         now: Timestamp,
     ) -> Result<IngestOutcome, StoreError> {
         self.ingest_fault()?;
-        self.inner.ingest(m, p, now).await
+        self.inner.ingest(m, p, h, now).await
     }
     async fn edit(
         &self,
         e: MessageEdit,
         p: TimerPolicy,
+        h: &HolderId,
         now: Timestamp,
     ) -> Result<IngestOutcome, StoreError> {
         self.ingest_fault()?;
-        self.inner.edit(e, p, now).await
+        self.inner.edit(e, p, h, now).await
     }
-    async fn enqueue_notice(&self, n: NewNotice, now: Timestamp) -> Result<bool, StoreError> {
-        self.inner.enqueue_notice(n, now).await
+    async fn enqueue_notice(
+        &self,
+        n: NewNotice,
+        h: &HolderId,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        self.inner.enqueue_notice(n, h, now).await
     }
     async fn reset_context(&self, c: &ConversationRef, now: Timestamp) -> Result<(), StoreError> {
         self.inner.reset_context(c, now).await
     }
-    async fn due_work(
-        &self,
-        p: &[Platform],
-        now: Timestamp,
-        limit: usize,
-    ) -> Result<DueWork, StoreError> {
-        self.inner.due_work(p, now, limit).await
+    async fn due_work(&self, q: &WorkQuery, now: Timestamp) -> Result<DueWork, StoreError> {
+        self.inner.due_work(q, now).await
     }
     async fn claim_lease(
         &self,

@@ -4,8 +4,9 @@
 
 #![allow(dead_code)]
 
-pub mod db;
 pub mod faulty_store;
+
+pub use crate::support::db;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,0 +1,10 @@
+//! Test support shared by the integration tests (`tests/it`) and the soak bench
+//! (`benches/soak.rs`): real `lull` processes, a webhook collector, the database
+//! checker and the multi-process stress harness.
+
+#![allow(dead_code)]
+
+pub mod db;
+pub mod process;
+pub mod stress;
+pub mod webhook;

@@ -1,0 +1,465 @@
+//! The multi-process stress and crash harness.
+//!
+//! N real `lull run` processes share one SQLite file, each with its own HTTP port and
+//! the http adapter, the `echo` responder with a random delay, and one webhook
+//! collector. M conversations get random bursts (spread over the processes, a message
+//! refused by a dead process is sent again to another, as a platform redelivers).
+//! Meanwhile processes holding a lease are killed with SIGKILL and restarted. At the
+//! end the checker compares what the webhook received and what the database holds
+//! against the invariants: no message covered twice, none uncovered, every reply
+//! fresh (or forced by the cap), fencing tokens only growing.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Mutex as AsyncMutex;
+
+use super::db;
+use super::process::{LullProcess, post_message};
+use super::webhook::Webhook;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct StressPlan {
+    pub processes: usize,
+    pub conversations: usize,
+    pub kills: usize,
+    /// `false` runs the counter-test: every lease check switched off.
+    pub leases: bool,
+    pub debounce_ms: u64,
+    pub max_wait_ms: u64,
+    pub lease_ttl_ms: u64,
+    pub poll_ms: u64,
+    /// `LULL_ECHO_DELAY_MS` of every process.
+    pub echo_delay: String,
+    pub bursts: (usize, usize),
+    pub burst_len: (usize, usize),
+    pub max_gap_ms: u64,
+    /// Pause between two bursts of one conversation.
+    pub pause_ms: (u64, u64),
+    /// Conversations start at random moments within this window.
+    pub spread_ms: u64,
+    pub seed: u64,
+}
+
+impl StressPlan {
+    /// The short run CI does on every submission.
+    pub fn ci() -> StressPlan {
+        StressPlan {
+            processes: 3,
+            conversations: 50,
+            kills: 2,
+            leases: true,
+            debounce_ms: 300,
+            max_wait_ms: 2000,
+            lease_ttl_ms: 2400,
+            poll_ms: 200,
+            echo_delay: "50..400".into(),
+            bursts: (1, 3),
+            burst_len: (1, 10),
+            max_gap_ms: 400,
+            pause_ms: (100, 1500),
+            spread_ms: 8000,
+            seed: 7,
+        }
+    }
+}
+
+/// What the run found.
+#[derive(Debug, Clone, Default)]
+pub struct StressReport {
+    pub processes: usize,
+    pub conversations: usize,
+    pub messages: usize,
+    pub replies: usize,
+    pub kills: usize,
+    /// Messages covered by more than one distinct reply.
+    pub duplicates: usize,
+    /// Acknowledged messages no delivered reply covers.
+    pub lost: usize,
+    /// Unforced replies that missed a message existing at their commit.
+    pub stale: usize,
+    /// Replies whose fencing token did not grow.
+    pub token_regressions: usize,
+    /// Replies whose text is not exactly the messages they claim to cover.
+    pub text_mismatches: usize,
+    /// The same reply POSTed again after a kill between the POST and recording it
+    /// (receivers deduplicate on `reply_id`).
+    pub redeliveries: usize,
+    /// `lull_lease_contended_total` summed over every process (sampled).
+    pub contended: u64,
+    /// Replies the cap forced out.
+    pub forced: usize,
+    pub elapsed: Duration,
+}
+
+impl fmt::Display for StressReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "stress: processes={} conversations={} messages={} replies={} kills={} duplicates={} lost={} stale={} \
+             contended={} forced={} redeliveries={} token_regressions={} text_mismatches={} elapsed={:.1}s",
+            self.processes,
+            self.conversations,
+            self.messages,
+            self.replies,
+            self.kills,
+            self.duplicates,
+            self.lost,
+            self.stale,
+            self.contended,
+            self.forced,
+            self.redeliveries,
+            self.token_regressions,
+            self.text_mismatches,
+            self.elapsed.as_secs_f64()
+        )
+    }
+}
+
+/// A message the driver got a 202 for.
+#[derive(Debug, Clone)]
+struct Acked {
+    conversation: String,
+    id: String,
+    text: String,
+}
+
+pub async fn run(plan: &StressPlan) -> StressReport {
+    let started = Instant::now();
+    let dir = tempfile::tempdir().unwrap();
+    let db_path = dir.path().join("lull.db");
+    let webhook = Webhook::start().await;
+    let mut env = vec![
+        ("DATABASE_URL", format!("sqlite:{}", db_path.display())),
+        ("LULL_WEBHOOK_URL", webhook.url.clone()),
+        ("LULL_LLM", "echo".into()),
+        ("LULL_ECHO_DELAY_MS", plan.echo_delay.clone()),
+        ("LULL_DEBOUNCE_MS", plan.debounce_ms.to_string()),
+        ("LULL_MAX_WAIT_MS", plan.max_wait_ms.to_string()),
+        ("LULL_LEASE_TTL_MS", plan.lease_ttl_ms.to_string()),
+        ("LULL_POLL_MS", plan.poll_ms.to_string()),
+        ("RUST_LOG", "warn".into()),
+    ];
+    if !plan.leases {
+        env.push(("LULL_TEST_DISABLE_LEASE", "1".into()));
+    }
+    let mut processes = Vec::new();
+    for i in 0..plan.processes {
+        processes.push(LullProcess::start(
+            dir.path(),
+            &format!("lull{i}"),
+            &["run"],
+            &env,
+        ));
+    }
+    for p in &mut processes {
+        p.wait_healthy(Duration::from_secs(20)).await;
+    }
+    let urls: Arc<Vec<String>> = Arc::new(processes.iter().map(LullProcess::base_url).collect());
+    let processes: Arc<Vec<AsyncMutex<LullProcess>>> =
+        Arc::new(processes.into_iter().map(AsyncMutex::new).collect());
+
+    let acked = Arc::new(Mutex::new(Vec::<Acked>::new()));
+    let contended = Arc::new(Mutex::new(ContendedSamples::default()));
+    let sampling = tokio::spawn(sample_contention(urls.clone(), contended.clone()));
+
+    let mut drivers = tokio::task::JoinSet::new();
+    for c in 0..plan.conversations {
+        drivers.spawn(drive_conversation(
+            plan.clone(),
+            c,
+            urls.clone(),
+            acked.clone(),
+        ));
+    }
+    let killer = tokio::spawn(kill_holders(
+        plan.clone(),
+        processes.clone(),
+        db_path.clone(),
+    ));
+    while let Some(result) = drivers.join_next().await {
+        result.expect("driver task");
+    }
+    let kills = killer.await.expect("killer task");
+
+    wait_quiescent(
+        &db_path,
+        &webhook,
+        acked.lock().unwrap().len(),
+        Duration::from_secs(120),
+    )
+    .await;
+    sampling.abort();
+    sample_once(&urls, &contended).await;
+
+    let acked = acked.lock().unwrap().clone();
+    let mut report = check(&acked, &webhook, &db_path);
+    report.processes = plan.processes;
+    report.conversations = plan.conversations;
+    report.kills = kills;
+    report.contended = contended.lock().unwrap().total();
+    report.elapsed = started.elapsed();
+    drop(processes);
+    report
+}
+
+/// One conversation's traffic: a few bursts of messages with random gaps.
+async fn drive_conversation(
+    plan: StressPlan,
+    c: usize,
+    urls: Arc<Vec<String>>,
+    acked: Arc<Mutex<Vec<Acked>>>,
+) {
+    let mut rng =
+        fastrand::Rng::with_seed(plan.seed.wrapping_mul(1_000_003).wrapping_add(c as u64));
+    let client = reqwest::Client::new();
+    let conversation = format!("c{c}");
+    tokio::time::sleep(Duration::from_millis(rng.u64(0..=plan.spread_ms))).await;
+    let mut n = 0;
+    for burst in 0..rng.usize(plan.bursts.0..=plan.bursts.1) {
+        if burst > 0 {
+            tokio::time::sleep(Duration::from_millis(
+                rng.u64(plan.pause_ms.0..=plan.pause_ms.1),
+            ))
+            .await;
+        }
+        for _ in 0..rng.usize(plan.burst_len.0..=plan.burst_len.1) {
+            let id = format!("m{n}");
+            let text = format!("{conversation} {id}");
+            send_until_stored(&client, &urls, &mut rng, &conversation, &id, &text).await;
+            acked.lock().unwrap().push(Acked {
+                conversation: conversation.clone(),
+                id,
+                text,
+            });
+            n += 1;
+            tokio::time::sleep(Duration::from_millis(rng.u64(0..=plan.max_gap_ms))).await;
+        }
+    }
+}
+
+/// POST to a random process until one answers 202 (a dead process's refusal is
+/// redelivered elsewhere, as a platform would).
+async fn send_until_stored(
+    client: &reqwest::Client,
+    urls: &[String],
+    rng: &mut fastrand::Rng,
+    conversation: &str,
+    id: &str,
+    text: &str,
+) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut target = rng.usize(0..urls.len());
+    loop {
+        match post_message(client, &urls[target], conversation, id, text).await {
+            Ok(r) if r.status().as_u16() == 202 => return,
+            Ok(r) if r.status().as_u16() == 503 => {}
+            Ok(r) => panic!(
+                "{conversation}/{id} refused: {} {}",
+                r.status(),
+                r.text().await.unwrap_or_default()
+            ),
+            Err(_) => {}
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{conversation}/{id}: no process stored it within 60 s"
+        );
+        target = (target + 1) % urls.len();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Kill processes that hold a conversation lease (mid-generation or mid-delivery),
+/// spread over the traffic, and restart each on its port.
+async fn kill_holders(
+    plan: StressPlan,
+    processes: Arc<Vec<AsyncMutex<LullProcess>>>,
+    db_path: PathBuf,
+) -> usize {
+    let mut rng = fastrand::Rng::with_seed(plan.seed ^ 0xdead_beef);
+    let interval = Duration::from_millis(plan.spread_ms / (plan.kills as u64 + 1));
+    let mut kills = 0;
+    for _ in 0..plan.kills {
+        tokio::time::sleep(interval).await;
+        let victim = find_holder(&db_path, &processes)
+            .await
+            .unwrap_or_else(|| rng.usize(0..processes.len()));
+        let mut process = processes[victim].lock().await;
+        process.kill9();
+        kills += 1;
+        tokio::time::sleep(Duration::from_millis(rng.u64(200..=800))).await;
+        process.restart();
+        process.wait_healthy(Duration::from_secs(20)).await;
+    }
+    kills
+}
+
+/// The index of a process that holds a live conversation lease right now, looking for
+/// up to two seconds.
+async fn find_holder(db_path: &Path, processes: &[AsyncMutex<LullProcess>]) -> Option<usize> {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline {
+        let holders = live_holder_pids(db_path);
+        for (i, process) in processes.iter().enumerate() {
+            if let Some(pid) = process.lock().await.pid() {
+                if holders.contains(&pid) {
+                    return Some(i);
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
+/// Pids of processes holding a live conversation lease (holder ids are `host:pid:random`).
+fn live_holder_pids(db_path: &Path) -> BTreeSet<u32> {
+    let conn = db::open(db_path);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let mut stmt = conn
+        .prepare("SELECT holder FROM leases WHERE holder IS NOT NULL AND expires_at > ?1 AND resource LIKE 'conversation/%'")
+        .unwrap();
+    stmt.query_map([now], |r| r.get::<_, String>(0))
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter_map(|holder| holder.rsplit(':').nth(1).and_then(|pid| pid.parse().ok()))
+        .collect()
+}
+
+/// Contention counters per process; a counter that went down means the process was
+/// restarted, and the earlier incarnation's last value is kept.
+#[derive(Debug, Default)]
+struct ContendedSamples {
+    current: BTreeMap<usize, u64>,
+    finished: u64,
+}
+
+impl ContendedSamples {
+    fn record(&mut self, process: usize, value: u64) {
+        let current = self.current.entry(process).or_default();
+        if value < *current {
+            self.finished += *current;
+        }
+        *current = value;
+    }
+
+    fn total(&self) -> u64 {
+        self.finished + self.current.values().sum::<u64>()
+    }
+}
+
+async fn sample_once(urls: &[String], samples: &Mutex<ContendedSamples>) {
+    for (i, url) in urls.iter().enumerate() {
+        let Ok(response) = reqwest::get(format!("{url}/metrics")).await else {
+            continue;
+        };
+        let Ok(text) = response.text().await else {
+            continue;
+        };
+        if let Some(value) = super::process::parse_metrics(&text).get("lull_lease_contended_total")
+        {
+            samples.lock().unwrap().record(i, *value as u64);
+        }
+    }
+}
+
+async fn sample_contention(urls: Arc<Vec<String>>, samples: Arc<Mutex<ContendedSamples>>) {
+    loop {
+        sample_once(&urls, &samples).await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Wait until nothing is pending or undelivered and the webhook has covered every
+/// acknowledged message (or the limit passes; the checker then reports what is lost).
+async fn wait_quiescent(db_path: &Path, webhook: &Webhook, messages: usize, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        let pending = db::count(db_path, "SELECT COUNT(*) FROM timers");
+        let undelivered = db::count(
+            db_path,
+            "SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL AND failed_at IS NULL",
+        );
+        let covered: BTreeSet<(String, String)> = webhook
+            .replies()
+            .into_iter()
+            .flat_map(|r| {
+                r.covers
+                    .into_iter()
+                    .map(move |id| (r.conversation.clone(), id))
+            })
+            .collect();
+        if pending == 0 && undelivered == 0 && covered.len() >= messages {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn check(acked: &[Acked], webhook: &Webhook, db_path: &Path) -> StressReport {
+    let received = webhook.replies();
+    let mut distinct: BTreeMap<i64, &super::webhook::Received> = BTreeMap::new();
+    for reply in &received {
+        distinct.entry(reply.reply_id).or_insert(reply);
+    }
+    let mut coverage: BTreeMap<(&str, &str), BTreeSet<i64>> = BTreeMap::new();
+    for reply in distinct.values() {
+        for id in &reply.covers {
+            coverage
+                .entry((reply.conversation.as_str(), id.as_str()))
+                .or_default()
+                .insert(reply.reply_id);
+        }
+    }
+    let texts: BTreeMap<(&str, &str), &str> = acked
+        .iter()
+        .map(|m| ((m.conversation.as_str(), m.id.as_str()), m.text.as_str()))
+        .collect();
+    let mut report = StressReport {
+        messages: acked.len(),
+        replies: distinct.len(),
+        redeliveries: received.len() - distinct.len(),
+        ..StressReport::default()
+    };
+    for m in acked {
+        match coverage.get(&(m.conversation.as_str(), m.id.as_str())) {
+            None => report.lost += 1,
+            Some(replies) => report.duplicates += replies.len() - 1,
+        }
+    }
+    for reply in distinct.values() {
+        let lines: Vec<&str> = reply.text.lines().skip(1).collect();
+        let expected: Vec<&str> = reply
+            .covers
+            .iter()
+            .map(|id| {
+                texts
+                    .get(&(reply.conversation.as_str(), id.as_str()))
+                    .copied()
+                    .unwrap_or("?")
+            })
+            .collect();
+        if lines != expected {
+            report.text_mismatches += 1;
+        }
+    }
+    let verdict = db::check(db_path);
+    report.stale = verdict.stale;
+    report.token_regressions = verdict.token_regressions;
+    report.forced = db::count(
+        db_path,
+        "SELECT COUNT(*) FROM outbox WHERE kind = 'reply' AND forced",
+    ) as usize;
+    // The database must agree with what the webhook saw.
+    report.duplicates = report.duplicates.max(verdict.duplicates);
+    report.lost = report.lost.max(verdict.lost);
+    report
+}

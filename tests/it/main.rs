@@ -7,5 +7,6 @@ mod support;
 mod chat;
 mod dispatcher;
 mod helpers;
+mod http_api;
 mod ingest;
 mod stress;

@@ -1,0 +1,343 @@
+//! The HTTP surface of a real `lull run`: health, metrics that move with traffic, the
+//! http adapter's validation and auth, and webhook retries.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+use crate::support::db;
+use crate::support::process::{LullProcess, free_port, post_message};
+use crate::support::webhook::Webhook;
+
+struct Running {
+    dir: tempfile::TempDir,
+    lull: LullProcess,
+    webhook: Webhook,
+    client: reqwest::Client,
+}
+
+impl Running {
+    fn db(&self) -> std::path::PathBuf {
+        self.dir.path().join("lull.db")
+    }
+
+    async fn post(&self, conversation: &str, id: &str, text: &str) -> (u16, Value) {
+        let r = post_message(&self.client, &self.lull.base_url(), conversation, id, text)
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn post_raw(&self, body: impl Into<reqwest::Body>) -> (u16, Value) {
+        let r = self
+            .client
+            .post(format!("{}/api/messages", self.lull.base_url()))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn metric(&self, name: &str) -> f64 {
+        self.lull
+            .metrics()
+            .await
+            .unwrap()
+            .get(name)
+            .copied()
+            .unwrap_or(f64::NAN)
+    }
+}
+
+async fn start(extra: &[(&str, &str)]) -> Running {
+    let dir = tempfile::tempdir().unwrap();
+    let webhook = Webhook::start().await;
+    let mut env = vec![
+        (
+            "DATABASE_URL",
+            format!("sqlite:{}", dir.path().join("lull.db").display()),
+        ),
+        ("LULL_WEBHOOK_URL", webhook.url.clone()),
+        ("LULL_DEBOUNCE_MS", "200".into()),
+        ("LULL_MAX_WAIT_MS", "5000".into()),
+        ("RUST_LOG", "info".into()),
+    ];
+    env.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
+    let mut lull = LullProcess::start(dir.path(), "lull", &["run"], &env);
+    lull.wait_healthy(Duration::from_secs(20)).await;
+    Running {
+        dir,
+        lull,
+        webhook,
+        client: reqwest::Client::new(),
+    }
+}
+
+/// `/healthz` and `/metrics` answer, and the counters move by exactly what a scripted
+/// exchange should cause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_and_metrics_follow_a_scripted_exchange() {
+    let app = start(&[("LULL_ECHO_DELAY_MS", "1000")]).await;
+    let health: Value = reqwest::get(format!("{}/healthz", app.lull.base_url()))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        health,
+        json!({"status": "ok", "database": "ok", "adapters": {"http": "up"}})
+    );
+    assert_eq!(app.metric("lull_messages_ingested_total").await, 0.0);
+    assert_eq!(app.metric("lull_replies_sent_total").await, 0.0);
+
+    // A burst of three (one of them redelivered) gets one reply.
+    for (id, text) in [
+        ("1", "alpha"),
+        ("2", "bravo"),
+        ("2", "bravo"),
+        ("3", "charlie"),
+    ] {
+        assert_eq!(app.post("first", id, text).await.0, 202);
+    }
+    let replies = app.webhook.wait_replies(1, Duration::from_secs(15)).await;
+    assert_eq!(replies[0].covers, ["1", "2", "3"]);
+
+    // A message arriving during generation: the first reply is dropped as stale.
+    assert_eq!(app.post("second", "a", "question").await.0, 202);
+    wait_for_lease(&app.db(), "second").await;
+    assert_eq!(app.post("second", "b", "follow-up").await.0, 202);
+    let replies = app.webhook.wait_replies(2, Duration::from_secs(15)).await;
+    assert_eq!(replies[1].covers, ["a", "b"]);
+
+    // Gauges and counters are read after the pending gauge had a poll to update.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let m = app.lull.metrics().await.unwrap();
+    let get = |name: &str| m.get(name).copied().unwrap_or(f64::NAN);
+    assert_eq!(get("lull_messages_ingested_total"), 5.0, "{m:#?}");
+    assert_eq!(get("lull_replies_sent_total"), 2.0);
+    assert_eq!(get("lull_replies_dropped_stale_total"), 1.0);
+    assert_eq!(get("lull_llm_requests_total{outcome=\"ok\"}"), 3.0);
+    assert_eq!(get("lull_batch_messages_count"), 2.0);
+    assert_eq!(get("lull_batch_messages_sum"), 5.0);
+    assert_eq!(get("lull_llm_seconds_count"), 3.0);
+    assert_eq!(get("lull_lease_contended_total"), 0.0);
+    assert_eq!(get("lull_pending_conversations"), 0.0);
+}
+
+/// Wait until some process holds the lease of a conversation (it is generating).
+async fn wait_for_lease(db_path: &std::path::Path, conversation: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let held = db::count(
+            db_path,
+            &format!(
+                "SELECT COUNT(*) FROM leases l JOIN conversations c ON l.resource = 'conversation/' || c.id
+                 WHERE c.key = '{conversation}' AND l.holder IS NOT NULL"
+            ),
+        );
+        if held > 0 {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no lease on {conversation}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Bad input gets a 4xx with a message saying what is wrong, and the process keeps
+/// serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_clearly_and_the_process_keeps_serving() {
+    let app = start(&[]).await;
+    let cases: Vec<(reqwest::Body, u16, &str)> = vec![
+        ("{not json".into(), 400, "malformed JSON"),
+        (
+            r#"{"conversation":"c","user":"u","id":"1"}"#.into(),
+            400,
+            "missing field `text`",
+        ),
+        (
+            r#"{"conversation":"c","user":"u","text":"   ","id":"1"}"#.into(),
+            400,
+            "`text` is empty",
+        ),
+        (
+            r#"{"conversation":"","user":"u","text":"hi","id":"1"}"#.into(),
+            400,
+            "`conversation` must not be empty",
+        ),
+        (
+            r#"{"conversation":"c","user":"u","text":"hi","id":null}"#.into(),
+            400,
+            "`id` must be",
+        ),
+        (r#"[1,2,3]"#.into(), 400, "invalid message"),
+        (
+            json!({"conversation":"c","user":"u","text":"x".repeat(20_000),"id":"2"})
+                .to_string()
+                .into(),
+            413,
+            "too long",
+        ),
+    ];
+    for (body, status, message) in cases {
+        let (got, json) = app.post_raw(body).await;
+        assert_eq!(got, status, "{json}");
+        let error = json["error"].as_str().unwrap_or_default();
+        assert!(error.contains(message), "expected '{message}' in {json}");
+    }
+    // A 10 MB body: the server answers 413 as soon as it sees the length (and may
+    // close the connection before the client finished writing, so use a raw socket).
+    let (status, body) = raw_post(app.lull.port, &vec![b'a'; 10 * 1024 * 1024]).await;
+    assert_eq!(status, 413, "{body}");
+    assert!(body.contains("too large"), "{body}");
+    assert_eq!(
+        db::count(&app.db(), "SELECT COUNT(*) FROM messages"),
+        0,
+        "nothing was stored"
+    );
+    // Still serving.
+    assert_eq!(app.post("c", "ok", "hello").await.0, 202);
+    let replies = app.webhook.wait_replies(1, Duration::from_secs(10)).await;
+    assert_eq!(replies[0].covers, ["ok"]);
+}
+
+/// POST a body over a plain socket, reading the response even if the server stops
+/// reading the body early.
+async fn raw_post(port: u16, body: &[u8]) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let (mut reader, mut writer) = stream.into_split();
+    let head = format!(
+        "POST /api/messages HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    let body = body.to_vec();
+    let writing = tokio::spawn(async move {
+        let _ = writer.write_all(head.as_bytes()).await;
+        let _ = writer.write_all(&body).await;
+    });
+    let mut response = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), reader.read_to_end(&mut response)).await;
+    writing.abort();
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bearer_token_is_required_when_set() {
+    let app = start(&[("LULL_HTTP_TOKEN", "s3cret-token")]).await;
+    assert_eq!(app.post("c", "1", "hi").await.0, 401);
+    let wrong = app
+        .client
+        .post(format!("{}/api/messages", app.lull.base_url()))
+        .bearer_auth("guess")
+        .json(&json!({"conversation":"c","user":"u","text":"hi","id":"1"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong.status().as_u16(), 401);
+    let right = app
+        .client
+        .post(format!("{}/api/messages", app.lull.base_url()))
+        .bearer_auth("s3cret-token")
+        .json(&json!({"conversation":"c","user":"u","text":"hi","id":"1"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(right.status().as_u16(), 202);
+    app.webhook.wait_replies(1, Duration::from_secs(10)).await;
+    assert!(
+        !app.lull.logs().contains("s3cret-token"),
+        "the token never appears in logs"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_public_address_without_a_token_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut lull = LullProcess::start(
+        dir.path(),
+        "lull",
+        &["run"],
+        &[
+            (
+                "DATABASE_URL",
+                format!("sqlite:{}", dir.path().join("lull.db").display()),
+            ),
+            ("LULL_WEBHOOK_URL", "http://127.0.0.1:9/replies".into()),
+            ("LULL_HTTP_ADDR", format!("0.0.0.0:{}", free_port())),
+        ],
+    );
+    assert_eq!(lull.wait_exit(Duration::from_secs(10)), Some(2));
+    assert!(lull.logs().contains("LULL_HTTP_TOKEN"), "{}", lull.logs());
+}
+
+/// A failing webhook is retried with backoff; the reply arrives once, under one id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_webhook_is_retried_until_it_accepts() {
+    let app = start(&[]).await;
+    app.webhook.fail_next(2);
+    assert_eq!(app.post("c", "1", "hello").await.0, 202);
+    let replies = app.webhook.wait_replies(1, Duration::from_secs(15)).await;
+    assert_eq!(replies.len(), 1);
+    assert_eq!(app.webhook.requests(), 3, "two failures, then success");
+    assert_eq!(replies[0].text, "[echo] 1 message:\nhello");
+    assert!(replies[0].reply_id > 0);
+}
+
+/// The router alone (no socket): `/healthz` is 503 while an adapter is down.
+#[tokio::test]
+async fn healthz_is_503_while_an_adapter_is_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let store =
+        std::sync::Arc::new(lull::store::SqliteStore::open(dir.path().join("lull.db")).unwrap());
+    let health = lull::health::Health::default();
+    health.set(
+        lull::domain::Platform::Telegram,
+        lull::health::AdapterState::Down("getUpdates failed".into()),
+    );
+    let app = lull::http::app(
+        lull::http::HttpState {
+            store,
+            health: health.clone(),
+            metrics: None,
+        },
+        None,
+    );
+    let get = |app: axum::Router| async move {
+        let response = app
+            .oneshot(Request::get("/healthz").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let status = response.status();
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (status, serde_json::from_slice::<Value>(&body).unwrap())
+    };
+    let (status, body) = get(app.clone()).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(body["adapters"]["telegram"], "down: getUpdates failed");
+    health.set(
+        lull::domain::Platform::Telegram,
+        lull::health::AdapterState::Standby,
+    );
+    let (status, body) = get(app).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}

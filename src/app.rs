@@ -21,7 +21,7 @@ use crate::http::HttpState;
 use crate::llm::Responder;
 use crate::llm::echo::EchoResponder;
 use crate::llm::openai::OpenAiResponder;
-use crate::platform::Outbound;
+use crate::platform::{Inbound, Outbound};
 use crate::store::{SqliteStore, Store};
 
 /// Open the configured database.
@@ -81,11 +81,16 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     let metrics = crate::metrics::install().map_err(anyhow::Error::msg)?;
     let health = Health::default();
     let mut outbounds: Vec<Arc<dyn Outbound>> = Vec::new();
+    let mut inbounds: Vec<Box<dyn Inbound>> = Vec::new();
     if let Some(http) = &config.http_adapter {
+        // Its intake is the HTTP server's `/api/messages`, not a loop of its own.
         outbounds.push(Arc::new(
             WebhookOutbound::new(http.webhook_url.clone()).map_err(anyhow::Error::msg)?,
         ));
         health.set(Platform::Http, AdapterState::Up);
+    }
+    for inbound in &inbounds {
+        health.set(inbound.platform(), AdapterState::Starting);
     }
     if outbounds.is_empty() {
         anyhow::bail!(
@@ -107,7 +112,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     let router = crate::http::app(
         HttpState {
             store,
-            health,
+            health: health.clone(),
             metrics: Some(metrics.clone()),
         },
         api,
@@ -125,6 +130,17 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
             .into_future(),
     );
     let scheduler = tokio::spawn(dispatcher.clone().run(stop_scheduler.clone()));
+    let mut intake = tokio::task::JoinSet::new();
+    for inbound in inbounds.drain(..) {
+        let platform = inbound.platform();
+        let (dispatcher, health, stop) = (dispatcher.clone(), health.clone(), stop_intake.clone());
+        intake.spawn(async move {
+            if let Err(e) = inbound.run(dispatcher, health.clone(), stop).await {
+                tracing::error!(%platform, error = %format!("{e:#}"), "adapter stopped");
+                health.set(platform, AdapterState::Down(format!("{e:#}")));
+            }
+        });
+    }
     let upkeep = tokio::spawn(async move {
         loop {
             tokio::time::sleep(Duration::from_secs(5)).await;
@@ -135,6 +151,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     shutdown.await;
     tracing::info!("shutting down: no new messages; finishing rounds in flight");
     stop_intake.cancel();
+    while intake.join_next().await.is_some() {}
     stop_scheduler.cancel();
     scheduler.await.context("the scheduler task failed")?;
     server.await.context("the HTTP server task failed")??;

@@ -7,9 +7,14 @@
 
 use std::time::Duration;
 
-use async_trait::async_trait;
+use std::sync::Arc;
 
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+
+use crate::dispatcher::Dispatcher;
 use crate::domain::{ConversationRef, OutboxId, Platform};
+use crate::health::Health;
 use crate::store::OutboxKind;
 
 /// What a user sent.
@@ -97,4 +102,20 @@ pub trait Outbound: Send + Sync + 'static {
     /// How often to repeat [`Outbound::typing`] while the model works (the platform's
     /// indicator lapses after a while); `None` if the platform has none.
     fn typing_every(&self) -> Option<Duration>;
+}
+
+/// The receiving half of an adapter: connects to its platform and feeds every update
+/// to the dispatcher until `shutdown` fires. It reports its connection state through
+/// `health` and acknowledges an update to its platform only after
+/// [`Dispatcher::ingest`] returned `Ok` (stored), so nothing is lost to a crash.
+#[async_trait]
+pub trait Inbound: Send + 'static {
+    fn platform(&self) -> Platform;
+
+    async fn run(
+        self: Box<Self>,
+        dispatcher: Arc<Dispatcher>,
+        health: Health,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<()>;
 }

@@ -10,6 +10,7 @@
 //!   renewing the lease, and commits it only if the conversation has not moved on.
 
 mod delivery;
+mod election;
 pub mod events;
 mod lease_keeper;
 mod round;

@@ -1,0 +1,61 @@
+//! Electing the one process that holds a platform connection.
+//!
+//! Telegram allows one long-poller per bot token (a second gets 409 Conflict) and
+//! Discord delivers each event to every connected session, so with several processes
+//! on one database exactly one holds the platform's *poller lease* (the same
+//! compare-and-swap row with expiry as conversation leases) and the others stand by,
+//! retrying the claim, and take over within the lease TTL when the holder dies.
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use super::{Dispatcher, LeaseKeeper};
+use crate::domain::{LeaseKey, Platform};
+
+impl Dispatcher {
+    /// Wait until this process holds `platform`'s poller lease, retrying every renewal
+    /// interval. The returned keeper renews it; its `lost()` fires if it is lost, and
+    /// `release()` hands it over at once on shutdown. `None` if `shutdown` fired first.
+    pub async fn elect_poller(
+        self: &Arc<Self>,
+        platform: Platform,
+        shutdown: &CancellationToken,
+    ) -> Option<LeaseKeeper> {
+        let key = LeaseKey::Poller(platform);
+        let mut announced = false;
+        loop {
+            match self
+                .store
+                .claim_lease(
+                    &key,
+                    &self.holder,
+                    self.settings.lease.ttl(),
+                    self.clock.now(),
+                )
+                .await
+            {
+                Ok(Some(lease)) => {
+                    tracing::info!(%platform, token = lease.token.0, "this process now holds the platform connection");
+                    return Some(LeaseKeeper::start(
+                        self.store.clone(),
+                        self.clock.clone(),
+                        lease,
+                        self.settings.lease,
+                    ));
+                }
+                Ok(None) => {
+                    if !announced {
+                        tracing::info!(%platform, "another process holds the platform connection; standing by");
+                        announced = true;
+                    }
+                }
+                Err(e) => tracing::warn!(%platform, error = %e, "could not claim the poller lease"),
+            }
+            tokio::select! {
+                () = tokio::time::sleep(self.settings.lease.renew_every()) => {}
+                () = shutdown.cancelled() => return None,
+            }
+        }
+    }
+}

@@ -21,6 +21,7 @@ use crate::http::HttpState;
 use crate::llm::Responder;
 use crate::llm::echo::EchoResponder;
 use crate::llm::openai::OpenAiResponder;
+use crate::llm::retry::{RetryPolicy, Retrying};
 use crate::platform::{Inbound, Outbound};
 use crate::store::{SqliteStore, Store};
 
@@ -40,12 +41,19 @@ pub fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
     Ok(Arc::new(store))
 }
 
-/// The configured responder.
-pub fn responder(config: &Config) -> Arc<dyn Responder> {
-    match &config.llm {
-        LlmConfig::Echo(delay) => Arc::new(EchoResponder::new(*delay)),
-        LlmConfig::OpenAi(settings) => Arc::new(OpenAiResponder::new(settings.clone())),
-    }
+/// The configured responder, with the retry policy and per-request metrics.
+pub fn responder(config: &Config) -> anyhow::Result<Arc<dyn Responder>> {
+    let policy = RetryPolicy {
+        retries: config.llm_retries,
+        ..RetryPolicy::default()
+    };
+    Ok(match &config.llm {
+        LlmConfig::Echo(delay) => Arc::new(Retrying::new(EchoResponder::new(*delay), policy)),
+        LlmConfig::OpenAi(settings) => Arc::new(Retrying::new(
+            OpenAiResponder::new(settings.clone()).map_err(anyhow::Error::msg)?,
+            policy,
+        )),
+    })
 }
 
 pub fn dispatch_settings(config: &Config) -> DispatchSettings {
@@ -53,7 +61,7 @@ pub fn dispatch_settings(config: &Config) -> DispatchSettings {
         timers: config.timers,
         lease: config.lease,
         poll_every: config.poll_every,
-        history: DispatchSettings::defaults().history,
+        history: config.history.exchanges(),
         max_rounds: DispatchSettings::defaults().max_rounds,
         shutdown_grace: config.shutdown_grace,
         access: config.access.clone(),
@@ -67,7 +75,7 @@ fn dispatcher(
 ) -> anyhow::Result<Arc<Dispatcher>> {
     Ok(Dispatcher::new(
         open_store(config)?,
-        responder(config),
+        responder(config)?,
         outbounds,
         dispatch_settings(config),
         Arc::new(SystemClock),
@@ -100,7 +108,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     let store = open_store(&config)?;
     let dispatcher = Dispatcher::new(
         store.clone(),
-        responder(&config),
+        responder(&config)?,
         outbounds,
         dispatch_settings(&config),
         Arc::new(SystemClock),

@@ -14,6 +14,7 @@ use clap::{Args, Parser, Subcommand};
 use secrecy::SecretString;
 
 use crate::access::AccessList;
+use crate::llm::HistoryBudget;
 use crate::llm::echo::EchoDelay;
 use crate::llm::openai::OpenAiSettings;
 use crate::timing::{LeaseTiming, TimerPolicy};
@@ -96,6 +97,31 @@ pub struct Settings {
         default_value_t = 60_000
     )]
     pub llm_timeout_ms: u64,
+    /// Retries of a failed model request within one round (timeouts, connection errors, 429, 5xx).
+    #[arg(long, global = true, env = "LULL_LLM_RETRIES", default_value_t = 3)]
+    pub llm_retries: u32,
+    /// Sampling temperature, 0 to 2 [default: the server's]
+    #[arg(long, global = true, env = "LULL_TEMPERATURE")]
+    pub temperature: Option<f32>,
+    /// Longest reply, in tokens [default: the server's]
+    #[arg(long, global = true, env = "LULL_MAX_TOKENS")]
+    pub max_tokens: Option<u32>,
+    /// Earlier messages (user turns and replies) sent to the model as history.
+    #[arg(
+        long,
+        global = true,
+        env = "LULL_HISTORY_MESSAGES",
+        default_value_t = 20
+    )]
+    pub history_messages: usize,
+    /// Character budget of that history; the oldest exchanges are left out first.
+    #[arg(
+        long,
+        global = true,
+        env = "LULL_HISTORY_CHARS",
+        default_value_t = 16_000
+    )]
+    pub history_chars: usize,
 
     /// Database, `sqlite:PATH`.
     #[arg(
@@ -229,6 +255,8 @@ pub struct Config {
     pub telegram: Option<PlatformConfig>,
     pub discord: Option<PlatformConfig>,
     pub llm: LlmConfig,
+    pub llm_retries: u32,
+    pub history: HistoryBudget,
     pub database: PathBuf,
     pub timers: TimerPolicy,
     pub lease: LeaseTiming,
@@ -303,6 +331,10 @@ impl Config {
             })
             .transpose()?;
 
+        let history = HistoryBudget {
+            messages: s.history_messages,
+            chars: s.history_chars,
+        };
         let base_url = s
             .openai_base_url
             .clone()
@@ -329,11 +361,24 @@ impl Config {
                 if s.openai_model.trim().is_empty() {
                     return Err(ConfigError("OPENAI_MODEL must not be empty".into()));
                 }
+                if let Some(t) = s.temperature {
+                    if !(0.0..=2.0).contains(&t) {
+                        return Err(ConfigError(format!(
+                            "LULL_TEMPERATURE must be between 0 and 2, got {t}"
+                        )));
+                    }
+                }
+                if s.max_tokens == Some(0) {
+                    return Err(ConfigError("LULL_MAX_TOKENS must be at least 1".into()));
+                }
                 LlmConfig::OpenAi(OpenAiSettings {
                     base_url,
                     api_key: s.openai_api_key.clone(),
                     model: s.openai_model.trim().to_owned(),
                     system_prompt: s.system_prompt.clone(),
+                    temperature: s.temperature,
+                    max_tokens: s.max_tokens,
+                    history,
                     timeout: positive("LULL_LLM_TIMEOUT_MS", s.llm_timeout_ms)?,
                 })
             }
@@ -373,6 +418,8 @@ impl Config {
             telegram,
             discord,
             llm,
+            llm_retries: s.llm_retries,
+            history,
             database: database_path(&s.database_url)?,
             timers,
             lease,
@@ -489,6 +536,28 @@ mod tests {
                 "LULL_HTTP_TOKEN",
             ),
             (&["--max-wait-ms", "0"], "LULL_MAX_WAIT_MS"),
+            (
+                &[
+                    "--llm",
+                    "openai",
+                    "--openai-api-key",
+                    "k",
+                    "--temperature",
+                    "3",
+                ],
+                "LULL_TEMPERATURE",
+            ),
+            (
+                &[
+                    "--llm",
+                    "openai",
+                    "--openai-api-key",
+                    "k",
+                    "--max-tokens",
+                    "0",
+                ],
+                "LULL_MAX_TOKENS",
+            ),
         ];
         for (args, variable) in cases {
             let e = Config::from_settings(&settings(args)).unwrap_err().0;

@@ -6,9 +6,13 @@ pub const MESSAGES_INGESTED: &str = "lull_messages_ingested_total";
 pub const REPLIES_SENT: &str = "lull_replies_sent_total";
 pub const REPLIES_DROPPED_STALE: &str = "lull_replies_dropped_stale_total";
 pub const LEASE_CONTENDED: &str = "lull_lease_contended_total";
-/// Labelled `outcome`: `ok`, `error`, `timeout`, `empty`.
+/// Labelled `outcome`: `ok`, `error`, `timeout`, `empty`, `rate_limited`; one per
+/// request, retries included. Divided by `lull_replies_sent_total` it gives the model
+/// calls spent per delivered reply.
 pub const LLM_REQUESTS: &str = "lull_llm_requests_total";
 pub const LLM_SECONDS: &str = "lull_llm_seconds";
+/// Labelled `kind`: `prompt`, `completion` (from the API's usage field).
+pub const LLM_TOKENS: &str = "lull_llm_tokens_total";
 pub const BATCH_MESSAGES: &str = "lull_batch_messages";
 pub const PENDING_CONVERSATIONS: &str = "lull_pending_conversations";
 

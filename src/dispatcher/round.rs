@@ -168,12 +168,8 @@ impl Dispatcher {
             () = stop.cancelled() => return Err(Interrupt::Stopped),
         };
         let llm_time = started.elapsed();
-        metrics::histogram!(names::LLM_SECONDS).record(llm_time.as_secs_f64());
         let generation = match generated {
-            Ok(generation) => {
-                metrics::counter!(names::LLM_REQUESTS, "outcome" => "ok").increment(1);
-                generation
-            }
+            Ok(generation) => generation,
             Err(error) => return self.generation_failed(&batch, keeper, stop, error).await,
         };
 
@@ -269,15 +265,11 @@ impl Dispatcher {
         error: LlmError,
     ) -> Result<RoundEnd, Interrupt> {
         let conversation = batch.conversation_id;
-        let outcome = match error {
-            LlmError::Timeout(_) => "timeout",
-            LlmError::Empty => "empty",
-            _ => "error",
-        };
-        metrics::counter!(names::LLM_REQUESTS, "outcome" => outcome).increment(1);
         let attempts = batch.timer.map_or(0, |t| t.attempts) + 1;
         let now = self.clock.now();
-        let retry_at = now.plus(failure_backoff(attempts));
+        // Growing backoff, and never sooner than the server asked.
+        let wait = failure_backoff(attempts).max(error.retry_after().unwrap_or_default());
+        let retry_at = now.plus(wait);
         let attempts = self
             .store
             .record_failure(&keeper.lease(), retry_at, now)

@@ -1071,7 +1071,7 @@ fn read_history(
         let mut stmt = tx
             .prepare_cached(
                 "SELECT id, text FROM outbox
-                 WHERE conversation_id = ?1 AND kind = 'reply' AND version > ?2
+                 WHERE conversation_id = ?1 AND kind = 'reply' AND failed_at IS NULL AND version > ?2
                  ORDER BY id DESC LIMIT ?3",
             )
             .ctx("reading history")?;

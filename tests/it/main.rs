@@ -9,4 +9,5 @@ mod dispatcher;
 mod helpers;
 mod http_api;
 mod ingest;
+mod llm;
 mod stress;

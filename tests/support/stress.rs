@@ -186,13 +186,8 @@ pub async fn run(plan: &StressPlan) -> StressReport {
     }
     let kills = killer.await.expect("killer task");
 
-    wait_quiescent(
-        &db_path,
-        &webhook,
-        acked.lock().unwrap().len(),
-        Duration::from_secs(120),
-    )
-    .await;
+    let acked_count = acked.lock().unwrap().len();
+    wait_quiescent(&db_path, &webhook, acked_count, Duration::from_secs(120)).await;
     sampling.abort();
     sample_once(&urls, &contended).await;
 

@@ -1,0 +1,205 @@
+//! A fake OpenAI-compatible server on loopback that can be scripted per request:
+//! slow, 5xx, 429 with `Retry-After`, malformed JSON, empty content, a dropped
+//! connection. It records every request body (the exact message list lull sent).
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+
+/// What the server does with one request.
+#[derive(Debug, Clone)]
+pub enum Behavior {
+    /// Answer `[model] <last user message>` with a usage field (the default).
+    Answer,
+    /// Answer with this content.
+    Content(String),
+    /// Wait, then answer.
+    Slow(Duration),
+    /// An error status with an OpenAI-style error body.
+    Status(u16),
+    /// 429 with `Retry-After: <seconds>`.
+    RateLimited(u64),
+    /// 200 with a body that is not JSON.
+    Malformed,
+    /// 200 with empty content.
+    Empty,
+    /// Start the response, then break the connection.
+    Drop,
+}
+
+/// One request the server received.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub body: Value,
+    pub authorization: Option<String>,
+    pub at: Instant,
+}
+
+#[derive(Default)]
+struct Inner {
+    script: Mutex<VecDeque<Behavior>>,
+    /// Used once the script is empty.
+    fallback: Mutex<Option<Behavior>>,
+    requests: Mutex<Vec<Recorded>>,
+}
+
+pub struct FakeOpenAi {
+    /// The API base to give lull (`OPENAI_BASE_URL`).
+    pub base_url: String,
+    inner: Arc<Inner>,
+    _server: tokio::task::JoinHandle<()>,
+}
+
+impl FakeOpenAi {
+    pub async fn start() -> FakeOpenAi {
+        let inner = Arc::new(Inner::default());
+        let router = Router::new()
+            .route("/v1/chat/completions", post(completions))
+            .route("/v1/models", get(models))
+            .with_state(inner.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            axum::serve(listener, router).await.unwrap();
+        });
+        FakeOpenAi {
+            base_url: format!("http://{addr}/v1"),
+            inner,
+            _server: server,
+        }
+    }
+
+    /// Behaviours for the next requests, in order.
+    pub fn script(&self, behaviors: impl IntoIterator<Item = Behavior>) {
+        self.inner.script.lock().unwrap().extend(behaviors);
+    }
+
+    /// The behaviour once the script is used up (default: `Answer`).
+    pub fn fallback(&self, behavior: Behavior) {
+        *self.inner.fallback.lock().unwrap() = Some(behavior);
+    }
+
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.inner.requests.lock().unwrap().clone()
+    }
+
+    /// The `messages` of request `n`, as `(role, content)`.
+    pub fn messages(&self, n: usize) -> Vec<(String, String)> {
+        self.requests()[n].body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                (
+                    m["role"].as_str().unwrap().to_owned(),
+                    m["content"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect()
+    }
+}
+
+fn completion(content: &str, body: &Value) -> Value {
+    let messages = body["messages"].as_array().map_or(0, Vec::len) as u32;
+    json!({
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": 1_700_000_000u32,
+        "model": body["model"],
+        "choices": [{
+            "index": 0,
+            "message": { "role": "assistant", "content": content },
+            "finish_reason": "stop"
+        }],
+        "usage": { "prompt_tokens": 10 * messages, "completion_tokens": 7, "total_tokens": 10 * messages + 7 }
+    })
+}
+
+fn error(status: u16, message: &str) -> Response {
+    (
+        StatusCode::from_u16(status).unwrap(),
+        axum::Json(json!({ "error": { "message": message, "type": "fake_error", "param": null, "code": null } })),
+    )
+        .into_response()
+}
+
+async fn completions(
+    State(inner): State<Arc<Inner>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    inner.requests.lock().unwrap().push(Recorded {
+        body: body.clone(),
+        authorization: headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+        at: Instant::now(),
+    });
+    let behavior = inner
+        .script
+        .lock()
+        .unwrap()
+        .pop_front()
+        .or_else(|| inner.fallback.lock().unwrap().clone())
+        .unwrap_or(Behavior::Answer);
+    let last_user = body["messages"]
+        .as_array()
+        .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    match behavior {
+        Behavior::Answer => {
+            axum::Json(completion(&format!("[model] {last_user}"), &body)).into_response()
+        }
+        Behavior::Content(content) => axum::Json(completion(&content, &body)).into_response(),
+        Behavior::Slow(delay) => {
+            tokio::time::sleep(delay).await;
+            axum::Json(completion(&format!("[model] {last_user}"), &body)).into_response()
+        }
+        Behavior::Status(status) => error(status, &format!("fake failure {status}")),
+        Behavior::RateLimited(seconds) => {
+            let mut response = error(429, "rate limited");
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, seconds.to_string().parse().unwrap());
+            response
+        }
+        Behavior::Malformed => (
+            [(header::CONTENT_TYPE, "application/json")],
+            "{\"id\": \"chatcmpl-fake\", \"choices\": [ this is not json",
+        )
+            .into_response(),
+        Behavior::Empty => axum::Json(completion("", &body)).into_response(),
+        Behavior::Drop => {
+            // A body that fails after its first bytes: hyper aborts the connection.
+            let chunks: Vec<Result<&'static str, std::io::Error>> = vec![
+                Ok("{\"id\": \"chatcmpl-"),
+                Err(std::io::Error::other("connection dropped")),
+            ];
+            (
+                [(header::CONTENT_TYPE, "application/json")],
+                Body::from_stream(futures_util::stream::iter(chunks)),
+            )
+                .into_response()
+        }
+    }
+}
+
+async fn models() -> Result<axum::Json<Value>, Infallible> {
+    Ok(axum::Json(json!({
+        "object": "list",
+        "data": [{ "id": "fake-model", "object": "model", "created": 0, "owned_by": "fake" }]
+    })))
+}

@@ -42,6 +42,10 @@ pub enum Command {
     Run,
     /// Chat in the terminal: each input line is a message, replies go to stdout.
     Chat,
+    /// Check the configuration and every connection it names; print a report.
+    Check,
+    /// Ask a running lull's /healthz (exit 0 when healthy), for container health checks.
+    Healthcheck,
 }
 
 fn secret(s: &str) -> Result<SecretString, std::convert::Infallible> {

@@ -16,9 +16,11 @@
 //! - [`llm`]: the responder seam (`echo`, `openai`).
 //! - [`platform`]: the contract adapters implement; [`split`] cuts replies to a
 //!   platform's length limit.
-//! - [`adapters`]: one module per platform (console so far).
+//! - [`adapters`]: one module per platform: console, http.
 //! - [`commands`], [`access`]: `/help` and `/reset`; who may talk to the bot.
-//! - [`app`]: wiring for `lull run` and `lull chat`; [`logging`], [`metrics`].
+//! - [`app`]: wiring for `lull run` and `lull chat`; [`check`]: `lull check` and
+//!   `lull healthcheck`; [`health`] and [`http`]: `/healthz`, `/metrics`; [`logging`],
+//!   [`metrics`].
 //!
 //! # Invariants
 //!
@@ -40,6 +42,7 @@ pub mod access;
 #[path = "../adapters/mod.rs"]
 pub mod adapters;
 pub mod app;
+pub mod check;
 pub mod clock;
 pub mod commands;
 pub mod config;

@@ -13,23 +13,15 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse_or_exit();
     let command = cli.command.unwrap_or(Command::Run);
-    let default_filter = if command == Command::Chat {
-        "warn"
-    } else {
-        "info"
+    let default_filter = match command {
+        Command::Run => "info",
+        Command::Chat | Command::Check | Command::Healthcheck => "warn",
     };
     let filter = cli.settings.log_filter.as_deref().unwrap_or(default_filter);
     if let Err(e) = lull::logging::init(cli.settings.log_format, filter) {
         eprintln!("lull: {e}");
         return ExitCode::from(2);
     }
-    let config = match Config::from_settings(&cli.settings) {
-        Ok(config) => config,
-        Err(e) => {
-            eprintln!("lull: {e}");
-            return ExitCode::from(2);
-        }
-    };
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(e) => {
@@ -37,12 +29,48 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if command == Command::Healthcheck {
+        return match runtime.block_on(lull::check::healthcheck(cli.settings.http_addr)) {
+            Ok(body) => {
+                println!("{body}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("lull: unhealthy: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let config = match Config::from_settings(&cli.settings) {
+        Ok(config) => config,
+        Err(e) if command == Command::Check => {
+            println!("FAIL  configuration {e}");
+            return ExitCode::FAILURE;
+        }
+        Err(e) => {
+            eprintln!("lull: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if command == Command::Check {
+        let findings = runtime.block_on(lull::check::run(&config));
+        for finding in &findings {
+            println!("{finding}");
+        }
+        return if findings.iter().all(|f| f.ok) {
+            println!("all checks passed");
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
+    }
     let result = runtime.block_on(async {
         match command {
             Command::Chat => lull::app::chat(config, ctrl_c()).await,
             Command::Run => lull::app::run(config, shutdown_signal())
                 .await
                 .map(|()| ExitCode::SUCCESS),
+            Command::Check | Command::Healthcheck => unreachable!("handled above"),
         }
     });
     match result {

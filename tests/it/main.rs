@@ -5,9 +5,11 @@
 mod support;
 
 mod chat;
+mod check;
 mod dispatcher;
 mod helpers;
 mod http_api;
 mod ingest;
 mod llm;
+mod shutdown;
 mod stress;

@@ -1,0 +1,318 @@
+//! `lull check`: validate the configuration and try every connection it names, then
+//! print a readable report. Each failed line names the variable to fix. Nothing is
+//! written except the database schema (opening the database migrates it).
+
+use std::fmt;
+use std::time::Duration;
+
+use secrecy::ExposeSecret;
+
+use crate::config::{Config, LlmConfig, PlatformConfig};
+use crate::store::{SqliteStore, Store};
+
+/// One line of the report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    pub ok: bool,
+    pub what: &'static str,
+    pub detail: String,
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}  {:<13} {}",
+            if self.ok { "ok  " } else { "FAIL" },
+            self.what,
+            self.detail
+        )
+    }
+}
+
+fn ok(what: &'static str, detail: impl Into<String>) -> Finding {
+    Finding {
+        ok: true,
+        what,
+        detail: detail.into(),
+    }
+}
+
+fn fail(what: &'static str, detail: impl Into<String>) -> Finding {
+    Finding {
+        ok: false,
+        what,
+        detail: detail.into(),
+    }
+}
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Run every check the configuration calls for.
+pub async fn run(config: &Config) -> Vec<Finding> {
+    let mut findings = vec![ok("configuration", describe(config))];
+    findings.push(database(config).await);
+    if let Some(telegram) = &config.telegram {
+        findings.push(telegram_bot(telegram).await);
+    }
+    if let Some(discord) = &config.discord {
+        findings.push(discord_bot(discord).await);
+    }
+    if let Some(http) = &config.http_adapter {
+        findings.push(ok(
+            "http adapter",
+            format!(
+                "replies go to {} ({}); messages come in on http://{}/api/messages",
+                redact_url(&http.webhook_url),
+                if http.token.is_some() {
+                    "bearer token required"
+                } else {
+                    "no token: loopback only"
+                },
+                config.http_addr
+            ),
+        ));
+    }
+    findings.push(model(config).await);
+    findings
+}
+
+fn describe(config: &Config) -> String {
+    let mut adapters = Vec::new();
+    if config.telegram.is_some() {
+        adapters.push("telegram");
+    }
+    if config.discord.is_some() {
+        adapters.push("discord");
+    }
+    if config.http_adapter.is_some() {
+        adapters.push("http");
+    }
+    format!(
+        "adapters: {}; debounce {} ms, cap {} ms, lease {} ms",
+        if adapters.is_empty() {
+            "none (only `lull chat` will work)".to_owned()
+        } else {
+            adapters.join(", ")
+        },
+        config.timers.debounce().as_millis(),
+        config.timers.max_wait().as_millis(),
+        config.lease.ttl().as_millis()
+    )
+}
+
+async fn database(config: &Config) -> Finding {
+    let path = config.database.clone();
+    let opened = tokio::task::spawn_blocking(move || SqliteStore::open(path)).await;
+    match opened {
+        Ok(Ok(store)) => match store.ping().await {
+            Ok(()) => ok(
+                "database",
+                format!("{} opens and answers", config.database.display()),
+            ),
+            Err(e) => fail("database", format!("{e} (check DATABASE_URL)")),
+        },
+        Ok(Err(e)) => fail("database", format!("{e} (check DATABASE_URL)")),
+        Err(e) => fail("database", format!("the check itself failed: {e}")),
+    }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(TIMEOUT)
+        .build()
+        .expect("a plain HTTP client builds")
+}
+
+/// Remove a secret from a text (tokens travel inside Telegram URLs).
+fn redact(text: &str, secret: &str) -> String {
+    if secret.is_empty() {
+        text.to_owned()
+    } else {
+        text.replace(secret, "<redacted>")
+    }
+}
+
+/// Drop a URL's query and credentials (they may carry secrets).
+fn redact_url(url: &str) -> String {
+    let without_query = url.split(['?', '#']).next().unwrap_or(url);
+    match without_query.split_once("://") {
+        Some((scheme, rest)) => match rest.split_once('@') {
+            Some((_, host)) => format!("{scheme}://<redacted>@{host}"),
+            None => without_query.to_owned(),
+        },
+        None => without_query.to_owned(),
+    }
+}
+
+async fn telegram_bot(telegram: &PlatformConfig) -> Finding {
+    let token = telegram.token.expose_secret();
+    let url = format!("{}/bot{token}/getMe", telegram.api_url);
+    let result = async {
+        let response = client()
+            .get(&url)
+            .send()
+            .await
+            .map_err(|e| e.without_url().to_string())?;
+        let status = response.status();
+        let body: serde_json::Value = response.json().await.unwrap_or_default();
+        if status.is_success() && body["ok"] == true {
+            Ok(body["result"]["username"]
+                .as_str()
+                .unwrap_or("?")
+                .to_owned())
+        } else if status.as_u16() == 401 || status.as_u16() == 404 {
+            Err("Telegram refused the token (check TELEGRAM_BOT_TOKEN)".to_owned())
+        } else {
+            Err(format!(
+                "getMe answered HTTP {status}: {} (check TELEGRAM_API_URL)",
+                body["description"].as_str().unwrap_or("no description")
+            ))
+        }
+    }
+    .await;
+    match result {
+        Ok(username) => ok("telegram", format!("the token belongs to @{username}")),
+        Err(e) => fail(
+            "telegram",
+            redact(&format!("{e} [{}]", telegram.api_url), token),
+        ),
+    }
+}
+
+async fn discord_bot(discord: &PlatformConfig) -> Finding {
+    let token = discord.token.expose_secret();
+    let result = async {
+        let response = client()
+            .get(format!("{}/api/v10/users/@me", discord.api_url))
+            .header("Authorization", format!("Bot {token}"))
+            .send()
+            .await
+            .map_err(|e| e.without_url().to_string())?;
+        let status = response.status();
+        let body: serde_json::Value = response.json().await.unwrap_or_default();
+        if status.is_success() {
+            Ok(body["username"].as_str().unwrap_or("?").to_owned())
+        } else if status.as_u16() == 401 {
+            Err("Discord refused the token (check DISCORD_BOT_TOKEN)".to_owned())
+        } else {
+            Err(format!(
+                "GET /users/@me answered HTTP {status} (check DISCORD_API_URL)"
+            ))
+        }
+    }
+    .await;
+    match result {
+        Ok(username) => ok("discord", format!("the token belongs to {username}")),
+        Err(e) => fail(
+            "discord",
+            redact(&format!("{e} [{}]", discord.api_url), token),
+        ),
+    }
+}
+
+async fn model(config: &Config) -> Finding {
+    let settings = match &config.llm {
+        LlmConfig::Echo(_) => {
+            return ok(
+                "model",
+                "echo (offline responder; set OPENAI_API_KEY or OPENAI_BASE_URL for a real model)",
+            );
+        }
+        LlmConfig::OpenAi(settings) => settings,
+    };
+    let responder = match crate::llm::openai::OpenAiResponder::new(settings.clone()) {
+        Ok(responder) => responder,
+        Err(e) => return fail("model", e),
+    };
+    let server = redact_url(&settings.base_url);
+    let key = settings
+        .api_key
+        .as_ref()
+        .map(|k| k.expose_secret().to_owned())
+        .unwrap_or_default();
+    match responder.list_models().await {
+        Ok(models) if models.iter().any(|m| m == &settings.model) => {
+            ok("model", format!("{} is served by {server}", settings.model))
+        }
+        Ok(models) => {
+            let shown: Vec<&str> = models.iter().take(8).map(String::as_str).collect();
+            fail(
+                "model",
+                format!(
+                    "{server} does not list OPENAI_MODEL={} (it lists: {}{})",
+                    settings.model,
+                    shown.join(", "),
+                    if models.len() > shown.len() {
+                        ", …"
+                    } else {
+                        ""
+                    }
+                ),
+            )
+        }
+        Err(crate::llm::LlmError::Status {
+            status: 401 | 403, ..
+        }) => fail(
+            "model",
+            format!("{server} refused the key (check OPENAI_API_KEY)"),
+        ),
+        Err(e) => fail(
+            "model",
+            redact(
+                &format!("cannot list models at {server}: {e} (check OPENAI_BASE_URL)"),
+                &key,
+            ),
+        ),
+    }
+}
+
+/// `lull healthcheck`: ask the running process's `/healthz` (for Docker's
+/// `HEALTHCHECK`, without curl in the image). A wildcard listen address is asked on
+/// loopback.
+pub async fn healthcheck(addr: std::net::SocketAddr) -> Result<String, String> {
+    let mut target = addr;
+    if target.ip().is_unspecified() {
+        target.set_ip(match target.ip() {
+            std::net::IpAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::IpAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    let url = format!("http://{target}/healthz");
+    let response = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .map_err(|e| e.to_string())?
+        .get(&url)
+        .send()
+        .await
+        .map_err(|e| format!("{url}: {}", e.without_url()))?;
+    let status = response.status();
+    let body = response.text().await.unwrap_or_default();
+    if status.is_success() {
+        Ok(body)
+    } else {
+        Err(format!("{url} answered {status}: {body}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_are_redacted() {
+        assert_eq!(
+            redact("GET /bot123:ABC/getMe failed", "123:ABC"),
+            "GET /bot<redacted>/getMe failed"
+        );
+        assert_eq!(
+            redact_url("https://user:pw@host/x?key=1"),
+            "https://<redacted>@host/x"
+        );
+        assert_eq!(
+            redact_url("http://127.0.0.1:9/replies"),
+            "http://127.0.0.1:9/replies"
+        );
+    }
+}

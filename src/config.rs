@@ -271,15 +271,21 @@ pub struct Config {
     pub access: AccessList,
 }
 
-/// An http(s) URL, or an error naming the variable.
+/// An http(s) URL with a host, or an error naming the variable. Returned without a
+/// trailing slash, so paths can be appended.
 fn http_url(variable: &str, value: &str) -> Result<String, ConfigError> {
     let value = value.trim();
-    if !(value.starts_with("http://") || value.starts_with("https://"))
-        || value.len() <= "https://".len()
-    {
-        return Err(ConfigError(format!(
-            "{variable} must be an http:// or https:// URL, got '{value}'"
-        )));
+    let invalid = |why: &str| {
+        ConfigError(format!(
+            "{variable} must be an http:// or https:// URL with a host ({why}), got '{value}'"
+        ))
+    };
+    let parsed = url::Url::parse(value).map_err(|e| invalid(&e.to_string()))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(invalid("wrong scheme"));
+    }
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return Err(invalid("no host"));
     }
     Ok(value.trim_end_matches('/').to_owned())
 }
@@ -530,6 +536,19 @@ mod tests {
             (&["--database-url", "postgres://x"], "DATABASE_URL"),
             (&["--llm", "openai"], "OPENAI_API_KEY"),
             (&["--webhook-url", "ftp://x"], "LULL_WEBHOOK_URL"),
+            (
+                &["--webhook-url", "http://:8080/replies"],
+                "LULL_WEBHOOK_URL",
+            ),
+            (
+                &[
+                    "--telegram-bot-token",
+                    "t",
+                    "--telegram-api-url",
+                    "not a url",
+                ],
+                "TELEGRAM_API_URL",
+            ),
             (
                 &[
                     "--webhook-url",

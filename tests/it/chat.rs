@@ -121,17 +121,32 @@ fn bad_settings_stop_the_program_naming_the_variable() {
 #[test]
 fn json_logs_have_one_line_per_reply() {
     let db = temp_db();
-    let out = lull_chat(&db.path, "one\ntwo\n", &[("LOG_FORMAT", "json"), ("RUST_LOG", "info")]);
+    let out = lull_chat(
+        &db.path,
+        "one\ntwo\n",
+        &[("LOG_FORMAT", "json"), ("RUST_LOG", "info")],
+    );
     assert!(out.status.success());
     let stderr = String::from_utf8(out.stderr).unwrap();
     let lines: Vec<serde_json::Value> = stderr
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
         .collect();
-    let replies: Vec<&serde_json::Value> = lines.iter().filter(|l| l["message"] == "reply committed").collect();
+    let replies: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|l| l["message"] == "reply committed")
+        .collect();
     assert_eq!(replies.len(), 1, "{stderr}");
     let reply = replies[0];
-    for field in ["conversation", "version", "batch", "token", "llm_ms", "level", "timestamp"] {
+    for field in [
+        "conversation",
+        "version",
+        "batch",
+        "token",
+        "llm_ms",
+        "level",
+        "timestamp",
+    ] {
         assert!(!reply[field].is_null(), "missing {field} in {reply}");
     }
     assert_eq!(reply["batch"], 2);

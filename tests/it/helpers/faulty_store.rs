@@ -8,11 +8,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lull::domain::{
-    ConversationId, ConversationRef, HolderId, Lease, LeaseKey, OutboxId, Timestamp, Version,
+    ConversationId, ConversationRef, HolderId, Lease, LeaseKey, OutboxId, Platform, Timestamp,
+    Version,
 };
 use lull::store::{
     Batch, CommitOutcome, DueWork, IngestOutcome, MessageEdit, NewMessage, NewNotice, NewReply,
-    OutboxRow, SqliteStore, Store, StoreError, WorkQuery,
+    OutboxRow, RecentConversation, SqliteStore, Store, StoreError, WorkQuery,
 };
 use lull::timing::TimerPolicy;
 
@@ -159,6 +160,14 @@ impl Store for FaultyStore {
     }
     async fn is_settled(&self, c: &ConversationRef) -> Result<Option<bool>, StoreError> {
         self.inner.is_settled(c).await
+    }
+    async fn recent_conversations(
+        &self,
+        p: Platform,
+        since: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<RecentConversation>, StoreError> {
+        self.inner.recent_conversations(p, since, limit).await
     }
     async fn pending_conversations(&self) -> Result<u64, StoreError> {
         self.inner.pending_conversations().await

@@ -5,6 +5,7 @@
 mod support;
 
 mod chat;
+mod discord;
 mod dispatcher;
 mod helpers;
 mod http_api;

@@ -3,7 +3,7 @@
 //! as a locked or full database would.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -25,6 +25,8 @@ pub struct FaultyStore {
     pub busy_ingest: AtomicBool,
     /// Ingest fails as if the disk were full.
     pub full_ingest: AtomicBool,
+    /// Calls of `ingest` and `edit`, failed ones included.
+    pub ingest_calls: AtomicUsize,
 }
 
 impl FaultyStore {
@@ -34,10 +36,12 @@ impl FaultyStore {
             freeze_renewals: AtomicBool::new(false),
             busy_ingest: AtomicBool::new(false),
             full_ingest: AtomicBool::new(false),
+            ingest_calls: AtomicUsize::new(0),
         })
     }
 
     fn ingest_fault(&self) -> Result<(), StoreError> {
+        self.ingest_calls.fetch_add(1, Ordering::SeqCst);
         if self.busy_ingest.load(Ordering::SeqCst) {
             return Err(StoreError::Busy);
         }

@@ -110,7 +110,10 @@ impl Inbound for DiscordInbound {
             let Some(keeper) = elect(&dispatcher, &health, &shutdown).await else {
                 return Ok(());
             };
-            let end = self.session(&dispatcher, &health, &keeper, &shutdown).await;
+            let (end, connected) = self.session(&dispatcher, &health, &keeper, &shutdown).await;
+            if connected {
+                failures = 0;
+            }
             match end {
                 SessionEnd::Shutdown => {
                     keeper.release().await;
@@ -120,7 +123,6 @@ impl Inbound for DiscordInbound {
                 SessionEnd::LeaseLost => {
                     tracing::warn!("the Discord gateway lease was lost; disconnected, standing by");
                     health.set(Platform::Discord, AdapterState::Standby);
-                    failures = 0;
                 }
                 SessionEnd::Fatal(error) => {
                     keeper.release().await;
@@ -166,13 +168,14 @@ async fn elect(
 impl DiscordInbound {
     /// One gateway session under the lease: connect, store events until shutdown,
     /// a lost lease or a failure, then disconnect and store what is still queued.
+    /// Also says whether the session got as far as READY.
     async fn session(
         &self,
         dispatcher: &Arc<Dispatcher>,
         health: &Health,
         keeper: &LeaseKeeper,
         shutdown: &CancellationToken,
-    ) -> SessionEnd {
+    ) -> (SessionEnd, bool) {
         health.set(Platform::Discord, AdapterState::Starting);
         let connect = async {
             let bot = self.whoami().await?;
@@ -188,10 +191,10 @@ impl DiscordInbound {
         let (bot, gateway_url) = tokio::select! {
             connected = connect => match connected {
                 Ok(connected) => connected,
-                Err(end) => return end,
+                Err(end) => return (end, false),
             },
-            () = shutdown.cancelled() => return SessionEnd::Shutdown,
-            () = keeper.lost() => return SessionEnd::LeaseLost,
+            () = shutdown.cancelled() => return (SessionEnd::Shutdown, false),
+            () = keeper.lost() => return (SessionEnd::LeaseLost, false),
         };
 
         let (events, mut queue) = mpsc::unbounded_channel();
@@ -207,7 +210,7 @@ impl DiscordInbound {
             .await
         {
             Ok(client) => client,
-            Err(e) => return SessionEnd::Failed(self.rest.redactor.redact(e)),
+            Err(e) => return (SessionEnd::Failed(self.rest.redactor.redact(e)), false),
         };
         // serenity asked for the gateway URL again while building, and falls back to
         // Discord's own on failure: use the one read above, from DISCORD_API_URL.
@@ -223,6 +226,7 @@ impl DiscordInbound {
             channels: self.channels.clone(),
             health: health.clone(),
             bot,
+            ready: false,
         };
         let end = tokio::select! {
             () = shutdown.cancelled() => SessionEnd::Shutdown,
@@ -247,10 +251,11 @@ impl DiscordInbound {
         }
         running.abort();
         intake.drain(&mut queue).await;
-        end
+        (end, intake.ready)
     }
 
-    /// Who the bot is (`GET /users/@me`), retried while Discord is unreachable.
+    /// Who the bot is (`GET /users/@me`). A failure ends this attempt; the run loop
+    /// tries again after a pause.
     async fn whoami(&self) -> Result<BotIdentity, SessionEnd> {
         let user = self
             .rest
@@ -387,6 +392,8 @@ struct Intake {
     channels: Arc<ChannelKinds>,
     health: Health,
     bot: BotIdentity,
+    /// Whether the session got as far as READY.
+    ready: bool,
 }
 
 impl Intake {
@@ -434,6 +441,7 @@ impl Intake {
         match event {
             GatewayEvent::Ready => {
                 tracing::info!(bot = %self.bot.name, "connected to the Discord gateway");
+                self.ready = true;
                 self.health.set(Platform::Discord, AdapterState::Up);
                 self.catch_up().await;
             }
@@ -485,16 +493,22 @@ impl Intake {
     async fn catch_up(&self) {
         let now = SystemClock.now();
         let since = Timestamp(now.0.saturating_sub(millis(CATCH_UP_WINDOW)));
-        let recent = match self
-            .dispatcher
-            .store()
-            .recent_conversations(Platform::Discord, since, CATCH_UP_CHANNELS)
-            .await
-        {
-            Ok(recent) => recent,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot list recent Discord conversations; skipping catch-up");
-                return;
+        // Retried like a message that cannot be stored yet: live events wait behind
+        // it, and storing them first would move the catch-up point past the gap.
+        let mut wait = Duration::from_millis(100);
+        let recent = loop {
+            match self
+                .dispatcher
+                .store()
+                .recent_conversations(Platform::Discord, since, CATCH_UP_CHANNELS)
+                .await
+            {
+                Ok(recent) => break recent,
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "cannot list recent Discord conversations yet; retrying");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(5));
+                }
             }
         };
         let mut read = 0;

@@ -366,6 +366,38 @@ async fn a_killed_gateway_holder_is_replaced_by_the_standby() {
     h.assert_token_kept_secret();
 }
 
+/// A holder stopped with SIGTERM leaves the gateway and releases the lease, so the
+/// standby takes over at its next claim attempt, long before the TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_holder_hands_the_gateway_over_at_once() {
+    let mut h = Harness::new().await;
+    let dm = h.fake.channel(ChannelKind::Dm);
+    let slow_expiry = [
+        ("LULL_LEASE_TTL_MS", "30000"),
+        ("LULL_LEASE_RENEW_MS", "500"),
+    ];
+    let a = h.start("a", &slow_expiry).await;
+    h.fake.wait_connected(1, WAIT).await;
+    let b = h.start("b", &slow_expiry).await;
+    h.wait_state(b, "standby").await;
+
+    let stopped = tokio::time::Instant::now();
+    h.processes[a].signal("TERM");
+    assert_eq!(h.processes[a].wait_exit(WAIT), Some(0));
+    h.fake
+        .wait_for(WAIT, || (h.fake.identifies() == 2).then_some(()))
+        .await
+        .expect("the standby connects");
+    let handover = stopped.elapsed();
+    eprintln!("graceful handover of the gateway took {handover:?}");
+    assert!(handover < Duration::from_secs(5), "{handover:?}");
+    assert_eq!(h.fake.connected(), 1);
+    h.fake.say(Say::new(dm, ALICE, "still there?"));
+    h.fake.wait_sent(dm, 1, WAIT).await;
+    h.settled().await;
+    h.assert_token_kept_secret();
+}
+
 /// A holder that loses the gateway lease (here: taken over in the database, as after
 /// a pause longer than the TTL) disconnects at once and stands by; when the lease is
 /// free again it reconnects and catches up.

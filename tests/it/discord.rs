@@ -536,13 +536,20 @@ async fn a_retried_send_reuses_its_nonce() {
 async fn a_send_retried_after_a_crash_is_shown_once() {
     let mut h = Harness::new().await;
     let dm = h.fake.channel(ChannelKind::Dm);
-    // The first answer is lost, and lull is killed before its retry.
-    h.fake.fault_next_posts(&[PostFault::LoseResponse]);
+    // The first answer is lost; the retry is told to wait 30 s, and lull is killed
+    // while it waits, with the part created but not recorded as sent.
+    h.fake.fault_next_posts(&[
+        PostFault::LoseResponse,
+        PostFault::Refuse {
+            status: 429,
+            retry_after: 30.0,
+        },
+    ]);
     let lull = h.start("lull", &[]).await;
     h.fake.wait_connected(1, WAIT).await;
     h.fake.say(Say::new(dm, ALICE, "hello"));
     h.fake
-        .wait_for(WAIT, || (!h.fake.posts().is_empty()).then_some(()))
+        .wait_for(WAIT, || (h.fake.posts().len() == 2).then_some(()))
         .await
         .unwrap();
     h.processes[lull].kill9();
@@ -557,15 +564,19 @@ async fn a_send_retried_after_a_crash_is_shown_once() {
         .fake
         .wait_for(WAIT, || {
             let posts = h.fake.posts();
-            (posts.len() >= 2).then_some(posts)
+            (posts.len() >= 3).then_some(posts)
         })
         .await
         .expect("the recovered row is sent again");
     h.settled().await;
-    assert_eq!(posts[0].nonce, posts[1].nonce);
-    assert_eq!(posts[1].message, posts[0].message);
+    assert!(posts.iter().all(|p| p.nonce == posts[0].nonce));
+    assert_eq!(posts[2].status, 200);
+    assert_eq!(
+        posts[2].message, posts[0].message,
+        "Discord returned the first message"
+    );
     assert_eq!(h.fake.sent(dm).len(), 1, "shown once");
-    assert_eq!(h.fake.posts().len(), 2);
+    assert_eq!(h.fake.posts().len(), 3);
     h.assert_token_kept_secret();
 }
 

@@ -5,4 +5,5 @@
 //! point from here to the core, never back.
 
 pub mod console;
+pub mod discord;
 pub mod http;

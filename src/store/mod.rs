@@ -238,6 +238,16 @@ pub struct OutboxRow {
     pub attempts: u32,
 }
 
+/// A conversation with recent activity and the last message stored for it: where a
+/// platform without replay (Discord's gateway) resumes reading history after downtime.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecentConversation {
+    pub conversation: ConversationRef,
+    pub is_group: bool,
+    /// The platform id of the message stored last in this conversation.
+    pub last_message_id: String,
+}
+
 /// The shared state lull runs on. See the module docs for the rules every method keeps.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
@@ -379,6 +389,16 @@ pub trait Store: Send + Sync + 'static {
     /// Whether a conversation has nothing left to do: no pending message, no timer, no
     /// undelivered outbox row. `None` if the conversation does not exist.
     async fn is_settled(&self, conversation: &ConversationRef) -> Result<Option<bool>, StoreError>;
+
+    /// Conversations of `platform` whose last stored message arrived at or after
+    /// `since`, most recently active first, at most `limit`. Each carries the platform
+    /// id of the message stored last, so an adapter can read back what it missed.
+    async fn recent_conversations(
+        &self,
+        platform: Platform,
+        since: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<RecentConversation>, StoreError>;
 
     /// How many conversations have messages waiting for a reply.
     async fn pending_conversations(&self) -> Result<u64, StoreError>;

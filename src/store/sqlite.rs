@@ -18,7 +18,8 @@ use rusqlite::{
 
 use super::{
     Batch, CommitOutcome, DueWork, Exchange, IngestOutcome, MessageEdit, NewMessage, NewNotice,
-    NewReply, OutboxKind, OutboxRow, PendingMessage, Store, StoreError, TimerState, WorkQuery,
+    NewReply, OutboxKind, OutboxRow, PendingMessage, RecentConversation, Store, StoreError,
+    TimerState, WorkQuery,
 };
 use crate::domain::{
     ConversationId, ConversationRef, HolderId, Lease, LeaseKey, LeaseToken, OutboxId, Platform,
@@ -999,6 +1000,39 @@ impl Store for SqliteStore {
             )
             .optional()
             .ctx("checking whether a conversation is settled")
+        })
+        .await
+    }
+
+    async fn recent_conversations(
+        &self,
+        platform: Platform,
+        since: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<RecentConversation>, StoreError> {
+        self.with_conn(move |conn| {
+            // No loss: catch-up resumes after the message stored last (the highest row
+            // id), never after one that merely has a larger platform id.
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT c.key, c.is_group, m.platform_message_id
+                     FROM conversations c
+                     JOIN messages m ON m.id = (SELECT MAX(id) FROM messages WHERE conversation_id = c.id)
+                     WHERE c.platform = ?1 AND m.received_at >= ?2
+                     ORDER BY m.received_at DESC, m.id DESC
+                     LIMIT ?3",
+                )
+                .ctx("finding recent conversations")?;
+            stmt.query_map(params![platform.as_str(), since.0, limit as i64], |r| {
+                Ok(RecentConversation {
+                    conversation: ConversationRef::new(platform, r.get::<_, String>(0)?),
+                    is_group: r.get(1)?,
+                    last_message_id: r.get(2)?,
+                })
+            })
+            .ctx("finding recent conversations")?
+            .collect::<Result<Vec<_>, _>>()
+            .ctx("finding recent conversations")
         })
         .await
     }

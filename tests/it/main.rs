@@ -6,6 +6,7 @@ mod support;
 
 mod chat;
 mod check;
+mod discord;
 mod dispatcher;
 mod helpers;
 mod http_api;

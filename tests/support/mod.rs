@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod db;
+pub mod discord_fake;
 pub mod openai_fake;
 pub mod process;
 pub mod stress;

@@ -3,16 +3,17 @@
 //! as a locked or full database would.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use lull::domain::{
-    ConversationId, ConversationRef, HolderId, Lease, LeaseKey, OutboxId, Timestamp, Version,
+    ConversationId, ConversationRef, HolderId, Lease, LeaseKey, OutboxId, Platform, Timestamp,
+    Version,
 };
 use lull::store::{
     Batch, CommitOutcome, DueWork, IngestOutcome, MessageEdit, NewMessage, NewNotice, NewReply,
-    OutboxRow, SqliteStore, Store, StoreError, WorkQuery,
+    OutboxRow, RecentConversation, SqliteStore, Store, StoreError, WorkQuery,
 };
 use lull::timing::TimerPolicy;
 
@@ -24,6 +25,8 @@ pub struct FaultyStore {
     pub busy_ingest: AtomicBool,
     /// Ingest fails as if the disk were full.
     pub full_ingest: AtomicBool,
+    /// Calls of `ingest` and `edit`, failed ones included.
+    pub ingest_calls: AtomicUsize,
 }
 
 impl FaultyStore {
@@ -33,10 +36,12 @@ impl FaultyStore {
             freeze_renewals: AtomicBool::new(false),
             busy_ingest: AtomicBool::new(false),
             full_ingest: AtomicBool::new(false),
+            ingest_calls: AtomicUsize::new(0),
         })
     }
 
     fn ingest_fault(&self) -> Result<(), StoreError> {
+        self.ingest_calls.fetch_add(1, Ordering::SeqCst);
         if self.busy_ingest.load(Ordering::SeqCst) {
             return Err(StoreError::Busy);
         }
@@ -159,6 +164,14 @@ impl Store for FaultyStore {
     }
     async fn is_settled(&self, c: &ConversationRef) -> Result<Option<bool>, StoreError> {
         self.inner.is_settled(c).await
+    }
+    async fn recent_conversations(
+        &self,
+        p: Platform,
+        since: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<RecentConversation>, StoreError> {
+        self.inner.recent_conversations(p, since, limit).await
     }
     async fn pending_conversations(&self) -> Result<u64, StoreError> {
         self.inner.pending_conversations().await

@@ -1,0 +1,611 @@
+//! Receiving from Discord: the gateway connection, held by one process at a time.
+//!
+//! The process holding the Discord *poller lease*
+//! ([`Dispatcher::elect_poller`]) connects to the gateway; the others report
+//! standby and retry the claim, so one of them takes over within the lease TTL when
+//! the holder dies. A holder whose lease is lost disconnects at once. On shutdown the
+//! lease is released, so a standby takes over without waiting for the TTL.
+//!
+//! Platform facts this relies on, and what it does about them:
+//!
+//! - **serenity dispatches events concurrently** (each event handler call is its own
+//!   task), so two messages sent close together may reach the handler out of order.
+//!   The handler only queues events; one intake task stores them one at a time,
+//!   ordered by message id (snowflakes grow with time), after letting events that
+//!   arrived together settle.
+//! - **The gateway does not replay messages sent while no session was connected.**
+//!   After every READY (a fresh session: first start, take-over, re-IDENTIFY), the
+//!   channels with recent activity are read back from history after the last stored
+//!   message, before live events are stored. A resumed session gets the missed events
+//!   replayed by Discord and needs no catch-up.
+//! - **Discord has no acknowledgement per message**, and the core stores a message id
+//!   once. A message is handed to the core until it is stored: a failing store is
+//!   retried with backoff, never skipped, because a later message stored in its place
+//!   would move the catch-up point past it. Whatever is still queued when the session
+//!   ends (a crash, a lost lease) is read back by the next session's catch-up.
+//! - serenity resumes or re-identifies after a dropped connection by itself (waiting
+//!   five seconds between IDENTIFYs, as Discord requires).
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use anyhow::anyhow;
+use async_trait::async_trait;
+use serenity::all::{
+    ChannelId, ClientBuilder, Context, EventHandler, GatewayError, Message, MessageId,
+    MessagePagination, MessageUpdateEvent, Ready, ResumedEvent, ShardManager,
+};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::outbound::from_serenity;
+use super::translate::{self, BotIdentity};
+use super::{ChannelKinds, Rest, channel_of, intents};
+use crate::clock::{Clock, SystemClock};
+use crate::dispatcher::{Accepted, Dispatcher, IngestError, LeaseKeeper};
+use crate::domain::{Platform, Timestamp, millis};
+use crate::health::{AdapterState, Health};
+use crate::platform::{Inbound, Incoming, SendError};
+use crate::store::RecentConversation;
+
+/// How far back catch-up looks for channels with activity.
+const CATCH_UP_WINDOW: Duration = Duration::from_secs(24 * 60 * 60);
+/// At most this many channels are read back after a (re)connect, most recent first.
+const CATCH_UP_CHANNELS: usize = 100;
+/// Messages per history request (Discord's maximum).
+const PAGE: u8 = 100;
+/// At most this many pages per channel: a busy guild channel is mostly chatter lull
+/// ignores, and reading it all back would spend the rate limit.
+const CATCH_UP_PAGES: usize = 10;
+/// Events that arrive within this window are stored in message-id order.
+const SETTLE: Duration = Duration::from_millis(10);
+/// How long after the claim a waiting process reports itself as standby.
+const STANDBY_AFTER: Duration = Duration::from_millis(250);
+/// How long queued events may still be stored after the session ended.
+const DRAIN_FOR: Duration = Duration::from_secs(2);
+/// Waits between attempts to connect, doubling up to the last.
+const BACKOFF: [Duration; 4] = [
+    Duration::from_millis(500),
+    Duration::from_secs(2),
+    Duration::from_secs(5),
+    Duration::from_secs(15),
+];
+
+/// The receiving half of the Discord adapter.
+pub struct DiscordInbound {
+    rest: Rest,
+    channels: Arc<ChannelKinds>,
+}
+
+impl DiscordInbound {
+    pub(crate) fn new(rest: Rest, channels: Arc<ChannelKinds>) -> Self {
+        Self { rest, channels }
+    }
+}
+
+/// Why a gateway session ended.
+enum SessionEnd {
+    Shutdown,
+    LeaseLost,
+    /// Worth trying again after a pause (Discord unreachable, the gateway closed).
+    Failed(String),
+    /// Trying again cannot help (the token or the intents were refused).
+    Fatal(anyhow::Error),
+}
+
+#[async_trait]
+impl Inbound for DiscordInbound {
+    fn platform(&self) -> Platform {
+        Platform::Discord
+    }
+
+    async fn run(
+        self: Box<Self>,
+        dispatcher: Arc<Dispatcher>,
+        health: Health,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<()> {
+        let mut failures = 0usize;
+        loop {
+            let Some(keeper) = elect(&dispatcher, &health, &shutdown).await else {
+                return Ok(());
+            };
+            let (end, connected) = self.session(&dispatcher, &health, &keeper, &shutdown).await;
+            if connected {
+                failures = 0;
+            }
+            match end {
+                SessionEnd::Shutdown => {
+                    keeper.release().await;
+                    tracing::info!("left the Discord gateway");
+                    return Ok(());
+                }
+                SessionEnd::LeaseLost => {
+                    tracing::warn!("the Discord gateway lease was lost; disconnected, standing by");
+                    health.set(Platform::Discord, AdapterState::Standby);
+                }
+                SessionEnd::Fatal(error) => {
+                    keeper.release().await;
+                    return Err(error);
+                }
+                SessionEnd::Failed(reason) => {
+                    // Hand the gateway to another process while this one waits.
+                    keeper.release().await;
+                    let wait = BACKOFF[failures.min(BACKOFF.len() - 1)];
+                    failures += 1;
+                    tracing::warn!(
+                        reason,
+                        retry_in_ms = wait.as_millis() as u64,
+                        "Discord gateway session failed"
+                    );
+                    health.set(Platform::Discord, AdapterState::Down(reason));
+                    tokio::select! {
+                        () = tokio::time::sleep(wait) => {}
+                        () = shutdown.cancelled() => return Ok(()),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Wait for the gateway lease, reporting standby while another process holds it.
+async fn elect(
+    dispatcher: &Arc<Dispatcher>,
+    health: &Health,
+    shutdown: &CancellationToken,
+) -> Option<LeaseKeeper> {
+    let election = dispatcher.elect_poller(Platform::Discord, shutdown);
+    tokio::pin!(election);
+    tokio::select! {
+        keeper = &mut election => return keeper,
+        () = tokio::time::sleep(STANDBY_AFTER) => {}
+    }
+    health.set(Platform::Discord, AdapterState::Standby);
+    election.await
+}
+
+impl DiscordInbound {
+    /// One gateway session under the lease: connect, store events until shutdown,
+    /// a lost lease or a failure, then disconnect and store what is still queued.
+    /// Also says whether the session got as far as READY.
+    async fn session(
+        &self,
+        dispatcher: &Arc<Dispatcher>,
+        health: &Health,
+        keeper: &LeaseKeeper,
+        shutdown: &CancellationToken,
+    ) -> (SessionEnd, bool) {
+        health.set(Platform::Discord, AdapterState::Starting);
+        let connect = async {
+            let bot = self.whoami().await?;
+            let gateway_url = self
+                .rest
+                .http
+                .get_gateway()
+                .await
+                .map_err(|e| self.rest_failure("reading the gateway URL", &e))?
+                .url;
+            Ok::<_, SessionEnd>((bot, gateway_url))
+        };
+        let (bot, gateway_url) = tokio::select! {
+            connected = connect => match connected {
+                Ok(connected) => connected,
+                Err(end) => return (end, false),
+            },
+            () = shutdown.cancelled() => return (SessionEnd::Shutdown, false),
+            () = keeper.lost() => return (SessionEnd::LeaseLost, false),
+        };
+
+        let (events, mut queue) = mpsc::unbounded_channel();
+        let retired = CancellationToken::new();
+        let manager = Arc::new(OnceLock::new());
+        let handler = Handler {
+            events,
+            retired: retired.clone(),
+            manager: manager.clone(),
+        };
+        let mut client = match ClientBuilder::new_with_http(self.rest.http_for_gateway(), intents())
+            .event_handler(handler)
+            .await
+        {
+            Ok(client) => client,
+            Err(e) => return (SessionEnd::Failed(self.rest.redactor.redact(e)), false),
+        };
+        // serenity asked for the gateway URL again while building, and falls back to
+        // Discord's own on failure: use the one read above, from DISCORD_API_URL.
+        *client.ws_url.lock().await = gateway_url;
+        let shards = client.shard_manager.clone();
+        let _ = manager.set(shards.clone());
+        let mut running = tokio::spawn(async move { client.start().await });
+        tracing::info!(bot = %bot.name, "connecting to the Discord gateway");
+
+        let mut intake = Intake {
+            dispatcher: dispatcher.clone(),
+            rest: self.rest.clone(),
+            channels: self.channels.clone(),
+            health: health.clone(),
+            bot,
+            ready: false,
+        };
+        let end = tokio::select! {
+            () = shutdown.cancelled() => SessionEnd::Shutdown,
+            () = keeper.lost() => SessionEnd::LeaseLost,
+            () = intake.run(&mut queue) => SessionEnd::Failed("the gateway event stream ended".into()),
+            ended = &mut running => match ended {
+                Ok(Ok(())) => SessionEnd::Failed("the gateway connection closed".into()),
+                Ok(Err(e)) => self.gateway_failure(e),
+                Err(e) => SessionEnd::Failed(format!("the gateway task failed: {e}")),
+            },
+        };
+
+        // Leave the gateway first, so no second session lingers beside the next
+        // holder's. A shard still waiting to reconnect has no runner to stop yet; the
+        // handler stops it if it ever connects (see `Handler::retire`).
+        retired.cancel();
+        if tokio::time::timeout(Duration::from_secs(10), shards.shutdown_all())
+            .await
+            .is_err()
+        {
+            tracing::warn!("the Discord gateway did not close in time");
+        }
+        running.abort();
+        intake.drain(&mut queue).await;
+        (end, intake.ready)
+    }
+
+    /// Who the bot is (`GET /users/@me`). A failure ends this attempt; the run loop
+    /// tries again after a pause.
+    async fn whoami(&self) -> Result<BotIdentity, SessionEnd> {
+        let user = self
+            .rest
+            .http
+            .get_current_user()
+            .await
+            .map_err(|e| self.rest_failure("reading the bot's own user", &e))?;
+        Ok(BotIdentity {
+            id: user.id,
+            name: user.name.clone(),
+        })
+    }
+
+    fn rest_failure(&self, doing: &str, error: &serenity::Error) -> SessionEnd {
+        let status = match error {
+            serenity::Error::Http(e) => e.status_code().map(|s| s.as_u16()),
+            _ => None,
+        };
+        let reason = match from_serenity(error, &self.rest.redactor) {
+            SendError::RetryAfter(wait) => format!("rate limited for {wait:?}"),
+            SendError::Transient(e) | SendError::Permanent(e) => e,
+        };
+        if status == Some(401) {
+            SessionEnd::Fatal(anyhow!(
+                "Discord refused DISCORD_BOT_TOKEN while {doing} (HTTP 401); check the bot token"
+            ))
+        } else {
+            SessionEnd::Failed(format!("{doing}: {reason}"))
+        }
+    }
+
+    fn gateway_failure(&self, error: serenity::Error) -> SessionEnd {
+        match error {
+            serenity::Error::Gateway(GatewayError::InvalidAuthentication) => SessionEnd::Fatal(
+                anyhow!("the Discord gateway refused DISCORD_BOT_TOKEN; check the bot token"),
+            ),
+            serenity::Error::Gateway(
+                GatewayError::DisallowedGatewayIntents | GatewayError::InvalidGatewayIntents,
+            ) => SessionEnd::Fatal(anyhow!(
+                "the Discord gateway refused the intents lull needs: enable MESSAGE CONTENT INTENT \
+                 under Bot → Privileged Gateway Intents in the Discord developer portal"
+            )),
+            other => SessionEnd::Failed(self.rest.redactor.redact(other)),
+        }
+    }
+}
+
+/// What the event handler queues for the intake.
+#[derive(Debug)]
+enum GatewayEvent {
+    /// A fresh session: catch up from history.
+    Ready,
+    /// A resumed session: Discord replays what it missed.
+    Resumed,
+    Message(Box<Message>),
+    Edit(Box<MessageUpdateEvent>),
+}
+
+impl GatewayEvent {
+    /// Events that arrived together are stored in this order: session events first,
+    /// then messages by id (the order they were sent in), an edit after its message.
+    fn order(&self) -> (u8, u64, u8) {
+        match self {
+            GatewayEvent::Ready | GatewayEvent::Resumed => (0, 0, 0),
+            GatewayEvent::Message(m) => (1, m.id.get(), 0),
+            GatewayEvent::Edit(e) => (1, e.id.get(), 1),
+        }
+    }
+}
+
+/// serenity's event handler: queues events and returns. serenity calls it from a task
+/// per event, concurrently, so ordering and storing happen in [`Intake`].
+struct Handler {
+    events: mpsc::UnboundedSender<GatewayEvent>,
+    /// Set when the session ended: a shard that reconnects afterwards is stopped.
+    retired: CancellationToken,
+    manager: Arc<OnceLock<Arc<ShardManager>>>,
+}
+
+impl Handler {
+    fn queue(&self, event: GatewayEvent) {
+        if self.retire() {
+            return;
+        }
+        // The intake is gone only when the session ended; the next one catches up.
+        let _ = self.events.send(event);
+    }
+
+    /// A shard that was waiting to reconnect when its session ended comes back with
+    /// no one to hear it: stop it, so this process keeps no gateway session without
+    /// the lease.
+    fn retire(&self) -> bool {
+        if !self.retired.is_cancelled() {
+            return false;
+        }
+        if let Some(manager) = self.manager.get() {
+            let manager = manager.clone();
+            tokio::spawn(async move { manager.shutdown_all().await });
+        }
+        true
+    }
+}
+
+#[serenity::async_trait]
+impl EventHandler for Handler {
+    async fn ready(&self, _ctx: Context, ready: Ready) {
+        tracing::debug!(session = %ready.session_id, "Discord gateway READY");
+        self.queue(GatewayEvent::Ready);
+    }
+
+    async fn resume(&self, _ctx: Context, _event: ResumedEvent) {
+        self.queue(GatewayEvent::Resumed);
+    }
+
+    async fn message(&self, _ctx: Context, message: Message) {
+        self.queue(GatewayEvent::Message(Box::new(message)));
+    }
+
+    async fn message_update(
+        &self,
+        _ctx: Context,
+        _old: Option<Message>,
+        _new: Option<Message>,
+        event: MessageUpdateEvent,
+    ) {
+        self.queue(GatewayEvent::Edit(Box::new(event)));
+    }
+}
+
+/// Stores gateway events one at a time, in order, each until it is stored.
+struct Intake {
+    dispatcher: Arc<Dispatcher>,
+    rest: Rest,
+    channels: Arc<ChannelKinds>,
+    health: Health,
+    bot: BotIdentity,
+    /// Whether the session got as far as READY.
+    ready: bool,
+}
+
+impl Intake {
+    /// Runs until the queue closes; the session ends it by dropping the future.
+    async fn run(&mut self, queue: &mut mpsc::UnboundedReceiver<GatewayEvent>) {
+        while let Some(first) = queue.recv().await {
+            tokio::time::sleep(SETTLE).await;
+            let mut batch = vec![first];
+            while let Ok(event) = queue.try_recv() {
+                batch.push(event);
+            }
+            batch.sort_by_key(GatewayEvent::order);
+            for event in batch {
+                self.handle(event).await;
+            }
+        }
+    }
+
+    /// Store what is still queued, briefly and without catch-up: the next session's
+    /// catch-up reads back anything left.
+    async fn drain(&mut self, queue: &mut mpsc::UnboundedReceiver<GatewayEvent>) {
+        let mut batch = Vec::new();
+        while let Ok(event) = queue.try_recv() {
+            if !matches!(event, GatewayEvent::Ready | GatewayEvent::Resumed) {
+                batch.push(event);
+            }
+        }
+        if batch.is_empty() {
+            return;
+        }
+        batch.sort_by_key(GatewayEvent::order);
+        let drained = async {
+            for event in batch {
+                self.handle(event).await;
+            }
+        };
+        if tokio::time::timeout(DRAIN_FOR, drained).await.is_err() {
+            tracing::warn!(
+                "not every queued Discord message was stored before disconnecting; the next session reads them back"
+            );
+        }
+    }
+
+    async fn handle(&mut self, event: GatewayEvent) {
+        match event {
+            GatewayEvent::Ready => {
+                tracing::info!(bot = %self.bot.name, "connected to the Discord gateway");
+                self.ready = true;
+                self.health.set(Platform::Discord, AdapterState::Up);
+                self.catch_up().await;
+            }
+            GatewayEvent::Resumed => {
+                tracing::info!("Discord gateway session resumed");
+                self.health.set(Platform::Discord, AdapterState::Up);
+            }
+            GatewayEvent::Message(message) => {
+                let in_guild = message.guild_id.is_some();
+                self.channels.remember(message.channel_id, in_guild);
+                if let Some(incoming) = translate::new_message(&message, &self.bot, in_guild) {
+                    self.store(incoming).await;
+                }
+            }
+            GatewayEvent::Edit(event) => {
+                if let Some(incoming) = translate::edit(&event, &self.bot) {
+                    self.store(incoming).await;
+                }
+            }
+        }
+    }
+
+    /// Hand one update to the core until it is stored (or refused for good).
+    async fn store(&self, incoming: Incoming) {
+        let mut wait = Duration::from_millis(100);
+        loop {
+            match self.dispatcher.ingest(incoming.clone()).await {
+                Ok(accepted) => {
+                    if !matches!(accepted, Accepted::Stored { .. }) {
+                        tracing::debug!(conversation = %incoming.conversation, message = %incoming.message_id, ?accepted, "Discord message handled");
+                    }
+                    return;
+                }
+                Err(IngestError::Store(e)) => {
+                    tracing::warn!(conversation = %incoming.conversation, message = %incoming.message_id, error = %e, retry_in_ms = wait.as_millis() as u64, "cannot store a Discord message yet; retrying");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(5));
+                }
+                Err(e) => {
+                    tracing::warn!(conversation = %incoming.conversation, message = %incoming.message_id, error = %e, "Discord message refused");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Read back what was sent while no process was connected: for each channel with
+    /// recent activity, the messages after the last one stored, oldest first.
+    async fn catch_up(&self) {
+        let now = SystemClock.now();
+        let since = Timestamp(now.0.saturating_sub(millis(CATCH_UP_WINDOW)));
+        // Retried like a message that cannot be stored yet: live events wait behind
+        // it, and storing them first would move the catch-up point past the gap.
+        let mut wait = Duration::from_millis(100);
+        let recent = loop {
+            match self
+                .dispatcher
+                .store()
+                .recent_conversations(Platform::Discord, since, CATCH_UP_CHANNELS)
+                .await
+            {
+                Ok(recent) => break recent,
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "cannot list recent Discord conversations yet; retrying");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(5));
+                }
+            }
+        };
+        let mut read = 0;
+        for conversation in &recent {
+            read += self.catch_up_channel(conversation).await;
+        }
+        tracing::info!(
+            channels = recent.len(),
+            messages = read,
+            "caught up with Discord channels"
+        );
+    }
+
+    /// Returns how many messages were handed to the core.
+    async fn catch_up_channel(&self, recent: &RecentConversation) -> usize {
+        let key = &recent.conversation.key;
+        let (Some(channel), Ok(mut after)) =
+            (channel_of(key), recent.last_message_id.parse::<u64>())
+        else {
+            tracing::warn!(conversation = %recent.conversation, "not a Discord channel and message id; skipping catch-up");
+            return 0;
+        };
+        self.channels.remember(channel, recent.is_group);
+        let mut handed = 0;
+        for _ in 0..CATCH_UP_PAGES {
+            let Some(mut page) = self.history_after(channel, after).await else {
+                return handed;
+            };
+            let full = page.len() >= usize::from(PAGE);
+            // Discord lists newest first; store oldest first.
+            page.sort_by_key(|m| m.id);
+            for message in &page {
+                after = after.max(message.id.get());
+                if let Some(incoming) = translate::new_message(message, &self.bot, recent.is_group)
+                {
+                    handed += 1;
+                    self.store(incoming).await;
+                }
+            }
+            if !full {
+                return handed;
+            }
+        }
+        tracing::warn!(conversation = %recent.conversation, pages = CATCH_UP_PAGES, "stopped reading a busy channel's history; older missed messages there are not answered");
+        handed
+    }
+
+    /// One page of history after `after`, with a few retries.
+    async fn history_after(&self, channel: ChannelId, after: u64) -> Option<Vec<Message>> {
+        let mut waits = [Duration::from_millis(300), Duration::from_secs(1)].into_iter();
+        loop {
+            let error = match self
+                .rest
+                .http
+                .get_messages(
+                    channel,
+                    Some(MessagePagination::After(MessageId::new(after.max(1)))),
+                    Some(PAGE),
+                )
+                .await
+            {
+                Ok(page) => return Some(page),
+                Err(e) => from_serenity(&e, &self.rest.redactor),
+            };
+            let wait = match (&error, waits.next()) {
+                (SendError::Permanent(_), _) | (_, None) => {
+                    tracing::warn!(channel = channel.get(), error = %error, "cannot read a Discord channel's history; messages sent there while disconnected are not answered");
+                    return None;
+                }
+                (SendError::RetryAfter(wait), Some(_)) => *wait,
+                (SendError::Transient(_), Some(wait)) => wait,
+            };
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_that_arrive_together_are_stored_in_message_order() {
+        let message = |id: u64| {
+            let m: Message = serde_json::from_value(serde_json::json!({
+                "id": id.to_string(), "channel_id": "1", "content": "x",
+                "author": {"id": "5", "username": "u", "discriminator": "0", "avatar": null},
+                "timestamp": "2026-01-01T00:00:00+00:00", "edited_timestamp": null, "tts": false,
+                "mention_everyone": false, "mentions": [], "mention_roles": [], "attachments": [],
+                "embeds": [], "pinned": false, "type": 0
+            }))
+            .unwrap();
+            GatewayEvent::Message(Box::new(m))
+        };
+        let mut batch = [message(30), message(10), GatewayEvent::Ready, message(20)];
+        batch.sort_by_key(GatewayEvent::order);
+        let order: Vec<_> = batch.iter().map(|e| e.order().1).collect();
+        assert_eq!(order, [0, 10, 20, 30]);
+    }
+}

@@ -1,0 +1,273 @@
+//! The Discord adapter (serenity): the gateway for receiving, REST for sending.
+//!
+//! A sample exchange in a guild channel (lull answers only when addressed):
+//!
+//! ```text
+//! ana:  @lull what's the capital of Australia
+//! ana:  and why not Sydney?
+//! lull: ↪ ana — Canberra. It was built as a compromise between Sydney and Melbourne…
+//! bob:  nice (no mention, no reply to lull: not answered)
+//! ```
+//!
+//! # Layout
+//!
+//! - [`translate`]: which Discord messages lull answers and the text the core sees
+//!   (mentions, replies, threads, attachments); pure functions.
+//! - [`outbound`]: [`DiscordOutbound`] sends replies over REST with a nonce and
+//!   `enforce_nonce`, and shows "typing…".
+//! - [`gateway`]: [`DiscordInbound`] holds the gateway connection while this process
+//!   holds the platform's poller lease, feeds messages and edits to the dispatcher in
+//!   order, and catches up from channel history after (re)connecting.
+//!
+//! # Conversations
+//!
+//! The conversation key is the channel id: a DM channel, a guild text channel, or a
+//! thread (threads are channels of their own in Discord, so each thread is its own
+//! conversation). In guilds lull answers only messages that mention it or reply to one
+//! of its messages, and the leading mention is stripped (so `@lull /reset` works).
+//!
+//! # Platform facts relied on
+//!
+//! - Discord delivers every event to every connected session of a token: only the
+//!   holder of the gateway lease connects, and the core stores a message id once.
+//! - The gateway does **not** replay messages sent while no session was connected
+//!   (it replays only into a resumed session), so after a fresh IDENTIFY the channels
+//!   with recent activity are read back from history.
+//! - A message created with a `nonce` and `enforce_nonce: true` by the same author
+//!   within a few minutes of an earlier one with that nonce is not created again;
+//!   Discord returns the earlier message. That makes a retried send exactly-once.
+//! - REST works from any process: sends never need the gateway.
+//!
+//! # Secrets
+//!
+//! The token only travels in the `Authorization` header and the IDENTIFY payload.
+//! Every error text this adapter logs or hands to the core passes through
+//! [`Redactor`] first, in case a library puts a header or URL into an error.
+
+pub mod gateway;
+pub mod outbound;
+pub mod translate;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use secrecy::{ExposeSecret, SecretString};
+use serenity::all::{ChannelId, GatewayIntents};
+use serenity::http::{Http, HttpBuilder, LightMethod, Request, Route};
+
+pub use gateway::DiscordInbound;
+pub use outbound::DiscordOutbound;
+
+use crate::config::PlatformConfig;
+
+/// Discord's limit on a message's length, in characters.
+pub const MAX_MESSAGE_CHARS: usize = 2000;
+
+/// One REST request's time limit. serenity's own client has none, and a send that
+/// hangs would hold the conversation's lease forever.
+const REST_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The gateway intents lull asks for. `MESSAGE_CONTENT` is privileged: it must be
+/// switched on for the bot in the developer portal, or Discord refuses the
+/// connection (DMs and mentions carry their text even without it, other guild
+/// messages do not).
+pub fn intents() -> GatewayIntents {
+    GatewayIntents::GUILD_MESSAGES
+        | GatewayIntents::DIRECT_MESSAGES
+        | GatewayIntents::MESSAGE_CONTENT
+}
+
+/// Both halves of the adapter, sharing one REST client and what they learn about
+/// channels.
+pub struct Discord {
+    pub outbound: DiscordOutbound,
+    pub inbound: DiscordInbound,
+}
+
+impl Discord {
+    pub fn new(config: &PlatformConfig) -> anyhow::Result<Self> {
+        let rest = Rest::new(config.token.clone(), config.api_url.clone())?;
+        let channels = Arc::new(ChannelKinds::default());
+        Ok(Self {
+            outbound: DiscordOutbound::new(rest.clone(), channels.clone()),
+            inbound: DiscordInbound::new(rest, channels),
+        })
+    }
+}
+
+/// Everything needed to talk to Discord's REST API (or a stand-in at
+/// `DISCORD_API_URL`).
+#[derive(Clone)]
+pub(crate) struct Rest {
+    pub(crate) http: Arc<Http>,
+    /// The same client serenity uses, for requests whose response headers matter
+    /// (a 429's retry hint).
+    pub(crate) client: reqwest::Client,
+    token: SecretString,
+    api_url: String,
+    pub(crate) redactor: Redactor,
+}
+
+impl Rest {
+    fn new(token: SecretString, api_url: String) -> anyhow::Result<Self> {
+        let client = reqwest::Client::builder()
+            .use_rustls_tls()
+            .timeout(REST_TIMEOUT)
+            .connect_timeout(Duration::from_secs(5))
+            .build()?;
+        let redactor = Redactor(Arc::new(token.clone()));
+        let rest = Self {
+            http: Arc::new(Self::build_http(&token, &api_url, client.clone())),
+            client,
+            token,
+            api_url,
+            redactor,
+        };
+        Ok(rest)
+    }
+
+    /// A serenity HTTP client pointed at `DISCORD_API_URL`. serenity's rate limiter is
+    /// off: it would bypass the proxy base URL, and lull's delivery loop waits out a
+    /// 429 itself (while renewing the conversation's lease).
+    fn build_http(token: &SecretString, api_url: &str, client: reqwest::Client) -> Http {
+        HttpBuilder::new(token.expose_secret())
+            .client(client)
+            .proxy(api_url)
+            .ratelimiter_disabled(true)
+            .build()
+    }
+
+    /// A fresh serenity client for a gateway session (serenity takes it by value).
+    pub(crate) fn http_for_gateway(&self) -> Http {
+        Self::build_http(&self.token, &self.api_url, self.client.clone())
+    }
+
+    /// Build a raw request with serenity's routing and authorization. The error (a
+    /// malformed `DISCORD_API_URL`) comes redacted.
+    pub(crate) fn request(&self, request: Request<'_>) -> Result<reqwest::RequestBuilder, String> {
+        request
+            .build(&self.client, self.http.token(), self.http.proxy.as_deref())
+            .map_err(|e| self.redactor.redact(e))
+    }
+}
+
+/// Removes the bot token from any text before it is logged or stored.
+#[derive(Clone)]
+pub struct Redactor(Arc<SecretString>);
+
+impl Redactor {
+    pub fn new(token: SecretString) -> Self {
+        Self(Arc::new(token))
+    }
+
+    pub fn redact(&self, text: impl std::fmt::Display) -> String {
+        let text = text.to_string();
+        let token = self.0.expose_secret().trim();
+        let token = token.strip_prefix("Bot ").unwrap_or(token);
+        if token.is_empty() {
+            text
+        } else {
+            text.replace(token, "[redacted]")
+        }
+    }
+}
+
+/// Whether a channel is in a guild (replies quote there) or a DM. Learnt from
+/// inbound messages; a process that sends without having seen the channel asks
+/// Discord once (`GET /channels/{id}`).
+#[derive(Default)]
+pub(crate) struct ChannelKinds {
+    /// A std mutex: held for one map operation, never across an await.
+    known: Mutex<HashMap<ChannelId, bool>>,
+}
+
+impl ChannelKinds {
+    pub(crate) fn remember(&self, channel: ChannelId, in_guild: bool) {
+        self.known
+            .lock()
+            .expect("channel kinds poisoned")
+            .insert(channel, in_guild);
+    }
+
+    fn known(&self, channel: ChannelId) -> Option<bool> {
+        self.known
+            .lock()
+            .expect("channel kinds poisoned")
+            .get(&channel)
+            .copied()
+    }
+
+    /// Whether `channel` is a guild channel or thread. If Discord cannot say, assume a
+    /// guild: a quoted reply in a DM is harmless, a lost quote in a busy channel is not.
+    pub(crate) async fn in_guild(&self, rest: &Rest, channel: ChannelId) -> bool {
+        if let Some(known) = self.known(channel) {
+            return known;
+        }
+        let lookup = async {
+            let response = rest
+                .request(Request::new(
+                    Route::Channel {
+                        channel_id: channel,
+                    },
+                    LightMethod::Get,
+                ))?
+                .send()
+                .await
+                .map_err(|e| rest.redactor.redact(e.without_url()))?
+                .error_for_status()
+                .map_err(|e| rest.redactor.redact(e.without_url()))?;
+            let body: serde_json::Value = response
+                .json()
+                .await
+                .map_err(|e| rest.redactor.redact(e.without_url()))?;
+            // Types 1 (DM) and 3 (group DM) are the only channels outside guilds.
+            Ok::<_, String>(!matches!(body["type"].as_u64(), Some(1 | 3)))
+        };
+        match lookup.await {
+            Ok(in_guild) => {
+                self.remember(channel, in_guild);
+                in_guild
+            }
+            Err(error) => {
+                tracing::debug!(
+                    channel = channel.get(),
+                    error,
+                    "cannot tell whether a channel is a DM; quoting the reply"
+                );
+                true
+            }
+        }
+    }
+}
+
+/// The channel a conversation lives in.
+pub(crate) fn channel_of(key: &str) -> Option<ChannelId> {
+    key.parse::<u64>()
+        .ok()
+        .filter(|id| *id != 0)
+        .map(ChannelId::new)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_token_is_redacted_wherever_it_appears() {
+        let redactor = Redactor::new(SecretString::from("abc.def.ghi"));
+        assert_eq!(
+            redactor.redact("Authorization: Bot abc.def.ghi; url=/x?t=abc.def.ghi"),
+            "Authorization: Bot [redacted]; url=/x?t=[redacted]"
+        );
+        let prefixed = Redactor::new(SecretString::from("Bot abc.def.ghi"));
+        assert_eq!(prefixed.redact("abc.def.ghi"), "[redacted]");
+    }
+
+    #[test]
+    fn conversation_keys_are_channel_ids() {
+        assert_eq!(channel_of("42"), Some(ChannelId::new(42)));
+        assert_eq!(channel_of("0"), None);
+        assert_eq!(channel_of("dm:42"), None);
+    }
+}

@@ -1,0 +1,264 @@
+//! Sending replies to Discord over REST, from any lull process (no gateway needed).
+//!
+//! Every part is created with a `nonce` derived from its outbox row and part index
+//! and `enforce_nonce: true`: Discord does not create a second message with a nonce
+//! its author used within the last few minutes, and returns the first one instead.
+//! So a part sent, then retried because the process crashed before recording it,
+//! appears once. (After more than a few minutes the window has closed; the core's
+//! recovery runs within a lease TTL, well inside it.)
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::json;
+use serenity::all::ChannelId;
+use serenity::http::{LightMethod, Request, Route};
+
+use super::{ChannelKinds, MAX_MESSAGE_CHARS, Rest, channel_of};
+use crate::domain::{ConversationRef, OutboxId, Platform};
+use crate::platform::{Outbound, OutgoingPart, SendError};
+
+/// Discord's typing indicator lasts about 10 seconds; refresh it before it lapses.
+const TYPING_EVERY: Duration = Duration::from_secs(8);
+/// Discord accepts nonces of at most 25 characters.
+const MAX_NONCE_CHARS: usize = 25;
+
+/// The sending half of the Discord adapter.
+pub struct DiscordOutbound {
+    rest: Rest,
+    channels: Arc<ChannelKinds>,
+}
+
+impl DiscordOutbound {
+    pub(crate) fn new(rest: Rest, channels: Arc<ChannelKinds>) -> Self {
+        Self { rest, channels }
+    }
+
+    fn channel(&self, conversation: &ConversationRef) -> Result<ChannelId, SendError> {
+        channel_of(&conversation.key).ok_or_else(|| {
+            SendError::Permanent(format!(
+                "'{}' is not a Discord channel id",
+                conversation.key
+            ))
+        })
+    }
+}
+
+/// The nonce of one part: the same for every attempt at that part, different for
+/// every other part. It starts with the outbox id and part index (hex); the rest is a
+/// hash of the conversation and the message replied to, so a database started afresh
+/// (outbox ids counting from 1 again) does not reuse a nonce of a minute ago.
+pub fn nonce(
+    outbox_id: OutboxId,
+    index: usize,
+    conversation: &str,
+    reply_to: Option<&str>,
+) -> String {
+    let mut nonce = format!("{:x}.{:x}.", outbox_id.0, index);
+    let salt = fnv1a(&[
+        conversation.as_bytes(),
+        b"/",
+        reply_to.unwrap_or("").as_bytes(),
+    ]);
+    let room = MAX_NONCE_CHARS.saturating_sub(nonce.len());
+    nonce.extend(format!("{salt:016x}").chars().take(room));
+    nonce.truncate(MAX_NONCE_CHARS);
+    nonce
+}
+
+/// FNV-1a, 64 bits: stable across Rust releases and processes (unlike `std`'s
+/// hasher), which a nonce must be.
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut hash = 0xcbf2_9ce4_8422_2325_u64;
+    for byte in parts.iter().flat_map(|p| p.iter()) {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash
+}
+
+#[async_trait]
+impl Outbound for DiscordOutbound {
+    fn platform(&self) -> Platform {
+        Platform::Discord
+    }
+
+    fn split(&self, text: &str) -> Vec<String> {
+        // Discord renders Markdown itself: parts break between paragraphs, lines or
+        // words, and a code block cut in two is closed and reopened.
+        crate::split::split_message(text, MAX_MESSAGE_CHARS)
+    }
+
+    async fn send(&self, part: &OutgoingPart<'_>) -> Result<(), SendError> {
+        let channel = self.channel(part.conversation)?;
+        let mut body = json!({
+            "content": part.text,
+            "nonce": nonce(part.outbox_id, part.index, &part.conversation.key, part.reply_to),
+            "enforce_nonce": true,
+            // Nobody is pinged by a reply: no @everyone, roles or users, whatever the
+            // model wrote.
+            "allowed_mentions": { "parse": [] },
+        });
+        if let (0, Some(reply_to)) = (part.index, part.reply_to) {
+            if self.channels.in_guild(&self.rest, channel).await {
+                // In a busy channel, show which message is answered; if it was deleted
+                // meanwhile, send anyway.
+                body["message_reference"] = json!({
+                    "message_id": reply_to,
+                    "channel_id": channel.to_string(),
+                    "fail_if_not_exists": false,
+                });
+            }
+        }
+        let bytes = serde_json::to_vec(&body)
+            .map_err(|e| SendError::Permanent(format!("cannot encode the message: {e}")))?;
+        let request = Request::new(
+            Route::ChannelMessages {
+                channel_id: channel,
+            },
+            LightMethod::Post,
+        )
+        .body(Some(bytes));
+        let response = self
+            .rest
+            .request(request)
+            .map_err(SendError::Permanent)?
+            .send()
+            .await
+            .map_err(|e| {
+                SendError::Transient(format!(
+                    "Discord unreachable: {}",
+                    self.rest.redactor.redact(e.without_url())
+                ))
+            })?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        let header_wait = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<f64>().ok());
+        let body: serde_json::Value = response.json().await.unwrap_or_default();
+        let message = self
+            .rest
+            .redactor
+            .redact(body["message"].as_str().unwrap_or(""));
+        let error = classify(
+            status.as_u16(),
+            body["retry_after"].as_f64().or(header_wait),
+            &message,
+        );
+        tracing::debug!(conversation = %part.conversation, outbox = %part.outbox_id, part = part.index, status = status.as_u16(), %error, "Discord did not take a message");
+        Err(error)
+    }
+
+    async fn typing(&self, conversation: &ConversationRef) -> Result<(), SendError> {
+        let channel = self.channel(conversation)?;
+        self.rest
+            .http
+            .broadcast_typing(channel)
+            .await
+            .map_err(|e| from_serenity(&e, &self.rest.redactor))
+    }
+
+    fn typing_every(&self) -> Option<Duration> {
+        Some(TYPING_EVERY)
+    }
+}
+
+/// A failed request as far as retrying is concerned: 429 waits as long as Discord
+/// asks; server errors and timeouts are worth retrying; 403 (no access to the
+/// channel, blocked DMs), 404 (channel gone) and other refusals are not. A 401 is
+/// retried: the owner can fix the token, and the replies then go out.
+fn classify(status: u16, retry_after: Option<f64>, message: &str) -> SendError {
+    let what = if message.is_empty() {
+        format!("Discord answered HTTP {status}")
+    } else {
+        format!("Discord answered HTTP {status}: {message}")
+    };
+    match status {
+        429 => SendError::RetryAfter(Duration::from_secs_f64(
+            retry_after
+                .filter(|s| s.is_finite() && *s >= 0.0)
+                .unwrap_or(1.0),
+        )),
+        401 => SendError::Transient(format!("{what} (is DISCORD_BOT_TOKEN right?)")),
+        408 | 500..=599 => SendError::Transient(what),
+        _ => SendError::Permanent(what),
+    }
+}
+
+/// An error from a serenity REST call, classified the same way.
+pub(crate) fn from_serenity(error: &serenity::Error, redactor: &super::Redactor) -> SendError {
+    use serenity::http::HttpError;
+    match error {
+        serenity::Error::Http(HttpError::UnsuccessfulRequest(response)) => classify(
+            response.status_code.as_u16(),
+            None,
+            &redactor.redact(&response.error.message),
+        ),
+        serenity::Error::Http(HttpError::Request(e)) => SendError::Transient(format!(
+            "Discord unreachable: {}",
+            redactor.redact(reqwest_without_url(e))
+        )),
+        other => SendError::Transient(redactor.redact(other)),
+    }
+}
+
+fn reqwest_without_url(e: &reqwest::Error) -> String {
+    // `without_url` consumes the error; rebuild the text without the URL instead.
+    let text = e.to_string();
+    match e.url() {
+        Some(url) => text.replace(url.as_str(), "<url>"),
+        None => text,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nonces_are_stable_short_and_distinct() {
+        let a = nonce(OutboxId(7), 0, "77", Some("1001"));
+        assert_eq!(a, nonce(OutboxId(7), 0, "77", Some("1001")));
+        assert!(a.starts_with("7.0."), "{a}");
+        assert_eq!(a.len(), "7.0.".len() + 16);
+        assert_ne!(a, nonce(OutboxId(7), 1, "77", Some("1001")));
+        assert_ne!(a, nonce(OutboxId(8), 0, "77", Some("1001")));
+        // A fresh database reusing outbox id 7 for another message.
+        assert_ne!(a, nonce(OutboxId(7), 0, "77", Some("2002")));
+        let huge = nonce(OutboxId(i64::MAX), 4095, "77", None);
+        assert!(huge.len() <= MAX_NONCE_CHARS, "{huge}");
+    }
+
+    #[test]
+    fn statuses_map_to_retry_decisions() {
+        assert_eq!(
+            classify(429, Some(2.5), ""),
+            SendError::RetryAfter(Duration::from_millis(2500))
+        );
+        assert_eq!(
+            classify(429, None, ""),
+            SendError::RetryAfter(Duration::from_secs(1))
+        );
+        assert!(matches!(classify(500, None, ""), SendError::Transient(_)));
+        assert!(matches!(classify(502, None, ""), SendError::Transient(_)));
+        assert!(matches!(classify(401, None, ""), SendError::Transient(_)));
+        assert!(
+            matches!(classify(403, None, "Missing Access"), SendError::Permanent(m) if m.contains("Missing Access"))
+        );
+        assert!(matches!(classify(404, None, ""), SendError::Permanent(_)));
+        assert!(matches!(classify(400, None, ""), SendError::Permanent(_)));
+    }
+
+    #[test]
+    fn replies_split_at_discords_limit() {
+        let text = "lorem ipsum dolor sit amet ".repeat(167);
+        let parts = crate::split::split_message(text.trim_end(), MAX_MESSAGE_CHARS);
+        assert_eq!(parts.len(), 3);
+    }
+}

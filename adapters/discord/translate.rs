@@ -1,0 +1,236 @@
+//! From Discord messages to the core's [`Incoming`]: which messages lull answers and
+//! the text the core sees. Pure functions: no I/O, no conversation logic.
+//!
+//! - Messages of bots (lull itself included) and system messages (joins, pins,
+//!   thread starters) are ignored.
+//! - In guilds (channels and threads) only messages that mention lull or reply to
+//!   one of its messages are answered; DMs are always answered.
+//! - A leading mention of lull is stripped, so `@lull /reset` is the command
+//!   `/reset`; a mention elsewhere becomes `@name`.
+//! - Attachments or stickers without text become [`Content::Unsupported`], which the
+//!   core answers with a short "text only" notice.
+
+use serenity::all::{Message, MessageType, MessageUpdateEvent, UserId};
+
+use crate::domain::{ConversationRef, Platform};
+use crate::platform::{Content, Incoming, IncomingKind};
+
+/// Who lull is on Discord (from `GET /users/@me`), to recognise mentions and replies.
+#[derive(Debug, Clone)]
+pub struct BotIdentity {
+    pub id: UserId,
+    pub name: String,
+}
+
+/// A new message, if lull should see it. `in_guild` comes from the message's
+/// `guild_id` for gateway events; messages read back over REST carry no `guild_id`,
+/// so catch-up passes what the store knows about the conversation.
+pub fn new_message(message: &Message, bot: &BotIdentity, in_guild: bool) -> Option<Incoming> {
+    if message.author.bot || message.author.id == bot.id {
+        return None;
+    }
+    if !matches!(
+        message.kind,
+        MessageType::Regular | MessageType::InlineReply
+    ) {
+        return None;
+    }
+    if in_guild && !addressed_to(message, bot) {
+        return None;
+    }
+    let text = strip_mentions(&message.content, bot);
+    let content = if !text.is_empty() {
+        Content::Text(text)
+    } else if !message.attachments.is_empty() {
+        Content::Unsupported("attachment".into())
+    } else if !message.sticker_items.is_empty() {
+        Content::Unsupported("sticker".into())
+    } else {
+        // A bare mention, or an embed-only message: nothing to answer.
+        return None;
+    };
+    let author = message
+        .member
+        .as_ref()
+        .and_then(|m| m.nick.clone())
+        .or_else(|| message.author.global_name.clone())
+        .unwrap_or_else(|| message.author.name.clone());
+    Some(Incoming {
+        conversation: ConversationRef::new(Platform::Discord, message.channel_id.to_string()),
+        is_group: in_guild,
+        user_id: message.author.id.to_string(),
+        author,
+        message_id: message.id.to_string(),
+        content,
+        kind: IncomingKind::New,
+    })
+}
+
+/// An edit (`MESSAGE_UPDATE`), if it changed the text. The core applies it only to a
+/// message that is still pending, so edits need no mention check: an edit of a
+/// message lull never stored is ignored there.
+pub fn edit(event: &MessageUpdateEvent, bot: &BotIdentity) -> Option<Incoming> {
+    // Updates without an author or content are embed unfurls and similar.
+    let author = event.author.as_ref()?;
+    if author.bot || author.id == bot.id {
+        return None;
+    }
+    let text = strip_mentions(event.content.as_deref()?, bot);
+    if text.is_empty() {
+        return None;
+    }
+    Some(Incoming {
+        conversation: ConversationRef::new(Platform::Discord, event.channel_id.to_string()),
+        is_group: event.guild_id.is_some(),
+        user_id: author.id.to_string(),
+        author: author
+            .global_name
+            .clone()
+            .unwrap_or_else(|| author.name.clone()),
+        message_id: event.id.to_string(),
+        content: Content::Text(text),
+        kind: IncomingKind::Edit,
+    })
+}
+
+/// Whether a guild message is meant for lull: it mentions lull or replies to one of
+/// lull's messages.
+fn addressed_to(message: &Message, bot: &BotIdentity) -> bool {
+    message.mentions.iter().any(|u| u.id == bot.id)
+        || mention_forms(bot)
+            .iter()
+            .any(|m| message.content.contains(m.as_str()))
+        || message
+            .referenced_message
+            .as_ref()
+            .is_some_and(|m| m.author.id == bot.id)
+}
+
+/// `<@id>` and the older nickname form `<@!id>`.
+fn mention_forms(bot: &BotIdentity) -> [String; 2] {
+    [format!("<@{}>", bot.id), format!("<@!{}>", bot.id)]
+}
+
+/// Strip a leading mention of lull; name any other mention of it.
+fn strip_mentions(content: &str, bot: &BotIdentity) -> String {
+    let forms = mention_forms(bot);
+    let mut text = content.trim_start();
+    for form in &forms {
+        if let Some(rest) = text.strip_prefix(form.as_str()) {
+            text = rest;
+            break;
+        }
+    }
+    let mut text = text.trim().to_owned();
+    for form in &forms {
+        text = text.replace(form.as_str(), &format!("@{}", bot.name));
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    const BOT: u64 = 900;
+
+    fn bot() -> BotIdentity {
+        BotIdentity {
+            id: UserId::new(BOT),
+            name: "lull".into(),
+        }
+    }
+
+    fn user(id: u64, bot: bool) -> Value {
+        json!({"id": id.to_string(), "username": format!("user{id}"), "discriminator": "0",
+               "global_name": null, "avatar": null, "bot": bot})
+    }
+
+    fn message(extra: Value) -> Message {
+        let mut m = json!({
+            "id": "1001", "channel_id": "77", "author": user(5, false), "content": "hello",
+            "timestamp": "2026-01-01T00:00:00+00:00", "edited_timestamp": null, "tts": false,
+            "mention_everyone": false, "mentions": [], "mention_roles": [], "attachments": [],
+            "embeds": [], "pinned": false, "type": 0
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            m[k] = v.clone();
+        }
+        serde_json::from_value(m).unwrap()
+    }
+
+    #[test]
+    fn dms_are_answered_as_they_are() {
+        let incoming = new_message(&message(json!({})), &bot(), false).unwrap();
+        assert_eq!(incoming.conversation.key, "77");
+        assert_eq!(incoming.message_id, "1001");
+        assert_eq!(incoming.user_id, "5");
+        assert_eq!(incoming.content, Content::Text("hello".into()));
+        assert!(!incoming.is_group);
+    }
+
+    #[test]
+    fn guild_messages_need_a_mention_or_a_reply() {
+        let plain = message(json!({"guild_id": "3"}));
+        assert!(new_message(&plain, &bot(), true).is_none());
+
+        let mention = message(json!({"guild_id": "3", "content": "<@900> /reset now",
+                                     "mentions": [user(BOT, true)]}));
+        let incoming = new_message(&mention, &bot(), true).unwrap();
+        assert_eq!(incoming.content, Content::Text("/reset now".into()));
+        assert!(incoming.is_group);
+
+        let reply = message(json!({"guild_id": "3", "type": 19, "content": "and then?",
+            "referenced_message": message(json!({"id": "999", "author": user(BOT, true)}))}));
+        assert_eq!(
+            new_message(&reply, &bot(), true).unwrap().content,
+            Content::Text("and then?".into())
+        );
+    }
+
+    #[test]
+    fn mentions_elsewhere_are_named() {
+        let m = message(json!({"content": "hey <@!900>, and <@900>?"}));
+        assert_eq!(
+            new_message(&m, &bot(), false).unwrap().content,
+            Content::Text("hey @lull, and @lull?".into())
+        );
+    }
+
+    #[test]
+    fn bots_system_messages_and_empty_ones_are_ignored() {
+        assert!(new_message(&message(json!({"author": user(6, true)})), &bot(), false).is_none());
+        assert!(new_message(&message(json!({"author": user(BOT, true)})), &bot(), false).is_none());
+        assert!(new_message(&message(json!({"type": 7})), &bot(), false).is_none());
+        assert!(new_message(&message(json!({"content": "<@900>"})), &bot(), false).is_none());
+    }
+
+    #[test]
+    fn attachments_without_text_are_unsupported() {
+        let m = message(json!({"content": "", "attachments": [{
+            "id": "1", "filename": "cat.png", "size": 10, "url": "https://x/cat.png",
+            "proxy_url": "https://x/cat.png"}]}));
+        assert_eq!(
+            new_message(&m, &bot(), false).unwrap().content,
+            Content::Unsupported("attachment".into())
+        );
+    }
+
+    #[test]
+    fn edits_carry_the_new_text() {
+        let event: MessageUpdateEvent = serde_json::from_value(json!({
+            "id": "1001", "channel_id": "77", "guild_id": "3", "author": user(5, false),
+            "content": "<@900> actually, Paris"
+        }))
+        .unwrap();
+        let incoming = edit(&event, &bot()).unwrap();
+        assert_eq!(incoming.kind, IncomingKind::Edit);
+        assert_eq!(incoming.content, Content::Text("actually, Paris".into()));
+        let unfurl: MessageUpdateEvent =
+            serde_json::from_value(json!({"id": "1001", "channel_id": "77", "embeds": []}))
+                .unwrap();
+        assert!(edit(&unfurl, &bot()).is_none());
+    }
+}

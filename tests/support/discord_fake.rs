@@ -1,0 +1,879 @@
+//! A fake Discord on loopback, for running the real `lull` binary against it.
+//!
+//! - REST (axum), under `/api/v10`: `GET /gateway`, `GET /gateway/bot`,
+//!   `GET /users/@me`, `GET /channels/{id}`, `GET /channels/{id}/messages?after=`,
+//!   `POST /channels/{id}/messages` (recording nonce, `enforce_nonce`, content,
+//!   `message_reference`, `allowed_mentions`; a repeated nonce with `enforce_nonce`
+//!   returns the earlier message instead of creating one, as Discord does; content
+//!   over 2000 characters is refused with 400, as Discord does) and
+//!   `POST /channels/{id}/typing`. Every request must carry `Authorization: Bot
+//!   <token>`. Failures can be injected into message POSTs: before creating the
+//!   message (429 with `retry_after`, 5xx) or after (the message exists but the
+//!   answer is a 500, as when a response is lost).
+//! - A WebSocket gateway (tokio-tungstenite): HELLO, IDENTIFY → READY, heartbeat →
+//!   ACK, RESUME → replay of what the session missed and RESUMED (or, when told to,
+//!   INVALID_SESSION so the client identifies afresh), dispatches of `MESSAGE_CREATE`
+//!   and `MESSAGE_UPDATE` to every session (buffered for disconnected ones, as Discord
+//!   does for resumable sessions), a forced disconnect, and a count of connected
+//!   sessions.
+//!
+//! Users "send" messages through [`DiscordFake::say`]: the message joins the channel's
+//! history (what `GET …/messages` returns) and is dispatched to the sessions. A
+//! message said while no session is connected is only in the history, like a message
+//! sent while the bot was down.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio::sync::{Notify, mpsc};
+use tokio_tungstenite::tungstenite::Message as Frame;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+
+/// The bot's user id.
+pub const BOT_ID: u64 = 1_100_000_000_000_000_001;
+/// The guild every guild channel and thread belongs to.
+pub const GUILD_ID: u64 = 1_100_000_000_000_000_002;
+/// Discord's limit on a message's content, in characters.
+pub const MAX_CONTENT: usize = 2000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChannelKind {
+    Dm,
+    Guild,
+    Thread,
+}
+
+impl ChannelKind {
+    fn type_code(self) -> u8 {
+        match self {
+            ChannelKind::Dm => 1,
+            ChannelKind::Guild => 0,
+            ChannelKind::Thread => 11,
+        }
+    }
+}
+
+/// A message the bot created (one per distinct nonce).
+#[derive(Debug, Clone)]
+pub struct Sent {
+    pub channel: u64,
+    pub id: u64,
+    pub content: String,
+    pub nonce: Option<String>,
+    pub enforce_nonce: bool,
+    /// `message_reference.message_id`
+    pub reply_to: Option<String>,
+    pub fail_if_not_exists: Option<bool>,
+    pub allowed_mentions: Option<Value>,
+}
+
+/// One `POST /channels/{id}/messages` attempt and the status the fake answered.
+#[derive(Debug, Clone)]
+pub struct Post {
+    pub channel: u64,
+    pub nonce: Option<String>,
+    pub status: u16,
+    /// The id of the message returned (new or, for a repeated nonce, the earlier one).
+    pub message: Option<u64>,
+    pub at: Instant,
+}
+
+/// A fault for the next message POST.
+#[derive(Debug, Clone, Copy)]
+pub enum PostFault {
+    /// Answer this status without creating the message (`retry_after` for a 429).
+    Refuse { status: u16, retry_after: f64 },
+    /// Create the message, then answer 500: the response was lost.
+    LoseResponse,
+}
+
+/// What a user sends.
+#[derive(Debug, Clone)]
+pub struct Say {
+    pub channel: u64,
+    pub user: u64,
+    pub text: String,
+    /// Mention the bot at the start (`<@bot> text`).
+    pub mention: bool,
+    /// Reply to this message (its author comes from the channel's history).
+    pub reply_to: Option<u64>,
+    /// Attach a file.
+    pub attachment: bool,
+    /// The author is a bot.
+    pub bot: bool,
+}
+
+impl Say {
+    pub fn new(channel: u64, user: u64, text: &str) -> Self {
+        Self {
+            channel,
+            user,
+            text: text.into(),
+            mention: false,
+            reply_to: None,
+            attachment: false,
+            bot: false,
+        }
+    }
+
+    pub fn mention(mut self) -> Self {
+        self.mention = true;
+        self
+    }
+
+    pub fn reply_to(mut self, id: u64) -> Self {
+        self.reply_to = Some(id);
+        self
+    }
+
+    pub fn attachment(mut self) -> Self {
+        self.attachment = true;
+        self
+    }
+
+    pub fn by_bot(mut self) -> Self {
+        self.bot = true;
+        self
+    }
+}
+
+enum Command {
+    Text(String),
+    Close(u16),
+}
+
+struct Session {
+    seq: u64,
+    /// Every dispatch of this session, for replay on RESUME.
+    log: Vec<(u64, String)>,
+    /// The connection currently carrying the session: its id and its outbox.
+    link: Option<(u64, mpsc::UnboundedSender<Command>)>,
+}
+
+struct Channel {
+    kind: ChannelKind,
+    /// Every message, oldest first.
+    messages: Vec<Value>,
+}
+
+#[derive(Default)]
+struct Inner {
+    channels: HashMap<u64, Channel>,
+    sent: Vec<Sent>,
+    posts: Vec<Post>,
+    by_nonce: HashMap<String, Value>,
+    typing: HashMap<u64, usize>,
+    faults: VecDeque<PostFault>,
+    sessions: HashMap<String, Session>,
+    identifies: usize,
+    resumes: usize,
+    refuse_resume: bool,
+    unauthorized: usize,
+    /// `(channel, after)` of every history request.
+    history_reads: Vec<(u64, Option<u64>)>,
+}
+
+struct Shared {
+    inner: Mutex<Inner>,
+    changed: Notify,
+    token: String,
+    gateway_url: String,
+    snowflake: AtomicU64,
+    connections: AtomicU64,
+}
+
+impl Shared {
+    fn next_id(&self) -> u64 {
+        self.snowflake.fetch_add(1, Ordering::SeqCst)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap()
+    }
+
+    fn bot_user(&self) -> Value {
+        user_json(BOT_ID, "lull", true)
+    }
+}
+
+fn user_json(id: u64, name: &str, bot: bool) -> Value {
+    json!({"id": id.to_string(), "username": name, "discriminator": "0", "global_name": null,
+           "avatar": null, "bot": bot})
+}
+
+/// Send `t`/`d` to every session: at once to connected ones, into the log of all.
+fn dispatch(inner: &mut Inner, t: &str, d: &Value) {
+    for session in inner.sessions.values_mut() {
+        session.seq += 1;
+        let frame = json!({"op": 0, "t": t, "s": session.seq, "d": d}).to_string();
+        session.log.push((session.seq, frame.clone()));
+        if let Some((_, link)) = &session.link {
+            if link.send(Command::Text(frame)).is_err() {
+                session.link = None;
+            }
+        }
+    }
+}
+
+/// The fake; dropping it stops both servers.
+pub struct DiscordFake {
+    /// What `DISCORD_API_URL` should be.
+    pub api_url: String,
+    shared: Arc<Shared>,
+    servers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for DiscordFake {
+    fn drop(&mut self) {
+        for server in &self.servers {
+            server.abort();
+        }
+    }
+}
+
+impl DiscordFake {
+    pub async fn start(token: &str) -> DiscordFake {
+        let rest = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let gateway = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let shared = Arc::new(Shared {
+            inner: Mutex::new(Inner::default()),
+            changed: Notify::new(),
+            token: token.into(),
+            gateway_url: format!("ws://{}", gateway.local_addr().unwrap()),
+            snowflake: AtomicU64::new(1_200_000_000_000_000_000),
+            connections: AtomicU64::new(0),
+        });
+        let api = Router::new()
+            .route("/api/v10/gateway", get(get_gateway))
+            .route("/api/v10/gateway/bot", get(get_gateway))
+            .route("/api/v10/users/@me", get(get_me))
+            .route("/api/v10/channels/{id}", get(get_channel))
+            .route(
+                "/api/v10/channels/{id}/messages",
+                get(get_messages).post(post_message),
+            )
+            .route("/api/v10/channels/{id}/typing", post(post_typing))
+            .layer(middleware::from_fn_with_state(shared.clone(), authorize))
+            .with_state(shared.clone());
+        let api_url = format!("http://{}", rest.local_addr().unwrap());
+        let rest_server = tokio::spawn(async move {
+            axum::serve(rest, api).await.unwrap();
+        });
+        let gateway_shared = shared.clone();
+        let gateway_server = tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = gateway.accept().await else {
+                    return;
+                };
+                tokio::spawn(connection(gateway_shared.clone(), tcp));
+            }
+        });
+        DiscordFake {
+            api_url,
+            shared,
+            servers: vec![rest_server, gateway_server],
+        }
+    }
+
+    /// A new channel of this kind; returns its id.
+    pub fn channel(&self, kind: ChannelKind) -> u64 {
+        let id = self.shared.next_id();
+        self.shared.lock().channels.insert(
+            id,
+            Channel {
+                kind,
+                messages: Vec::new(),
+            },
+        );
+        id
+    }
+
+    /// A user sends a message; returns its id.
+    pub fn say(&self, say: Say) -> u64 {
+        let id = self.shared.next_id();
+        let mut inner = self.shared.lock();
+        let channel = inner.channels.get(&say.channel).expect("unknown channel");
+        let kind = channel.kind;
+        let referenced = say.reply_to.map(|to| {
+            channel
+                .messages
+                .iter()
+                .find(|m| m["id"].as_str() == Some(to.to_string().as_str()))
+                .cloned()
+                .expect("replying to an unknown message")
+        });
+        let author = user_json(say.user, &format!("user{}", say.user % 1000), say.bot);
+        let mut mentions = Vec::new();
+        let mut content = say.text.clone();
+        if say.mention {
+            content = format!("<@{BOT_ID}> {content}");
+            mentions.push(self.shared.bot_user());
+        }
+        if let Some(r) = &referenced {
+            // Discord lists the author of the replied-to message among the mentions.
+            mentions.push(r["author"].clone());
+        }
+        let attachments = if say.attachment {
+            vec![
+                json!({"id": id.to_string(), "filename": "photo.jpg", "size": 1234,
+                        "url": "https://cdn.invalid/photo.jpg", "proxy_url": "https://cdn.invalid/photo.jpg"}),
+            ]
+        } else {
+            Vec::new()
+        };
+        let mut message = message_json(id, say.channel, kind, author, &content);
+        message["mentions"] = Value::Array(mentions);
+        message["attachments"] = Value::Array(attachments);
+        if let Some(r) = referenced {
+            message["type"] = json!(19);
+            message["message_reference"] =
+                json!({"message_id": r["id"], "channel_id": say.channel.to_string()});
+            message["referenced_message"] = r;
+        }
+        inner
+            .channels
+            .get_mut(&say.channel)
+            .unwrap()
+            .messages
+            .push(message.clone());
+        dispatch(&mut inner, "MESSAGE_CREATE", &message);
+        drop(inner);
+        self.shared.changed.notify_waiters();
+        id
+    }
+
+    /// A user edits a message (`MESSAGE_UPDATE`).
+    pub fn edit(&self, channel: u64, id: u64, text: &str) {
+        let mut inner = self.shared.lock();
+        let kind = inner.channels[&channel].kind;
+        let message = inner
+            .channels
+            .get_mut(&channel)
+            .unwrap()
+            .messages
+            .iter_mut()
+            .find(|m| m["id"].as_str() == Some(id.to_string().as_str()))
+            .expect("editing an unknown message");
+        message["content"] = json!(text);
+        message["edited_timestamp"] = json!("2026-01-01T00:00:01+00:00");
+        let mut update = message.clone();
+        if kind != ChannelKind::Dm {
+            update["guild_id"] = json!(GUILD_ID.to_string());
+        }
+        dispatch(&mut inner, "MESSAGE_UPDATE", &update);
+    }
+
+    /// Messages the bot created in `channel`, oldest first.
+    pub fn sent(&self, channel: u64) -> Vec<Sent> {
+        self.shared
+            .lock()
+            .sent
+            .iter()
+            .filter(|s| s.channel == channel)
+            .cloned()
+            .collect()
+    }
+
+    /// Every message POST (including refused and deduplicated ones).
+    pub fn posts(&self) -> Vec<Post> {
+        self.shared.lock().posts.clone()
+    }
+
+    /// Wait until the bot created at least `n` messages in `channel`.
+    pub async fn wait_sent(&self, channel: u64, n: usize, limit: Duration) -> Vec<Sent> {
+        self.wait_for(limit, || {
+            let sent = self.sent(channel);
+            (sent.len() >= n).then_some(sent)
+        })
+        .await
+        .unwrap_or_else(|| {
+            panic!(
+                "expected {n} message(s) from the bot in channel {channel} within {limit:?}, got {:#?}",
+                self.sent(channel)
+            )
+        })
+    }
+
+    /// Wait until `check` returns `Some`, woken by every change; `None` after `limit`.
+    pub async fn wait_for<T>(&self, limit: Duration, check: impl Fn() -> Option<T>) -> Option<T> {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let changed = self.shared.changed.notified();
+            if let Some(value) = check() {
+                return Some(value);
+            }
+            // Changes without a notification (typing, history reads) are polled.
+            let poll = tokio::time::sleep(Duration::from_millis(50));
+            tokio::select! {
+                () = changed => {}
+                () = poll => {}
+                () = tokio::time::sleep_until(deadline) => return check(),
+            }
+        }
+    }
+
+    /// Fail the next message POSTs, in order.
+    pub fn fault_next_posts(&self, faults: &[PostFault]) {
+        self.shared.lock().faults.extend(faults.iter().copied());
+    }
+
+    pub fn typing(&self, channel: u64) -> usize {
+        self.shared
+            .lock()
+            .typing
+            .get(&channel)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    pub fn connected(&self) -> usize {
+        self.shared
+            .lock()
+            .sessions
+            .values()
+            .filter(|s| s.link.is_some())
+            .count()
+    }
+
+    pub fn identifies(&self) -> usize {
+        self.shared.lock().identifies
+    }
+
+    pub fn resumes(&self) -> usize {
+        self.shared.lock().resumes
+    }
+
+    pub fn unauthorized(&self) -> usize {
+        self.shared.lock().unauthorized
+    }
+
+    pub fn history_reads(&self) -> Vec<(u64, Option<u64>)> {
+        self.shared.lock().history_reads.clone()
+    }
+
+    /// Wait until exactly `n` sessions are connected and have been for `steady`.
+    pub async fn wait_connected(&self, n: usize, limit: Duration) {
+        self.wait_for(limit, || (self.connected() == n).then_some(()))
+            .await
+            .unwrap_or_else(|| {
+                panic!(
+                    "expected {n} connected gateway session(s) within {limit:?}, have {}",
+                    self.connected()
+                )
+            });
+    }
+
+    /// Close every gateway connection with code 4000 (unknown error: the client may
+    /// resume).
+    pub fn drop_connections(&self) {
+        let mut inner = self.shared.lock();
+        for session in inner.sessions.values_mut() {
+            if let Some((_, link)) = session.link.take() {
+                let _ = link.send(Command::Close(4000));
+            }
+        }
+    }
+
+    /// Answer every RESUME with INVALID_SESSION, so clients identify afresh.
+    pub fn refuse_resume(&self, refuse: bool) {
+        self.shared.lock().refuse_resume = refuse;
+    }
+}
+
+fn message_json(id: u64, channel: u64, kind: ChannelKind, author: Value, content: &str) -> Value {
+    let mut message = json!({
+        "id": id.to_string(), "channel_id": channel.to_string(), "author": author,
+        "content": content, "timestamp": "2026-01-01T00:00:00+00:00", "edited_timestamp": null,
+        "tts": false, "mention_everyone": false, "mentions": [], "mention_roles": [],
+        "attachments": [], "embeds": [], "pinned": false, "type": 0
+    });
+    if kind != ChannelKind::Dm {
+        message["guild_id"] = json!(GUILD_ID.to_string());
+    }
+    message
+}
+
+fn error(status: StatusCode, code: u32, message: &str) -> Response {
+    (
+        status,
+        axum::Json(json!({"code": code, "message": message})),
+    )
+        .into_response()
+}
+
+async fn authorize(State(shared): State<Arc<Shared>>, request: Request, next: Next) -> Response {
+    let expected = format!("Bot {}", shared.token);
+    let given = request
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok());
+    if given != Some(expected.as_str()) {
+        shared.lock().unauthorized += 1;
+        return error(StatusCode::UNAUTHORIZED, 0, "401: Unauthorized");
+    }
+    next.run(request).await
+}
+
+async fn get_gateway(State(shared): State<Arc<Shared>>) -> axum::Json<Value> {
+    axum::Json(json!({
+        "url": shared.gateway_url, "shards": 1,
+        "session_start_limit": {"total": 1000, "remaining": 1000, "reset_after": 0, "max_concurrency": 1}
+    }))
+}
+
+async fn get_me(State(shared): State<Arc<Shared>>) -> axum::Json<Value> {
+    axum::Json(shared.bot_user())
+}
+
+async fn get_channel(State(shared): State<Arc<Shared>>, Path(id): Path<u64>) -> Response {
+    let inner = shared.lock();
+    let Some(channel) = inner.channels.get(&id) else {
+        return error(StatusCode::NOT_FOUND, 10003, "Unknown Channel");
+    };
+    let mut body = json!({"id": id.to_string(), "type": channel.kind.type_code()});
+    if channel.kind != ChannelKind::Dm {
+        body["guild_id"] = json!(GUILD_ID.to_string());
+    }
+    axum::Json(body).into_response()
+}
+
+async fn get_messages(
+    State(shared): State<Arc<Shared>>,
+    Path(id): Path<u64>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    let after = query.get("after").and_then(|a| a.parse::<u64>().ok());
+    let limit = query
+        .get("limit")
+        .and_then(|l| l.parse::<usize>().ok())
+        .unwrap_or(50)
+        .min(100);
+    let mut inner = shared.lock();
+    inner.history_reads.push((id, after));
+    let Some(channel) = inner.channels.get(&id) else {
+        return error(StatusCode::NOT_FOUND, 10003, "Unknown Channel");
+    };
+    // The oldest `limit` messages after `after`, listed newest first, as Discord does.
+    let mut page: Vec<Value> = channel
+        .messages
+        .iter()
+        .filter(|m| {
+            let mid: u64 = m["id"].as_str().unwrap().parse().unwrap();
+            after.is_none_or(|a| mid > a)
+        })
+        .take(limit)
+        .map(|m| {
+            // History read over REST carries no guild id.
+            let mut m = m.clone();
+            m.as_object_mut().unwrap().remove("guild_id");
+            m
+        })
+        .collect();
+    page.reverse();
+    axum::Json(Value::Array(page)).into_response()
+}
+
+async fn post_message(
+    State(shared): State<Arc<Shared>>,
+    Path(id): Path<u64>,
+    axum::Json(body): axum::Json<Value>,
+) -> Response {
+    let nonce = match &body["nonce"] {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    };
+    let enforce_nonce = body["enforce_nonce"].as_bool().unwrap_or(false);
+    let content = body["content"].as_str().unwrap_or("").to_owned();
+    let mut inner = shared.lock();
+    let Some(kind) = inner.channels.get(&id).map(|c| c.kind) else {
+        inner.posts.push(Post {
+            at: Instant::now(),
+            channel: id,
+            nonce,
+            status: 404,
+            message: None,
+        });
+        return error(StatusCode::NOT_FOUND, 10003, "Unknown Channel");
+    };
+    let fault = inner.faults.pop_front();
+    let refuse = |inner: &mut Inner, status: u16| {
+        inner.posts.push(Post {
+            at: Instant::now(),
+            channel: id,
+            nonce: nonce.clone(),
+            status,
+            message: None,
+        });
+    };
+    if let Some(PostFault::Refuse {
+        status,
+        retry_after,
+    }) = fault
+    {
+        refuse(&mut inner, status);
+        drop(inner);
+        shared.changed.notify_waiters();
+        let status = StatusCode::from_u16(status).unwrap();
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            return (
+                status,
+                [("retry-after", format!("{}", retry_after.ceil() as u64))],
+                axum::Json(json!({"message": "You are being rate limited.",
+                                   "retry_after": retry_after, "global": false})),
+            )
+                .into_response();
+        }
+        return error(status, 0, "injected failure");
+    }
+    if nonce.as_ref().is_some_and(|n| n.chars().count() > 25) {
+        refuse(&mut inner, 400);
+        return error(StatusCode::BAD_REQUEST, 50035, "Invalid Form Body (nonce)");
+    }
+    if content.is_empty() || content.chars().count() > MAX_CONTENT {
+        refuse(&mut inner, 400);
+        return error(
+            StatusCode::BAD_REQUEST,
+            50035,
+            "Invalid Form Body (content)",
+        );
+    }
+    // enforce_nonce: a nonce seen before returns the earlier message.
+    if let (true, Some(n)) = (enforce_nonce, &nonce) {
+        if let Some(earlier) = inner.by_nonce.get(n).cloned() {
+            let earlier_id = earlier["id"].as_str().unwrap().parse().unwrap();
+            inner.posts.push(Post {
+                at: Instant::now(),
+                channel: id,
+                nonce: nonce.clone(),
+                status: 200,
+                message: Some(earlier_id),
+            });
+            drop(inner);
+            shared.changed.notify_waiters();
+            return axum::Json(earlier).into_response();
+        }
+    }
+    let message_id = shared.next_id();
+    let mut message = message_json(message_id, id, kind, shared.bot_user(), &content);
+    if let Some(n) = &nonce {
+        message["nonce"] = json!(n);
+    }
+    let reference = body.get("message_reference").cloned();
+    if let Some(r) = &reference {
+        message["message_reference"] = r.clone();
+        message["type"] = json!(19);
+    }
+    inner
+        .channels
+        .get_mut(&id)
+        .unwrap()
+        .messages
+        .push(message.clone());
+    inner.sent.push(Sent {
+        channel: id,
+        id: message_id,
+        content,
+        nonce: nonce.clone(),
+        enforce_nonce,
+        reply_to: reference.as_ref().and_then(|r| match &r["message_id"] {
+            Value::String(s) => Some(s.clone()),
+            Value::Number(n) => Some(n.to_string()),
+            _ => None,
+        }),
+        fail_if_not_exists: reference
+            .as_ref()
+            .and_then(|r| r["fail_if_not_exists"].as_bool()),
+        allowed_mentions: body.get("allowed_mentions").cloned(),
+    });
+    if let Some(n) = &nonce {
+        inner.by_nonce.insert(n.clone(), message.clone());
+    }
+    // The bot's own messages reach its gateway too.
+    dispatch(&mut inner, "MESSAGE_CREATE", &message);
+    let lost = matches!(fault, Some(PostFault::LoseResponse));
+    inner.posts.push(Post {
+        at: Instant::now(),
+        channel: id,
+        nonce,
+        status: if lost { 500 } else { 200 },
+        message: Some(message_id),
+    });
+    drop(inner);
+    shared.changed.notify_waiters();
+    if lost {
+        return error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            0,
+            "injected: response lost",
+        );
+    }
+    axum::Json(message).into_response()
+}
+
+async fn post_typing(State(shared): State<Arc<Shared>>, Path(id): Path<u64>) -> StatusCode {
+    *shared.lock().typing.entry(id).or_default() += 1;
+    StatusCode::NO_CONTENT
+}
+
+/// One gateway connection.
+async fn connection(shared: Arc<Shared>, tcp: tokio::net::TcpStream) {
+    let Ok(ws) = tokio_tungstenite::accept_async(tcp).await else {
+        return;
+    };
+    let connection_id = shared.connections.fetch_add(1, Ordering::SeqCst);
+    let (mut sink, mut stream) = ws.split();
+    let (link, mut commands) = mpsc::unbounded_channel::<Command>();
+    let hello = json!({"op": 10, "d": {"heartbeat_interval": 5000}}).to_string();
+    if sink.send(Frame::Text(hello)).await.is_err() {
+        return;
+    }
+    let mut session_id: Option<String> = None;
+    loop {
+        tokio::select! {
+            command = commands.recv() => match command {
+                Some(Command::Text(text)) => {
+                    if sink.send(Frame::Text(text)).await.is_err() {
+                        break;
+                    }
+                }
+                Some(Command::Close(code)) => {
+                    let _ = sink
+                        .send(Frame::Close(Some(CloseFrame {
+                            code: CloseCode::from(code),
+                            reason: "forced disconnect".into(),
+                        })))
+                        .await;
+                    break;
+                }
+                None => break,
+            },
+            frame = stream.next() => match frame {
+                Some(Ok(Frame::Text(text))) => {
+                    let Ok(payload) = serde_json::from_str::<Value>(&text) else {
+                        continue;
+                    };
+                    match payload["op"].as_u64() {
+                        Some(1) if sink.send(Frame::Text(json!({"op": 11}).to_string())).await.is_err() => {
+                            break;
+                        }
+                        Some(2) => {
+                            if !token_ok(&shared, &payload["d"]["token"]) {
+                                let _ = sink.send(Frame::Close(Some(CloseFrame {
+                                    code: CloseCode::from(4004),
+                                    reason: "Authentication failed.".into(),
+                                }))).await;
+                                break;
+                            }
+                            session_id = Some(identify(&shared, connection_id, &link));
+                        }
+                        Some(6) => {
+                            let d = &payload["d"];
+                            if !token_ok(&shared, &d["token"]) {
+                                break;
+                            }
+                            let id = d["session_id"].as_str().unwrap_or("").to_owned();
+                            let seq = d["seq"].as_u64().unwrap_or(0);
+                            if resume(&shared, &id, seq, connection_id, &link) {
+                                session_id = Some(id);
+                            } else {
+                                let invalid = json!({"op": 9, "d": false}).to_string();
+                                if sink.send(Frame::Text(invalid)).await.is_err() {
+                                    break;
+                                }
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                Some(Ok(Frame::Close(_))) | None | Some(Err(_)) => break,
+                Some(Ok(_)) => {}
+            },
+        }
+    }
+    if let Some(id) = session_id {
+        let mut inner = shared.lock();
+        if let Some(session) = inner.sessions.get_mut(&id) {
+            if session
+                .link
+                .as_ref()
+                .is_some_and(|(c, _)| *c == connection_id)
+            {
+                session.link = None;
+            }
+        }
+    }
+    shared.changed.notify_waiters();
+}
+
+fn token_ok(shared: &Shared, token: &Value) -> bool {
+    let token = token.as_str().unwrap_or("");
+    token.strip_prefix("Bot ").unwrap_or(token) == shared.token
+}
+
+/// A new session: READY.
+fn identify(shared: &Shared, connection: u64, link: &mpsc::UnboundedSender<Command>) -> String {
+    let mut inner = shared.lock();
+    inner.identifies += 1;
+    let id = format!("session-{}", inner.identifies);
+    let ready = json!({
+        "op": 0, "t": "READY", "s": 1,
+        "d": {"v": 10, "user": shared.bot_user(), "guilds": [], "session_id": id,
+              "resume_gateway_url": shared.gateway_url,
+              "application": {"id": BOT_ID.to_string(), "flags": 0}}
+    })
+    .to_string();
+    let _ = link.send(Command::Text(ready.clone()));
+    inner.sessions.insert(
+        id.clone(),
+        Session {
+            seq: 1,
+            log: vec![(1, ready)],
+            link: Some((connection, link.clone())),
+        },
+    );
+    drop(inner);
+    shared.changed.notify_waiters();
+    id
+}
+
+/// Resume a known session: replay what it missed, then RESUMED. False if refused.
+fn resume(
+    shared: &Shared,
+    id: &str,
+    seq: u64,
+    connection: u64,
+    link: &mpsc::UnboundedSender<Command>,
+) -> bool {
+    let mut inner = shared.lock();
+    if inner.refuse_resume {
+        inner.sessions.remove(id);
+        return false;
+    }
+    let Some(session) = inner.sessions.get_mut(id) else {
+        return false;
+    };
+    for (_, frame) in session.log.iter().filter(|(s, _)| *s > seq) {
+        let _ = link.send(Command::Text(frame.clone()));
+    }
+    session.seq += 1;
+    let resumed = json!({"op": 0, "t": "RESUMED", "s": session.seq, "d": {}}).to_string();
+    session.log.push((session.seq, resumed.clone()));
+    let _ = link.send(Command::Text(resumed));
+    session.link = Some((connection, link.clone()));
+    inner.resumes += 1;
+    drop(inner);
+    shared.changed.notify_waiters();
+    true
+}

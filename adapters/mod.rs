@@ -6,3 +6,4 @@
 
 pub mod console;
 pub mod http;
+pub mod telegram;

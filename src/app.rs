@@ -89,6 +89,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         ));
         health.set(Platform::Http, AdapterState::Up);
     }
+    if let Some(telegram) = &config.telegram {
+        let (outbound, inbound) = crate::adapters::telegram::connect(telegram)?;
+        outbounds.push(Arc::new(outbound));
+        inbounds.push(Box::new(inbound));
+    }
     for inbound in &inbounds {
         health.set(inbound.platform(), AdapterState::Starting);
     }

@@ -82,6 +82,7 @@ impl TelegramInbound {
                 Ok(me) => {
                     let username = me.user.username.clone().unwrap_or_default();
                     tracing::info!(bot = %username, "connected to Telegram");
+                    health.set(Platform::Telegram, AdapterState::Up);
                     return Ok(Ok(BotIdentity {
                         id: me.user.id.0,
                         username,

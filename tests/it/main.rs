@@ -10,3 +10,4 @@ mod helpers;
 mod http_api;
 mod ingest;
 mod stress;
+mod telegram;

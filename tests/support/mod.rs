@@ -7,4 +7,5 @@
 pub mod db;
 pub mod process;
 pub mod stress;
+pub mod telegram_fake;
 pub mod webhook;

@@ -129,7 +129,7 @@ fn stored(db_path: &std::path::Path, conversation: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_three_private_messages_gets_one_reply() {
     // A model that takes a moment, so "typing…" has time to show.
-    let tg = start(&[("LULL_ECHO_DELAY_MS", "300")]).await;
+    let tg = start(&[("LULL_ECHO_DELAY_MS", "800")]).await;
     let chat = 4201;
     let mut last_update = 0;
     for text in ["first", "second", "third"] {
@@ -224,7 +224,8 @@ async fn a_group_message_is_answered_only_when_addressed_to_the_bot() {
 /// topic; the General topic is the group's own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_forum_topic_is_a_separate_conversation() {
-    let tg = start(&[]).await;
+    // A model that takes a moment, so "typing…" has time to show.
+    let tg = start(&[("LULL_ECHO_DELAY_MS", "800")]).await;
     let chat = -100_4203;
     tg.fake
         .push_message(in_topic(mention(chat, 13, "question in topic ten"), 10));

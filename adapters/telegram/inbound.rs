@@ -6,7 +6,9 @@
 //!   poll ends before that lease would expire unrenewed: its `timeout` is cut to the
 //!   lease's remaining time, and no poll starts on a lease about to lapse. A standby
 //!   process can therefore take over as soon as the lease is free without meeting a
-//!   poll of the old holder.
+//!   poll of the old holder. (`timeout` is in whole seconds and a lease is renewed
+//!   when a third of its TTL is gone, so with `LULL_LEASE_TTL_MS` under about 2.3 s
+//!   no poll can wait on the server: they become short polls, 250 ms apart.)
 //! - An update is *confirmed* (never delivered again) once `getUpdates` is called
 //!   with an `offset` above its id. The offset moves past an update only after
 //!   [`Dispatcher::ingest`] returned `Ok`: a database error or a crash between
@@ -144,10 +146,9 @@ impl TelegramInbound {
             let polled = tokio::select! {
                 r = request.send() => r,
                 () = keeper.lost() => return Ok(Stop::LeaseLost),
-                () = shutdown.cancelled() => {
-                    self.confirm(offset).await;
-                    return Ok(Stop::Shutdown);
-                }
+                // The updates stored since the last poll stay unconfirmed: the next
+                // poller fetches them again and the core deduplicates them.
+                () = shutdown.cancelled() => return Ok(Stop::Shutdown),
             };
             let wait = match polled {
                 Ok(updates) => {
@@ -207,9 +208,6 @@ impl TelegramInbound {
                 }
             };
             if let Some(stop) = pause(wait, keeper, shutdown).await {
-                if matches!(stop, Stop::Shutdown) {
-                    self.confirm(offset).await;
-                }
                 return Ok(stop);
             }
         }
@@ -250,23 +248,6 @@ impl TelegramInbound {
             *offset = Some(next);
         }
         Ok(())
-    }
-
-    /// Confirm what was stored before letting go, so the next poller does not fetch
-    /// it again (it would be deduplicated anyway). Updates this call returns stay
-    /// unconfirmed: they are for the next poller.
-    async fn confirm(&self, offset: Option<i32>) {
-        let Some(offset) = offset else { return };
-        let request = self.bot.get_updates().offset(offset).limit(1).timeout(0);
-        match tokio::time::timeout(Duration::from_secs(2), request.send()).await {
-            Ok(Ok(_)) => tracing::debug!(offset, "confirmed stored updates"),
-            Ok(Err(e)) => {
-                tracing::debug!(error = %self.redactor.request_error(e), "could not confirm stored updates; they will be deduplicated")
-            }
-            Err(_) => {
-                tracing::debug!("confirming stored updates timed out; they will be deduplicated")
-            }
-        }
     }
 }
 

@@ -523,6 +523,69 @@ async fn two_processes_never_poll_at_once_and_the_standby_takes_over() {
     );
     assert_eq!(health(&b).await["adapters"]["telegram"], "up");
     assert_eq!(fake.conflicts(), 0, "two polls were open at once");
+
+    // A graceful stop hands the lease over at once (no waiting out the TTL).
+    a.restart();
+    a.wait_healthy(SECS(20)).await;
+    assert_eq!(health(&a).await["adapters"]["telegram"], "standby");
+    b.signal("TERM");
+    assert_eq!(b.wait_exit(SECS(15)), Some(0));
+    let stopped = Instant::now();
+    fake.push_message(text_message(chat, chat, "three"));
+    fake.wait_sent(chat, 3, SECS(20)).await;
+    let handover = fake
+        .polls()
+        .iter()
+        .find(|p| p.started > stopped)
+        .unwrap()
+        .started
+        - stopped;
+    eprintln!("standby took over polling {handover:?} after a graceful stop");
+    assert!(
+        handover < Duration::from_millis(TTL_MS),
+        "handed over after {handover:?}"
+    );
+    assert_eq!(fake.conflicts(), 0, "two polls were open at once");
+    // Updates fetched again after a takeover are stored once and answered once.
+    let verdict = settled_verdict(&dir.path().join("lull.db")).await;
+    assert_eq!(
+        (
+            verdict.messages,
+            verdict.replies,
+            verdict.duplicates,
+            verdict.lost
+        ),
+        (3, 3, 0, 0),
+        "{verdict:?}"
+    );
+    assert_eq!(fake.sent_to(chat).len(), 3);
+    assert_token_absent(&fake.token, &a.logs());
+    assert_token_absent(&fake.token, &b.logs());
+}
+
+/// Counter-test of the one above: two processes that do not share a database (so
+/// no poller lease) both poll, and the fake sees the conflict; the adapter reports
+/// it and backs off instead of spinning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_without_a_shared_lease_do_conflict() {
+    let fake = TelegramFake::start().await;
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let begun = Instant::now();
+    let a = LullProcess::start(dir_a.path(), "a", &["run"], &env(dir_a.path(), &fake, &[]));
+    wait_polling(&fake, begun).await;
+    let b = LullProcess::start(dir_b.path(), "b", &["run"], &env(dir_b.path(), &fake, &[]));
+    fake.wait_for("a 409 Conflict", SECS(20), |f| {
+        (f.conflicts() > 0).then_some(())
+    })
+    .await;
+    let deadline = Instant::now() + SECS(10);
+    while !(a.logs() + &b.logs()).contains("another poller for this bot token") {
+        assert!(Instant::now() < deadline, "the conflict was not reported");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Backing off: far fewer conflicts than a spinning poller would cause.
+    tokio::time::sleep(SECS(2)).await;
+    assert!(fake.conflicts() < 10, "{} conflicts", fake.conflicts());
     assert_token_absent(&fake.token, &a.logs());
     assert_token_absent(&fake.token, &b.logs());
 }

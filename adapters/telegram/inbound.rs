@@ -54,6 +54,14 @@ pub struct TelegramInbound {
     redactor: Redactor,
 }
 
+/// Why an update could not be stored.
+enum Unstored {
+    /// The database failed (busy, full, unreachable): fetch it again after a pause.
+    Retry(String),
+    /// The process is miswired: stop the adapter.
+    Fatal(anyhow::Error),
+}
+
 /// Why a polling session ended.
 enum Stop {
     Shutdown,
@@ -161,8 +169,8 @@ impl TelegramInbound {
                     {
                         Ok(()) if empty && timeout == 0 => SHORT_POLL_PAUSE,
                         Ok(()) => continue,
-                        Err(e) => {
-                            let e = e?;
+                        Err(Unstored::Fatal(e)) => return Err(e),
+                        Err(Unstored::Retry(e)) => {
                             tracing::warn!(error = %e, "could not store an update; it stays unconfirmed and is fetched again");
                             backoff.next()
                         }
@@ -215,14 +223,14 @@ impl TelegramInbound {
 
     /// Hand every update to the core, in order, moving `offset` past each one it
     /// stored (or deliberately skipped). Stops at the first that could not be
-    /// stored: the outer `Err` is fatal, the inner one is retried.
+    /// stored.
     async fn ingest_all(
         &self,
         dispatcher: &Dispatcher,
         translator: &mut Translator,
         updates: Vec<Update>,
         offset: &mut Option<i32>,
-    ) -> Result<(), anyhow::Result<String>> {
+    ) -> Result<(), Unstored> {
         for update in updates {
             let next = update.id.0 as i32 + 1;
             let Some(incoming) = translator.translate(&update) else {
@@ -241,9 +249,11 @@ impl TelegramInbound {
                     tracing::info!(%conversation, error = %e, "message refused");
                 }
                 Err(IngestError::UnknownPlatform(p)) => {
-                    return Err(Err(anyhow::anyhow!("the dispatcher has no {p} adapter")));
+                    return Err(Unstored::Fatal(anyhow::anyhow!(
+                        "the dispatcher has no {p} adapter"
+                    )));
                 }
-                Err(IngestError::Store(e)) => return Err(Ok(e.to_string())),
+                Err(IngestError::Store(e)) => return Err(Unstored::Retry(e.to_string())),
             }
             *offset = Some(next);
         }

@@ -478,6 +478,45 @@ async fn a_killed_process_loses_no_update() {
     tg.finish();
 }
 
+/// A database that refuses writes (locked past the store's busy timeout) loses
+/// nothing either: the update stays unconfirmed, is fetched again, and is stored
+/// and answered once the database recovers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_error_loses_no_update() {
+    let tg = start(&[]).await;
+    let chat = 4213;
+    let lock = rusqlite::Connection::open(tg.db()).unwrap();
+    lock.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let update = tg
+        .fake
+        .push_message(text_message(chat, chat, "store me later"));
+    let deadline = Instant::now() + SECS(15);
+    while !tg.lull.logs().contains("could not store an update") {
+        assert!(Instant::now() < deadline, "{}", tg.lull.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        tg.fake.confirmed_below() <= update,
+        "acknowledged though not stored"
+    );
+    lock.execute_batch("ROLLBACK").unwrap();
+    drop(lock);
+    let sent = tg.fake.wait_sent(chat, 1, SECS(20)).await;
+    assert_eq!(sent[0].text, "[echo] 1 message:\nstore me later");
+    let verdict = settled_verdict(&tg.db()).await;
+    assert_eq!(
+        (
+            verdict.messages,
+            verdict.replies,
+            verdict.duplicates,
+            verdict.lost
+        ),
+        (1, 1, 0, 0),
+        "{verdict:?}"
+    );
+    tg.finish();
+}
+
 /// Two processes on one database: only the poller-lease holder polls (the fake
 /// answers a concurrent poll with 409, and counts none), the other reports standby,
 /// and takes over within the lease TTL when the poller is killed.

@@ -47,7 +47,9 @@ const LEASE_MARGIN: Duration = Duration::from_millis(500);
 /// for long polling), so such polls do not spin.
 const SHORT_POLL_PAUSE: Duration = Duration::from_millis(250);
 
-/// The receiving half.
+/// The receiving half: polls only while this process holds the Telegram poller
+/// lease (standing by otherwise), and moves the offset past an update only once the
+/// core has stored it.
 pub struct TelegramInbound {
     /// Never printed: its `Debug` shows the token.
     bot: Bot,

@@ -7,3 +7,4 @@
 pub mod console;
 pub mod discord;
 pub mod http;
+pub mod telegram;

@@ -97,6 +97,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         ));
         health.set(Platform::Http, AdapterState::Up);
     }
+    if let Some(telegram) = &config.telegram {
+        let (outbound, inbound) = crate::adapters::telegram::connect(telegram)?;
+        outbounds.push(Arc::new(outbound));
+        inbounds.push(Box::new(inbound));
+    }
     if let Some(discord) = &config.discord {
         let discord = crate::adapters::discord::Discord::new(discord)?;
         outbounds.push(Arc::new(discord.outbound));

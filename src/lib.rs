@@ -16,7 +16,7 @@
 //! - [`llm`]: the responder seam (`echo`, `openai`).
 //! - [`platform`]: the contract adapters implement; [`split`] cuts replies to a
 //!   platform's length limit.
-//! - [`adapters`]: one module per platform: console, http, discord.
+//! - [`adapters`]: one module per platform: console, http, telegram, discord.
 //! - [`commands`], [`access`]: `/help` and `/reset`; who may talk to the bot.
 //! - [`app`]: wiring for `lull run` and `lull chat`; [`check`]: `lull check` and
 //!   `lull healthcheck`; [`health`] and [`http`]: `/healthz`, `/metrics`; [`logging`],

@@ -14,3 +14,4 @@ mod ingest;
 mod llm;
 mod shutdown;
 mod stress;
+mod telegram;

@@ -9,4 +9,5 @@ pub mod discord_fake;
 pub mod openai_fake;
 pub mod process;
 pub mod stress;
+pub mod telegram_fake;
 pub mod webhook;

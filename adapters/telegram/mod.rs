@@ -1,0 +1,277 @@
+//! The Telegram adapter (Bot API through teloxide's `Bot`, long polling).
+//!
+//! - [`inbound`]: the poller. One long-poller per bot token is all Telegram allows (a
+//!   second `getUpdates` gets 409 Conflict), so only the process holding the
+//!   platform's poller lease polls; the others stand by. An update is acknowledged
+//!   (the next `getUpdates` carries an `offset` past it) only after
+//!   [`crate::dispatcher::Dispatcher::ingest`] stored it.
+//! - [`translate`]: Telegram messages to [`crate::platform::Incoming`]: which group
+//!   messages are addressed to the bot, conversation keys for chats and forum topics,
+//!   captions as text, non-text messages named.
+//! - [`outbound`]: replies as Telegram HTML ([`html`]), split to 4096 characters,
+//!   quoting in groups, "typing…", and Telegram's errors mapped to retry decisions.
+//! - [`Redactor`]: the bot token is part of every Bot API URL (`/bot<TOKEN>/Method`),
+//!   and teloxide's network errors carry that URL: every error text leaving this
+//!   module goes through it.
+//!
+//! Platform types (teloxide's) stay inside this module.
+
+pub mod html;
+pub mod inbound;
+pub mod outbound;
+pub mod translate;
+
+use std::fmt;
+use std::time::Duration;
+
+use secrecy::{ExposeSecret, SecretString};
+use teloxide::Bot;
+use teloxide::RequestError;
+
+use crate::config::PlatformConfig;
+
+pub use inbound::TelegramInbound;
+pub use outbound::TelegramOutbound;
+
+/// The longest message text Telegram accepts (after entity parsing).
+pub const MAX_MESSAGE_CHARS: usize = 4096;
+
+/// Build both halves of the adapter from its configuration. Nothing is sent yet.
+pub fn connect(config: &PlatformConfig) -> anyhow::Result<(TelegramOutbound, TelegramInbound)> {
+    let redactor = Redactor::new(&config.token);
+    let api_url = url::Url::parse(&config.api_url)
+        .map_err(|e| anyhow::anyhow!("TELEGRAM_API_URL: '{}' is not a URL: {e}", config.api_url))?;
+    if api_url.cannot_be_a_base() {
+        anyhow::bail!(
+            "TELEGRAM_API_URL: '{}' cannot be a base URL",
+            config.api_url
+        );
+    }
+    // teloxide's own client settings (5 s connect, 17 s total), built here rather than
+    // by `Bot::new`, which reads TELOXIDE_PROXY and panics on a bad value. The total
+    // limit must exceed the long-poll timeout (see `inbound::POLL_TIMEOUT`).
+    let client = teloxide::net::default_reqwest_settings()
+        .build()
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "cannot build the Telegram HTTP client: {}",
+                redactor.error(&e)
+            )
+        })?;
+    let bot = Bot::with_client(config.token.expose_secret(), client).set_api_url(api_url);
+    Ok((
+        TelegramOutbound::new(bot.clone(), redactor.clone()),
+        TelegramInbound::new(bot, redactor),
+    ))
+}
+
+/// Removes the bot token from error texts before they are logged or stored.
+///
+/// teloxide's `Bot` derives `Debug` (printing the token) and its network errors
+/// print the request URL, which contains the token: neither may reach a log line.
+#[derive(Clone)]
+pub struct Redactor {
+    token: SecretString,
+}
+
+impl fmt::Debug for Redactor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Redactor(<token>)")
+    }
+}
+
+/// What replaces the token.
+const REDACTED: &str = "<token>";
+
+impl Redactor {
+    pub fn new(token: &SecretString) -> Self {
+        Self {
+            token: token.clone(),
+        }
+    }
+
+    /// `text` with every occurrence of the token (also percent-encoded) replaced.
+    pub fn redact(&self, text: &str) -> String {
+        let token = self.token.expose_secret();
+        if token.is_empty() {
+            return text.to_owned();
+        }
+        let mut out = text.replace(token, REDACTED);
+        for encoded in [token.replace(':', "%3A"), token.replace(':', "%3a")] {
+            if encoded != token {
+                out = out.replace(&encoded, REDACTED);
+            }
+        }
+        // The part after the colon is the secret; redact it on its own too, in case
+        // an error quotes only a piece of the URL.
+        if let Some((_, secret)) = token.split_once(':') {
+            if secret.len() >= 8 {
+                out = out.replace(secret, REDACTED);
+            }
+        }
+        out
+    }
+
+    /// An error and its sources, one line, redacted.
+    pub fn error(&self, error: &(dyn std::error::Error + 'static)) -> String {
+        let mut text = error.to_string();
+        let mut source = error.source();
+        while let Some(cause) = source {
+            let cause_text = cause.to_string();
+            if !text.contains(&cause_text) {
+                text.push_str(": ");
+                text.push_str(&cause_text);
+            }
+            source = cause.source();
+        }
+        self.redact(&text)
+    }
+
+    /// A teloxide request error, redacted. Network errors lose their URL first where
+    /// teloxide lets go of the `reqwest::Error`; the redaction covers the rest.
+    pub fn request_error(&self, error: RequestError) -> String {
+        match error {
+            RequestError::Network(e) => match std::sync::Arc::try_unwrap(e) {
+                Ok(e) => format!("network error: {}", self.error(&e.without_url())),
+                Err(shared) => format!("network error: {}", self.error(shared.as_ref())),
+            },
+            RequestError::InvalidJson { raw, .. } => {
+                // A proxy's error page or a server error: the raw body says which.
+                let raw: String = raw.chars().take(200).collect();
+                format!(
+                    "unexpected response from the Bot API: {}",
+                    self.redact(&raw)
+                )
+            }
+            other => self.error(&other),
+        }
+    }
+}
+
+/// Where a conversation lives on Telegram: a chat, or a forum topic inside one.
+///
+/// The key is `<chat id>` or `<chat id>:<topic thread id>`. Private chats have
+/// positive ids, groups and supergroups negative ones (a Bot API fact the sending
+/// half relies on to decide whether to quote).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ChatKey {
+    pub chat: i64,
+    /// The forum topic (`message_thread_id` of a topic message), if any.
+    pub topic: Option<i32>,
+}
+
+impl ChatKey {
+    pub fn is_group(&self) -> bool {
+        self.chat < 0
+    }
+
+    pub fn parse(key: &str) -> Option<ChatKey> {
+        let (chat, topic) = match key.split_once(':') {
+            Some((chat, topic)) => (chat, Some(topic.parse().ok()?)),
+            None => (key, None),
+        };
+        Some(ChatKey {
+            chat: chat.parse().ok()?,
+            topic,
+        })
+    }
+}
+
+impl fmt::Display for ChatKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.topic {
+            Some(topic) => write!(f, "{}:{topic}", self.chat),
+            None => write!(f, "{}", self.chat),
+        }
+    }
+}
+
+/// Exponential backoff with jitter for the poller's retries.
+#[derive(Debug, Clone)]
+struct Backoff {
+    failures: u32,
+}
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(500);
+    const MAX: Duration = Duration::from_secs(30);
+
+    fn new() -> Self {
+        Self { failures: 0 }
+    }
+
+    fn reset(&mut self) {
+        self.failures = 0;
+    }
+
+    /// The next wait: 0.5 s, 1 s, 2 s … up to 30 s, each with ±25 % jitter.
+    fn next(&mut self) -> Duration {
+        let base = Self::FIRST
+            .saturating_mul(1 << self.failures.min(10))
+            .min(Self::MAX);
+        self.failures += 1;
+        let jitter = 0.75 + fastrand::f64() * 0.5;
+        base.mul_f64(jitter)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOKEN: &str = "123456:AAHsecretSECRETsecret";
+
+    #[test]
+    fn the_token_is_redacted_in_any_form() {
+        let r = Redactor::new(&SecretString::from(TOKEN));
+        let text = format!(
+            "error sending request for url (http://127.0.0.1:1/bot{TOKEN}/GetUpdates) / bot123456%3AAAHsecretSECRETsecret / AAHsecretSECRETsecret"
+        );
+        let redacted = r.redact(&text);
+        assert!(!redacted.contains("AAHsecretSECRETsecret"), "{redacted}");
+        assert!(redacted.contains("/bot<token>/GetUpdates"), "{redacted}");
+        assert!(!format!("{r:?}").contains("secret"));
+    }
+
+    #[tokio::test]
+    async fn network_errors_lose_the_url() {
+        // Nothing listens on port 9 of loopback: the request fails at connect.
+        let r = Redactor::new(&SecretString::from(TOKEN));
+        let client = reqwest::Client::new();
+        let e = client
+            .post(format!("http://127.0.0.1:9/bot{TOKEN}/GetMe"))
+            .send()
+            .await
+            .unwrap_err();
+        assert!(
+            format!("{e}").contains(TOKEN),
+            "the raw error carries the URL"
+        );
+        let described = r.request_error(RequestError::from(e));
+        assert!(!described.contains("secret"), "{described}");
+        assert!(described.starts_with("network error"), "{described}");
+    }
+
+    #[test]
+    fn chat_keys_round_trip() {
+        for key in ["42", "-1001234", "-1001234:17"] {
+            assert_eq!(ChatKey::parse(key).unwrap().to_string(), key);
+        }
+        assert!(ChatKey::parse("x").is_none());
+        assert!(ChatKey::parse("-1:x").is_none());
+        assert!(ChatKey::parse("-100").unwrap().is_group());
+        assert!(!ChatKey::parse("100").unwrap().is_group());
+    }
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        let mut b = Backoff::new();
+        let first = b.next();
+        assert!(first >= Duration::from_millis(375) && first <= Duration::from_millis(625));
+        for _ in 0..20 {
+            assert!(b.next() <= Backoff::MAX.mul_f64(1.25));
+        }
+        b.reset();
+        assert!(b.next() <= Duration::from_millis(625));
+    }
+}

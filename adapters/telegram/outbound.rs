@@ -1,0 +1,240 @@
+//! Sending replies to Telegram.
+//!
+//! Telegram facts this relies on:
+//! - A message holds at most 4096 characters after entity parsing; replies are split
+//!   on the Markdown (so a code block cut in two is closed and reopened) and each
+//!   part converted to HTML, which only ever shortens the visible text.
+//! - HTML that Telegram cannot parse fails the whole request with 400 "can't parse
+//!   entities"; the part is then sent again as plain text, so a formatting slip
+//!   never loses a reply.
+//! - `reply_parameters.allow_sending_without_reply` sends even if the quoted message
+//!   was deleted (and a 400 "message to be replied not found" is retried without the
+//!   quote, for servers that ignore the flag).
+//! - 429 carries `parameters.retry_after`; 403 means the bot was blocked or removed;
+//!   400 "chat not found" means it never will be delivered. teloxide waits 10 s after
+//!   a 5xx before reporting it (Telegram's own advice).
+//! - The "typing…" indicator lasts 5 s or until the bot sends a message.
+//!
+//! There is no idempotency key in the Bot API: a part sent just before a crash, and
+//! not yet marked sent, is sent again on recovery. The dispatcher marks each part
+//! right after Telegram accepts it, which keeps that window to one request.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use teloxide::payloads::{SendChatActionSetters, SendMessageSetters};
+use teloxide::requests::{Request, Requester};
+use teloxide::types::{ChatAction, ChatId, MessageId, ParseMode, ReplyParameters, ThreadId};
+use teloxide::{ApiError, Bot, RequestError};
+
+use super::html::markdown_to_html;
+use super::{ChatKey, MAX_MESSAGE_CHARS, Redactor};
+use crate::domain::{ConversationRef, Platform};
+use crate::platform::{Outbound, OutgoingPart, SendError};
+
+/// The sending half: any process may send for any Telegram conversation (sending is
+/// not limited to the poller).
+pub struct TelegramOutbound {
+    /// Never printed: its `Debug` shows the token.
+    bot: Bot,
+    redactor: Redactor,
+}
+
+impl TelegramOutbound {
+    pub(super) fn new(bot: Bot, redactor: Redactor) -> Self {
+        Self { bot, redactor }
+    }
+
+    fn key(conversation: &ConversationRef) -> Result<ChatKey, SendError> {
+        ChatKey::parse(&conversation.key).ok_or_else(|| {
+            SendError::Permanent(format!(
+                "'{}' is not a Telegram conversation key",
+                conversation.key
+            ))
+        })
+    }
+
+    /// One sendMessage request.
+    async fn send_message(
+        &self,
+        key: ChatKey,
+        text: String,
+        html: bool,
+        quote: Option<MessageId>,
+    ) -> Result<(), RequestError> {
+        let mut request = self.bot.send_message(ChatId(key.chat), text);
+        if html {
+            request = request.parse_mode(ParseMode::Html);
+        }
+        if let Some(topic) = key.topic {
+            request = request.message_thread_id(ThreadId(MessageId(topic)));
+        }
+        if let Some(message_id) = quote {
+            request = request.reply_parameters(ReplyParameters {
+                message_id,
+                allow_sending_without_reply: Some(true),
+                ..ReplyParameters::default()
+            });
+        }
+        request.send().await.map(|_| ())
+    }
+
+    /// A Bot API error as a retry decision, with the token redacted.
+    fn classify(&self, error: RequestError) -> SendError {
+        match error {
+            RequestError::RetryAfter(wait) => SendError::RetryAfter(wait.duration()),
+            RequestError::MigrateToChatId(to) => SendError::Permanent(format!(
+                "the group was upgraded to a supergroup (new chat id {}); its old conversation cannot be answered",
+                to.0
+            )),
+            RequestError::Api(ApiError::Unknown(description)) => classify_description(&description),
+            RequestError::Api(api) => {
+                SendError::Permanent(format!("Telegram refused the message: {api}"))
+            }
+            e @ (RequestError::Network(_)
+            | RequestError::InvalidJson { .. }
+            | RequestError::Io(_)) => SendError::Transient(self.redactor.request_error(e)),
+        }
+    }
+}
+
+/// An error description teloxide does not know: 4xx texts start with their status
+/// name ("Bad Request: …", "Forbidden: …"); anything else (a 5xx, a proxy's text) is
+/// worth retrying. A 429 without parameters still names its wait.
+fn classify_description(description: &str) -> SendError {
+    if let Some(rest) = description.strip_prefix("Too Many Requests: retry after ") {
+        if let Ok(secs) = rest.trim().parse::<u64>() {
+            return SendError::RetryAfter(Duration::from_secs(secs));
+        }
+    }
+    let permanent = ["Bad Request", "Forbidden", "Unauthorized", "Not Found"];
+    if permanent.iter().any(|p| description.starts_with(p)) {
+        SendError::Permanent(format!("Telegram refused the message: {description}"))
+    } else {
+        SendError::Transient(format!("Telegram failed: {description}"))
+    }
+}
+
+/// Split to Telegram's limit. Telegram counts text in UTF-16 code units, so a part
+/// full of characters outside the Basic Multilingual Plane (emoji) is split again
+/// at half the limit. Deterministic, as delivery resumes by part index.
+pub fn split_for_telegram(text: &str) -> Vec<String> {
+    crate::split::split_message(text, MAX_MESSAGE_CHARS)
+        .into_iter()
+        .flat_map(|part| {
+            if part.encode_utf16().count() <= MAX_MESSAGE_CHARS {
+                vec![part]
+            } else {
+                crate::split::split_message(&part, MAX_MESSAGE_CHARS / 2)
+            }
+        })
+        .collect()
+}
+
+#[async_trait]
+impl Outbound for TelegramOutbound {
+    fn platform(&self) -> Platform {
+        Platform::Telegram
+    }
+
+    fn split(&self, text: &str) -> Vec<String> {
+        split_for_telegram(text)
+    }
+
+    async fn send(&self, part: &OutgoingPart<'_>) -> Result<(), SendError> {
+        let key = Self::key(part.conversation)?;
+        // In groups the first part quotes the last message of the batch, so readers
+        // see what is being answered; private chats need no quote.
+        let quote = part
+            .reply_to
+            .filter(|_| key.is_group() && part.index == 0)
+            .and_then(|id| id.parse().ok())
+            .map(MessageId);
+        let html = markdown_to_html(part.text);
+        let result = match self.send_message(key, html, true, quote).await {
+            Err(RequestError::Api(ApiError::CantParseEntities(reason))) => {
+                tracing::warn!(conversation = %part.conversation, reason = %self.redactor.redact(&reason), "Telegram refused the HTML; sending the part as plain text");
+                self.send_message(key, part.text.to_owned(), false, quote)
+                    .await
+            }
+            other => other,
+        };
+        let result = match result {
+            Err(RequestError::Api(ApiError::MessageToReplyNotFound)) => {
+                tracing::debug!(conversation = %part.conversation, "the quoted message is gone; sending without the quote");
+                self.send_message(key, markdown_to_html(part.text), true, None)
+                    .await
+            }
+            other => other,
+        };
+        result.map_err(|e| self.classify(e))
+    }
+
+    async fn typing(&self, conversation: &ConversationRef) -> Result<(), SendError> {
+        let key = Self::key(conversation)?;
+        let mut request = self
+            .bot
+            .send_chat_action(ChatId(key.chat), ChatAction::Typing);
+        if let Some(topic) = key.topic {
+            request = request.message_thread_id(ThreadId(MessageId(topic)));
+        }
+        request
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| self.classify(e))
+    }
+
+    /// Telegram shows "typing…" for 5 s; renewing after 4 s keeps it steady.
+    fn typing_every(&self) -> Option<Duration> {
+        Some(Duration::from_secs(4))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::split::char_len;
+
+    #[test]
+    fn descriptions_map_to_retry_decisions() {
+        assert!(matches!(
+            classify_description("Bad Request: chat not found"),
+            SendError::Permanent(_)
+        ));
+        assert!(matches!(
+            classify_description("Forbidden: bot was blocked by the user"),
+            SendError::Permanent(_)
+        ));
+        assert!(matches!(
+            classify_description("Internal Server Error"),
+            SendError::Transient(_)
+        ));
+        assert!(matches!(
+            classify_description("Bad Gateway"),
+            SendError::Transient(_)
+        ));
+        assert_eq!(
+            classify_description("Too Many Requests: retry after 7"),
+            SendError::RetryAfter(Duration::from_secs(7))
+        );
+    }
+
+    #[test]
+    fn parts_fit_telegram_in_characters_and_utf16_units() {
+        let text = "word ".repeat(1200); // 6000 characters
+        let parts = split_for_telegram(&text);
+        assert_eq!(parts.len(), 2);
+        assert!(parts.iter().all(|p| char_len(p) <= MAX_MESSAGE_CHARS));
+        let emoji = "🦀".repeat(4000); // 4000 characters, 8000 UTF-16 units
+        let parts = split_for_telegram(&emoji);
+        assert!(
+            parts
+                .iter()
+                .all(|p| p.encode_utf16().count() <= MAX_MESSAGE_CHARS),
+            "{}",
+            parts.len()
+        );
+        assert_eq!(parts.concat(), emoji);
+    }
+}

@@ -1,0 +1,597 @@
+//! Telegram updates as [`Incoming`] messages.
+//!
+//! Telegram facts this relies on:
+//! - A private chat has one conversation; a group or supergroup too, except forums,
+//!   where every topic message carries `is_topic_message` and the topic's
+//!   `message_thread_id` (the General topic carries neither).
+//! - In groups a bot sees commands, replies to it and mentions (all messages when
+//!   privacy mode is off); lull answers only those addressed to it: a mention
+//!   (`@username` or a text mention), a reply to one of its messages, or one of its
+//!   commands, also as `/cmd@botname` (Telegram sends `/cmd` without a name to every
+//!   bot in the group).
+//! - In forum topics a message that replies to nothing still has `reply_to_message`
+//!   set: the topic's creation message. That is not a reply to the bot.
+//! - An album arrives as separate messages sharing a `media_group_id`, the caption on
+//!   one of them (clients put it on the first); a forward with a comment arrives as
+//!   the comment followed by the forwarded messages, all with the same `date`. Both
+//!   simply join the same burst; the translator only has to keep group filtering
+//!   from dropping the parts that do not themselves mention the bot. That memory is
+//!   per process: after a poller takeover a part may be judged on its own.
+
+use std::collections::{HashMap, VecDeque};
+
+use teloxide::types::{
+    Message, MessageEntityKind, MessageEntityRef, MessageKind, MessageOrigin, Update, UpdateKind,
+    User,
+};
+
+use super::ChatKey;
+use crate::commands::Command;
+use crate::domain::{ConversationRef, Platform};
+use crate::platform::{Content, Incoming, IncomingKind};
+
+/// The bot as `getMe` described it.
+#[derive(Debug, Clone)]
+pub struct BotIdentity {
+    pub id: u64,
+    pub username: String,
+}
+
+/// How far apart (in seconds, by message `date`) a comment and the forwards that
+/// follow it may be and still count as one.
+const FORWARD_WINDOW_SECS: i64 = 2;
+/// How many albums and recent senders are remembered.
+const MEMORY: usize = 512;
+
+/// Translates updates; remembers recent albums and senders so that the parts of a
+/// burst addressed to the bot are kept together in groups.
+#[derive(Debug)]
+pub struct Translator {
+    me: BotIdentity,
+    /// media_group_id → whether the album was taken (addressed to the bot).
+    albums: HashMap<String, bool>,
+    album_order: VecDeque<String>,
+    /// (conversation, user) → `date` of the last message taken from them in a group.
+    recent: HashMap<(ChatKey, String), i64>,
+}
+
+impl Translator {
+    pub fn new(me: BotIdentity) -> Self {
+        Self {
+            me,
+            albums: HashMap::new(),
+            album_order: VecDeque::new(),
+            recent: HashMap::new(),
+        }
+    }
+
+    pub fn me(&self) -> &BotIdentity {
+        &self.me
+    }
+
+    /// The update as a message for the core, or `None` if lull ignores it (not
+    /// addressed to the bot in a group, from a bot, a service message, another
+    /// update type).
+    pub fn translate(&mut self, update: &Update) -> Option<Incoming> {
+        match &update.kind {
+            UpdateKind::Message(m) => self.message(m, IncomingKind::New),
+            UpdateKind::EditedMessage(m) => self.message(m, IncomingKind::Edit),
+            _ => None,
+        }
+    }
+
+    fn message(&mut self, msg: &Message, kind: IncomingKind) -> Option<Incoming> {
+        if msg.chat.is_channel() || msg.is_automatic_forward() {
+            return None;
+        }
+        let (user_id, author) = sender(msg)?;
+        let key = ChatKey {
+            chat: msg.chat.id.0,
+            topic: if msg.is_topic_message {
+                msg.thread_id.map(|t| t.0.0)
+            } else {
+                None
+            },
+        };
+        let is_group = !msg.chat.is_private();
+        let (text, entities) = match (msg.text(), msg.caption()) {
+            (Some(text), _) => (Some(text), msg.parse_entities().unwrap_or_default()),
+            (None, Some(caption)) => (
+                Some(caption),
+                msg.parse_caption_entities().unwrap_or_default(),
+            ),
+            (None, None) => (None, Vec::new()),
+        };
+        let command = text.map(|t| self.command(t)).unwrap_or(CommandTarget::None);
+        if command == CommandTarget::OtherBot && is_group {
+            return None;
+        }
+        let text = text.map(|t| self.clean(t));
+
+        if kind == IncomingKind::Edit {
+            // The core applies an edit only to a message it stored, so a group edit
+            // needs no filtering here; an edit to a message that was never taken is
+            // ignored there.
+            return Some(incoming(
+                key,
+                is_group,
+                user_id,
+                author,
+                msg,
+                Content::Text(text?),
+                kind,
+            ));
+        }
+
+        let album = msg.media_group_id().map(|g| g.0.clone());
+        let album_seen = album.as_ref().and_then(|g| self.albums.get(g).copied());
+        if text.is_none() && album_seen.is_some() {
+            // A further part of an album: the part that carried the caption (or the
+            // "text only" notice) covers it.
+            return None;
+        }
+        let date = msg.date.timestamp();
+        let addressed = !is_group
+            || command == CommandTarget::Us
+            || self.mentioned(&entities)
+            || self.replies_to_bot(msg)
+            || album_seen == Some(true)
+            || (msg.forward_origin().is_some()
+                && self
+                    .recent
+                    .get(&(key, user_id.clone()))
+                    .is_some_and(|&at| (date - at).abs() <= FORWARD_WINDOW_SECS));
+        if let Some(album) = album {
+            self.remember_album(album, addressed || album_seen == Some(true));
+        }
+        if !addressed {
+            return None;
+        }
+        if is_group {
+            if self.recent.len() >= MEMORY {
+                self.recent.clear();
+            }
+            self.recent.insert((key, user_id.clone()), date);
+        }
+        let content = match text {
+            Some(text) => Content::Text(match msg.forward_origin() {
+                Some(origin) => format!("[forwarded from {}]\n{text}", origin_name(origin)),
+                None => text,
+            }),
+            None => Content::Unsupported(unsupported_name(msg)?.to_owned()),
+        };
+        Some(incoming(key, is_group, user_id, author, msg, content, kind))
+    }
+
+    fn remember_album(&mut self, album: String, taken: bool) {
+        if !self.albums.contains_key(&album) {
+            self.album_order.push_back(album.clone());
+            if self.album_order.len() > MEMORY {
+                if let Some(old) = self.album_order.pop_front() {
+                    self.albums.remove(&old);
+                }
+            }
+        }
+        self.albums.insert(album, taken);
+    }
+
+    /// Whom a leading `/command` is for.
+    fn command(&self, text: &str) -> CommandTarget {
+        let Some(word) = text.split_whitespace().next() else {
+            return CommandTarget::None;
+        };
+        let Some(name) = word.strip_prefix('/') else {
+            return CommandTarget::None;
+        };
+        match name.split_once('@') {
+            Some((_, target)) if target.eq_ignore_ascii_case(&self.me.username) => {
+                CommandTarget::Us
+            }
+            Some(_) => CommandTarget::OtherBot,
+            None if Command::parse(word).is_some() => CommandTarget::Us,
+            None => CommandTarget::None,
+        }
+    }
+
+    fn mentioned(&self, entities: &[MessageEntityRef<'_>]) -> bool {
+        entities.iter().any(|e| match e.kind() {
+            MessageEntityKind::Mention => e
+                .text()
+                .strip_prefix('@')
+                .is_some_and(|name| name.eq_ignore_ascii_case(&self.me.username)),
+            MessageEntityKind::TextMention { user } => user.id.0 == self.me.id,
+            _ => false,
+        })
+    }
+
+    fn replies_to_bot(&self, msg: &Message) -> bool {
+        msg.reply_to_message().is_some_and(|reply| {
+            reply.forum_topic_created().is_none()
+                && reply.from.as_ref().is_some_and(|u| u.id.0 == self.me.id)
+        })
+    }
+
+    /// The text without the decorations Telegram adds for bots: `/cmd@botname`
+    /// becomes `/cmd` (the core parses commands), and a leading `@botname` goes.
+    fn clean(&self, text: &str) -> String {
+        let mention = format!("@{}", self.me.username);
+        let trimmed = text.trim_start();
+        if let Some(word) = trimmed.split_whitespace().next() {
+            if word.starts_with('/')
+                && word.len() > mention.len()
+                && word[word.len() - mention.len()..].eq_ignore_ascii_case(&mention)
+            {
+                let command = &word[..word.len() - mention.len()];
+                return format!("{command}{}", &trimmed[word.len()..]);
+            }
+        }
+        if trimmed.len() >= mention.len()
+            && trimmed.is_char_boundary(mention.len())
+            && trimmed[..mention.len()].eq_ignore_ascii_case(&mention)
+        {
+            let rest = &trimmed[mention.len()..];
+            let ends_name = rest
+                .chars()
+                .next()
+                .is_none_or(|c| !(c.is_alphanumeric() || c == '_'));
+            let rest = rest.trim_start_matches(|c: char| c.is_whitespace() || c == ',' || c == ':');
+            if ends_name && !rest.is_empty() {
+                return rest.to_owned();
+            }
+        }
+        text.to_owned()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CommandTarget {
+    None,
+    Us,
+    OtherBot,
+}
+
+fn incoming(
+    key: ChatKey,
+    is_group: bool,
+    user_id: String,
+    author: String,
+    msg: &Message,
+    content: Content,
+    kind: IncomingKind,
+) -> Incoming {
+    Incoming {
+        conversation: ConversationRef::new(Platform::Telegram, key.to_string()),
+        is_group,
+        user_id,
+        author,
+        message_id: msg.id.0.to_string(),
+        content,
+        kind,
+    }
+}
+
+/// The sender's id (what `LULL_ALLOWED_USERS` lists) and display name. Messages
+/// sent on behalf of a chat (anonymous group admins) carry that chat; messages from
+/// bots (including lull itself) are ignored.
+fn sender(msg: &Message) -> Option<(String, String)> {
+    if let Some(chat) = &msg.sender_chat {
+        let name = chat.title().or(chat.username()).unwrap_or("someone");
+        return Some((chat.id.0.to_string(), name.to_owned()));
+    }
+    let user = msg.from.as_ref()?;
+    if user.is_bot {
+        return None;
+    }
+    Some((user.id.0.to_string(), display_name(user)))
+}
+
+/// First and last name, else the username.
+pub fn display_name(user: &User) -> String {
+    let name = user.full_name();
+    if !name.trim().is_empty() {
+        return name.trim().to_owned();
+    }
+    user.username
+        .clone()
+        .unwrap_or_else(|| user.id.0.to_string())
+}
+
+fn origin_name(origin: &MessageOrigin) -> String {
+    match origin {
+        MessageOrigin::User { sender_user, .. } => display_name(sender_user),
+        MessageOrigin::HiddenUser {
+            sender_user_name, ..
+        } => sender_user_name.clone(),
+        MessageOrigin::Chat { sender_chat, .. } => {
+            sender_chat.title().unwrap_or("a chat").to_owned()
+        }
+        MessageOrigin::Channel { chat, .. } => chat.title().unwrap_or("a channel").to_owned(),
+    }
+}
+
+/// What a message without text is, for the "text only" notice; `None` for service
+/// messages (members joining, pins, topic changes), which get no answer.
+fn unsupported_name(msg: &Message) -> Option<&'static str> {
+    Some(if msg.sticker().is_some() {
+        "sticker"
+    } else if msg.voice().is_some() {
+        "voice message"
+    } else if msg.video_note().is_some() {
+        "video message"
+    } else if msg.photo().is_some() {
+        "photo"
+    } else if msg.animation().is_some() {
+        "GIF"
+    } else if msg.video().is_some() {
+        "video"
+    } else if msg.audio().is_some() {
+        "audio file"
+    } else if msg.document().is_some() {
+        "file"
+    } else if msg.location().is_some() {
+        "location"
+    } else if msg.contact().is_some() {
+        "contact"
+    } else if msg.poll().is_some() {
+        "poll"
+    } else if msg.dice().is_some() {
+        "dice"
+    } else if matches!(msg.kind, MessageKind::Common(_) | MessageKind::Empty {}) {
+        // Something newer than teloxide's types, or a kind of content not named here.
+        "message"
+    } else {
+        return None;
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    const BOT: u64 = 777;
+
+    fn translator() -> Translator {
+        Translator::new(BotIdentity {
+            id: BOT,
+            username: "lull_bot".into(),
+        })
+    }
+
+    fn user(id: u64, first: &str) -> Value {
+        json!({"id": id, "is_bot": false, "first_name": first})
+    }
+
+    fn private(text: &str) -> Value {
+        json!({
+            "message_id": 10, "date": 1_700_000_000,
+            "chat": {"id": 42, "type": "private", "first_name": "Ann"},
+            "from": {"id": 42, "is_bot": false, "first_name": "Ann", "last_name": "Lee"},
+            "text": text,
+        })
+    }
+
+    fn group(id: i32, text: &str) -> Value {
+        json!({
+            "message_id": id, "date": 1_700_000_000,
+            "chat": {"id": -100123, "type": "supergroup", "title": "G"},
+            "from": user(5, "Bo"),
+            "text": text,
+        })
+    }
+
+    /// `text` with a mention entity over the first occurrence of `@lull_bot`.
+    fn mentioning(id: i32, text: &str) -> Value {
+        let mut m = group(id, text);
+        let offset = text.find("@lull_bot").unwrap();
+        m["entities"] = json!([{"type": "mention", "offset": offset, "length": 9}]);
+        m
+    }
+
+    fn update(kind: &str, message: Value) -> Update {
+        // From text, as teloxide parses it (its `Update` does not parse from a `Value`).
+        serde_json::from_str(&json!({"update_id": 1, kind: message}).to_string()).unwrap()
+    }
+
+    fn take(t: &mut Translator, message: Value) -> Option<Incoming> {
+        t.translate(&update("message", message))
+    }
+
+    fn text(i: &Incoming) -> &str {
+        match &i.content {
+            Content::Text(t) => t,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn private_messages_are_one_conversation() {
+        let mut t = translator();
+        let i = take(&mut t, private("hello")).unwrap();
+        assert_eq!(i.conversation.key, "42");
+        assert!(!i.is_group);
+        assert_eq!(
+            (i.user_id.as_str(), i.author.as_str(), i.message_id.as_str()),
+            ("42", "Ann Lee", "10")
+        );
+        assert_eq!(text(&i), "hello");
+        assert_eq!(i.kind, IncomingKind::New);
+        let edit = t
+            .translate(&update("edited_message", private("hello!")))
+            .unwrap();
+        assert_eq!(edit.kind, IncomingKind::Edit);
+        assert_eq!(text(&edit), "hello!");
+    }
+
+    #[test]
+    fn groups_take_only_messages_addressed_to_the_bot() {
+        let mut t = translator();
+        assert!(take(&mut t, group(1, "just chatting")).is_none());
+        assert!(take(&mut t, group(2, "@someone_else hi")).is_none());
+        let i = take(&mut t, mentioning(3, "@lull_bot, what is 2+2?")).unwrap();
+        assert!(i.is_group);
+        assert_eq!(i.conversation.key, "-100123");
+        assert_eq!(text(&i), "what is 2+2?", "the leading mention is stripped");
+        let i = take(&mut t, mentioning(4, "tell me @lull_bot")).unwrap();
+        assert_eq!(text(&i), "tell me @lull_bot");
+
+        // A reply to one of the bot's messages.
+        let mut reply = group(5, "and then?");
+        reply["reply_to_message"] = json!({
+            "message_id": 4, "date": 1_700_000_000,
+            "chat": {"id": -100123, "type": "supergroup", "title": "G"},
+            "from": {"id": BOT, "is_bot": true, "first_name": "lull", "username": "lull_bot"},
+            "text": "an answer",
+        });
+        assert_eq!(text(&take(&mut t, reply).unwrap()), "and then?");
+
+        // A text mention (a user without username picked from the member list).
+        let mut m = group(6, "lull help");
+        m["entities"] = json!([{"type": "text_mention", "offset": 0, "length": 4,
+            "user": {"id": BOT, "is_bot": true, "first_name": "lull"}}]);
+        assert!(take(&mut t, m).is_some());
+    }
+
+    #[test]
+    fn commands_in_groups() {
+        let mut t = translator();
+        assert_eq!(
+            text(&take(&mut t, group(1, "/help@lull_bot")).unwrap()),
+            "/help"
+        );
+        assert_eq!(
+            text(&take(&mut t, group(2, "/reset@LULL_BOT now")).unwrap()),
+            "/reset now"
+        );
+        assert_eq!(text(&take(&mut t, group(3, "/start")).unwrap()), "/start");
+        assert!(take(&mut t, group(4, "/help@other_bot")).is_none());
+        assert!(take(&mut t, group(5, "/weather")).is_none());
+        // In a private chat the name goes too.
+        assert_eq!(
+            text(&take(&mut t, private("/help@lull_bot")).unwrap()),
+            "/help"
+        );
+    }
+
+    #[test]
+    fn each_forum_topic_is_a_conversation() {
+        let mut t = translator();
+        let mut m = mentioning(7, "@lull_bot hi");
+        m["chat"]["is_forum"] = json!(true);
+        m["message_thread_id"] = json!(99);
+        m["is_topic_message"] = json!(true);
+        // Telegram sets reply_to_message to the topic's creation message.
+        m["reply_to_message"] = json!({
+            "message_id": 99, "date": 1_700_000_000,
+            "chat": {"id": -100123, "type": "supergroup", "title": "G", "is_forum": true},
+            "from": {"id": BOT, "is_bot": true, "first_name": "lull", "username": "lull_bot"},
+            "forum_topic_created": {"name": "T", "icon_color": 7322096},
+        });
+        assert_eq!(
+            take(&mut t, m.clone()).unwrap().conversation.key,
+            "-100123:99"
+        );
+        // Not a reply to the bot, though the bot created the topic.
+        m["text"] = json!("no mention");
+        m.as_object_mut().unwrap().remove("entities");
+        assert!(take(&mut t, m).is_none());
+    }
+
+    #[test]
+    fn captions_are_text_and_other_media_are_named() {
+        let mut t = translator();
+        let mut photo = private("x");
+        photo.as_object_mut().unwrap().remove("text");
+        photo["photo"] = json!([{"file_id": "f", "file_unique_id": "u", "width": 1, "height": 1}]);
+        assert_eq!(
+            take(&mut t, photo.clone()).unwrap().content,
+            Content::Unsupported("photo".into())
+        );
+        photo["caption"] = json!("what is this?");
+        assert_eq!(text(&take(&mut t, photo).unwrap()), "what is this?");
+
+        let mut sticker = private("x");
+        sticker.as_object_mut().unwrap().remove("text");
+        sticker["sticker"] = json!({"file_id": "f", "file_unique_id": "u", "type": "regular",
+            "width": 1, "height": 1, "is_animated": false, "is_video": false});
+        assert_eq!(
+            take(&mut t, sticker).unwrap().content,
+            Content::Unsupported("sticker".into())
+        );
+
+        let mut voice = private("x");
+        voice.as_object_mut().unwrap().remove("text");
+        voice["voice"] = json!({"file_id": "f", "file_unique_id": "u", "duration": 1,
+            "mime_type": "audio/ogg", "file_size": 100});
+        assert_eq!(
+            take(&mut t, voice).unwrap().content,
+            Content::Unsupported("voice message".into())
+        );
+    }
+
+    #[test]
+    fn album_parts_follow_the_part_that_mentioned_the_bot() {
+        let mut t = translator();
+        let part = |id: i32, caption: Option<&str>| {
+            let mut m = group(id, "");
+            let o = m.as_object_mut().unwrap();
+            o.remove("text");
+            o.insert("media_group_id".into(), json!("alb1"));
+            o.insert(
+                "photo".into(),
+                json!([{"file_id": "f", "file_unique_id": "u", "width": 1, "height": 1}]),
+            );
+            if let Some(c) = caption {
+                o.insert("caption".into(), json!(c));
+                o.insert(
+                    "caption_entities".into(),
+                    json!([{"type": "mention", "offset": 0, "length": 9}]),
+                );
+            }
+            m
+        };
+        let first = take(&mut t, part(1, Some("@lull_bot compare these"))).unwrap();
+        assert_eq!(text(&first), "compare these");
+        // Captionless parts are covered by the first; no "text only" notice for each.
+        assert!(take(&mut t, part(2, None)).is_none());
+        // A captioned later part without mention still joins.
+        let mut third = part(3, None);
+        third["caption"] = json!("and this one");
+        assert_eq!(text(&take(&mut t, third).unwrap()), "and this one");
+    }
+
+    #[test]
+    fn a_forward_right_after_a_comment_joins_it() {
+        let mut t = translator();
+        assert!(
+            take(
+                &mut t,
+                mentioning(1, "@lull_bot what do you think of this?")
+            )
+            .is_some()
+        );
+        let mut fwd = group(2, "the forwarded text");
+        fwd["forward_origin"] =
+            json!({"type": "user", "date": 1_600_000_000, "sender_user": user(9, "Cy")});
+        let i = take(&mut t, fwd.clone()).unwrap();
+        assert_eq!(text(&i), "[forwarded from Cy]\nthe forwarded text");
+        // Much later, a forward alone is not addressed to the bot.
+        fwd["date"] = json!(1_700_000_100);
+        assert!(take(&mut t, fwd).is_none());
+    }
+
+    #[test]
+    fn bots_and_service_messages_are_ignored() {
+        let mut t = translator();
+        let mut own = private("echo");
+        own["from"] =
+            json!({"id": BOT, "is_bot": true, "first_name": "lull", "username": "lull_bot"});
+        assert!(take(&mut t, own).is_none());
+        let mut joined = private("x");
+        let o = joined.as_object_mut().unwrap();
+        o.remove("text");
+        o.insert("new_chat_members".into(), json!([user(8, "Di")]));
+        assert!(take(&mut t, joined).is_none());
+    }
+}

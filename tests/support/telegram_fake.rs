@@ -1,0 +1,701 @@
+//! A fake Telegram Bot API server on loopback.
+//!
+//! It serves `/bot<TOKEN>/<method>` with the method name matched case-insensitively
+//! (teloxide sends `GetUpdates`, Telegram documents `getUpdates`), and keeps what a
+//! test needs to check: the updates queue with Telegram's offset semantics (an
+//! update is dropped once a poll carries an offset above its id), long polls that
+//! wait for updates or their `timeout`, 409 Conflict for a poll while another is
+//! open (counted), every sent message and chat action, and faults on demand (429
+//! with `retry_after`, 5xx, HTML it "cannot parse"). It validates HTML the way
+//! Telegram does (known tags, nesting, escaped `<`, `>`, `&`) and refuses texts over
+//! 4096 characters, so an accepted message is a well-formed one.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+
+pub const BOT_ID: i64 = 7_000_001;
+pub const BOT_USERNAME: &str = "lull_test_bot";
+
+/// A sent message (sendMessage or editMessageText) as the fake recorded it.
+#[derive(Debug, Clone)]
+pub struct Sent {
+    pub method: String,
+    pub chat_id: i64,
+    pub thread_id: Option<i64>,
+    pub text: String,
+    pub parse_mode: Option<String>,
+    pub reply_to: Option<i64>,
+    pub allow_without_reply: bool,
+    pub message_id: i64,
+    pub at: Instant,
+}
+
+#[derive(Debug, Clone)]
+pub struct ChatActionSent {
+    pub chat_id: i64,
+    pub thread_id: Option<i64>,
+    pub action: String,
+    pub at: Instant,
+}
+
+/// One getUpdates call.
+#[derive(Debug, Clone)]
+pub struct PollRecord {
+    pub offset: Option<i64>,
+    pub timeout: u64,
+    pub started: Instant,
+    /// HTTP status it was answered with (0 while open).
+    pub status: u16,
+    pub returned: Vec<i64>,
+}
+
+/// A fault to answer a method's next call with.
+#[derive(Debug, Clone, Copy)]
+pub enum Fault {
+    /// 429 with `parameters.retry_after` seconds.
+    TooManyRequests(u64),
+    /// A server error with this status.
+    ServerError(u16),
+    /// 200 with a body that is not JSON (a proxy's error page).
+    Garbage,
+}
+
+#[derive(Default)]
+struct FakeState {
+    /// (update_id, update JSON), oldest first.
+    queue: Vec<(i64, Value)>,
+    next_update_id: i64,
+    /// The highest offset any poll carried: updates below it are confirmed.
+    confirmed_below: i64,
+    /// Update ids handed out by some poll.
+    served: HashSet<i64>,
+    sent: Vec<Sent>,
+    actions: Vec<ChatActionSent>,
+    next_message_id: i64,
+    /// (chat, message id) of every message that exists (injected or sent).
+    messages: HashSet<(i64, i64)>,
+    faults: HashMap<String, VecDeque<Fault>>,
+    reject_html: bool,
+    polls: Vec<PollRecord>,
+    open_polls: usize,
+    conflicts: usize,
+    calls: Vec<(String, Instant)>,
+    /// (method, time) of every call answered with a fault.
+    faulted: Vec<(String, Instant)>,
+}
+
+struct Inner {
+    token: String,
+    state: Mutex<FakeState>,
+    changed: Notify,
+}
+
+/// The fake; dropping it stops the server.
+pub struct TelegramFake {
+    pub url: String,
+    pub token: String,
+    inner: Arc<Inner>,
+    _server: tokio::task::JoinHandle<()>,
+}
+
+impl TelegramFake {
+    pub async fn start() -> TelegramFake {
+        // A token shaped like a real one (digits, colon, 35 characters), unique per
+        // fake so a test can search logs for it.
+        let secret: String = std::iter::repeat_with(fastrand::alphanumeric)
+            .take(35)
+            .collect();
+        let token = format!("{BOT_ID}:{secret}");
+        let inner = Arc::new(Inner {
+            token: token.clone(),
+            state: Mutex::new(FakeState {
+                next_update_id: 500_000,
+                next_message_id: 900_000,
+                ..FakeState::default()
+            }),
+            changed: Notify::new(),
+        });
+        let router = Router::new()
+            .route("/{bot}/{method}", post(handle).get(handle_get))
+            .with_state(inner.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr: SocketAddr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            axum::serve(listener, router).await.unwrap();
+        });
+        TelegramFake {
+            url: format!("http://{addr}"),
+            token,
+            inner,
+            _server: server,
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, FakeState> {
+        self.inner.state.lock().unwrap()
+    }
+
+    /// Queue an update of `kind` (`message`, `edited_message`) carrying `message`;
+    /// returns its update id.
+    pub fn push(&self, kind: &str, message: Value) -> i64 {
+        let id = {
+            let mut s = self.state();
+            let id = s.next_update_id;
+            s.next_update_id += 1;
+            let chat = message["chat"]["id"].as_i64().unwrap();
+            let msg = message["message_id"].as_i64().unwrap();
+            s.messages.insert((chat, msg));
+            s.queue
+                .push((id, json!({ "update_id": id, kind: message })));
+            id
+        };
+        self.inner.changed.notify_waiters();
+        id
+    }
+
+    pub fn push_message(&self, message: Value) -> i64 {
+        self.push("message", message)
+    }
+
+    /// Answer the next `times` calls of `method` with `fault`.
+    pub fn fail(&self, method: &str, fault: Fault, times: usize) {
+        let mut s = self.state();
+        let queue = s.faults.entry(method.to_ascii_lowercase()).or_default();
+        queue.extend(std::iter::repeat_n(fault, times));
+    }
+
+    /// Refuse every HTML message with 400 "can't parse entities".
+    pub fn reject_html(&self, reject: bool) {
+        self.state().reject_html = reject;
+    }
+
+    /// Forget a message, as if it was deleted (quoting it then fails).
+    pub fn delete_message(&self, chat: i64, message_id: i64) {
+        self.state().messages.remove(&(chat, message_id));
+    }
+
+    pub fn sent(&self) -> Vec<Sent> {
+        self.state().sent.clone()
+    }
+
+    pub fn sent_to(&self, chat: i64) -> Vec<Sent> {
+        self.sent()
+            .into_iter()
+            .filter(|s| s.chat_id == chat)
+            .collect()
+    }
+
+    pub fn actions(&self) -> Vec<ChatActionSent> {
+        self.state().actions.clone()
+    }
+
+    pub fn polls(&self) -> Vec<PollRecord> {
+        self.state().polls.clone()
+    }
+
+    /// Polls answered with 409 because another was open.
+    pub fn conflicts(&self) -> usize {
+        self.state().conflicts
+    }
+
+    /// Every update below this id is confirmed.
+    pub fn confirmed_below(&self) -> i64 {
+        self.state().confirmed_below
+    }
+
+    pub fn was_served(&self, update_id: i64) -> bool {
+        self.state().served.contains(&update_id)
+    }
+
+    /// Calls of a method (case-insensitive), with their times.
+    pub fn calls(&self, method: &str) -> Vec<Instant> {
+        let method = method.to_ascii_lowercase();
+        self.state()
+            .calls
+            .iter()
+            .filter(|(m, _)| *m == method)
+            .map(|(_, at)| *at)
+            .collect()
+    }
+
+    /// Calls of a method answered with a fault, with their times.
+    pub fn faulted(&self, method: &str) -> Vec<Instant> {
+        let method = method.to_ascii_lowercase();
+        self.state()
+            .faulted
+            .iter()
+            .filter(|(m, _)| *m == method)
+            .map(|(_, at)| *at)
+            .collect()
+    }
+
+    /// Wait until `check` holds on the fake's state (re-checked on every change and
+    /// every 50 ms); panics after `limit` with `what`.
+    pub async fn wait_for<T>(
+        &self,
+        what: &str,
+        limit: Duration,
+        mut check: impl FnMut(&Self) -> Option<T>,
+    ) -> T {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let notified = self.inner.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(value) = check(self) {
+                return value;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                panic!(
+                    "{what}: not within {limit:?}; sent so far: {:#?}",
+                    self.sent()
+                );
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(50), notified).await;
+        }
+    }
+
+    /// Wait until `n` messages were sent to `chat`; returns them.
+    pub async fn wait_sent(&self, chat: i64, n: usize, limit: Duration) -> Vec<Sent> {
+        self.wait_for(&format!("{n} message(s) to chat {chat}"), limit, |f| {
+            let sent = f.sent_to(chat);
+            (sent.len() >= n).then_some(sent)
+        })
+        .await
+    }
+}
+
+fn ok(result: Value) -> Response {
+    (
+        StatusCode::OK,
+        axum::Json(json!({"ok": true, "result": result})),
+    )
+        .into_response()
+}
+
+fn error(status: StatusCode, description: &str) -> Response {
+    (
+        status,
+        axum::Json(json!({"ok": false, "error_code": status.as_u16(), "description": description})),
+    )
+        .into_response()
+}
+
+fn fault_response(fault: Fault) -> Response {
+    match fault {
+        Fault::TooManyRequests(secs) => (
+            StatusCode::TOO_MANY_REQUESTS,
+            axum::Json(json!({
+                "ok": false, "error_code": 429,
+                "description": format!("Too Many Requests: retry after {secs}"),
+                "parameters": {"retry_after": secs},
+            })),
+        )
+            .into_response(),
+        Fault::ServerError(status) => error(
+            StatusCode::from_u16(status).unwrap(),
+            if status == 502 {
+                "Bad Gateway"
+            } else {
+                "Internal Server Error"
+            },
+        ),
+        Fault::Garbage => (StatusCode::OK, "<html>upstream unavailable</html>").into_response(),
+    }
+}
+
+pub fn bot_user() -> Value {
+    json!({"id": BOT_ID, "is_bot": true, "first_name": "lull", "username": BOT_USERNAME})
+}
+
+/// A chat object for an id: positive ids are private chats, negative ones
+/// supergroups (forums when `forum`).
+pub fn chat(id: i64, forum: bool) -> Value {
+    if id > 0 {
+        json!({"id": id, "type": "private", "first_name": "User"})
+    } else if forum {
+        json!({"id": id, "type": "supergroup", "title": "Group", "is_forum": true})
+    } else {
+        json!({"id": id, "type": "supergroup", "title": "Group"})
+    }
+}
+
+fn now_secs() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+async fn handle_get(state: State<Arc<Inner>>, path: Path<(String, String)>) -> Response {
+    handle(state, path, axum::body::Bytes::new()).await
+}
+
+async fn handle(
+    State(inner): State<Arc<Inner>>,
+    Path((bot, method)): Path<(String, String)>,
+    body: axum::body::Bytes,
+) -> Response {
+    if bot.strip_prefix("bot") != Some(inner.token.as_str()) {
+        return error(StatusCode::UNAUTHORIZED, "Unauthorized");
+    }
+    let method = method.to_ascii_lowercase();
+    let params: Value = if body.is_empty() {
+        json!({})
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(v) => v,
+            Err(_) => return error(StatusCode::BAD_REQUEST, "Bad Request: invalid JSON"),
+        }
+    };
+    let fault = {
+        let mut s = inner.state.lock().unwrap();
+        s.calls.push((method.clone(), Instant::now()));
+        s.faults.get_mut(&method).and_then(VecDeque::pop_front)
+    };
+    if let Some(fault) = fault {
+        inner
+            .state
+            .lock()
+            .unwrap()
+            .faulted
+            .push((method.clone(), Instant::now()));
+        return fault_response(fault);
+    }
+    match method.as_str() {
+        "getme" => ok(json!({
+            "id": BOT_ID, "is_bot": true, "first_name": "lull", "username": BOT_USERNAME,
+            "can_join_groups": true, "can_read_all_group_messages": false,
+            "supports_inline_queries": false, "can_connect_to_business": false,
+            "has_main_web_app": false,
+        })),
+        "getwebhookinfo" => {
+            ok(json!({"url": "", "has_custom_certificate": false, "pending_update_count": 0}))
+        }
+        "deletewebhook" => ok(json!(true)),
+        "getupdates" => get_updates(inner, params).await,
+        "sendmessage" | "editmessagetext" => send_message(&inner, &method, &params),
+        "sendchataction" => {
+            let mut s = inner.state.lock().unwrap();
+            s.actions.push(ChatActionSent {
+                chat_id: params["chat_id"].as_i64().unwrap_or_default(),
+                thread_id: params["message_thread_id"].as_i64(),
+                action: params["action"].as_str().unwrap_or_default().to_owned(),
+                at: Instant::now(),
+            });
+            drop(s);
+            inner.changed.notify_waiters();
+            ok(json!(true))
+        }
+        _ => error(StatusCode::NOT_FOUND, "Not Found"),
+    }
+}
+
+/// Marks the poll closed however its handler ends (answered, or dropped because
+/// the client went away).
+struct OpenPoll(Arc<Inner>);
+
+impl Drop for OpenPoll {
+    fn drop(&mut self) {
+        self.0.state.lock().unwrap().open_polls -= 1;
+    }
+}
+
+async fn get_updates(inner: Arc<Inner>, params: Value) -> Response {
+    let offset = params["offset"].as_i64();
+    let timeout = params["timeout"].as_u64().unwrap_or(0);
+    let limit = params["limit"].as_u64().unwrap_or(100).clamp(1, 100) as usize;
+    let index = {
+        let mut s = inner.state.lock().unwrap();
+        if s.open_polls > 0 {
+            // Telegram: one getUpdates per token at a time.
+            s.conflicts += 1;
+            s.polls.push(PollRecord {
+                offset,
+                timeout,
+                started: Instant::now(),
+                status: 409,
+                returned: Vec::new(),
+            });
+            return error(
+                StatusCode::CONFLICT,
+                "Conflict: terminated by other getUpdates request; make sure that only one bot instance is running",
+            );
+        }
+        s.open_polls += 1;
+        if let Some(offset) = offset.filter(|&o| o > 0) {
+            // Everything below the offset is confirmed and forgotten.
+            s.queue.retain(|(id, _)| *id >= offset);
+            s.confirmed_below = s.confirmed_below.max(offset);
+        }
+        s.polls.push(PollRecord {
+            offset,
+            timeout,
+            started: Instant::now(),
+            status: 0,
+            returned: Vec::new(),
+        });
+        s.polls.len() - 1
+    };
+    let _open = OpenPoll(inner.clone());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
+    loop {
+        let notified = inner.changed.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        {
+            let mut s = inner.state.lock().unwrap();
+            let from = offset.filter(|&o| o > 0).unwrap_or(i64::MIN);
+            let updates: Vec<(i64, Value)> = s
+                .queue
+                .iter()
+                .filter(|(id, _)| *id >= from)
+                .take(limit)
+                .cloned()
+                .collect();
+            if !updates.is_empty() || tokio::time::Instant::now() >= deadline {
+                let ids: Vec<i64> = updates.iter().map(|(id, _)| *id).collect();
+                s.served.extend(ids.iter().copied());
+                s.polls[index].status = 200;
+                s.polls[index].returned = ids;
+                drop(s);
+                inner.changed.notify_waiters();
+                return ok(Value::Array(updates.into_iter().map(|(_, u)| u).collect()));
+            }
+        }
+        let _ = tokio::time::timeout_at(deadline, notified).await;
+    }
+}
+
+fn send_message(inner: &Inner, method: &str, params: &Value) -> Response {
+    let chat_id = match &params["chat_id"] {
+        Value::Number(n) => n.as_i64().unwrap_or_default(),
+        Value::String(s) => s.parse().unwrap_or_default(),
+        _ => return error(StatusCode::BAD_REQUEST, "Bad Request: chat_id is empty"),
+    };
+    let text = params["text"].as_str().unwrap_or_default().to_owned();
+    let parse_mode = params["parse_mode"].as_str().map(str::to_owned);
+    let thread_id = params["message_thread_id"].as_i64();
+    let reply_to = params["reply_parameters"]["message_id"].as_i64();
+    let allow_without_reply = params["reply_parameters"]["allow_sending_without_reply"]
+        .as_bool()
+        .unwrap_or(false);
+    let mut s = inner.state.lock().unwrap();
+    let html = parse_mode
+        .as_deref()
+        .is_some_and(|m| m.eq_ignore_ascii_case("html"));
+    let visible = if html {
+        if s.reject_html {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "Bad Request: can't parse entities: Unsupported start tag \"b\" at byte offset 0",
+            );
+        }
+        match html_visible_text(&text) {
+            Ok(visible) => visible,
+            Err(e) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    &format!("Bad Request: can't parse entities: {e}"),
+                );
+            }
+        }
+    } else {
+        text.clone()
+    };
+    if visible.trim().is_empty() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "Bad Request: message text is empty",
+        );
+    }
+    if visible.encode_utf16().count() > 4096 {
+        return error(StatusCode::BAD_REQUEST, "Bad Request: message is too long");
+    }
+    if let Some(reply_to) = reply_to {
+        if !allow_without_reply && !s.messages.contains(&(chat_id, reply_to)) {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "Bad Request: message to be replied not found",
+            );
+        }
+    }
+    let message_id = if method == "editmessagetext" {
+        params["message_id"].as_i64().unwrap_or_default()
+    } else {
+        s.next_message_id += 1;
+        s.next_message_id
+    };
+    s.messages.insert((chat_id, message_id));
+    s.sent.push(Sent {
+        method: method.to_owned(),
+        chat_id,
+        thread_id,
+        text: text.clone(),
+        parse_mode,
+        reply_to,
+        allow_without_reply,
+        message_id,
+        at: Instant::now(),
+    });
+    drop(s);
+    inner.changed.notify_waiters();
+    let mut message = json!({
+        "message_id": message_id,
+        "date": now_secs(),
+        "chat": chat(chat_id, thread_id.is_some()),
+        "from": bot_user(),
+        "text": visible,
+    });
+    if let Some(thread) = thread_id {
+        message["message_thread_id"] = json!(thread);
+        message["is_topic_message"] = json!(true);
+    }
+    ok(message)
+}
+
+/// The text a reader sees, or why Telegram would refuse the HTML: only its tags,
+/// properly nested, `<`, `>` and `&` escaped.
+pub fn html_visible_text(html: &str) -> Result<String, String> {
+    const TAGS: &[&str] = &[
+        "b",
+        "strong",
+        "i",
+        "em",
+        "u",
+        "ins",
+        "s",
+        "strike",
+        "del",
+        "span",
+        "tg-spoiler",
+        "a",
+        "code",
+        "pre",
+        "blockquote",
+        "tg-emoji",
+    ];
+    let mut visible = String::new();
+    let mut stack: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < html.len() {
+        let rest = &html[i..];
+        let c = rest.chars().next().unwrap();
+        match c {
+            '<' => {
+                let end = rest
+                    .find('>')
+                    .ok_or_else(|| format!("unclosed tag at byte offset {i}"))?;
+                let tag = &rest[1..end];
+                if let Some(name) = tag.strip_prefix('/') {
+                    let open = stack
+                        .pop()
+                        .ok_or_else(|| format!("unexpected end tag at byte offset {i}"))?;
+                    if open != name.trim() {
+                        return Err(format!(
+                            "can't find end tag corresponding to start tag \"{open}\""
+                        ));
+                    }
+                } else {
+                    let name = tag.split_whitespace().next().unwrap_or("");
+                    if !TAGS.contains(&name) {
+                        return Err(format!(
+                            "Unsupported start tag \"{name}\" at byte offset {i}"
+                        ));
+                    }
+                    stack.push(name.to_owned());
+                }
+                i += end + 1;
+            }
+            '>' => return Err(format!("unescaped '>' at byte offset {i}")),
+            '&' => {
+                let end = rest
+                    .find(';')
+                    .filter(|&e| e <= 8)
+                    .ok_or_else(|| format!("unescaped '&' at byte offset {i}"))?;
+                let entity = &rest[1..end];
+                let ch = match entity {
+                    "lt" => '<',
+                    "gt" => '>',
+                    "amp" => '&',
+                    "quot" => '"',
+                    e if e.starts_with('#') => e[1..]
+                        .parse::<u32>()
+                        .ok()
+                        .and_then(char::from_u32)
+                        .ok_or_else(|| format!("bad entity at byte offset {i}"))?,
+                    _ => return Err(format!("unsupported entity at byte offset {i}")),
+                };
+                visible.push(ch);
+                i += end + 1;
+            }
+            c => {
+                visible.push(c);
+                i += c.len_utf8();
+            }
+        }
+    }
+    if let Some(open) = stack.pop() {
+        return Err(format!(
+            "can't find end tag corresponding to start tag \"{open}\""
+        ));
+    }
+    Ok(visible)
+}
+
+// Message builders for tests.
+
+static NEXT_MESSAGE_ID: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(1000);
+
+/// A fresh message id (unique across the test binary).
+pub fn message_id() -> i64 {
+    NEXT_MESSAGE_ID.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+}
+
+pub fn user(id: i64, first_name: &str) -> Value {
+    json!({"id": id, "is_bot": false, "first_name": first_name})
+}
+
+/// A text message from `from` in chat `chat_id`.
+pub fn text_message(chat_id: i64, from: i64, text: &str) -> Value {
+    json!({
+        "message_id": message_id(),
+        "date": now_secs(),
+        "chat": chat(chat_id, false),
+        "from": user(from, &format!("User{from}")),
+        "text": text,
+    })
+}
+
+/// A group message mentioning the bot (`@lull_test_bot` is prepended).
+pub fn mention(chat_id: i64, from: i64, text: &str) -> Value {
+    let mut m = text_message(chat_id, from, &format!("@{BOT_USERNAME} {text}"));
+    m["entities"] = json!([{"type": "mention", "offset": 0, "length": BOT_USERNAME.len() + 1}]);
+    m
+}
+
+/// The same message in forum topic `thread`.
+pub fn in_topic(mut message: Value, thread: i64) -> Value {
+    message["chat"]["is_forum"] = json!(true);
+    message["message_thread_id"] = json!(thread);
+    message["is_topic_message"] = json!(true);
+    message
+}
+
+/// An edit of `message` to `text`.
+pub fn edited(message: &Value, text: &str) -> Value {
+    let mut m = message.clone();
+    m["text"] = json!(text);
+    m["edit_date"] = json!(now_secs());
+    m
+}

@@ -24,7 +24,8 @@ RUN touch src/main.rs src/lib.rs && cargo build --release --locked --bin lull
 FROM debian:bookworm-slim
 RUN apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates \
-    && rm -rf /var/lib/apt/lists/* \
+    && apt-get clean \
+    && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin \
     && useradd --system --uid 10001 --user-group --home-dir /data --shell /usr/sbin/nologin lull \
     && mkdir -p /data \
     && chown lull:lull /data

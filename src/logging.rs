@@ -5,6 +5,11 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::{ConfigError, LogFormat};
 
+/// Targets capped below trace whatever the filter says: at trace the WebSocket
+/// library logs raw outgoing frames, and Discord's IDENTIFY frame carries the bot
+/// token. Secrets never appear in logs, even when debugging.
+const SECRET_SAFE: &str = "tungstenite=debug,tokio_tungstenite=debug";
+
 /// Install the global subscriber. The filter uses tracing's `EnvFilter` syntax.
 pub fn init(format: LogFormat, filter: &str) -> Result<(), ConfigError> {
     let filter = EnvFilter::try_new(filter).map_err(|e| {
@@ -12,6 +17,9 @@ pub fn init(format: LogFormat, filter: &str) -> Result<(), ConfigError> {
             "RUST_LOG is not a valid log filter ('{filter}'): {e}"
         ))
     })?;
+    let filter = SECRET_SAFE.split(',').fold(filter, |filter, directive| {
+        filter.add_directive(directive.parse().expect("a valid directive"))
+    });
     use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -842,3 +842,27 @@ async fn a_message_is_retried_until_it_is_stored() {
     scheduler.await.unwrap();
     fake.wait_connected(0, WAIT).await;
 }
+
+/// Even at `RUST_LOG=trace` the WebSocket library's raw frames (IDENTIFY carries the
+/// token, as bytes) are never logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trace_logging_keeps_raw_gateway_frames_out() {
+    let mut h = Harness::new().await;
+    let dm = h.fake.channel(ChannelKind::Dm);
+    h.start("lull", &[("RUST_LOG", "trace")]).await;
+    h.fake.wait_connected(1, WAIT).await;
+    h.fake.say(Say::new(dm, ALICE, "hello"));
+    h.fake.wait_sent(dm, 1, WAIT).await;
+    let logs = h.processes[0].logs();
+    assert!(logs.contains("TRACE"), "trace logging is on");
+    let frames: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("TRACE") && l.contains("tungstenite"))
+        .collect();
+    assert!(
+        frames.is_empty(),
+        "raw frames logged: {:?}",
+        &frames[..frames.len().min(3)]
+    );
+    assert!(!logs.contains(TOKEN));
+}

@@ -59,8 +59,6 @@ const PAGE: u8 = 100;
 const CATCH_UP_PAGES: usize = 10;
 /// Events that arrive within this window are stored in message-id order.
 const SETTLE: Duration = Duration::from_millis(10);
-/// How long after the claim a waiting process reports itself as standby.
-const STANDBY_AFTER: Duration = Duration::from_millis(250);
 /// How long queued events may still be stored after the session ended.
 const DRAIN_FOR: Duration = Duration::from_secs(2);
 /// Waits between attempts to connect, doubling up to the last.
@@ -107,7 +105,10 @@ impl Inbound for DiscordInbound {
     ) -> anyhow::Result<()> {
         let mut failures = 0usize;
         loop {
-            let Some(keeper) = elect(&dispatcher, &health, &shutdown).await else {
+            let Some(keeper) = dispatcher
+                .elect_poller(Platform::Discord, &health, &shutdown)
+                .await
+            else {
                 return Ok(());
             };
             let (end, connected) = self.session(&dispatcher, &health, &keeper, &shutdown).await;
@@ -147,22 +148,6 @@ impl Inbound for DiscordInbound {
             }
         }
     }
-}
-
-/// Wait for the gateway lease, reporting standby while another process holds it.
-async fn elect(
-    dispatcher: &Arc<Dispatcher>,
-    health: &Health,
-    shutdown: &CancellationToken,
-) -> Option<LeaseKeeper> {
-    let election = dispatcher.elect_poller(Platform::Discord, shutdown);
-    tokio::pin!(election);
-    tokio::select! {
-        keeper = &mut election => return keeper,
-        () = tokio::time::sleep(STANDBY_AFTER) => {}
-    }
-    health.set(Platform::Discord, AdapterState::Standby);
-    election.await
 }
 
 impl DiscordInbound {

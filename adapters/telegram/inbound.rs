@@ -285,16 +285,9 @@ impl Inbound for TelegramInbound {
         shutdown: CancellationToken,
     ) -> anyhow::Result<()> {
         loop {
-            let election = dispatcher.elect_poller(Platform::Telegram, &shutdown);
-            tokio::pin!(election);
-            let elected = tokio::select! {
-                keeper = &mut election => keeper,
-                () = tokio::time::sleep(Duration::from_millis(200)) => {
-                    // Another process polls: this one is ready to take over.
-                    health.set(Platform::Telegram, AdapterState::Standby);
-                    election.await
-                }
-            };
+            let elected = dispatcher
+                .elect_poller(Platform::Telegram, &health, &shutdown)
+                .await;
             let Some(keeper) = elected else {
                 return Ok(());
             };

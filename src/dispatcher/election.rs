@@ -12,14 +12,17 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Dispatcher, LeaseKeeper};
 use crate::domain::{LeaseKey, Platform};
+use crate::health::{AdapterState, Health};
 
 impl Dispatcher {
     /// Wait until this process holds `platform`'s poller lease, retrying every renewal
-    /// interval. The returned keeper renews it; its `lost()` fires if it is lost, and
+    /// interval; while another process holds it, `health` shows this one as standing
+    /// by. The returned keeper renews the lease; its `lost()` fires if it is lost, and
     /// `release()` hands it over at once on shutdown. `None` if `shutdown` fired first.
     pub async fn elect_poller(
         self: &Arc<Self>,
         platform: Platform,
+        health: &Health,
         shutdown: &CancellationToken,
     ) -> Option<LeaseKeeper> {
         let key = LeaseKey::Poller(platform);
@@ -45,6 +48,7 @@ impl Dispatcher {
                     ));
                 }
                 Ok(None) => {
+                    health.set(platform, AdapterState::Standby);
                     if !announced {
                         tracing::info!(%platform, "another process holds the platform connection; standing by");
                         announced = true;

@@ -366,6 +366,30 @@ async fn a_killed_gateway_holder_is_replaced_by_the_standby() {
     h.assert_token_kept_secret();
 }
 
+/// The counter-test of the gateway lease: two processes that share no database (so
+/// no lease) both connect and both answer the same DM; the single-session assertions
+/// above can therefore fail. (Discord's nonce still shows the reply once: the two
+/// processes derive the same nonce for the same outbox row, a second line of defence.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counter_test_without_a_shared_lease_both_processes_connect() {
+    let mut h = Harness::new().await;
+    let dm = h.fake.channel(ChannelKind::Dm);
+    h.start("a", &[]).await;
+    let other = format!("sqlite:{}", h.dir.path().join("other.db").display());
+    h.start("b", &[("DATABASE_URL", other.as_str())]).await;
+    h.fake.wait_connected(2, WAIT).await;
+    h.fake.say(Say::new(dm, ALICE, "hello"));
+    h.fake
+        .wait_for(WAIT, || (h.fake.posts().len() >= 2).then_some(()))
+        .await
+        .expect("both processes sent a reply");
+    assert_eq!(
+        h.fake.sent(dm).len(),
+        1,
+        "the shared nonce kept the reply visible once"
+    );
+}
+
 /// A holder stopped with SIGTERM leaves the gateway and releases the lease, so the
 /// standby takes over at its next claim attempt, long before the TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

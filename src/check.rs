@@ -8,6 +8,7 @@ use std::time::Duration;
 use secrecy::ExposeSecret;
 
 use crate::config::{Config, LlmConfig, PlatformConfig};
+use crate::secrets::{Redactor, redact_url};
 use crate::store::{SqliteStore, Store};
 
 /// One line of the report.
@@ -124,27 +125,6 @@ fn client() -> reqwest::Client {
         .expect("a plain HTTP client builds")
 }
 
-/// Remove a secret from a text (tokens travel inside Telegram URLs).
-fn redact(text: &str, secret: &str) -> String {
-    if secret.is_empty() {
-        text.to_owned()
-    } else {
-        text.replace(secret, "<redacted>")
-    }
-}
-
-/// Drop a URL's query and credentials (they may carry secrets).
-fn redact_url(url: &str) -> String {
-    let without_query = url.split(['?', '#']).next().unwrap_or(url);
-    match without_query.split_once("://") {
-        Some((scheme, rest)) => match rest.split_once('@') {
-            Some((_, host)) => format!("{scheme}://<redacted>@{host}"),
-            None => without_query.to_owned(),
-        },
-        None => without_query.to_owned(),
-    }
-}
-
 async fn telegram_bot(telegram: &PlatformConfig) -> Finding {
     let token = telegram.token.expose_secret();
     let url = format!("{}/bot{token}/getMe", telegram.api_url);
@@ -175,7 +155,7 @@ async fn telegram_bot(telegram: &PlatformConfig) -> Finding {
         Ok(username) => ok("telegram", format!("the token belongs to @{username}")),
         Err(e) => fail(
             "telegram",
-            redact(&format!("{e} [{}]", telegram.api_url), token),
+            Redactor::new(&telegram.token).redact(format!("{e} [{}]", telegram.api_url)),
         ),
     }
 }
@@ -206,7 +186,7 @@ async fn discord_bot(discord: &PlatformConfig) -> Finding {
         Ok(username) => ok("discord", format!("the token belongs to {username}")),
         Err(e) => fail(
             "discord",
-            redact(&format!("{e} [{}]", discord.api_url), token),
+            Redactor::new(&discord.token).redact(format!("{e} [{}]", discord.api_url)),
         ),
     }
 }
@@ -226,11 +206,7 @@ async fn model(config: &Config) -> Finding {
         Err(e) => return fail("model", e),
     };
     let server = redact_url(&settings.base_url);
-    let key = settings
-        .api_key
-        .as_ref()
-        .map(|k| k.expose_secret().to_owned())
-        .unwrap_or_default();
+    let redactor = Redactor::new(&settings.api_key.clone().unwrap_or_default());
     match responder.list_models().await {
         Ok(models) if models.iter().any(|m| m == &settings.model) => {
             ok("model", format!("{} is served by {server}", settings.model))
@@ -259,10 +235,9 @@ async fn model(config: &Config) -> Finding {
         ),
         Err(e) => fail(
             "model",
-            redact(
-                &format!("cannot list models at {server}: {e} (check OPENAI_BASE_URL)"),
-                &key,
-            ),
+            redactor.redact(format!(
+                "cannot list models at {server}: {e} (check OPENAI_BASE_URL)"
+            )),
         ),
     }
 }
@@ -293,26 +268,5 @@ pub async fn healthcheck(addr: std::net::SocketAddr) -> Result<String, String> {
         Ok(body)
     } else {
         Err(format!("{url} answered {status}: {body}"))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn secrets_are_redacted() {
-        assert_eq!(
-            redact("GET /bot123:ABC/getMe failed", "123:ABC"),
-            "GET /bot<redacted>/getMe failed"
-        );
-        assert_eq!(
-            redact_url("https://user:pw@host/x?key=1"),
-            "https://<redacted>@host/x"
-        );
-        assert_eq!(
-            redact_url("http://127.0.0.1:9/replies"),
-            "http://127.0.0.1:9/replies"
-        );
     }
 }

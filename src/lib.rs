@@ -18,6 +18,7 @@
 //!   platform's length limit.
 //! - [`adapters`]: one module per platform: console, http, telegram, discord.
 //! - [`commands`], [`access`]: `/help` and `/reset`; who may talk to the bot.
+//! - [`secrets`]: keeping bot tokens and keys out of logs and errors.
 //! - [`app`]: wiring for `lull run` and `lull chat`; [`check`]: `lull check` and
 //!   `lull healthcheck`; [`health`] and [`http`]: `/healthz`, `/metrics`; [`logging`],
 //!   [`metrics`].
@@ -54,6 +55,7 @@ pub mod llm;
 pub mod logging;
 pub mod metrics;
 pub mod platform;
+pub mod secrets;
 pub mod split;
 pub mod store;
 pub mod timing;

@@ -116,7 +116,7 @@ impl Rest {
             .timeout(REST_TIMEOUT)
             .connect_timeout(Duration::from_secs(5))
             .build()?;
-        let redactor = Redactor(Arc::new(token.clone()));
+        let redactor = Redactor::new(&token);
         let rest = Self {
             http: Arc::new(Self::build_http(&token, &api_url, client.clone())),
             client,
@@ -152,26 +152,7 @@ impl Rest {
     }
 }
 
-/// Removes the bot token from any text before it is logged or stored.
-#[derive(Clone)]
-pub struct Redactor(Arc<SecretString>);
-
-impl Redactor {
-    pub fn new(token: SecretString) -> Self {
-        Self(Arc::new(token))
-    }
-
-    pub fn redact(&self, text: impl std::fmt::Display) -> String {
-        let text = text.to_string();
-        let token = self.0.expose_secret().trim();
-        let token = token.strip_prefix("Bot ").unwrap_or(token);
-        if token.is_empty() {
-            text
-        } else {
-            text.replace(token, "[redacted]")
-        }
-    }
-}
+pub use crate::secrets::Redactor;
 
 /// Whether a channel is in a guild (replies quote there) or a DM. Learnt from
 /// inbound messages; a process that sends without having seen the channel asks
@@ -252,17 +233,6 @@ pub(crate) fn channel_of(key: &str) -> Option<ChannelId> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_token_is_redacted_wherever_it_appears() {
-        let redactor = Redactor::new(SecretString::from("abc.def.ghi"));
-        assert_eq!(
-            redactor.redact("Authorization: Bot abc.def.ghi; url=/x?t=abc.def.ghi"),
-            "Authorization: Bot [redacted]; url=/x?t=[redacted]"
-        );
-        let prefixed = Redactor::new(SecretString::from("Bot abc.def.ghi"));
-        assert_eq!(prefixed.redact("abc.def.ghi"), "[redacted]");
-    }
 
     #[test]
     fn conversation_keys_are_channel_ids() {

@@ -31,7 +31,7 @@ use teloxide::{ApiError, Bot, RequestError};
 use tokio_util::sync::CancellationToken;
 
 use super::translate::{BotIdentity, Translator};
-use super::{Backoff, Redactor};
+use super::{Backoff, Redactor, request_error};
 use crate::clock::{Clock, SystemClock};
 use crate::dispatcher::{Accepted, Dispatcher, IngestError, LeaseKeeper};
 use crate::domain::Platform;
@@ -105,7 +105,7 @@ impl TelegramInbound {
                 }
                 Err(RequestError::RetryAfter(wait)) => wait.duration(),
                 Err(e) => {
-                    let reason = self.redactor.request_error(e);
+                    let reason = request_error(&self.redactor, e);
                     tracing::warn!(error = %reason, "cannot reach the Telegram Bot API; retrying");
                     health.set(Platform::Telegram, AdapterState::Down(reason));
                     backoff.next()
@@ -203,7 +203,7 @@ impl TelegramInbound {
                         .send()
                         .await
                     {
-                        tracing::warn!(error = %self.redactor.request_error(e), "could not delete the webhook");
+                        tracing::warn!(error = %request_error(&self.redactor, e), "could not delete the webhook");
                     }
                     backoff.next()
                 }
@@ -211,7 +211,7 @@ impl TelegramInbound {
                     anyhow::bail!("Telegram rejected the bot token (TELEGRAM_BOT_TOKEN)");
                 }
                 Err(e) => {
-                    let reason = self.redactor.request_error(e);
+                    let reason = request_error(&self.redactor, e);
                     tracing::warn!(error = %reason, "polling Telegram failed; retrying");
                     health.set(Platform::Telegram, AdapterState::Down(reason));
                     backoff.next()

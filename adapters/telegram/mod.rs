@@ -24,7 +24,7 @@ pub mod translate;
 use std::fmt;
 use std::time::Duration;
 
-use secrecy::{ExposeSecret, SecretString};
+use secrecy::ExposeSecret;
 use teloxide::Bot;
 use teloxide::RequestError;
 
@@ -65,89 +65,29 @@ pub fn connect(config: &PlatformConfig) -> anyhow::Result<(TelegramOutbound, Tel
     ))
 }
 
-/// Removes the bot token from error texts before they are logged or stored.
-///
-/// teloxide's `Bot` derives `Debug` (printing the token) and its network errors
-/// print the request URL, which contains the token: neither may reach a log line.
-#[derive(Clone)]
-pub struct Redactor {
-    token: SecretString,
-}
+pub use crate::secrets::Redactor;
 
-impl fmt::Debug for Redactor {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Redactor(<token>)")
+/// A teloxide request error as text, without the token. teloxide's `Bot` derives
+/// `Debug` (printing the token) and its network errors print the request URL, which
+/// contains it: neither may reach a log line. Network errors lose their URL first
+/// where teloxide lets go of the `reqwest::Error`; the redaction covers the rest.
+pub fn request_error(redactor: &Redactor, error: RequestError) -> String {
+    match error {
+        RequestError::Network(e) => match std::sync::Arc::try_unwrap(e) {
+            Ok(e) => format!("network error: {}", redactor.error(&e.without_url())),
+            Err(shared) => format!("network error: {}", redactor.error(shared.as_ref())),
+        },
+        RequestError::InvalidJson { raw, .. } => {
+            // A proxy's error page or a server error: the raw body says which.
+            let raw: String = raw.chars().take(200).collect();
+            format!(
+                "unexpected response from the Bot API: {}",
+                redactor.redact(&raw)
+            )
+        }
+        other => redactor.error(&other),
     }
 }
-
-/// What replaces the token.
-const REDACTED: &str = "<token>";
-
-impl Redactor {
-    pub fn new(token: &SecretString) -> Self {
-        Self {
-            token: token.clone(),
-        }
-    }
-
-    /// `text` with every occurrence of the token (also percent-encoded) replaced.
-    pub fn redact(&self, text: &str) -> String {
-        let token = self.token.expose_secret();
-        if token.is_empty() {
-            return text.to_owned();
-        }
-        let mut out = text.replace(token, REDACTED);
-        for encoded in [token.replace(':', "%3A"), token.replace(':', "%3a")] {
-            if encoded != token {
-                out = out.replace(&encoded, REDACTED);
-            }
-        }
-        // The part after the colon is the secret; redact it on its own too, in case
-        // an error quotes only a piece of the URL.
-        if let Some((_, secret)) = token.split_once(':') {
-            if secret.len() >= 8 {
-                out = out.replace(secret, REDACTED);
-            }
-        }
-        out
-    }
-
-    /// An error and its sources, one line, redacted.
-    pub fn error(&self, error: &(dyn std::error::Error + 'static)) -> String {
-        let mut text = error.to_string();
-        let mut source = error.source();
-        while let Some(cause) = source {
-            let cause_text = cause.to_string();
-            if !text.contains(&cause_text) {
-                text.push_str(": ");
-                text.push_str(&cause_text);
-            }
-            source = cause.source();
-        }
-        self.redact(&text)
-    }
-
-    /// A teloxide request error, redacted. Network errors lose their URL first where
-    /// teloxide lets go of the `reqwest::Error`; the redaction covers the rest.
-    pub fn request_error(&self, error: RequestError) -> String {
-        match error {
-            RequestError::Network(e) => match std::sync::Arc::try_unwrap(e) {
-                Ok(e) => format!("network error: {}", self.error(&e.without_url())),
-                Err(shared) => format!("network error: {}", self.error(shared.as_ref())),
-            },
-            RequestError::InvalidJson { raw, .. } => {
-                // A proxy's error page or a server error: the raw body says which.
-                let raw: String = raw.chars().take(200).collect();
-                format!(
-                    "unexpected response from the Bot API: {}",
-                    self.redact(&raw)
-                )
-            }
-            other => self.error(&other),
-        }
-    }
-}
-
 /// Where a conversation lives on Telegram: a chat, or a forum topic inside one.
 ///
 /// The key is `<chat id>` or `<chat id>:<topic thread id>`. Private chats have
@@ -221,22 +161,10 @@ mod tests {
 
     const TOKEN: &str = "123456:AAHsecretSECRETsecret";
 
-    #[test]
-    fn the_token_is_redacted_in_any_form() {
-        let r = Redactor::new(&SecretString::from(TOKEN));
-        let text = format!(
-            "error sending request for url (http://127.0.0.1:1/bot{TOKEN}/GetUpdates) / bot123456%3AAAHsecretSECRETsecret / AAHsecretSECRETsecret"
-        );
-        let redacted = r.redact(&text);
-        assert!(!redacted.contains("AAHsecretSECRETsecret"), "{redacted}");
-        assert!(redacted.contains("/bot<token>/GetUpdates"), "{redacted}");
-        assert!(!format!("{r:?}").contains("secret"));
-    }
-
     #[tokio::test]
     async fn network_errors_lose_the_url() {
         // Nothing listens on port 9 of loopback: the request fails at connect.
-        let r = Redactor::new(&SecretString::from(TOKEN));
+        let r = Redactor::new(&secrecy::SecretString::from(TOKEN));
         let client = reqwest::Client::new();
         let e = client
             .post(format!("http://127.0.0.1:9/bot{TOKEN}/GetMe"))
@@ -247,7 +175,7 @@ mod tests {
             format!("{e}").contains(TOKEN),
             "the raw error carries the URL"
         );
-        let described = r.request_error(RequestError::from(e));
+        let described = request_error(&r, RequestError::from(e));
         assert!(!described.contains("secret"), "{described}");
         assert!(described.starts_with("network error"), "{described}");
     }

@@ -28,7 +28,7 @@ use teloxide::types::{ChatAction, ChatId, MessageId, ParseMode, ReplyParameters,
 use teloxide::{ApiError, Bot, RequestError};
 
 use super::html::markdown_to_html;
-use super::{ChatKey, MAX_MESSAGE_CHARS, Redactor};
+use super::{ChatKey, MAX_MESSAGE_CHARS, Redactor, request_error};
 use crate::domain::{ConversationRef, Platform};
 use crate::platform::{Outbound, OutgoingPart, SendError};
 
@@ -93,7 +93,7 @@ impl TelegramOutbound {
             }
             e @ (RequestError::Network(_)
             | RequestError::InvalidJson { .. }
-            | RequestError::Io(_)) => SendError::Transient(self.redactor.request_error(e)),
+            | RequestError::Io(_)) => SendError::Transient(request_error(&self.redactor, e)),
         }
     }
 }

@@ -28,24 +28,10 @@ impl Dispatcher {
         let key = LeaseKey::Poller(platform);
         let mut announced = false;
         loop {
-            match self
-                .store
-                .claim_lease(
-                    &key,
-                    &self.holder,
-                    self.settings.lease.ttl(),
-                    self.clock.now(),
-                )
-                .await
-            {
-                Ok(Some(lease)) => {
-                    tracing::info!(%platform, token = lease.token.0, "this process now holds the platform connection");
-                    return Some(LeaseKeeper::start(
-                        self.store.clone(),
-                        self.clock.clone(),
-                        lease,
-                        self.settings.lease,
-                    ));
+            match self.claim(key.clone()).await {
+                Ok(Some(keeper)) => {
+                    tracing::info!(%platform, token = keeper.lease().token.0, "this process now holds the platform connection");
+                    return Some(keeper);
                 }
                 Ok(None) => {
                     health.set(platform, AdapterState::Standby);

@@ -28,7 +28,7 @@ pub use lease_keeper::LeaseKeeper;
 use crate::access::AccessList;
 use crate::clock::Clock;
 use crate::commands::{self, Command};
-use crate::domain::{ConversationId, HolderId, Platform, Timestamp, Version};
+use crate::domain::{ConversationId, HolderId, LeaseKey, Platform, Timestamp, Version};
 use crate::llm::Responder;
 use crate::metrics as names;
 use crate::platform::{Content, Incoming, IncomingKind, Outbound};
@@ -183,6 +183,28 @@ impl Dispatcher {
         let mut platforms: Vec<Platform> = self.outbounds.keys().copied().collect();
         platforms.sort();
         platforms
+    }
+
+    /// Claim `key` for this process by compare-and-swap and keep it renewed until the
+    /// keeper is released or dropped. `Ok(None)`: another process holds it.
+    async fn claim(&self, key: LeaseKey) -> Result<Option<LeaseKeeper>, StoreError> {
+        let lease = self
+            .store
+            .claim_lease(
+                &key,
+                &self.holder,
+                self.settings.lease.ttl(),
+                self.clock.now(),
+            )
+            .await?;
+        Ok(lease.map(|lease| {
+            LeaseKeeper::start(
+                self.store.clone(),
+                self.clock.clone(),
+                lease,
+                self.settings.lease,
+            )
+        }))
     }
 
     fn emit(&self, event: Event) {

@@ -92,18 +92,8 @@ impl Dispatcher {
         conversation: ConversationId,
         stop: &CancellationToken,
     ) -> RoundEnd {
-        let key = LeaseKey::Conversation(conversation);
-        let claimed = self
-            .store
-            .claim_lease(
-                &key,
-                &self.holder,
-                self.settings.lease.ttl(),
-                self.clock.now(),
-            )
-            .await;
-        let lease = match claimed {
-            Ok(Some(lease)) => lease,
+        let keeper = match self.claim(LeaseKey::Conversation(conversation)).await {
+            Ok(Some(keeper)) => keeper,
             Ok(None) => {
                 metrics::counter!(names::LEASE_CONTENDED).increment(1);
                 tracing::debug!(%conversation, "lease contended: another process is answering");
@@ -117,14 +107,8 @@ impl Dispatcher {
         };
         self.emit(Event::Claimed {
             conversation,
-            token: lease.token,
+            token: keeper.lease().token,
         });
-        let keeper = LeaseKeeper::start(
-            self.store.clone(),
-            self.clock.clone(),
-            lease,
-            self.settings.lease,
-        );
         let end = match self.under_lease(conversation, &keeper, stop).await {
             Ok(end) => end,
             Err(interrupt) => interrupt.into_end(self, conversation, &keeper),

@@ -718,7 +718,12 @@ impl Store for SqliteStore {
                 )
                 .optional()
                 .ctx("reading the timer")?;
-            let history = read_history(&tx, conversation, context_version, history)?;
+            // Nothing to answer (a round that only delivers): no history needed.
+            let history = if pending.is_empty() {
+                Vec::new()
+            } else {
+                read_history(&tx, conversation, context_version, history)?
+            };
             Ok(Batch {
                 conversation_id: conversation,
                 conversation: ConversationRef::new(platform, key),
@@ -1101,36 +1106,37 @@ fn read_history(
     if limit == 0 {
         return Ok(Vec::new());
     }
-    let replies: Vec<(i64, String)> = {
-        let mut stmt = tx
-            .prepare_cached(
-                "SELECT id, text FROM outbox
-                 WHERE conversation_id = ?1 AND kind = 'reply' AND failed_at IS NULL AND version > ?2
-                 ORDER BY id DESC LIMIT ?3",
-            )
-            .ctx("reading history")?;
-        stmt.query_map(
-            params![conversation.0, context_version, limit as i64],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
-        .ctx("reading history")?
-        .collect::<Result<_, _>>()
-        .ctx("reading history")?
-    };
-    let mut covered = tx
+    // The last `limit` replies with the messages each covered, in one query.
+    let mut stmt = tx
         .prepare_cached(
-            "SELECT m.author, m.text FROM reply_covers rc JOIN messages m ON m.id = rc.message_id
-             WHERE rc.outbox_id = ?1 ORDER BY m.id",
+            "SELECT o.id, o.text, m.author, m.text
+             FROM (SELECT id, text FROM outbox
+                   WHERE conversation_id = ?1 AND kind = 'reply' AND failed_at IS NULL AND version > ?2
+                   ORDER BY id DESC LIMIT ?3) o
+             JOIN reply_covers rc ON rc.outbox_id = o.id
+             JOIN messages m ON m.id = rc.message_id
+             ORDER BY o.id, m.id",
         )
         .ctx("reading history")?;
-    let mut history = Vec::with_capacity(replies.len());
-    for (id, reply) in replies.into_iter().rev() {
-        let user = covered
-            .query_map([id], |r| Ok((r.get(0)?, r.get(1)?)))
-            .ctx("reading history")?
-            .collect::<Result<Vec<_>, _>>()
-            .ctx("reading history")?;
-        history.push(Exchange { user, reply });
+    let mut rows = stmt
+        .query(params![conversation.0, context_version, limit as i64])
+        .ctx("reading history")?;
+    let mut history: Vec<(i64, Exchange)> = Vec::new();
+    while let Some(row) = rows.next().ctx("reading history")? {
+        let id: i64 = row.get(0).ctx("reading history")?;
+        let author: String = row.get(2).ctx("reading history")?;
+        let text: String = row.get(3).ctx("reading history")?;
+        match history.last_mut() {
+            Some((last, exchange)) if *last == id => exchange.user.push((author, text)),
+            _ => history.push((
+                id,
+                Exchange {
+                    user: vec![(author, text)],
+                    reply: row.get(1).ctx("reading history")?,
+                },
+            )),
+        }
     }
+    let history = history.into_iter().map(|(_, exchange)| exchange).collect();
     Ok(history)
 }

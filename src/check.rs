@@ -5,8 +5,6 @@
 use std::fmt;
 use std::time::Duration;
 
-use secrecy::ExposeSecret;
-
 use crate::config::{Config, LlmConfig, PlatformConfig};
 use crate::secrets::{Redactor, redact_url};
 use crate::store::{SqliteStore, Store};
@@ -46,8 +44,6 @@ fn fail(what: &'static str, detail: impl Into<String>) -> Finding {
         detail: detail.into(),
     }
 }
-
-const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Run every check the configuration calls for.
 pub async fn run(config: &Config) -> Vec<Finding> {
@@ -118,76 +114,20 @@ async fn database(config: &Config) -> Finding {
     }
 }
 
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(TIMEOUT)
-        .build()
-        .expect("a plain HTTP client builds")
-}
-
 async fn telegram_bot(telegram: &PlatformConfig) -> Finding {
-    let token = telegram.token.expose_secret();
-    let url = format!("{}/bot{token}/getMe", telegram.api_url);
-    let result = async {
-        let response = client()
-            .get(&url)
-            .send()
-            .await
-            .map_err(|e| e.without_url().to_string())?;
-        let status = response.status();
-        let body: serde_json::Value = response.json().await.unwrap_or_default();
-        if status.is_success() && body["ok"] == true {
-            Ok(body["result"]["username"]
-                .as_str()
-                .unwrap_or("?")
-                .to_owned())
-        } else if status.as_u16() == 401 || status.as_u16() == 404 {
-            Err("Telegram refused the token (check TELEGRAM_BOT_TOKEN)".to_owned())
-        } else {
-            Err(format!(
-                "getMe answered HTTP {status}: {} (check TELEGRAM_API_URL)",
-                body["description"].as_str().unwrap_or("no description")
-            ))
-        }
-    }
-    .await;
-    match result {
-        Ok(username) => ok("telegram", format!("the token belongs to @{username}")),
+    match crate::adapters::telegram::whoami(telegram).await {
+        Ok(username) => ok("telegram", format!("the token belongs to {username}")),
         Err(e) => fail(
             "telegram",
-            Redactor::new(&telegram.token).redact(format!("{e} [{}]", telegram.api_url)),
+            format!("{e} [{}]", redact_url(&telegram.api_url)),
         ),
     }
 }
 
 async fn discord_bot(discord: &PlatformConfig) -> Finding {
-    let token = discord.token.expose_secret();
-    let result = async {
-        let response = client()
-            .get(format!("{}/api/v10/users/@me", discord.api_url))
-            .header("Authorization", format!("Bot {token}"))
-            .send()
-            .await
-            .map_err(|e| e.without_url().to_string())?;
-        let status = response.status();
-        let body: serde_json::Value = response.json().await.unwrap_or_default();
-        if status.is_success() {
-            Ok(body["username"].as_str().unwrap_or("?").to_owned())
-        } else if status.as_u16() == 401 {
-            Err("Discord refused the token (check DISCORD_BOT_TOKEN)".to_owned())
-        } else {
-            Err(format!(
-                "GET /users/@me answered HTTP {status} (check DISCORD_API_URL)"
-            ))
-        }
-    }
-    .await;
-    match result {
+    match crate::adapters::discord::whoami(discord).await {
         Ok(username) => ok("discord", format!("the token belongs to {username}")),
-        Err(e) => fail(
-            "discord",
-            Redactor::new(&discord.token).redact(format!("{e} [{}]", discord.api_url)),
-        ),
+        Err(e) => fail("discord", format!("{e} [{}]", redact_url(&discord.api_url))),
     }
 }
 

@@ -96,6 +96,32 @@ impl Discord {
     }
 }
 
+/// Who the token belongs to (`GET /users/@me`), for `lull check`. The error names
+/// the variable to fix and never contains the token.
+pub async fn whoami(config: &PlatformConfig) -> Result<String, String> {
+    let rest =
+        Rest::new(config.token.clone(), config.api_url.clone()).map_err(|e| e.to_string())?;
+    match rest.http.get_current_user().await {
+        Ok(user) => Ok(user.name.clone()),
+        Err(e) => {
+            let status = match &e {
+                serenity::Error::Http(http) => http.status_code().map(|s| s.as_u16()),
+                _ => None,
+            };
+            Err(match status {
+                Some(401) => "Discord refused the token (check DISCORD_BOT_TOKEN)".into(),
+                Some(status) => {
+                    format!("GET /users/@me answered HTTP {status} (check DISCORD_API_URL)")
+                }
+                None => format!(
+                    "cannot reach Discord: {} (check DISCORD_API_URL)",
+                    rest.redactor.redact(e)
+                ),
+            })
+        }
+    }
+}
+
 /// Everything needed to talk to Discord's REST API (or a stand-in at
 /// `DISCORD_API_URL`).
 #[derive(Clone)]

@@ -27,6 +27,7 @@ use std::time::Duration;
 use secrecy::ExposeSecret;
 use teloxide::Bot;
 use teloxide::RequestError;
+use teloxide::requests::{Request, Requester};
 
 use crate::config::PlatformConfig;
 
@@ -38,6 +39,31 @@ pub const MAX_MESSAGE_CHARS: usize = 4096;
 
 /// Build both halves of the adapter from its configuration. Nothing is sent yet.
 pub fn connect(config: &PlatformConfig) -> anyhow::Result<(TelegramOutbound, TelegramInbound)> {
+    let (bot, redactor) = bot(config)?;
+    Ok((
+        TelegramOutbound::new(bot.clone(), redactor.clone()),
+        TelegramInbound::new(bot, redactor),
+    ))
+}
+
+/// Who the token belongs to (`getMe`), for `lull check`. The error names the
+/// variable to fix and never contains the token.
+pub async fn whoami(config: &PlatformConfig) -> Result<String, String> {
+    let (bot, redactor) = bot(config).map_err(|e| e.to_string())?;
+    match bot.get_me().send().await {
+        Ok(me) => Ok(format!("@{}", me.user.username.clone().unwrap_or_default())),
+        Err(RequestError::Api(teloxide::ApiError::InvalidToken)) => {
+            Err("Telegram refused the token (check TELEGRAM_BOT_TOKEN)".into())
+        }
+        Err(e) => Err(format!(
+            "getMe failed: {} (check TELEGRAM_API_URL)",
+            request_error(&redactor, e)
+        )),
+    }
+}
+
+/// The Bot API client, pointed at `TELEGRAM_API_URL`, and the token's redactor.
+fn bot(config: &PlatformConfig) -> anyhow::Result<(Bot, Redactor)> {
     let redactor = Redactor::new(&config.token);
     let api_url = url::Url::parse(&config.api_url)
         .map_err(|e| anyhow::anyhow!("TELEGRAM_API_URL: '{}' is not a URL: {e}", config.api_url))?;
@@ -59,10 +85,7 @@ pub fn connect(config: &PlatformConfig) -> anyhow::Result<(TelegramOutbound, Tel
             )
         })?;
     let bot = Bot::with_client(config.token.expose_secret(), client).set_api_url(api_url);
-    Ok((
-        TelegramOutbound::new(bot.clone(), redactor.clone()),
-        TelegramInbound::new(bot, redactor),
-    ))
+    Ok((bot, redactor))
 }
 
 pub use crate::secrets::Redactor;

@@ -4,45 +4,20 @@
 use std::process::Command;
 use std::time::Duration;
 
-use axum::Router;
-use axum::http::{HeaderMap, StatusCode};
-use axum::routing::get;
-use serde_json::json;
-
+use crate::support::discord_fake::DiscordFake;
 use crate::support::openai_fake::FakeOpenAi;
 use crate::support::process::{LullProcess, free_port};
+use crate::support::telegram_fake::{BOT_USERNAME, TelegramFake};
 use crate::support::webhook::Webhook;
 
-const TELEGRAM_TOKEN: &str = "123456:telegram-secret";
 const DISCORD_TOKEN: &str = "discord-secret-token";
 
-/// Minimal Telegram getMe and Discord users/@me that accept only the right tokens.
-async fn platform_fakes() -> String {
-    let router = Router::new()
-        .route(
-            "/{bot}/getMe",
-            get(|axum::extract::Path(bot): axum::extract::Path<String>| async move {
-                if bot == format!("bot{TELEGRAM_TOKEN}") {
-                    (StatusCode::OK, axum::Json(json!({"ok": true, "result": {"id": 1, "is_bot": true, "first_name": "lull", "username": "lull_bot"}})))
-                } else {
-                    (StatusCode::UNAUTHORIZED, axum::Json(json!({"ok": false, "error_code": 401, "description": "Unauthorized"})))
-                }
-            }),
-        )
-        .route(
-            "/api/v10/users/@me",
-            get(|headers: HeaderMap| async move {
-                if headers.get("authorization").and_then(|v| v.to_str().ok()) == Some(&format!("Bot {DISCORD_TOKEN}")) {
-                    (StatusCode::OK, axum::Json(json!({"id": "1", "username": "lull", "discriminator": "0"})))
-                } else {
-                    (StatusCode::UNAUTHORIZED, axum::Json(json!({"message": "401: Unauthorized", "code": 0})))
-                }
-            }),
-        );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
-    url
+/// The same fakes the adapter tests use: each accepts only its own token.
+async fn platform_fakes() -> (TelegramFake, DiscordFake) {
+    (
+        TelegramFake::start().await,
+        DiscordFake::start(DISCORD_TOKEN).await,
+    )
 }
 
 async fn lull_check(env: Vec<(&'static str, String)>) -> (Option<i32>, String) {
@@ -67,7 +42,7 @@ async fn lull_check(env: Vec<(&'static str, String)>) -> (Option<i32>, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_reports_a_good_configuration() {
     let dir = tempfile::tempdir().unwrap();
-    let fakes = platform_fakes().await;
+    let (telegram, discord) = platform_fakes().await;
     let model = FakeOpenAi::start().await;
     let webhook = Webhook::start().await;
     let (code, report) = lull_check(vec![
@@ -75,20 +50,21 @@ async fn check_reports_a_good_configuration() {
             "DATABASE_URL",
             format!("sqlite:{}", dir.path().join("lull.db").display()),
         ),
-        ("TELEGRAM_BOT_TOKEN", TELEGRAM_TOKEN.into()),
-        ("TELEGRAM_API_URL", fakes.clone()),
+        ("TELEGRAM_BOT_TOKEN", telegram.token.clone()),
+        ("TELEGRAM_API_URL", telegram.url.clone()),
         ("DISCORD_BOT_TOKEN", DISCORD_TOKEN.into()),
-        ("DISCORD_API_URL", fakes),
+        ("DISCORD_API_URL", discord.api_url.clone()),
         ("OPENAI_BASE_URL", model.base_url.clone()),
         ("OPENAI_MODEL", "fake-model".into()),
         ("LULL_WEBHOOK_URL", webhook.url.clone()),
     ])
     .await;
     assert_eq!(code, Some(0), "{report}");
+    let telegram_ok = format!("ok    telegram      the token belongs to @{BOT_USERNAME}");
     for expected in [
         "ok    configuration adapters: telegram, discord, http",
         "ok    database",
-        "ok    telegram      the token belongs to @lull_bot",
+        telegram_ok.as_str(),
         "ok    discord       the token belongs to lull",
         "ok    http adapter",
         "ok    model         fake-model is served by",
@@ -104,7 +80,7 @@ async fn check_reports_a_good_configuration() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_names_what_to_fix_in_a_broken_configuration() {
     let dir = tempfile::tempdir().unwrap();
-    let fakes = platform_fakes().await;
+    let (telegram, discord) = platform_fakes().await;
     let model = FakeOpenAi::start().await;
     let (code, report) = lull_check(vec![
         (
@@ -112,9 +88,9 @@ async fn check_names_what_to_fix_in_a_broken_configuration() {
             format!("sqlite:{}", dir.path().join("missing/lull.db").display()),
         ),
         ("TELEGRAM_BOT_TOKEN", "999:wrong-telegram-token".into()),
-        ("TELEGRAM_API_URL", fakes.clone()),
+        ("TELEGRAM_API_URL", telegram.url.clone()),
         ("DISCORD_BOT_TOKEN", "wrong-discord-token".into()),
-        ("DISCORD_API_URL", fakes),
+        ("DISCORD_API_URL", discord.api_url.clone()),
         ("OPENAI_BASE_URL", model.base_url.clone()),
         ("OPENAI_MODEL", "no-such-model".into()),
     ])

@@ -118,23 +118,7 @@ impl Harness {
     /// Wait until every stored message is answered and nothing is left to deliver,
     /// then check the invariants on what was stored.
     async fn settled(&self) -> db::Verdict {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
-            let open = db::count(
-                &self.db(),
-                "SELECT (SELECT COUNT(*) FROM timers) + (SELECT COUNT(*) FROM outbox
-                 WHERE sent_at IS NULL AND failed_at IS NULL)",
-            );
-            if open == 0 {
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "work left after {WAIT:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let verdict = db::check(&self.db());
+        let verdict = db::settled(&self.db(), WAIT).await;
         assert_eq!(verdict.duplicates, 0, "{verdict:?}");
         assert_eq!(verdict.lost, 0, "{verdict:?}");
         assert_eq!(verdict.stale, 0, "{verdict:?}");

@@ -110,7 +110,7 @@ async fn health_and_metrics_follow_a_scripted_exchange() {
 
     // A message arriving during generation: the first reply is dropped as stale.
     assert_eq!(app.post("second", "a", "question").await.0, 202);
-    wait_for_lease(&app.db(), "second").await;
+    db::wait_for_lease(&app.db(), Some("second"), Duration::from_secs(10)).await;
     assert_eq!(app.post("second", "b", "follow-up").await.0, 202);
     let replies = app.webhook.wait_replies(2, Duration::from_secs(15)).await;
     assert_eq!(replies[1].covers, ["a", "b"]);
@@ -128,28 +128,6 @@ async fn health_and_metrics_follow_a_scripted_exchange() {
     assert_eq!(get("lull_llm_seconds_count"), 3.0);
     assert_eq!(get("lull_lease_contended_total"), 0.0);
     assert_eq!(get("lull_pending_conversations"), 0.0);
-}
-
-/// Wait until some process holds the lease of a conversation (it is generating).
-async fn wait_for_lease(db_path: &std::path::Path, conversation: &str) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let held = db::count(
-            db_path,
-            &format!(
-                "SELECT COUNT(*) FROM leases l JOIN conversations c ON l.resource = 'conversation/' || c.id
-                 WHERE c.key = '{conversation}' AND l.holder IS NOT NULL"
-            ),
-        );
-        if held > 0 {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no lease on {conversation}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// Bad input gets a 4xx with a message saying what is wrong, and the process keeps

@@ -82,18 +82,7 @@ impl Bot {
 
     /// The database's verdict once nothing is pending or undelivered.
     async fn verdict(&self) -> db::Verdict {
-        let path = self.dir.path().join("lull.db");
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while db::count(&path, "SELECT COUNT(*) FROM timers") > 0
-            || db::count(
-                &path,
-                "SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL AND failed_at IS NULL",
-            ) > 0
-        {
-            assert!(std::time::Instant::now() < deadline, "did not settle");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        db::check(&path)
+        db::settled(&self.dir.path().join("lull.db"), Duration::from_secs(20)).await
     }
 }
 

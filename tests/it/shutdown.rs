@@ -32,18 +32,6 @@ async fn start(
     lull
 }
 
-async fn wait_generating(db_path: &std::path::Path) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while db::count(
-        db_path,
-        "SELECT COUNT(*) FROM leases WHERE holder IS NOT NULL AND resource LIKE 'conversation/%'",
-    ) == 0
-    {
-        assert!(Instant::now() < deadline, "no generation started");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_the_reply_in_flight_finish() {
     let dir = tempfile::tempdir().unwrap();
@@ -53,7 +41,7 @@ async fn sigterm_lets_the_reply_in_flight_finish() {
     post_message(&client, &a.base_url(), "c", "1", "hello")
         .await
         .unwrap();
-    wait_generating(&dir.path().join("lull.db")).await;
+    db::wait_for_lease(&dir.path().join("lull.db"), None, Duration::from_secs(10)).await;
     let signalled = Instant::now();
     a.signal("TERM");
     assert_eq!(
@@ -95,7 +83,7 @@ async fn when_the_grace_period_ends_first_the_lease_is_released_for_another_proc
     post_message(&client, &a.base_url(), "c", "1", "hello")
         .await
         .unwrap();
-    wait_generating(&dir.path().join("lull.db")).await;
+    db::wait_for_lease(&dir.path().join("lull.db"), None, Duration::from_secs(10)).await;
     a.signal("TERM");
     assert_eq!(
         a.wait_exit(Duration::from_secs(10)),

@@ -98,19 +98,6 @@ async fn health(lull: &LullProcess) -> Value {
         .unwrap()
 }
 
-/// The database's verdict once every reply is marked sent (the mark follows the
-/// send by one short transaction, so a test that just saw a reply waits for it).
-async fn settled_verdict(db_path: &std::path::Path) -> db::Verdict {
-    let deadline = Instant::now() + SECS(10);
-    loop {
-        let verdict = db::check(db_path);
-        if verdict.lost == 0 || Instant::now() > deadline {
-            return verdict;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 fn id(message: &Value) -> i64 {
     message["message_id"].as_i64().unwrap()
 }
@@ -148,7 +135,7 @@ async fn a_burst_of_three_private_messages_gets_one_reply() {
         "typing shown before the reply"
     );
     // One reply covers all three; nothing is left to answer.
-    let verdict = settled_verdict(&tg.db()).await;
+    let verdict = db::settled(&tg.db(), SECS(10)).await;
     assert_eq!(
         (
             verdict.messages,
@@ -296,7 +283,7 @@ async fn an_edit_during_generation_yields_one_reply_to_the_edited_text() {
         Some(&1.0),
         "{metrics:#?}"
     );
-    let verdict = settled_verdict(&tg.db()).await;
+    let verdict = db::settled(&tg.db(), SECS(10)).await;
     assert_eq!(
         (verdict.replies, verdict.duplicates, verdict.lost),
         (1, 0, 0),
@@ -469,7 +456,7 @@ async fn a_killed_process_loses_no_update() {
     let sent = tg.fake.wait_sent(chat, 1, SECS(20)).await;
     assert_eq!(sent[0].text, "[echo] 1 message:\ndo not lose me");
     assert_eq!(stored(&tg.db(), &chat.to_string()).len(), 1);
-    let verdict = settled_verdict(&tg.db()).await;
+    let verdict = db::settled(&tg.db(), SECS(10)).await;
     assert_eq!(
         (verdict.replies, verdict.duplicates, verdict.lost),
         (1, 0, 0),
@@ -503,7 +490,7 @@ async fn a_database_error_loses_no_update() {
     drop(lock);
     let sent = tg.fake.wait_sent(chat, 1, SECS(20)).await;
     assert_eq!(sent[0].text, "[echo] 1 message:\nstore me later");
-    let verdict = settled_verdict(&tg.db()).await;
+    let verdict = db::settled(&tg.db(), SECS(10)).await;
     assert_eq!(
         (
             verdict.messages,
@@ -586,7 +573,7 @@ async fn two_processes_never_poll_at_once_and_the_standby_takes_over() {
     );
     assert_eq!(fake.conflicts(), 0, "two polls were open at once");
     // Updates fetched again after a takeover are stored once and answered once.
-    let verdict = settled_verdict(&dir.path().join("lull.db")).await;
+    let verdict = db::settled(&dir.path().join("lull.db"), SECS(10)).await;
     assert_eq!(
         (
             verdict.messages,

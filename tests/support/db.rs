@@ -192,3 +192,43 @@ pub fn check(path: &Path) -> Verdict {
     }
     verdict
 }
+
+/// Wait until nothing is pending (no timer) and nothing is left to deliver, then
+/// check the invariants. A reply is marked sent one short transaction after the
+/// platform got it, so a test that just saw a reply waits here before checking.
+pub async fn settled(path: &Path, limit: std::time::Duration) -> Verdict {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let open = count(
+            path,
+            "SELECT (SELECT COUNT(*) FROM timers)
+                  + (SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL AND failed_at IS NULL)",
+        );
+        if open == 0 {
+            return check(path);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "work left after {limit:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Wait until some process holds a conversation lease (a round is running): of the
+/// conversation with platform key `conversation`, or of any conversation.
+pub async fn wait_for_lease(path: &Path, conversation: Option<&str>, limit: std::time::Duration) {
+    let deadline = std::time::Instant::now() + limit;
+    let key = conversation.unwrap_or("%");
+    let sql = format!(
+        "SELECT COUNT(*) FROM leases l JOIN conversations c ON l.resource = 'conversation/' || c.id
+         WHERE c.key LIKE '{key}' AND l.holder IS NOT NULL"
+    );
+    while count(path, &sql) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no lease held on {key} within {limit:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}

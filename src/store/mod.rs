@@ -285,6 +285,7 @@ pub trait Store: Send + Sync + 'static {
     async fn reset_context(
         &self,
         conversation: &ConversationRef,
+        is_group: bool,
         now: Timestamp,
     ) -> Result<(), StoreError>;
 
@@ -326,7 +327,10 @@ pub trait Store: Send + Sync + 'static {
 
     /// The final check and commit, in one transaction: lease still ours and version
     /// still `batch.v0` (or the cap reached) → store the reply, mark the batch
-    /// answered, delete the timer unless a newer message re-armed it.
+    /// answered, delete the timer unless a newer message re-armed it. A reply the cap
+    /// forces out covers only the collected messages not edited since (an edit makes
+    /// a message pending again, to be answered with its new text); if every one was
+    /// edited, the reply is stale.
     async fn commit_reply(
         &self,
         lease: &Lease,

@@ -214,7 +214,9 @@ fn migrate(conn: &mut Connection) -> Result<(), rusqlite_migration::Error> {
     }
 }
 
-/// Find or create a conversation row; returns its id.
+/// Find or create a conversation row; returns its id. A conversation seen once as a
+/// group stays a group: no platform turns a group into a private chat, so an update
+/// that does not say (a command, a notice) can never make one private.
 fn upsert_conversation(
     tx: &Transaction<'_>,
     conversation: &ConversationRef,
@@ -223,7 +225,8 @@ fn upsert_conversation(
 ) -> Result<ConversationId, StoreError> {
     tx.execute(
         "INSERT INTO conversations (platform, key, is_group, created_at) VALUES (?1, ?2, ?3, ?4)
-         ON CONFLICT (platform, key) DO NOTHING",
+         ON CONFLICT (platform, key) DO UPDATE SET is_group = 1
+             WHERE excluded.is_group AND NOT conversations.is_group",
         params![
             conversation.platform.as_str(),
             conversation.key,
@@ -473,11 +476,12 @@ impl Store for SqliteStore {
     async fn reset_context(
         &self,
         conversation: &ConversationRef,
+        is_group: bool,
         now: Timestamp,
     ) -> Result<(), StoreError> {
         let conversation = conversation.clone();
         self.write("resetting the context", move |tx| {
-            let id = upsert_conversation(tx, &conversation, false, now)?;
+            let id = upsert_conversation(tx, &conversation, is_group, now)?;
             tx.execute(
                 "UPDATE conversations SET context_version = version WHERE id = ?1",
                 [id.0],
@@ -761,6 +765,18 @@ impl Store for SqliteStore {
             // collected, unless the cap forces it out.
             let forced = version != v0.0;
             if forced && !policy.cap_reached(now, oldest) {
+                return Ok(CommitOutcome::Stale {
+                    version: Version(version),
+                });
+            }
+            // No duplicate: a message edited since it was collected is pending again
+            // (its version is past v0), so the reply covers only what is unchanged.
+            let covered = if forced {
+                unchanged_since(tx, &covered, v0)?
+            } else {
+                covered
+            };
+            if covered.is_empty() {
                 return Ok(CommitOutcome::Stale {
                     version: Version(version),
                 });
@@ -1059,6 +1075,28 @@ impl Store for SqliteStore {
         })
         .await
     }
+}
+
+/// The rows among `rows` that still carry a version at or before `v0`: an edit moves a
+/// message past `v0`, making it pending again.
+fn unchanged_since(
+    tx: &Transaction<'_>,
+    rows: &[i64],
+    v0: Version,
+) -> Result<Vec<i64>, StoreError> {
+    let mut stmt = tx
+        .prepare_cached("SELECT version <= ?2 FROM messages WHERE id = ?1")
+        .ctx("checking for edits")?;
+    let mut unchanged = Vec::with_capacity(rows.len());
+    for &row in rows {
+        let same: bool = stmt
+            .query_row(params![row, v0.0], |r| r.get(0))
+            .ctx("checking for edits")?;
+        if same {
+            unchanged.push(row);
+        }
+    }
+    Ok(unchanged)
 }
 
 /// After a forced commit, messages newer than `v0` are still pending: their timer

@@ -6,8 +6,10 @@ mod support;
 
 mod chat;
 mod check;
+mod conversations;
 mod discord;
 mod dispatcher;
+mod edits;
 mod helpers;
 mod http_api;
 mod ingest;

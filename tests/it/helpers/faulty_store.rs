@@ -82,8 +82,13 @@ impl Store for FaultyStore {
     ) -> Result<bool, StoreError> {
         self.inner.enqueue_notice(n, h, now).await
     }
-    async fn reset_context(&self, c: &ConversationRef, now: Timestamp) -> Result<(), StoreError> {
-        self.inner.reset_context(c, now).await
+    async fn reset_context(
+        &self,
+        c: &ConversationRef,
+        is_group: bool,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.inner.reset_context(c, is_group, now).await
     }
     async fn due_work(&self, q: &WorkQuery, now: Timestamp) -> Result<DueWork, StoreError> {
         self.inner.due_work(q, now).await

@@ -196,9 +196,14 @@ async fn accept(
     let accepted = api.dispatcher.ingest(incoming).await.map_err(|e| match e {
         IngestError::Empty => ApiError::BadRequest("`text` is empty".into()),
         IngestError::TooLong { .. } => ApiError::TooLarge(e.to_string()),
-        IngestError::Store(StoreError::Busy | StoreError::Full | StoreError::Pool(_)) => {
-            ApiError::Unavailable(format!("{e}; the message was not stored, send it again"))
-        }
+        // The store logs a failing database once per change, not once per message.
+        IngestError::Store(
+            StoreError::Busy
+            | StoreError::Full
+            | StoreError::Pool(_)
+            | StoreError::Damaged(_)
+            | StoreError::Io(_),
+        ) => ApiError::Unavailable(format!("{e}; the message was not stored, send it again")),
         other => {
             tracing::error!(error = %other, "http adapter could not store a message");
             ApiError::Unavailable(format!(

@@ -16,7 +16,7 @@ use super::Dispatcher;
 use super::round::RoundEnd;
 use crate::domain::{ConversationId, Timestamp};
 use crate::metrics as names;
-use crate::store::WorkQuery;
+use crate::store::{StoreError, WorkQuery};
 
 /// Conversations taken per scheduler pass.
 const BATCH_LIMIT: usize = 256;
@@ -67,6 +67,10 @@ impl Dispatcher {
                     if let Some(next) = work.next_at {
                         wake_at = wake_at.min(next);
                     }
+                }
+                // A failing database is reported once per change by the store.
+                Err(e @ (StoreError::Damaged(_) | StoreError::Full | StoreError::Io(_))) => {
+                    tracing::debug!(error = %e, "could not look for due work");
                 }
                 Err(e) => tracing::warn!(error = %e, "could not look for due work"),
             }

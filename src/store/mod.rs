@@ -6,6 +6,7 @@
 //! only its own fields. Methods that act under a lease take the [`Lease`] and check
 //! holder, fencing token and expiry inside the same transaction as their writes.
 
+mod condition;
 pub mod migrations;
 pub mod sqlite;
 
@@ -28,6 +29,12 @@ pub enum StoreError {
     Busy,
     #[error("the database or its disk is full")]
     Full,
+    /// Pages of the file do not parse: only restoring a backup helps.
+    #[error("the database file is damaged ({0}); restore it from a backup")]
+    Damaged(String),
+    /// The file cannot be read or written (permissions, a failing disk).
+    #[error("the database file cannot be read or written: {0}")]
+    Io(String),
     #[error("the lease on {0} was lost (expired or taken over)")]
     LeaseLost(LeaseKey),
     #[error("conversation {0} does not exist")]
@@ -407,6 +414,7 @@ pub trait Store: Send + Sync + 'static {
     /// How many conversations have messages waiting for a reply.
     async fn pending_conversations(&self) -> Result<u64, StoreError>;
 
-    /// Whether the database answers (for health checks).
+    /// Whether the database can do its work (for health checks): it answers a read of
+    /// its tables, and no recent operation found it damaged, full or unwritable.
     async fn ping(&self) -> Result<(), StoreError>;
 }

@@ -8,6 +8,7 @@
 //! tokio's blocking pool.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -16,6 +17,7 @@ use rusqlite::{
     Connection, ErrorCode, OptionalExtension, Transaction, TransactionBehavior, params,
 };
 
+use super::condition::Condition;
 use super::{
     Batch, CommitOutcome, DueWork, Exchange, IngestOutcome, MessageEdit, NewMessage, NewNotice,
     NewReply, OutboxKind, OutboxRow, PendingMessage, RecentConversation, Store, StoreError,
@@ -47,6 +49,8 @@ pub struct SqliteStore {
     pool: r2d2::Pool<SqliteConnectionManager>,
     path: PathBuf,
     lease_checks: LeaseChecks,
+    /// What real operations found out about the file; `ping` reports it.
+    condition: Arc<Condition>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -73,6 +77,15 @@ fn classify(context: &'static str, source: rusqlite::Error) -> StoreError {
     match source.sqlite_error_code() {
         Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => StoreError::Busy,
         Some(ErrorCode::DiskFull) => StoreError::Full,
+        Some(ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase) => {
+            StoreError::Damaged(format!("{source}, while {context}"))
+        }
+        Some(
+            ErrorCode::SystemIoFailure
+            | ErrorCode::ReadOnly
+            | ErrorCode::CannotOpen
+            | ErrorCode::PermissionDenied,
+        ) => StoreError::Io(format!("{source}, while {context}")),
         _ => StoreError::Sqlite { context, source },
     }
 }
@@ -94,6 +107,14 @@ impl SqliteStore {
                 )));
             }
         }
+        // A damaged file is refused before anything else touches it, with a message
+        // that says so (the pool would only report that no connection came up).
+        let probe = Connection::open(&path).map_err(|e| open_error(e.to_string()))?;
+        probe
+            .busy_timeout(BUSY_TIMEOUT)
+            .map_err(|e| open_error(e.to_string()))?;
+        verify_integrity(&probe).map_err(open_error)?;
+        drop(probe);
         let manager = SqliteConnectionManager::file(&path).with_init(|conn| {
             conn.busy_timeout(BUSY_TIMEOUT)?;
             conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;")?;
@@ -123,6 +144,7 @@ impl SqliteStore {
             pool,
             path,
             lease_checks: LeaseChecks::Enforced,
+            condition: Arc::default(),
         })
     }
 
@@ -149,6 +171,16 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
     {
+        let result = self.on_blocking_pool(f).await;
+        self.condition.observe(&result, false);
+        result
+    }
+
+    async fn on_blocking_pool<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    {
         let pool = self.pool.clone();
         tokio::task::spawn_blocking(move || {
             let mut conn = pool.get().map_err(|e| StoreError::Pool(e.to_string()))?;
@@ -164,13 +196,32 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&Transaction<'_>) -> Result<T, StoreError> + Send + 'static,
     {
-        self.with_conn(move |conn| {
-            let tx = conn.transaction().ctx(context)?;
-            let value = f(&tx)?;
-            tx.commit().ctx(context)?;
-            Ok(value)
-        })
-        .await
+        let result = self
+            .on_blocking_pool(move |conn| {
+                let tx = conn.transaction().ctx(context)?;
+                let value = f(&tx)?;
+                tx.commit().ctx(context)?;
+                Ok(value)
+            })
+            .await;
+        self.condition.observe(&result, true);
+        result
+    }
+}
+
+/// Refuse a damaged file at start rather than refuse every message later.
+/// `quick_check` reads every page of the file (not the index contents).
+fn verify_integrity(conn: &Connection) -> Result<(), String> {
+    let verdict: rusqlite::Result<String> =
+        conn.query_row("PRAGMA quick_check(1)", [], |r| r.get(0));
+    match verdict {
+        Ok(verdict) if verdict == "ok" => Ok(()),
+        Ok(problem) => Err(format!(
+            "the database file is damaged ({problem}); restore it from a backup"
+        )),
+        Err(e) => Err(format!(
+            "the database file is damaged ({e}); restore it from a backup"
+        )),
     }
 }
 
@@ -1068,12 +1119,19 @@ impl Store for SqliteStore {
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
+        // A read that reaches the file's tables, not just the connection.
         self.with_conn(|conn| {
-            conn.query_row("SELECT 1", [], |r| r.get::<_, i64>(0))
-                .map(drop)
-                .ctx("pinging the database")
+            conn.query_row(
+                "SELECT (SELECT COUNT(*) FROM (SELECT 1 FROM conversations LIMIT 1))
+                      + (SELECT COUNT(*) FROM (SELECT 1 FROM timers LIMIT 1))",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(drop)
+            .ctx("reading the database")
         })
-        .await
+        .await?;
+        self.condition.check()
     }
 }
 

@@ -10,6 +10,7 @@ mod conversations;
 mod discord;
 mod dispatcher;
 mod edits;
+mod health;
 mod helpers;
 mod http_api;
 mod ingest;

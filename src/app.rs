@@ -153,10 +153,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         let platform = inbound.platform();
         let (dispatcher, health, stop) = (dispatcher.clone(), health.clone(), stop_intake.clone());
         intake.spawn(async move {
-            if let Err(e) = inbound.run(dispatcher, health.clone(), stop).await {
-                tracing::error!(%platform, error = %format!("{e:#}"), "adapter stopped");
-                health.set(platform, AdapterState::Down(format!("{e:#}")));
-            }
+            inbound
+                .run(dispatcher, health, stop)
+                .await
+                .map_err(|e| e.context(format!("the {platform} adapter stopped")))
         });
     }
     let upkeep = tokio::spawn(async move {
@@ -166,7 +166,25 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         }
     });
 
-    shutdown.await;
+    // An adapter ends on its own only when retrying cannot help (a rejected token,
+    // refused intents): the process stops with an error naming what to fix, so a
+    // supervisor (Docker's restart policy) sees the failure instead of a process that
+    // runs on, unhealthy, forever.
+    let mut failure: Option<anyhow::Error> = None;
+    tokio::pin!(shutdown);
+    while failure.is_none() {
+        tokio::select! {
+            () = &mut shutdown => break,
+            Some(ended) = intake.join_next() => match ended {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => failure = Some(e),
+                Err(e) => failure = Some(anyhow::Error::new(e).context("an adapter task failed")),
+            },
+        }
+    }
+    if let Some(e) = &failure {
+        tracing::error!(error = %format!("{e:#}"), "stopping: an adapter cannot continue");
+    }
     tracing::info!("shutting down: no new messages; finishing rounds in flight");
     stop_intake.cancel();
     while intake.join_next().await.is_some() {}
@@ -175,7 +193,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     server.await.context("the HTTP server task failed")??;
     upkeep.abort();
     tracing::info!("stopped");
-    Ok(())
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 /// `lull chat`: the console adapter on standard input and output. At end of input it

@@ -179,6 +179,8 @@ struct Inner {
     identifies: usize,
     resumes: usize,
     refuse_resume: bool,
+    /// The gateway refuses every IDENTIFY (4004) although REST accepts the token.
+    refuse_identify: bool,
     unauthorized: usize,
     /// `(channel, after)` of every history request.
     history_reads: Vec<(u64, Option<u64>)>,
@@ -489,6 +491,12 @@ impl DiscordFake {
     pub fn refuse_resume(&self, refuse: bool) {
         self.shared.lock().refuse_resume = refuse;
     }
+
+    /// From now on the gateway closes every IDENTIFY with 4004 (authentication
+    /// failed), as for a token revoked after the REST check.
+    pub fn refuse_identify(&self) {
+        self.shared.lock().refuse_identify = true;
+    }
 }
 
 fn message_json(id: u64, channel: u64, kind: ChannelKind, author: Value, content: &str) -> Value {
@@ -769,7 +777,7 @@ async fn connection(shared: Arc<Shared>, tcp: tokio::net::TcpStream) {
                             break;
                         }
                         Some(2) => {
-                            if !token_ok(&shared, &payload["d"]["token"]) {
+                            if shared.lock().refuse_identify || !token_ok(&shared, &payload["d"]["token"]) {
                                 let _ = sink.send(Frame::Close(Some(CloseFrame {
                                     code: CloseCode::from(4004),
                                     reason: "Authentication failed.".into(),

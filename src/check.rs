@@ -1,13 +1,13 @@
 //! `lull check`: validate the configuration and try every connection it names, then
-//! print a readable report. Each failed line names the variable to fix. Nothing is
-//! written except the database schema (opening the database migrates it).
+//! print a readable report. Each failed line names the variable to fix. It changes
+//! nothing: the database is inspected read-only (no file created, no migration).
 
 use std::fmt;
 use std::time::Duration;
 
 use crate::config::{Config, LlmConfig, PlatformConfig};
 use crate::secrets::{Redactor, redact_url};
-use crate::store::{SqliteStore, Store};
+use crate::store::{Inspection, SqliteStore};
 
 /// One line of the report.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +48,13 @@ fn fail(what: &'static str, detail: impl Into<String>) -> Finding {
 /// Run every check the configuration calls for.
 pub async fn run(config: &Config) -> Vec<Finding> {
     let mut findings = vec![ok("configuration", describe(config))];
+    if config.telegram.is_none() && config.discord.is_none() && config.http_adapter.is_none() {
+        findings.push(fail(
+            "adapters",
+            "none configured: `lull run` would stop at once (set TELEGRAM_BOT_TOKEN, \
+             DISCORD_BOT_TOKEN or LULL_WEBHOOK_URL); `lull chat` works without one",
+        ));
+    }
     findings.push(database(config).await);
     if let Some(telegram) = &config.telegram {
         findings.push(telegram_bot(telegram).await);
@@ -98,17 +105,35 @@ fn describe(config: &Config) -> String {
     )
 }
 
+/// Looks at the database without changing it: `lull check` creates no file and
+/// migrates nothing.
 async fn database(config: &Config) -> Finding {
     let path = config.database.clone();
-    let opened = tokio::task::spawn_blocking(move || SqliteStore::open(path)).await;
-    match opened {
-        Ok(Ok(store)) => match store.ping().await {
-            Ok(()) => ok(
-                "database",
-                format!("{} opens and answers", config.database.display()),
+    let shown = config.database.display().to_string();
+    match tokio::task::spawn_blocking(move || SqliteStore::inspect(path)).await {
+        Ok(Ok(Inspection::Missing { writable: true })) => ok(
+            "database",
+            format!("{shown} does not exist yet; `lull run` creates it"),
+        ),
+        Ok(Ok(Inspection::Missing { writable: false })) => fail(
+            "database",
+            format!("{shown} does not exist and its folder is not writable (check DATABASE_URL)"),
+        ),
+        Ok(Ok(Inspection::Present {
+            schema,
+            latest,
+            conversations,
+        })) => ok(
+            "database",
+            format!(
+                "{shown} is sound: {conversations} conversations, schema {schema}{}",
+                if schema < latest {
+                    format!(" (`lull run` migrates it to {latest})")
+                } else {
+                    String::new()
+                }
             ),
-            Err(e) => fail("database", format!("{e} (check DATABASE_URL)")),
-        },
+        ),
         Ok(Err(e)) => fail("database", format!("{e} (check DATABASE_URL)")),
         Err(e) => fail("database", format!("the check itself failed: {e}")),
     }

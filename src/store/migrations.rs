@@ -108,9 +108,15 @@ CREATE TABLE reply_covers (
 CREATE INDEX reply_covers_message ON reply_covers (message_id);
 "#;
 
+/// Every migration, oldest first. The schema version (`user_version`) counts them.
+const ALL: &[&str] = &[V1_CORE];
+
+/// The schema version this build migrates to.
+pub const LATEST: i64 = ALL.len() as i64;
+
 /// All migrations, oldest first.
 pub fn migrations() -> Migrations<'static> {
-    Migrations::new(vec![M::up(V1_CORE)])
+    Migrations::new(ALL.iter().map(|sql| M::up(sql)).collect())
 }
 
 #[cfg(test)]

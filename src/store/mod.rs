@@ -18,7 +18,7 @@ use crate::domain::{
 };
 use crate::timing::TimerPolicy;
 
-pub use sqlite::SqliteStore;
+pub use sqlite::{Inspection, SqliteStore};
 
 /// Why a store operation failed. `Busy` and `Full` are conditions of the database
 /// the caller may wait out; `LeaseLost` means the caller no longer owns what it was

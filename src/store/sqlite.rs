@@ -61,6 +61,19 @@ impl std::fmt::Debug for SqliteStore {
     }
 }
 
+/// What [`SqliteStore::inspect`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Inspection {
+    /// No file yet: `lull run` creates it (in a folder that is `writable`, or fails).
+    Missing { writable: bool },
+    /// A sound file with its schema version (`latest` is this build's).
+    Present {
+        schema: i64,
+        latest: i64,
+        conversations: i64,
+    },
+}
+
 /// Attaches what we were doing to a SQLite error and sorts out the conditions a
 /// caller can wait out (busy, full) from real failures.
 trait Context<T> {
@@ -161,6 +174,71 @@ impl SqliteStore {
         &self.path
     }
 
+    /// Look at the database at `path` without changing it (for `lull check`): no file
+    /// is created, no schema migrated; the file is opened read-only and checked page
+    /// by page.
+    pub fn inspect(path: impl AsRef<Path>) -> Result<Inspection, StoreError> {
+        let path = path.as_ref();
+        let open_error = |reason: String| StoreError::Open {
+            path: path.display().to_string(),
+            reason,
+        };
+        if !path.exists() {
+            let folder = path
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            if !folder.is_dir() {
+                return Err(open_error(format!(
+                    "the folder {} does not exist",
+                    folder.display()
+                )));
+            }
+            let writable = std::fs::metadata(folder)
+                .map(|m| !m.permissions().readonly())
+                .unwrap_or(false);
+            return Ok(Inspection::Missing { writable });
+        }
+        // A WAL file exists while any process has the database open (or after a crash):
+        // then a read-only connection uses it and creates nothing. Without one, nobody
+        // writes the file, and it is read as immutable, which creates no WAL or
+        // shared-memory file either.
+        let mut wal = path.as_os_str().to_owned();
+        wal.push("-wal");
+        let flags =
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn = if Path::new(&wal).exists() {
+            Connection::open_with_flags(path, flags)
+        } else {
+            let uri = format!("file:{}?immutable=1", uri_path(path));
+            Connection::open_with_flags(uri, flags | rusqlite::OpenFlags::SQLITE_OPEN_URI)
+        }
+        .map_err(|e| open_error(e.to_string()))?;
+        conn.busy_timeout(BUSY_TIMEOUT)
+            .map_err(|e| open_error(e.to_string()))?;
+        verify_integrity(&conn).map_err(open_error)?;
+        let schema: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(|e| open_error(e.to_string()))?;
+        let latest = super::migrations::LATEST;
+        if schema > latest {
+            return Err(open_error(format!(
+                "the schema is at version {schema}, newer than this lull knows ({latest}): run the newer lull"
+            )));
+        }
+        let conversations = if schema == 0 {
+            0
+        } else {
+            conn.query_row("SELECT COUNT(*) FROM conversations", [], |r| r.get(0))
+                .map_err(|e| open_error(e.to_string()))?
+        };
+        Ok(Inspection::Present {
+            schema,
+            latest,
+            conversations,
+        })
+    }
+
     fn unchecked(&self) -> bool {
         self.lease_checks != LeaseChecks::Enforced
     }
@@ -207,6 +285,21 @@ impl SqliteStore {
         self.condition.observe(&result, true);
         result
     }
+}
+
+/// A file path as the path of a SQLite `file:` URI: the characters a URI gives a
+/// meaning (`%`, `?`, `#`) percent-encoded.
+fn uri_path(path: &Path) -> String {
+    let mut out = String::new();
+    for c in path.to_string_lossy().chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '?' => out.push_str("%3f"),
+            '#' => out.push_str("%23"),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// Refuse a damaged file at start rather than refuse every message later.
@@ -1235,4 +1328,28 @@ fn read_history(
     }
     let history = history.into_iter().map(|(_, exchange)| exchange).collect();
     Ok(history)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uri_paths_escape_what_uris_give_a_meaning() {
+        assert_eq!(
+            uri_path(Path::new("/data/a?b#c%d.db")),
+            "/data/a%3fb%23c%25d.db"
+        );
+    }
+
+    #[test]
+    fn inspecting_a_file_with_odd_characters_in_its_name_works() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("odd?name#1%.db");
+        drop(Connection::open(&path).unwrap());
+        assert!(matches!(
+            SqliteStore::inspect(&path).unwrap(),
+            Inspection::Present { schema: 0, .. }
+        ));
+    }
 }

@@ -64,6 +64,7 @@ async fn check_reports_a_good_configuration() {
     for expected in [
         "ok    configuration adapters: telegram, discord, http",
         "ok    database",
+        "does not exist yet",
         telegram_ok.as_str(),
         "ok    discord       the token belongs to lull",
         "ok    http adapter",
@@ -75,6 +76,47 @@ async fn check_reports_a_good_configuration() {
             "missing '{expected}' in:\n{report}"
         );
     }
+    // The check changes nothing: no database file was created.
+    let created: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(created.is_empty(), "{created:?}");
+}
+
+/// On an existing database the check reads, verifies and changes nothing: the file's
+/// bytes are the same afterwards and no journal is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_leaves_an_existing_database_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lull.db");
+    drop(lull::store::SqliteStore::open(&path).unwrap());
+    // The pool closes its connections in the background; the last one removes the WAL.
+    let wal = dir.path().join("lull.db-wal");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while wal.exists() {
+        assert!(std::time::Instant::now() < deadline, "the WAL stayed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let before = std::fs::read(&path).unwrap();
+    let files_before: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    let webhook = Webhook::start().await;
+    let (code, report) = lull_check(vec![
+        ("DATABASE_URL", format!("sqlite:{}", path.display())),
+        ("LULL_WEBHOOK_URL", webhook.url.clone()),
+    ])
+    .await;
+    assert_eq!(code, Some(0), "{report}");
+    assert!(
+        report.contains("is sound: 0 conversations, schema 1"),
+        "{report}"
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), before, "the file changed");
+    let files_after: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(files_before, files_after);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -149,6 +191,11 @@ async fn check_names_what_to_fix_in_a_broken_configuration() {
     assert_eq!(code, Some(1), "{report}");
     assert!(
         report.contains("FAIL  model") && report.contains("OPENAI_BASE_URL"),
+        "{report}"
+    );
+    // Nothing would run: no adapter is configured.
+    assert!(
+        report.contains("FAIL  adapters") && report.contains("`lull run` would stop at once"),
         "{report}"
     );
 }

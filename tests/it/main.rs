@@ -15,6 +15,7 @@ mod helpers;
 mod http_api;
 mod ingest;
 mod llm;
+mod project;
 mod shutdown;
 mod stress;
 mod telegram;

@@ -73,6 +73,9 @@ pub fn install() -> Result<metrics_exporter_prometheus::PrometheusHandle, String
     ] {
         metrics::counter!(counter).increment(0);
     }
+    // The denominator of "model calls per reply": present from the start, so a
+    // query over a window that saw the first call counts it.
+    metrics::counter!(LLM_REQUESTS, "outcome" => "ok").increment(0);
     metrics::gauge!(PENDING_CONVERSATIONS).set(0.0);
     Ok(handle)
 }

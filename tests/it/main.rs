@@ -16,6 +16,7 @@ mod http_api;
 mod ingest;
 mod llm;
 mod project;
+mod promql;
 mod shutdown;
 mod stress;
 mod telegram;

@@ -168,10 +168,10 @@ async fn accept(
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<serde_json::Value, ApiError> {
-    if let Some(token) = &api.token {
-        if !authorized(headers, token) {
-            return Err(ApiError::Unauthorized);
-        }
+    if let Some(token) = &api.token
+        && !authorized(headers, token)
+    {
+        return Err(ApiError::Unauthorized);
     }
     let body = body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {

@@ -371,12 +371,12 @@ impl Config {
                 if s.openai_model.trim().is_empty() {
                     return Err(ConfigError("OPENAI_MODEL must not be empty".into()));
                 }
-                if let Some(t) = s.temperature {
-                    if !(0.0..=2.0).contains(&t) {
-                        return Err(ConfigError(format!(
-                            "LULL_TEMPERATURE must be between 0 and 2, got {t}"
-                        )));
-                    }
+                if let Some(t) = s.temperature
+                    && !(0.0..=2.0).contains(&t)
+                {
+                    return Err(ConfigError(format!(
+                        "LULL_TEMPERATURE must be between 0 and 2, got {t}"
+                    )));
                 }
                 if s.max_tokens == Some(0) {
                     return Err(ConfigError("LULL_MAX_TOKENS must be at least 1".into()));
@@ -415,13 +415,14 @@ impl Config {
                 })
             })
             .transpose()?;
-        if let Some(adapter) = &http_adapter {
-            if adapter.token.is_none() && !s.http_addr.ip().is_loopback() {
-                return Err(ConfigError(format!(
-                    "LULL_HTTP_TOKEN is required when the http adapter (LULL_WEBHOOK_URL) listens on a non-loopback address (LULL_HTTP_ADDR={})",
-                    s.http_addr
-                )));
-            }
+        if let Some(adapter) = &http_adapter
+            && adapter.token.is_none()
+            && !s.http_addr.ip().is_loopback()
+        {
+            return Err(ConfigError(format!(
+                "LULL_HTTP_TOKEN is required when the http adapter (LULL_WEBHOOK_URL) listens on a non-loopback address (LULL_HTTP_ADDR={})",
+                s.http_addr
+            )));
         }
 
         Ok(Config {

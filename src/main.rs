@@ -5,11 +5,11 @@ use std::process::ExitCode;
 use lull::config::{Cli, Command, Config};
 
 fn main() -> ExitCode {
-    if let Err(e) = dotenvy::dotenv() {
-        if !e.not_found() {
-            eprintln!("lull: cannot read .env: {e}");
-            return ExitCode::from(2);
-        }
+    if let Err(e) = dotenvy::dotenv()
+        && !e.not_found()
+    {
+        eprintln!("lull: cannot read .env: {e}");
+        return ExitCode::from(2);
     }
     let cli = Cli::parse_or_exit();
     let command = cli.command.unwrap_or(Command::Run);

@@ -50,10 +50,10 @@ impl Redactor {
                 out = out.replace(&encoded, REDACTED);
             }
         }
-        if let Some((_, tail)) = secret.rsplit_once(':') {
-            if tail.len() >= 8 {
-                out = out.replace(tail, REDACTED);
-            }
+        if let Some((_, tail)) = secret.rsplit_once(':')
+            && tail.len() >= 8
+        {
+            out = out.replace(tail, REDACTED);
         }
         out
     }

@@ -100,16 +100,16 @@ impl Outbound for DiscordOutbound {
             // model wrote.
             "allowed_mentions": { "parse": [] },
         });
-        if let (0, Some(reply_to)) = (part.index, part.reply_to) {
-            if self.channels.in_guild(&self.rest, channel).await {
-                // In a busy channel, show which message is answered; if it was deleted
-                // meanwhile, send anyway.
-                body["message_reference"] = json!({
-                    "message_id": reply_to,
-                    "channel_id": channel.to_string(),
-                    "fail_if_not_exists": false,
-                });
-            }
+        if let (0, Some(reply_to)) = (part.index, part.reply_to)
+            && self.channels.in_guild(&self.rest, channel).await
+        {
+            // In a busy channel, show which message is answered; if it was deleted
+            // meanwhile, send anyway.
+            body["message_reference"] = json!({
+                "message_id": reply_to,
+                "channel_id": channel.to_string(),
+                "fail_if_not_exists": false,
+            });
         }
         let bytes = serde_json::to_vec(&body)
             .map_err(|e| SendError::Permanent(format!("cannot encode the message: {e}")))?;

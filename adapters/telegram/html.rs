@@ -102,12 +102,12 @@ fn inline(s: &str) -> String {
     while i < s.len() {
         let rest = &s[i..];
         let c = rest.chars().next().expect("non-empty");
-        if c == '\\' {
-            if let Some(next) = rest[1..].chars().next().filter(char::is_ascii_punctuation) {
-                out.push_str(&escape(&next.to_string()));
-                i += 1 + next.len_utf8();
-                continue;
-            }
+        if c == '\\'
+            && let Some(next) = rest[1..].chars().next().filter(char::is_ascii_punctuation)
+        {
+            out.push_str(&escape(&next.to_string()));
+            i += 1 + next.len_utf8();
+            continue;
         }
         if c == '`' {
             let run = backtick_run(rest);
@@ -124,24 +124,24 @@ fn inline(s: &str) -> String {
             i += run;
             continue;
         }
-        if c == '[' {
-            if let Some((text, url, len)) = link(rest) {
-                out.push_str(&format!(
-                    "<a href=\"{}\">{}</a>",
-                    escape_attr(url),
-                    inline(text)
-                ));
-                i += len;
-                continue;
-            }
+        if c == '['
+            && let Some((text, url, len)) = link(rest)
+        {
+            out.push_str(&format!(
+                "<a href=\"{}\">{}</a>",
+                escape_attr(url),
+                inline(text)
+            ));
+            i += len;
+            continue;
         }
-        if let Some((delim, tag)) = delimiter_at(s, i) {
-            if let Some(close) = find_closing(s, i, delim) {
-                let inner = &s[i + delim.len()..close];
-                out.push_str(&format!("<{tag}>{}</{tag}>", inline(inner)));
-                i = close + delim.len();
-                continue;
-            }
+        if let Some((delim, tag)) = delimiter_at(s, i)
+            && let Some(close) = find_closing(s, i, delim)
+        {
+            let inner = &s[i + delim.len()..close];
+            out.push_str(&format!("<{tag}>{}</{tag}>", inline(inner)));
+            i = close + delim.len();
+            continue;
         }
         out.push_str(&escape(&c.to_string()));
         i += c.len_utf8();

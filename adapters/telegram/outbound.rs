@@ -102,10 +102,10 @@ impl TelegramOutbound {
 /// name ("Bad Request: …", "Forbidden: …"); anything else (a 5xx, a proxy's text) is
 /// worth retrying. A 429 without parameters still names its wait.
 fn classify_description(description: &str) -> SendError {
-    if let Some(rest) = description.strip_prefix("Too Many Requests: retry after ") {
-        if let Ok(secs) = rest.trim().parse::<u64>() {
-            return SendError::RetryAfter(Duration::from_secs(secs));
-        }
+    if let Some(rest) = description.strip_prefix("Too Many Requests: retry after ")
+        && let Ok(secs) = rest.trim().parse::<u64>()
+    {
+        return SendError::RetryAfter(Duration::from_secs(secs));
     }
     let permanent = ["Bad Request", "Forbidden", "Unauthorized", "Not Found"];
     if permanent.iter().any(|p| description.starts_with(p)) {

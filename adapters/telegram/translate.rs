@@ -166,10 +166,10 @@ impl Translator {
     fn remember_album(&mut self, album: String, taken: bool) {
         if !self.albums.contains_key(&album) {
             self.album_order.push_back(album.clone());
-            if self.album_order.len() > MEMORY {
-                if let Some(old) = self.album_order.pop_front() {
-                    self.albums.remove(&old);
-                }
+            if self.album_order.len() > MEMORY
+                && let Some(old) = self.album_order.pop_front()
+            {
+                self.albums.remove(&old);
             }
         }
         self.albums.insert(album, taken);
@@ -216,14 +216,13 @@ impl Translator {
     fn clean(&self, text: &str) -> String {
         let mention = format!("@{}", self.me.username);
         let trimmed = text.trim_start();
-        if let Some(word) = trimmed.split_whitespace().next() {
-            if word.starts_with('/')
-                && word.len() > mention.len()
-                && word[word.len() - mention.len()..].eq_ignore_ascii_case(&mention)
-            {
-                let command = &word[..word.len() - mention.len()];
-                return format!("{command}{}", &trimmed[word.len()..]);
-            }
+        if let Some(word) = trimmed.split_whitespace().next()
+            && word.starts_with('/')
+            && word.len() > mention.len()
+            && word[word.len() - mention.len()..].eq_ignore_ascii_case(&mention)
+        {
+            let command = &word[..word.len() - mention.len()];
+            return format!("{command}{}", &trimmed[word.len()..]);
         }
         if trimmed.len() >= mention.len()
             && trimmed.is_char_boundary(mention.len())

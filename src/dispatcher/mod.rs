@@ -252,11 +252,11 @@ impl Dispatcher {
                 max: self.settings.max_message_chars,
             });
         }
-        if incoming.kind == IncomingKind::New {
-            if let Some(command) = Command::parse(&text) {
-                self.command(&incoming, command, now).await?;
-                return Ok(Accepted::Command(command));
-            }
+        if incoming.kind == IncomingKind::New
+            && let Some(command) = Command::parse(&text)
+        {
+            self.command(&incoming, command, now).await?;
+            return Ok(Accepted::Command(command));
         }
         let outcome = match incoming.kind {
             IncomingKind::New => {

@@ -112,13 +112,13 @@ impl SqliteStore {
             path: path.display().to_string(),
             reason,
         };
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            if !parent.is_dir() {
-                return Err(open_error(format!(
-                    "the folder {} does not exist",
-                    parent.display()
-                )));
-            }
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty())
+            && !parent.is_dir()
+        {
+            return Err(open_error(format!(
+                "the folder {} does not exist",
+                parent.display()
+            )));
         }
         // A damaged file is refused before anything else touches it, with a message
         // that says so (the pool would only report that no connection came up).

@@ -185,7 +185,9 @@ async fn readme_queries_answer_on_a_real_prometheus() {
                 assert_eq!(r.status(), 202);
             }
         }
-        webhook.wait_replies(5 * (wave + 1), Duration::from_secs(20)).await;
+        webhook
+            .wait_replies(5 * (wave + 1), Duration::from_secs(20))
+            .await;
         tokio::time::sleep(Duration::from_millis(300)).await;
         prometheus.scrapes(2).await;
     }

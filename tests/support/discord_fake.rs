@@ -220,10 +220,10 @@ fn dispatch(inner: &mut Inner, t: &str, d: &Value) {
         session.seq += 1;
         let frame = json!({"op": 0, "t": t, "s": session.seq, "d": d}).to_string();
         session.log.push((session.seq, frame.clone()));
-        if let Some((_, link)) = &session.link {
-            if link.send(Command::Text(frame)).is_err() {
-                session.link = None;
-            }
+        if let Some((_, link)) = &session.link
+            && link.send(Command::Text(frame)).is_err()
+        {
+            session.link = None;
         }
     }
 }
@@ -658,20 +658,20 @@ async fn post_message(
         );
     }
     // enforce_nonce: a nonce seen before returns the earlier message.
-    if let (true, Some(n)) = (enforce_nonce, &nonce) {
-        if let Some(earlier) = inner.by_nonce.get(n).cloned() {
-            let earlier_id = earlier["id"].as_str().unwrap().parse().unwrap();
-            inner.posts.push(Post {
-                at: Instant::now(),
-                channel: id,
-                nonce: nonce.clone(),
-                status: 200,
-                message: Some(earlier_id),
-            });
-            drop(inner);
-            shared.changed.notify_waiters();
-            return axum::Json(earlier).into_response();
-        }
+    if let (true, Some(n)) = (enforce_nonce, &nonce)
+        && let Some(earlier) = inner.by_nonce.get(n).cloned()
+    {
+        let earlier_id = earlier["id"].as_str().unwrap().parse().unwrap();
+        inner.posts.push(Post {
+            at: Instant::now(),
+            channel: id,
+            nonce: nonce.clone(),
+            status: 200,
+            message: Some(earlier_id),
+        });
+        drop(inner);
+        shared.changed.notify_waiters();
+        return axum::Json(earlier).into_response();
     }
     let message_id = shared.next_id();
     let mut message = message_json(message_id, id, kind, shared.bot_user(), &content);
@@ -812,14 +812,13 @@ async fn connection(shared: Arc<Shared>, tcp: tokio::net::TcpStream) {
     }
     if let Some(id) = session_id {
         let mut inner = shared.lock();
-        if let Some(session) = inner.sessions.get_mut(&id) {
-            if session
+        if let Some(session) = inner.sessions.get_mut(&id)
+            && session
                 .link
                 .as_ref()
                 .is_some_and(|(c, _)| *c == connection_id)
-            {
-                session.link = None;
-            }
+        {
+            session.link = None;
         }
     }
     shared.changed.notify_waiters();

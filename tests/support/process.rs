@@ -140,10 +140,9 @@ impl LullProcess {
                 .get(format!("{}/healthz", self.base_url()))
                 .send()
                 .await
+                && r.status().is_success()
             {
-                if r.status().is_success() {
-                    return;
-                }
+                return;
             }
             if !self.is_running() {
                 panic!("{} exited during start:\n{}", self.name, self.logs());

@@ -301,10 +301,10 @@ async fn find_holder(db_path: &Path, processes: &[AsyncMutex<LullProcess>]) -> O
     while Instant::now() < deadline {
         let holders = live_holder_pids(db_path);
         for (i, process) in processes.iter().enumerate() {
-            if let Some(pid) = process.lock().await.pid() {
-                if holders.contains(&pid) {
-                    return Some(i);
-                }
+            if let Some(pid) = process.lock().await.pid()
+                && holders.contains(&pid)
+            {
+                return Some(i);
             }
         }
         tokio::time::sleep(Duration::from_millis(20)).await;

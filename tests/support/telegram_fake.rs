@@ -522,13 +522,14 @@ fn send_message(inner: &Inner, method: &str, params: &Value) -> Response {
     if visible.encode_utf16().count() > 4096 {
         return error(StatusCode::BAD_REQUEST, "Bad Request: message is too long");
     }
-    if let Some(reply_to) = reply_to {
-        if !allow_without_reply && !s.messages.contains(&(chat_id, reply_to)) {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "Bad Request: message to be replied not found",
-            );
-        }
+    if let Some(reply_to) = reply_to
+        && !allow_without_reply
+        && !s.messages.contains(&(chat_id, reply_to))
+    {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "Bad Request: message to be replied not found",
+        );
     }
     let message_id = if method == "editmessagetext" {
         params["message_id"].as_i64().unwrap_or_default()

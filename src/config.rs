@@ -209,6 +209,25 @@ pub struct Settings {
     pub log_filter: Option<String>,
 }
 
+impl Settings {
+    /// Every secret among the settings, set or not, hidden aliases included. The
+    /// binary registers them for redaction ([`crate::secrets::register`]) before
+    /// anything logs. A new secret setting goes here too; the test
+    /// `every_hidden_value_is_a_registered_secret` fails until it does.
+    pub fn secrets(&self) -> impl Iterator<Item = &SecretString> {
+        [
+            &self.telegram_bot_token,
+            &self.teloxide_token,
+            &self.discord_bot_token,
+            &self.discord_token,
+            &self.openai_api_key,
+            &self.http_token,
+        ]
+        .into_iter()
+        .flatten()
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LlmKind {
     Openai,
@@ -508,6 +527,31 @@ mod tests {
         assert!(
             config.telegram.is_none() && config.discord.is_none() && config.http_adapter.is_none()
         );
+    }
+
+    #[test]
+    fn every_hidden_value_is_a_registered_secret() {
+        use clap::CommandFactory;
+        let hidden: Vec<String> = Cli::command()
+            .get_arguments()
+            .filter(|a| a.is_hide_env_values_set())
+            .map(|a| a.get_long().expect("a flag").to_owned())
+            .collect();
+        assert!(hidden.len() >= 6, "{hidden:?}");
+        let mut args = Vec::new();
+        for (i, long) in hidden.iter().enumerate() {
+            args.push(format!("--{long}"));
+            args.push(format!("secret-value-{i}"));
+        }
+        let s = settings(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        use secrecy::ExposeSecret;
+        let registered: Vec<&str> = s.secrets().map(|s| s.expose_secret()).collect();
+        for (i, long) in hidden.iter().enumerate() {
+            assert!(
+                registered.contains(&format!("secret-value-{i}").as_str()),
+                "--{long} hides its value but is missing from Settings::secrets"
+            );
+        }
     }
 
     #[test]

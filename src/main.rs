@@ -1,17 +1,30 @@
 //! The `lull` binary: read the configuration, set up logging, run a command.
+//!
+//! Every configured secret is registered for redaction before anything is logged or
+//! printed, and every error printed here passes [`redact`] too.
 
 use std::process::ExitCode;
 
 use lull::config::{Cli, Command, Config};
+use lull::secrets::redact;
 
 fn main() -> ExitCode {
     if let Err(e) = dotenvy::dotenv()
         && !e.not_found()
     {
-        eprintln!("lull: cannot read .env: {e}");
+        match e {
+            // dotenvy quotes the whole line, which may hold a secret.
+            dotenvy::Error::LineParse(_, at) => eprintln!(
+                "lull: cannot read .env: a line does not parse (at character {at}; not shown, it may hold a secret)"
+            ),
+            e => eprintln!("lull: cannot read .env: {e}"),
+        }
         return ExitCode::from(2);
     }
     let cli = Cli::parse_or_exit();
+    for secret in cli.settings.secrets() {
+        lull::secrets::register(secret);
+    }
     let command = cli.command.unwrap_or(Command::Run);
     let default_filter = match command {
         Command::Run => "info",
@@ -36,7 +49,7 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
             Err(e) => {
-                eprintln!("lull: unhealthy: {e}");
+                eprintln!("lull: unhealthy: {}", redact(e));
                 ExitCode::FAILURE
             }
         };
@@ -44,18 +57,18 @@ fn main() -> ExitCode {
     let config = match Config::from_settings(&cli.settings) {
         Ok(config) => config,
         Err(e) if command == Command::Check => {
-            println!("FAIL  configuration {e}");
+            println!("FAIL  configuration {}", redact(e));
             return ExitCode::FAILURE;
         }
         Err(e) => {
-            eprintln!("lull: {e}");
+            eprintln!("lull: {}", redact(e));
             return ExitCode::from(2);
         }
     };
     if command == Command::Check {
         let findings = runtime.block_on(lull::check::run(&config));
         for finding in &findings {
-            println!("{finding}");
+            println!("{}", redact(finding));
         }
         return if findings.iter().all(|f| f.ok) {
             println!("all checks passed");
@@ -76,7 +89,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("lull: {e:#}");
+            eprintln!("lull: {}", redact(format!("{e:#}")));
             ExitCode::FAILURE
         }
     }

@@ -1,11 +1,19 @@
-//! Keeping secrets out of logs and error messages.
+//! Keeping secrets out of logs, errors, the database and messages to users.
 //!
 //! Bot tokens hide inside request URLs (Telegram puts the token in every Bot API
-//! path) and in headers a library may quote in an error (Discord's `Authorization:
-//! Bot …`). Every text that may carry one passes a [`Redactor`] before it is logged,
-//! stored or shown.
+//! path), in headers a library may quote in an error (Discord's `Authorization:
+//! Bot …`), and in error bodies a model server or proxy echoes back (`Incorrect API
+//! key provided: sk-…`). Every text that may carry one passes a [`Redactor`] before it
+//! is logged, stored or shown.
+//!
+//! Invariant: once a secret is [`register`]ed, [`redact`] removes it from any text,
+//! and the log writer ([`crate::logging`]) passes every formatted event through
+//! [`redact`], so no log line carries a registered secret even if a boundary forgot to
+//! redact. The binary registers every configured secret
+//! ([`crate::config::Settings::secrets`]) before anything logs.
 
 use std::fmt;
+use std::sync::RwLock;
 
 use secrecy::{ExposeSecret, SecretString};
 
@@ -60,18 +68,63 @@ impl Redactor {
 
     /// An error and its sources on one line, redacted.
     pub fn error(&self, error: &(dyn std::error::Error + 'static)) -> String {
-        let mut text = error.to_string();
-        let mut source = error.source();
-        while let Some(cause) = source {
-            let cause_text = cause.to_string();
-            if !text.contains(&cause_text) {
-                text.push_str(": ");
-                text.push_str(&cause_text);
-            }
-            source = cause.source();
-        }
-        self.redact(&text)
+        self.redact(chain(error))
     }
+
+    fn is(&self, secret: &str) -> bool {
+        self.secret.expose_secret() == secret
+    }
+}
+
+/// An error and its sources on one line (`outer: cause: root cause`), a cause left out
+/// when the text already quotes it. Not redacted: see [`redact_error`].
+pub fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// Secrets shorter than this are not registered: redacting every `ab` would garble
+/// logs while hiding nothing a guess would not find.
+const MIN_SECRET_CHARS: usize = 4;
+
+/// Every secret registered in this process. A std lock: held to read or push a few
+/// redactors, never across an await.
+static REGISTERED: RwLock<Vec<Redactor>> = RwLock::new(Vec::new());
+
+/// Register a secret for the process-wide redaction: from now on [`redact`] removes
+/// it from every text, and no log line carries it. Registering one twice is harmless.
+pub fn register(secret: &SecretString) {
+    let redactor = Redactor::new(secret);
+    let bare = redactor.secret.expose_secret();
+    if bare.chars().count() < MIN_SECRET_CHARS {
+        return;
+    }
+    let mut registered = REGISTERED.write().unwrap_or_else(|e| e.into_inner());
+    if !registered.iter().any(|r| r.is(bare)) {
+        registered.push(redactor);
+    }
+}
+
+/// `text` without any registered secret (see [`register`]).
+pub fn redact(text: impl fmt::Display) -> String {
+    let registered = REGISTERED.read().unwrap_or_else(|e| e.into_inner());
+    registered
+        .iter()
+        .fold(text.to_string(), |text, redactor| redactor.redact(text))
+}
+
+/// An error and its sources on one line, without any registered secret.
+pub fn redact_error(error: &(dyn std::error::Error + 'static)) -> String {
+    redact(chain(error))
 }
 
 /// A URL without its query, fragment and credentials (they may carry secrets).
@@ -113,6 +166,33 @@ mod tests {
         );
         let prefixed = Redactor::new(&SecretString::from("Bot abc.def.ghi"));
         assert_eq!(prefixed.redact("abc.def.ghi"), "<redacted>");
+    }
+
+    #[test]
+    fn registered_secrets_are_redacted_everywhere_and_short_ones_ignored() {
+        register(&SecretString::from("sk-registered-key-1"));
+        register(&SecretString::from("sk-registered-key-1"));
+        register(&SecretString::from("Bot disc.ord.token"));
+        register(&SecretString::from("abc"));
+        assert_eq!(
+            redact("Bearer sk-registered-key-1 / Bot disc.ord.token / abc"),
+            "Bearer <redacted> / Bot <redacted> / abc"
+        );
+        let registered = REGISTERED.read().unwrap();
+        let copies = registered
+            .iter()
+            .filter(|r| r.is("sk-registered-key-1"))
+            .count();
+        assert_eq!(copies, 1);
+    }
+
+    #[test]
+    fn error_chains_keep_their_causes() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("cannot reach the server")]
+        struct Outer(#[source] std::io::Error);
+        let error = Outer(std::io::Error::other("connection refused"));
+        assert_eq!(chain(&error), "cannot reach the server: connection refused");
     }
 
     #[test]

@@ -86,11 +86,14 @@ impl Dispatcher {
                 PartResult::Defer(error) => {
                     let retry_at = self.clock.now().plus(failure_backoff(row.attempts + 1));
                     tracing::warn!(%conversation, outbox = %row.id, error, "delivery deferred");
+                    // No secret reaches the database, whatever an adapter's error quoted.
+                    let error = crate::secrets::redact(error);
                     self.store.defer_outbox(row.id, retry_at, &error).await?;
                     return Err(Interrupt::Deferred);
                 }
                 PartResult::Refused(error) => {
                     tracing::error!(%conversation, outbox = %row.id, error, "the platform refused a reply; giving up on it");
+                    let error = crate::secrets::redact(error);
                     self.store
                         .fail_outbox(row.id, &error, self.clock.now())
                         .await?;

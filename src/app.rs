@@ -20,6 +20,7 @@ use crate::health::{AdapterState, Health};
 use crate::http::HttpState;
 use crate::llm::Responder;
 use crate::llm::echo::EchoResponder;
+use crate::llm::fit::Fitting;
 use crate::llm::openai::OpenAiResponder;
 use crate::llm::retry::{RetryPolicy, Retrying};
 use crate::platform::{Inbound, Outbound};
@@ -41,18 +42,23 @@ pub fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
     Ok(Arc::new(store))
 }
 
-/// The configured responder, with the retry policy and per-request metrics.
+/// The configured responder, with the failure policy: a prompt refused as too long
+/// is sent again smaller ([`Fitting`]), transient failures are retried, and every
+/// request is metered ([`Retrying`]).
 pub fn responder(config: &Config) -> anyhow::Result<Arc<dyn Responder>> {
-    let policy = RetryPolicy {
-        retries: config.llm_retries,
-        ..RetryPolicy::default()
-    };
+    fn wrap<R: Responder>(inner: R, config: &Config) -> Arc<dyn Responder> {
+        let policy = RetryPolicy {
+            retries: config.llm_retries,
+            ..RetryPolicy::default()
+        };
+        Arc::new(Fitting::new(Retrying::new(inner, policy), config.history))
+    }
     Ok(match &config.llm {
-        LlmConfig::Echo(delay) => Arc::new(Retrying::new(EchoResponder::new(*delay), policy)),
-        LlmConfig::OpenAi(settings) => Arc::new(Retrying::new(
+        LlmConfig::Echo(delay) => wrap(EchoResponder::new(*delay), config),
+        LlmConfig::OpenAi(settings) => wrap(
             OpenAiResponder::new(settings.clone()).map_err(anyhow::Error::msg)?,
-            policy,
-        )),
+            config,
+        ),
     })
 }
 
@@ -230,7 +236,15 @@ pub async fn chat(config: Config, interrupt: impl Future<Output = ()>) -> anyhow
         }
         ChatEnd::ModelFailed(error) => {
             eprintln!(
-                "lull: the model failed ({error}); your messages are kept and answered next time"
+                "lull: the model failed ({}); your messages are kept and answered next time",
+                crate::secrets::redact(error)
+            );
+            ExitCode::from(1)
+        }
+        ChatEnd::GaveUp(error) => {
+            eprintln!(
+                "lull: the model could not answer ({})",
+                crate::secrets::redact(error)
             );
             ExitCode::from(1)
         }
@@ -240,7 +254,10 @@ pub async fn chat(config: Config, interrupt: impl Future<Output = ()>) -> anyhow
 enum ChatEnd {
     Answered,
     Interrupted,
+    /// The model failed; the messages stay pending.
     ModelFailed(String),
+    /// The model could not answer a batch (too long, or refused); the user was told.
+    GaveUp(String),
 }
 
 /// Wait until the console conversation has nothing pending and nothing undelivered.
@@ -250,20 +267,24 @@ async fn wait_until_answered(
     events: &mut tokio::sync::broadcast::Receiver<Event>,
 ) -> ChatEnd {
     let conversation = console::conversation();
+    let mut gave_up = None;
     loop {
         match dispatcher.store().is_settled(&conversation).await {
-            Ok(Some(true) | None) => return ChatEnd::Answered,
+            Ok(Some(true) | None) => return gave_up.map_or(ChatEnd::Answered, ChatEnd::GaveUp),
             Ok(Some(false)) => {}
             Err(e) => tracing::warn!(error = %e, "cannot check for pending messages"),
         }
         tokio::select! {
-            event = events.recv() => {
-                if let Ok(Event::GenerationFailed { error, .. }) = event {
+            event = events.recv() => match event {
+                Ok(Event::GenerationFailed { error, .. }) => {
                     // Let the failure notice reach the terminal first.
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     return ChatEnd::ModelFailed(error);
                 }
-            }
+                // Settles once its notice is delivered.
+                Ok(Event::GaveUp { error, .. }) => gave_up = Some(error),
+                _ => {}
+            },
             () = tokio::time::sleep(Duration::from_millis(500)) => {}
         }
     }

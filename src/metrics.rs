@@ -6,9 +6,10 @@ pub const MESSAGES_INGESTED: &str = "lull_messages_ingested_total";
 pub const REPLIES_SENT: &str = "lull_replies_sent_total";
 pub const REPLIES_DROPPED_STALE: &str = "lull_replies_dropped_stale_total";
 pub const LEASE_CONTENDED: &str = "lull_lease_contended_total";
-/// Labelled `outcome`: `ok`, `error`, `timeout`, `empty`, `rate_limited`; one per
-/// request, retries included. Divided by `lull_replies_sent_total` it gives the model
-/// calls spent per delivered reply.
+/// Labelled `outcome`: `ok`, `error`, `timeout`, `empty`, `rate_limited`, `too_long`
+/// (prompt refused as longer than the context), `refused` (other 4xx); one per
+/// request, retries and smaller prompts included. Divided by `lull_replies_sent_total`
+/// it gives the model calls spent per delivered reply.
 pub const LLM_REQUESTS: &str = "lull_llm_requests_total";
 pub const LLM_SECONDS: &str = "lull_llm_seconds";
 /// Labelled `kind`: `prompt`, `completion` (from the API's usage field).

@@ -44,6 +44,14 @@ pub enum Event {
         attempts: u32,
         error: String,
     },
+    /// The model cannot answer a batch (too long, or the request refused): a notice
+    /// covering its messages sits in the outbox, and the batch is ended.
+    GaveUp {
+        conversation: ConversationId,
+        outbox: OutboxId,
+        batch: usize,
+        error: String,
+    },
     /// A round ended (whatever happened in it).
     RoundEnded { conversation: ConversationId },
 }
@@ -59,6 +67,7 @@ impl Event {
             | Event::Delivered { conversation, .. }
             | Event::LeaseLost { conversation }
             | Event::GenerationFailed { conversation, .. }
+            | Event::GaveUp { conversation, .. }
             | Event::RoundEnded { conversation } => *conversation,
         }
     }

@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Dispatcher, Event, LeaseKeeper};
 use crate::domain::{ConversationId, LeaseKey};
-use crate::llm::{Generation, LlmError, Prompt};
+use crate::llm::{FailureKind, Generation, LlmError, Prompt};
 use crate::metrics as names;
 use crate::store::{Batch, CommitOutcome, NewNotice, NewReply, StoreError};
 use crate::timing::failure_backoff;
@@ -28,6 +28,9 @@ pub(crate) enum RoundEnd {
     Stale,
     /// The model failed; the messages stay pending with a backoff.
     LlmFailed,
+    /// The model cannot answer the batch (too long, or refused): the user was told
+    /// and the batch ended.
+    GaveUp,
     /// Delivery was deferred (platform rate limit or outage).
     Deferred,
     /// The lease was lost mid-round; nothing more was written.
@@ -83,6 +86,16 @@ impl Interrupt {
 /// What the failure notice says: once per pending batch, not once per attempt.
 const MODEL_DOWN_TEXT: &str = "Sorry, I can't reach the language model right now. \
 I've kept your messages and will answer as soon as it's back.";
+
+/// What a batch too long for the model gets, once; then the conversation moves on.
+const TOO_LONG_TEXT: &str = "Sorry, your messages were too long for the language model, \
+even after I shortened them, so I couldn't answer them. Please send a shorter version, \
+or split it into smaller parts.";
+
+/// What a batch gets when the model server refuses the request (a wrong key, model
+/// or URL): honest, without the server's words (they stay in the operator's log).
+const REFUSED_TEXT: &str = "Sorry, I couldn't answer: the language model service refused \
+the request. The bot's operator can find the reason in the logs; please try again later.";
 
 impl Dispatcher {
     /// Run one round for `conversation`. `stop` is the hard stop of shutdown: the round
@@ -154,7 +167,10 @@ impl Dispatcher {
         let llm_time = started.elapsed();
         let generation = match generated {
             Ok(generation) => generation,
-            Err(error) => return self.generation_failed(&batch, keeper, stop, error).await,
+            Err(error) if error.kind() == FailureKind::Transient => {
+                return self.generation_failed(&batch, keeper, stop, error).await;
+            }
+            Err(error) => return self.give_up(&batch, keeper, stop, error).await,
         };
 
         let reply = NewReply {
@@ -218,6 +234,7 @@ impl Dispatcher {
             is_group: batch.is_group,
             history: batch.history.clone(),
             batch: batch.pending.clone(),
+            note: None,
         };
         let outbound = self.outbounds.get(&batch.conversation.platform).cloned();
         let typing = async {
@@ -238,6 +255,47 @@ impl Dispatcher {
             generated = self.responder.respond(&prompt) => generated,
             never = typing => never,
         }
+    }
+
+    /// The model cannot answer this batch: it is too long even when cut, or the server
+    /// refuses the request as configured. Tell the user once and end the batch (a
+    /// give-up notice covers its messages), so the conversation moves on instead of
+    /// retrying a request that fails the same way every time.
+    async fn give_up(
+        &self,
+        batch: &Batch,
+        keeper: &LeaseKeeper,
+        stop: &CancellationToken,
+        error: LlmError,
+    ) -> Result<RoundEnd, Interrupt> {
+        let conversation = batch.conversation_id;
+        let text = if error.kind() == FailureKind::TooLong {
+            tracing::warn!(%conversation, batch = batch.pending.len(), error = %error, "the messages are too long for the model even when cut; telling the user and moving on (if short prompts are refused too, check {})", error.setting());
+            TOO_LONG_TEXT
+        } else {
+            tracing::error!(%conversation, batch = batch.pending.len(), error = %error, "the model server refused the request; telling the user and moving on. Check {}", error.setting());
+            REFUSED_TEXT
+        };
+        let given_up = self
+            .store
+            .give_up(
+                &keeper.lease(),
+                batch,
+                text,
+                self.settings.timers,
+                self.clock.now(),
+            )
+            .await?;
+        if let Some(outbox) = given_up {
+            self.emit(Event::GaveUp {
+                conversation,
+                outbox,
+                batch: batch.pending.len(),
+                error: error.to_string(),
+            });
+        }
+        self.deliver_due(conversation, keeper, stop).await?;
+        Ok(RoundEnd::GaveUp)
     }
 
     /// The model failed: keep the messages pending, back off, tell the user once.

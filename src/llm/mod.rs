@@ -2,9 +2,17 @@
 //!
 //! Two responders: [`echo::EchoResponder`], offline, which reports what it was given
 //! (for trying lull out and for tests), and [`openai::OpenAiResponder`], for any
-//! OpenAI-compatible server.
+//! OpenAI-compatible server. Wrappers add the failure policy: [`fit::Fitting`] asks
+//! again with a smaller prompt when the server refuses one as too long, and
+//! [`retry::Retrying`] retries transient failures and meters every request.
+//!
+//! Failures come in three kinds ([`FailureKind`]), and each ends differently: a
+//! transient one keeps the messages pending (retried with a growing backoff); a prompt
+//! too long even after shrinking, and a request the server refuses (key, model, URL),
+//! end the batch with one honest notice, so a conversation never stalls on a 4xx.
 
 pub mod echo;
+pub mod fit;
 pub mod openai;
 pub mod retry;
 
@@ -24,17 +32,24 @@ pub struct Prompt {
     pub is_group: bool,
     pub history: Vec<Exchange>,
     pub batch: Vec<PendingMessage>,
+    /// Said to the model after the batch: set when the batch was shortened to fit
+    /// ([`fit`]), so the model knows it saw only part of it.
+    pub note: Option<String>,
 }
 
 impl Prompt {
-    /// The pending messages as one user turn.
+    /// The pending messages as one user turn (and the note, if any).
     pub fn user_turn(&self) -> String {
-        merge_turn(
+        let turn = merge_turn(
             self.batch
                 .iter()
                 .map(|m| (m.author.as_str(), m.text.as_str())),
             self.is_group,
-        )
+        );
+        match &self.note {
+            Some(note) => format!("{turn}\n\n{note}"),
+            None => turn,
+        }
     }
 }
 
@@ -63,9 +78,8 @@ pub struct Generation {
     pub usage: Option<TokenUsage>,
 }
 
-/// Why the model gave no reply. [`LlmError::is_retryable`] sorts the failures worth
-/// another attempt (the server was slow, unreachable, overloaded or glitched) from
-/// those that will fail the same way again (a request the server refuses).
+/// Why the model gave no reply. Texts quoting the server are redacted when built
+/// ([`crate::secrets`]): a server or proxy may echo the key back.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LlmError {
     #[error("the model did not answer within {0:?}")]
@@ -78,22 +92,66 @@ pub enum LlmError {
         message: String,
         retry_after: Option<Duration>,
     },
+    /// The server refused the prompt as longer than the model's context.
+    #[error("the prompt is too long for the model (HTTP {status}): {message}")]
+    ContextLength { status: u16, message: String },
     #[error("the model server sent a response lull cannot read: {0}")]
     Malformed(String),
     #[error("the model returned an empty reply")]
     Empty,
 }
 
+/// How a model failure ends, by what caused it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// The server was slow, unreachable, overloaded or glitched (timeouts, connection
+    /// errors, 408, 429, 5xx, unreadable or empty answers): worth another attempt;
+    /// the messages stay pending.
+    Transient,
+    /// The prompt does not fit the model's context: ask again with less.
+    TooLong,
+    /// The server refuses the request as configured (401/403 key, 404 model or URL,
+    /// other 4xx): the same request fails the same way until the operator fixes a
+    /// setting ([`LlmError::setting`]).
+    Refused,
+}
+
 impl LlmError {
-    /// Timeouts, connection errors, 429, 5xx, unreadable or empty answers: yes.
-    /// Other 4xx (bad key, unknown model, malformed request): no.
-    pub fn is_retryable(&self) -> bool {
+    /// Which kind of failure this is; see [`FailureKind`].
+    pub fn kind(&self) -> FailureKind {
         match self {
-            LlmError::Status { status, .. } => *status == 429 || *status == 408 || *status >= 500,
-            LlmError::Timeout(_)
+            LlmError::Status { status, .. } if *status == 429 || *status == 408 => {
+                FailureKind::Transient
+            }
+            LlmError::Status { status, .. } if (400..500).contains(status) => FailureKind::Refused,
+            LlmError::ContextLength { .. } => FailureKind::TooLong,
+            LlmError::Status { .. }
+            | LlmError::Timeout(_)
             | LlmError::Connect(_)
             | LlmError::Malformed(_)
-            | LlmError::Empty => true,
+            | LlmError::Empty => FailureKind::Transient,
+        }
+    }
+
+    /// Whether the same request may succeed if sent again: transient failures only.
+    pub fn is_retryable(&self) -> bool {
+        self.kind() == FailureKind::Transient
+    }
+
+    /// The settings to check when the server refuses requests, for the operator's
+    /// log line.
+    pub fn setting(&self) -> &'static str {
+        match self {
+            LlmError::Status {
+                status: 401 | 403, ..
+            } => "OPENAI_API_KEY (the server refused the key)",
+            LlmError::Status { status: 404, .. } => {
+                "OPENAI_MODEL (is that model served?) and OPENAI_BASE_URL (the API base, usually ending in /v1)"
+            }
+            LlmError::ContextLength { .. } => {
+                "LULL_MAX_TOKENS (with LULL_HISTORY_CHARS, it must leave room in the model's context)"
+            }
+            _ => "OPENAI_MODEL, LULL_MAX_TOKENS and LULL_TEMPERATURE (the server refused them)",
         }
     }
 
@@ -111,6 +169,8 @@ impl LlmError {
             LlmError::Timeout(_) => "timeout",
             LlmError::Empty => "empty",
             LlmError::Status { status: 429, .. } => "rate_limited",
+            LlmError::ContextLength { .. } => "too_long",
+            _ if self.kind() == FailureKind::Refused => "refused",
             _ => "error",
         }
     }
@@ -220,6 +280,17 @@ mod tests {
                 && !status(404).is_retryable()
         );
         assert!(LlmError::Empty.is_retryable() && LlmError::Connect("x".into()).is_retryable());
+        assert_eq!(status(408).kind(), FailureKind::Transient);
+        assert_eq!(status(422).kind(), FailureKind::Refused);
+        let too_long = LlmError::ContextLength {
+            status: 400,
+            message: String::new(),
+        };
+        assert_eq!(too_long.kind(), FailureKind::TooLong);
+        assert_eq!(too_long.outcome(), "too_long");
+        assert_eq!(status(401).outcome(), "refused");
+        assert!(status(401).setting().contains("OPENAI_API_KEY"));
+        assert!(status(404).setting().contains("OPENAI_MODEL"));
     }
 
     #[test]

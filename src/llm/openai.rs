@@ -4,7 +4,12 @@
 //! lull supplies async-openai's HTTP transport (its middleware seam) so that its own
 //! retry policy is the only one that runs ([`super::retry`]), and so that a refused
 //! request keeps what the server said: the status, the error message and
-//! `Retry-After`.
+//! `Retry-After`. A refusal of a prompt as too long for the model is recognised in
+//! the forms OpenAI-compatible servers give it ([`is_context_length`]).
+//!
+//! Invariant: no error built here carries the key. The key is registered for
+//! redaction when the responder is built, and every text quoting the server (a proxy
+//! may echo the `Authorization` header) is redacted before it becomes an error.
 
 use std::time::Duration;
 
@@ -49,13 +54,31 @@ pub struct OpenAiResponder {
     settings: OpenAiSettings,
 }
 
-/// A non-success answer of the model server, passed through async-openai intact.
+/// A non-success answer of the model server, passed through async-openai intact
+/// (its message already redacted).
 #[derive(Debug, thiserror::Error)]
 #[error("HTTP {status}: {message}")]
 struct HttpFailure {
     status: u16,
     message: String,
     retry_after: Option<Duration>,
+    context_length: bool,
+}
+
+impl HttpFailure {
+    /// What a non-success answer says. The whole body is redacted before any of it is
+    /// kept, so a cut can never leave half a key behind.
+    fn read(status: u16, retry_after: Option<Duration>, body: &str) -> Self {
+        let body = crate::secrets::redact(body);
+        let json = serde_json::from_str::<serde_json::Value>(&body).ok();
+        let message = error_message(&body, json.as_ref());
+        Self {
+            status,
+            context_length: is_context_length(status, json.as_ref(), &message),
+            message,
+            retry_after,
+        }
+    }
 }
 
 /// `Retry-After` in seconds (the form model servers use).
@@ -71,16 +94,81 @@ fn retry_after(headers: &reqwest_openai::header::HeaderMap) -> Option<Duration> 
         .map(Duration::from_secs_f64)
 }
 
-/// The `error.message` of an OpenAI-style error body, else the start of the body.
-fn error_message(body: &str) -> String {
-    serde_json::from_str::<serde_json::Value>(body)
-        .ok()
-        .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
-        .unwrap_or_else(|| body.chars().take(200).collect())
+/// The longest server message an error keeps, in characters.
+const MAX_MESSAGE_CHARS: usize = 300;
+
+/// The `error.message` of an OpenAI-style error body (`message` at the top in vLLM's
+/// older form, `error` as a string in Ollama's), else the start of the body.
+fn error_message(body: &str, json: Option<&serde_json::Value>) -> String {
+    let message = json.and_then(|v| {
+        v["error"]["message"]
+            .as_str()
+            .or_else(|| v["message"].as_str())
+            .or_else(|| v["error"].as_str())
+    });
+    message
+        .unwrap_or(body)
+        .trim()
+        .chars()
+        .take(MAX_MESSAGE_CHARS)
+        .collect()
+}
+
+/// Phrases OpenAI-compatible servers use when a prompt exceeds the model's context:
+/// OpenAI, vLLM and OpenRouter ("maximum context length is 8192 tokens"), llama.cpp
+/// ("exceeds the available context size"), Ollama ("exceeds the context length"),
+/// Anthropic-compatible gateways ("prompt is too long"), TGI ("must be <= … tokens").
+const CONTEXT_PHRASES: &[&str] = &[
+    "context length",
+    "context_length",
+    "context size",
+    "context window",
+    "maximum context",
+    "too many tokens",
+    "prompt is too long",
+    "prompt too long",
+    "input is too long",
+    "reduce the length of the messages",
+    "`max_new_tokens` must be <=",
+];
+
+/// Whether a refusal says the prompt does not fit the model's context: OpenAI's
+/// `context_length_exceeded` code (and `string_above_max_length`), llama.cpp's
+/// `exceed_context_size_error` type, HTTP 413, or one of [`CONTEXT_PHRASES`].
+pub fn is_context_length(status: u16, json: Option<&serde_json::Value>, message: &str) -> bool {
+    if status == 413 {
+        return true;
+    }
+    if !(400..600).contains(&status) {
+        return false;
+    }
+    let error = json.map(|v| &v["error"]);
+    let named = [
+        error.and_then(|e| e["code"].as_str()),
+        error.and_then(|e| e["type"].as_str()),
+        json.and_then(|v| v["code"].as_str()),
+    ];
+    if named.iter().flatten().any(|name| {
+        matches!(
+            *name,
+            "context_length_exceeded" | "string_above_max_length" | "exceed_context_size_error"
+        )
+    }) {
+        return true;
+    }
+    let message = message.to_lowercase();
+    CONTEXT_PHRASES
+        .iter()
+        .any(|phrase| message.contains(phrase))
 }
 
 impl OpenAiResponder {
+    /// A responder for `settings`. Registers the key for redaction
+    /// ([`crate::secrets::register`]).
     pub fn new(settings: OpenAiSettings) -> Result<Self, String> {
+        if let Some(key) = &settings.api_key {
+            crate::secrets::register(key);
+        }
         let http = reqwest_openai::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .build()
@@ -100,11 +188,11 @@ impl OpenAiResponder {
                 let status = response.status().as_u16();
                 let retry_after = retry_after(response.headers());
                 let body = response.text().await.unwrap_or_default();
-                Err(OpenAIError::Boxed(Box::new(HttpFailure {
+                Err(OpenAIError::Boxed(Box::new(HttpFailure::read(
                     status,
-                    message: error_message(&body),
                     retry_after,
-                })))
+                    &body,
+                ))))
             }
         });
         let config = OpenAIConfig::new()
@@ -205,25 +293,41 @@ impl Responder for OpenAiResponder {
     }
 }
 
+/// The failure as lull sorts it. Errors keep their cause chain (which socket error,
+/// which TLS problem), redacted.
 fn classify(error: OpenAIError, timeout: Duration) -> LlmError {
+    use crate::secrets::{redact, redact_error};
     match error {
         OpenAIError::Boxed(boxed) => match boxed.downcast::<HttpFailure>() {
+            Ok(failure) if failure.context_length => LlmError::ContextLength {
+                status: failure.status,
+                message: failure.message,
+            },
             Ok(failure) => LlmError::Status {
                 status: failure.status,
                 message: failure.message,
                 retry_after: failure.retry_after,
             },
-            Err(other) => LlmError::Connect(other.to_string()),
+            Err(other) => LlmError::Connect(redact_error(other.as_ref())),
         },
-        OpenAIError::ApiError(e) => LlmError::Status {
-            status: e.status_code.as_u16(),
-            message: e.api_error.message,
-            retry_after: None,
-        },
-        OpenAIError::JSONDeserialize(e, _) => LlmError::Malformed(e.to_string()),
+        OpenAIError::ApiError(e) => {
+            let status = e.status_code.as_u16();
+            let message = redact(&e.api_error.message);
+            let code = serde_json::json!({ "error": { "code": e.api_error.code } });
+            if is_context_length(status, Some(&code), &message) {
+                LlmError::ContextLength { status, message }
+            } else {
+                LlmError::Status {
+                    status,
+                    message,
+                    retry_after: None,
+                }
+            }
+        }
+        OpenAIError::JSONDeserialize(e, _) => LlmError::Malformed(redact_error(&e)),
         OpenAIError::Reqwest(e) if e.is_timeout() => LlmError::Timeout(timeout),
-        OpenAIError::Reqwest(e) if e.is_decode() => LlmError::Malformed(e.to_string()),
-        other => LlmError::Connect(other.to_string()),
+        OpenAIError::Reqwest(e) if e.is_decode() => LlmError::Malformed(redact_error(&e)),
+        other => LlmError::Connect(redact_error(&other)),
     }
 }
 
@@ -231,15 +335,87 @@ fn classify(error: OpenAIError, timeout: Duration) -> LlmError {
 mod tests {
     use super::*;
 
+    fn failure(status: u16, body: &str) -> HttpFailure {
+        HttpFailure::read(status, None, body)
+    }
+
     #[test]
     fn error_bodies_yield_their_message() {
+        let read = |body: &str| failure(404, body).message;
         assert_eq!(
-            error_message(
-                r#"{"error":{"message":"model not found","type":"invalid_request_error"}}"#
-            ),
+            read(r#"{"error":{"message":"model not found","type":"invalid_request_error"}}"#),
             "model not found"
         );
-        assert_eq!(error_message("upstream timeout"), "upstream timeout");
+        assert_eq!(
+            read(r#"{"object":"error","message":"old vllm"}"#),
+            "old vllm"
+        );
+        assert_eq!(
+            read(r#"{"error":"model 'x' not found"}"#),
+            "model 'x' not found"
+        );
+        assert_eq!(read("upstream timeout"), "upstream timeout");
+        assert_eq!(read(&"x".repeat(5000)).len(), MAX_MESSAGE_CHARS);
+    }
+
+    /// Refusals as the servers lull names send them.
+    #[test]
+    fn context_length_refusals_are_recognised_in_every_servers_form() {
+        let too_long = [
+            // OpenAI
+            r#"{"error":{"message":"This model's maximum context length is 128000 tokens. However, your messages resulted in 130000 tokens. Please reduce the length of the messages.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#,
+            // vLLM, older and newer
+            r#"{"object":"error","message":"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens (904 in the messages, 4096 in the completion). Please reduce the length of the messages or completion.","type":"BadRequestError","param":null,"code":400}"#,
+            r#"{"error":{"message":"This model's maximum context length is 4096 tokens. However, your request has 9000 input tokens.","type":"BadRequestError","param":null,"code":400}}"#,
+            // llama.cpp server
+            r#"{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error","n_prompt_tokens":9000,"n_ctx":4096}}"#,
+            // Ollama
+            r#"{"error":{"message":"the input length exceeds the context length","type":"api_error","param":null,"code":null}}"#,
+            // OpenRouter
+            r#"{"error":{"message":"This endpoint's maximum context length is 8192 tokens. However, you requested about 9500 tokens (9500 of text input). Please reduce the length of either one, or use the \"middle-out\" transform to compress your prompt automatically.","code":400}}"#,
+            // Anthropic-compatible gateways
+            r#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 210000 tokens > 200000 maximum"}}"#,
+        ];
+        for body in too_long {
+            assert!(failure(400, body).context_length, "{body}");
+        }
+        assert!(failure(413, "Request Entity Too Large").context_length);
+        let other = [
+            (
+                400,
+                r#"{"error":{"message":"Invalid value for 'temperature'","code":"invalid_value"}}"#,
+            ),
+            (
+                401,
+                r#"{"error":{"message":"Incorrect API key provided","code":"invalid_api_key"}}"#,
+            ),
+            (
+                404,
+                r#"{"error":{"message":"The model `x` does not exist","code":"model_not_found"}}"#,
+            ),
+            (200, r#"{"error":{"message":"maximum context length"}}"#),
+        ];
+        for (status, body) in other {
+            assert!(!failure(status, body).context_length, "{body}");
+        }
+    }
+
+    #[test]
+    fn an_echoed_key_is_redacted_before_the_message_is_cut() {
+        let key = "sk-echoed-in-an-error-body-0123456789";
+        crate::secrets::register(&SecretString::from(key));
+        // The key straddles the cut: a cut before redaction would leave half of it.
+        let body = format!(
+            "{}Authorization: Bearer {key}",
+            "x".repeat(MAX_MESSAGE_CHARS - 30)
+        );
+        let message = failure(401, &body).message;
+        assert!(!message.contains("sk-echoe"), "{message}");
+        let json = format!(r#"{{"error":{{"message":"Incorrect API key provided: {key}"}}}}"#);
+        assert_eq!(
+            failure(401, &json).message,
+            "Incorrect API key provided: <redacted>"
+        );
     }
 
     #[test]

@@ -238,7 +238,8 @@ pub struct OutboxRow {
     pub kind: OutboxKind,
     pub text: String,
     pub reply_to: Option<String>,
-    /// Platform message ids of the messages a reply covers (empty for notices).
+    /// Platform message ids of the messages a reply covers; for a notice, those a
+    /// give-up ([`Store::give_up`]) ended (empty for other notices).
     pub covers: Vec<String>,
     /// Parts already delivered: delivery resumes after them.
     pub parts_sent: u32,
@@ -346,6 +347,25 @@ pub trait Store: Send + Sync + 'static {
         policy: TimerPolicy,
         now: Timestamp,
     ) -> Result<CommitOutcome, StoreError>;
+
+    /// Give up on a batch the model cannot answer (too long even when cut, or a
+    /// request the server refuses), in one transaction under the lease (holder, token
+    /// and expiry checked with the writes, as in [`Store::commit_reply`]): store
+    /// `notice` as an outbox row that covers every message still pending up to
+    /// `batch.v0` (recorded in `reply_covers`, so receivers and the invariant checker
+    /// see which messages it answered), set `answered_version = v0`, and delete the
+    /// timer unless a newer message armed it (then it is re-armed for the messages
+    /// still pending). No duplicate: a message already covered is not covered again.
+    /// The notice never enters the model's history. `None`: nothing was pending up to
+    /// `v0`, and nothing was stored.
+    async fn give_up(
+        &self,
+        lease: &Lease,
+        batch: &Batch,
+        notice: &str,
+        policy: TimerPolicy,
+        now: Timestamp,
+    ) -> Result<Option<OutboxId>, StoreError>;
 
     /// Delete the timer of a conversation with nothing pending at `v0` (under lease).
     async fn disarm_idle_timer(

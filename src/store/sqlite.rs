@@ -948,34 +948,73 @@ impl Store for SqliteStore {
                     |r| r.get(0),
                 )
                 .ctx("storing a reply")?;
-            {
-                let mut cover = tx
-                    .prepare_cached("INSERT INTO reply_covers (outbox_id, message_id) VALUES (?1, ?2)")
-                    .ctx("recording covered messages")?;
-                for row in &covered {
-                    cover.execute(params![outbox, row]).ctx("recording covered messages")?;
-                }
-            }
-            // The answered version only grows.
-            tx.execute(
-                "UPDATE conversations SET answered_version = ?2 WHERE id = ?1 AND answered_version < ?2",
-                params![conversation.0, v0.0],
-            )
-            .ctx("marking the batch answered")?;
-            // The timer goes only if nothing newer than v0 armed it.
-            let deleted = tx
-                .execute(
-                    "DELETE FROM timers WHERE conversation_id = ?1 AND armed_version <= ?2",
-                    params![conversation.0, v0.0],
-                )
-                .ctx("deleting the timer")?;
-            if deleted == 0 {
-                rearm_for_remaining(tx, conversation, v0, policy)?;
-            }
+            record_covers(tx, outbox, &covered)?;
+            answer_through(tx, conversation, v0, policy)?;
             Ok(CommitOutcome::Committed {
                 outbox: OutboxId(outbox),
                 forced,
             })
+        })
+        .await
+    }
+
+    async fn give_up(
+        &self,
+        lease: &Lease,
+        batch: &Batch,
+        notice: &str,
+        policy: TimerPolicy,
+        now: Timestamp,
+    ) -> Result<Option<OutboxId>, StoreError> {
+        let lease = lease.clone();
+        let conversation = batch.conversation_id;
+        let v0 = batch.v0;
+        let reply_to = batch.last_message_id().map(str::to_owned);
+        let notice = notice.to_owned();
+        let unchecked = self.unchecked();
+        self.write("giving up on a batch", move |tx| {
+            ensure_lease(tx, &lease, now, unchecked)?;
+            // What this give-up ends: messages still pending up to v0 (an edit since
+            // the batch was collected moved its message past v0: it stays pending).
+            // No duplicate: a message already covered is never covered again.
+            let covered: Vec<i64> = {
+                let mut stmt = tx
+                    .prepare_cached(
+                        "SELECT m.id FROM messages m JOIN conversations c ON c.id = m.conversation_id
+                         WHERE c.id = ?1 AND m.version > c.answered_version AND m.version <= ?2
+                           AND NOT EXISTS (SELECT 1 FROM reply_covers rc WHERE rc.message_id = m.id)
+                         ORDER BY m.id",
+                    )
+                    .ctx("finding the messages given up on")?;
+                stmt.query_map(params![conversation.0, v0.0], |r| r.get(0))
+                    .ctx("finding the messages given up on")?
+                    .collect::<Result<_, _>>()
+                    .ctx("finding the messages given up on")?
+            };
+            if covered.is_empty() {
+                return Ok(None);
+            }
+            let outbox: i64 = tx
+                .query_row(
+                    "INSERT INTO outbox (conversation_id, kind, text, reply_to, version, lease_token,
+                                         owner, created_at, next_attempt_at)
+                     VALUES (?1, 'notice', ?2, ?3, ?4, ?5, ?6, ?7, ?7)
+                     RETURNING id",
+                    params![
+                        conversation.0,
+                        notice,
+                        reply_to,
+                        v0.0,
+                        lease.token.0,
+                        lease.holder.as_str(),
+                        now.0
+                    ],
+                    |r| r.get(0),
+                )
+                .ctx("storing a give-up notice")?;
+            record_covers(tx, outbox, &covered)?;
+            answer_through(tx, conversation, v0, policy)?;
+            Ok(Some(OutboxId(outbox)))
         })
         .await
     }
@@ -1081,7 +1120,7 @@ impl Store for SqliteStore {
                      WHERE rc.outbox_id = ?1 ORDER BY m.id",
                 )
                 .ctx("reading covered messages")?;
-            for row in rows.iter_mut().filter(|r| r.kind == OutboxKind::Reply) {
+            for row in &mut rows {
                 row.covers = covers
                     .query_map([row.id.0], |r| r.get(0))
                     .ctx("reading covered messages")?
@@ -1248,6 +1287,47 @@ fn unchanged_since(
         }
     }
     Ok(unchanged)
+}
+
+/// Record which messages an outbox row (a reply, or a give-up notice) answers.
+fn record_covers(tx: &Transaction<'_>, outbox: i64, messages: &[i64]) -> Result<(), StoreError> {
+    let mut cover = tx
+        .prepare_cached("INSERT INTO reply_covers (outbox_id, message_id) VALUES (?1, ?2)")
+        .ctx("recording covered messages")?;
+    for message in messages {
+        cover
+            .execute(params![outbox, message])
+            .ctx("recording covered messages")?;
+    }
+    Ok(())
+}
+
+/// Mark everything up to `v0` answered, after a reply or a give-up was stored in the
+/// same transaction: the timer goes unless a newer message armed it, and then it is
+/// re-armed for the messages still pending.
+fn answer_through(
+    tx: &Transaction<'_>,
+    conversation: ConversationId,
+    v0: Version,
+    policy: TimerPolicy,
+) -> Result<(), StoreError> {
+    // The answered version only grows.
+    tx.execute(
+        "UPDATE conversations SET answered_version = ?2 WHERE id = ?1 AND answered_version < ?2",
+        params![conversation.0, v0.0],
+    )
+    .ctx("marking the batch answered")?;
+    // The timer goes only if nothing newer than v0 armed it.
+    let deleted = tx
+        .execute(
+            "DELETE FROM timers WHERE conversation_id = ?1 AND armed_version <= ?2",
+            params![conversation.0, v0.0],
+        )
+        .ctx("deleting the timer")?;
+    if deleted == 0 {
+        rearm_for_remaining(tx, conversation, v0, policy)?;
+    }
+    Ok(())
 }
 
 /// After a forced commit, messages newer than `v0` are still pending: their timer

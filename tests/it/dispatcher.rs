@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use lull::dispatcher::{Accepted, Event};
 use lull::domain::{ConversationRef, HolderId, LeaseKey, Platform};
 use lull::platform::SendError;
-use lull::store::{NewMessage, NewReply, SqliteStore, Store, StoreError};
+use lull::store::{MessageEdit, NewMessage, NewReply, SqliteStore, Store, StoreError};
 use lull::timing::TimerPolicy;
 
 use crate::helpers::faulty_store::FaultyStore;
@@ -504,6 +504,156 @@ async fn fencing_refuses_a_commit_from_a_replaced_holder() {
         (replies[0].text.as_str(), replies[0].token),
         ("fresh", new.token.0)
     );
+}
+
+/// Giving up on a batch, at the store: fenced like a commit; the notice covers the
+/// messages still pending up to v0 (not one edited since, not one newer), each
+/// message at most once; a newer message keeps its timer and is answered next, and
+/// the notice never enters the history. The invariant checker counts a message
+/// covered by a delivered give-up notice as answered, and one covered twice as a
+/// duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn giving_up_is_fenced_and_covers_each_message_once() {
+    let db = temp_db();
+    let store = SqliteStore::open(&db.path).unwrap();
+    let policy = TimerPolicy::new(ms(10), ms(10_000), 20).unwrap();
+    let conversation = ConversationRef::new(Platform::Http, "c1");
+    let clock = lull::clock::SystemClock;
+    use lull::clock::Clock;
+    let holder = HolderId::new("ingest");
+    let ingest = |id: &'static str| {
+        let message = NewMessage {
+            conversation: conversation.clone(),
+            is_group: false,
+            message_id: id.into(),
+            user_id: "u".into(),
+            author: "U".into(),
+            text: format!("text of {id}"),
+        };
+        let (store, holder) = (&store, &holder);
+        async move {
+            match store
+                .ingest(message, policy, holder, clock.now())
+                .await
+                .unwrap()
+            {
+                lull::store::IngestOutcome::Stored { conversation, .. } => conversation,
+                other => panic!("{other:?}"),
+            }
+        }
+    };
+    ingest("m1").await;
+    let id = ingest("m2").await;
+    let key = LeaseKey::Conversation(id);
+    let old = store
+        .claim_lease(&key, &HolderId::new("old"), ms(100), clock.now())
+        .await
+        .unwrap()
+        .unwrap();
+    let batch = store.collect(id, 10).await.unwrap();
+    assert_eq!(batch.pending.len(), 2);
+    // After the batch was collected: m2 is edited, m3 arrives.
+    let edit = MessageEdit {
+        conversation: conversation.clone(),
+        message_id: "m2".into(),
+        text: "m2, edited".into(),
+    };
+    store
+        .edit(edit, policy, &holder, clock.now())
+        .await
+        .unwrap();
+    ingest("m3").await;
+    tokio::time::sleep(ms(150)).await;
+    let new = store
+        .claim_lease(&key, &HolderId::new("new"), ms(10_000), clock.now())
+        .await
+        .unwrap()
+        .unwrap();
+    let refused = store
+        .give_up(&old, &batch, "too long", policy, clock.now())
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::LeaseLost(_))),
+        "{refused:?}"
+    );
+    let notice = store
+        .give_up(&new, &batch, "too long", policy, clock.now())
+        .await
+        .unwrap()
+        .expect("m1 was pending");
+    assert_eq!(
+        store
+            .give_up(&new, &batch, "again", policy, clock.now())
+            .await
+            .unwrap(),
+        None,
+        "nothing is given up twice"
+    );
+    let give_ups = db::give_ups(&db.path);
+    assert_eq!(give_ups.len(), 1);
+    assert_eq!(
+        give_ups[0].covers,
+        ["m1"],
+        "only what is still pending up to v0"
+    );
+    assert_eq!(
+        db::count(&db.path, "SELECT COUNT(*) FROM timers"),
+        1,
+        "m2 and m3 keep theirs"
+    );
+    let outbox = store.due_outbox(id, clock.now()).await.unwrap();
+    assert_eq!(
+        outbox[0].covers,
+        ["m1"],
+        "receivers see what the notice ended"
+    );
+
+    // The next round answers m2 and m3; the notice is no part of its history.
+    let batch = store.collect(id, 10).await.unwrap();
+    let pending: Vec<&str> = batch
+        .pending
+        .iter()
+        .map(|m| m.message_id.as_str())
+        .collect();
+    assert_eq!(pending, ["m2", "m3"]);
+    assert!(batch.history.is_empty(), "{:?}", batch.history);
+    let reply = NewReply {
+        text: "answer".into(),
+        usage: None,
+        llm_ms: 1,
+    };
+    let committed = store
+        .commit_reply(&new, &batch, reply, policy, clock.now())
+        .await
+        .unwrap();
+    let lull::store::CommitOutcome::Committed { outbox: reply, .. } = committed else {
+        panic!("{committed:?}");
+    };
+    for row in [notice, reply] {
+        store.mark_sent(row, 1, true, clock.now()).await.unwrap();
+    }
+    let verdict = db::check(&db.path);
+    assert_eq!(
+        (
+            verdict.replies,
+            verdict.give_ups,
+            verdict.duplicates,
+            verdict.lost,
+            verdict.stale
+        ),
+        (1, 1, 0, 0, 0),
+        "{verdict:?}"
+    );
+    // The checker can fail: a message covered by both a reply and a notice is a
+    // duplicate.
+    let conn = rusqlite::Connection::open(&db.path).unwrap();
+    conn.execute(
+        "INSERT INTO reply_covers (outbox_id, message_id)
+         SELECT ?1, id FROM messages WHERE platform_message_id = 'm3'",
+        [notice.0],
+    )
+    .unwrap();
+    assert_eq!(db::check(&db.path).duplicates, 1);
 }
 
 /// Test 6, end to end: a holder that believes it still holds its lease (its

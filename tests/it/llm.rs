@@ -1,15 +1,17 @@
 //! The OpenAI-compatible client against a scripted fake server: every failure mode
 //! ends with the user seeing one reply (or one notice and, later, one reply), nothing
-//! lost or doubled; the exact message list; token accounting; the key kept secret.
+//! lost or doubled; a prompt too long is sent again smaller, and a refused request
+//! ends its batch instead of stalling the conversation; the exact message list; token
+//! accounting; replies cut to their limit; the key kept secret.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
 use crate::support::db;
-use crate::support::openai_fake::{Behavior, FakeOpenAi};
+use crate::support::openai_fake::{Behavior, FakeOpenAi, Server};
 use crate::support::process::{LullProcess, post_message};
-use crate::support::webhook::Webhook;
+use crate::support::webhook::{Received, Webhook};
 
 const KEY: &str = "sk-test-very-secret-key";
 
@@ -73,11 +75,50 @@ impl Bot {
     }
 
     fn notices(&self) -> usize {
+        self.notice_list().len()
+    }
+
+    fn notice_list(&self) -> Vec<Received> {
         self.webhook
             .received()
-            .iter()
+            .into_iter()
             .filter(|r| r.kind == "notice")
-            .count()
+            .collect()
+    }
+
+    /// Wait until `n` notices arrived; panics after `limit`.
+    async fn wait_notices(&self, n: usize, limit: Duration) -> Vec<Received> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let notices = self.notice_list();
+            if notices.len() >= n {
+                return notices;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "expected {n} notices within {limit:?}, got {notices:#?}\n{}",
+                self.lull.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Once settled: exactly `replies` replies and `give_ups` give-up notices, and
+    /// every invariant holds (no duplicate, no loss, fresh, tokens growing).
+    async fn assert_invariants(&self, replies: usize, give_ups: usize) {
+        let v = self.verdict().await;
+        assert_eq!(
+            (
+                v.replies,
+                v.give_ups,
+                v.duplicates,
+                v.lost,
+                v.stale,
+                v.token_regressions
+            ),
+            (replies, give_ups, 0, 0, 0, 0),
+            "{v:?}"
+        );
     }
 
     /// The database's verdict once nothing is pending or undelivered.
@@ -157,26 +198,163 @@ async fn retry_after_is_honoured() {
     assert_eq!(bot.notices(), 0);
 }
 
-/// A 4xx other than 429 is not retried: one request, one notice, the messages stay
-/// pending and the next successful round covers them all.
+/// A refused request (401: the key; 404: the model or URL) is never retried: one
+/// request per batch, an ERROR naming the setting to fix, the user told once with an
+/// honest text (not "can't reach"), and the batch ended, so the next message is
+/// answered. Nothing is lost or answered twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn client_errors_are_not_retried_and_nothing_is_lost() {
+async fn a_refused_request_is_not_retried_and_ends_its_batch() {
     let bot = Bot::start(&[]).await;
-    bot.model.script([Behavior::Status(400)]);
-    bot.say("c", "1", "first").await;
-    // The notice arrives; the model was asked once.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while bot.notices() == 0 {
-        assert!(std::time::Instant::now() < deadline, "no failure notice");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    for (n, (status, setting)) in [(401, "OPENAI_API_KEY"), (404, "OPENAI_MODEL")]
+        .into_iter()
+        .enumerate()
+    {
+        let conversation = format!("refused-{status}");
+        bot.model.fallback(Behavior::Status(status));
+        bot.say(&conversation, "1", "hello?").await;
+        let notices = bot.wait_notices(n + 1, Duration::from_secs(10)).await;
+        let notice = &notices[n];
+        assert_eq!(notice.conversation, conversation);
+        assert!(notice.text.contains("refused"), "{}", notice.text);
+        assert!(!notice.text.contains("can't reach"), "{}", notice.text);
+        assert_eq!(notice.covers, ["1"], "the notice ends the batch");
+        // Long enough for a retry (within the round, or a round after the backoff).
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        assert_eq!(
+            bot.model.requests().len(),
+            n * 2 + 1,
+            "HTTP {status} is not retried"
+        );
+        let logs = bot.lull.logs();
+        assert!(
+            logs.lines().any(|l| l.contains("ERROR")
+                && l.contains(&format!("HTTP {status}"))
+                && l.contains(setting)),
+            "no ERROR naming {setting}:\n{logs}"
+        );
+        // The conversation moves on: the next message is answered.
+        bot.model.fallback(Behavior::Answer);
+        bot.say(&conversation, "2", "still there?").await;
+        let replies = bot
+            .webhook
+            .wait_replies(n + 1, Duration::from_secs(10))
+            .await;
+        assert_eq!(replies[n].covers, ["2"]);
+        assert_eq!(
+            bot.model.without_history(n * 2 + 1).as_deref(),
+            Some("still there?"),
+            "no history: nothing was answered"
+        );
     }
-    assert_eq!(bot.model.requests().len(), 1, "a 400 is not retried");
-    bot.say("c", "2", "second").await;
-    let replies = bot.webhook.wait_replies(1, Duration::from_secs(20)).await;
-    assert_eq!(replies[0].covers, ["1", "2"]);
-    assert_eq!(replies[0].text, "[model] first\nsecond");
-    assert_eq!(bot.notices(), 1);
-    assert_eq!(bot.model.requests().len(), 2);
+    assert_eq!(bot.notices(), 2, "told once per batch");
+    bot.assert_invariants(2, 2).await;
+    let metrics = bot.lull.metrics().await.unwrap();
+    assert_eq!(metrics["lull_llm_requests_total{outcome=\"refused\"}"], 2.0);
+}
+
+/// Four 15,000-character messages to a model that refuses prompts over 40,000
+/// characters: asked again without the history, then with the batch cut and a note
+/// saying so; one reply covers all four, and the next message is answered normally.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_too_long_is_sent_again_smaller_and_answered_once() {
+    let bot = Bot::start(&[("LULL_DEBOUNCE_MS", "1500")]).await;
+    bot.say("c", "0", "hello").await;
+    bot.webhook.wait_replies(1, Duration::from_secs(10)).await;
+    bot.model.fallback(Behavior::RefuseOver {
+        chars: 40_000,
+        server: Server::OpenAi,
+    });
+    // About 15,000 characters each.
+    let long = |i: usize| {
+        format!(
+            "Message {i} begins. {}Question {i}?",
+            "lorem ipsum ".repeat(1249)
+        )
+    };
+    for i in 1..=4 {
+        bot.say("c", &i.to_string(), &long(i)).await;
+    }
+    let replies = bot.webhook.wait_replies(2, Duration::from_secs(20)).await;
+    assert_eq!(
+        replies[1].covers,
+        ["1", "2", "3", "4"],
+        "one reply for the batch"
+    );
+    let requests = bot.model.requests();
+    assert_eq!(requests.len(), 4, "the first exchange, then three tries");
+    // 1: the whole prompt with history; 2: without history; 3: the batch cut.
+    assert_eq!(bot.model.messages(1).len(), 4);
+    assert!(bot.model.prompt_chars(1) > 60_000);
+    assert_eq!(bot.model.messages(2).len(), 2, "less history first");
+    assert!(
+        bot.model.prompt_chars(2) > 60_000,
+        "the batch itself is still whole"
+    );
+    let cut = &bot.model.messages(3)[1].1;
+    assert!(
+        bot.model.prompt_chars(3) <= 40_000,
+        "{}",
+        bot.model.prompt_chars(3)
+    );
+    assert!(
+        cut.contains("Note from lull") && cut.contains("too long"),
+        "the model is told"
+    );
+    for i in 1..=4 {
+        assert!(
+            cut.contains(&format!("Message {i} begins.")),
+            "message {i}'s start kept"
+        );
+        assert!(
+            cut.contains(&format!("Question {i}?")),
+            "message {i}'s end kept"
+        );
+    }
+    assert_eq!(bot.notices(), 0, "the user got an answer, not a notice");
+    // Later messages are answered normally.
+    bot.say("c", "5", "thanks!").await;
+    let replies = bot.webhook.wait_replies(3, Duration::from_secs(10)).await;
+    assert_eq!(replies[2].covers, ["5"]);
+    assert_eq!(bot.model.requests().len(), 5);
+    bot.assert_invariants(3, 0).await;
+    let metrics = bot.lull.metrics().await.unwrap();
+    assert_eq!(
+        metrics["lull_llm_requests_total{outcome=\"too_long\"}"],
+        2.0
+    );
+    assert_eq!(metrics["lull_llm_requests_total{outcome=\"ok\"}"], 3.0);
+}
+
+/// A model that refuses every prompt as too long, worded as vLLM, llama.cpp and
+/// OpenRouter word it: a bounded number of smaller tries, then the user is told once,
+/// the batch is ended (the notice covers it), and a later message is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_always_too_long_tells_the_user_once_and_moves_on() {
+    let bot = Bot::start(&[]).await;
+    bot.model.script([
+        Behavior::ContextLength(Server::Vllm),
+        Behavior::ContextLength(Server::LlamaCpp),
+        Behavior::ContextLength(Server::OpenRouter),
+    ]);
+    bot.model.fallback(Behavior::ContextLength(Server::Ollama));
+    bot.say("c", "1", &"a long paste ".repeat(1000)).await;
+    let notices = bot.wait_notices(1, Duration::from_secs(10)).await;
+    assert!(notices[0].text.contains("too long"), "{}", notices[0].text);
+    assert_eq!(notices[0].covers, ["1"]);
+    // The whole batch, then cut to a half and a quarter (no history to leave out).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(bot.model.requests().len(), 3, "a bounded number of tries");
+    assert_eq!(bot.notices(), 1, "told once");
+    bot.model.fallback(Behavior::Answer);
+    bot.say("c", "2", "short one").await;
+    let replies = bot.webhook.wait_replies(1, Duration::from_secs(10)).await;
+    assert_eq!(replies[0].covers, ["2"]);
+    assert_eq!(
+        bot.model.without_history(3).as_deref(),
+        Some("short one"),
+        "the notice never enters the history"
+    );
+    bot.assert_invariants(1, 1).await;
 }
 
 /// Retries exhausted, round after round: the user is told once (not once per

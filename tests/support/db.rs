@@ -1,15 +1,17 @@
 //! Reading a lull database from the outside, to check the invariants against what
-//! was stored: which replies exist, what each covered, and whether any message was
-//! covered twice or never.
+//! was stored: which replies (and give-up notices) exist, what each covered, and
+//! whether any message was covered twice or never.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use rusqlite::{Connection, OpenFlags};
 
-/// A committed reply and the messages it was generated from.
+/// A committed reply and the messages it was generated from; or a give-up notice
+/// (`kind == "notice"`) and the messages it ended.
 #[derive(Debug, Clone)]
 pub struct ReplyRow {
+    pub kind: String,
     pub id: i64,
     pub conversation: String,
     pub text: String,
@@ -40,17 +42,38 @@ pub fn open(path: &Path) -> Connection {
 }
 
 pub fn replies(path: &Path) -> Vec<ReplyRow> {
+    answers(path)
+        .into_iter()
+        .filter(|r| r.kind == "reply")
+        .collect()
+}
+
+/// Give-up notices: notices that cover the messages of a batch the model could not
+/// answer.
+pub fn give_ups(path: &Path) -> Vec<ReplyRow> {
+    answers(path)
+        .into_iter()
+        .filter(|r| r.kind == "notice")
+        .collect()
+}
+
+/// Every outbox row that answers messages: replies and give-up notices, in order.
+pub fn answers(path: &Path) -> Vec<ReplyRow> {
     let conn = open(path);
     let mut stmt = conn
         .prepare(
-            "SELECT o.id, c.key, o.text, o.version, o.lease_token, o.forced, o.created_at, o.sent_at IS NOT NULL
+            "SELECT o.id, c.key, o.text, o.version, o.lease_token, o.forced, o.created_at, o.sent_at IS NOT NULL,
+                    o.kind
              FROM outbox o JOIN conversations c ON c.id = o.conversation_id
-             WHERE o.kind = 'reply' ORDER BY o.id",
+             WHERE o.kind = 'reply'
+                OR EXISTS (SELECT 1 FROM reply_covers rc WHERE rc.outbox_id = o.id)
+             ORDER BY o.id",
         )
         .unwrap();
     let mut rows: Vec<ReplyRow> = stmt
         .query_map([], |r| {
             Ok(ReplyRow {
+                kind: r.get(8)?,
                 id: r.get(0)?,
                 conversation: r.get(1)?,
                 text: r.get(2)?,
@@ -112,9 +135,11 @@ pub fn count(path: &Path, sql: &str) -> i64 {
 pub struct Verdict {
     pub messages: usize,
     pub replies: usize,
-    /// Messages covered by more than one reply.
+    /// Give-up notices: batches the model could not answer, told to the user.
+    pub give_ups: usize,
+    /// Messages covered more than once (by replies or give-up notices).
     pub duplicates: usize,
-    /// Messages covered by no delivered reply.
+    /// Messages covered by no delivered reply or give-up notice.
     pub lost: usize,
     /// Unforced replies that missed a message existing when they were committed.
     pub stale: usize,
@@ -122,15 +147,17 @@ pub struct Verdict {
     pub token_regressions: usize,
 }
 
-/// Check the stored replies against the stored messages:
-/// - no duplicate: each message is covered by at most one reply;
-/// - no loss: each message is covered by a delivered reply;
+/// Check the stored replies and give-up notices against the stored messages:
+/// - no duplicate: each message is covered at most once, by a reply or a give-up
+///   notice;
+/// - no loss: each message is covered by a delivered reply or give-up notice;
 /// - fresh: an unforced reply at version v covers every message of its conversation
-///   with a version in (previous reply's v, v];
-/// - exclusive: per conversation, reply tokens strictly grow.
+///   with a version in (previous reply's or give-up's v, v];
+/// - exclusive: per conversation, the fencing tokens of replies and give-ups strictly
+///   grow.
 pub fn check(path: &Path) -> Verdict {
     let messages = messages(path);
-    let replies = replies(path);
+    let replies = answers(path);
     let mut covered: BTreeMap<(String, String), usize> = BTreeMap::new();
     let mut delivered: BTreeMap<(String, String), bool> = BTreeMap::new();
     for reply in &replies {
@@ -142,7 +169,8 @@ pub fn check(path: &Path) -> Verdict {
     }
     let mut verdict = Verdict {
         messages: messages.len(),
-        replies: replies.len(),
+        replies: replies.iter().filter(|r| r.kind == "reply").count(),
+        give_ups: replies.iter().filter(|r| r.kind == "notice").count(),
         ..Verdict::default()
     };
     for m in &messages {
@@ -170,7 +198,7 @@ pub fn check(path: &Path) -> Verdict {
                 verdict.token_regressions += 1;
             }
             previous_token = reply.token;
-            if !reply.forced {
+            if reply.kind == "reply" && !reply.forced {
                 let expected: Vec<&str> = messages
                     .iter()
                     .filter(|m| {

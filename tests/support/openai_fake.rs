@@ -1,6 +1,8 @@
 //! A fake OpenAI-compatible server on loopback that can be scripted per request:
 //! slow, 5xx, 429 with `Retry-After`, malformed JSON, empty content, a dropped
-//! connection. It records every request body (the exact message list lull sent).
+//! connection, a prompt refused as too long (in the error formats of several
+//! servers), an error body that echoes the `Authorization` header back. It records
+//! every request body (the exact message list lull sent).
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -34,6 +36,49 @@ pub enum Behavior {
     Empty,
     /// Start the response, then break the connection.
     Drop,
+    /// A 400 refusing the prompt as longer than the model's context, in the error
+    /// format of `server`.
+    ContextLength(Server),
+    /// Answer like `Answer` if the prompt (every message's content) has at most
+    /// `chars` characters, else refuse it like `ContextLength(server)`.
+    RefuseOver { chars: usize, server: Server },
+    /// An error status whose body quotes the request's `Authorization` header, as
+    /// careless servers and proxies do: JSON for 4xx, plain text for 5xx.
+    EchoAuthorization(u16),
+}
+
+/// The OpenAI-compatible servers whose context-length refusals the fake imitates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Server {
+    OpenAi,
+    Vllm,
+    LlamaCpp,
+    Ollama,
+    OpenRouter,
+}
+
+impl Server {
+    /// The body of a context-length refusal, as each server words it.
+    fn context_length_body(self) -> Value {
+        match self {
+            Server::OpenAi => json!({ "error": {
+                "message": "This model's maximum context length is 8192 tokens. However, your messages resulted in 15023 tokens. Please reduce the length of the messages.",
+                "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded" } }),
+            Server::Vllm => json!({
+                "object": "error",
+                "message": "This model's maximum context length is 4096 tokens. However, you requested 15023 tokens (10927 in the messages, 4096 in the completion). Please reduce the length of the messages or completion.",
+                "type": "BadRequestError", "param": null, "code": 400 }),
+            Server::LlamaCpp => json!({ "error": {
+                "code": 400, "message": "the request exceeds the available context size, try increasing it",
+                "type": "exceed_context_size_error", "n_prompt_tokens": 15023, "n_ctx": 4096 } }),
+            Server::Ollama => json!({ "error": {
+                "message": "the input length exceeds the context length", "type": "api_error",
+                "param": null, "code": null } }),
+            Server::OpenRouter => json!({ "error": {
+                "message": "This endpoint's maximum context length is 8192 tokens. However, you requested about 15023 tokens (15023 of text input). Please reduce the length of either one, or use the \"middle-out\" transform to compress your prompt automatically.",
+                "code": 400 } }),
+        }
+    }
 }
 
 /// One request the server received.
@@ -92,6 +137,22 @@ impl FakeOpenAi {
         self.inner.requests.lock().unwrap().clone()
     }
 
+    /// The user turn of request `n` if it carried no history (the system prompt and
+    /// one user turn), else `None`.
+    pub fn without_history(&self, n: usize) -> Option<String> {
+        match self.messages(n).as_slice() {
+            [(system, _), (user, turn)] if system == "system" && user == "user" => {
+                Some(turn.clone())
+            }
+            _ => None,
+        }
+    }
+
+    /// Characters of every message's content in request `n` (what `RefuseOver` counts).
+    pub fn prompt_chars(&self, n: usize) -> usize {
+        prompt_chars(&self.requests()[n].body)
+    }
+
     /// The `messages` of request `n`, as `(role, content)`.
     pub fn messages(&self, n: usize) -> Vec<(String, String)> {
         self.requests()[n].body["messages"]
@@ -124,6 +185,15 @@ fn completion(content: &str, body: &Value) -> Value {
     })
 }
 
+fn prompt_chars(body: &Value) -> usize {
+    body["messages"].as_array().map_or(0, |messages| {
+        messages
+            .iter()
+            .map(|m| m["content"].as_str().unwrap_or_default().chars().count())
+            .sum()
+    })
+}
+
 fn error(status: u16, message: &str) -> Response {
     (
         StatusCode::from_u16(status).unwrap(),
@@ -138,12 +208,13 @@ async fn completions(
     body: axum::body::Bytes,
 ) -> Response {
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let authorization = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     inner.requests.lock().unwrap().push(Recorded {
         body: body.clone(),
-        authorization: headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned),
+        authorization: authorization.clone(),
         at: Instant::now(),
     });
     let behavior = inner
@@ -182,6 +253,36 @@ async fn completions(
         )
             .into_response(),
         Behavior::Empty => axum::Json(completion("", &body)).into_response(),
+        Behavior::ContextLength(server) => (
+            StatusCode::BAD_REQUEST,
+            axum::Json(server.context_length_body()),
+        )
+            .into_response(),
+        Behavior::RefuseOver { chars, server } if prompt_chars(&body) > chars => (
+            StatusCode::BAD_REQUEST,
+            axum::Json(server.context_length_body()),
+        )
+            .into_response(),
+        Behavior::RefuseOver { .. } => {
+            axum::Json(completion(&format!("[model] {last_user}"), &body)).into_response()
+        }
+        Behavior::EchoAuthorization(status) => {
+            let echoed = authorization.unwrap_or_default();
+            if status < 500 {
+                error(
+                    status,
+                    &format!(
+                        "Incorrect API key provided: {echoed}. You can find your API key at https://example.com."
+                    ),
+                )
+            } else {
+                (
+                    StatusCode::from_u16(status).unwrap(),
+                    format!("upstream failed; request was: POST /v1/chat/completions\nAuthorization: {echoed}\n"),
+                )
+                    .into_response()
+            }
+        }
         Behavior::Drop => {
             // A body that fails after its first bytes: hyper aborts the connection.
             let chunks: Vec<Result<&'static str, std::io::Error>> = vec![

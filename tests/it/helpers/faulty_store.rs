@@ -129,6 +129,16 @@ impl Store for FaultyStore {
     ) -> Result<CommitOutcome, StoreError> {
         self.inner.commit_reply(l, b, r, p, now).await
     }
+    async fn give_up(
+        &self,
+        l: &Lease,
+        b: &Batch,
+        n: &str,
+        p: TimerPolicy,
+        now: Timestamp,
+    ) -> Result<Option<OutboxId>, StoreError> {
+        self.inner.give_up(l, b, n, p, now).await
+    }
     async fn disarm_idle_timer(
         &self,
         l: &Lease,

@@ -319,7 +319,7 @@ impl Dispatcher {
             Command::Start | Command::Help => commands::HELP_TEXT.to_owned(),
             Command::Reset => {
                 self.store
-                    .reset_context(&incoming.conversation, incoming.is_group, now)
+                    .reset_context(&incoming.conversation, incoming.is_group, &self.holder, now)
                     .await?;
                 commands::RESET_TEXT.to_owned()
             }

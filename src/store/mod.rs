@@ -289,11 +289,14 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<bool, StoreError>;
 
     /// Start a fresh context: earlier exchanges are kept but no longer offered as
-    /// history. Pending messages are kept and answered in the fresh context.
+    /// history. Pending messages are kept and answered in the fresh context, at once:
+    /// the timer's failure backoff is cleared and it is due now for `holder` (the
+    /// process that took the command), so `/reset` always unsticks a conversation.
     async fn reset_context(
         &self,
         conversation: &ConversationRef,
         is_group: bool,
+        holder: &HolderId,
         now: Timestamp,
     ) -> Result<(), StoreError>;
 

@@ -621,9 +621,11 @@ impl Store for SqliteStore {
         &self,
         conversation: &ConversationRef,
         is_group: bool,
+        holder: &HolderId,
         now: Timestamp,
     ) -> Result<(), StoreError> {
         let conversation = conversation.clone();
+        let holder = holder.clone();
         self.write("resetting the context", move |tx| {
             let id = upsert_conversation(tx, &conversation, is_group, now)?;
             tx.execute(
@@ -631,6 +633,14 @@ impl Store for SqliteStore {
                 [id.0],
             )
             .ctx("resetting the context")?;
+            // /reset unsticks: pending messages are tried again now, without the backoff.
+            tx.execute(
+                "UPDATE timers SET attempts = 0, retry_at = 0, armed_by = ?3,
+                     due_at = CASE WHEN due_at > ?2 THEN ?2 ELSE due_at END
+                 WHERE conversation_id = ?1",
+                params![id.0, now.0, holder.as_str()],
+            )
+            .ctx("clearing the failure backoff")?;
             Ok(())
         })
         .await

@@ -4,6 +4,7 @@
 //! ends its batch instead of stalling the conversation; the exact message list; token
 //! accounting; replies cut to their limit; the key kept secret.
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -119,6 +120,10 @@ impl Bot {
             (replies, give_ups, 0, 0, 0, 0),
             "{v:?}"
         );
+    }
+
+    fn db(&self) -> PathBuf {
+        self.dir.path().join("lull.db")
     }
 
     /// The database's verdict once nothing is pending or undelivered.
@@ -491,4 +496,41 @@ async fn history_is_cut_to_its_budget() {
             s("user", "three")
         ]
     );
+}
+
+/// `/reset` unsticks a conversation in failure backoff: the model asked for an hour's
+/// pause (429, `Retry-After: 3600`), the user sends `/reset`, the model is back, and
+/// the pending message is answered at once, in the fresh context.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_clears_the_failure_backoff() {
+    let bot = Bot::start(&[]).await;
+    bot.say("c", "1", "first").await;
+    bot.webhook.wait_replies(1, Duration::from_secs(10)).await;
+    bot.model.fallback(Behavior::RateLimited(3600));
+    bot.say("c", "2", "second").await;
+    let notices = bot.wait_notices(1, Duration::from_secs(10)).await;
+    assert!(
+        notices[0].text.contains("can't reach"),
+        "{}",
+        notices[0].text
+    );
+    assert_eq!(bot.model.requests().len(), 2);
+    let retry_at = db::count(&bot.db(), "SELECT retry_at FROM timers");
+    assert!(retry_at > 0, "in backoff");
+    bot.model.fallback(Behavior::Answer);
+    let reset = Instant::now();
+    bot.say("c", "3", "/reset").await;
+    let replies = bot.webhook.wait_replies(2, Duration::from_secs(10)).await;
+    assert!(
+        reset.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        reset.elapsed()
+    );
+    assert_eq!(replies[1].covers, ["2"]);
+    assert_eq!(
+        bot.model.without_history(2).as_deref(),
+        Some("second"),
+        "answered in the fresh context"
+    );
+    bot.assert_invariants(2, 0).await;
 }

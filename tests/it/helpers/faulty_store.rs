@@ -86,9 +86,10 @@ impl Store for FaultyStore {
         &self,
         c: &ConversationRef,
         is_group: bool,
+        h: &HolderId,
         now: Timestamp,
     ) -> Result<(), StoreError> {
-        self.inner.reset_context(c, is_group, now).await
+        self.inner.reset_context(c, is_group, h, now).await
     }
     async fn due_work(&self, q: &WorkQuery, now: Timestamp) -> Result<DueWork, StoreError> {
         self.inner.due_work(q, now).await

@@ -72,6 +72,7 @@ pub fn dispatch_settings(config: &Config) -> DispatchSettings {
         shutdown_grace: config.shutdown_grace,
         access: config.access.clone(),
         max_message_chars: MAX_MESSAGE_CHARS,
+        max_reply_chars: config.max_reply_chars,
     }
 }
 

@@ -23,6 +23,9 @@ pub const DEFAULT_TELEGRAM_API_URL: &str = "https://api.telegram.org";
 pub const DEFAULT_DISCORD_API_URL: &str = "https://discord.com";
 pub const DEFAULT_OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
 pub const DEFAULT_OPENAI_MODEL: &str = "gpt-4.1-mini";
+/// About as many tokens as `LULL_MAX_REPLY_CHARS`' default holds characters of
+/// English, so the model is not asked for more than lull would send.
+pub const DEFAULT_MAX_TOKENS: u32 = 4096;
 pub const DEFAULT_SYSTEM_PROMPT: &str = "You are lull, a friendly and concise assistant in a chat. \
 Several messages from the user may arrive together: read them all and answer them in one reply.";
 
@@ -107,9 +110,17 @@ pub struct Settings {
     /// Sampling temperature, 0 to 2 [default: the server's]
     #[arg(long, global = true, env = "LULL_TEMPERATURE")]
     pub temperature: Option<f32>,
-    /// Longest reply, in tokens [default: the server's]
-    #[arg(long, global = true, env = "LULL_MAX_TOKENS")]
-    pub max_tokens: Option<u32>,
+    /// Longest reply the model may generate, in tokens.
+    #[arg(long, global = true, env = "LULL_MAX_TOKENS", default_value_t = DEFAULT_MAX_TOKENS)]
+    pub max_tokens: u32,
+    /// Longest reply lull sends, in characters; a longer one is cut with a note.
+    #[arg(
+        long,
+        global = true,
+        env = "LULL_MAX_REPLY_CHARS",
+        default_value_t = crate::dispatcher::MAX_REPLY_CHARS
+    )]
+    pub max_reply_chars: usize,
     /// Earlier messages (user turns and replies) sent to the model as history.
     #[arg(
         long,
@@ -279,6 +290,8 @@ pub struct Config {
     pub discord: Option<PlatformConfig>,
     pub llm: LlmConfig,
     pub llm_retries: u32,
+    /// Longest reply sent, in characters (`LULL_MAX_REPLY_CHARS`).
+    pub max_reply_chars: usize,
     pub history: HistoryBudget,
     pub database: PathBuf,
     pub timers: TimerPolicy,
@@ -397,7 +410,7 @@ impl Config {
                         "LULL_TEMPERATURE must be between 0 and 2, got {t}"
                     )));
                 }
-                if s.max_tokens == Some(0) {
+                if s.max_tokens == 0 {
                     return Err(ConfigError("LULL_MAX_TOKENS must be at least 1".into()));
                 }
                 LlmConfig::OpenAi(OpenAiSettings {
@@ -413,6 +426,13 @@ impl Config {
             }
         };
 
+        if s.max_reply_chars < crate::dispatcher::MIN_REPLY_CHARS {
+            return Err(ConfigError(format!(
+                "LULL_MAX_REPLY_CHARS must be at least {} (room for a reply and the note that it was cut), got {}",
+                crate::dispatcher::MIN_REPLY_CHARS,
+                s.max_reply_chars
+            )));
+        }
         let timers = TimerPolicy::new(
             Duration::from_millis(s.debounce_ms),
             positive("LULL_MAX_WAIT_MS", s.max_wait_ms)?,
@@ -449,6 +469,7 @@ impl Config {
             discord,
             llm,
             llm_retries: s.llm_retries,
+            max_reply_chars: s.max_reply_chars,
             history,
             database: database_path(&s.database_url)?,
             timers,
@@ -604,6 +625,7 @@ mod tests {
                 "LULL_HTTP_TOKEN",
             ),
             (&["--max-wait-ms", "0"], "LULL_MAX_WAIT_MS"),
+            (&["--max-reply-chars", "10"], "LULL_MAX_REPLY_CHARS"),
             (
                 &[
                     "--llm",

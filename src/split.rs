@@ -55,6 +55,20 @@ pub fn split_message(text: &str, max_chars: usize) -> Vec<String> {
     parts
 }
 
+/// `text` cut to at most `max_chars` characters, note included: at a paragraph, else
+/// a line, else a word boundary (where [`split_message`] would end its first part, an
+/// open code block closed), then a blank line and `note`. `None` when `text` fits.
+pub fn truncate(text: &str, max_chars: usize, note: &str) -> Option<String> {
+    if char_len(text) <= max_chars {
+        return None;
+    }
+    let budget = max_chars.saturating_sub(char_len(note) + 2);
+    // One character more than the budget: split_message must cut, and reads no further.
+    let window = &text[..byte_index(text, budget + 1)];
+    let head = split_message(window, budget).swap_remove(0);
+    Some(format!("{head}\n\n{note}"))
+}
+
 /// Byte index of the `n`th character of `s` (or its end).
 pub(crate) fn byte_index(s: &str, n: usize) -> usize {
     s.char_indices().nth(n).map_or(s.len(), |(i, _)| i)
@@ -176,6 +190,23 @@ mod tests {
         let parts = split_message(&text, 40);
         assert!(parts.iter().all(|p| char_len(p) <= 40));
         assert_eq!(parts.concat(), text);
+    }
+
+    #[test]
+    fn a_long_reply_is_cut_at_a_paragraph_with_the_note_inside_the_limit() {
+        let para = "word ".repeat(100).trim_end().to_owned(); // 499 chars
+        let text = [para.as_str(); 400].join("\n\n"); // ~200,000 chars
+        let note = "[… reply cut at 2000 characters]";
+        let cut = truncate(&text, 2000, note).unwrap();
+        assert!(char_len(&cut) <= 2000, "{}", char_len(&cut));
+        assert!(char_len(&cut) > 1400, "{}", char_len(&cut));
+        assert!(cut.ends_with(&format!("word\n\n{note}")), "{cut}");
+        assert_eq!(truncate("short", 2000, note), None);
+        // Inside a code block: the block is closed before the note.
+        let code: String = (0..500).map(|i| format!("let x{i} = {i};\n")).collect();
+        let cut = truncate(&format!("```rust\n{code}```"), 1000, note).unwrap();
+        assert!(char_len(&cut) <= 1000);
+        assert!(cut.ends_with(&format!("\n```\n\n{note}")), "{cut}");
     }
 
     #[test]

@@ -53,6 +53,8 @@ pub struct DispatchSettings {
     pub access: AccessList,
     /// Longest message text accepted, in characters.
     pub max_message_chars: usize,
+    /// Longest reply committed, in characters: a longer one is cut, with a note.
+    pub max_reply_chars: usize,
 }
 
 impl DispatchSettings {
@@ -73,6 +75,7 @@ impl DispatchSettings {
             shutdown_grace: Duration::from_secs(10),
             access: AccessList::default(),
             max_message_chars: MAX_MESSAGE_CHARS,
+            max_reply_chars: MAX_REPLY_CHARS,
         }
     }
 }
@@ -80,6 +83,13 @@ impl DispatchSettings {
 /// The longest message lull accepts by default (Telegram's own limit is 4096, a
 /// Discord message with Nitro 4000); longer ones are refused, not cut.
 pub const MAX_MESSAGE_CHARS: usize = 16_000;
+
+/// The longest reply lull sends by default (`LULL_MAX_REPLY_CHARS`): four Telegram
+/// messages, eight Discord ones.
+pub const MAX_REPLY_CHARS: usize = 16_000;
+
+/// The smallest `LULL_MAX_REPLY_CHARS`: room for some reply and the note that it was cut.
+pub const MIN_REPLY_CHARS: usize = 100;
 
 /// How an inbound update was handled.
 #[derive(Debug, Clone, PartialEq, Eq)]

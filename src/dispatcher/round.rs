@@ -174,7 +174,7 @@ impl Dispatcher {
         };
 
         let reply = NewReply {
-            text: generation.text,
+            text: self.bounded(conversation, generation.text),
             usage: generation.usage,
             llm_ms: llm_time.as_millis() as u64,
         };
@@ -254,6 +254,27 @@ impl Dispatcher {
         tokio::select! {
             generated = self.responder.respond(&prompt) => generated,
             never = typing => never,
+        }
+    }
+
+    /// A reply as it may be committed, whichever responder wrote it: without any
+    /// registered secret, and at most `max_reply_chars` long (cut at a paragraph, line
+    /// or word, with a note saying so).
+    fn bounded(&self, conversation: ConversationId, text: String) -> String {
+        let text = crate::secrets::redact(text);
+        let max = self.settings.max_reply_chars;
+        let note = format!("[… reply cut at {max} characters]");
+        match crate::split::truncate(&text, max, &note) {
+            Some(cut) => {
+                tracing::warn!(
+                    %conversation,
+                    chars = crate::split::char_len(&text),
+                    max,
+                    "reply longer than LULL_MAX_REPLY_CHARS; cut"
+                );
+                cut
+            }
+            None => text,
         }
     }
 

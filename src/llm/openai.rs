@@ -39,9 +39,10 @@ pub struct OpenAiSettings {
     pub system_prompt: String,
     /// Sampling temperature; the server's default when unset.
     pub temperature: Option<f32>,
-    /// Longest reply in tokens (`max_tokens`, which every compatible server reads);
-    /// the server's default when unset.
-    pub max_tokens: Option<u32>,
+    /// Longest reply in tokens (`max_tokens`, which every compatible server reads;
+    /// `max_completion_tokens` for OpenAI's own API, whose newer models refuse the
+    /// older name).
+    pub max_tokens: u32,
     /// How much earlier conversation is sent.
     pub history: HistoryBudget,
     /// One request's time limit.
@@ -258,14 +259,17 @@ impl Responder for OpenAiResponder {
     }
 
     async fn respond(&self, prompt: &Prompt) -> Result<Generation, LlmError> {
-        // `max_tokens` is deprecated by OpenAI in favour of `max_completion_tokens`, but it
-        // is the one field every compatible server (Ollama, vLLM, llama.cpp) reads.
+        // `max_tokens` is deprecated by OpenAI in favour of `max_completion_tokens`, and
+        // OpenAI's reasoning models refuse it; but it is the one field every compatible
+        // server (Ollama, vLLM, llama.cpp) reads.
+        let openai = is_openai(&self.settings.base_url);
         #[allow(deprecated)]
         let request = CreateChatCompletionRequest {
             model: self.settings.model.clone(),
             messages: self.messages(prompt),
             temperature: self.settings.temperature,
-            max_tokens: self.settings.max_tokens,
+            max_tokens: (!openai).then_some(self.settings.max_tokens),
+            max_completion_tokens: openai.then_some(self.settings.max_tokens),
             ..Default::default()
         };
         let chat = self.client.chat();
@@ -291,6 +295,11 @@ impl Responder for OpenAiResponder {
             }),
         })
     }
+}
+
+/// Whether the base URL is OpenAI's own API.
+fn is_openai(base_url: &str) -> bool {
+    url::Url::parse(base_url).is_ok_and(|u| u.host_str() == Some("api.openai.com"))
 }
 
 /// The failure as lull sorts it. Errors keep their cause chain (which socket error,
@@ -416,6 +425,13 @@ mod tests {
             failure(401, &json).message,
             "Incorrect API key provided: <redacted>"
         );
+    }
+
+    #[test]
+    fn openais_own_api_gets_max_completion_tokens() {
+        assert!(is_openai("https://api.openai.com/v1"));
+        assert!(!is_openai("http://localhost:11434/v1"));
+        assert!(!is_openai("https://openrouter.ai/api/v1"));
     }
 
     #[test]

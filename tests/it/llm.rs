@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use crate::support::db;
 use crate::support::openai_fake::{Behavior, FakeOpenAi, Server};
 use crate::support::process::{LullProcess, post_message};
+use crate::support::telegram_fake::{TelegramFake, text_message};
 use crate::support::webhook::{Received, Webhook};
 
 const KEY: &str = "sk-test-very-secret-key";
@@ -533,4 +534,59 @@ async fn reset_clears_the_failure_backoff() {
         "answered in the fresh context"
     );
     bot.assert_invariants(2, 0).await;
+}
+
+/// A 2 MB answer reaches Telegram cut to `LULL_MAX_REPLY_CHARS` (16000 by default):
+/// at most ceil(16000 / 4096) + 1 messages, the last ending with the note.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_answer_reaches_telegram_cut_to_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let telegram = TelegramFake::start().await;
+    let model = FakeOpenAi::start().await;
+    let paragraph = format!(
+        "{}\n\n",
+        "All work and no play makes a long answer. ".repeat(24)
+    );
+    let huge = paragraph.repeat(2_000_000 / paragraph.len() + 1);
+    assert!(huge.len() >= 2_000_000);
+    model.fallback(Behavior::Content(huge));
+    let env: Vec<(&str, String)> = vec![
+        ("TELEGRAM_BOT_TOKEN", telegram.token.clone()),
+        ("TELEGRAM_API_URL", telegram.url.clone()),
+        (
+            "DATABASE_URL",
+            format!("sqlite:{}", dir.path().join("lull.db").display()),
+        ),
+        ("OPENAI_BASE_URL", model.base_url.clone()),
+        ("OPENAI_API_KEY", KEY.into()),
+        ("LULL_ALLOWED_USERS", "*".into()),
+        ("LULL_DEBOUNCE_MS", "200".into()),
+        ("LULL_POLL_MS", "200".into()),
+    ];
+    let _lull = LullProcess::start(dir.path(), "lull", &["run"], &env);
+    let chat = 4301;
+    telegram.push_message(text_message(chat, chat, "tell me everything"));
+    telegram.wait_sent(chat, 1, Duration::from_secs(20)).await;
+    let verdict = db::settled(&dir.path().join("lull.db"), Duration::from_secs(20)).await;
+    assert_eq!((verdict.replies, verdict.lost), (1, 0), "{verdict:?}");
+    let sent = telegram.sent_to(chat);
+    assert!(
+        (4..=16_000usize.div_ceil(4096) + 1).contains(&sent.len()),
+        "{} messages",
+        sent.len()
+    );
+    assert!(
+        sent.last()
+            .unwrap()
+            .text
+            .ends_with("[… reply cut at 16000 characters]"),
+        "{}",
+        sent.last().unwrap().text
+    );
+    let stored = &db::replies(&dir.path().join("lull.db"))[0].text;
+    assert!(
+        stored.chars().count() <= 16_000,
+        "{}",
+        stored.chars().count()
+    );
 }

@@ -62,6 +62,28 @@ pub fn responder(config: &Config) -> anyhow::Result<Arc<dyn Responder>> {
     })
 }
 
+/// Say at start which responder answers, and warn when the offline `echo` answers
+/// only because no model is configured.
+fn log_responder(config: &Config) {
+    match &config.llm {
+        LlmConfig::Echo(_) if config.echo_by_default => tracing::warn!(
+            responder = "echo",
+            "no OPENAI_API_KEY or OPENAI_BASE_URL is set: replies come from the offline echo responder, not a model (set one of them, or LULL_LLM=echo to keep echo)"
+        ),
+        LlmConfig::Echo(_) => tracing::info!(
+            responder = "echo",
+            "replies come from the offline echo responder (LULL_LLM=echo)"
+        ),
+        LlmConfig::OpenAi(settings) => tracing::info!(
+            responder = "openai",
+            model = %settings.model,
+            server = %crate::secrets::redact_url(&settings.base_url),
+            max_tokens = settings.max_tokens,
+            "replies come from the model"
+        ),
+    }
+}
+
 pub fn dispatch_settings(config: &Config) -> DispatchSettings {
     DispatchSettings {
         timers: config.timers,
@@ -123,6 +145,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         );
     }
     let store = open_store(&config)?;
+    log_responder(&config);
     let dispatcher = Dispatcher::new(
         store.clone(),
         responder(&config)?,

@@ -289,6 +289,9 @@ pub struct Config {
     pub telegram: Option<PlatformConfig>,
     pub discord: Option<PlatformConfig>,
     pub llm: LlmConfig,
+    /// The echo responder was chosen because neither `OPENAI_API_KEY` nor
+    /// `OPENAI_BASE_URL` is set (not by `LULL_LLM=echo`): `lull run` warns.
+    pub echo_by_default: bool,
     pub llm_retries: u32,
     /// Longest reply sent, in characters (`LULL_MAX_REPLY_CHARS`).
     pub max_reply_chars: usize,
@@ -468,6 +471,7 @@ impl Config {
             telegram,
             discord,
             llm,
+            echo_by_default: s.llm.is_none() && matches!(kind, LlmKind::Echo),
             llm_retries: s.llm_retries,
             max_reply_chars: s.max_reply_chars,
             history,
@@ -573,6 +577,17 @@ mod tests {
                 "--{long} hides its value but is missing from Settings::secrets"
             );
         }
+    }
+
+    #[test]
+    fn echo_by_default_only_without_a_choice() {
+        assert!(
+            Config::from_settings(&settings(&[]))
+                .unwrap()
+                .echo_by_default
+        );
+        let chosen = Config::from_settings(&settings(&["--llm", "echo"])).unwrap();
+        assert!(!chosen.echo_by_default);
     }
 
     #[test]

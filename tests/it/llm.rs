@@ -536,6 +536,50 @@ async fn reset_clears_the_failure_backoff() {
     bot.assert_invariants(2, 0).await;
 }
 
+/// A model (or a proxy in front of it) that quotes the `Authorization` header back in
+/// its errors: 500 (retried), 401 and 400 (refused). The key appears in no log line
+/// (text and JSON logs, at debug), not in the database file, not in any notice; the
+/// redacted echo does reach the logs, so the check is not vacuous.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_echoed_key_never_leaves_the_process() {
+    for format in ["text", "json"] {
+        let bot = Bot::start(&[("LOG_FORMAT", format), ("LULL_LLM_RETRIES", "1")]).await;
+        bot.model.script([
+            Behavior::EchoAuthorization(500),
+            Behavior::EchoAuthorization(500),
+            Behavior::EchoAuthorization(401),
+        ]);
+        bot.model.fallback(Behavior::EchoAuthorization(400));
+        bot.say("a", "1", "hello").await;
+        // "Can't reach" after the 500s, then the refusal a backoff later.
+        bot.wait_notices(2, Duration::from_secs(15)).await;
+        bot.say("b", "1", "hello").await;
+        bot.wait_notices(3, Duration::from_secs(10)).await;
+        assert_eq!(bot.model.requests().len(), 4);
+        bot.assert_invariants(0, 2).await;
+        let logs = bot.lull.logs();
+        assert!(
+            !logs.contains(KEY),
+            "{format}: the key leaked into the logs:\n{logs}"
+        );
+        assert!(
+            logs.contains("Authorization: Bearer <redacted>")
+                && logs.contains("Incorrect API key provided: Bearer <redacted>"),
+            "{format}: the echo should reach the logs, redacted:\n{logs}"
+        );
+        for notice in bot.notice_list() {
+            assert!(!notice.text.contains(KEY), "{}", notice.text);
+        }
+        for file in ["lull.db", "lull.db-wal"] {
+            let bytes = std::fs::read(bot.dir.path().join(file)).unwrap_or_default();
+            assert!(
+                !bytes.windows(KEY.len()).any(|w| w == KEY.as_bytes()),
+                "{format}: the key is in {file}"
+            );
+        }
+    }
+}
+
 /// A 2 MB answer reaches Telegram cut to `LULL_MAX_REPLY_CHARS` (16000 by default):
 /// at most ceil(16000 / 4096) + 1 messages, the last ending with the note.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

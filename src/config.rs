@@ -183,7 +183,7 @@ pub struct Settings {
     /// Delay of the echo responder: `N` or `MIN..MAX` milliseconds.
     #[arg(long, global = true, env = "LULL_ECHO_DELAY_MS", default_value = "0")]
     pub echo_delay_ms: EchoDelay,
-    /// Time to finish generations in flight on SIGTERM, in milliseconds.
+    /// Time to finish generations and sends in flight on SIGTERM, in milliseconds; a hard limit.
     #[arg(
         long,
         global = true,

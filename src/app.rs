@@ -96,7 +96,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     if let Some(http) = &config.http_adapter {
         // Its intake is the HTTP server's `/api/messages`, not a loop of its own.
         outbounds.push(Arc::new(
-            WebhookOutbound::new(http.webhook_url.clone()).map_err(anyhow::Error::msg)?,
+            WebhookOutbound::new(http.webhook.clone()).map_err(anyhow::Error::msg)?,
         ));
         health.set(Platform::Http, AdapterState::Up);
     }

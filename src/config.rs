@@ -11,9 +11,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use secrecy::SecretString;
+use secrecy::{ExposeSecret, SecretString};
 
 use crate::access::AccessList;
+use crate::adapters::http::{WebhookSecret, WebhookSettings};
 use crate::llm::HistoryBudget;
 use crate::llm::echo::EchoDelay;
 use crate::llm::openai::OpenAiSettings;
@@ -179,6 +180,25 @@ pub struct Settings {
     /// Bearer token the http adapter requires.
     #[arg(long, global = true, env = "LULL_HTTP_TOKEN", hide_env_values = true, value_parser = secret)]
     pub http_token: Option<SecretString>,
+    /// Key that signs webhook requests: `whsec_` and base64 (Standard Webhooks) [default: unsigned]
+    #[arg(long, global = true, env = "LULL_WEBHOOK_SECRET", hide_env_values = true, value_parser = secret)]
+    pub webhook_secret: Option<SecretString>,
+    /// Time limit of one webhook POST, in milliseconds; a slower answer is a failed attempt.
+    #[arg(
+        long,
+        global = true,
+        env = "LULL_WEBHOOK_TIMEOUT_MS",
+        default_value_t = 30_000
+    )]
+    pub webhook_timeout_ms: u64,
+    /// How long a reply the webhook keeps refusing is retried before it is given up: `30s`, `15m`, `24h`, `1d`.
+    #[arg(
+        long,
+        global = true,
+        env = "LULL_WEBHOOK_MAX_AGE",
+        default_value = "1d"
+    )]
+    pub webhook_max_age: humantime::Duration,
 
     /// Delay of the echo responder: `N` or `MIN..MAX` milliseconds.
     #[arg(long, global = true, env = "LULL_ECHO_DELAY_MS", default_value = "0")]
@@ -249,7 +269,7 @@ pub struct PlatformConfig {
 /// The http adapter's settings.
 #[derive(Debug, Clone)]
 pub struct HttpAdapterConfig {
-    pub webhook_url: String,
+    pub webhook: WebhookSettings,
     pub token: Option<SecretString>,
 }
 
@@ -405,12 +425,32 @@ impl Config {
             None => LeaseTiming::with_ttl(ttl)?,
         };
 
+        let webhook_secret = s
+            .webhook_secret
+            .as_ref()
+            .map(|secret| {
+                WebhookSecret::parse(secret.expose_secret())
+                    .map_err(|e| ConfigError(format!("LULL_WEBHOOK_SECRET: {e}")))
+            })
+            .transpose()?;
+        let webhook_timeout = positive("LULL_WEBHOOK_TIMEOUT_MS", s.webhook_timeout_ms)?;
+        let webhook_max_age: Duration = s.webhook_max_age.into();
+        if webhook_max_age.is_zero() {
+            return Err(ConfigError(
+                "LULL_WEBHOOK_MAX_AGE must be greater than 0 (for example 1d)".into(),
+            ));
+        }
         let http_adapter = s
             .webhook_url
             .as_deref()
             .map(|url| {
                 Ok::<_, ConfigError>(HttpAdapterConfig {
-                    webhook_url: http_url("LULL_WEBHOOK_URL", url)?,
+                    webhook: WebhookSettings {
+                        url: http_url("LULL_WEBHOOK_URL", url)?,
+                        secret: webhook_secret.clone(),
+                        timeout: webhook_timeout,
+                        max_age: webhook_max_age,
+                    },
                     token: s.http_token.clone(),
                 })
             })
@@ -559,6 +599,10 @@ mod tests {
                 "LULL_HTTP_TOKEN",
             ),
             (&["--max-wait-ms", "0"], "LULL_MAX_WAIT_MS"),
+            (&["--webhook-secret", "s3cret"], "LULL_WEBHOOK_SECRET"),
+            (&["--webhook-secret", "whsec_%%%"], "LULL_WEBHOOK_SECRET"),
+            (&["--webhook-timeout-ms", "0"], "LULL_WEBHOOK_TIMEOUT_MS"),
+            (&["--webhook-max-age", "0s"], "LULL_WEBHOOK_MAX_AGE"),
             (
                 &[
                     "--llm",
@@ -586,6 +630,35 @@ mod tests {
             let e = Config::from_settings(&settings(args)).unwrap_err().0;
             assert!(e.contains(variable), "{args:?}: {e}");
         }
+    }
+
+    #[test]
+    fn webhook_settings_take_human_durations_and_keep_the_secret_hidden() {
+        let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+        for (age, seconds) in [("30s", 30), ("15m", 900), ("24h", 86_400), ("1d", 86_400)] {
+            let config = Config::from_settings(&settings(&[
+                "--webhook-url",
+                "http://127.0.0.1:9/replies",
+                "--webhook-secret",
+                secret,
+                "--webhook-max-age",
+                age,
+            ]))
+            .unwrap();
+            let webhook = &config.http_adapter.as_ref().unwrap().webhook;
+            assert_eq!(webhook.max_age, Duration::from_secs(seconds), "{age}");
+            assert_eq!(webhook.timeout, Duration::from_secs(30));
+            assert!(webhook.secret.is_some());
+            let shown = format!("{config:?}");
+            assert!(
+                !shown.contains("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+                "{shown}"
+            );
+        }
+        assert!(
+            Cli::try_parse_from(["lull", "--webhook-max-age", "a while"]).is_err(),
+            "a duration without a unit is refused"
+        );
     }
 }
 

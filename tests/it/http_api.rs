@@ -12,26 +12,27 @@ use crate::support::db;
 use crate::support::process::{LullProcess, free_port, post_message};
 use crate::support::webhook::Webhook;
 
-struct Running {
-    dir: tempfile::TempDir,
-    lull: LullProcess,
-    webhook: Webhook,
-    client: reqwest::Client,
+/// A `lull run` with the http adapter on, its webhook and database.
+pub(crate) struct Running {
+    pub dir: tempfile::TempDir,
+    pub lull: LullProcess,
+    pub webhook: Webhook,
+    pub client: reqwest::Client,
 }
 
 impl Running {
-    fn db(&self) -> std::path::PathBuf {
+    pub fn db(&self) -> std::path::PathBuf {
         self.dir.path().join("lull.db")
     }
 
-    async fn post(&self, conversation: &str, id: &str, text: &str) -> (u16, Value) {
+    pub async fn post(&self, conversation: &str, id: &str, text: &str) -> (u16, Value) {
         let r = post_message(&self.client, &self.lull.base_url(), conversation, id, text)
             .await
             .unwrap();
         (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
     }
 
-    async fn post_raw(&self, body: impl Into<reqwest::Body>) -> (u16, Value) {
+    pub async fn post_raw(&self, body: impl Into<reqwest::Body>) -> (u16, Value) {
         let r = self
             .client
             .post(format!("{}/api/messages", self.lull.base_url()))
@@ -43,7 +44,7 @@ impl Running {
         (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
     }
 
-    async fn metric(&self, name: &str) -> f64 {
+    pub async fn metric(&self, name: &str) -> f64 {
         self.lull
             .metrics()
             .await
@@ -55,8 +56,12 @@ impl Running {
 }
 
 async fn start(extra: &[(&str, &str)]) -> Running {
+    start_with(Webhook::start().await, extra).await
+}
+
+/// `lull run` posting to `webhook`, with `extra` environment on top of short timings.
+pub(crate) async fn start_with(webhook: Webhook, extra: &[(&str, &str)]) -> Running {
     let dir = tempfile::tempdir().unwrap();
-    let webhook = Webhook::start().await;
     let mut env = vec![
         (
             "DATABASE_URL",
@@ -248,22 +253,25 @@ async fn the_bearer_token_is_required_when_set() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_public_address_without_a_token_is_refused_at_start() {
+    let (code, logs) = refused_at_start(&[("LULL_HTTP_ADDR", format!("0.0.0.0:{}", free_port()))]);
+    assert_eq!(code, Some(2), "{logs}");
+    assert!(logs.contains("LULL_HTTP_TOKEN"), "{logs}");
+}
+
+/// `lull run` with the http adapter and `extra` environment, expected to stop at
+/// start: its exit code and logs.
+pub(crate) fn refused_at_start(extra: &[(&str, String)]) -> (Option<i32>, String) {
     let dir = tempfile::tempdir().unwrap();
-    let mut lull = LullProcess::start(
-        dir.path(),
-        "lull",
-        &["run"],
-        &[
-            (
-                "DATABASE_URL",
-                format!("sqlite:{}", dir.path().join("lull.db").display()),
-            ),
-            ("LULL_WEBHOOK_URL", "http://127.0.0.1:9/replies".into()),
-            ("LULL_HTTP_ADDR", format!("0.0.0.0:{}", free_port())),
-        ],
-    );
-    assert_eq!(lull.wait_exit(Duration::from_secs(10)), Some(2));
-    assert!(lull.logs().contains("LULL_HTTP_TOKEN"), "{}", lull.logs());
+    let mut env = vec![
+        (
+            "DATABASE_URL",
+            format!("sqlite:{}", dir.path().join("lull.db").display()),
+        ),
+        ("LULL_WEBHOOK_URL", "http://127.0.0.1:9/replies".into()),
+    ];
+    env.extend(extra.iter().cloned());
+    let mut lull = LullProcess::start(dir.path(), "lull", &["run"], &env);
+    (lull.wait_exit(Duration::from_secs(10)), lull.logs())
 }
 
 /// A failing webhook is retried with backoff; the reply arrives once, under one id.

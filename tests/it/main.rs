@@ -15,3 +15,4 @@ mod llm;
 mod shutdown;
 mod stress;
 mod telegram;
+mod webhook;

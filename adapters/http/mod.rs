@@ -4,16 +4,13 @@
 //! Inbound: `POST /api/messages` with `{"conversation","user","text","id"}` (optional
 //! `"name"`, the display name, and `"group": true` for multi-user conversations) →
 //! `202` once the message is stored; idempotent on `id` within a conversation.
-//! Outbound: every reply and notice is POSTed as JSON
-//! `{"conversation","text","covers","reply_id","kind"}` to `LULL_WEBHOOK_URL`; a failing
-//! endpoint is retried with backoff by the dispatcher. The same `reply_id` can arrive
-//! twice only if lull crashed between the POST and recording it: receivers that
-//! must never show a reply twice deduplicate on it.
+//! Outbound ([`webhook`]): every reply and notice is POSTed to `LULL_WEBHOOK_URL` by the
+//! Standard Webhooks convention.
+
+pub mod webhook;
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use async_trait::async_trait;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -22,18 +19,18 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use secrecy::{ExposeSecret, SecretString};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::json;
+
+pub use webhook::{WebhookOutbound, WebhookSecret, WebhookSettings};
 
 use crate::dispatcher::{Accepted, Dispatcher, IngestError};
 use crate::domain::{ConversationRef, Platform};
-use crate::platform::{Content, Incoming, IncomingKind, Outbound, OutgoingPart, SendError};
+use crate::platform::{Content, Incoming, IncomingKind};
 use crate::store::StoreError;
 
 /// Largest request body accepted; larger ones get `413`.
 pub const MAX_BODY_BYTES: usize = 256 * 1024;
-/// One webhook POST's time limit.
-const WEBHOOK_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Clone)]
 struct Api {
@@ -214,87 +211,6 @@ async fn accept(
         Accepted::Unsupported => json!({ "status": "unsupported" }),
         Accepted::Denied => json!({ "status": "denied" }),
     })
-}
-
-/// What the webhook receives.
-#[derive(Debug, Serialize)]
-struct ReplyOut<'a> {
-    conversation: &'a str,
-    text: &'a str,
-    covers: &'a [String],
-    reply_id: i64,
-    kind: &'a str,
-}
-
-/// Delivers replies by POSTing them to the webhook.
-pub struct WebhookOutbound {
-    client: reqwest::Client,
-    url: String,
-}
-
-impl WebhookOutbound {
-    pub fn new(url: String) -> Result<Self, String> {
-        let client = reqwest::Client::builder()
-            .timeout(WEBHOOK_TIMEOUT)
-            .build()
-            .map_err(|e| format!("cannot build the webhook client: {e}"))?;
-        Ok(Self { client, url })
-    }
-}
-
-#[async_trait]
-impl Outbound for WebhookOutbound {
-    fn platform(&self) -> Platform {
-        Platform::Http
-    }
-
-    fn split(&self, text: &str) -> Vec<String> {
-        // JSON has no length limit.
-        vec![text.to_owned()]
-    }
-
-    async fn send(&self, part: &OutgoingPart<'_>) -> Result<(), SendError> {
-        let body = ReplyOut {
-            conversation: &part.conversation.key,
-            text: part.text,
-            covers: part.covers,
-            reply_id: part.outbox_id.0,
-            kind: part.kind.as_str(),
-        };
-        let response = self
-            .client
-            .post(&self.url)
-            .json(&body)
-            .send()
-            .await
-            // The webhook URL may carry a secret in its query: never echo it.
-            .map_err(|e| {
-                SendError::Transient(format!("webhook unreachable: {}", e.without_url()))
-            })?;
-        let status = response.status();
-        if status.is_success() {
-            return Ok(());
-        }
-        let retry_after = response
-            .headers()
-            .get(header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
-        Err(match status.as_u16() {
-            429 => SendError::RetryAfter(retry_after.unwrap_or(Duration::from_secs(1))),
-            408 | 500..=599 => SendError::Transient(format!("webhook answered HTTP {status}")),
-            _ => SendError::Permanent(format!("webhook refused the reply with HTTP {status}")),
-        })
-    }
-
-    async fn typing(&self, _conversation: &ConversationRef) -> Result<(), SendError> {
-        Ok(())
-    }
-
-    fn typing_every(&self) -> Option<Duration> {
-        None
-    }
 }
 
 #[cfg(test)]

@@ -3,8 +3,8 @@
 //! convention.
 //!
 //! The body is JSON `{"conversation","text","covers","reply_id","kind"}`; `covers`
-//! lists the ids of the messages a reply answers, `kind` is `reply` or `notice`. The
-//! headers:
+//! lists the ids of the messages a reply answers as the client sent them (same JSON
+//! type and value), `kind` is `reply` or `notice`. The headers:
 //! - `webhook-id`: names the outbox row, so it is the same on every attempt, from
 //!   every process, and the receiver's idempotency key;
 //! - `webhook-timestamp`: this attempt's time, in Unix seconds;
@@ -29,6 +29,7 @@ use secrecy::{ExposeSecret, SecretSlice};
 use serde::Serialize;
 use sha2::Sha256;
 
+use super::client_id;
 use crate::domain::{ConversationRef, Platform};
 use crate::platform::{Outbound, OutgoingPart, SendError};
 
@@ -126,7 +127,7 @@ impl WebhookSettings {
 struct ReplyOut<'a> {
     conversation: &'a str,
     text: &'a str,
-    covers: &'a [String],
+    covers: Vec<serde_json::Value>,
     reply_id: i64,
     kind: &'a str,
 }
@@ -183,7 +184,7 @@ impl Outbound for WebhookOutbound {
         let body = serde_json::to_vec(&ReplyOut {
             conversation: &part.conversation.key,
             text: part.text,
-            covers: part.covers,
+            covers: part.covers.iter().map(|id| client_id(id)).collect(),
             reply_id: part.outbox_id.0,
             kind: part.kind.as_str(),
         })

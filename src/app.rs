@@ -112,8 +112,11 @@ fn dispatcher(
 }
 
 /// `lull run`: every configured adapter, the scheduler and the HTTP server, until
-/// `shutdown` completes. Then the HTTP server stops taking messages, and rounds in
-/// flight get the grace period to finish before their leases are released.
+/// `shutdown` completes. Then the adapters and the HTTP server stop taking messages,
+/// and rounds in flight get the grace period to finish; after it their generations
+/// and sends are cancelled and their leases released. Returns within the grace period
+/// plus [`SHUTDOWN_MARGIN`], however a platform, the webhook, the model or an HTTP
+/// client behaves; nothing accepted is lost (it stays in the database).
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let metrics = crate::metrics::install().map_err(anyhow::Error::msg)?;
     let health = Health::default();
@@ -122,7 +125,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     if let Some(http) = &config.http_adapter {
         // Its intake is the HTTP server's `/api/messages`, not a loop of its own.
         outbounds.push(Arc::new(
-            WebhookOutbound::new(http.webhook_url.clone()).map_err(anyhow::Error::msg)?,
+            WebhookOutbound::new(http.webhook.clone()).map_err(anyhow::Error::msg)?,
         ));
         health.set(Platform::Http, AdapterState::Up);
     }
@@ -172,12 +175,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
 
     let stop_intake = CancellationToken::new();
     let stop_scheduler = CancellationToken::new();
-    let server = tokio::spawn(
+    let mut server = tokio::spawn(
         axum::serve(listener, router)
             .with_graceful_shutdown(stop_intake.clone().cancelled_owned())
             .into_future(),
     );
-    let scheduler = tokio::spawn(dispatcher.clone().run(stop_scheduler.clone()));
+    let mut scheduler = tokio::spawn(dispatcher.clone().run(stop_scheduler.clone()));
     let mut intake = tokio::task::JoinSet::new();
     for inbound in inbounds.drain(..) {
         let platform = inbound.platform();
@@ -215,12 +218,39 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     if let Some(e) = &failure {
         tracing::error!(error = %format!("{e:#}"), "stopping: an adapter cannot continue");
     }
-    tracing::info!("shutting down: no new messages; finishing rounds in flight");
+    let grace = config.shutdown_grace;
+    tracing::info!(
+        grace_ms = grace.as_millis() as u64,
+        "shutting down: no new messages; finishing rounds in flight"
+    );
+    // A hard limit: whatever a platform, the webhook, the model or an HTTP client
+    // does, everything stops by the deadline. The scheduler cancels rounds still
+    // running after the grace period (their leases released, their outbox rows kept);
+    // HTTP requests still open then are cut off; what is left after the margin is
+    // dropped.
+    let grace_over = tokio::time::Instant::now() + grace;
+    let deadline = grace_over + SHUTDOWN_MARGIN;
     stop_intake.cancel();
-    while intake.join_next().await.is_some() {}
     stop_scheduler.cancel();
-    scheduler.await.context("the scheduler task failed")?;
-    server.await.context("the HTTP server task failed")??;
+    let stopped = async {
+        while intake.join_next().await.is_some() {}
+        (&mut scheduler).await
+    };
+    match tokio::time::timeout_at(deadline, stopped).await {
+        Ok(joined) => joined.context("the scheduler task failed")?,
+        Err(_) => {
+            tracing::warn!("shutdown deadline passed: stopping adapters and rounds as they are");
+            intake.abort_all();
+            scheduler.abort();
+        }
+    }
+    // Requests still open after the grace period (a client sending slowly) are cut off.
+    if let Ok(served) = tokio::time::timeout_at(grace_over, &mut server).await {
+        served.context("the HTTP server task failed")??;
+    } else {
+        tracing::warn!("grace period over: closing HTTP connections still open");
+        server.abort();
+    }
     upkeep.abort();
     tracing::info!("stopped");
     match failure {
@@ -228,6 +258,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         None => Ok(()),
     }
 }
+
+/// How long after the grace period `lull run` may take to stop: time for stopped rounds
+/// to hand their leases back.
+pub const SHUTDOWN_MARGIN: Duration = Duration::from_millis(1000);
 
 /// `lull chat`: the console adapter on standard input and output. At end of input it
 /// waits until every message is answered, then returns success. If the model fails,

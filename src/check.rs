@@ -66,14 +66,19 @@ pub async fn run(config: &Config) -> Vec<Finding> {
         findings.push(ok(
             "http adapter",
             format!(
-                "replies go to {} ({}); messages come in on http://{}/api/messages",
-                redact_url(&http.webhook_url),
+                "replies go to {} ({}); messages come in on http://{}/api/messages ({})",
+                redact_url(&http.webhook.url),
+                if http.webhook.secret.is_some() {
+                    "signed"
+                } else {
+                    "unsigned: set LULL_WEBHOOK_SECRET to sign"
+                },
+                config.http_addr,
                 if http.token.is_some() {
                     "bearer token required"
                 } else {
                     "no token: loopback only"
                 },
-                config.http_addr
             ),
         ));
     }

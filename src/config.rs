@@ -11,9 +11,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use secrecy::SecretString;
+use secrecy::{ExposeSecret, SecretString};
 
 use crate::access::AccessList;
+use crate::adapters::http::{WebhookSecret, WebhookSettings};
 use crate::llm::HistoryBudget;
 use crate::llm::echo::EchoDelay;
 use crate::llm::openai::OpenAiSettings;
@@ -190,11 +191,30 @@ pub struct Settings {
     /// Bearer token the http adapter requires.
     #[arg(long, global = true, env = "LULL_HTTP_TOKEN", hide_env_values = true, value_parser = secret)]
     pub http_token: Option<SecretString>,
+    /// Key that signs webhook requests: `whsec_` and base64 (Standard Webhooks) [default: unsigned]
+    #[arg(long, global = true, env = "LULL_WEBHOOK_SECRET", hide_env_values = true, value_parser = secret)]
+    pub webhook_secret: Option<SecretString>,
+    /// Time limit of one webhook POST, in milliseconds; a slower answer is a failed attempt.
+    #[arg(
+        long,
+        global = true,
+        env = "LULL_WEBHOOK_TIMEOUT_MS",
+        default_value_t = 30_000
+    )]
+    pub webhook_timeout_ms: u64,
+    /// How long a reply the webhook keeps refusing is retried before it is given up: `30s`, `15m`, `24h`, `1d`.
+    #[arg(
+        long,
+        global = true,
+        env = "LULL_WEBHOOK_MAX_AGE",
+        default_value = "1d"
+    )]
+    pub webhook_max_age: humantime::Duration,
 
     /// Delay of the echo responder: `N` or `MIN..MAX` milliseconds.
     #[arg(long, global = true, env = "LULL_ECHO_DELAY_MS", default_value = "0")]
     pub echo_delay_ms: EchoDelay,
-    /// Time to finish generations in flight on SIGTERM, in milliseconds.
+    /// Time to finish generations and sends in flight on SIGTERM, in milliseconds; a hard limit.
     #[arg(
         long,
         global = true,
@@ -233,6 +253,7 @@ impl Settings {
             &self.discord_token,
             &self.openai_api_key,
             &self.http_token,
+            &self.webhook_secret,
         ]
         .into_iter()
         .flatten()
@@ -279,7 +300,7 @@ pub struct PlatformConfig {
 /// The http adapter's settings.
 #[derive(Debug, Clone)]
 pub struct HttpAdapterConfig {
-    pub webhook_url: String,
+    pub webhook: WebhookSettings,
     pub token: Option<SecretString>,
 }
 
@@ -447,12 +468,32 @@ impl Config {
             None => LeaseTiming::with_ttl(ttl)?,
         };
 
+        let webhook_secret = s
+            .webhook_secret
+            .as_ref()
+            .map(|secret| {
+                WebhookSecret::parse(secret.expose_secret())
+                    .map_err(|e| ConfigError(format!("LULL_WEBHOOK_SECRET: {e}")))
+            })
+            .transpose()?;
+        let webhook_timeout = positive("LULL_WEBHOOK_TIMEOUT_MS", s.webhook_timeout_ms)?;
+        let webhook_max_age: Duration = s.webhook_max_age.into();
+        if webhook_max_age.is_zero() {
+            return Err(ConfigError(
+                "LULL_WEBHOOK_MAX_AGE must be greater than 0 (for example 1d)".into(),
+            ));
+        }
         let http_adapter = s
             .webhook_url
             .as_deref()
             .map(|url| {
                 Ok::<_, ConfigError>(HttpAdapterConfig {
-                    webhook_url: http_url("LULL_WEBHOOK_URL", url)?,
+                    webhook: WebhookSettings {
+                        url: http_url("LULL_WEBHOOK_URL", url)?,
+                        secret: webhook_secret.clone(),
+                        timeout: webhook_timeout,
+                        max_age: webhook_max_age,
+                    },
                     token: s.http_token.clone(),
                 })
             })
@@ -641,6 +682,10 @@ mod tests {
             ),
             (&["--max-wait-ms", "0"], "LULL_MAX_WAIT_MS"),
             (&["--max-reply-chars", "10"], "LULL_MAX_REPLY_CHARS"),
+            (&["--webhook-secret", "s3cret"], "LULL_WEBHOOK_SECRET"),
+            (&["--webhook-secret", "whsec_%%%"], "LULL_WEBHOOK_SECRET"),
+            (&["--webhook-timeout-ms", "0"], "LULL_WEBHOOK_TIMEOUT_MS"),
+            (&["--webhook-max-age", "0s"], "LULL_WEBHOOK_MAX_AGE"),
             (
                 &[
                     "--llm",
@@ -668,6 +713,35 @@ mod tests {
             let e = Config::from_settings(&settings(args)).unwrap_err().0;
             assert!(e.contains(variable), "{args:?}: {e}");
         }
+    }
+
+    #[test]
+    fn webhook_settings_take_human_durations_and_keep_the_secret_hidden() {
+        let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+        for (age, seconds) in [("30s", 30), ("15m", 900), ("24h", 86_400), ("1d", 86_400)] {
+            let config = Config::from_settings(&settings(&[
+                "--webhook-url",
+                "http://127.0.0.1:9/replies",
+                "--webhook-secret",
+                secret,
+                "--webhook-max-age",
+                age,
+            ]))
+            .unwrap();
+            let webhook = &config.http_adapter.as_ref().unwrap().webhook;
+            assert_eq!(webhook.max_age, Duration::from_secs(seconds), "{age}");
+            assert_eq!(webhook.timeout, Duration::from_secs(30));
+            assert!(webhook.secret.is_some());
+            let shown = format!("{config:?}");
+            assert!(
+                !shown.contains("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+                "{shown}"
+            );
+        }
+        assert!(
+            Cli::try_parse_from(["lull", "--webhook-max-age", "a while"]).is_err(),
+            "a duration without a unit is refused"
+        );
     }
 }
 

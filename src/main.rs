@@ -86,6 +86,9 @@ fn main() -> ExitCode {
             Command::Check | Command::Healthcheck => unreachable!("handled above"),
         }
     });
+    // Blocking work still running (a database call waiting out a lock) does not hold
+    // the exit back: `lull run` has already stopped within its shutdown deadline.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(200));
     match result {
         Ok(code) => code,
         Err(e) => {

@@ -4,6 +4,9 @@
 
 pub const MESSAGES_INGESTED: &str = "lull_messages_ingested_total";
 pub const REPLIES_SENT: &str = "lull_replies_sent_total";
+/// Replies given up (dead-lettered): refused by the platform, or still failing when
+/// their delivery deadline (`LULL_WEBHOOK_MAX_AGE` for the webhook) passed.
+pub const REPLIES_FAILED: &str = "lull_replies_failed_total";
 pub const REPLIES_DROPPED_STALE: &str = "lull_replies_dropped_stale_total";
 pub const LEASE_CONTENDED: &str = "lull_lease_contended_total";
 /// Labelled `outcome`: `ok`, `error`, `timeout`, `empty`, `rate_limited`, `too_long`
@@ -25,6 +28,10 @@ pub fn describe() {
         "Messages stored (redeliveries not counted)."
     );
     describe_counter!(REPLIES_SENT, "Replies fully delivered to the platform.");
+    describe_counter!(
+        REPLIES_FAILED,
+        "Replies given up: refused by the platform, or still failing at their delivery deadline."
+    );
     describe_counter!(
         REPLIES_DROPPED_STALE,
         "Replies dropped at the final check because a newer message arrived during generation."
@@ -69,6 +76,7 @@ pub fn install() -> Result<metrics_exporter_prometheus::PrometheusHandle, String
     for counter in [
         MESSAGES_INGESTED,
         REPLIES_SENT,
+        REPLIES_FAILED,
         REPLIES_DROPPED_STALE,
         LEASE_CONTENDED,
     ] {

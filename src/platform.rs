@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 use crate::dispatcher::Dispatcher;
-use crate::domain::{ConversationRef, OutboxId, Platform};
+use crate::domain::{ConversationRef, OutboxId, Platform, Timestamp};
 use crate::health::Health;
 use crate::store::OutboxKind;
 
@@ -59,6 +59,10 @@ pub struct OutgoingPart<'a> {
     /// Stable across retries: webhooks get it as `reply_id`, Discord derives its nonce
     /// from it and `index`.
     pub outbox_id: OutboxId,
+    /// When the outbox row was committed. With `outbox_id` it names the row across
+    /// retries and processes, and not again in another database (a webhook's
+    /// `webhook-id` is made of both).
+    pub created_at: Timestamp,
     pub kind: OutboxKind,
     pub index: usize,
     pub count: usize,
@@ -93,7 +97,9 @@ pub trait Outbound: Send + Sync + 'static {
     /// deterministic: delivery resumes by part index after a crash.
     fn split(&self, text: &str) -> Vec<String>;
 
-    /// Send one part. Retries are the caller's job: this makes one attempt.
+    /// Send one part. Retries are the caller's job: this makes one attempt, and returns
+    /// within the platform's own time limit. The caller may drop the future at any
+    /// await (lease lost, shutdown): the part then counts as not sent.
     async fn send(&self, part: &OutgoingPart<'_>) -> Result<(), SendError>;
 
     /// Show "typing…" in a conversation. Best effort.
@@ -102,6 +108,13 @@ pub trait Outbound: Send + Sync + 'static {
     /// How often to repeat [`Outbound::typing`] while the model works (the platform's
     /// indicator lapses after a while); `None` if the platform has none.
     fn typing_every(&self) -> Option<Duration>;
+
+    /// How long after its commit a reply that keeps failing (errors, timeouts, rate
+    /// limits) is given up and dead-lettered. `None`: it is retried until it goes
+    /// through or the platform refuses it ([`SendError::Permanent`]).
+    fn max_age(&self) -> Option<Duration> {
+        None
+    }
 }
 
 /// The receiving half of an adapter: connects to its platform and feeds every update

@@ -63,6 +63,12 @@ impl Redactor {
         {
             out = out.replace(tail, REDACTED);
         }
+        // A Standard Webhooks secret (`whsec_<base64 key>`): the key alone too.
+        if let Some(key) = secret.strip_prefix("whsec_")
+            && key.len() >= 8
+        {
+            out = out.replace(key, REDACTED);
+        }
         out
     }
 
@@ -155,6 +161,17 @@ mod tests {
         assert!(!redacted.contains("AAHsecretSECRETsecret"), "{redacted}");
         assert!(redacted.contains("/bot<redacted>/GetUpdates"), "{redacted}");
         assert!(!format!("{r:?}").contains("secret"));
+    }
+
+    #[test]
+    fn a_webhook_secret_is_redacted_with_or_without_its_prefix() {
+        let r = Redactor::new(&SecretString::from(
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+        ));
+        assert_eq!(
+            r.redact("a whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw b MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+            "a <redacted> b <redacted>"
+        );
     }
 
     #[test]

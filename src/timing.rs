@@ -140,7 +140,20 @@ impl LeaseTiming {
 /// row: doubling from one second, capped at five minutes, with up to 25 % jitter so
 /// processes do not retry in lock-step.
 pub fn failure_backoff(attempts: u32) -> Duration {
-    let base_ms = 1000u64.saturating_mul(1u64 << attempts.saturating_sub(1).min(9));
+    doubling_with_jitter(1000, attempts)
+}
+
+/// Delay before the next attempt to deliver an outbox row whose delivery failed
+/// `attempts` times: doubling from a quarter second (a blip is retried at once, an
+/// outage ever more rarely), capped at five minutes, with up to 25 % jitter.
+pub fn delivery_backoff(attempts: u32) -> Duration {
+    doubling_with_jitter(250, attempts)
+}
+
+/// `first_ms` doubled per attempt after the first, capped at five minutes, plus up to
+/// 25 % jitter so processes do not retry in lock-step.
+fn doubling_with_jitter(first_ms: u64, attempts: u32) -> Duration {
+    let base_ms = first_ms.saturating_mul(1u64 << attempts.saturating_sub(1).min(20));
     let capped = base_ms.min(300_000);
     let jitter = fastrand::u64(0..=capped / 4);
     Duration::from_millis(capped + jitter)
@@ -245,6 +258,11 @@ mod tests {
             let tenth = failure_backoff(10);
             assert!(tenth >= ms(300_000) && tenth <= ms(375_000));
             assert!(failure_backoff(40) <= ms(375_000));
+            let first = delivery_backoff(1);
+            assert!(first >= ms(250) && first <= ms(312));
+            assert!(delivery_backoff(4) >= ms(2000) && delivery_backoff(4) <= ms(2500));
+            assert!(delivery_backoff(u32::MAX) >= ms(300_000));
+            assert!(delivery_backoff(u32::MAX) <= ms(375_000));
         }
     }
 }

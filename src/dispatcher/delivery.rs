@@ -1,9 +1,17 @@
 //! Delivering outbox rows through the platform adapter, part by part, under the
 //! conversation's lease.
 //!
-//! Each part is marked sent right after the platform accepts it, in its own short
-//! transaction: the window in which a crash could send a part twice (on platforms
-//! without an idempotency key) is one send plus one small write.
+//! - Each part is marked sent right after the platform accepts it, in its own short
+//!   transaction: the window in which a crash could send a part twice (on platforms
+//!   without an idempotency key) is one send plus one small write.
+//! - Every failed attempt (error, timeout, rate limit) is recorded in the row (count,
+//!   error, next attempt time) before the next attempt, so neither a crash nor another
+//!   process retries sooner than the backoff allows or loses count.
+//! - A send never outlives the lease that covers it, nor the hard stop of shutdown:
+//!   it is raced against both and dropped, and the row stays for the next holder.
+//! - A row is given up (dead-lettered: `failed_at`, one ERROR line,
+//!   `lull_replies_failed_total`) when the platform refuses it, or when it is still
+//!   failing at the platform's deadline ([`Outbound::max_age`]).
 
 use std::time::Duration;
 
@@ -11,22 +19,81 @@ use tokio_util::sync::CancellationToken;
 
 use super::round::Interrupt;
 use super::{Dispatcher, Event, LeaseKeeper};
-use crate::domain::ConversationId;
+use crate::domain::{ConversationId, Timestamp};
 use crate::metrics as names;
 use crate::platform::{Outbound, OutgoingPart, SendError};
 use crate::store::{OutboxKind, OutboxRow};
-use crate::timing::failure_backoff;
+use crate::timing::delivery_backoff;
 
 /// Send attempts for one part within a round before the row is deferred.
 const SEND_ATTEMPTS: u32 = 4;
-/// The longest rate-limit wait sat out within a round; longer ones defer the row.
+/// The longest wait sat out within a round (under the lease); longer ones defer the
+/// row to a later round.
 const MAX_INLINE_WAIT: Duration = Duration::from_secs(60);
 
 /// How one part's delivery ended.
 enum PartResult {
     Sent,
-    Defer(String),
-    Refused(String),
+    /// Failing for now; the row waits for its next attempt time.
+    Deferred,
+    /// Given up: the row is dead-lettered.
+    GaveUp,
+}
+
+/// One row's delivery under a lease: what each of its attempts needs.
+struct RowDelivery<'a> {
+    conversation: ConversationId,
+    row: &'a OutboxRow,
+    outbound: &'a dyn Outbound,
+    keeper: &'a LeaseKeeper,
+    stop: &'a CancellationToken,
+}
+
+/// What to do after a failed attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Retry {
+    /// Try again at this time.
+    At(Timestamp),
+    /// Give the row up, for this reason.
+    GiveUp(String),
+}
+
+/// The retry rule for a failed delivery, a pure function of its inputs: a refusal is
+/// final; otherwise the next attempt comes after the backoff for `attempts` failed
+/// attempts (or the wait the platform asked for), but a row with a deadline
+/// (`created_at + max_age`) is tried one last time at it and given up after it. A
+/// platform that asks to wait past the deadline is not tried sooner than it asked: the
+/// row is given up at once.
+pub(crate) fn next_attempt(
+    error: &SendError,
+    attempts: u32,
+    created_at: Timestamp,
+    max_age: Option<Duration>,
+    now: Timestamp,
+) -> Retry {
+    let wait = match error {
+        SendError::Permanent(_) => return Retry::GiveUp("the platform refused it".into()),
+        SendError::RetryAfter(wait) => *wait,
+        SendError::Transient(_) => delivery_backoff(attempts),
+    };
+    let at = now.plus(wait);
+    let Some(max_age) = max_age else {
+        return Retry::At(at);
+    };
+    let deadline = created_at.plus(max_age);
+    let age = humantime::format_duration(Duration::from_secs(max_age.as_secs()));
+    if now >= deadline {
+        Retry::GiveUp(format!("still failing after {attempts} attempts in {age}"))
+    } else if at <= deadline {
+        Retry::At(at)
+    } else if matches!(error, SendError::RetryAfter(_)) {
+        Retry::GiveUp(format!(
+            "asked to wait {}s, past its deadline ({age} after the reply)",
+            wait.as_secs()
+        ))
+    } else {
+        Retry::At(deadline)
+    }
 }
 
 impl Dispatcher {
@@ -62,6 +129,14 @@ impl Dispatcher {
     ) -> Result<(), Interrupt> {
         let parts = outbound.split(&row.text);
         let count = parts.len();
+        let delivery = RowDelivery {
+            conversation,
+            row,
+            outbound,
+            keeper,
+            stop,
+        };
+        let mut attempts = row.attempts;
         for (index, text) in parts.iter().enumerate().skip(row.parts_sent as usize) {
             if keeper.is_lost() {
                 return Err(Interrupt::LeaseLost);
@@ -69,6 +144,7 @@ impl Dispatcher {
             let part = OutgoingPart {
                 conversation: &row.conversation,
                 outbox_id: row.id,
+                created_at: row.created_at,
                 kind: row.kind,
                 index,
                 count,
@@ -76,29 +152,15 @@ impl Dispatcher {
                 reply_to: row.reply_to.as_deref(),
                 covers: &row.covers,
             };
-            match self.send_part(outbound, &part, keeper, stop).await? {
+            match self.send_part(&delivery, &part, &mut attempts).await? {
                 PartResult::Sent => {
                     let done = index + 1 == count;
                     self.store
                         .mark_sent(row.id, (index + 1) as u32, done, self.clock.now())
                         .await?;
                 }
-                PartResult::Defer(error) => {
-                    let retry_at = self.clock.now().plus(failure_backoff(row.attempts + 1));
-                    tracing::warn!(%conversation, outbox = %row.id, error, "delivery deferred");
-                    // No secret reaches the database, whatever an adapter's error quoted.
-                    let error = crate::secrets::redact(error);
-                    self.store.defer_outbox(row.id, retry_at, &error).await?;
-                    return Err(Interrupt::Deferred);
-                }
-                PartResult::Refused(error) => {
-                    tracing::error!(%conversation, outbox = %row.id, error, "the platform refused a reply; giving up on it");
-                    let error = crate::secrets::redact(error);
-                    self.store
-                        .fail_outbox(row.id, &error, self.clock.now())
-                        .await?;
-                    return Ok(());
-                }
+                PartResult::Deferred => return Err(Interrupt::Deferred),
+                PartResult::GaveUp => return Ok(()),
             }
         }
         if row.kind == OutboxKind::Reply {
@@ -112,34 +174,62 @@ impl Dispatcher {
         Ok(())
     }
 
-    /// One part, with a few retries inside the round (the lease is renewed meanwhile,
-    /// so a slow send is never taken for a crash).
+    /// One part, with a few attempts inside the round while the waits are short (the
+    /// lease is renewed meanwhile, so a slow send is never taken for a crash). Every
+    /// failed attempt is recorded before the next one; `attempts` counts them for the
+    /// row.
     async fn send_part(
         &self,
-        outbound: &dyn Outbound,
+        delivery: &RowDelivery<'_>,
         part: &OutgoingPart<'_>,
-        keeper: &LeaseKeeper,
-        stop: &CancellationToken,
+        attempts: &mut u32,
     ) -> Result<PartResult, Interrupt> {
-        let mut last_error = String::new();
+        let RowDelivery {
+            conversation,
+            row,
+            outbound,
+            keeper,
+            stop,
+        } = *delivery;
         for attempt in 1..=SEND_ATTEMPTS {
-            let wait = match outbound.send(part).await {
-                Ok(()) => return Ok(PartResult::Sent),
-                Err(SendError::Permanent(e)) => return Ok(PartResult::Refused(e)),
-                Err(SendError::RetryAfter(wait)) if wait > MAX_INLINE_WAIT => {
-                    return Ok(PartResult::Defer(format!("rate limited for {wait:?}")));
-                }
-                Err(SendError::RetryAfter(wait)) => {
-                    last_error = format!("rate limited for {wait:?}");
-                    wait
-                }
-                Err(SendError::Transient(e)) => {
-                    last_error = e;
-                    Duration::from_millis(250 << attempt)
-                }
+            // A send never outlives the lease, nor the hard stop: the future is dropped
+            // (the request abandoned) and the row stays for the next holder.
+            let sent = tokio::select! {
+                biased;
+                () = keeper.lost() => return Err(Interrupt::LeaseLost),
+                () = stop.cancelled() => return Err(Interrupt::Stopped),
+                sent = outbound.send(part) => sent,
             };
-            if attempt == SEND_ATTEMPTS {
-                break;
+            let error = match sent {
+                Ok(()) => return Ok(PartResult::Sent),
+                Err(error) => error,
+            };
+            *attempts += 1;
+            let now = self.clock.now();
+            let retry_at =
+                match next_attempt(&error, *attempts, row.created_at, outbound.max_age(), now) {
+                    Retry::At(at) => at,
+                    Retry::GiveUp(why) => {
+                        self.dead_letter(conversation, row, &error, *attempts, &why, now)
+                            .await?;
+                        return Ok(PartResult::GaveUp);
+                    }
+                };
+            // No secret reaches the database, whatever an adapter's error quoted.
+            self.store
+                .defer_outbox(row.id, retry_at, &crate::secrets::redact(error.to_string()))
+                .await?;
+            let wait = now.until(retry_at);
+            tracing::warn!(
+                %conversation,
+                outbox = %row.id,
+                attempts = *attempts,
+                error = %error,
+                retry_in_ms = wait.as_millis() as u64,
+                "delivery attempt failed"
+            );
+            if attempt == SEND_ATTEMPTS || wait > MAX_INLINE_WAIT {
+                return Ok(PartResult::Deferred);
             }
             tokio::select! {
                 () = tokio::time::sleep(wait) => {}
@@ -147,6 +237,111 @@ impl Dispatcher {
                 () = stop.cancelled() => return Err(Interrupt::Stopped),
             }
         }
-        Ok(PartResult::Defer(last_error))
+        Ok(PartResult::Deferred)
+    }
+
+    /// Dead-letter a row: recorded as failed for good, reported once.
+    async fn dead_letter(
+        &self,
+        conversation: ConversationId,
+        row: &OutboxRow,
+        error: &SendError,
+        attempts: u32,
+        why: &str,
+        now: Timestamp,
+    ) -> Result<(), Interrupt> {
+        let error = crate::secrets::redact(error.to_string());
+        self.store.fail_outbox(row.id, &error, now).await?;
+        if row.kind == OutboxKind::Reply {
+            metrics::counter!(names::REPLIES_FAILED).increment(1);
+        }
+        tracing::error!(
+            conversation = %row.conversation,
+            reply_id = row.id.0,
+            kind = row.kind.as_str(),
+            attempts,
+            error,
+            "gave up delivering a {}: {why}",
+            row.kind.as_str()
+        );
+        self.emit(Event::DeadLettered {
+            conversation,
+            outbox: row.id,
+        });
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DAY: Duration = Duration::from_secs(86_400);
+
+    fn transient() -> SendError {
+        SendError::Transient("HTTP 500".into())
+    }
+
+    #[test]
+    fn a_refusal_is_final_whatever_the_deadline() {
+        let refused = SendError::Permanent("blocked".into());
+        assert!(matches!(
+            next_attempt(&refused, 1, Timestamp(0), None, Timestamp(0)),
+            Retry::GiveUp(_)
+        ));
+    }
+
+    #[test]
+    fn without_a_deadline_failures_back_off_for_ever() {
+        let now = Timestamp(1_000_000_000);
+        match next_attempt(&transient(), 30, Timestamp(0), None, now) {
+            Retry::At(at) => assert!(now.until(at) >= Duration::from_secs(300)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            next_attempt(
+                &SendError::RetryAfter(Duration::from_secs(3)),
+                1,
+                Timestamp(0),
+                None,
+                now
+            ),
+            Retry::At(now.plus(Duration::from_secs(3)))
+        );
+    }
+
+    #[test]
+    fn the_last_attempt_is_at_the_deadline_and_then_the_row_is_given_up() {
+        let created = Timestamp(1_000_000);
+        let deadline = created.plus(DAY);
+        // Far from the deadline: the backoff.
+        match next_attempt(&transient(), 1, created, Some(DAY), created) {
+            Retry::At(at) => assert!(created.until(at) <= Duration::from_millis(312)),
+            other => panic!("{other:?}"),
+        }
+        // A backoff that would pass the deadline is cut to it.
+        let late = deadline.0 - 1000;
+        assert_eq!(
+            next_attempt(&transient(), 20, created, Some(DAY), Timestamp(late)),
+            Retry::At(deadline)
+        );
+        // At or after the deadline: given up.
+        for now in [deadline, deadline.plus(Duration::from_secs(5))] {
+            match next_attempt(&transient(), 21, created, Some(DAY), now) {
+                Retry::GiveUp(why) => assert!(why.contains("1day"), "{why}"),
+                other => panic!("{other:?}"),
+            }
+        }
+        // A rate limit past the deadline is not cut short: given up.
+        assert!(matches!(
+            next_attempt(
+                &SendError::RetryAfter(Duration::from_secs(3600)),
+                3,
+                created,
+                Some(DAY),
+                Timestamp(late)
+            ),
+            Retry::GiveUp(_)
+        ));
     }
 }

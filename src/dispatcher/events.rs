@@ -36,6 +36,12 @@ pub enum Event {
         conversation: ConversationId,
         outbox: OutboxId,
     },
+    /// An outbox row was given up (refused, or still failing at its deadline): it is
+    /// marked failed and never tried again.
+    DeadLettered {
+        conversation: ConversationId,
+        outbox: OutboxId,
+    },
     /// The lease was lost mid-round; the work was abandoned.
     LeaseLost { conversation: ConversationId },
     /// The model failed; the messages stay pending and are retried later.
@@ -65,6 +71,7 @@ impl Event {
             | Event::Committed { conversation, .. }
             | Event::DroppedStale { conversation, .. }
             | Event::Delivered { conversation, .. }
+            | Event::DeadLettered { conversation, .. }
             | Event::LeaseLost { conversation }
             | Event::GenerationFailed { conversation, .. }
             | Event::GaveUp { conversation, .. }

@@ -119,7 +119,9 @@ async fn renew(
                     return;
                 }
                 tracing::debug!(lease = %current.key, error = %e, "lease renewal failed; retrying");
-                wait = timing.renew_every() / 4;
+                // Retry no later than the expiry, so the work it covers (a send, a
+                // generation) stops when the lease ends, not a retry interval after.
+                wait = (timing.renew_every() / 4).min(clock.now().until(current.expires_at));
             }
         }
     }

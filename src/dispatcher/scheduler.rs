@@ -43,8 +43,10 @@ impl Drop for InFlight<'_> {
 
 impl Dispatcher {
     /// Run the scheduler until `shutdown` fires, then let rounds in flight finish
-    /// within `shutdown_grace`; rounds still running after it are stopped and hand
-    /// their leases back, so another process takes over at once.
+    /// within `shutdown_grace`; rounds still running after it are stopped (their
+    /// generations and sends cancelled, their outbox rows kept) and hand their leases
+    /// back, so another process takes over at once. Returns within the grace period
+    /// plus the time a stopped round needs to release its lease.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         let query = WorkQuery {
             platforms: self.platforms(),
@@ -135,8 +137,13 @@ impl Dispatcher {
                 dispatcher: &this,
                 conversation,
             };
-            let Ok(_slot) = this.round_slots.acquire().await else {
-                return;
+            // A round still waiting for a slot at the hard stop never starts.
+            let _slot = tokio::select! {
+                slot = this.round_slots.acquire() => match slot {
+                    Ok(slot) => slot,
+                    Err(_) => return,
+                },
+                () = stop.cancelled() => return,
             };
             let end = this.round(conversation, &stop).await;
             if end == RoundEnd::Failed {

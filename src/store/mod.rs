@@ -243,7 +243,10 @@ pub struct OutboxRow {
     pub covers: Vec<String>,
     /// Parts already delivered: delivery resumes after them.
     pub parts_sent: u32,
+    /// Failed delivery attempts so far (every one is recorded before the next).
     pub attempts: u32,
+    /// When the row was committed: the base of its delivery deadline.
+    pub created_at: Timestamp,
 }
 
 /// A conversation with recent activity and the last message stored for it: where a
@@ -404,7 +407,9 @@ pub trait Store: Send + Sync + 'static {
         now: Timestamp,
     ) -> Result<(), StoreError>;
 
-    /// Delivery failed for now: try again at `retry_at`.
+    /// A delivery attempt failed: count it and keep its error, and try again at
+    /// `retry_at` (not before). Recorded before the next attempt, so a crash forgets no
+    /// attempt. A sent or given-up row is left alone.
     async fn defer_outbox(
         &self,
         id: OutboxId,
@@ -412,7 +417,9 @@ pub trait Store: Send + Sync + 'static {
         error: &str,
     ) -> Result<(), StoreError>;
 
-    /// Delivery failed for good (the platform refused it): stop trying.
+    /// A delivery attempt failed and the row is given up (dead-lettered: the platform
+    /// refused it, or it kept failing past its deadline): count the attempt, keep its
+    /// error, set `failed_at`; it is never tried again. A sent row is left alone.
     async fn fail_outbox(
         &self,
         id: OutboxId,

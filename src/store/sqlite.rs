@@ -1088,7 +1088,7 @@ impl Store for SqliteStore {
             let mut stmt = conn
                 .prepare_cached(
                     "SELECT o.id, c.platform, c.key, o.kind, o.text, o.reply_to, o.parts_sent,
-                            o.attempts, o.next_attempt_at
+                            o.attempts, o.next_attempt_at, o.created_at
                      FROM outbox o JOIN conversations c ON c.id = o.conversation_id
                      WHERE o.conversation_id = ?1 AND o.sent_at IS NULL AND o.failed_at IS NULL
                      ORDER BY o.id",
@@ -1120,6 +1120,7 @@ impl Store for SqliteStore {
                     covers: Vec::new(),
                     parts_sent: r.get(6).ctx("reading the outbox")?,
                     attempts: r.get(7).ctx("reading the outbox")?,
+                    created_at: Timestamp(r.get(9).ctx("reading the outbox")?),
                 });
             }
             drop(query);
@@ -1171,9 +1172,10 @@ impl Store for SqliteStore {
     ) -> Result<(), StoreError> {
         let error = error.to_owned();
         self.write("deferring a delivery", move |tx| {
+            // No loss: a failed attempt only postpones a row that is still undelivered.
             tx.execute(
                 "UPDATE outbox SET attempts = attempts + 1, next_attempt_at = ?2, error = ?3
-                 WHERE id = ?1 AND sent_at IS NULL",
+                 WHERE id = ?1 AND sent_at IS NULL AND failed_at IS NULL",
                 params![id.0, retry_at.0, error],
             )
             .ctx("deferring a delivery")?;
@@ -1190,8 +1192,11 @@ impl Store for SqliteStore {
     ) -> Result<(), StoreError> {
         let error = error.to_owned();
         self.write("giving up a delivery", move |tx| {
+            // No duplicate: a row given up is never sent again; a sent row is never
+            // marked failed.
             tx.execute(
-                "UPDATE outbox SET failed_at = ?2, error = ?3 WHERE id = ?1 AND sent_at IS NULL",
+                "UPDATE outbox SET attempts = attempts + 1, failed_at = ?2, error = ?3
+                 WHERE id = ?1 AND sent_at IS NULL AND failed_at IS NULL",
                 params![id.0, now.0, error],
             )
             .ctx("giving up a delivery")?;

@@ -755,6 +755,7 @@ async fn sends_quote_in_guilds_only_and_map_errors() {
     let part = |conversation: &'static ConversationRef, index: usize| OutgoingPart {
         conversation,
         outbox_id: OutboxId(9),
+        created_at: lull::domain::Timestamp(1_700_000_000_000),
         kind: OutboxKind::Reply,
         index,
         count: 2,

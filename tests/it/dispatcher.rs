@@ -332,6 +332,52 @@ async fn a_committed_reply_is_delivered_after_its_holder_crashes() {
     );
 }
 
+/// A send never outlives the lease that covers it: a send still hanging when another
+/// holder takes the conversation over is dropped at the next renewal, and nothing is
+/// recorded against the row: it stays as it was for the next holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_send_is_abandoned_when_its_lease_is_lost() {
+    let db = temp_db();
+    let node = Node::start(
+        &db.path,
+        settings(100, 3000, 600),
+        CountingEcho::new(0),
+        Leases::Enforced,
+    );
+    node.outbound.hang.store(true, Ordering::SeqCst);
+    let mut events = node.events();
+    node.send("c1", "m1", "hello").await;
+    let conversation = wait_event(&mut events, Duration::from_secs(10), |e| match e {
+        Event::Committed { conversation, .. } => Some(*conversation),
+        _ => None,
+    })
+    .await;
+    // Another holder takes the lease (as after an expiry the holder missed).
+    let far = lull::clock::Clock::now(&lull::clock::SystemClock).0 + 60_000;
+    rusqlite::Connection::open(&db.path)
+        .unwrap()
+        .execute(
+            "UPDATE leases SET holder = 'another', token = token + 1, expires_at = ?1
+             WHERE resource = 'conversation/' || ?2",
+            rusqlite::params![far, conversation.0],
+        )
+        .unwrap();
+    wait_event(&mut events, Duration::from_secs(5), |e| match e {
+        Event::LeaseLost { .. } => Some(()),
+        _ => None,
+    })
+    .await;
+    assert_eq!(
+        db::count(
+            &db.path,
+            "SELECT COUNT(*) FROM outbox WHERE attempts = 0 AND sent_at IS NULL AND failed_at IS NULL"
+        ),
+        1,
+        "the row is left as it was, for the next holder"
+    );
+    assert!(node.outbound.all().is_empty());
+}
+
 /// A platform outage: the reply is retried within the round, then deferred with a
 /// backoff (no busy loop), and a later reply waits behind it so the outbox order
 /// holds. A permanent refusal gives up on that row only.
@@ -366,6 +412,14 @@ async fn failed_deliveries_are_deferred_in_order_without_spinning() {
     assert_eq!(replies[0].covers, ["m1"], "outbox order holds");
     assert_eq!(replies[1].covers, ["m2"]);
     assert_eq!(node.outbound.attempts.load(Ordering::SeqCst), 7);
+    assert_eq!(
+        db::count(
+            &db.path,
+            "SELECT attempts FROM outbox WHERE kind = 'reply' ORDER BY id LIMIT 1"
+        ),
+        5,
+        "every failed attempt is recorded in the row"
+    );
     let mut claims = 0;
     while let Ok(event) = events.try_recv() {
         claims += matches!(event, Event::Claimed { .. }) as usize;

@@ -12,26 +12,27 @@ use crate::support::db;
 use crate::support::process::{LullProcess, free_port, post_message};
 use crate::support::webhook::Webhook;
 
-struct Running {
-    dir: tempfile::TempDir,
-    lull: LullProcess,
-    webhook: Webhook,
-    client: reqwest::Client,
+/// A `lull run` with the http adapter on, its webhook and database.
+pub(crate) struct Running {
+    pub dir: tempfile::TempDir,
+    pub lull: LullProcess,
+    pub webhook: Webhook,
+    pub client: reqwest::Client,
 }
 
 impl Running {
-    fn db(&self) -> std::path::PathBuf {
+    pub fn db(&self) -> std::path::PathBuf {
         self.dir.path().join("lull.db")
     }
 
-    async fn post(&self, conversation: &str, id: &str, text: &str) -> (u16, Value) {
+    pub async fn post(&self, conversation: &str, id: &str, text: &str) -> (u16, Value) {
         let r = post_message(&self.client, &self.lull.base_url(), conversation, id, text)
             .await
             .unwrap();
         (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
     }
 
-    async fn post_raw(&self, body: impl Into<reqwest::Body>) -> (u16, Value) {
+    pub async fn post_raw(&self, body: impl Into<reqwest::Body>) -> (u16, Value) {
         let r = self
             .client
             .post(format!("{}/api/messages", self.lull.base_url()))
@@ -43,7 +44,7 @@ impl Running {
         (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
     }
 
-    async fn metric(&self, name: &str) -> f64 {
+    pub async fn metric(&self, name: &str) -> f64 {
         self.lull
             .metrics()
             .await
@@ -55,8 +56,12 @@ impl Running {
 }
 
 async fn start(extra: &[(&str, &str)]) -> Running {
+    start_with(Webhook::start().await, extra).await
+}
+
+/// `lull run` posting to `webhook`, with `extra` environment on top of short timings.
+pub(crate) async fn start_with(webhook: Webhook, extra: &[(&str, &str)]) -> Running {
     let dir = tempfile::tempdir().unwrap();
-    let webhook = Webhook::start().await;
     let mut env = vec![
         (
             "DATABASE_URL",
@@ -217,6 +222,87 @@ async fn raw_post(port: u16, body: &[u8]) -> (u16, String) {
     (status, text)
 }
 
+/// `7` and `"7"` are two ids, each given back in `covers` with the JSON type it was
+/// sent with; integers that do not fit 64 bits, floats, booleans and null are refused
+/// (before, numbers went through `f64`, so two large ids became one "duplicate").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ids_keep_their_json_type_and_ids_that_could_collide_are_refused() {
+    let app = start(&[]).await;
+    let message =
+        |id: &str| format!(r#"{{"conversation":"c","user":"u","text":"a message","id":{id}}}"#);
+    for id in [
+        "7",
+        r#""7""#,
+        "18446744073709551615",
+        "-9223372036854775808",
+    ] {
+        let (status, body) = app.post_raw(message(id)).await;
+        assert_eq!(
+            (status, body["status"].as_str()),
+            (202, Some("stored")),
+            "{id}: {body}"
+        );
+    }
+    let replies = app.webhook.wait_replies(1, Duration::from_secs(15)).await;
+    assert_eq!(
+        replies[0].body["covers"],
+        json!([7, "7", 18446744073709551615u64, i64::MIN]),
+        "ids come back exactly as sent"
+    );
+    for id in [
+        "18446744073709551616",
+        "18446744073709551617",
+        "1.5",
+        "7.0",
+        "1e3",
+        "true",
+        "null",
+        r#""""#,
+        "[7]",
+    ] {
+        let (status, body) = app.post_raw(message(id)).await;
+        assert_eq!(status, 400, "{id}: {body}");
+        assert!(
+            body["error"].as_str().unwrap().contains("`id`"),
+            "{id}: {body}"
+        );
+    }
+    assert_eq!(db::count(&app.db(), "SELECT COUNT(*) FROM messages"), 4);
+}
+
+/// `conversation`, `user` and `id` are at most 256 bytes, `name` at most 128; longer
+/// ones are refused with a message naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identifiers_have_a_length_limit() {
+    let app = start(&[]).await;
+    let long = |n: usize| "é".repeat(n / 2) + &"x".repeat(n % 2);
+    let body = |conversation: &str, user: &str, id: &str, name: &str| {
+        json!({"conversation": conversation, "user": user, "text": "hi", "id": id, "name": name})
+            .to_string()
+    };
+    let cases = [
+        (body(&long(257), "u", "1", "n"), "`conversation`"),
+        (body(&"c".repeat(200_000), "u", "1", "n"), "`conversation`"),
+        (body("c", &long(257), "1", "n"), "`user`"),
+        (body("c", "u", &long(257), "n"), "`id`"),
+        (body("c", "u", "1", &long(129)), "`name`"),
+    ];
+    for (request, field) in cases {
+        let (status, json) = app.post_raw(request).await;
+        assert_eq!(status, 400, "{field}: {json}");
+        let error = json["error"].as_str().unwrap();
+        assert!(
+            error.contains(field) && error.contains("bytes"),
+            "{field}: {error}"
+        );
+    }
+    assert_eq!(db::count(&app.db(), "SELECT COUNT(*) FROM messages"), 0);
+    let (status, json) = app
+        .post_raw(body(&long(256), &long(256), &long(256), &long(128)))
+        .await;
+    assert_eq!(status, 202, "the limits themselves are accepted: {json}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bearer_token_is_required_when_set() {
     let app = start(&[("LULL_HTTP_TOKEN", "s3cret-token")]).await;
@@ -239,6 +325,18 @@ async fn the_bearer_token_is_required_when_set() {
         .await
         .unwrap();
     assert_eq!(right.status().as_u16(), 202);
+    // The scheme name is case-insensitive (RFC 9110).
+    for (n, scheme) in ["bearer", "BEARER"].into_iter().enumerate() {
+        let response = app
+            .client
+            .post(format!("{}/api/messages", app.lull.base_url()))
+            .header("authorization", format!("{scheme} s3cret-token"))
+            .json(&json!({"conversation":"c","user":"u","text":"hi","id": n + 2}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 202, "{scheme}");
+    }
     app.webhook.wait_replies(1, Duration::from_secs(10)).await;
     assert!(
         !app.lull.logs().contains("s3cret-token"),
@@ -248,22 +346,25 @@ async fn the_bearer_token_is_required_when_set() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_public_address_without_a_token_is_refused_at_start() {
+    let (code, logs) = refused_at_start(&[("LULL_HTTP_ADDR", format!("0.0.0.0:{}", free_port()))]);
+    assert_eq!(code, Some(2), "{logs}");
+    assert!(logs.contains("LULL_HTTP_TOKEN"), "{logs}");
+}
+
+/// `lull run` with the http adapter and `extra` environment, expected to stop at
+/// start: its exit code and logs.
+pub(crate) fn refused_at_start(extra: &[(&str, String)]) -> (Option<i32>, String) {
     let dir = tempfile::tempdir().unwrap();
-    let mut lull = LullProcess::start(
-        dir.path(),
-        "lull",
-        &["run"],
-        &[
-            (
-                "DATABASE_URL",
-                format!("sqlite:{}", dir.path().join("lull.db").display()),
-            ),
-            ("LULL_WEBHOOK_URL", "http://127.0.0.1:9/replies".into()),
-            ("LULL_HTTP_ADDR", format!("0.0.0.0:{}", free_port())),
-        ],
-    );
-    assert_eq!(lull.wait_exit(Duration::from_secs(10)), Some(2));
-    assert!(lull.logs().contains("LULL_HTTP_TOKEN"), "{}", lull.logs());
+    let mut env = vec![
+        (
+            "DATABASE_URL",
+            format!("sqlite:{}", dir.path().join("lull.db").display()),
+        ),
+        ("LULL_WEBHOOK_URL", "http://127.0.0.1:9/replies".into()),
+    ];
+    env.extend(extra.iter().cloned());
+    let mut lull = LullProcess::start(dir.path(), "lull", &["run"], &env);
+    (lull.wait_exit(Duration::from_secs(10)), lull.logs())
 }
 
 /// A failing webhook is retried with backoff; the reply arrives once, under one id.

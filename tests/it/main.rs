@@ -20,3 +20,4 @@ mod promql;
 mod shutdown;
 mod stress;
 mod telegram;
+mod webhook;

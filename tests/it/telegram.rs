@@ -400,6 +400,41 @@ async fn a_429_is_waited_out() {
     tg.finish();
 }
 
+/// A user who blocked the bot: the reply is given up at once (no retry), with one
+/// ERROR line naming the conversation and reply, and `lull_replies_failed_total`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_to_a_user_who_blocked_the_bot_is_given_up_once() {
+    let tg = start(&[]).await;
+    let chat = 4207;
+    tg.fake.fail("sendMessage", Fault::Blocked, 1);
+    tg.fake.push_message(text_message(chat, chat, "hello"));
+    tg.fake
+        .wait_for("the refusal", SECS(20), |f| {
+            (!f.faulted("sendMessage").is_empty()).then_some(())
+        })
+        .await;
+    let verdict = db::settled(&tg.db(), SECS(10)).await;
+    assert_eq!(verdict.duplicates, 0, "{verdict:?}");
+    assert_eq!(
+        db::count(
+            &tg.db(),
+            "SELECT COUNT(*) FROM outbox WHERE failed_at IS NOT NULL AND attempts = 1"
+        ),
+        1
+    );
+    let metrics = tg.lull.metrics().await.unwrap();
+    assert_eq!(metrics["lull_replies_failed_total"], 1.0, "{metrics:#?}");
+    assert_eq!(tg.fake.calls("sendMessage").len(), 1, "not retried");
+    let errors = tg.lull.error_lines("gave up");
+    assert_eq!(errors.len(), 1, "{}", tg.lull.logs());
+    assert!(
+        errors[0].contains(&format!("telegram:{chat}")) && errors[0].contains("reply_id="),
+        "{}",
+        errors[0]
+    );
+    tg.finish();
+}
+
 /// Polling survives a 5xx and a response that is not JSON: it backs off, recovers,
 /// and the message waiting meanwhile is answered once. (teloxide itself waits 10 s
 /// after a 5xx before reporting it.)

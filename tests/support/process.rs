@@ -16,6 +16,12 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// The `lull` binary under test: this build's, or the one `LULL_TEST_BIN` names (to
+/// check that a test fails on an older build, which a test that cannot fail must).
+pub fn binary() -> std::ffi::OsString {
+    std::env::var_os("LULL_TEST_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_lull").into())
+}
+
 /// One `lull` process and how to start it again.
 pub struct LullProcess {
     pub name: String,
@@ -58,7 +64,7 @@ impl LullProcess {
             .append(true)
             .open(&self.log)
             .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_lull"))
+        let child = Command::new(binary())
             .args(&self.args)
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
@@ -129,6 +135,15 @@ impl LullProcess {
     /// Everything the process (all its incarnations) logged.
     pub fn logs(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Every ERROR line the process logged that contains `text`.
+    pub fn error_lines(&self, text: &str) -> Vec<String> {
+        self.logs()
+            .lines()
+            .filter(|l| l.contains("ERROR") && l.contains(text))
+            .map(str::to_owned)
+            .collect()
     }
 
     /// Wait until `/healthz` answers 200.

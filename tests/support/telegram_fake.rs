@@ -68,6 +68,8 @@ pub enum Fault {
     ServerError(u16),
     /// 200 with a body that is not JSON (a proxy's error page).
     Garbage,
+    /// 403: the user blocked the bot.
+    Blocked,
 }
 
 #[derive(Default)]
@@ -311,6 +313,10 @@ fn fault_response(fault: Fault) -> Response {
             },
         ),
         Fault::Garbage => (StatusCode::OK, "<html>upstream unavailable</html>").into_response(),
+        Fault::Blocked => error(
+            StatusCode::FORBIDDEN,
+            "Forbidden: bot was blocked by the user",
+        ),
     }
 }
 

@@ -1,6 +1,13 @@
-//! A webhook on loopback that records every reply the http adapter POSTs, and can be
-//! told to fail the next requests (to exercise retries).
+//! A webhook on loopback standing in for a receiver of the http adapter's replies. It
+//! records every POST with its headers, can be scripted to fail (a status, a 429 with
+//! `Retry-After`, a slow or hung answer), and, given the secret, verifies Standard
+//! Webhooks signatures the way a receiver would (a bad signature gets 401).
+//!
+//! What a receiver *accepted* (`received`) is not what it *shows*: a receiver that
+//! got the same reply twice (lull timed out while it was answering) deduplicates on
+//! `webhook-id`, and [`Webhook::shown`] is what its user sees.
 
+use std::collections::{HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -8,29 +15,78 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use hmac::{Hmac, Mac};
 use serde::Deserialize;
+use sha2::Sha256;
 use tokio::sync::Notify;
 
-/// One POST the webhook received.
-#[derive(Debug, Clone, Deserialize)]
+/// A reply the webhook accepted. `covers` holds string ids as they are and any other
+/// id as its JSON text; `body` is the payload as sent, for exact checks.
+#[derive(Debug, Clone)]
 pub struct Received {
     pub conversation: String,
     pub text: String,
     pub covers: Vec<String>,
     pub reply_id: i64,
     pub kind: String,
-    #[serde(skip, default = "Instant::now")]
+    pub webhook_id: Option<String>,
+    pub body: serde_json::Value,
     pub at: Instant,
+}
+
+#[derive(Deserialize)]
+struct Payload {
+    conversation: String,
+    text: String,
+    covers: Vec<serde_json::Value>,
+    reply_id: i64,
+    kind: String,
+}
+
+/// One POST as it arrived, whatever the webhook answered.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub webhook_id: Option<String>,
+    pub timestamp: Option<String>,
+    pub signature: Option<String>,
+    pub content_type: Option<String>,
+    pub body: Vec<u8>,
+    /// With a secret: whether the signature verified.
+    pub signature_ok: Option<bool>,
+    pub at: Instant,
+}
+
+/// How the webhook answers one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// 200; the reply is accepted.
+    Ok,
+    /// This status; the reply is not accepted.
+    Status(u16),
+    /// 429 with `Retry-After: <seconds>`.
+    RetryAfter(u64),
+    /// The reply is accepted at once, but the answer (200) comes after the delay: a
+    /// slow receiver whose sender may have given up waiting.
+    Slow(Duration),
+    /// Never answers; nothing is accepted.
+    Hang,
 }
 
 #[derive(Default)]
 struct Inner {
+    requests: Mutex<Vec<Request>>,
     received: Mutex<Vec<Received>>,
     changed: Notify,
-    fail_next: AtomicUsize,
-    requests: AtomicUsize,
+    script: Mutex<VecDeque<Answer>>,
+    /// The answer once the script is used up (`None`: `Answer::Ok`).
+    otherwise: Mutex<Option<Answer>>,
+    secret: Option<Vec<u8>>,
+    in_flight: AtomicUsize,
 }
 
 /// The collector; dropping it stops the server.
@@ -41,8 +97,26 @@ pub struct Webhook {
 }
 
 impl Webhook {
+    /// A webhook that accepts every reply without checking signatures.
     pub async fn start() -> Webhook {
-        let inner = Arc::new(Inner::default());
+        Self::serve(Inner::default()).await
+    }
+
+    /// A webhook that verifies every request's signature with `secret` (`whsec_…`)
+    /// and answers 401 to a missing or wrong one.
+    pub async fn signed(secret: &str) -> Webhook {
+        let key = BASE64
+            .decode(secret.strip_prefix("whsec_").expect("a whsec_ secret"))
+            .expect("base64 secret");
+        Self::serve(Inner {
+            secret: Some(key),
+            ..Inner::default()
+        })
+        .await
+    }
+
+    async fn serve(inner: Inner) -> Webhook {
+        let inner = Arc::new(inner);
         let router = Router::new()
             .route("/replies", post(receive))
             .with_state(inner.clone());
@@ -58,20 +132,41 @@ impl Webhook {
         }
     }
 
+    /// Answer the next requests as listed, in order (after what is already scripted).
+    pub fn script(&self, answers: impl IntoIterator<Item = Answer>) {
+        self.inner.script.lock().unwrap().extend(answers);
+    }
+
     /// Answer the next `n` requests with HTTP 500.
     pub fn fail_next(&self, n: usize) {
-        self.inner.fail_next.store(n, Ordering::SeqCst);
+        self.script(std::iter::repeat_n(Answer::Status(500), n));
     }
 
-    /// Every request, including failed ones.
+    /// How to answer once the script is used up (the default is `Answer::Ok`).
+    pub fn otherwise(&self, answer: Answer) {
+        *self.inner.otherwise.lock().unwrap() = Some(answer);
+    }
+
+    /// Every request, including refused and unanswered ones.
     pub fn requests(&self) -> usize {
-        self.inner.requests.load(Ordering::SeqCst)
+        self.inner.requests.lock().unwrap().len()
     }
 
+    pub fn request_log(&self) -> Vec<Request> {
+        self.inner.requests.lock().unwrap().clone()
+    }
+
+    /// Requests the webhook is still answering (slow or hung).
+    pub fn in_flight(&self) -> usize {
+        self.inner.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Every reply and notice the webhook accepted, duplicates included.
     pub fn received(&self) -> Vec<Received> {
         self.inner.received.lock().unwrap().clone()
     }
 
+    /// Accepted replies (not notices), duplicates included.
     pub fn replies(&self) -> Vec<Received> {
         self.received()
             .into_iter()
@@ -79,37 +174,175 @@ impl Webhook {
             .collect()
     }
 
+    /// The replies a receiver deduplicating on `webhook-id` shows, in arrival order.
+    pub fn shown(&self) -> Vec<Received> {
+        let mut seen = HashSet::new();
+        self.replies()
+            .into_iter()
+            .filter(|r| seen.insert(r.webhook_id.clone().expect("a webhook-id header")))
+            .collect()
+    }
+
     /// Wait until `n` replies arrived; panics after `limit`.
     pub async fn wait_replies(&self, n: usize, limit: Duration) -> Vec<Received> {
+        self.wait_until(limit, |w| {
+            let replies = w.replies();
+            (replies.len() >= n).then_some(replies)
+        })
+        .await
+    }
+
+    /// Wait until `n` requests arrived (answered or not); panics after `limit`.
+    pub async fn wait_requests(&self, n: usize, limit: Duration) -> Vec<Request> {
+        self.wait_until(limit, |w| {
+            let requests = w.request_log();
+            (requests.len() >= n).then_some(requests)
+        })
+        .await
+    }
+
+    async fn wait_until<T>(&self, limit: Duration, mut done: impl FnMut(&Self) -> Option<T>) -> T {
         let deadline = tokio::time::Instant::now() + limit;
         loop {
             let notified = self.inner.changed.notified();
-            let replies = self.replies();
-            if replies.len() >= n {
-                return replies;
+            if let Some(value) = done(self) {
+                return value;
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                panic!("expected {n} replies within {limit:?}, got {replies:#?}");
+                panic!(
+                    "webhook: condition not met within {limit:?}; requests: {:#?}",
+                    self.request_log()
+                );
             }
         }
     }
 }
 
-async fn receive(State(inner): State<Arc<Inner>>, body: axum::body::Bytes) -> StatusCode {
-    inner.requests.fetch_add(1, Ordering::SeqCst);
-    if inner
-        .fail_next
-        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-        .is_ok()
-    {
-        return StatusCode::INTERNAL_SERVER_ERROR;
+fn header(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+/// What a Standard Webhooks receiver checks: some `v1,` signature in the
+/// space-separated list is base64(HMAC-SHA256(key, "{id}.{timestamp}.{body}")), and
+/// the timestamp is within five minutes of now. Written apart from lull's signer on
+/// purpose: a shared bug would not show.
+fn verify(key: &[u8], id: &str, timestamp: &str, signature: &str, body: &[u8]) -> bool {
+    let Ok(seconds) = timestamp.parse::<i64>() else {
+        return false;
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    if (now - seconds).abs() > 300 {
+        return false;
     }
-    match serde_json::from_slice::<Received>(&body) {
-        Ok(received) => {
-            inner.received.lock().unwrap().push(received);
-            inner.changed.notify_waiters();
-            StatusCode::OK
+    let mut mac = Hmac::<Sha256>::new_from_slice(key).unwrap();
+    mac.update(format!("{id}.{timestamp}.").as_bytes());
+    mac.update(body);
+    let expected = mac.finalize().into_bytes();
+    signature.split(' ').any(|candidate| {
+        candidate
+            .strip_prefix("v1,")
+            .and_then(|sig| BASE64.decode(sig).ok())
+            .is_some_and(|sig| sig.as_slice() == expected.as_slice())
+    })
+}
+
+/// Decrements the in-flight count when a request ends, answered or abandoned.
+struct InFlight(Arc<Inner>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.0.changed.notify_waiters();
+    }
+}
+
+async fn receive(
+    State(inner): State<Arc<Inner>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    inner.in_flight.fetch_add(1, Ordering::SeqCst);
+    let _in_flight = InFlight(inner.clone());
+    let webhook_id = header(&headers, "webhook-id");
+    let timestamp = header(&headers, "webhook-timestamp");
+    let signature = header(&headers, "webhook-signature");
+    let signature_ok =
+        inner
+            .secret
+            .as_ref()
+            .map(|key| match (&webhook_id, &timestamp, &signature) {
+                (Some(id), Some(ts), Some(sig)) => verify(key, id, ts, sig, &body),
+                _ => false,
+            });
+    inner.requests.lock().unwrap().push(Request {
+        webhook_id: webhook_id.clone(),
+        timestamp,
+        signature,
+        content_type: header(&headers, "content-type"),
+        body: body.to_vec(),
+        signature_ok,
+        at: Instant::now(),
+    });
+    inner.changed.notify_waiters();
+    if signature_ok == Some(false) {
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    let answer = inner
+        .script
+        .lock()
+        .unwrap()
+        .pop_front()
+        .or(*inner.otherwise.lock().unwrap())
+        .unwrap_or(Answer::Ok);
+    let accept = || -> Result<(), StatusCode> {
+        let payload: Payload =
+            serde_json::from_slice(&body).map_err(|_| StatusCode::BAD_REQUEST)?;
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        inner.received.lock().unwrap().push(Received {
+            conversation: payload.conversation,
+            text: payload.text,
+            covers: payload
+                .covers
+                .iter()
+                .map(|id| match id {
+                    serde_json::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                })
+                .collect(),
+            reply_id: payload.reply_id,
+            kind: payload.kind,
+            webhook_id: webhook_id.clone(),
+            body: json,
+            at: Instant::now(),
+        });
+        inner.changed.notify_waiters();
+        Ok(())
+    };
+    match answer {
+        Answer::Ok => match accept() {
+            Ok(()) => StatusCode::OK.into_response(),
+            Err(status) => status.into_response(),
+        },
+        Answer::Status(code) => StatusCode::from_u16(code).unwrap().into_response(),
+        Answer::RetryAfter(seconds) => (
+            StatusCode::TOO_MANY_REQUESTS,
+            [("retry-after", seconds.to_string())],
+        )
+            .into_response(),
+        Answer::Slow(delay) => {
+            let accepted = accept();
+            tokio::time::sleep(delay).await;
+            match accepted {
+                Ok(()) => StatusCode::OK.into_response(),
+                Err(status) => status.into_response(),
+            }
         }
-        Err(_) => StatusCode::BAD_REQUEST,
+        Answer::Hang => std::future::pending().await,
     }
 }

@@ -3,17 +3,15 @@
 //!
 //! Inbound: `POST /api/messages` with `{"conversation","user","text","id"}` (optional
 //! `"name"`, the display name, and `"group": true` for multi-user conversations) →
-//! `202` once the message is stored; idempotent on `id` within a conversation.
-//! Outbound: every reply and notice is POSTed as JSON
-//! `{"conversation","text","covers","reply_id","kind"}` to `LULL_WEBHOOK_URL`; a failing
-//! endpoint is retried with backoff by the dispatcher. The same `reply_id` can arrive
-//! twice only if lull crashed between the POST and recording it: receivers that
-//! must never show a reply twice deduplicate on it.
+//! `202` once the message is stored; idempotent on `id` within a conversation. `id` is
+//! a string or an integer, and the two are different ids (`"7"` is not `7`).
+//! Outbound ([`webhook`]): every reply and notice is POSTed to `LULL_WEBHOOK_URL` by the
+//! Standard Webhooks convention, `covers` giving the ids back as the client sent them.
+
+pub mod webhook;
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use async_trait::async_trait;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -22,18 +20,18 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use secrecy::{ExposeSecret, SecretString};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::json;
+
+pub use webhook::{WebhookOutbound, WebhookSecret, WebhookSettings};
 
 use crate::dispatcher::{Accepted, Dispatcher, IngestError};
 use crate::domain::{ConversationRef, Platform};
-use crate::platform::{Content, Incoming, IncomingKind, Outbound, OutgoingPart, SendError};
+use crate::platform::{Content, Incoming, IncomingKind};
 use crate::store::StoreError;
 
 /// Largest request body accepted; larger ones get `413`.
 pub const MAX_BODY_BYTES: usize = 256 * 1024;
-/// One webhook POST's time limit.
-const WEBHOOK_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Clone)]
 struct Api {
@@ -114,13 +112,22 @@ fn same_secret(given: &[u8], expected: &[u8]) -> bool {
             == 0
 }
 
+/// `Authorization: Bearer <token>`; the scheme name is case-insensitive (RFC 9110).
 fn authorized(headers: &HeaderMap, token: &SecretString) -> bool {
     headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|given| same_secret(given.trim().as_bytes(), token.expose_secret().as_bytes()))
+        .and_then(|v| v.trim_start().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .is_some_and(|(_, given)| {
+            same_secret(given.trim().as_bytes(), token.expose_secret().as_bytes())
+        })
 }
+
+/// Longest `conversation`, `user` and `id`, in bytes (UTF-8).
+pub const MAX_ID_BYTES: usize = 256;
+/// Longest `name`, in bytes (UTF-8).
+pub const MAX_NAME_BYTES: usize = 128;
 
 fn parse(body: &[u8]) -> Result<MessageIn, ApiError> {
     let message: MessageIn = serde_json::from_slice(body).map_err(|e| {
@@ -139,16 +146,61 @@ fn parse(body: &[u8]) -> Result<MessageIn, ApiError> {
             return Err(ApiError::BadRequest(format!("`{field}` must not be empty")));
         }
     }
+    for (field, value, max) in [
+        ("conversation", message.conversation.as_str(), MAX_ID_BYTES),
+        ("user", message.user.as_str(), MAX_ID_BYTES),
+        (
+            "name",
+            message.name.as_deref().unwrap_or_default(),
+            MAX_NAME_BYTES,
+        ),
+    ] {
+        if value.len() > max {
+            return Err(ApiError::BadRequest(format!(
+                "`{field}` is too long ({} bytes; at most {max} are accepted)",
+                value.len()
+            )));
+        }
+    }
     Ok(message)
 }
 
+/// The stored form of a client's message id: its canonical JSON text. A string id is
+/// kept quoted (`"7"`), an integer id bare (`7`), so `"7"` and `7` are two ids, and
+/// [`client_id`] gives the client its id back with the JSON type it sent. Integers must
+/// fit `i64` or `u64` exactly: larger numbers and floats would round (two ids could
+/// become one), so they are refused, as are booleans, null, arrays and objects.
 fn message_id(id: &serde_json::Value) -> Result<String, ApiError> {
+    let refused = |why: &str| {
+        ApiError::BadRequest(format!(
+            "`id` must be a non-empty string or an integer (at most 64 bits), unique within the conversation; {why}"
+        ))
+    };
     match id {
-        serde_json::Value::String(s) if !s.trim().is_empty() => Ok(s.clone()),
-        serde_json::Value::Number(n) => Ok(n.to_string()),
-        _ => Err(ApiError::BadRequest(
-            "`id` must be a non-empty string or a number, unique within the conversation".into(),
-        )),
+        serde_json::Value::String(s) if s.trim().is_empty() => Err(refused("got an empty string")),
+        serde_json::Value::String(s) if s.len() > MAX_ID_BYTES => Err(refused(&format!(
+            "got {} bytes (at most {MAX_ID_BYTES} are accepted)",
+            s.len()
+        ))),
+        serde_json::Value::Number(n) if !(n.is_i64() || n.is_u64()) => Err(refused(&format!(
+            "got {n}, a float or a number out of range (send large ids as strings)"
+        ))),
+        serde_json::Value::String(_) | serde_json::Value::Number(_) => Ok(id.to_string()),
+        serde_json::Value::Null => Err(refused("got null")),
+        serde_json::Value::Bool(_) => Err(refused("got a boolean")),
+        serde_json::Value::Array(_) | serde_json::Value::Object(_) => {
+            Err(refused("got an array or an object"))
+        }
+    }
+}
+
+/// A stored message id back as the client sent it (see [`message_id`]). Rows stored
+/// before ids were kept as JSON text hold the bare string; those are given back as
+/// strings (a bare `7` among them reads as the integer it looks like).
+pub(crate) fn client_id(stored: &str) -> serde_json::Value {
+    match serde_json::from_str::<serde_json::Value>(stored) {
+        Ok(id @ (serde_json::Value::String(_) | serde_json::Value::Number(_))) => id,
+        _ => serde_json::Value::String(stored.to_owned()),
     }
 }
 
@@ -221,87 +273,6 @@ async fn accept(
     })
 }
 
-/// What the webhook receives.
-#[derive(Debug, Serialize)]
-struct ReplyOut<'a> {
-    conversation: &'a str,
-    text: &'a str,
-    covers: &'a [String],
-    reply_id: i64,
-    kind: &'a str,
-}
-
-/// Delivers replies by POSTing them to the webhook.
-pub struct WebhookOutbound {
-    client: reqwest::Client,
-    url: String,
-}
-
-impl WebhookOutbound {
-    pub fn new(url: String) -> Result<Self, String> {
-        let client = reqwest::Client::builder()
-            .timeout(WEBHOOK_TIMEOUT)
-            .build()
-            .map_err(|e| format!("cannot build the webhook client: {e}"))?;
-        Ok(Self { client, url })
-    }
-}
-
-#[async_trait]
-impl Outbound for WebhookOutbound {
-    fn platform(&self) -> Platform {
-        Platform::Http
-    }
-
-    fn split(&self, text: &str) -> Vec<String> {
-        // JSON has no length limit.
-        vec![text.to_owned()]
-    }
-
-    async fn send(&self, part: &OutgoingPart<'_>) -> Result<(), SendError> {
-        let body = ReplyOut {
-            conversation: &part.conversation.key,
-            text: part.text,
-            covers: part.covers,
-            reply_id: part.outbox_id.0,
-            kind: part.kind.as_str(),
-        };
-        let response = self
-            .client
-            .post(&self.url)
-            .json(&body)
-            .send()
-            .await
-            // The webhook URL may carry a secret in its query: never echo it.
-            .map_err(|e| {
-                SendError::Transient(format!("webhook unreachable: {}", e.without_url()))
-            })?;
-        let status = response.status();
-        if status.is_success() {
-            return Ok(());
-        }
-        let retry_after = response
-            .headers()
-            .get(header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
-        Err(match status.as_u16() {
-            429 => SendError::RetryAfter(retry_after.unwrap_or(Duration::from_secs(1))),
-            408 | 500..=599 => SendError::Transient(format!("webhook answered HTTP {status}")),
-            _ => SendError::Permanent(format!("webhook refused the reply with HTTP {status}")),
-        })
-    }
-
-    async fn typing(&self, _conversation: &ConversationRef) -> Result<(), SendError> {
-        Ok(())
-    }
-
-    fn typing_every(&self) -> Option<Duration> {
-        None
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -314,10 +285,65 @@ mod tests {
     }
 
     #[test]
-    fn ids_may_be_strings_or_numbers() {
-        assert_eq!(message_id(&json!("m-1")).unwrap(), "m-1");
-        assert_eq!(message_id(&json!(42)).unwrap(), "42");
-        assert!(message_id(&json!("")).is_err());
-        assert!(message_id(&json!(null)).is_err());
+    fn the_bearer_scheme_is_case_insensitive() {
+        let token = SecretString::from("t0k3n");
+        for value in [
+            "Bearer t0k3n",
+            "bearer t0k3n",
+            "BEARER t0k3n",
+            "  bEaReR   t0k3n ",
+        ] {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::AUTHORIZATION, HeaderValue::from_str(value).unwrap());
+            assert!(authorized(&headers, &token), "{value}");
+        }
+        for value in ["Basic t0k3n", "Bearer t0k3", "Bearert0k3n", "t0k3n"] {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::AUTHORIZATION, HeaderValue::from_str(value).unwrap());
+            assert!(!authorized(&headers, &token), "{value}");
+        }
+    }
+
+    #[test]
+    fn ids_are_stored_as_json_text_and_given_back_with_their_type() {
+        assert_eq!(message_id(&json!("m-1")).unwrap(), r#""m-1""#);
+        assert_eq!(message_id(&json!("7")).unwrap(), r#""7""#);
+        assert_eq!(message_id(&json!(7)).unwrap(), "7");
+        assert_eq!(message_id(&json!(-7)).unwrap(), "-7");
+        assert_eq!(
+            message_id(&json!(u64::MAX)).unwrap(),
+            "18446744073709551615"
+        );
+        for id in [
+            json!("m-1"),
+            json!("7"),
+            json!(7),
+            json!(u64::MAX),
+            json!(i64::MIN),
+        ] {
+            assert_eq!(client_id(&message_id(&id).unwrap()), id);
+        }
+        // Rows stored before: the bare string.
+        assert_eq!(client_id("m-1"), json!("m-1"));
+    }
+
+    #[test]
+    fn ids_that_could_collide_or_round_are_refused() {
+        let above_u64: serde_json::Value = serde_json::from_str("18446744073709551616").unwrap();
+        for id in [
+            json!(""),
+            json!("  "),
+            json!(null),
+            json!(true),
+            json!(1.5),
+            json!(7.0),
+            above_u64,
+            json!([1]),
+            json!({"a": 1}),
+            json!("x".repeat(MAX_ID_BYTES + 1)),
+        ] {
+            assert!(message_id(&id).is_err(), "{id}");
+        }
+        assert!(message_id(&json!("x".repeat(MAX_ID_BYTES))).is_ok());
     }
 }

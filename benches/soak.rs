@@ -5,6 +5,7 @@
 //! ```sh
 //! cargo bench --bench soak -- --processes 8 --conversations 500 --kills 20
 //! cargo bench --bench soak -- --no-leases     # the counter-test: must report duplicates
+//! cargo bench --bench soak -- --no-faults     # echo responder, a webhook that never fails
 //! ```
 
 #[path = "../tests/support/mod.rs"]
@@ -28,6 +29,7 @@ fn main() {
             "--spread-ms" => plan.spread_ms = number("--spread-ms"),
             "--seed" => plan.seed = number("--seed"),
             "--no-leases" => plan.leases = false,
+            "--no-faults" => plan.faults = None,
             "--bench" => {}
             other => panic!("unknown argument {other}"),
         }

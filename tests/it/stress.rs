@@ -3,14 +3,20 @@
 
 use crate::support::stress::{self, StressPlan};
 
-/// Three processes, fifty conversations, two holders killed mid-round: no message
-/// answered twice, none lost, every reply fresh, fencing tokens growing.
+/// Three processes, fifty conversations, two holders killed mid-round, a model that
+/// fails some requests and refuses some batches, a webhook that refuses or answers
+/// too slowly some deliveries: no message answered twice, none lost, every reply
+/// fresh, fencing tokens growing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn stress_with_kills_keeps_every_invariant() {
+async fn stress_with_kills_and_faults_keeps_every_invariant() {
     let report = stress::run(&StressPlan::ci()).await;
     println!("{report}");
     assert!(report.messages > 100, "{report}");
     assert_eq!(report.kills, 2, "{report}");
+    // The faults did happen.
+    assert!(report.model_failures > 0, "{report}");
+    assert!(report.webhook_failures > 0, "{report}");
+    assert!(report.given_up > 0, "{report}");
     assert_eq!(report.duplicates, 0, "{report}");
     assert_eq!(report.lost, 0, "{report}");
     assert_eq!(report.stale, 0, "{report}");

@@ -45,6 +45,20 @@ pub enum Behavior {
     /// An error status whose body quotes the request's `Authorization` header, as
     /// careless servers and proxies do: JSON for 4xx, plain text for 5xx.
     EchoAuthorization(u16),
+    /// A model under load, for the stress run: answers like the `echo` responder
+    /// (`[echo] N messages:` then the user turn) after a random delay; fails a
+    /// share of requests with a random 5xx; refuses as too long (OpenAI's 400) every
+    /// prompt whose user turn contains `poison`.
+    Chaos(Chaos),
+}
+
+/// The parameters of [`Behavior::Chaos`].
+#[derive(Debug, Clone)]
+pub struct Chaos {
+    pub delay_ms: (u64, u64),
+    /// Share of requests answered with 500, 502 or 503.
+    pub server_errors: f64,
+    pub poison: String,
 }
 
 /// The OpenAI-compatible servers whose context-length refusals the fake imitates.
@@ -95,6 +109,7 @@ struct Inner {
     /// Used once the script is empty.
     fallback: Mutex<Option<Behavior>>,
     requests: Mutex<Vec<Recorded>>,
+    failures: Mutex<usize>,
 }
 
 pub struct FakeOpenAi {
@@ -135,6 +150,11 @@ impl FakeOpenAi {
 
     pub fn requests(&self) -> Vec<Recorded> {
         self.inner.requests.lock().unwrap().clone()
+    }
+
+    /// Requests answered with an error status.
+    pub fn failures(&self) -> usize {
+        *self.inner.failures.lock().unwrap()
     }
 
     /// The user turn of request `n` if it carried no history (the system prompt and
@@ -207,6 +227,14 @@ async fn completions(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
+    let response = respond(&inner, headers, body).await;
+    if !response.status().is_success() {
+        *inner.failures.lock().unwrap() += 1;
+    }
+    response
+}
+
+async fn respond(inner: &Inner, headers: HeaderMap, body: axum::body::Bytes) -> Response {
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let authorization = headers
         .get(header::AUTHORIZATION)
@@ -282,6 +310,27 @@ async fn completions(
                 )
                     .into_response()
             }
+        }
+        Behavior::Chaos(chaos) => {
+            tokio::time::sleep(Duration::from_millis(fastrand::u64(
+                chaos.delay_ms.0..=chaos.delay_ms.1,
+            )))
+            .await;
+            if last_user.contains(&chaos.poison) {
+                return (
+                    StatusCode::BAD_REQUEST,
+                    axum::Json(Server::OpenAi.context_length_body()),
+                )
+                    .into_response();
+            }
+            if fastrand::f64() < chaos.server_errors {
+                let status = [500, 502, 503][fastrand::usize(0..3)];
+                return error(status, "fake overload");
+            }
+            let lines = last_user.lines().count();
+            let plural = if lines == 1 { "" } else { "s" };
+            let content = format!("[echo] {lines} message{plural}:\n{last_user}");
+            axum::Json(completion(&content, &body)).into_response()
         }
         Behavior::Drop => {
             // A body that fails after its first bytes: hyper aborts the connection.

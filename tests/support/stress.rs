@@ -4,8 +4,10 @@
 //! the http adapter, the `echo` responder with a random delay, and one webhook
 //! collector. M conversations get random bursts (spread over the processes, a message
 //! refused by a dead process is sent again to another, as a platform redelivers).
-//! Meanwhile processes holding a lease are killed with SIGKILL and restarted. At the
-//! end the checker compares what the webhook received and what the database holds
+//! Meanwhile processes holding a lease are killed with SIGKILL and restarted. With
+//! [`Faults`], the model (a fake OpenAI-compatible server) fails a share of requests
+//! with 5xx and refuses some batches as too long, and the webhook refuses, or answers
+//! too slowly, a share of deliveries. At the end the checker compares what the webhook received and what the database holds
 //! against the invariants: no message covered twice, none uncovered, every reply
 //! fresh (or forced by the cap), fencing tokens only growing.
 
@@ -18,8 +20,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::Mutex as AsyncMutex;
 
 use super::db;
+use super::openai_fake::{Behavior, Chaos, FakeOpenAi};
 use super::process::{LullProcess, post_message};
-use super::webhook::Webhook;
+use super::webhook::{Answer, Webhook};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -43,7 +46,42 @@ pub struct StressPlan {
     /// Conversations start at random moments within this window.
     pub spread_ms: u64,
     pub seed: u64,
+    /// Faults of the model and the webhook mixed into the run; `None` answers with
+    /// the offline `echo` responder and a webhook that accepts everything.
+    pub faults: Option<Faults>,
 }
+
+/// Everyday faults of the services lull depends on.
+#[derive(Debug, Clone)]
+pub struct Faults {
+    /// Share of model requests answered with a 5xx (retried, then backed off).
+    pub model_errors: f64,
+    /// Share of messages the model refuses as too long (OpenAI's 400
+    /// `context_length_exceeded`) in any prompt: their batch is given up with a notice.
+    pub poisoned: f64,
+    /// Share of webhook POSTs refused with 500, 502 or 404.
+    pub webhook_errors: f64,
+    /// Share of webhook POSTs answered after `LULL_WEBHOOK_TIMEOUT_MS` (lull gives up
+    /// waiting and sends the reply again under the same `webhook-id`).
+    pub webhook_slow: f64,
+}
+
+impl Faults {
+    /// What CI mixes in.
+    pub fn ci() -> Faults {
+        Faults {
+            model_errors: 0.15,
+            poisoned: 0.03,
+            webhook_errors: 0.10,
+            webhook_slow: 0.05,
+        }
+    }
+}
+
+/// What a poisoned message carries; the model fake refuses any prompt with it.
+const POISON: &str = "OVERSIZE";
+/// The webhook time limit of a faulty run, and how long a slow answer takes.
+const WEBHOOK_TIMEOUT_MS: u64 = 400;
 
 impl StressPlan {
     /// The short run CI does on every submission.
@@ -64,6 +102,7 @@ impl StressPlan {
             pause_ms: (100, 1500),
             spread_ms: 8000,
             seed: 7,
+            faults: Some(Faults::ci()),
         }
     }
 }
@@ -89,6 +128,12 @@ pub struct StressReport {
     /// The same reply POSTed again after a kill between the POST and recording it
     /// (receivers deduplicate on `reply_id`).
     pub redeliveries: usize,
+    /// Messages covered by a give-up notice (the model refused their batch).
+    pub given_up: usize,
+    /// Model requests the fake failed (5xx and too-long refusals).
+    pub model_failures: usize,
+    /// Webhook POSTs not accepted (refused, or answered after lull's time limit).
+    pub webhook_failures: usize,
     /// `lull_lease_contended_total` summed over every process (sampled).
     pub contended: u64,
     /// Replies the cap forced out.
@@ -101,6 +146,7 @@ impl fmt::Display for StressReport {
         write!(
             f,
             "stress: processes={} conversations={} messages={} replies={} kills={} duplicates={} lost={} stale={} \
+             given_up={} model_failures={} webhook_failures={} \
              contended={} forced={} redeliveries={} token_regressions={} text_mismatches={} elapsed={:.1}s",
             self.processes,
             self.conversations,
@@ -110,6 +156,9 @@ impl fmt::Display for StressReport {
             self.duplicates,
             self.lost,
             self.stale,
+            self.given_up,
+            self.model_failures,
+            self.webhook_failures,
             self.contended,
             self.forced,
             self.redeliveries,
@@ -136,8 +185,6 @@ pub async fn run(plan: &StressPlan) -> StressReport {
     let mut env = vec![
         ("DATABASE_URL", format!("sqlite:{}", db_path.display())),
         ("LULL_WEBHOOK_URL", webhook.url.clone()),
-        ("LULL_LLM", "echo".into()),
-        ("LULL_ECHO_DELAY_MS", plan.echo_delay.clone()),
         ("LULL_DEBOUNCE_MS", plan.debounce_ms.to_string()),
         ("LULL_MAX_WAIT_MS", plan.max_wait_ms.to_string()),
         ("LULL_LEASE_TTL_MS", plan.lease_ttl_ms.to_string()),
@@ -147,6 +194,38 @@ pub async fn run(plan: &StressPlan) -> StressReport {
     if !plan.leases {
         env.push(("LULL_TEST_DISABLE_LEASE", "1".into()));
     }
+    // The model: the offline echo responder, or a fake model server with faults that
+    // answers in echo's words (so every reply's text can be checked).
+    let model = match &plan.faults {
+        None => {
+            env.push(("LULL_LLM", "echo".into()));
+            env.push(("LULL_ECHO_DELAY_MS", plan.echo_delay.clone()));
+            None
+        }
+        Some(faults) => {
+            let model = FakeOpenAi::start().await;
+            let (min, max) = plan
+                .echo_delay
+                .split_once("..")
+                .map(|(a, b)| (a.parse().unwrap(), b.parse().unwrap()))
+                .unwrap_or((0, 0));
+            model.fallback(Behavior::Chaos(Chaos {
+                delay_ms: (min, max),
+                server_errors: faults.model_errors,
+                poison: POISON.into(),
+            }));
+            webhook.otherwise(Answer::Flaky {
+                fail: faults.webhook_errors,
+                slow: faults.webhook_slow,
+                slow_for: Duration::from_millis(WEBHOOK_TIMEOUT_MS * 2),
+            });
+            env.push(("LULL_LLM", "openai".into()));
+            env.push(("OPENAI_BASE_URL", model.base_url.clone()));
+            env.push(("OPENAI_MODEL", "fake-model".into()));
+            env.push(("LULL_WEBHOOK_TIMEOUT_MS", WEBHOOK_TIMEOUT_MS.to_string()));
+            Some(model)
+        }
+    };
     let mut processes = Vec::new();
     for i in 0..plan.processes {
         processes.push(LullProcess::start(
@@ -193,6 +272,10 @@ pub async fn run(plan: &StressPlan) -> StressReport {
 
     let acked = acked.lock().unwrap().clone();
     let mut report = check(&acked, &webhook, &db_path);
+    if let Some(model) = &model {
+        report.model_failures = model.failures();
+    }
+    report.webhook_failures = webhook.request_log().len() - webhook.received().len();
     report.processes = plan.processes;
     report.conversations = plan.conversations;
     report.kills = kills;
@@ -224,7 +307,12 @@ async fn drive_conversation(
         }
         for _ in 0..rng.usize(plan.burst_len.0..=plan.burst_len.1) {
             let id = format!("m{n}");
-            let text = format!("{conversation} {id}");
+            let poisoned = plan.faults.as_ref().is_some_and(|f| rng.f64() < f.poisoned);
+            let text = if poisoned {
+                format!("{conversation} {id} {POISON}")
+            } else {
+                format!("{conversation} {id}")
+            };
             send_until_stored(&client, &urls, &mut rng, &conversation, &id, &text).await;
             acked.lock().unwrap().push(Acked {
                 conversation: conversation.clone(),
@@ -383,8 +471,7 @@ async fn wait_quiescent(db_path: &Path, webhook: &Webhook, messages: usize, limi
             db_path,
             "SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL AND failed_at IS NULL",
         );
-        let covered: BTreeSet<(String, String)> = webhook
-            .replies()
+        let covered: BTreeSet<(String, String)> = answers(webhook)
             .into_iter()
             .flat_map(|r| {
                 r.covers
@@ -399,8 +486,18 @@ async fn wait_quiescent(db_path: &Path, webhook: &Webhook, messages: usize, limi
     }
 }
 
+/// What the webhook accepted that answers messages: replies, and notices that gave up
+/// on a batch (they cover what the model refused).
+fn answers(webhook: &Webhook) -> Vec<super::webhook::Received> {
+    webhook
+        .received()
+        .into_iter()
+        .filter(|r| r.kind == "reply" || !r.covers.is_empty())
+        .collect()
+}
+
 fn check(acked: &[Acked], webhook: &Webhook, db_path: &Path) -> StressReport {
-    let received = webhook.replies();
+    let received = answers(webhook);
     let mut distinct: BTreeMap<i64, &super::webhook::Received> = BTreeMap::new();
     for reply in &received {
         distinct.entry(reply.reply_id).or_insert(reply);
@@ -420,8 +517,13 @@ fn check(acked: &[Acked], webhook: &Webhook, db_path: &Path) -> StressReport {
         .collect();
     let mut report = StressReport {
         messages: acked.len(),
-        replies: distinct.len(),
+        replies: distinct.values().filter(|r| r.kind == "reply").count(),
         redeliveries: received.len() - distinct.len(),
+        given_up: distinct
+            .values()
+            .filter(|r| r.kind != "reply")
+            .map(|r| r.covers.len())
+            .sum(),
         ..StressReport::default()
     };
     for m in acked {
@@ -430,7 +532,7 @@ fn check(acked: &[Acked], webhook: &Webhook, db_path: &Path) -> StressReport {
             Some(replies) => report.duplicates += replies.len() - 1,
         }
     }
-    for reply in distinct.values() {
+    for reply in distinct.values().filter(|r| r.kind == "reply") {
         let lines: Vec<&str> = reply.text.lines().skip(1).collect();
         let expected: Vec<&str> = reply
             .covers

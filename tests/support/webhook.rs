@@ -62,7 +62,7 @@ pub struct Request {
 }
 
 /// How the webhook answers one request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Answer {
     /// 200; the reply is accepted.
     Ok,
@@ -75,6 +75,37 @@ pub enum Answer {
     Slow(Duration),
     /// Never answers; nothing is accepted.
     Hang,
+    /// A flaky receiver: each request fails with 500, 502 or 404 with probability
+    /// `fail`, else is slow (accepted, answered after `slow_for`) with probability
+    /// `slow`, else is accepted at once.
+    Flaky {
+        fail: f64,
+        slow: f64,
+        slow_for: Duration,
+    },
+}
+
+impl Answer {
+    /// The answer to give now: a `Flaky` receiver draws one.
+    fn draw(self) -> Answer {
+        match self {
+            Answer::Flaky {
+                fail,
+                slow,
+                slow_for,
+            } => {
+                let roll = fastrand::f64();
+                if roll < fail {
+                    Answer::Status([500, 502, 404][fastrand::usize(0..3)])
+                } else if roll < fail + slow {
+                    Answer::Slow(slow_for)
+                } else {
+                    Answer::Ok
+                }
+            }
+            other => other,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -299,7 +330,8 @@ async fn receive(
         .unwrap()
         .pop_front()
         .or(*inner.otherwise.lock().unwrap())
-        .unwrap_or(Answer::Ok);
+        .unwrap_or(Answer::Ok)
+        .draw();
     let accept = || -> Result<(), StatusCode> {
         let payload: Payload =
             serde_json::from_slice(&body).map_err(|_| StatusCode::BAD_REQUEST)?;
@@ -344,5 +376,6 @@ async fn receive(
             }
         }
         Answer::Hang => std::future::pending().await,
+        Answer::Flaky { .. } => unreachable!("drawn above"),
     }
 }

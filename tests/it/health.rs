@@ -28,7 +28,7 @@ fn env(dir: &Path, webhook: &Webhook) -> Vec<(&'static str, String)> {
 /// Overwrite every page but the first (the header, which keeps the file recognisable
 /// as SQLite) with bytes that are no B-tree page: what a failing disk or a botched
 /// copy leaves. The WAL is checkpointed first, so every page is read from the file.
-fn damage(path: &Path) {
+pub(crate) fn damage(path: &Path) {
     let conn = Connection::open(path).unwrap();
     conn.busy_timeout(Duration::from_secs(5)).unwrap();
     let (busy, _, _): (i64, i64, i64) = conn

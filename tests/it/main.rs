@@ -10,6 +10,7 @@ mod conversations;
 mod discord;
 mod dispatcher;
 mod edits;
+mod faults;
 mod health;
 mod helpers;
 mod http_api;

@@ -223,6 +223,16 @@ impl Webhook {
         .await
     }
 
+    /// Wait until the webhook accepted something matching `pick`; panics after `limit`.
+    pub async fn wait_until_received(
+        &self,
+        limit: Duration,
+        mut pick: impl FnMut(&Received) -> bool,
+    ) -> Received {
+        self.wait_until(limit, |w| w.received().into_iter().find(|r| pick(r)))
+            .await
+    }
+
     /// Wait until `n` requests arrived (answered or not); panics after `limit`.
     pub async fn wait_requests(&self, n: usize, limit: Duration) -> Vec<Request> {
         self.wait_until(limit, |w| {

@@ -95,6 +95,10 @@ pub enum LlmError {
     /// The server refused the prompt as longer than the model's context.
     #[error("the prompt is too long for the model (HTTP {status}): {message}")]
     ContextLength { status: u16, message: String },
+    /// The account behind the key has no credit or quota left (OpenAI answers 429
+    /// `insufficient_quota`): not a rate limit that passes, but a setting to fix.
+    #[error("the model server refused: no credit or quota left (HTTP {status}): {message}")]
+    OutOfCredit { status: u16, message: String },
     #[error("the model server sent a response lull cannot read: {0}")]
     Malformed(String),
     #[error("the model returned an empty reply")]
@@ -125,6 +129,7 @@ impl LlmError {
             }
             LlmError::Status { status, .. } if (400..500).contains(status) => FailureKind::Refused,
             LlmError::ContextLength { .. } => FailureKind::TooLong,
+            LlmError::OutOfCredit { .. } => FailureKind::Refused,
             LlmError::Status { .. }
             | LlmError::Timeout(_)
             | LlmError::Connect(_)
@@ -145,6 +150,9 @@ impl LlmError {
             LlmError::Status {
                 status: 401 | 403, ..
             } => "OPENAI_API_KEY (the server refused the key)",
+            LlmError::OutOfCredit { .. } => {
+                "OPENAI_API_KEY (its account has no credit or quota left: check the plan and billing)"
+            }
             LlmError::Status { status: 404, .. } => {
                 "OPENAI_MODEL (is that model served?) and OPENAI_BASE_URL (the API base, usually ending in /v1)"
             }

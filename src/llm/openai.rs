@@ -64,6 +64,7 @@ struct HttpFailure {
     message: String,
     retry_after: Option<Duration>,
     context_length: bool,
+    out_of_credit: bool,
 }
 
 impl HttpFailure {
@@ -76,6 +77,7 @@ impl HttpFailure {
         Self {
             status,
             context_length: is_context_length(status, json.as_ref(), &message),
+            out_of_credit: is_out_of_credit(json.as_ref()),
             message,
             retry_after,
         }
@@ -93,6 +95,15 @@ fn retry_after(headers: &reqwest_openai::header::HeaderMap) -> Option<Duration> 
         .ok()
         .filter(|s| s.is_finite() && *s >= 0.0)
         .map(Duration::from_secs_f64)
+}
+
+/// Whether a refusal says the account is out of credit: OpenAI's
+/// `insufficient_quota` (sent with a 429, which would otherwise be retried for ever).
+fn is_out_of_credit(json: Option<&serde_json::Value>) -> bool {
+    json.is_some_and(|json| {
+        let error = &json["error"];
+        error["code"] == "insufficient_quota" || error["type"] == "insufficient_quota"
+    })
 }
 
 /// The longest server message an error keeps, in characters.
@@ -312,6 +323,10 @@ fn classify(error: OpenAIError, timeout: Duration) -> LlmError {
                 status: failure.status,
                 message: failure.message,
             },
+            Ok(failure) if failure.out_of_credit => LlmError::OutOfCredit {
+                status: failure.status,
+                message: failure.message,
+            },
             Ok(failure) => LlmError::Status {
                 status: failure.status,
                 message: failure.message,
@@ -407,6 +422,28 @@ mod tests {
         for (status, body) in other {
             assert!(!failure(status, body).context_length, "{body}");
         }
+    }
+
+    /// OpenAI's "no quota left" comes as a 429, but is no rate limit: it is refused
+    /// (the batch ends with one notice), not retried for ever.
+    #[test]
+    fn an_exhausted_quota_is_refused_not_retried() {
+        let body = r#"{"error":{"message":"You exceeded your current quota, please check your plan and billing details.","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}"#;
+        assert!(failure(429, body).out_of_credit);
+        assert!(
+            !failure(
+                429,
+                r#"{"error":{"message":"Rate limit reached","code":"rate_limit_exceeded"}}"#
+            )
+            .out_of_credit
+        );
+        let error = LlmError::OutOfCredit {
+            status: 429,
+            message: "quota".into(),
+        };
+        assert_eq!(error.kind(), crate::llm::FailureKind::Refused);
+        assert!(error.setting().contains("OPENAI_API_KEY"));
+        assert_eq!(error.outcome(), "refused");
     }
 
     #[test]

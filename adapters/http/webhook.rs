@@ -211,7 +211,11 @@ impl Outbound for WebhookOutbound {
                 ))
             } else {
                 // The webhook URL may carry a secret in its query: never echo it.
-                SendError::Transient(format!("webhook unreachable: {}", e.without_url()))
+                // The cause chain says why (refused, DNS, TLS), redacted.
+                SendError::Transient(format!(
+                    "webhook unreachable: {}",
+                    crate::secrets::redact_error(&e.without_url())
+                ))
             }
         })?;
         let status = response.status();

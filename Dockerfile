@@ -8,16 +8,22 @@
 FROM rust:1.95-slim AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
-RUN mkdir -p src adapters benches \
+COPY port/Cargo.toml port/
+COPY core/Cargo.toml core/
+COPY adapters/Cargo.toml adapters/
+RUN mkdir -p src benches port/src core/src \
     && echo 'fn main() {}' > src/main.rs \
-    && touch src/lib.rs \
+    && touch port/src/lib.rs core/src/lib.rs adapters/lib.rs \
     && for bench in soak idle; do echo 'fn main() {}' > "benches/$bench.rs"; done \
     && cargo build --release --locked --bin lull \
-    && rm -rf src adapters benches
+    && rm -rf src benches port/src core/src adapters/lib.rs
 COPY src ./src
+COPY port/src ./port/src
+COPY core/src ./core/src
 COPY adapters ./adapters
 COPY benches ./benches
-RUN touch src/main.rs src/lib.rs && cargo build --release --locked --bin lull
+RUN touch src/main.rs port/src/lib.rs core/src/lib.rs adapters/lib.rs \
+    && cargo build --release --locked --bin lull
 
 # Runtime: Debian slim with CA certificates (for TLS to Telegram, Discord and the
 # model server), a non-root user, the database on a volume.

@@ -9,10 +9,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt};
 
-use crate::clock::{Clock, SystemClock};
-use crate::dispatcher::{Dispatcher, IngestError};
-use crate::domain::{ConversationRef, Platform};
-use crate::platform::{Content, Incoming, IncomingKind, Outbound, OutgoingPart, SendError};
+use lull_port::domain::{ConversationRef, Platform, Timestamp};
+use lull_port::{Content, Incoming, IncomingKind, Outbound, OutgoingPart, SendError};
+use lull_port::{IngestError, Intake};
 
 /// The one conversation of the console: the local user and lull. It persists in the
 /// database, so a later `lull chat` continues it (`/reset` starts afresh).
@@ -72,16 +71,16 @@ impl Outbound for ConsoleOutbound {
     }
 }
 
-/// Feed every line of `input` to the dispatcher as a message of the local user,
+/// Feed every line of `input` to the core as a message of the local user,
 /// until end of input. Blank lines are skipped; a refused line is reported on
 /// standard error and the rest go on.
-pub async fn read_messages<R>(dispatcher: &Dispatcher, input: R) -> std::io::Result<usize>
+pub async fn read_messages<R>(intake: &dyn Intake, input: R) -> std::io::Result<usize>
 where
     R: AsyncBufRead + Unpin,
 {
     let user = local_user();
     // Unique across runs on the same database: the console has no message ids.
-    let session = SystemClock.now().0;
+    let session = Timestamp::now().0;
     let mut lines = input.lines();
     let mut stored = 0;
     let mut number = 0u64;
@@ -99,9 +98,9 @@ where
             content: Content::Text(line),
             kind: IncomingKind::New,
         };
-        match dispatcher.ingest(incoming).await {
+        match intake.ingest(incoming).await {
             Ok(_) => stored += 1,
-            Err(IngestError::Store(e)) => {
+            Err(e @ IngestError::NotStored(_)) => {
                 // Not stored: say so, so the user can send it again.
                 tracing::error!(line = number, error = %e, "message not stored; please send it again");
             }

@@ -10,36 +10,26 @@ use std::time::Duration;
 use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 
-use crate::adapters::console::{self, ConsoleOutbound};
-use crate::adapters::http::WebhookOutbound;
-use crate::clock::SystemClock;
 use crate::config::{Config, LlmConfig};
-use crate::dispatcher::{DispatchSettings, Dispatcher, Event, MAX_MESSAGE_CHARS};
-use crate::domain::Platform;
-use crate::health::{AdapterState, Health};
 use crate::http::HttpState;
-use crate::llm::Responder;
-use crate::llm::echo::EchoResponder;
-use crate::llm::fit::Fitting;
-use crate::llm::openai::OpenAiResponder;
-use crate::llm::retry::{RetryPolicy, Retrying};
-use crate::platform::{Inbound, Outbound};
-use crate::store::{SqliteStore, Store};
+use lull_adapters::console::{self, ConsoleOutbound};
+use lull_adapters::http::WebhookOutbound;
+use lull_core::clock::SystemClock;
+use lull_core::dispatcher::{DispatchSettings, Dispatcher, Event, MAX_MESSAGE_CHARS};
+use lull_core::domain::Platform;
+use lull_core::llm::Responder;
+use lull_core::llm::echo::EchoResponder;
+use lull_core::llm::fit::Fitting;
+use lull_core::llm::openai::OpenAiResponder;
+use lull_core::llm::retry::{RetryPolicy, Retrying};
+use lull_core::store::Store;
+use lull_port::health::{AdapterState, Health};
+use lull_port::{Inbound, Outbound};
 
 /// Open the configured database.
 pub fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
-    let store = SqliteStore::open(&config.database)
-        .with_context(|| format!("DATABASE_URL: cannot use {}", config.database.display()))?;
-    #[cfg(feature = "test-switches")]
-    let store = if std::env::var("LULL_TEST_DISABLE_LEASE").is_ok_and(|v| v == "1") {
-        tracing::warn!(
-            "LULL_TEST_DISABLE_LEASE=1: lease checks are OFF (counter-test build); replies may be duplicated"
-        );
-        store.without_lease_checks()
-    } else {
-        store
-    };
-    Ok(Arc::new(store))
+    lull_core::store::open(&config.database)
+        .with_context(|| format!("DATABASE_URL: cannot use {}", config.database.display()))
 }
 
 /// The configured responder, with the failure policy: a prompt refused as too long
@@ -77,7 +67,7 @@ fn log_responder(config: &Config) {
         LlmConfig::OpenAi(settings) => tracing::info!(
             responder = "openai",
             model = %settings.model,
-            server = %crate::secrets::redact_url(&settings.base_url),
+            server = %lull_port::secrets::redact_url(&settings.base_url),
             max_tokens = settings.max_tokens,
             "replies come from the model"
         ),
@@ -121,7 +111,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     let metrics = crate::metrics::install().map_err(anyhow::Error::msg)?;
     let health = Health::default();
     let mut outbounds: Vec<Arc<dyn Outbound>> = Vec::new();
-    let mut inbounds: Vec<Box<dyn Inbound>> = Vec::new();
+    let mut inbounds: Vec<Arc<dyn Inbound>> = Vec::new();
     if let Some(http) = &config.http_adapter {
         // Its intake is the HTTP server's `/api/messages`, not a loop of its own.
         outbounds.push(Arc::new(
@@ -130,17 +120,14 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         health.set(Platform::Http, AdapterState::Up);
     }
     if let Some(telegram) = &config.telegram {
-        let (outbound, inbound) = crate::adapters::telegram::connect(telegram)?;
+        let (outbound, inbound) = lull_adapters::telegram::connect(telegram)?;
         outbounds.push(Arc::new(outbound));
-        inbounds.push(Box::new(inbound));
+        inbounds.push(Arc::new(inbound));
     }
     if let Some(discord) = &config.discord {
-        let discord = crate::adapters::discord::Discord::new(discord)?;
+        let discord = lull_adapters::discord::Discord::new(discord)?;
         outbounds.push(Arc::new(discord.outbound));
-        inbounds.push(Box::new(discord.inbound));
-    }
-    for inbound in &inbounds {
-        health.set(inbound.platform(), AdapterState::Starting);
+        inbounds.push(Arc::new(discord.inbound));
     }
     if outbounds.is_empty() {
         anyhow::bail!(
@@ -159,7 +146,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     let api = config
         .http_adapter
         .as_ref()
-        .map(|http| crate::adapters::http::routes(dispatcher.clone(), http.token.clone()));
+        .map(|http| lull_adapters::http::routes(dispatcher.clone(), http.token.clone()));
     let router = crate::http::app(
         HttpState {
             store,
@@ -183,13 +170,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     let mut scheduler = tokio::spawn(dispatcher.clone().run(stop_scheduler.clone()));
     let mut intake = tokio::task::JoinSet::new();
     for inbound in inbounds.drain(..) {
-        let platform = inbound.platform();
         let (dispatcher, health, stop) = (dispatcher.clone(), health.clone(), stop_intake.clone());
         intake.spawn(async move {
-            inbound
-                .run(dispatcher, health, stop)
+            dispatcher
+                .serve_platform(inbound, health, stop)
                 .await
-                .map_err(|e| e.context(format!("the {platform} adapter stopped")))
+                .map_err(anyhow::Error::new)
         });
     }
     let upkeep = tokio::spawn(async move {
@@ -275,7 +261,7 @@ pub async fn chat(config: Config, interrupt: impl Future<Output = ()>) -> anyhow
 
     tokio::pin!(interrupt);
     let outcome = tokio::select! {
-        read = console::read_messages(&dispatcher, stdin) => {
+        read = console::read_messages(dispatcher.as_ref(), stdin) => {
             read.context("reading standard input")?;
             tokio::select! {
                 settled = wait_until_answered(&dispatcher, &mut events) => settled,
@@ -295,14 +281,14 @@ pub async fn chat(config: Config, interrupt: impl Future<Output = ()>) -> anyhow
         ChatEnd::ModelFailed(error) => {
             eprintln!(
                 "lull: the model failed ({}); your messages are kept and answered next time",
-                crate::secrets::redact(error)
+                lull_port::secrets::redact(error)
             );
             ExitCode::from(1)
         }
         ChatEnd::GaveUp(error) => {
             eprintln!(
                 "lull: the model could not answer ({})",
-                crate::secrets::redact(error)
+                lull_port::secrets::redact(error)
             );
             ExitCode::from(1)
         }

@@ -6,8 +6,8 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::config::{Config, LlmConfig, PlatformConfig};
-use crate::secrets::{Redactor, redact_url};
-use crate::store::{Inspection, SqliteStore};
+use lull_core::store::{Inspection, SqliteStore};
+use lull_port::secrets::{Redactor, redact_url};
 
 /// One line of the report.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -145,7 +145,7 @@ async fn database(config: &Config) -> Finding {
 }
 
 async fn telegram_bot(telegram: &PlatformConfig) -> Finding {
-    match crate::adapters::telegram::whoami(telegram).await {
+    match lull_adapters::telegram::whoami(telegram).await {
         Ok(username) => ok("telegram", format!("the token belongs to {username}")),
         Err(e) => fail(
             "telegram",
@@ -155,7 +155,7 @@ async fn telegram_bot(telegram: &PlatformConfig) -> Finding {
 }
 
 async fn discord_bot(discord: &PlatformConfig) -> Finding {
-    match crate::adapters::discord::whoami(discord).await {
+    match lull_adapters::discord::whoami(discord).await {
         Ok(username) => ok("discord", format!("the token belongs to {username}")),
         Err(e) => fail("discord", format!("{e} [{}]", redact_url(&discord.api_url))),
     }
@@ -171,7 +171,7 @@ async fn model(config: &Config) -> Finding {
         }
         LlmConfig::OpenAi(settings) => settings,
     };
-    let responder = match crate::llm::openai::OpenAiResponder::new(settings.clone()) {
+    let responder = match lull_core::llm::openai::OpenAiResponder::new(settings.clone()) {
         Ok(responder) => responder,
         Err(e) => return fail("model", e),
     };
@@ -197,7 +197,7 @@ async fn model(config: &Config) -> Finding {
                 ),
             )
         }
-        Err(crate::llm::LlmError::Status {
+        Err(lull_core::llm::LlmError::Status {
             status: 401 | 403, ..
         }) => fail(
             "model",

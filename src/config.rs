@@ -13,12 +13,12 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use secrecy::{ExposeSecret, SecretString};
 
-use crate::access::AccessList;
-use crate::adapters::http::{WebhookSecret, WebhookSettings};
-use crate::llm::HistoryBudget;
-use crate::llm::echo::EchoDelay;
-use crate::llm::openai::OpenAiSettings;
-use crate::timing::{LeaseTiming, TimerPolicy};
+use lull_adapters::http::{WebhookSecret, WebhookSettings};
+use lull_core::access::AccessList;
+use lull_core::llm::HistoryBudget;
+use lull_core::llm::echo::EchoDelay;
+use lull_core::llm::openai::OpenAiSettings;
+use lull_core::timing::{LeaseTiming, TimerPolicy};
 
 pub const DEFAULT_TELEGRAM_API_URL: &str = "https://api.telegram.org";
 pub const DEFAULT_DISCORD_API_URL: &str = "https://discord.com";
@@ -119,7 +119,7 @@ pub struct Settings {
         long,
         global = true,
         env = "LULL_MAX_REPLY_CHARS",
-        default_value_t = crate::dispatcher::MAX_REPLY_CHARS
+        default_value_t = lull_core::dispatcher::MAX_REPLY_CHARS
     )]
     pub max_reply_chars: usize,
     /// Earlier messages (user turns and replies) sent to the model as history.
@@ -242,7 +242,7 @@ pub struct Settings {
 
 impl Settings {
     /// Every secret among the settings, set or not, hidden aliases included. The
-    /// binary registers them for redaction ([`crate::secrets::register`]) before
+    /// binary registers them for redaction ([`lull_port::secrets::register`]) before
     /// anything logs. A new secret setting goes here too; the test
     /// `every_hidden_value_is_a_registered_secret` fails until it does.
     pub fn secrets(&self) -> impl Iterator<Item = &SecretString> {
@@ -277,8 +277,8 @@ pub enum LogFormat {
 #[error("{0}")]
 pub struct ConfigError(pub String);
 
-impl From<crate::timing::TimingError> for ConfigError {
-    fn from(e: crate::timing::TimingError) -> Self {
+impl From<lull_core::timing::TimingError> for ConfigError {
+    fn from(e: lull_core::timing::TimingError) -> Self {
         ConfigError(e.to_string())
     }
 }
@@ -290,12 +290,8 @@ pub enum LlmConfig {
     OpenAi(OpenAiSettings),
 }
 
-/// A platform's connection settings.
-#[derive(Debug, Clone)]
-pub struct PlatformConfig {
-    pub token: SecretString,
-    pub api_url: String,
-}
+/// A platform's connection settings (the adapters' own type).
+pub use lull_adapters::PlatformSettings as PlatformConfig;
 
 /// The http adapter's settings.
 #[derive(Debug, Clone)]
@@ -450,10 +446,10 @@ impl Config {
             }
         };
 
-        if s.max_reply_chars < crate::dispatcher::MIN_REPLY_CHARS {
+        if s.max_reply_chars < lull_core::dispatcher::MIN_REPLY_CHARS {
             return Err(ConfigError(format!(
                 "LULL_MAX_REPLY_CHARS must be at least {} (room for a reply and the note that it was cut), got {}",
-                crate::dispatcher::MIN_REPLY_CHARS,
+                lull_core::dispatcher::MIN_REPLY_CHARS,
                 s.max_reply_chars
             )));
         }

@@ -13,8 +13,8 @@ use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
 
-use crate::health::Health;
-use crate::store::Store;
+use lull_core::store::Store;
+use lull_port::health::Health;
 
 /// What the health and metrics endpoints read.
 #[derive(Clone)]
@@ -77,5 +77,57 @@ async fn metrics(State(state): State<HttpState>) -> Response {
             "metrics are not enabled in this process\n",
         )
             .into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::body::Body;
+    use axum::http::{Request, StatusCode};
+    use serde_json::Value;
+    use tower::ServiceExt;
+
+    use super::*;
+
+    /// The router alone (no socket): `/healthz` is 503 while an adapter is down.
+    #[tokio::test]
+    async fn healthz_is_503_while_an_adapter_is_down() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = std::sync::Arc::new(
+            lull_core::store::SqliteStore::open(dir.path().join("lull.db")).unwrap(),
+        );
+        let health = lull_port::health::Health::default();
+        health.set(
+            lull_core::domain::Platform::Telegram,
+            lull_port::health::AdapterState::Down("getUpdates failed".into()),
+        );
+        let app = app(
+            HttpState {
+                store,
+                health: health.clone(),
+                metrics: None,
+            },
+            None,
+        );
+        let get = |app: axum::Router| async move {
+            let response = app
+                .oneshot(Request::get("/healthz").body(Body::empty()).unwrap())
+                .await
+                .unwrap();
+            let status = response.status();
+            let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+                .await
+                .unwrap();
+            (status, serde_json::from_slice::<Value>(&body).unwrap())
+        };
+        let (status, body) = get(app.clone()).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body["adapters"]["telegram"], "down: getUpdates failed");
+        health.set(
+            lull_core::domain::Platform::Telegram,
+            lull_port::health::AdapterState::Standby,
+        );
+        let (status, body) = get(app).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
     }
 }

@@ -2,7 +2,7 @@
 //! readable text or as JSON lines for machines.
 //!
 //! Invariant: no log line carries a registered secret. Every formatted event passes
-//! [`crate::secrets::redact`] on its way to standard error, whatever a boundary did
+//! [`lull_port::secrets::redact`] on its way to standard error, whatever a boundary did
 //! or forgot to do before logging it.
 
 use std::io::Write;
@@ -91,7 +91,7 @@ impl<W: Write> Drop for EventBuffer<W> {
         if self.text.is_empty() {
             return;
         }
-        let redacted = crate::secrets::redact(String::from_utf8_lossy(&self.text));
+        let redacted = lull_port::secrets::redact(String::from_utf8_lossy(&self.text));
         // A log line that cannot be written has nowhere else to go.
         let _ = self.out.write_all(redacted.as_bytes());
         let _ = self.out.flush();
@@ -104,7 +104,7 @@ mod tests {
 
     #[test]
     fn an_event_is_redacted_whole_even_when_written_in_pieces() {
-        crate::secrets::register(&secrecy::SecretString::from("sk-log-writer-secret"));
+        lull_port::secrets::register(&secrecy::SecretString::from("sk-log-writer-secret"));
         let mut out = Vec::new();
         {
             let mut event = EventBuffer::new(&mut out);

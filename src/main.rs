@@ -5,8 +5,15 @@
 
 use std::process::ExitCode;
 
-use lull::config::{Cli, Command, Config};
-use lull::secrets::redact;
+mod app;
+mod check;
+mod config;
+mod http;
+mod logging;
+mod metrics;
+
+use crate::config::{Cli, Command, Config};
+use lull_port::secrets::redact;
 
 fn main() -> ExitCode {
     if let Err(e) = dotenvy::dotenv()
@@ -23,7 +30,7 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse_or_exit();
     for secret in cli.settings.secrets() {
-        lull::secrets::register(secret);
+        lull_port::secrets::register(secret);
     }
     let command = cli.command.unwrap_or(Command::Run);
     let default_filter = match command {
@@ -31,7 +38,7 @@ fn main() -> ExitCode {
         Command::Chat | Command::Check | Command::Healthcheck => "warn",
     };
     let filter = cli.settings.log_filter.as_deref().unwrap_or(default_filter);
-    if let Err(e) = lull::logging::init(cli.settings.log_format, filter) {
+    if let Err(e) = crate::logging::init(cli.settings.log_format, filter) {
         eprintln!("lull: {e}");
         return ExitCode::from(2);
     }
@@ -43,7 +50,7 @@ fn main() -> ExitCode {
         }
     };
     if command == Command::Healthcheck {
-        return match runtime.block_on(lull::check::healthcheck(cli.settings.http_addr)) {
+        return match runtime.block_on(crate::check::healthcheck(cli.settings.http_addr)) {
             Ok(body) => {
                 println!("{body}");
                 ExitCode::SUCCESS
@@ -66,7 +73,7 @@ fn main() -> ExitCode {
         }
     };
     if command == Command::Check {
-        let findings = runtime.block_on(lull::check::run(&config));
+        let findings = runtime.block_on(crate::check::run(&config));
         for finding in &findings {
             println!("{}", redact(finding));
         }
@@ -79,8 +86,8 @@ fn main() -> ExitCode {
     }
     let result = runtime.block_on(async {
         match command {
-            Command::Chat => lull::app::chat(config, ctrl_c()).await,
-            Command::Run => lull::app::run(config, shutdown_signal())
+            Command::Chat => crate::app::chat(config, ctrl_c()).await,
+            Command::Run => crate::app::run(config, shutdown_signal())
                 .await
                 .map(|()| ExitCode::SUCCESS),
             Command::Check | Command::Healthcheck => unreachable!("handled above"),

@@ -1,57 +1,7 @@
-//! Metric names (a contract with users' dashboards: never rename) and their
-//! descriptions. The core records through the `metrics` facade; the binary installs
-//! the Prometheus exporter.
+//! The Prometheus exporter behind `GET /metrics`. The metric names and their
+//! descriptions are the core's ([`lull_core::metrics`]).
 
-pub const MESSAGES_INGESTED: &str = "lull_messages_ingested_total";
-pub const REPLIES_SENT: &str = "lull_replies_sent_total";
-/// Replies given up (dead-lettered): refused by the platform, or still failing when
-/// their delivery deadline (`LULL_WEBHOOK_MAX_AGE` for the webhook) passed.
-pub const REPLIES_FAILED: &str = "lull_replies_failed_total";
-pub const REPLIES_DROPPED_STALE: &str = "lull_replies_dropped_stale_total";
-pub const LEASE_CONTENDED: &str = "lull_lease_contended_total";
-/// Labelled `outcome`: `ok`, `error`, `timeout`, `empty`, `rate_limited`, `too_long`
-/// (prompt refused as longer than the context), `refused` (other 4xx); one per
-/// request, retries and smaller prompts included. Divided by `lull_replies_sent_total`
-/// it gives the model calls spent per delivered reply.
-pub const LLM_REQUESTS: &str = "lull_llm_requests_total";
-pub const LLM_SECONDS: &str = "lull_llm_seconds";
-/// Labelled `kind`: `prompt`, `completion` (from the API's usage field).
-pub const LLM_TOKENS: &str = "lull_llm_tokens_total";
-pub const BATCH_MESSAGES: &str = "lull_batch_messages";
-pub const PENDING_CONVERSATIONS: &str = "lull_pending_conversations";
-
-/// Register descriptions with the installed recorder (call once, after installing it).
-pub fn describe() {
-    use metrics::{describe_counter, describe_gauge, describe_histogram};
-    describe_counter!(
-        MESSAGES_INGESTED,
-        "Messages stored (redeliveries not counted)."
-    );
-    describe_counter!(REPLIES_SENT, "Replies fully delivered to the platform.");
-    describe_counter!(
-        REPLIES_FAILED,
-        "Replies given up: refused by the platform, or still failing at their delivery deadline."
-    );
-    describe_counter!(
-        REPLIES_DROPPED_STALE,
-        "Replies dropped at the final check because a newer message arrived during generation."
-    );
-    describe_counter!(
-        LEASE_CONTENDED,
-        "Times this process found a due conversation already leased by another process."
-    );
-    describe_counter!(LLM_REQUESTS, "Model calls, by outcome.");
-    describe_histogram!(
-        LLM_SECONDS,
-        metrics::Unit::Seconds,
-        "Time the model took per call."
-    );
-    describe_histogram!(BATCH_MESSAGES, "Messages covered by each committed reply.");
-    describe_gauge!(
-        PENDING_CONVERSATIONS,
-        "Conversations with messages waiting for a reply."
-    );
-}
+use lull_core::metrics::*;
 
 /// Install the Prometheus recorder for this process (once) and return the handle that
 /// renders `/metrics`. Histograms get buckets; counters start at zero so dashboards

@@ -1,10 +1,9 @@
 //! Receiving from Discord: the gateway connection, held by one process at a time.
 //!
-//! The process holding the Discord *poller lease*
-//! ([`Dispatcher::elect_poller`]) connects to the gateway; the others report
-//! standby and retry the claim, so one of them takes over within the lease TTL when
-//! the holder dies. A holder whose lease is lost disconnects at once. On shutdown the
-//! lease is released, so a standby takes over without waiting for the TTL.
+//! The core runs the election: the process holding the Discord *poller lease* gets a
+//! [`Session`] and connects to the gateway; the others stand by and one of them takes
+//! over within the lease TTL when the holder dies. A session whose lease is lost
+//! disconnects at once.
 //!
 //! Platform facts this relies on, and what it does about them:
 //!
@@ -29,7 +28,6 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use anyhow::anyhow;
 use async_trait::async_trait;
 use serenity::all::{
     ChannelId, ClientBuilder, Context, EventHandler, GatewayError, Message, MessageId,
@@ -41,12 +39,12 @@ use tokio_util::sync::CancellationToken;
 use super::outbound::from_serenity;
 use super::translate::{self, BotIdentity};
 use super::{ChannelKinds, Rest, channel_of, intents};
-use crate::clock::{Clock, SystemClock};
-use crate::dispatcher::{Accepted, Dispatcher, IngestError, LeaseKeeper};
-use crate::domain::{Platform, Timestamp, millis};
-use crate::health::{AdapterState, Health};
-use crate::platform::{Inbound, Incoming, SendError};
-use crate::store::RecentConversation;
+use lull_port::domain::{Platform, Timestamp, millis};
+use lull_port::health::AdapterState;
+use lull_port::{
+    Accepted, Backoff, Inbound, Incoming, IngestError, Intake, RecentConversation, SendError,
+    Session, SessionEnd,
+};
 
 /// How far back catch-up looks for channels with activity.
 const CATCH_UP_WINDOW: Duration = Duration::from_secs(24 * 60 * 60);
@@ -61,13 +59,12 @@ const CATCH_UP_PAGES: usize = 10;
 const SETTLE: Duration = Duration::from_millis(10);
 /// How long queued events may still be stored after the session ended.
 const DRAIN_FOR: Duration = Duration::from_secs(2);
-/// Waits between attempts to connect, doubling up to the last.
-const BACKOFF: [Duration; 4] = [
-    Duration::from_millis(500),
-    Duration::from_secs(2),
-    Duration::from_secs(5),
-    Duration::from_secs(15),
-];
+/// Waits before handing the core an update it could not store yet.
+const STORE_BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+/// Waits between attempts to read a page of history.
+const HISTORY_BACKOFF: Backoff = Backoff::new(Duration::from_millis(300), Duration::from_secs(1));
+/// Attempts to read a page of history before giving up on a channel's catch-up.
+const HISTORY_ATTEMPTS: u32 = 3;
 
 /// The receiving half of the Discord adapter.
 pub struct DiscordInbound {
@@ -81,87 +78,30 @@ impl DiscordInbound {
     }
 }
 
-/// Why a gateway session ended.
-enum SessionEnd {
-    Shutdown,
-    LeaseLost,
-    /// Worth trying again after a pause (Discord unreachable, the gateway closed).
-    Failed(String),
-    /// Trying again cannot help (the token or the intents were refused).
-    Fatal(anyhow::Error),
-}
-
 #[async_trait]
 impl Inbound for DiscordInbound {
     fn platform(&self) -> Platform {
         Platform::Discord
     }
 
-    async fn run(
-        self: Box<Self>,
-        dispatcher: Arc<Dispatcher>,
-        health: Health,
-        shutdown: CancellationToken,
-    ) -> anyhow::Result<()> {
-        let mut failures = 0usize;
-        loop {
-            let Some(keeper) = dispatcher
-                .elect_poller(Platform::Discord, &health, &shutdown)
-                .await
-            else {
-                return Ok(());
-            };
-            let (end, connected) = self.session(&dispatcher, &health, &keeper, &shutdown).await;
-            if connected {
-                failures = 0;
-            }
-            match end {
-                SessionEnd::Shutdown => {
-                    keeper.release().await;
-                    tracing::info!("left the Discord gateway");
-                    return Ok(());
-                }
-                SessionEnd::LeaseLost => {
-                    tracing::warn!("the Discord gateway lease was lost; disconnected, standing by");
-                    health.set(Platform::Discord, AdapterState::Standby);
-                }
-                SessionEnd::Fatal(error) => {
-                    keeper.release().await;
-                    return Err(error);
-                }
-                SessionEnd::Failed(reason) => {
-                    // Hand the gateway to another process while this one waits.
-                    keeper.release().await;
-                    let wait = BACKOFF[failures.min(BACKOFF.len() - 1)];
-                    failures += 1;
-                    tracing::warn!(
-                        reason,
-                        retry_in_ms = wait.as_millis() as u64,
-                        "Discord gateway session failed"
-                    );
-                    health.set(Platform::Discord, AdapterState::Down(reason));
-                    tokio::select! {
-                        () = tokio::time::sleep(wait) => {}
-                        () = shutdown.cancelled() => return Ok(()),
-                    }
-                }
-            }
+    async fn session(&self, intake: &dyn Intake, session: &Session) -> SessionEnd {
+        let (end, ready) = self.connected(intake, session).await;
+        match end {
+            SessionEnd::Failed { reason, .. } => SessionEnd::Failed {
+                reason,
+                connected: ready,
+            },
+            other => other,
         }
     }
 }
 
 impl DiscordInbound {
-    /// One gateway session under the lease: connect, store events until shutdown,
-    /// a lost lease or a failure, then disconnect and store what is still queued.
+    /// One gateway session under the lease: connect, store events until the session
+    /// ends or the connection fails, then disconnect and store what is still queued.
     /// Also says whether the session got as far as READY.
-    async fn session(
-        &self,
-        dispatcher: &Arc<Dispatcher>,
-        health: &Health,
-        keeper: &LeaseKeeper,
-        shutdown: &CancellationToken,
-    ) -> (SessionEnd, bool) {
-        health.set(Platform::Discord, AdapterState::Starting);
+    async fn connected(&self, intake: &dyn Intake, session: &Session) -> (SessionEnd, bool) {
+        session.report(AdapterState::Starting);
         let connect = async {
             let bot = self.whoami().await?;
             let gateway_url = self
@@ -178,8 +118,7 @@ impl DiscordInbound {
                 Ok(connected) => connected,
                 Err(end) => return (end, false),
             },
-            () = shutdown.cancelled() => return (SessionEnd::Shutdown, false),
-            () = keeper.lost() => return (SessionEnd::LeaseLost, false),
+            end = session.ended() => return (end, false),
         };
 
         let (events, mut queue) = mpsc::unbounded_channel();
@@ -195,7 +134,7 @@ impl DiscordInbound {
             .await
         {
             Ok(client) => client,
-            Err(e) => return (SessionEnd::Failed(self.rest.redactor.redact(e)), false),
+            Err(e) => return (failed(self.rest.redactor.redact(e)), false),
         };
         // serenity asked for the gateway URL again while building, and falls back to
         // Discord's own on failure: use the one read above, from DISCORD_API_URL.
@@ -205,22 +144,21 @@ impl DiscordInbound {
         let mut running = tokio::spawn(async move { client.start().await });
         tracing::info!(bot = %bot.name, "connecting to the Discord gateway");
 
-        let mut intake = Intake {
-            dispatcher: dispatcher.clone(),
+        let mut feeder = Feeder {
+            intake,
             rest: self.rest.clone(),
             channels: self.channels.clone(),
-            health: health.clone(),
+            session,
             bot,
             ready: false,
         };
         let end = tokio::select! {
-            () = shutdown.cancelled() => SessionEnd::Shutdown,
-            () = keeper.lost() => SessionEnd::LeaseLost,
-            () = intake.run(&mut queue) => SessionEnd::Failed("the gateway event stream ended".into()),
+            end = session.ended() => end,
+            () = feeder.run(&mut queue) => failed("the gateway event stream ended"),
             ended = &mut running => match ended {
-                Ok(Ok(())) => SessionEnd::Failed("the gateway connection closed".into()),
+                Ok(Ok(())) => failed("the gateway connection closed"),
                 Ok(Err(e)) => self.gateway_failure(e),
-                Err(e) => SessionEnd::Failed(format!("the gateway task failed: {e}")),
+                Err(e) => failed(format!("the gateway task failed: {e}")),
             },
         };
 
@@ -235,8 +173,8 @@ impl DiscordInbound {
             tracing::warn!("the Discord gateway did not close in time");
         }
         running.abort();
-        intake.drain(&mut queue).await;
-        (end, intake.ready)
+        feeder.drain(&mut queue).await;
+        (end, feeder.ready)
     }
 
     /// Who the bot is (`GET /users/@me`). A failure ends this attempt; the run loop
@@ -264,31 +202,40 @@ impl DiscordInbound {
             SendError::Transient(e) | SendError::Permanent(e) => e,
         };
         if status == Some(401) {
-            SessionEnd::Fatal(anyhow!(
+            SessionEnd::Fatal(format!(
                 "Discord refused DISCORD_BOT_TOKEN while {doing} (HTTP 401); check the bot token"
             ))
         } else {
-            SessionEnd::Failed(format!("{doing}: {reason}"))
+            failed(format!("{doing}: {reason}"))
         }
     }
 
     fn gateway_failure(&self, error: serenity::Error) -> SessionEnd {
         match error {
             serenity::Error::Gateway(GatewayError::InvalidAuthentication) => SessionEnd::Fatal(
-                anyhow!("the Discord gateway refused DISCORD_BOT_TOKEN; check the bot token"),
+                "the Discord gateway refused DISCORD_BOT_TOKEN; check the bot token".into(),
             ),
             serenity::Error::Gateway(
                 GatewayError::DisallowedGatewayIntents | GatewayError::InvalidGatewayIntents,
-            ) => SessionEnd::Fatal(anyhow!(
+            ) => SessionEnd::Fatal(
                 "the Discord gateway refused the intents lull needs: enable MESSAGE CONTENT INTENT \
                  under Bot → Privileged Gateway Intents in the Discord developer portal"
-            )),
-            other => SessionEnd::Failed(self.rest.redactor.redact(other)),
+                    .into(),
+            ),
+            other => failed(self.rest.redactor.redact(other)),
         }
     }
 }
 
-/// What the event handler queues for the intake.
+/// A failed session; whether it got as far as READY is filled in by the caller.
+fn failed(reason: impl Into<String>) -> SessionEnd {
+    SessionEnd::Failed {
+        reason: reason.into(),
+        connected: false,
+    }
+}
+
+/// What the event handler queues for the feeder.
 #[derive(Debug)]
 enum GatewayEvent {
     /// A fresh session: catch up from history.
@@ -312,7 +259,7 @@ impl GatewayEvent {
 }
 
 /// serenity's event handler: queues events and returns. serenity calls it from a task
-/// per event, concurrently, so ordering and storing happen in [`Intake`].
+/// per event, concurrently, so ordering and storing happen in [`Feeder`].
 struct Handler {
     events: mpsc::UnboundedSender<GatewayEvent>,
     /// Set when the session ended: a shard that reconnects afterwards is stopped.
@@ -325,7 +272,7 @@ impl Handler {
         if self.retire() {
             return;
         }
-        // The intake is gone only when the session ended; the next one catches up.
+        // The feeder is gone only when the session ended; the next one catches up.
         let _ = self.events.send(event);
     }
 
@@ -370,18 +317,18 @@ impl EventHandler for Handler {
     }
 }
 
-/// Stores gateway events one at a time, in order, each until it is stored.
-struct Intake {
-    dispatcher: Arc<Dispatcher>,
+/// Hands gateway events to the core one at a time, in order, each until it is stored.
+struct Feeder<'a> {
+    intake: &'a dyn Intake,
     rest: Rest,
     channels: Arc<ChannelKinds>,
-    health: Health,
+    session: &'a Session,
     bot: BotIdentity,
     /// Whether the session got as far as READY.
     ready: bool,
 }
 
-impl Intake {
+impl Feeder<'_> {
     /// Runs until the queue closes; the session ends it by dropping the future.
     async fn run(&mut self, queue: &mut mpsc::UnboundedReceiver<GatewayEvent>) {
         while let Some(first) = queue.recv().await {
@@ -427,12 +374,12 @@ impl Intake {
             GatewayEvent::Ready => {
                 tracing::info!(bot = %self.bot.name, "connected to the Discord gateway");
                 self.ready = true;
-                self.health.set(Platform::Discord, AdapterState::Up);
+                self.session.report(AdapterState::Up);
                 self.catch_up().await;
             }
             GatewayEvent::Resumed => {
                 tracing::info!("Discord gateway session resumed");
-                self.health.set(Platform::Discord, AdapterState::Up);
+                self.session.report(AdapterState::Up);
             }
             GatewayEvent::Message(message) => {
                 let in_guild = message.guild_id.is_some();
@@ -451,19 +398,20 @@ impl Intake {
 
     /// Hand one update to the core until it is stored (or refused for good).
     async fn store(&self, incoming: Incoming) {
-        let mut wait = Duration::from_millis(100);
+        let mut failures = 0;
         loop {
-            match self.dispatcher.ingest(incoming.clone()).await {
+            match self.intake.ingest(incoming.clone()).await {
                 Ok(accepted) => {
                     if !matches!(accepted, Accepted::Stored { .. }) {
                         tracing::debug!(conversation = %incoming.conversation, message = %incoming.message_id, ?accepted, "Discord message handled");
                     }
                     return;
                 }
-                Err(IngestError::Store(e)) => {
+                Err(e @ IngestError::NotStored(_)) => {
+                    failures += 1;
+                    let wait = STORE_BACKOFF.delay(failures);
                     tracing::warn!(conversation = %incoming.conversation, message = %incoming.message_id, error = %e, retry_in_ms = wait.as_millis() as u64, "cannot store a Discord message yet; retrying");
                     tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(Duration::from_secs(5));
                 }
                 Err(e) => {
                     tracing::warn!(conversation = %incoming.conversation, message = %incoming.message_id, error = %e, "Discord message refused");
@@ -476,23 +424,23 @@ impl Intake {
     /// Read back what was sent while no process was connected: for each channel with
     /// recent activity, the messages after the last one stored, oldest first.
     async fn catch_up(&self) {
-        let now = SystemClock.now();
+        let now = Timestamp::now();
         let since = Timestamp(now.0.saturating_sub(millis(CATCH_UP_WINDOW)));
         // Retried like a message that cannot be stored yet: live events wait behind
         // it, and storing them first would move the catch-up point past the gap.
-        let mut wait = Duration::from_millis(100);
+        let mut failures = 0;
         let recent = loop {
             match self
-                .dispatcher
-                .store()
+                .intake
                 .recent_conversations(Platform::Discord, since, CATCH_UP_CHANNELS)
                 .await
             {
                 Ok(recent) => break recent,
                 Err(e) => {
+                    failures += 1;
+                    let wait = STORE_BACKOFF.delay(failures);
                     tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "cannot list recent Discord conversations yet; retrying");
                     tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(Duration::from_secs(5));
                 }
             }
         };
@@ -543,8 +491,9 @@ impl Intake {
 
     /// One page of history after `after`, with a few retries.
     async fn history_after(&self, channel: ChannelId, after: u64) -> Option<Vec<Message>> {
-        let mut waits = [Duration::from_millis(300), Duration::from_secs(1)].into_iter();
+        let mut attempts = 0;
         loop {
+            attempts += 1;
             let error = match self
                 .rest
                 .http
@@ -558,13 +507,17 @@ impl Intake {
                 Ok(page) => return Some(page),
                 Err(e) => from_serenity(&e, &self.rest.redactor),
             };
-            let wait = match (&error, waits.next()) {
-                (SendError::Permanent(_), _) | (_, None) => {
-                    tracing::warn!(channel = channel.get(), error = %error, "cannot read a Discord channel's history; messages sent there while disconnected are not answered");
-                    return None;
+            let wait = match &error {
+                SendError::Permanent(_) => None,
+                _ if attempts >= HISTORY_ATTEMPTS => None,
+                SendError::RetryAfter(asked) => {
+                    Some(HISTORY_BACKOFF.delay_honouring(attempts, Some(*asked)))
                 }
-                (SendError::RetryAfter(wait), Some(_)) => *wait,
-                (SendError::Transient(_), Some(wait)) => wait,
+                SendError::Transient(_) => Some(HISTORY_BACKOFF.delay(attempts)),
+            };
+            let Some(wait) = wait else {
+                tracing::warn!(channel = channel.get(), error = %error, "cannot read a Discord channel's history; messages sent there while disconnected are not answered");
+                return None;
             };
             tokio::time::sleep(wait).await;
         }

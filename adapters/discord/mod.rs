@@ -59,7 +59,7 @@ use serenity::http::{Http, HttpBuilder, LightMethod, Request, Route};
 pub use gateway::DiscordInbound;
 pub use outbound::DiscordOutbound;
 
-use crate::config::PlatformConfig;
+use crate::PlatformSettings as PlatformConfig;
 
 /// Discord's limit on a message's length, in characters.
 pub const MAX_MESSAGE_CHARS: usize = 2000;
@@ -178,7 +178,7 @@ impl Rest {
     }
 }
 
-pub use crate::secrets::Redactor;
+pub use lull_port::secrets::Redactor;
 
 /// Whether a channel is in a guild (replies quote there) or a DM. Learnt from
 /// inbound messages; a process that sends without having seen the channel asks

@@ -16,8 +16,8 @@ use serenity::all::ChannelId;
 use serenity::http::{LightMethod, Request, Route};
 
 use super::{ChannelKinds, MAX_MESSAGE_CHARS, Rest, channel_of};
-use crate::domain::{ConversationRef, OutboxId, Platform};
-use crate::platform::{Outbound, OutgoingPart, SendError};
+use lull_port::domain::{ConversationRef, OutboxId, Platform};
+use lull_port::{Outbound, OutgoingPart, SendError};
 
 /// Discord's typing indicator lasts about 10 seconds; refresh it before it lapses.
 const TYPING_EVERY: Duration = Duration::from_secs(8);
@@ -87,7 +87,7 @@ impl Outbound for DiscordOutbound {
     fn split(&self, text: &str) -> Vec<String> {
         // Discord renders Markdown itself: parts break between paragraphs, lines or
         // words, and a code block cut in two is closed and reopened.
-        crate::split::split_message(text, MAX_MESSAGE_CHARS)
+        lull_port::split::split_message(text, MAX_MESSAGE_CHARS)
     }
 
     async fn send(&self, part: &OutgoingPart<'_>) -> Result<(), SendError> {
@@ -258,7 +258,7 @@ mod tests {
     #[test]
     fn replies_split_at_discords_limit() {
         let text = "lorem ipsum dolor sit amet ".repeat(167);
-        let parts = crate::split::split_message(text.trim_end(), MAX_MESSAGE_CHARS);
+        let parts = lull_port::split::split_message(text.trim_end(), MAX_MESSAGE_CHARS);
         assert_eq!(parts.len(), 3);
     }
 }

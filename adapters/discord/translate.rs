@@ -12,8 +12,8 @@
 
 use serenity::all::{Message, MessageType, MessageUpdateEvent, UserId};
 
-use crate::domain::{ConversationRef, Platform};
-use crate::platform::{Content, Incoming, IncomingKind};
+use lull_port::domain::{ConversationRef, Platform};
+use lull_port::{Content, Incoming, IncomingKind};
 
 /// Who lull is on Discord (from `GET /users/@me`), to recognise mentions and replies.
 #[derive(Debug, Clone)]

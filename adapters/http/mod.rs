@@ -25,27 +25,26 @@ use serde_json::json;
 
 pub use webhook::{WebhookOutbound, WebhookSecret, WebhookSettings};
 
-use crate::dispatcher::{Accepted, Dispatcher, IngestError};
-use crate::domain::{ConversationRef, Platform};
-use crate::platform::{Content, Incoming, IncomingKind};
-use crate::store::StoreError;
+use lull_port::domain::{ConversationRef, Platform};
+use lull_port::{Accepted, IngestError, Intake};
+use lull_port::{Content, Incoming, IncomingKind};
 
 /// Largest request body accepted; larger ones get `413`.
 pub const MAX_BODY_BYTES: usize = 256 * 1024;
 
 #[derive(Clone)]
 struct Api {
-    dispatcher: Arc<Dispatcher>,
+    intake: Arc<dyn Intake>,
     token: Option<Arc<SecretString>>,
 }
 
 /// The adapter's routes. With a token, every request needs `Authorization: Bearer`.
-pub fn routes(dispatcher: Arc<Dispatcher>, token: Option<SecretString>) -> Router {
+pub fn routes(intake: Arc<dyn Intake>, token: Option<SecretString>) -> Router {
     Router::new()
         .route("/api/messages", post(post_message))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(Api {
-            dispatcher,
+            intake,
             token: token.map(Arc::new),
         })
 }
@@ -245,22 +244,13 @@ async fn accept(
         content: Content::Text(message.text),
         kind: IncomingKind::New,
     };
-    let accepted = api.dispatcher.ingest(incoming).await.map_err(|e| match e {
+    let accepted = api.intake.ingest(incoming).await.map_err(|e| match e {
         IngestError::Empty => ApiError::BadRequest("`text` is empty".into()),
         IngestError::TooLong { .. } => ApiError::TooLarge(e.to_string()),
-        // The store logs a failing database once per change, not once per message.
-        IngestError::Store(
-            StoreError::Busy
-            | StoreError::Full
-            | StoreError::Pool(_)
-            | StoreError::Damaged(_)
-            | StoreError::Io(_),
-        ) => ApiError::Unavailable(format!("{e}; the message was not stored, send it again")),
-        other => {
-            tracing::error!(error = %other, "http adapter could not store a message");
-            ApiError::Unavailable(format!(
-                "{other}; the message was not stored, send it again"
-            ))
+        // Nothing was stored: the client sends it again. (The core logs a failing
+        // database once per change, not once per message.)
+        IngestError::NotStored(_) | IngestError::UnknownPlatform(_) => {
+            ApiError::Unavailable(e.to_string())
         }
     })?;
     Ok(match accepted {

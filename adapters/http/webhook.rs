@@ -30,8 +30,8 @@ use serde::Serialize;
 use sha2::Sha256;
 
 use super::client_id;
-use crate::domain::{ConversationRef, Platform};
-use crate::platform::{Outbound, OutgoingPart, SendError};
+use lull_port::domain::{ConversationRef, Platform};
+use lull_port::{Outbound, OutgoingPart, SendError};
 
 /// Standard base64, padding optional when decoding (a secret pasted without its `=`).
 const BASE64: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
@@ -214,7 +214,7 @@ impl Outbound for WebhookOutbound {
                 // The cause chain says why (refused, DNS, TLS), redacted.
                 SendError::Transient(format!(
                     "webhook unreachable: {}",
-                    crate::secrets::redact_error(&e.without_url())
+                    lull_port::secrets::redact_error(&e.without_url())
                 ))
             }
         })?;

@@ -20,7 +20,6 @@
 //! - teloxide's client gives a request 17 s in all, so polls wait at most
 //!   [`POLL_TIMEOUT`] on the server.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -28,15 +27,12 @@ use teloxide::payloads::{DeleteWebhookSetters, GetUpdatesSetters};
 use teloxide::requests::{Request, Requester};
 use teloxide::types::{AllowedUpdate, Update};
 use teloxide::{ApiError, Bot, RequestError};
-use tokio_util::sync::CancellationToken;
 
 use super::translate::{BotIdentity, Translator};
-use super::{Backoff, Redactor, request_error};
-use crate::clock::{Clock, SystemClock};
-use crate::dispatcher::{Accepted, Dispatcher, IngestError, LeaseKeeper};
-use crate::domain::Platform;
-use crate::health::{AdapterState, Health};
-use crate::platform::Inbound;
+use super::{BACKOFF, Redactor, request_error};
+use lull_port::domain::{Platform, Timestamp};
+use lull_port::health::AdapterState;
+use lull_port::{Accepted, Inbound, IngestError, Intake, Session, SessionEnd};
 
 /// The longest a poll waits on the server for updates.
 pub const POLL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -61,14 +57,11 @@ enum Unstored {
     /// The database failed (busy, full, unreachable): fetch it again after a pause.
     Retry(String),
     /// The process is miswired: stop the adapter.
-    Fatal(anyhow::Error),
+    Fatal(String),
 }
 
-/// Why a polling session ended.
-enum Stop {
-    Shutdown,
-    LeaseLost,
-}
+/// The message of a rejected token: trying again cannot help.
+const REJECTED: &str = "Telegram rejected the bot token (TELEGRAM_BOT_TOKEN)";
 
 impl TelegramInbound {
     pub(super) fn new(bot: Bot, redactor: Redactor) -> Self {
@@ -77,70 +70,58 @@ impl TelegramInbound {
 
     /// Who the bot is (for mentions and commands), retried until it answers. A
     /// rejected token is fatal.
-    async fn identify(
-        &self,
-        health: &Health,
-        keeper: &LeaseKeeper,
-        shutdown: &CancellationToken,
-    ) -> anyhow::Result<Result<BotIdentity, Stop>> {
-        let mut backoff = Backoff::new();
+    async fn identify(&self, session: &Session) -> Result<BotIdentity, SessionEnd> {
+        let mut failures = 0;
         loop {
             let attempt = tokio::select! {
                 r = self.bot.get_me().send() => r,
-                () = keeper.lost() => return Ok(Err(Stop::LeaseLost)),
-                () = shutdown.cancelled() => return Ok(Err(Stop::Shutdown)),
+                end = session.ended() => return Err(end),
             };
             let wait = match attempt {
                 Ok(me) => {
                     let username = me.user.username.clone().unwrap_or_default();
                     tracing::info!(bot = %username, "connected to Telegram");
-                    health.set(Platform::Telegram, AdapterState::Up);
-                    return Ok(Ok(BotIdentity {
+                    session.report(AdapterState::Up);
+                    return Ok(BotIdentity {
                         id: me.user.id.0,
                         username,
-                    }));
+                    });
                 }
                 Err(RequestError::Api(ApiError::InvalidToken)) => {
-                    anyhow::bail!("Telegram rejected the bot token (TELEGRAM_BOT_TOKEN)");
+                    return Err(SessionEnd::Fatal(REJECTED.into()));
                 }
                 Err(RequestError::RetryAfter(wait)) => wait.duration(),
                 Err(e) => {
                     let reason = request_error(&self.redactor, e);
                     tracing::warn!(error = %reason, "cannot reach the Telegram Bot API; retrying");
-                    health.set(Platform::Telegram, AdapterState::Down(reason));
-                    backoff.next()
+                    session.report(AdapterState::Down(reason));
+                    failures += 1;
+                    BACKOFF.delay(failures)
                 }
             };
-            if let Some(stop) = pause(wait, keeper, shutdown).await {
-                return Ok(Err(stop));
+            if let Some(end) = session.pause(wait).await {
+                return Err(end);
             }
         }
     }
 
     /// Poll while this process holds the poller lease.
-    async fn poll(
-        &self,
-        dispatcher: &Dispatcher,
-        health: &Health,
-        keeper: &LeaseKeeper,
-        shutdown: &CancellationToken,
-    ) -> anyhow::Result<Stop> {
-        let me = match self.identify(health, keeper, shutdown).await? {
+    async fn poll(&self, intake: &dyn Intake, session: &Session) -> SessionEnd {
+        let me = match self.identify(session).await {
             Ok(me) => me,
-            Err(stop) => return Ok(stop),
+            Err(end) => return end,
         };
         let mut translator = Translator::new(me);
         // None: start at the earliest unconfirmed update.
         let mut offset: Option<i32> = None;
-        let mut backoff = Backoff::new();
-        let clock = SystemClock;
+        let mut failures = 0;
         loop {
             // Every poll must end before the lease it runs under could expire.
-            let left = clock.now().until(keeper.lease().expires_at);
+            let left = Timestamp::now().until(session.expires_at());
             let Some(room) = left.checked_sub(LEASE_MARGIN).filter(|r| !r.is_zero()) else {
                 // The renewal is late: wait for it (or for the lease to be lost).
-                if let Some(stop) = pause(Duration::from_millis(50), keeper, shutdown).await {
-                    return Ok(stop);
+                if let Some(end) = session.pause(Duration::from_millis(50)).await {
+                    return end;
                 }
                 continue;
             };
@@ -155,26 +136,26 @@ impl TelegramInbound {
             }
             let polled = tokio::select! {
                 r = request.send() => r,
-                () = keeper.lost() => return Ok(Stop::LeaseLost),
                 // The updates stored since the last poll stay unconfirmed: the next
                 // poller fetches them again and the core deduplicates them.
-                () = shutdown.cancelled() => return Ok(Stop::Shutdown),
+                end = session.ended() => return end,
             };
             let wait = match polled {
                 Ok(updates) => {
-                    health.set(Platform::Telegram, AdapterState::Up);
-                    backoff.reset();
+                    session.report(AdapterState::Up);
+                    failures = 0;
                     let empty = updates.is_empty();
                     match self
-                        .ingest_all(dispatcher, &mut translator, updates, &mut offset)
+                        .ingest_all(intake, &mut translator, updates, &mut offset)
                         .await
                     {
                         Ok(()) if empty && timeout == 0 => SHORT_POLL_PAUSE,
                         Ok(()) => continue,
-                        Err(Unstored::Fatal(e)) => return Err(e),
+                        Err(Unstored::Fatal(e)) => return SessionEnd::Fatal(e),
                         Err(Unstored::Retry(e)) => {
                             tracing::warn!(error = %e, "could not store an update; it stays unconfirmed and is fetched again");
-                            backoff.next()
+                            failures += 1;
+                            BACKOFF.delay(failures)
                         }
                     }
                 }
@@ -190,7 +171,8 @@ impl TelegramInbound {
                     tracing::warn!(
                         "Telegram reports another poller for this bot token (409 Conflict); backing off"
                     );
-                    backoff.next()
+                    failures += 1;
+                    BACKOFF.delay(failures)
                 }
                 Err(RequestError::Api(ApiError::CantGetUpdates)) => {
                     tracing::warn!(
@@ -205,20 +187,22 @@ impl TelegramInbound {
                     {
                         tracing::warn!(error = %request_error(&self.redactor, e), "could not delete the webhook");
                     }
-                    backoff.next()
+                    failures += 1;
+                    BACKOFF.delay(failures)
                 }
                 Err(RequestError::Api(ApiError::InvalidToken)) => {
-                    anyhow::bail!("Telegram rejected the bot token (TELEGRAM_BOT_TOKEN)");
+                    return SessionEnd::Fatal(REJECTED.into());
                 }
                 Err(e) => {
                     let reason = request_error(&self.redactor, e);
                     tracing::warn!(error = %reason, "polling Telegram failed; retrying");
-                    health.set(Platform::Telegram, AdapterState::Down(reason));
-                    backoff.next()
+                    session.report(AdapterState::Down(reason));
+                    failures += 1;
+                    BACKOFF.delay(failures)
                 }
             };
-            if let Some(stop) = pause(wait, keeper, shutdown).await {
-                return Ok(stop);
+            if let Some(end) = session.pause(wait).await {
+                return end;
             }
         }
     }
@@ -228,7 +212,7 @@ impl TelegramInbound {
     /// stored.
     async fn ingest_all(
         &self,
-        dispatcher: &Dispatcher,
+        intake: &dyn Intake,
         translator: &mut Translator,
         updates: Vec<Update>,
         offset: &mut Option<i32>,
@@ -241,7 +225,7 @@ impl TelegramInbound {
                 continue;
             };
             let conversation = incoming.conversation.clone();
-            match dispatcher.ingest(incoming).await {
+            match intake.ingest(incoming).await {
                 Ok(accepted) => {
                     if accepted == Accepted::Denied {
                         tracing::debug!(%conversation, "message from a user not allowed");
@@ -251,24 +235,13 @@ impl TelegramInbound {
                     tracing::info!(%conversation, error = %e, "message refused");
                 }
                 Err(IngestError::UnknownPlatform(p)) => {
-                    return Err(Unstored::Fatal(anyhow::anyhow!(
-                        "the dispatcher has no {p} adapter"
-                    )));
+                    return Err(Unstored::Fatal(format!("the core serves no {p} adapter")));
                 }
-                Err(IngestError::Store(e)) => return Err(Unstored::Retry(e.to_string())),
+                Err(e @ IngestError::NotStored(_)) => return Err(Unstored::Retry(e.to_string())),
             }
             *offset = Some(next);
         }
         Ok(())
-    }
-}
-
-/// Sleep, unless the lease is lost or shutdown comes first.
-async fn pause(wait: Duration, keeper: &LeaseKeeper, shutdown: &CancellationToken) -> Option<Stop> {
-    tokio::select! {
-        () = tokio::time::sleep(wait) => None,
-        () = keeper.lost() => Some(Stop::LeaseLost),
-        () = shutdown.cancelled() => Some(Stop::Shutdown),
     }
 }
 
@@ -278,34 +251,8 @@ impl Inbound for TelegramInbound {
         Platform::Telegram
     }
 
-    async fn run(
-        self: Box<Self>,
-        dispatcher: Arc<Dispatcher>,
-        health: Health,
-        shutdown: CancellationToken,
-    ) -> anyhow::Result<()> {
-        loop {
-            let elected = dispatcher
-                .elect_poller(Platform::Telegram, &health, &shutdown)
-                .await;
-            let Some(keeper) = elected else {
-                return Ok(());
-            };
-            health.set(Platform::Telegram, AdapterState::Starting);
-            let outcome = self.poll(&dispatcher, &health, &keeper, &shutdown).await;
-            match outcome {
-                Ok(Stop::LeaseLost) => {
-                    tracing::warn!("lost the Telegram poller lease; standing by");
-                }
-                Ok(Stop::Shutdown) => {
-                    keeper.release().await;
-                    return Ok(());
-                }
-                Err(e) => {
-                    keeper.release().await;
-                    return Err(e);
-                }
-            }
-        }
+    async fn session(&self, intake: &dyn Intake, session: &Session) -> SessionEnd {
+        session.report(AdapterState::Starting);
+        self.poll(intake, session).await
     }
 }

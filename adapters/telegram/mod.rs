@@ -29,7 +29,7 @@ use teloxide::Bot;
 use teloxide::RequestError;
 use teloxide::requests::{Request, Requester};
 
-use crate::config::PlatformConfig;
+use crate::PlatformSettings as PlatformConfig;
 
 pub use inbound::TelegramInbound;
 pub use outbound::TelegramOutbound;
@@ -88,7 +88,7 @@ fn bot(config: &PlatformConfig) -> anyhow::Result<(Bot, Redactor)> {
     Ok((bot, redactor))
 }
 
-pub use crate::secrets::Redactor;
+pub use lull_port::secrets::Redactor;
 
 /// A teloxide request error as text, without the token. teloxide's `Bot` derives
 /// `Debug` (printing the token) and its network errors print the request URL, which
@@ -149,34 +149,9 @@ impl fmt::Display for ChatKey {
     }
 }
 
-/// Exponential backoff with jitter for the poller's retries.
-#[derive(Debug, Clone)]
-struct Backoff {
-    failures: u32,
-}
-
-impl Backoff {
-    const FIRST: Duration = Duration::from_millis(500);
-    const MAX: Duration = Duration::from_secs(30);
-
-    fn new() -> Self {
-        Self { failures: 0 }
-    }
-
-    fn reset(&mut self) {
-        self.failures = 0;
-    }
-
-    /// The next wait: 0.5 s, 1 s, 2 s … up to 30 s, each with ±25 % jitter.
-    fn next(&mut self) -> Duration {
-        let base = Self::FIRST
-            .saturating_mul(1 << self.failures.min(10))
-            .min(Self::MAX);
-        self.failures += 1;
-        let jitter = 0.75 + fastrand::f64() * 0.5;
-        base.mul_f64(jitter)
-    }
-}
+/// Pauses between failed Bot API requests of the poller: 0.5 s doubling to 30 s.
+const BACKOFF: lull_port::Backoff =
+    lull_port::Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
 
 #[cfg(test)]
 mod tests {
@@ -212,17 +187,5 @@ mod tests {
         assert!(ChatKey::parse("-1:x").is_none());
         assert!(ChatKey::parse("-100").unwrap().is_group());
         assert!(!ChatKey::parse("100").unwrap().is_group());
-    }
-
-    #[test]
-    fn backoff_grows_and_is_capped() {
-        let mut b = Backoff::new();
-        let first = b.next();
-        assert!(first >= Duration::from_millis(375) && first <= Duration::from_millis(625));
-        for _ in 0..20 {
-            assert!(b.next() <= Backoff::MAX.mul_f64(1.25));
-        }
-        b.reset();
-        assert!(b.next() <= Duration::from_millis(625));
     }
 }

@@ -29,8 +29,8 @@ use teloxide::{ApiError, Bot, RequestError};
 
 use super::html::markdown_to_html;
 use super::{ChatKey, MAX_MESSAGE_CHARS, Redactor, request_error};
-use crate::domain::{ConversationRef, Platform};
-use crate::platform::{Outbound, OutgoingPart, SendError};
+use lull_port::domain::{ConversationRef, Platform};
+use lull_port::{Outbound, OutgoingPart, SendError};
 
 /// The sending half: any process may send for any Telegram conversation (sending is
 /// not limited to the poller).
@@ -119,13 +119,13 @@ fn classify_description(description: &str) -> SendError {
 /// full of characters outside the Basic Multilingual Plane (emoji) is split again
 /// at half the limit. Deterministic, as delivery resumes by part index.
 pub fn split_for_telegram(text: &str) -> Vec<String> {
-    crate::split::split_message(text, MAX_MESSAGE_CHARS)
+    lull_port::split::split_message(text, MAX_MESSAGE_CHARS)
         .into_iter()
         .flat_map(|part| {
             if part.encode_utf16().count() <= MAX_MESSAGE_CHARS {
                 vec![part]
             } else {
-                crate::split::split_message(&part, MAX_MESSAGE_CHARS / 2)
+                lull_port::split::split_message(&part, MAX_MESSAGE_CHARS / 2)
             }
         })
         .collect()
@@ -194,7 +194,7 @@ impl Outbound for TelegramOutbound {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::split::char_len;
+    use lull_port::split::char_len;
 
     #[test]
     fn descriptions_map_to_retry_decisions() {

@@ -26,9 +26,9 @@ use teloxide::types::{
 };
 
 use super::ChatKey;
-use crate::commands::Command;
-use crate::domain::{ConversationRef, Platform};
-use crate::platform::{Content, Incoming, IncomingKind};
+use lull_port::Command;
+use lull_port::domain::{ConversationRef, Platform};
+use lull_port::{Content, Incoming, IncomingKind};
 
 /// The bot as `getMe` described it.
 #[derive(Debug, Clone)]

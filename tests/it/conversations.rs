@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use lull::dispatcher::Accepted;
-use lull::domain::Platform;
+use lull_core::dispatcher::Accepted;
+use lull_core::domain::Platform;
 
 use crate::dispatcher::wait_settled;
 use crate::helpers::{CountingEcho, Leases, Node, message, settings, temp_db};
@@ -43,7 +43,7 @@ async fn a_group_whose_first_update_is_a_command_stays_a_group() {
     let recent = node
         .dispatcher
         .store()
-        .recent_conversations(Platform::Http, lull::domain::Timestamp(0), 10)
+        .recent_conversations(Platform::Http, lull_core::domain::Timestamp(0), 10)
         .await
         .unwrap();
     assert!(recent[0].is_group, "{recent:?}");

@@ -11,16 +11,15 @@ use std::time::Duration;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use lull::adapters::discord::Discord;
-use lull::clock::SystemClock;
-use lull::config::PlatformConfig;
-use lull::dispatcher::Dispatcher;
-use lull::domain::{ConversationRef, HolderId, OutboxId, Platform, Timestamp};
-use lull::health::Health;
-use lull::llm::echo::EchoResponder;
-use lull::platform::{Inbound, Outbound, OutgoingPart, SendError};
-use lull::store::{NewMessage, OutboxKind, SqliteStore, Store};
-use lull::timing::TimerPolicy;
+use lull_adapters::discord::Discord;
+use lull_core::clock::SystemClock;
+use lull_core::dispatcher::Dispatcher;
+use lull_core::domain::{ConversationRef, HolderId, OutboxId, Platform, Timestamp};
+use lull_core::llm::echo::EchoResponder;
+use lull_core::store::{NewMessage, OutboxKind, SqliteStore, Store};
+use lull_core::timing::TimerPolicy;
+use lull_port::health::Health;
+use lull_port::{Inbound, Outbound, OutgoingPart, SendError};
 use secrecy::SecretString;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -238,13 +237,13 @@ async fn guild_messages_need_a_mention_and_threads_are_separate() {
     // A command after a mention; an attachment without text; a stranger.
     h.fake.say(Say::new(channel, ALICE, "/reset").mention());
     let replies = h.fake.wait_sent(channel, 3, WAIT).await;
-    assert_eq!(replies[2].content, lull::commands::RESET_TEXT);
+    assert_eq!(replies[2].content, lull_core::commands::RESET_TEXT);
     h.fake
         .say(Say::new(channel, ALICE, "").mention().attachment());
     let replies = h.fake.wait_sent(channel, 4, WAIT).await;
     assert_eq!(
         replies[3].content,
-        lull::commands::unsupported_text("attachment")
+        lull_core::commands::unsupported_text("attachment")
     );
     // Bots (lull's own messages come back over the gateway too) are never answered;
     // the notice that follows shows the bot's message was handled before it.
@@ -734,7 +733,7 @@ async fn recent_conversations_name_the_last_stored_message() {
 }
 
 fn adapter(fake: &DiscordFake) -> Discord {
-    Discord::new(&PlatformConfig {
+    Discord::new(&lull_adapters::PlatformSettings {
         token: SecretString::from(TOKEN),
         api_url: fake.api_url.clone(),
     })
@@ -755,7 +754,7 @@ async fn sends_quote_in_guilds_only_and_map_errors() {
     let part = |conversation: &'static ConversationRef, index: usize| OutgoingPart {
         conversation,
         outbox_id: OutboxId(9),
-        created_at: lull::domain::Timestamp(1_700_000_000_000),
+        created_at: lull_core::domain::Timestamp(1_700_000_000_000),
         kind: OutboxKind::Reply,
         index,
         count: 2,
@@ -831,7 +830,7 @@ async fn a_message_is_retried_until_it_is_stored() {
         store.clone(),
         Arc::new(EchoResponder::default()),
         vec![Arc::new(discord.outbound)],
-        lull::dispatcher::DispatchSettings {
+        lull_core::dispatcher::DispatchSettings {
             access: "*".parse().unwrap(),
             ..settings(200, 2000, 1500)
         },
@@ -839,8 +838,16 @@ async fn a_message_is_retried_until_it_is_stored() {
     );
     let stop = CancellationToken::new();
     let scheduler = tokio::spawn(dispatcher.clone().run(stop.clone()));
-    let inbound: Box<dyn Inbound> = Box::new(discord.inbound);
-    let intake = tokio::spawn(inbound.run(dispatcher.clone(), Health::default(), stop.clone()));
+    let inbound: Arc<dyn Inbound> = Arc::new(discord.inbound);
+    let intake = {
+        let dispatcher = dispatcher.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            dispatcher
+                .serve_platform(inbound, Health::default(), stop)
+                .await
+        })
+    };
     fake.wait_connected(1, WAIT).await;
 
     store.busy_ingest.store(true, Ordering::SeqCst);

@@ -6,11 +6,11 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use lull::dispatcher::{Accepted, Event};
-use lull::domain::{ConversationRef, HolderId, LeaseKey, Platform};
-use lull::platform::SendError;
-use lull::store::{MessageEdit, NewMessage, NewReply, SqliteStore, Store, StoreError};
-use lull::timing::TimerPolicy;
+use lull_core::dispatcher::{Accepted, Event};
+use lull_core::domain::{ConversationRef, HolderId, LeaseKey, Platform};
+use lull_core::store::{MessageEdit, NewMessage, NewReply, SqliteStore, Store, StoreError};
+use lull_core::timing::TimerPolicy;
+use lull_port::SendError;
 
 use crate::helpers::faulty_store::FaultyStore;
 use crate::helpers::{
@@ -353,7 +353,7 @@ async fn a_hung_send_is_abandoned_when_its_lease_is_lost() {
     })
     .await;
     // Another holder takes the lease (as after an expiry the holder missed).
-    let far = lull::clock::Clock::now(&lull::clock::SystemClock).0 + 60_000;
+    let far = lull_core::clock::Clock::now(&lull_core::clock::SystemClock).0 + 60_000;
     rusqlite::Connection::open(&db.path)
         .unwrap()
         .execute(
@@ -486,8 +486,8 @@ async fn fencing_refuses_a_commit_from_a_replaced_holder() {
     let store = SqliteStore::open(&db.path).unwrap();
     let policy = TimerPolicy::new(ms(10), ms(10_000), 20).unwrap();
     let conversation = ConversationRef::new(Platform::Http, "c1");
-    let clock = lull::clock::SystemClock;
-    use lull::clock::Clock;
+    let clock = lull_core::clock::SystemClock;
+    use lull_core::clock::Clock;
     let stored = store
         .ingest(
             NewMessage {
@@ -505,7 +505,7 @@ async fn fencing_refuses_a_commit_from_a_replaced_holder() {
         .await
         .unwrap();
     let id = match stored {
-        lull::store::IngestOutcome::Stored { conversation, .. } => conversation,
+        lull_core::store::IngestOutcome::Stored { conversation, .. } => conversation,
         other => panic!("{other:?}"),
     };
     let key = LeaseKey::Conversation(id);
@@ -572,8 +572,8 @@ async fn giving_up_is_fenced_and_covers_each_message_once() {
     let store = SqliteStore::open(&db.path).unwrap();
     let policy = TimerPolicy::new(ms(10), ms(10_000), 20).unwrap();
     let conversation = ConversationRef::new(Platform::Http, "c1");
-    let clock = lull::clock::SystemClock;
-    use lull::clock::Clock;
+    let clock = lull_core::clock::SystemClock;
+    use lull_core::clock::Clock;
     let holder = HolderId::new("ingest");
     let ingest = |id: &'static str| {
         let message = NewMessage {
@@ -591,7 +591,7 @@ async fn giving_up_is_fenced_and_covers_each_message_once() {
                 .await
                 .unwrap()
             {
-                lull::store::IngestOutcome::Stored { conversation, .. } => conversation,
+                lull_core::store::IngestOutcome::Stored { conversation, .. } => conversation,
                 other => panic!("{other:?}"),
             }
         }
@@ -680,7 +680,7 @@ async fn giving_up_is_fenced_and_covers_each_message_once() {
         .commit_reply(&new, &batch, reply, policy, clock.now())
         .await
         .unwrap();
-    let lull::store::CommitOutcome::Committed { outbox: reply, .. } = committed else {
+    let lull_core::store::CommitOutcome::Committed { outbox: reply, .. } = committed else {
         panic!("{committed:?}");
     };
     for row in [notice, reply] {

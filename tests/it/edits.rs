@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use lull::dispatcher::{Accepted, Event};
-use lull::platform::{Content, IncomingKind};
+use lull_core::dispatcher::{Accepted, Event};
+use lull_port::{Content, IncomingKind};
 
 use crate::dispatcher::wait_settled;
 use crate::helpers::{

@@ -3,10 +3,7 @@
 
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
 use serde_json::{Value, json};
-use tower::ServiceExt;
 
 use crate::support::db;
 use crate::support::process::{LullProcess, free_port, post_message};
@@ -378,45 +375,4 @@ async fn a_failing_webhook_is_retried_until_it_accepts() {
     assert_eq!(app.webhook.requests(), 3, "two failures, then success");
     assert_eq!(replies[0].text, "[echo] 1 message:\nhello");
     assert!(replies[0].reply_id > 0);
-}
-
-/// The router alone (no socket): `/healthz` is 503 while an adapter is down.
-#[tokio::test]
-async fn healthz_is_503_while_an_adapter_is_down() {
-    let dir = tempfile::tempdir().unwrap();
-    let store =
-        std::sync::Arc::new(lull::store::SqliteStore::open(dir.path().join("lull.db")).unwrap());
-    let health = lull::health::Health::default();
-    health.set(
-        lull::domain::Platform::Telegram,
-        lull::health::AdapterState::Down("getUpdates failed".into()),
-    );
-    let app = lull::http::app(
-        lull::http::HttpState {
-            store,
-            health: health.clone(),
-            metrics: None,
-        },
-        None,
-    );
-    let get = |app: axum::Router| async move {
-        let response = app
-            .oneshot(Request::get("/healthz").body(Body::empty()).unwrap())
-            .await
-            .unwrap();
-        let status = response.status();
-        let body = axum::body::to_bytes(response.into_body(), 1 << 20)
-            .await
-            .unwrap();
-        (status, serde_json::from_slice::<Value>(&body).unwrap())
-    };
-    let (status, body) = get(app.clone()).await;
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(body["adapters"]["telegram"], "down: getUpdates failed");
-    health.set(
-        lull::domain::Platform::Telegram,
-        lull::health::AdapterState::Standby,
-    );
-    let (status, body) = get(app).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
 }

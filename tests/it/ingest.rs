@@ -8,12 +8,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lull::dispatcher::{Accepted, Event, IngestError};
-use lull::domain::Platform;
-use lull::llm::echo::{EchoDelay, EchoResponder};
-use lull::llm::{Generation, LlmError, Prompt, Responder};
-use lull::platform::{Content, IncomingKind};
-use lull::store::{SqliteStore, StoreError};
+use lull_core::dispatcher::{Accepted, Event, IngestError};
+use lull_core::domain::Platform;
+use lull_core::llm::echo::{EchoDelay, EchoResponder};
+use lull_core::llm::{Generation, LlmError, Prompt, Responder};
+use lull_core::store::SqliteStore;
+use lull_port::{Content, IncomingKind};
 
 use crate::dispatcher::wait_settled;
 use crate::helpers::faulty_store::FaultyStore;
@@ -34,7 +34,7 @@ async fn empty_and_huge_messages_are_refused_and_nothing_is_stored() {
         let refused = node.dispatcher.ingest(message("c1", "e", empty)).await;
         assert!(matches!(refused, Err(IngestError::Empty)), "{refused:?}");
     }
-    let huge = "x".repeat(lull::dispatcher::MAX_MESSAGE_CHARS + 1);
+    let huge = "x".repeat(lull_core::dispatcher::MAX_MESSAGE_CHARS + 1);
     let refused = node
         .dispatcher
         .ingest(message("c1", "h", &huge))
@@ -43,7 +43,7 @@ async fn empty_and_huge_messages_are_refused_and_nothing_is_stored() {
     assert!(refused.to_string().contains("too long"), "{refused}");
     assert_eq!(db::count(&db.path, "SELECT COUNT(*) FROM messages"), 0);
     // The longest accepted message goes through.
-    let longest = "y".repeat(lull::dispatcher::MAX_MESSAGE_CHARS);
+    let longest = "y".repeat(lull_core::dispatcher::MAX_MESSAGE_CHARS);
     assert!(matches!(
         node.send("c1", "ok", &longest).await,
         Accepted::Stored { .. }
@@ -68,10 +68,7 @@ async fn a_database_that_cannot_write_refuses_without_losing_anything() {
         .ingest(message("c1", "m2", "refused"))
         .await
         .unwrap_err();
-    assert!(
-        matches!(busy, IngestError::Store(StoreError::Busy)),
-        "{busy:?}"
-    );
+    assert!(matches!(busy, IngestError::NotStored(_)), "{busy:?}");
     assert!(busy.to_string().contains("busy"), "{busy}");
     store.busy_ingest.store(false, Ordering::SeqCst);
     store.full_ingest.store(true, Ordering::SeqCst);
@@ -195,7 +192,7 @@ async fn an_unlisted_user_is_told_once_and_nothing_reaches_the_model() {
     let sent = node.outbound.all();
     let notices: Vec<_> = sent
         .iter()
-        .filter(|d| d.kind == lull::store::OutboxKind::Notice)
+        .filter(|d| d.kind == lull_core::store::OutboxKind::Notice)
         .collect();
     assert_eq!(notices.len(), 1, "one notice for three messages: {sent:#?}");
     assert!(
@@ -274,7 +271,7 @@ async fn a_failing_model_notifies_once_and_loses_nothing() {
         .outbound
         .all()
         .into_iter()
-        .filter(|d| d.kind == lull::store::OutboxKind::Notice)
+        .filter(|d| d.kind == lull_core::store::OutboxKind::Notice)
         .collect();
     assert_eq!(
         notices.len(),
@@ -291,7 +288,7 @@ async fn a_failing_model_notifies_once_and_loses_nothing() {
 async fn a_full_batch_is_answered_without_waiting_for_the_window() {
     let db = temp_db();
     let mut quick = settings(5_000, 20_000, 3000);
-    quick.timers = lull::timing::TimerPolicy::new(
+    quick.timers = lull_core::timing::TimerPolicy::new(
         Duration::from_millis(5_000),
         Duration::from_millis(20_000),
         3,

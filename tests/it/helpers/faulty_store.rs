@@ -7,15 +7,15 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lull::domain::{
+use lull_core::domain::{
     ConversationId, ConversationRef, HolderId, Lease, LeaseKey, OutboxId, Platform, Timestamp,
     Version,
 };
-use lull::store::{
+use lull_core::store::{
     Batch, CommitOutcome, DueWork, IngestOutcome, MessageEdit, NewMessage, NewNotice, NewReply,
     OutboxRow, RecentConversation, SqliteStore, Store, StoreError, WorkQuery,
 };
-use lull::timing::TimerPolicy;
+use lull_core::timing::TimerPolicy;
 
 pub struct FaultyStore {
     inner: SqliteStore,

@@ -14,14 +14,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use lull::clock::SystemClock;
-use lull::dispatcher::{Accepted, DispatchSettings, Dispatcher, Event};
-use lull::domain::{ConversationRef, OutboxId, Platform};
-use lull::llm::echo::{EchoDelay, EchoResponder};
-use lull::llm::{Generation, LlmError, Prompt, Responder};
-use lull::platform::{Content, Incoming, IncomingKind, Outbound, OutgoingPart, SendError};
-use lull::store::{OutboxKind, SqliteStore};
-use lull::timing::{LeaseTiming, TimerPolicy};
+use lull_core::clock::SystemClock;
+use lull_core::dispatcher::{Accepted, DispatchSettings, Dispatcher, Event};
+use lull_core::domain::{ConversationRef, OutboxId, Platform};
+use lull_core::llm::echo::{EchoDelay, EchoResponder};
+use lull_core::llm::{Generation, LlmError, Prompt, Responder};
+use lull_core::store::{OutboxKind, SqliteStore};
+use lull_core::timing::{LeaseTiming, TimerPolicy};
+use lull_port::{Content, Incoming, IncomingKind, Outbound, OutgoingPart, SendError};
 use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
@@ -136,7 +136,7 @@ impl Outbound for RecordingOutbound {
     }
 
     fn split(&self, text: &str) -> Vec<String> {
-        lull::split::split_message(text, 4096)
+        lull_port::split::split_message(text, 4096)
     }
 
     async fn send(&self, part: &OutgoingPart<'_>) -> Result<(), SendError> {
@@ -280,7 +280,7 @@ impl Node {
     }
 
     pub fn start_with_store(
-        store: Arc<dyn lull::store::Store>,
+        store: Arc<dyn lull_core::store::Store>,
         settings: DispatchSettings,
         responder: Arc<dyn Responder>,
     ) -> Node {
@@ -290,7 +290,7 @@ impl Node {
     /// A node serving `platform` (its outbound records under that platform).
     pub fn start_on(
         platform: Platform,
-        store: Arc<dyn lull::store::Store>,
+        store: Arc<dyn lull_core::store::Store>,
         settings: DispatchSettings,
         responder: Arc<dyn Responder>,
     ) -> Node {

@@ -7,10 +7,10 @@
 //! is logged, stored or shown.
 //!
 //! Invariant: once a secret is [`register`]ed, [`redact`] removes it from any text,
-//! and the log writer ([`crate::logging`]) passes every formatted event through
+//! and the binary's log writer passes every formatted event through
 //! [`redact`], so no log line carries a registered secret even if a boundary forgot to
 //! redact. The binary registers every configured secret
-//! ([`crate::config::Settings::secrets`]) before anything logs.
+//! (its `Settings::secrets`) before anything logs.
 
 use std::fmt;
 use std::sync::RwLock;

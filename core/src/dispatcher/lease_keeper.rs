@@ -5,6 +5,7 @@
 //! and the round abandons its work: a reply generated without the lease must not be
 //! committed or delivered.
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::task::JoinHandle;
@@ -20,6 +21,9 @@ pub struct LeaseKeeper {
     /// The latest renewed lease. A std mutex: held only to copy or replace a value,
     /// never across an await.
     lease: Arc<Mutex<Lease>>,
+    /// The lease's expiry (milliseconds since the epoch), for a platform session that
+    /// must end its requests before it.
+    expires_at: Arc<AtomicI64>,
     lost: CancellationToken,
     renewer: JoinHandle<()>,
     store: Arc<dyn Store>,
@@ -32,21 +36,41 @@ impl LeaseKeeper {
         lease: Lease,
         timing: LeaseTiming,
     ) -> Self {
+        let expires_at = Arc::new(AtomicI64::new(lease.expires_at.0));
         let shared = Arc::new(Mutex::new(lease));
         let lost = CancellationToken::new();
         let renewer = tokio::spawn(renew(
             store.clone(),
             clock,
             shared.clone(),
+            expires_at.clone(),
             timing,
             lost.clone(),
         ));
         Self {
             lease: shared,
+            expires_at,
             lost,
             renewer,
             store,
         }
+    }
+
+    /// A platform session under this lease: it ends when the lease is lost or
+    /// `shutdown` fires, and knows when the lease would expire.
+    pub(crate) fn session(
+        &self,
+        platform: lull_port::Platform,
+        shutdown: &CancellationToken,
+        health: &lull_port::Health,
+    ) -> lull_port::Session {
+        lull_port::Session::new(
+            platform,
+            self.lost.clone(),
+            shutdown.clone(),
+            self.expires_at.clone(),
+            health.clone(),
+        )
     }
 
     /// The lease as last renewed: what writes under it must present.
@@ -93,6 +117,7 @@ async fn renew(
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
     shared: Arc<Mutex<Lease>>,
+    expires_at: Arc<AtomicI64>,
     timing: LeaseTiming,
     lost: CancellationToken,
 ) {
@@ -103,6 +128,7 @@ async fn renew(
         let now = clock.now();
         match store.renew_lease(&current, timing.ttl(), now).await {
             Ok(renewed) => {
+                expires_at.store(renewed.expires_at.0, Ordering::SeqCst);
                 *shared.lock().expect("lease mutex poisoned") = renewed;
                 wait = timing.renew_every();
             }

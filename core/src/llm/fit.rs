@@ -10,8 +10,8 @@
 use async_trait::async_trait;
 
 use super::{FailureKind, Generation, HistoryBudget, LlmError, Prompt, Responder};
-use crate::split::{best_cut, byte_index, char_len};
 use crate::store::PendingMessage;
+use lull_port::split::{best_cut, byte_index, char_len};
 
 /// The most smaller prompts tried after a refusal: two with less history, two with
 /// the batch cut.

@@ -10,11 +10,11 @@
 //!   renewing the lease, and commits it only if the conversation has not moved on.
 
 mod delivery;
-mod election;
 pub mod events;
 mod lease_keeper;
 mod round;
 mod scheduler;
+mod sessions;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -28,12 +28,12 @@ pub use lease_keeper::LeaseKeeper;
 use crate::access::AccessList;
 use crate::clock::Clock;
 use crate::commands::{self, Command};
-use crate::domain::{ConversationId, HolderId, LeaseKey, Platform, Timestamp, Version};
+use crate::domain::{ConversationId, HolderId, LeaseKey, Platform, Timestamp};
 use crate::llm::Responder;
 use crate::metrics as names;
-use crate::platform::{Content, Incoming, IncomingKind, Outbound};
 use crate::store::{IngestOutcome, MessageEdit, NewMessage, NewNotice, Store, StoreError};
 use crate::timing::{LeaseTiming, TimerPolicy};
+use lull_port::{Content, Incoming, IncomingKind, Outbound};
 
 /// The dispatcher's settings, validated before they get here.
 #[derive(Debug, Clone)]
@@ -91,37 +91,12 @@ pub const MAX_REPLY_CHARS: usize = 16_000;
 /// The smallest `LULL_MAX_REPLY_CHARS`: room for some reply and the note that it was cut.
 pub const MIN_REPLY_CHARS: usize = 100;
 
-/// How an inbound update was handled.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Accepted {
-    /// Stored; a reply will follow after the debounce window.
-    Stored {
-        conversation: ConversationId,
-        version: Version,
-    },
-    /// Already stored earlier (a redelivery).
-    Duplicate,
-    /// An edit that changed nothing pending.
-    EditIgnored,
-    /// A command, answered at once.
-    Command(Command),
-    /// A message lull cannot read; the user was told.
-    Unsupported,
-    /// The user is not allowed; they were told once.
-    Denied,
-}
+pub use lull_port::{Accepted, IngestError};
 
-/// Why an inbound update was refused. Nothing was stored.
-#[derive(Debug, thiserror::Error)]
-pub enum IngestError {
-    #[error("the message is empty")]
-    Empty,
-    #[error("the message is too long ({chars} characters; at most {max} are accepted)")]
-    TooLong { chars: usize, max: usize },
-    #[error("no adapter for platform {0} in this process")]
-    UnknownPlatform(Platform),
-    #[error(transparent)]
-    Store(#[from] StoreError),
+impl From<StoreError> for IngestError {
+    fn from(e: StoreError) -> Self {
+        IngestError::NotStored(e.to_string())
+    }
 }
 
 /// The core of lull. Shared by the adapters (which call [`Dispatcher::ingest`]) and
@@ -255,7 +230,7 @@ impl Dispatcher {
         if text.trim().is_empty() {
             return Err(IngestError::Empty);
         }
-        let chars = crate::split::char_len(&text);
+        let chars = lull_port::split::char_len(&text);
         if chars > self.settings.max_message_chars {
             return Err(IngestError::TooLong {
                 chars,
@@ -377,5 +352,25 @@ impl Dispatcher {
             self.wake.notify_one();
         }
         Ok(())
+    }
+}
+
+/// The port adapters see: storing updates and the catch-up query, nothing else.
+#[async_trait::async_trait]
+impl lull_port::Intake for Dispatcher {
+    async fn ingest(&self, incoming: Incoming) -> Result<Accepted, IngestError> {
+        Dispatcher::ingest(self, incoming).await
+    }
+
+    async fn recent_conversations(
+        &self,
+        platform: Platform,
+        since: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<lull_port::RecentConversation>, IngestError> {
+        Ok(self
+            .store
+            .recent_conversations(platform, since, limit)
+            .await?)
     }
 }

@@ -71,7 +71,7 @@ impl HttpFailure {
     /// What a non-success answer says. The whole body is redacted before any of it is
     /// kept, so a cut can never leave half a key behind.
     fn read(status: u16, retry_after: Option<Duration>, body: &str) -> Self {
-        let body = crate::secrets::redact(body);
+        let body = lull_port::secrets::redact(body);
         let json = serde_json::from_str::<serde_json::Value>(&body).ok();
         let message = error_message(&body, json.as_ref());
         Self {
@@ -176,10 +176,10 @@ pub fn is_context_length(status: u16, json: Option<&serde_json::Value>, message:
 
 impl OpenAiResponder {
     /// A responder for `settings`. Registers the key for redaction
-    /// ([`crate::secrets::register`]).
+    /// ([`lull_port::secrets::register`]).
     pub fn new(settings: OpenAiSettings) -> Result<Self, String> {
         if let Some(key) = &settings.api_key {
-            crate::secrets::register(key);
+            lull_port::secrets::register(key);
         }
         let http = reqwest_openai::Client::builder()
             .connect_timeout(Duration::from_secs(10))
@@ -316,7 +316,7 @@ fn is_openai(base_url: &str) -> bool {
 /// The failure as lull sorts it. Errors keep their cause chain (which socket error,
 /// which TLS problem), redacted.
 fn classify(error: OpenAIError, timeout: Duration) -> LlmError {
-    use crate::secrets::{redact, redact_error};
+    use lull_port::secrets::{redact, redact_error};
     match error {
         OpenAIError::Boxed(boxed) => match boxed.downcast::<HttpFailure>() {
             Ok(failure) if failure.context_length => LlmError::ContextLength {
@@ -449,7 +449,7 @@ mod tests {
     #[test]
     fn an_echoed_key_is_redacted_before_the_message_is_cut() {
         let key = "sk-echoed-in-an-error-body-0123456789";
-        crate::secrets::register(&SecretString::from(key));
+        lull_port::secrets::register(&SecretString::from(key));
         // The key straddles the cut: a cut before redaction would leave half of it.
         let body = format!(
             "{}Authorization: Bearer {key}",

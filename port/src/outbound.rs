@@ -1,55 +1,12 @@
-//! The contract between the core and the platform adapters.
-//!
-//! Adapters translate: platform updates become [`Incoming`] (handed to
-//! [`crate::dispatcher::Dispatcher::ingest`]) and the dispatcher's deliveries reach
-//! the platform through [`Outbound`]. Platform types (teloxide, serenity, JSON bodies)
-//! never cross into the core, and adapters hold no conversation logic.
+//! What the core asks of an adapter: deliver one part of a reply or notice, show
+//! "typing…". Retries, backoff and dead-lettering are the core's; an adapter makes one
+//! attempt and says how it went.
 
 use std::time::Duration;
 
-use std::sync::Arc;
-
 use async_trait::async_trait;
-use tokio_util::sync::CancellationToken;
 
-use crate::dispatcher::Dispatcher;
-use crate::domain::{ConversationRef, OutboxId, Platform, Timestamp};
-use crate::health::Health;
-use crate::store::OutboxKind;
-
-/// What a user sent.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Content {
-    /// Text (for media, the caption). Commands are text too.
-    Text(String),
-    /// A message lull cannot read (sticker, voice, a file without caption). The
-    /// string names it for the user ("sticker").
-    Unsupported(String),
-}
-
-/// Whether an update is a new message or a change to an earlier one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IncomingKind {
-    New,
-    Edit,
-}
-
-/// One inbound update, translated by an adapter.
-#[derive(Debug, Clone)]
-pub struct Incoming {
-    pub conversation: ConversationRef,
-    /// Group chats get author names in the prompt and replies that quote.
-    pub is_group: bool,
-    /// The platform's user id (what `LULL_ALLOWED_USERS` lists).
-    pub user_id: String,
-    /// The user's display name.
-    pub author: String,
-    /// The platform's message id, unique within the conversation. Redeliveries carry
-    /// the same id and are stored once.
-    pub message_id: String,
-    pub content: Content,
-    pub kind: IncomingKind,
-}
+use crate::domain::{ConversationRef, OutboxId, OutboxKind, Platform, Timestamp};
 
 /// One part of an outbox row, ready to send. Parts are numbered so a delivery
 /// interrupted by a crash resumes at the first unsent part.
@@ -115,20 +72,4 @@ pub trait Outbound: Send + Sync + 'static {
     fn max_age(&self) -> Option<Duration> {
         None
     }
-}
-
-/// The receiving half of an adapter: connects to its platform and feeds every update
-/// to the dispatcher until `shutdown` fires. It reports its connection state through
-/// `health` and acknowledges an update to its platform only after
-/// [`Dispatcher::ingest`] returned `Ok` (stored), so nothing is lost to a crash.
-#[async_trait]
-pub trait Inbound: Send + 'static {
-    fn platform(&self) -> Platform;
-
-    async fn run(
-        self: Box<Self>,
-        dispatcher: Arc<Dispatcher>,
-        health: Health,
-        shutdown: CancellationToken,
-    ) -> anyhow::Result<()>;
 }

@@ -70,14 +70,14 @@ pub fn truncate(text: &str, max_chars: usize, note: &str) -> Option<String> {
 }
 
 /// Byte index of the `n`th character of `s` (or its end).
-pub(crate) fn byte_index(s: &str, n: usize) -> usize {
+pub fn byte_index(s: &str, n: usize) -> usize {
     s.char_indices().nth(n).map_or(s.len(), |(i, _)| i)
 }
 
 /// Where to end a part within `window`: the last paragraph break in its second half,
 /// else the last line break there, else the last space there; then the same anywhere
 /// in the window; else the whole window (a word longer than a part).
-pub(crate) fn best_cut(window: &str) -> usize {
+pub fn best_cut(window: &str) -> usize {
     let half = window.len() / 2;
     for min in [half, 1] {
         for sep in ["\n\n", "\n", " "] {

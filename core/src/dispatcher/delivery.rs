@@ -21,9 +21,9 @@ use super::round::Interrupt;
 use super::{Dispatcher, Event, LeaseKeeper};
 use crate::domain::{ConversationId, Timestamp};
 use crate::metrics as names;
-use crate::platform::{Outbound, OutgoingPart, SendError};
 use crate::store::{OutboxKind, OutboxRow};
 use crate::timing::delivery_backoff;
+use lull_port::{Outbound, OutgoingPart, SendError};
 
 /// Send attempts for one part within a round before the row is deferred.
 const SEND_ATTEMPTS: u32 = 4;
@@ -217,7 +217,11 @@ impl Dispatcher {
                 };
             // No secret reaches the database, whatever an adapter's error quoted.
             self.store
-                .defer_outbox(row.id, retry_at, &crate::secrets::redact(error.to_string()))
+                .defer_outbox(
+                    row.id,
+                    retry_at,
+                    &lull_port::secrets::redact(error.to_string()),
+                )
                 .await?;
             let wait = now.until(retry_at);
             tracing::warn!(
@@ -250,7 +254,7 @@ impl Dispatcher {
         why: &str,
         now: Timestamp,
     ) -> Result<(), Interrupt> {
-        let error = crate::secrets::redact(error.to_string());
+        let error = lull_port::secrets::redact(error.to_string());
         self.store.fail_outbox(row.id, &error, now).await?;
         if row.kind == OutboxKind::Reply {
             metrics::counter!(names::REPLIES_FAILED).increment(1);

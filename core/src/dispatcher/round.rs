@@ -261,14 +261,14 @@ impl Dispatcher {
     /// registered secret, and at most `max_reply_chars` long (cut at a paragraph, line
     /// or word, with a note saying so).
     fn bounded(&self, conversation: ConversationId, text: String) -> String {
-        let text = crate::secrets::redact(text);
+        let text = lull_port::secrets::redact(text);
         let max = self.settings.max_reply_chars;
         let note = format!("[… reply cut at {max} characters]");
-        match crate::split::truncate(&text, max, &note) {
+        match lull_port::split::truncate(&text, max, &note) {
             Some(cut) => {
                 tracing::warn!(
                     %conversation,
-                    chars = crate::split::char_len(&text),
+                    chars = lull_port::split::char_len(&text),
                     max,
                     "reply longer than LULL_MAX_REPLY_CHARS; cut"
                 );

@@ -12,6 +12,9 @@ pub mod sqlite;
 
 use async_trait::async_trait;
 
+pub use crate::domain::OutboxKind;
+pub use lull_port::RecentConversation;
+
 use crate::domain::{
     ConversationId, ConversationRef, HolderId, Lease, LeaseKey, OutboxId, Platform, Timestamp,
     Version,
@@ -19,6 +22,25 @@ use crate::domain::{
 use crate::timing::TimerPolicy;
 
 pub use sqlite::{Inspection, SqliteStore};
+
+/// Open the store at `path` (creating and migrating it if needed), as a `lull run` or
+/// `lull chat` process uses it.
+///
+/// In builds with the `test-switches` feature (tests only), `LULL_TEST_DISABLE_LEASE=1`
+/// opens it with every lease check off: the counter-test's switch.
+pub fn open(path: &std::path::Path) -> Result<std::sync::Arc<dyn Store>, StoreError> {
+    let store = SqliteStore::open(path)?;
+    #[cfg(feature = "test-switches")]
+    let store = if std::env::var("LULL_TEST_DISABLE_LEASE").is_ok_and(|v| v == "1") {
+        tracing::warn!(
+            "LULL_TEST_DISABLE_LEASE=1: lease checks are OFF (counter-test build); replies may be duplicated"
+        );
+        store.without_lease_checks()
+    } else {
+        store
+    };
+    Ok(std::sync::Arc::new(store))
+}
 
 /// Why a store operation failed. `Busy` and `Full` are conditions of the database
 /// the caller may wait out; `LeaseLost` means the caller no longer owns what it was
@@ -215,21 +237,6 @@ pub enum CommitOutcome {
     Stale { version: Version },
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OutboxKind {
-    Reply,
-    Notice,
-}
-
-impl OutboxKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OutboxKind::Reply => "reply",
-            OutboxKind::Notice => "notice",
-        }
-    }
-}
-
 /// An outbox row waiting to be delivered.
 #[derive(Debug, Clone)]
 pub struct OutboxRow {
@@ -247,16 +254,6 @@ pub struct OutboxRow {
     pub attempts: u32,
     /// When the row was committed: the base of its delivery deadline.
     pub created_at: Timestamp,
-}
-
-/// A conversation with recent activity and the last message stored for it: where a
-/// platform without replay (Discord's gateway) resumes reading history after downtime.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RecentConversation {
-    pub conversation: ConversationRef,
-    pub is_group: bool,
-    /// The platform id of the message stored last in this conversation.
-    pub last_message_id: String,
 }
 
 /// The shared state lull runs on. See the module docs for the rules every method keeps.

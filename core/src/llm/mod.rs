@@ -199,10 +199,10 @@ impl HistoryBudget {
     pub fn fit<'h>(&self, history: &'h [Exchange], is_group: bool) -> &'h [Exchange] {
         let (mut messages, mut chars, mut start) = (0, 0, history.len());
         for (i, exchange) in history.iter().enumerate().rev() {
-            let size = crate::split::char_len(&merge_turn(
+            let size = lull_port::split::char_len(&merge_turn(
                 exchange.user.iter().map(|(a, t)| (a.as_str(), t.as_str())),
                 is_group,
-            )) + crate::split::char_len(&exchange.reply);
+            )) + lull_port::split::char_len(&exchange.reply);
             if messages + 2 > self.messages || chars + size > self.chars {
                 break;
             }

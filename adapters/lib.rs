@@ -1,0 +1,25 @@
+//! lull's platform adapters. Each translates between one platform and the core's port
+//! ([`lull_port`]): inbound updates become [`lull_port::Incoming`] for the core's
+//! [`lull_port::Intake`], and deliveries arrive through [`lull_port::Outbound`].
+//! Adapters hold no conversation logic and never see the store; this crate depends on
+//! the port only, so cargo keeps it that way.
+//!
+//! - [`console`]: `lull chat`, standard input and output.
+//! - [`http`]: generic JSON in (`POST /api/messages`), signed webhooks out.
+//! - [`telegram`]: the Bot API through teloxide, long polling.
+//! - [`discord`]: the gateway and REST through serenity.
+
+pub mod console;
+pub mod discord;
+pub mod http;
+pub mod telegram;
+
+use secrecy::SecretString;
+
+/// How to reach a chat platform: its bot token and the API base URL (the
+/// platform's own, a self-hosted Bot API server, or a test's fake).
+#[derive(Debug, Clone)]
+pub struct PlatformSettings {
+    pub token: SecretString,
+    pub api_url: String,
+}

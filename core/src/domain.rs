@@ -1,0 +1,84 @@
+//! The core's own domain words: lease, holder, fencing token. The words shared with
+//! the adapters (platform, conversation, version, timestamp, outbox row) come from
+//! the port and are re-exported here, so the core speaks one vocabulary.
+
+use std::fmt;
+
+pub use lull_port::domain::*;
+
+/// A fencing token: bumped by every successful lease claim, so a later holder always
+/// has a larger token than any earlier one, and every write of a holder is checked
+/// against it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LeaseToken(pub i64);
+
+impl fmt::Display for LeaseToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "#{}", self.0)
+    }
+}
+
+/// The identity of one running process as a lease holder. Unique per process start,
+/// so a restarted process never mistakes its predecessor's lease for its own.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct HolderId(String);
+
+impl HolderId {
+    /// `host:pid:random`, readable in the database when debugging who holds what.
+    pub fn generate() -> Self {
+        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "local".into());
+        Self(format!(
+            "{host}:{}:{:08x}",
+            std::process::id(),
+            fastrand::u32(..)
+        ))
+    }
+
+    pub fn new(id: impl Into<String>) -> Self {
+        Self(id.into())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for HolderId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What a lease protects. Conversations are leased for a whole round (generation and
+/// delivery); platforms are leased by the one process that may poll them.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum LeaseKey {
+    Conversation(ConversationId),
+    Poller(Platform),
+}
+
+impl LeaseKey {
+    /// The primary key of the lease row.
+    pub fn resource(&self) -> String {
+        match self {
+            LeaseKey::Conversation(id) => format!("conversation/{}", id.0),
+            LeaseKey::Poller(p) => format!("poller/{}", p.as_str()),
+        }
+    }
+}
+
+impl fmt::Display for LeaseKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.resource())
+    }
+}
+
+/// A lease this process holds: the proof it must present (holder and token) with
+/// every write it makes under the lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub key: LeaseKey,
+    pub holder: HolderId,
+    pub token: LeaseToken,
+    pub expires_at: Timestamp,
+}

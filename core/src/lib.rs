@@ -1,0 +1,42 @@
+//! lull's core: the engine that waits for a lull in a conversation and answers
+//! **once**. It names no chat platform and no HTTP server; adapters reach it through
+//! the port ([`lull_port`]), and the binary wires it up.
+//!
+//! # Layout
+//!
+//! - [`domain`]: the domain words as types (the port's, plus lease, holder, token).
+//! - [`timing`]: the timing rules (capped debounce, cap, lease pacing) as pure functions.
+//! - [`clock`]: the time every process on one database compares.
+//! - [`store`]: the shared state behind one trait; [`store::SqliteStore`] implements it
+//!   on one SQLite file.
+//! - [`dispatcher`]: the intake (ingest, commands), the scheduler, rounds (lease claim,
+//!   collect, generate, final check), outbox delivery and platform sessions.
+//! - [`llm`]: the responder seam (`echo`, `openai`), retries and prompt fitting.
+//! - [`commands`], [`access`]: what `/help` and `/reset` answer; who may talk to the bot.
+//! - [`metrics`]: metric names, a contract with users' dashboards.
+//!
+//! # Invariants
+//!
+//! - **No duplicate:** every user message is covered by at most one delivered reply.
+//! - **No loss:** every accepted message is covered by a delivered reply within
+//!   `max_wait` plus generation time (plus the lease TTL after a crash), unless the
+//!   model keeps failing; then the user is told once and the messages stay pending.
+//! - **Fresh:** a delivered reply was generated from every message that existed when
+//!   it was committed, unless the cap forced delivery.
+//! - **Exclusive:** at most one live lease holder per conversation; fencing tokens
+//!   only grow.
+//!
+//! They rest on three pillars: a version counter bumped in the transaction that
+//! stores each message; timers in their own table with a capped debounce; and a
+//! lease with an expiry, claimed by compare-and-swap and held (renewed) for the whole
+//! generation and delivery, whose fencing token every later write checks.
+
+pub mod access;
+pub mod clock;
+pub mod commands;
+pub mod dispatcher;
+pub mod domain;
+pub mod llm;
+pub mod metrics;
+pub mod store;
+pub mod timing;

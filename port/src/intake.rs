@@ -1,0 +1,167 @@
+//! What an adapter hands the core: each inbound update, translated, through the
+//! [`Intake`] port; and what the core answers. An adapter acknowledges an update to
+//! its platform only once [`Intake::ingest`] returned `Ok`: from then on the update
+//! cannot be lost.
+
+use async_trait::async_trait;
+
+use crate::domain::{ConversationId, ConversationRef, Platform, Timestamp, Version};
+
+/// What a user sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Content {
+    /// Text (for media, the caption). Commands are text too.
+    Text(String),
+    /// A message lull cannot read (sticker, voice, a file without caption). The
+    /// string names it for the user ("sticker").
+    Unsupported(String),
+}
+
+/// Whether an update is a new message or a change to an earlier one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IncomingKind {
+    New,
+    Edit,
+}
+
+/// One inbound update, translated by an adapter.
+#[derive(Debug, Clone)]
+pub struct Incoming {
+    pub conversation: ConversationRef,
+    /// Group chats get author names in the prompt and replies that quote.
+    pub is_group: bool,
+    /// The platform's user id (what `LULL_ALLOWED_USERS` lists).
+    pub user_id: String,
+    /// The user's display name.
+    pub author: String,
+    /// The platform's message id, unique within the conversation. Redeliveries carry
+    /// the same id and are stored once.
+    pub message_id: String,
+    pub content: Content,
+    pub kind: IncomingKind,
+}
+
+/// How an inbound update was handled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Accepted {
+    /// Stored; a reply will follow after the debounce window.
+    Stored {
+        conversation: ConversationId,
+        version: Version,
+    },
+    /// Already stored earlier (a redelivery).
+    Duplicate,
+    /// An edit that changed nothing pending.
+    EditIgnored,
+    /// A command, answered at once.
+    Command(Command),
+    /// A message lull cannot read; the user was told.
+    Unsupported,
+    /// The user is not allowed; they were told once.
+    Denied,
+}
+
+/// Why an inbound update was refused. Nothing was stored.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IngestError {
+    #[error("the message is empty")]
+    Empty,
+    #[error("the message is too long ({chars} characters; at most {max} are accepted)")]
+    TooLong { chars: usize, max: usize },
+    #[error("no adapter for platform {0} in this process")]
+    UnknownPlatform(Platform),
+    /// The database could not store it now (busy, full, failing): the adapter must
+    /// not acknowledge it, so the platform (or the client) delivers it again.
+    #[error("the message was not stored ({0}); send it again")]
+    NotStored(String),
+}
+
+impl IngestError {
+    /// Whether sending the same update again later may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, IngestError::NotStored(_))
+    }
+}
+
+/// A conversation with recent activity and the last message stored for it: where a
+/// platform without replay (Discord's gateway) resumes reading history after downtime.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecentConversation {
+    pub conversation: ConversationRef,
+    pub is_group: bool,
+    /// The platform id of the message stored last in this conversation.
+    pub last_message_id: String,
+}
+
+/// A command a user can send on any platform. Commands bypass the debounce: they are
+/// answered at once, without the model, and never join a burst.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    /// `/start`: the greeting platforms send when a user opens the bot.
+    Start,
+    /// `/help`: what the bot does and how to use it.
+    Help,
+    /// `/reset`: start a fresh context for this conversation.
+    Reset,
+}
+
+impl Command {
+    /// Parse a message text as a command. Adapters strip platform decorations first
+    /// (Telegram's `/cmd@botname`, a leading mention); anything after the command
+    /// word is ignored.
+    pub fn parse(text: &str) -> Option<Command> {
+        let word = text.split_whitespace().next()?;
+        let name = word.strip_prefix('/')?;
+        match name.to_ascii_lowercase().as_str() {
+            "start" => Some(Command::Start),
+            "help" => Some(Command::Help),
+            "reset" => Some(Command::Reset),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Command::Start => "start",
+            Command::Help => "help",
+            Command::Reset => "reset",
+        }
+    }
+}
+
+/// The core's intake, as adapters see it: store an update, and find where to resume
+/// reading after downtime. Nothing else of the core is reachable from an adapter.
+#[async_trait]
+pub trait Intake: Send + Sync + 'static {
+    /// Store an update (or answer a command). `Ok` means it is stored for good (or
+    /// deliberately not stored: a denied user, an ignored edit): the adapter may
+    /// acknowledge it to its platform. The reply comes later, through the adapter's
+    /// [`crate::Outbound`].
+    async fn ingest(&self, incoming: Incoming) -> Result<Accepted, IngestError>;
+
+    /// Conversations of `platform` whose last stored message arrived at or after
+    /// `since`, most recently active first, at most `limit`, each with the platform id
+    /// of its last stored message: where an adapter without replay resumes reading.
+    async fn recent_conversations(
+        &self,
+        platform: Platform,
+        since: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<RecentConversation>, IngestError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_parse_case_insensitively_with_arguments() {
+        assert_eq!(Command::parse("/help"), Some(Command::Help));
+        assert_eq!(Command::parse("  /RESET now"), Some(Command::Reset));
+        assert_eq!(Command::parse("/start"), Some(Command::Start));
+        assert_eq!(Command::parse("/unknown"), None);
+        assert_eq!(Command::parse("help"), None);
+        assert_eq!(Command::parse(""), None);
+        assert_eq!(Command::parse("what does /help do?"), None);
+    }
+}

@@ -140,7 +140,8 @@ impl Outbound for DiscordOutbound {
             .headers()
             .get(reqwest::header::RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<f64>().ok());
+            .and_then(|v| lull_port::retry::parse_retry_after(v, std::time::SystemTime::now()))
+            .map(|wait| wait.as_secs_f64());
         let body: serde_json::Value = response.json().await.unwrap_or_default();
         let message = self
             .rest

@@ -159,14 +159,9 @@ impl WebhookOutbound {
     }
 }
 
-/// `Retry-After` as seconds or an HTTP date.
+/// `Retry-After`, in seconds or as an HTTP date (the port's one parser).
 fn retry_after(value: &HeaderValue) -> Option<Duration> {
-    let value = value.to_str().ok()?.trim();
-    if let Ok(seconds) = value.parse::<u64>() {
-        return Some(Duration::from_secs(seconds));
-    }
-    let at = httpdate::parse_http_date(value).ok()?;
-    Some(at.duration_since(SystemTime::now()).unwrap_or_default())
+    lull_port::retry::parse_retry_after(value.to_str().ok()?, SystemTime::now())
 }
 
 #[async_trait]

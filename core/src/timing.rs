@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+use lull_port::Backoff;
+
 use crate::domain::Timestamp;
 
 /// The capped debounce window. Each message re-arms the conversation's timer to
@@ -136,28 +138,16 @@ impl LeaseTiming {
     }
 }
 
-/// Delay before retrying a conversation whose generation failed `attempts` times in a
-/// row: doubling from one second, capped at five minutes, with up to 25 % jitter so
-/// processes do not retry in lock-step.
-pub fn failure_backoff(attempts: u32) -> Duration {
-    doubling_with_jitter(1000, attempts)
-}
+/// Pauses before a conversation whose generation failed is tried again: doubling from
+/// one second, capped at five minutes (with the port's jitter, so processes do not retry
+/// in lock-step).
+pub const FAILURE_BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(300));
 
-/// Delay before the next attempt to deliver an outbox row whose delivery failed
-/// `attempts` times: doubling from a quarter second (a blip is retried at once, an
-/// outage ever more rarely), capped at five minutes, with up to 25 % jitter.
-pub fn delivery_backoff(attempts: u32) -> Duration {
-    doubling_with_jitter(250, attempts)
-}
-
-/// `first_ms` doubled per attempt after the first, capped at five minutes, plus up to
-/// 25 % jitter so processes do not retry in lock-step.
-fn doubling_with_jitter(first_ms: u64, attempts: u32) -> Duration {
-    let base_ms = first_ms.saturating_mul(1u64 << attempts.saturating_sub(1).min(20));
-    let capped = base_ms.min(300_000);
-    let jitter = fastrand::u64(0..=capped / 4);
-    Duration::from_millis(capped + jitter)
-}
+/// Pauses before the next attempt to deliver an outbox row whose delivery failed:
+/// doubling from a quarter second (a blip is retried at once, an outage ever more
+/// rarely), capped at five minutes.
+pub const DELIVERY_BACKOFF: Backoff =
+    Backoff::new(Duration::from_millis(250), Duration::from_secs(300));
 
 #[cfg(test)]
 mod tests {
@@ -251,18 +241,15 @@ mod tests {
     }
 
     #[test]
-    fn failure_backoff_grows_and_is_capped() {
+    fn failure_and_delivery_backoffs_grow_and_are_capped() {
         for _ in 0..50 {
-            let first = failure_backoff(1);
-            assert!(first >= ms(1000) && first <= ms(1250));
-            let tenth = failure_backoff(10);
-            assert!(tenth >= ms(300_000) && tenth <= ms(375_000));
-            assert!(failure_backoff(40) <= ms(375_000));
-            let first = delivery_backoff(1);
-            assert!(first >= ms(250) && first <= ms(312));
-            assert!(delivery_backoff(4) >= ms(2000) && delivery_backoff(4) <= ms(2500));
-            assert!(delivery_backoff(u32::MAX) >= ms(300_000));
-            assert!(delivery_backoff(u32::MAX) <= ms(375_000));
+            let first = FAILURE_BACKOFF.delay(1);
+            assert!(first >= ms(750) && first <= ms(1250));
+            let tenth = FAILURE_BACKOFF.delay(10);
+            assert!(tenth >= ms(225_000) && tenth <= ms(375_000));
+            let first = DELIVERY_BACKOFF.delay(1);
+            assert!(first >= ms(187) && first <= ms(313));
+            assert!(DELIVERY_BACKOFF.delay(u32::MAX) <= ms(375_000));
         }
     }
 }

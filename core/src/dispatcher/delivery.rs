@@ -22,7 +22,7 @@ use super::{Dispatcher, Event, LeaseKeeper};
 use crate::domain::{ConversationId, Timestamp};
 use crate::metrics as names;
 use crate::store::{OutboxKind, OutboxRow};
-use crate::timing::delivery_backoff;
+use crate::timing::DELIVERY_BACKOFF;
 use lull_port::{Outbound, OutgoingPart, SendError};
 
 /// Send attempts for one part within a round before the row is deferred.
@@ -74,7 +74,7 @@ pub(crate) fn next_attempt(
     let wait = match error {
         SendError::Permanent(_) => return Retry::GiveUp("the platform refused it".into()),
         SendError::RetryAfter(wait) => *wait,
-        SendError::Transient(_) => delivery_backoff(attempts),
+        SendError::Transient(_) => DELIVERY_BACKOFF.delay(attempts),
     };
     let at = now.plus(wait);
     let Some(max_age) = max_age else {

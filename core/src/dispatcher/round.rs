@@ -12,7 +12,7 @@ use crate::domain::{ConversationId, LeaseKey};
 use crate::llm::{FailureKind, Generation, LlmError, Prompt};
 use crate::metrics as names;
 use crate::store::{Batch, CommitOutcome, NewNotice, NewReply, StoreError};
-use crate::timing::failure_backoff;
+use crate::timing::FAILURE_BACKOFF;
 
 /// How a round ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -331,7 +331,7 @@ impl Dispatcher {
         let attempts = batch.timer.map_or(0, |t| t.attempts) + 1;
         let now = self.clock.now();
         // Growing backoff, and never sooner than the server asked.
-        let wait = failure_backoff(attempts).max(error.retry_after().unwrap_or_default());
+        let wait = FAILURE_BACKOFF.delay_honouring(attempts, error.retry_after());
         let retry_at = now.plus(wait);
         let attempts = self
             .store

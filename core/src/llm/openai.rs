@@ -84,17 +84,13 @@ impl HttpFailure {
     }
 }
 
-/// `Retry-After` in seconds (the form model servers use).
+/// `Retry-After`, in seconds or as a date (the port's one parser).
 fn retry_after(headers: &reqwest_openai::header::HeaderMap) -> Option<Duration> {
-    headers
+    let value = headers
         .get(reqwest_openai::header::RETRY_AFTER)?
         .to_str()
-        .ok()?
-        .trim()
-        .parse::<f64>()
-        .ok()
-        .filter(|s| s.is_finite() && *s >= 0.0)
-        .map(Duration::from_secs_f64)
+        .ok()?;
+    lull_port::retry::parse_retry_after(value, std::time::SystemTime::now())
 }
 
 /// Whether a refusal says the account is out of credit: OpenAI's

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
+use lull_port::Backoff;
+
 use super::{Generation, LlmError, Prompt, Responder};
 use crate::metrics as names;
 
@@ -18,8 +20,8 @@ use crate::metrics as names;
 pub struct RetryPolicy {
     /// Attempts after the first.
     pub retries: u32,
-    /// Wait before the first retry; doubles with each further one.
-    pub first_wait: Duration,
+    /// Waits between attempts (the port's one backoff policy).
+    pub backoff: Backoff,
     /// The longest wait within a round: a server asking for more (`Retry-After`)
     /// ends the round, and the conversation's own backoff honours the request.
     pub max_wait: Duration,
@@ -29,7 +31,7 @@ impl Default for RetryPolicy {
     fn default() -> Self {
         Self {
             retries: 3,
-            first_wait: Duration::from_millis(500),
+            backoff: Backoff::new(Duration::from_millis(500), Duration::from_secs(60)),
             max_wait: Duration::from_secs(60),
         }
     }
@@ -42,11 +44,7 @@ impl RetryPolicy {
         if retry > self.retries || !error.is_retryable() {
             return None;
         }
-        let base = self.first_wait.saturating_mul(1 << (retry - 1).min(16));
-        let jittered = base.mul_f64(0.75 + fastrand::f64() * 0.5);
-        let wait = error
-            .retry_after()
-            .map_or(jittered, |asked| asked.max(jittered));
+        let wait = self.backoff.delay_honouring(retry, error.retry_after());
         (wait <= self.max_wait).then_some(wait)
     }
 }

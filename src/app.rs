@@ -15,7 +15,7 @@ use crate::http::HttpState;
 use lull_adapters::console::{self, ConsoleOutbound};
 use lull_adapters::http::WebhookOutbound;
 use lull_core::clock::SystemClock;
-use lull_core::dispatcher::{DispatchSettings, Dispatcher, Event, MAX_MESSAGE_CHARS};
+use lull_core::dispatcher::{Dispatcher, Event};
 use lull_core::domain::Platform;
 use lull_core::llm::Responder;
 use lull_core::llm::echo::EchoResponder;
@@ -74,20 +74,6 @@ fn log_responder(config: &Config) {
     }
 }
 
-pub fn dispatch_settings(config: &Config) -> DispatchSettings {
-    DispatchSettings {
-        timers: config.timers,
-        lease: config.lease,
-        poll_every: config.poll_every,
-        history: config.history.exchanges(),
-        max_rounds: DispatchSettings::defaults().max_rounds,
-        shutdown_grace: config.shutdown_grace,
-        access: config.access.clone(),
-        max_message_chars: MAX_MESSAGE_CHARS,
-        max_reply_chars: config.max_reply_chars,
-    }
-}
-
 fn dispatcher(
     config: &Config,
     outbounds: Vec<Arc<dyn Outbound>>,
@@ -96,7 +82,7 @@ fn dispatcher(
         open_store(config)?,
         responder(config)?,
         outbounds,
-        dispatch_settings(config),
+        config.dispatch.clone(),
         Arc::new(SystemClock),
     ))
 }
@@ -140,7 +126,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         store.clone(),
         responder(&config)?,
         outbounds,
-        dispatch_settings(&config),
+        config.dispatch.clone(),
         Arc::new(SystemClock),
     );
     let api = config
@@ -204,7 +190,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     if let Some(e) = &failure {
         tracing::error!(error = %format!("{e:#}"), "stopping: an adapter cannot continue");
     }
-    let grace = config.shutdown_grace;
+    let grace = config.dispatch.shutdown_grace;
     tracing::info!(
         grace_ms = grace.as_millis() as u64,
         "shutting down: no new messages; finishing rounds in flight"

@@ -104,9 +104,9 @@ fn describe(config: &Config) -> String {
         } else {
             adapters.join(", ")
         },
-        config.timers.debounce().as_millis(),
-        config.timers.max_wait().as_millis(),
-        config.lease.ttl().as_millis()
+        config.dispatch.timers.debounce().as_millis(),
+        config.dispatch.timers.max_wait().as_millis(),
+        config.dispatch.lease.ttl().as_millis()
     )
 }
 

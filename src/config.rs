@@ -15,6 +15,7 @@ use secrecy::{ExposeSecret, SecretString};
 
 use lull_adapters::http::{WebhookSecret, WebhookSettings};
 use lull_core::access::AccessList;
+use lull_core::dispatcher::DispatchSettings;
 use lull_core::llm::HistoryBudget;
 use lull_core::llm::echo::EchoDelay;
 use lull_core::llm::openai::OpenAiSettings;
@@ -310,17 +311,13 @@ pub struct Config {
     /// `OPENAI_BASE_URL` is set (not by `LULL_LLM=echo`): `lull run` warns.
     pub echo_by_default: bool,
     pub llm_retries: u32,
-    /// Longest reply sent, in characters (`LULL_MAX_REPLY_CHARS`).
-    pub max_reply_chars: usize,
+    /// How much earlier conversation the model sees (the responder trims to it).
     pub history: HistoryBudget,
     pub database: PathBuf,
-    pub timers: TimerPolicy,
-    pub lease: LeaseTiming,
-    pub poll_every: Duration,
+    /// The core's settings, declared once in the core.
+    pub dispatch: DispatchSettings,
     pub http_addr: SocketAddr,
     pub http_adapter: Option<HttpAdapterConfig>,
-    pub shutdown_grace: Duration,
-    pub access: AccessList,
 }
 
 /// An http(s) URL with a host, or an error naming the variable. Returned without a
@@ -510,16 +507,20 @@ impl Config {
             llm,
             echo_by_default: s.llm.is_none() && matches!(kind, LlmKind::Echo),
             llm_retries: s.llm_retries,
-            max_reply_chars: s.max_reply_chars,
             history,
             database: database_path(&s.database_url)?,
-            timers,
-            lease,
-            poll_every: positive("LULL_POLL_MS", s.poll_ms)?,
+            dispatch: DispatchSettings {
+                timers,
+                lease,
+                poll_every: positive("LULL_POLL_MS", s.poll_ms)?,
+                history: history.exchanges(),
+                shutdown_grace: Duration::from_millis(s.shutdown_grace_ms),
+                access: s.allowed_users.clone(),
+                max_reply_chars: s.max_reply_chars,
+                ..DispatchSettings::default()
+            },
             http_addr: s.http_addr,
             http_adapter,
-            shutdown_grace: Duration::from_millis(s.shutdown_grace_ms),
-            access: s.allowed_users.clone(),
         })
     }
 }
@@ -583,9 +584,15 @@ mod tests {
         let config = Config::from_settings(&settings(&[])).unwrap();
         assert!(matches!(config.llm, LlmConfig::Echo(_)));
         assert_eq!(config.database, PathBuf::from("lull.db"));
-        assert_eq!(config.timers.debounce(), Duration::from_millis(1500));
-        assert_eq!(config.timers.max_wait(), Duration::from_millis(10_000));
-        assert_eq!(config.lease.ttl(), Duration::from_secs(30));
+        assert_eq!(
+            config.dispatch.timers.debounce(),
+            Duration::from_millis(1500)
+        );
+        assert_eq!(
+            config.dispatch.timers.max_wait(),
+            Duration::from_millis(10_000)
+        );
+        assert_eq!(config.dispatch.lease.ttl(), Duration::from_secs(30));
         assert!(
             config.telegram.is_none() && config.discord.is_none() && config.http_adapter.is_none()
         );

@@ -17,8 +17,9 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::lease_keeper::LeaseKeeper;
 use super::round::Interrupt;
-use super::{Dispatcher, Event, LeaseKeeper};
+use super::{Dispatcher, Event};
 use crate::domain::{ConversationId, Timestamp};
 use crate::metrics as names;
 use crate::store::{OutboxKind, OutboxRow};
@@ -40,13 +41,12 @@ enum PartResult {
     GaveUp,
 }
 
-/// One row's delivery under a lease: what each of its attempts needs.
-struct RowDelivery<'a> {
-    conversation: ConversationId,
-    row: &'a OutboxRow,
-    outbound: &'a dyn Outbound,
-    keeper: &'a LeaseKeeper,
-    stop: &'a CancellationToken,
+/// Delivery of a conversation's outbox under its lease.
+pub(super) struct Delivery<'a> {
+    pub(super) dispatcher: &'a Dispatcher,
+    pub(super) conversation: ConversationId,
+    pub(super) keeper: &'a LeaseKeeper,
+    pub(super) stop: &'a CancellationToken,
 }
 
 /// What to do after a failed attempt.
@@ -96,49 +96,29 @@ pub(crate) fn next_attempt(
     }
 }
 
-impl Dispatcher {
+impl Delivery<'_> {
     /// Deliver every due outbox row of a conversation, oldest first. A row that
     /// cannot be delivered now is deferred and holds back the rows behind it.
-    pub(crate) async fn deliver_due(
-        &self,
-        conversation: ConversationId,
-        keeper: &LeaseKeeper,
-        stop: &CancellationToken,
-    ) -> Result<(), Interrupt> {
-        let rows = self
-            .store
-            .due_outbox(conversation, self.clock.now())
-            .await?;
+    pub(super) async fn deliver_due(&self) -> Result<(), Interrupt> {
+        let d = self.dispatcher;
+        let rows = d.store.due_outbox(self.conversation, d.clock.now()).await?;
         for row in rows {
-            let Some(outbound) = self.outbounds.get(&row.conversation.platform).cloned() else {
+            let Some(outbound) = d.outbounds.get(&row.conversation.platform).cloned() else {
                 continue;
             };
-            self.deliver_row(conversation, &row, outbound.as_ref(), keeper, stop)
-                .await?;
+            self.deliver_row(&row, outbound.as_ref()).await?;
         }
         Ok(())
     }
 
-    async fn deliver_row(
-        &self,
-        conversation: ConversationId,
-        row: &OutboxRow,
-        outbound: &dyn Outbound,
-        keeper: &LeaseKeeper,
-        stop: &CancellationToken,
-    ) -> Result<(), Interrupt> {
+    async fn deliver_row(&self, row: &OutboxRow, outbound: &dyn Outbound) -> Result<(), Interrupt> {
+        let d = self.dispatcher;
+        let conversation = self.conversation;
         let parts = outbound.split(&row.text);
         let count = parts.len();
-        let delivery = RowDelivery {
-            conversation,
-            row,
-            outbound,
-            keeper,
-            stop,
-        };
         let mut attempts = row.attempts;
         for (index, text) in parts.iter().enumerate().skip(row.parts_sent as usize) {
-            if keeper.is_lost() {
+            if self.keeper.is_lost() {
                 return Err(Interrupt::LeaseLost);
             }
             let part = OutgoingPart {
@@ -152,11 +132,11 @@ impl Dispatcher {
                 reply_to: row.reply_to.as_deref(),
                 covers: &row.covers,
             };
-            match self.send_part(&delivery, &part, &mut attempts).await? {
+            match self.send_part(row, outbound, &part, &mut attempts).await? {
                 PartResult::Sent => {
                     let done = index + 1 == count;
-                    self.store
-                        .mark_sent(row.id, (index + 1) as u32, done, self.clock.now())
+                    d.store
+                        .mark_sent(row.id, (index + 1) as u32, done, d.clock.now())
                         .await?;
                 }
                 PartResult::Deferred => return Err(Interrupt::Deferred),
@@ -167,7 +147,7 @@ impl Dispatcher {
             metrics::counter!(names::REPLIES_SENT).increment(1);
         }
         tracing::debug!(%conversation, outbox = %row.id, parts = count, kind = row.kind.as_str(), "delivered");
-        self.emit(Event::Delivered {
+        d.emit(Event::Delivered {
             conversation,
             outbox: row.id,
         });
@@ -180,17 +160,13 @@ impl Dispatcher {
     /// row.
     async fn send_part(
         &self,
-        delivery: &RowDelivery<'_>,
+        row: &OutboxRow,
+        outbound: &dyn Outbound,
         part: &OutgoingPart<'_>,
         attempts: &mut u32,
     ) -> Result<PartResult, Interrupt> {
-        let RowDelivery {
-            conversation,
-            row,
-            outbound,
-            keeper,
-            stop,
-        } = *delivery;
+        let d = self.dispatcher;
+        let (conversation, keeper, stop) = (self.conversation, self.keeper, self.stop);
         for attempt in 1..=SEND_ATTEMPTS {
             // A send never outlives the lease, nor the hard stop: the future is dropped
             // (the request abandoned) and the row stays for the next holder.
@@ -205,18 +181,17 @@ impl Dispatcher {
                 Err(error) => error,
             };
             *attempts += 1;
-            let now = self.clock.now();
+            let now = d.clock.now();
             let retry_at =
                 match next_attempt(&error, *attempts, row.created_at, outbound.max_age(), now) {
                     Retry::At(at) => at,
                     Retry::GiveUp(why) => {
-                        self.dead_letter(conversation, row, &error, *attempts, &why, now)
-                            .await?;
+                        self.dead_letter(row, &error, *attempts, &why, now).await?;
                         return Ok(PartResult::GaveUp);
                     }
                 };
             // No secret reaches the database, whatever an adapter's error quoted.
-            self.store
+            d.store
                 .defer_outbox(
                     row.id,
                     retry_at,
@@ -247,7 +222,6 @@ impl Dispatcher {
     /// Dead-letter a row: recorded as failed for good, reported once.
     async fn dead_letter(
         &self,
-        conversation: ConversationId,
         row: &OutboxRow,
         error: &SendError,
         attempts: u32,
@@ -255,7 +229,8 @@ impl Dispatcher {
         now: Timestamp,
     ) -> Result<(), Interrupt> {
         let error = lull_port::secrets::redact(error.to_string());
-        self.store.fail_outbox(row.id, &error, now).await?;
+        let d = self.dispatcher;
+        d.store.fail_outbox(row.id, &error, now).await?;
         if row.kind == OutboxKind::Reply {
             metrics::counter!(names::REPLIES_FAILED).increment(1);
         }
@@ -268,8 +243,8 @@ impl Dispatcher {
             "gave up delivering a {}: {why}",
             row.kind.as_str()
         );
-        self.emit(Event::DeadLettered {
-            conversation,
+        d.emit(Event::DeadLettered {
+            conversation: self.conversation,
             outbox: row.id,
         });
         Ok(())

@@ -11,13 +11,40 @@ use std::sync::{Arc, Mutex};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::Dispatcher;
 use crate::clock::Clock;
-use crate::domain::Lease;
+use crate::domain::{Lease, LeaseKey};
 use crate::store::{Store, StoreError};
 use crate::timing::LeaseTiming;
 
+/// Claim `key` for this process by compare-and-swap and keep it renewed until the
+/// keeper is released or dropped. `Ok(None)`: another process holds it.
+pub(super) async fn claim(
+    dispatcher: &Dispatcher,
+    key: LeaseKey,
+) -> Result<Option<LeaseKeeper>, StoreError> {
+    let timing = dispatcher.settings.lease;
+    let lease = dispatcher
+        .store
+        .claim_lease(
+            &key,
+            &dispatcher.holder,
+            timing.ttl(),
+            dispatcher.clock.now(),
+        )
+        .await?;
+    Ok(lease.map(|lease| {
+        LeaseKeeper::start(
+            dispatcher.store.clone(),
+            dispatcher.clock.clone(),
+            lease,
+            timing,
+        )
+    }))
+}
+
 /// A claimed lease, renewed in the background until released or dropped.
-pub struct LeaseKeeper {
+pub(super) struct LeaseKeeper {
     /// The latest renewed lease. A std mutex: held only to copy or replace a value,
     /// never across an await.
     lease: Arc<Mutex<Lease>>,
@@ -30,7 +57,7 @@ pub struct LeaseKeeper {
 }
 
 impl LeaseKeeper {
-    pub fn start(
+    fn start(
         store: Arc<dyn Store>,
         clock: Arc<dyn Clock>,
         lease: Lease,
@@ -74,27 +101,27 @@ impl LeaseKeeper {
     }
 
     /// The lease as last renewed: what writes under it must present.
-    pub fn lease(&self) -> Lease {
+    pub(super) fn lease(&self) -> Lease {
         self.lease.lock().expect("lease mutex poisoned").clone()
     }
 
     /// Completes when the lease is found lost.
-    pub async fn lost(&self) {
+    pub(super) async fn lost(&self) {
         self.lost.cancelled().await
     }
 
-    pub fn is_lost(&self) -> bool {
+    pub(super) fn is_lost(&self) -> bool {
         self.lost.is_cancelled()
     }
 
     /// Mark the lease lost (a fenced write was refused).
-    pub fn mark_lost(&self) {
+    pub(super) fn mark_lost(&self) {
         self.lost.cancel();
     }
 
     /// Stop renewing and give the lease back, so another process can claim the
     /// conversation at once instead of after the TTL.
-    pub async fn release(self) {
+    pub(super) async fn release(self) {
         self.renewer.abort();
         if self.is_lost() {
             return;

@@ -1,41 +1,51 @@
-//! The dispatcher: ingest, scheduler, lease, final check, delivery.
+//! The dispatcher: the core's one engine, one job per module.
 //!
-//! - [`Dispatcher::ingest`] stores a message in one transaction (version bump, timer
-//!   armed) and returns; it never waits for the model.
-//! - [`Dispatcher::run`] is the scheduler: it sleeps until the earliest due timer
-//!   (woken at once for timers this process armed, polling for timers other processes
-//!   armed) and starts a round per due conversation.
-//! - A round (`round.rs`) claims the conversation's lease, delivers any committed but
-//!   undelivered replies, collects the pending messages, generates one reply while
-//!   renewing the lease, and commits it only if the conversation has not moved on.
+//! - [`ingest`]: an inbound update is stored in one transaction (version bump, timer
+//!   armed), or answered at once (a command, a denial); nothing waits for the model.
+//! - [`scheduler`]: sleeps until the earliest deadline (woken at once for work this
+//!   process armed, polling for work other processes armed) and starts a round per
+//!   due conversation.
+//! - [`round`]: under the conversation's lease, collects the pending messages,
+//!   generates one reply while renewing the lease, and commits it only if the
+//!   conversation has not moved on (the final check); then delivers.
+//! - [`delivery`]: sends outbox rows in order, part by part, recording every attempt,
+//!   retrying with backoff, dead-lettering what cannot go out.
+//! - [`sessions`]: elects the one process that holds a platform connection and runs
+//!   the adapter's sessions.
+//! - [`lease_keeper`]: claims a lease and renews it for as long as the work it protects.
+//!
+//! [`Dispatcher`] holds what they share; it is also the adapters' [`lull_port::Intake`].
 
 mod delivery;
 pub mod events;
+mod ingest;
 mod lease_keeper;
 mod round;
 mod scheduler;
 mod sessions;
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{Notify, Semaphore, broadcast};
+use lull_port::{Health, Inbound, Incoming, Outbound};
+use tokio::sync::{Notify, broadcast};
+use tokio_util::sync::CancellationToken;
 
 pub use events::Event;
-pub use lease_keeper::LeaseKeeper;
+pub use lull_port::{Accepted, IngestError};
+pub use sessions::SessionsEnded;
 
 use crate::access::AccessList;
 use crate::clock::Clock;
-use crate::commands::{self, Command};
-use crate::domain::{ConversationId, HolderId, LeaseKey, Platform, Timestamp};
+use crate::domain::{HolderId, Platform, Timestamp};
 use crate::llm::Responder;
-use crate::metrics as names;
-use crate::store::{IngestOutcome, MessageEdit, NewMessage, NewNotice, Store, StoreError};
+use crate::store::{Store, StoreError};
 use crate::timing::{LeaseTiming, TimerPolicy};
-use lull_port::{Content, Incoming, IncomingKind, Outbound};
 
-/// The dispatcher's settings, validated before they get here.
+/// The dispatcher's settings, validated before they get here. The one declaration of
+/// the core's settings: the binary fills it from the environment, tests from
+/// [`Default`] (the contract's defaults).
 #[derive(Debug, Clone)]
 pub struct DispatchSettings {
     pub timers: TimerPolicy,
@@ -57,9 +67,8 @@ pub struct DispatchSettings {
     pub max_reply_chars: usize,
 }
 
-impl DispatchSettings {
-    /// Settings with the contract's defaults, for tests and embedding.
-    pub fn defaults() -> Self {
+impl Default for DispatchSettings {
+    fn default() -> Self {
         Self {
             timers: TimerPolicy::new(
                 Duration::from_millis(1500),
@@ -91,34 +100,26 @@ pub const MAX_REPLY_CHARS: usize = 16_000;
 /// The smallest `LULL_MAX_REPLY_CHARS`: room for some reply and the note that it was cut.
 pub const MIN_REPLY_CHARS: usize = 100;
 
-pub use lull_port::{Accepted, IngestError};
-
 impl From<StoreError> for IngestError {
     fn from(e: StoreError) -> Self {
         IngestError::NotStored(e.to_string())
     }
 }
 
-/// The core of lull. Shared by the adapters (which call [`Dispatcher::ingest`]) and
-/// the scheduler task ([`Dispatcher::run`]).
+/// The core of lull: what ingest, the scheduler, rounds, delivery and platform
+/// sessions share. Shared by the adapters (through [`lull_port::Intake`]) and the
+/// scheduler task ([`Dispatcher::run`]).
 pub struct Dispatcher {
     store: Arc<dyn Store>,
     responder: Arc<dyn Responder>,
     outbounds: HashMap<Platform, Arc<dyn Outbound>>,
     settings: DispatchSettings,
     clock: Arc<dyn Clock>,
+    /// This process as a lease holder; unique per start.
     holder: HolderId,
-    /// Wakes the scheduler: a timer armed here, a round that ended.
+    /// Wakes the scheduler: a timer armed or a notice queued here, a round that ended.
     wake: Notify,
     events: broadcast::Sender<Event>,
-    /// Conversations with a round running in this process, so the scheduler does not
-    /// start a second one that would only contend for the lease. A std mutex: held
-    /// for a set operation, never across an await.
-    in_flight: Mutex<HashSet<ConversationId>>,
-    /// Conversations whose last round failed unexpectedly, not retried before the
-    /// given time (so a persistent error cannot spin the scheduler).
-    cooling: Mutex<HashMap<ConversationId, Timestamp>>,
-    round_slots: Semaphore,
 }
 
 impl Dispatcher {
@@ -130,7 +131,6 @@ impl Dispatcher {
         clock: Arc<dyn Clock>,
     ) -> Arc<Self> {
         let (events, _) = broadcast::channel(4096);
-        let round_slots = Semaphore::new(settings.max_rounds.max(1));
         Arc::new(Self {
             store,
             responder,
@@ -140,9 +140,6 @@ impl Dispatcher {
             holder: HolderId::generate(),
             wake: Notify::new(),
             events,
-            in_flight: Mutex::new(HashSet::new()),
-            cooling: Mutex::new(HashMap::new()),
-            round_slots,
         })
     }
 
@@ -151,207 +148,49 @@ impl Dispatcher {
         self.events.subscribe()
     }
 
+    /// The store this dispatcher works on (for `lull chat`'s "all answered?" check and
+    /// for tests; adapters never see it).
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
-    }
-
-    pub fn holder(&self) -> &HolderId {
-        &self.holder
-    }
-
-    pub fn settings(&self) -> &DispatchSettings {
-        &self.settings
-    }
-
-    /// The platforms this process serves: only their timers are taken.
-    pub fn platforms(&self) -> Vec<Platform> {
-        let mut platforms: Vec<Platform> = self.outbounds.keys().copied().collect();
-        platforms.sort();
-        platforms
-    }
-
-    /// Claim `key` for this process by compare-and-swap and keep it renewed until the
-    /// keeper is released or dropped. `Ok(None)`: another process holds it.
-    async fn claim(&self, key: LeaseKey) -> Result<Option<LeaseKeeper>, StoreError> {
-        let lease = self
-            .store
-            .claim_lease(
-                &key,
-                &self.holder,
-                self.settings.lease.ttl(),
-                self.clock.now(),
-            )
-            .await?;
-        Ok(lease.map(|lease| {
-            LeaseKeeper::start(
-                self.store.clone(),
-                self.clock.clone(),
-                lease,
-                self.settings.lease,
-            )
-        }))
-    }
-
-    fn emit(&self, event: Event) {
-        // No subscriber is fine.
-        let _ = self.events.send(event);
     }
 
     /// Accept an inbound update. Returns once it is stored (or refused); the reply
     /// comes later, from a round. When this returns `Ok`, the adapter may acknowledge
     /// the update to its platform: it will not be lost.
     pub async fn ingest(&self, incoming: Incoming) -> Result<Accepted, IngestError> {
-        let platform = incoming.conversation.platform;
-        if !self.outbounds.contains_key(&platform) {
-            return Err(IngestError::UnknownPlatform(platform));
-        }
-        let now = self.clock.now();
-        if !self.settings.access.allows(platform, &incoming.user_id) {
-            if incoming.kind == IncomingKind::New {
-                self.deny(&incoming, now).await?;
-            }
-            return Ok(Accepted::Denied);
-        }
-        let text = match incoming.content {
-            Content::Text(ref text) => text.clone(),
-            Content::Unsupported(ref what) => {
-                if incoming.kind == IncomingKind::New {
-                    self.notify(
-                        &incoming,
-                        commands::unsupported_text(what),
-                        "unsupported",
-                        now,
-                    )
-                    .await?;
-                }
-                return Ok(Accepted::Unsupported);
-            }
-        };
-        if text.trim().is_empty() {
-            return Err(IngestError::Empty);
-        }
-        let chars = lull_port::split::char_len(&text);
-        if chars > self.settings.max_message_chars {
-            return Err(IngestError::TooLong {
-                chars,
-                max: self.settings.max_message_chars,
-            });
-        }
-        if incoming.kind == IncomingKind::New
-            && let Some(command) = Command::parse(&text)
-        {
-            self.command(&incoming, command, now).await?;
-            return Ok(Accepted::Command(command));
-        }
-        let outcome = match incoming.kind {
-            IncomingKind::New => {
-                let message = NewMessage {
-                    conversation: incoming.conversation,
-                    is_group: incoming.is_group,
-                    message_id: incoming.message_id,
-                    user_id: incoming.user_id,
-                    author: incoming.author,
-                    text,
-                };
-                self.store
-                    .ingest(message, self.settings.timers, &self.holder, now)
-                    .await?
-            }
-            IncomingKind::Edit => {
-                let edit = MessageEdit {
-                    conversation: incoming.conversation,
-                    message_id: incoming.message_id,
-                    text,
-                };
-                self.store
-                    .edit(edit, self.settings.timers, &self.holder, now)
-                    .await?
-            }
-        };
-        Ok(match outcome {
-            IngestOutcome::Stored {
-                conversation,
-                version,
-                due_at,
-            } => {
-                metrics::counter!(names::MESSAGES_INGESTED).increment(1);
-                tracing::debug!(%conversation, %version, due_in_ms = now.until(due_at).as_millis() as u64, "message stored");
-                self.emit(Event::Ingested {
-                    conversation,
-                    version,
-                });
-                self.wake.notify_one();
-                Accepted::Stored {
-                    conversation,
-                    version,
-                }
-            }
-            IngestOutcome::Duplicate { conversation } => {
-                tracing::debug!(%conversation, "redelivered message ignored");
-                Accepted::Duplicate
-            }
-            IngestOutcome::EditIgnored => Accepted::EditIgnored,
-        })
+        ingest::ingest(self, incoming).await
     }
 
-    async fn command(
-        &self,
-        incoming: &Incoming,
-        command: Command,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
-        let text = match command {
-            Command::Start | Command::Help => commands::HELP_TEXT.to_owned(),
-            Command::Reset => {
-                self.store
-                    .reset_context(&incoming.conversation, incoming.is_group, &self.holder, now)
-                    .await?;
-                commands::RESET_TEXT.to_owned()
-            }
-        };
-        tracing::info!(conversation = %incoming.conversation, command = command.name(), "command");
-        self.notify(incoming, text, command.name(), now).await
+    /// Run the scheduler until `shutdown` fires, then let rounds in flight finish
+    /// within the grace period; rounds still running after it are stopped (their
+    /// generations and sends cancelled, their outbox rows kept) and hand their leases
+    /// back, so another process takes over at once.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        scheduler::Scheduler::new(self).run(shutdown).await
     }
 
-    /// Queue a notice answering `incoming`, once per message (a redelivered command
-    /// is not answered twice), and wake the scheduler to deliver it.
-    async fn notify(
-        &self,
-        incoming: &Incoming,
-        text: String,
-        what: &str,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
-        let notice = NewNotice {
-            conversation: incoming.conversation.clone(),
-            is_group: incoming.is_group,
-            text,
-            reply_to: incoming.is_group.then(|| incoming.message_id.clone()),
-            dedupe_key: format!("{what}/{}/{}", incoming.conversation, incoming.message_id),
-        };
-        if self.store.enqueue_notice(notice, &self.holder, now).await? {
-            self.wake.notify_one();
-        }
-        Ok(())
+    /// Hold `inbound`'s platform connection whenever this process wins its poller
+    /// lease, one session at a time, until `shutdown`; an error when a session says
+    /// trying again cannot help (a rejected token). See [`sessions`].
+    pub async fn serve_platform(
+        self: &Arc<Self>,
+        inbound: Arc<dyn Inbound>,
+        health: Health,
+        shutdown: CancellationToken,
+    ) -> Result<(), SessionsEnded> {
+        sessions::serve(self, inbound, health, shutdown).await
     }
 
-    /// Tell an unlisted user how to get access: once a day per user, whatever they
-    /// send, and nothing reaches the model.
-    async fn deny(&self, incoming: &Incoming, now: Timestamp) -> Result<(), StoreError> {
-        let platform = incoming.conversation.platform;
-        tracing::info!(%platform, user = %incoming.user_id, "message from a user not in LULL_ALLOWED_USERS");
-        let day = now.0 / 86_400_000;
-        let notice = NewNotice {
-            conversation: incoming.conversation.clone(),
-            is_group: incoming.is_group,
-            text: AccessList::denial_text(platform, &incoming.user_id),
-            reply_to: incoming.is_group.then(|| incoming.message_id.clone()),
-            dedupe_key: format!("denied/{platform}/{}/{day}", incoming.user_id),
-        };
-        if self.store.enqueue_notice(notice, &self.holder, now).await? {
-            self.wake.notify_one();
-        }
-        Ok(())
+    /// The platforms this process serves: only their timers are taken.
+    fn platforms(&self) -> Vec<Platform> {
+        let mut platforms: Vec<Platform> = self.outbounds.keys().copied().collect();
+        platforms.sort();
+        platforms
+    }
+
+    fn emit(&self, event: Event) {
+        // No subscriber is fine.
+        let _ = self.events.send(event);
     }
 }
 

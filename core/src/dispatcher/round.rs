@@ -1,49 +1,23 @@
-//! One round for one conversation: claim, deliver what is owed, collect, generate
-//! once, final check, deliver. Every step after the claim runs under the lease; a
-//! lost lease abandons the round wherever it is.
+//! One round for one conversation: claim the lease, collect, generate once, final
+//! check, then deliver what the outbox holds. Every step after the claim runs under
+//! the lease; a lost lease abandons the round wherever it is.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{Dispatcher, Event, LeaseKeeper};
+use super::delivery::Delivery;
+use super::lease_keeper::{LeaseKeeper, claim};
+use super::{Dispatcher, Event};
 use crate::domain::{ConversationId, LeaseKey};
 use crate::llm::{FailureKind, Generation, LlmError, Prompt};
 use crate::metrics as names;
 use crate::store::{Batch, CommitOutcome, NewNotice, NewReply, StoreError};
 use crate::timing::FAILURE_BACKOFF;
 
-/// How a round ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum RoundEnd {
-    /// Nothing was due after all (another round got there first, or only a future
-    /// timer remains).
-    Idle,
-    /// Another process holds the lease.
-    Contended,
-    /// A reply was committed and delivered.
-    Answered,
-    /// A newer message made the reply stale; it was dropped and the timer kept.
-    Stale,
-    /// The model failed; the messages stay pending with a backoff.
-    LlmFailed,
-    /// The model cannot answer the batch (too long, or refused): the user was told
-    /// and the batch ended.
-    GaveUp,
-    /// Delivery was deferred (platform rate limit or outage).
-    Deferred,
-    /// The lease was lost mid-round; nothing more was written.
-    LeaseLost,
-    /// Shutdown stopped the round; the lease was handed back.
-    Stopped,
-    /// An unexpected error (database trouble): the scheduler cools the conversation
-    /// down before trying again.
-    Failed,
-}
-
 /// Why a step ended the round early.
-pub(crate) enum Interrupt {
+pub(super) enum Interrupt {
     LeaseLost,
     Stopped,
     Deferred,
@@ -55,30 +29,6 @@ impl From<StoreError> for Interrupt {
         match e {
             StoreError::LeaseLost(_) => Interrupt::LeaseLost,
             other => Interrupt::Store(other),
-        }
-    }
-}
-
-impl Interrupt {
-    fn into_end(
-        self,
-        dispatcher: &Dispatcher,
-        conversation: ConversationId,
-        keeper: &LeaseKeeper,
-    ) -> RoundEnd {
-        match self {
-            Interrupt::LeaseLost => {
-                keeper.mark_lost();
-                tracing::warn!(%conversation, "lease lost mid-round; abandoning");
-                dispatcher.emit(Event::LeaseLost { conversation });
-                RoundEnd::LeaseLost
-            }
-            Interrupt::Stopped => RoundEnd::Stopped,
-            Interrupt::Deferred => RoundEnd::Deferred,
-            Interrupt::Store(e) => {
-                tracing::error!(%conversation, error = %e, "round failed");
-                RoundEnd::Failed
-            }
         }
     }
 }
@@ -97,98 +47,124 @@ or split it into smaller parts.";
 const REFUSED_TEXT: &str = "Sorry, I couldn't answer: the language model service refused \
 the request. The bot's operator can find the reason in the logs; please try again later.";
 
-impl Dispatcher {
-    /// Run one round for `conversation`. `stop` is the hard stop of shutdown: the round
-    /// abandons its work and hands the lease back.
-    pub(crate) async fn round(
-        self: &Arc<Self>,
-        conversation: ConversationId,
-        stop: &CancellationToken,
-    ) -> RoundEnd {
-        let keeper = match self.claim(LeaseKey::Conversation(conversation)).await {
-            Ok(Some(keeper)) => keeper,
-            Ok(None) => {
-                metrics::counter!(names::LEASE_CONTENDED).increment(1);
-                tracing::debug!(%conversation, "lease contended: another process is answering");
-                self.emit(Event::Contended { conversation });
-                return RoundEnd::Contended;
-            }
-            Err(e) => {
-                tracing::warn!(%conversation, error = %e, "could not claim a lease");
-                return RoundEnd::Failed;
-            }
-        };
-        self.emit(Event::Claimed {
-            conversation,
-            token: keeper.lease().token,
-        });
-        let end = match self.under_lease(conversation, &keeper, stop).await {
-            Ok(end) => end,
-            Err(interrupt) => interrupt.into_end(self, conversation, &keeper),
-        };
-        keeper.release().await;
-        self.emit(Event::RoundEnded { conversation });
-        end
+/// Run one round for `conversation`. `stop` is the hard stop of shutdown: the round
+/// abandons its work and hands the lease back. `Err` only for unexpected database
+/// trouble, after which the scheduler cools the conversation down; another process
+/// holding the lease, a lost lease, a deferred delivery or a stop are all `Ok`.
+pub(super) async fn run(
+    dispatcher: &Arc<Dispatcher>,
+    conversation: ConversationId,
+    stop: &CancellationToken,
+) -> Result<(), StoreError> {
+    let keeper = match claim(dispatcher, LeaseKey::Conversation(conversation)).await {
+        Ok(Some(keeper)) => keeper,
+        Ok(None) => {
+            metrics::counter!(names::LEASE_CONTENDED).increment(1);
+            tracing::debug!(%conversation, "lease contended: another process is answering");
+            dispatcher.emit(Event::Contended { conversation });
+            return Ok(());
+        }
+        Err(e) => {
+            tracing::warn!(%conversation, error = %e, "could not claim a lease");
+            return Err(e);
+        }
+    };
+    dispatcher.emit(Event::Claimed {
+        conversation,
+        token: keeper.lease().token,
+    });
+    let round = Round {
+        dispatcher,
+        conversation,
+        keeper: &keeper,
+        stop,
+    };
+    let result = match round.under_lease().await {
+        Ok(()) | Err(Interrupt::Stopped | Interrupt::Deferred) => Ok(()),
+        Err(Interrupt::LeaseLost) => {
+            keeper.mark_lost();
+            tracing::warn!(%conversation, "lease lost mid-round; abandoning");
+            dispatcher.emit(Event::LeaseLost { conversation });
+            Ok(())
+        }
+        Err(Interrupt::Store(e)) => {
+            tracing::error!(%conversation, error = %e, "round failed");
+            Err(e)
+        }
+    };
+    keeper.release().await;
+    dispatcher.emit(Event::RoundEnded { conversation });
+    result
+}
+
+/// One round under a conversation's lease.
+struct Round<'a> {
+    dispatcher: &'a Dispatcher,
+    conversation: ConversationId,
+    keeper: &'a LeaseKeeper,
+    stop: &'a CancellationToken,
+}
+
+impl Round<'_> {
+    async fn under_lease(&self) -> Result<(), Interrupt> {
+        self.answer().await?;
+        // Then what the outbox holds, in its order: rows owed from earlier (a crashed
+        // holder, a deferred send), notices, and what this round committed.
+        Delivery {
+            dispatcher: self.dispatcher,
+            conversation: self.conversation,
+            keeper: self.keeper,
+            stop: self.stop,
+        }
+        .deliver_due()
+        .await
     }
 
-    async fn under_lease(
-        &self,
-        conversation: ConversationId,
-        keeper: &LeaseKeeper,
-        stop: &CancellationToken,
-    ) -> Result<RoundEnd, Interrupt> {
-        // Replies committed earlier but not delivered (a crashed holder, a deferred
-        // send) and notices go first, in outbox order.
-        self.deliver_due(conversation, keeper, stop).await?;
-
-        let batch = self
-            .store
-            .collect(conversation, self.settings.history)
-            .await?;
-        let now = self.clock.now();
+    /// Answer the pending messages, if any are due: collect, generate once, and the
+    /// final check. A failure of the model keeps them pending (or ends the batch when
+    /// retrying cannot help), with a notice.
+    async fn answer(&self) -> Result<(), Interrupt> {
+        let d = self.dispatcher;
+        let conversation = self.conversation;
+        let batch = d.store.collect(conversation, d.settings.history).await?;
+        let now = d.clock.now();
         if batch.pending.is_empty() {
             if batch.timer.is_some() {
-                self.store
-                    .disarm_idle_timer(&keeper.lease(), batch.v0, now)
+                d.store
+                    .disarm_idle_timer(&self.keeper.lease(), batch.v0, now)
                     .await?;
             }
-            return Ok(RoundEnd::Idle);
+            return Ok(());
         }
         if batch.timer.is_some_and(|t| t.due_at > now) {
-            return Ok(RoundEnd::Idle);
+            return Ok(());
         }
 
         let started = Instant::now();
         let generated = tokio::select! {
             generated = self.generate(&batch) => generated,
-            () = keeper.lost() => return Err(Interrupt::LeaseLost),
-            () = stop.cancelled() => return Err(Interrupt::Stopped),
+            () = self.keeper.lost() => return Err(Interrupt::LeaseLost),
+            () = self.stop.cancelled() => return Err(Interrupt::Stopped),
         };
         let llm_time = started.elapsed();
         let generation = match generated {
             Ok(generation) => generation,
             Err(error) if error.kind() == FailureKind::Transient => {
-                return self.generation_failed(&batch, keeper, stop, error).await;
+                return self.generation_failed(&batch, error).await;
             }
-            Err(error) => return self.give_up(&batch, keeper, stop, error).await,
+            Err(error) => return self.give_up(&batch, error).await,
         };
 
         let reply = NewReply {
-            text: self.bounded(conversation, generation.text),
+            text: self.bounded(generation.text),
             usage: generation.usage,
             llm_ms: llm_time.as_millis() as u64,
         };
-        let lease = keeper.lease();
+        let lease = self.keeper.lease();
         // The final check: lease still ours and nothing new since v0 (or the cap).
-        match self
+        match d
             .store
-            .commit_reply(
-                &lease,
-                &batch,
-                reply,
-                self.settings.timers,
-                self.clock.now(),
-            )
+            .commit_reply(&lease, &batch, reply, d.settings.timers, d.clock.now())
             .await?
         {
             CommitOutcome::Committed { outbox, forced } => {
@@ -204,31 +180,30 @@ impl Dispatcher {
                     forced,
                     "reply committed"
                 );
-                self.emit(Event::Committed {
+                d.emit(Event::Committed {
                     conversation,
                     outbox,
                     v0: batch.v0,
                     batch: batch.pending.len(),
                     forced,
                 });
-                self.deliver_due(conversation, keeper, stop).await?;
-                Ok(RoundEnd::Answered)
             }
             CommitOutcome::Stale { version } => {
                 metrics::counter!(names::REPLIES_DROPPED_STALE).increment(1);
                 tracing::debug!(%conversation, v0 = batch.v0.0, version = version.0, "stale reply dropped: a newer message arrived");
-                self.emit(Event::DroppedStale {
+                d.emit(Event::DroppedStale {
                     conversation,
                     v0: batch.v0,
                     version,
                 });
-                Ok(RoundEnd::Stale)
             }
         }
+        Ok(())
     }
 
     /// Ask the model once, showing "typing…" on the platform meanwhile.
     async fn generate(&self, batch: &Batch) -> Result<Generation, LlmError> {
+        let d = self.dispatcher;
         let prompt = Prompt {
             conversation: batch.conversation.clone(),
             is_group: batch.is_group,
@@ -236,7 +211,7 @@ impl Dispatcher {
             batch: batch.pending.clone(),
             note: None,
         };
-        let outbound = self.outbounds.get(&batch.conversation.platform).cloned();
+        let outbound = d.outbounds.get(&batch.conversation.platform).cloned();
         let typing = async {
             match outbound
                 .as_ref()
@@ -252,7 +227,7 @@ impl Dispatcher {
             }
         };
         tokio::select! {
-            generated = self.responder.respond(&prompt) => generated,
+            generated = d.responder.respond(&prompt) => generated,
             never = typing => never,
         }
     }
@@ -260,9 +235,10 @@ impl Dispatcher {
     /// A reply as it may be committed, whichever responder wrote it: without any
     /// registered secret, and at most `max_reply_chars` long (cut at a paragraph, line
     /// or word, with a note saying so).
-    fn bounded(&self, conversation: ConversationId, text: String) -> String {
+    fn bounded(&self, text: String) -> String {
+        let conversation = self.conversation;
         let text = lull_port::secrets::redact(text);
-        let max = self.settings.max_reply_chars;
+        let max = self.dispatcher.settings.max_reply_chars;
         let note = format!("[… reply cut at {max} characters]");
         match lull_port::split::truncate(&text, max, &note) {
             Some(cut) => {
@@ -282,14 +258,9 @@ impl Dispatcher {
     /// refuses the request as configured. Tell the user once and end the batch (a
     /// give-up notice covers its messages), so the conversation moves on instead of
     /// retrying a request that fails the same way every time.
-    async fn give_up(
-        &self,
-        batch: &Batch,
-        keeper: &LeaseKeeper,
-        stop: &CancellationToken,
-        error: LlmError,
-    ) -> Result<RoundEnd, Interrupt> {
-        let conversation = batch.conversation_id;
+    async fn give_up(&self, batch: &Batch, error: LlmError) -> Result<(), Interrupt> {
+        let d = self.dispatcher;
+        let conversation = self.conversation;
         let text = if error.kind() == FailureKind::TooLong {
             tracing::warn!(%conversation, batch = batch.pending.len(), error = %error, "the messages are too long for the model even when cut; telling the user and moving on (if short prompts are refused too, check {})", error.setting());
             TOO_LONG_TEXT
@@ -297,48 +268,42 @@ impl Dispatcher {
             tracing::error!(%conversation, batch = batch.pending.len(), error = %error, "the model server refused the request; telling the user and moving on. Check {}", error.setting());
             REFUSED_TEXT
         };
-        let given_up = self
+        let given_up = d
             .store
             .give_up(
-                &keeper.lease(),
+                &self.keeper.lease(),
                 batch,
                 text,
-                self.settings.timers,
-                self.clock.now(),
+                d.settings.timers,
+                d.clock.now(),
             )
             .await?;
         if let Some(outbox) = given_up {
-            self.emit(Event::GaveUp {
+            d.emit(Event::GaveUp {
                 conversation,
                 outbox,
                 batch: batch.pending.len(),
                 error: error.to_string(),
             });
         }
-        self.deliver_due(conversation, keeper, stop).await?;
-        Ok(RoundEnd::GaveUp)
+        Ok(())
     }
 
     /// The model failed: keep the messages pending, back off, tell the user once.
-    async fn generation_failed(
-        &self,
-        batch: &Batch,
-        keeper: &LeaseKeeper,
-        stop: &CancellationToken,
-        error: LlmError,
-    ) -> Result<RoundEnd, Interrupt> {
-        let conversation = batch.conversation_id;
+    async fn generation_failed(&self, batch: &Batch, error: LlmError) -> Result<(), Interrupt> {
+        let d = self.dispatcher;
+        let conversation = self.conversation;
         let attempts = batch.timer.map_or(0, |t| t.attempts) + 1;
-        let now = self.clock.now();
+        let now = d.clock.now();
         // Growing backoff, and never sooner than the server asked.
         let wait = FAILURE_BACKOFF.delay_honouring(attempts, error.retry_after());
         let retry_at = now.plus(wait);
-        let attempts = self
+        let attempts = d
             .store
-            .record_failure(&keeper.lease(), retry_at, now)
+            .record_failure(&self.keeper.lease(), retry_at, now)
             .await?;
         tracing::warn!(%conversation, attempts, error = %error, retry_in_ms = now.until(retry_at).as_millis() as u64, "generation failed; messages stay pending");
-        self.emit(Event::GenerationFailed {
+        d.emit(Event::GenerationFailed {
             conversation,
             attempts,
             error: error.to_string(),
@@ -351,8 +316,7 @@ impl Dispatcher {
             reply_to: None,
             dedupe_key: format!("model-down/{}/{first}", batch.conversation),
         };
-        self.store.enqueue_notice(notice, &self.holder, now).await?;
-        self.deliver_due(conversation, keeper, stop).await?;
-        Ok(RoundEnd::LlmFailed)
+        d.store.enqueue_notice(notice, &d.holder, now).await?;
+        Ok(())
     }
 }

@@ -7,13 +7,14 @@
 //! by other processes, leases of crashed processes that expired). Between those it
 //! sleeps: an idle process makes one small query per poll interval.
 
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::Dispatcher;
-use super::round::RoundEnd;
+use super::{Dispatcher, round};
 use crate::domain::{ConversationId, Timestamp};
 use crate::metrics as names;
 use crate::store::{StoreError, WorkQuery};
@@ -24,44 +25,70 @@ const BATCH_LIMIT: usize = 256;
 /// conversation again.
 const COOL_DOWN: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// The scheduler of one process: which rounds run here, and which wait.
+pub(super) struct Scheduler {
+    dispatcher: Arc<Dispatcher>,
+    /// Conversations with a round running in this process, so the scheduler does not
+    /// start a second one that would only contend for the lease. A std mutex: held
+    /// for a set operation, never across an await.
+    in_flight: Mutex<HashSet<ConversationId>>,
+    /// Conversations whose last round failed unexpectedly, not retried before the
+    /// given time (so a persistent error cannot spin the scheduler).
+    cooling: Mutex<HashMap<ConversationId, Timestamp>>,
+    /// Rounds running at once (`max_rounds`).
+    round_slots: Semaphore,
+}
+
 /// Removes a conversation from the in-flight set when its round ends, however it ends.
 struct InFlight<'a> {
-    dispatcher: &'a Dispatcher,
+    scheduler: &'a Scheduler,
     conversation: ConversationId,
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        self.dispatcher
+        self.scheduler
             .in_flight
             .lock()
             .expect("in-flight set poisoned")
             .remove(&self.conversation);
-        self.dispatcher.wake.notify_one();
+        self.scheduler.dispatcher.wake.notify_one();
     }
 }
 
-impl Dispatcher {
-    /// Run the scheduler until `shutdown` fires, then let rounds in flight finish
-    /// within `shutdown_grace`; rounds still running after it are stopped (their
-    /// generations and sends cancelled, their outbox rows kept) and hand their leases
-    /// back, so another process takes over at once. Returns within the grace period
-    /// plus the time a stopped round needs to release its lease.
-    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+impl Scheduler {
+    pub(super) fn new(dispatcher: Arc<Dispatcher>) -> Arc<Self> {
+        let round_slots = Semaphore::new(dispatcher.settings.max_rounds.max(1));
+        Arc::new(Self {
+            dispatcher,
+            in_flight: Mutex::default(),
+            cooling: Mutex::default(),
+            round_slots,
+        })
+    }
+
+    /// Run until `shutdown` fires, then let rounds in flight finish within
+    /// `shutdown_grace`; rounds still running after it are stopped (their generations
+    /// and sends cancelled, their outbox rows kept) and hand their leases back, so
+    /// another process takes over at once. Returns within the grace period plus the
+    /// time a stopped round needs to release its lease.
+    pub(super) async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let dispatcher = &self.dispatcher;
+        let settings = &dispatcher.settings;
         let query = WorkQuery {
-            platforms: self.platforms(),
-            holder: self.holder.clone(),
-            handoff: self.settings.poll_every,
+            platforms: dispatcher.platforms(),
+            holder: dispatcher.holder.clone(),
+            handoff: settings.poll_every,
             limit: BATCH_LIMIT,
         };
-        tracing::info!(holder = %self.holder, platforms = ?query.platforms, "scheduler started");
+        tracing::info!(holder = %dispatcher.holder, platforms = ?query.platforms, "scheduler started");
         let rounds = TaskTracker::new();
         let hard_stop = CancellationToken::new();
         let mut gauge_at = Timestamp(0);
         loop {
-            let now = self.clock.now();
-            let mut wake_at = now.plus(self.settings.poll_every);
-            match self.store.due_work(&query, now).await {
+            let now = dispatcher.clock.now();
+            let mut wake_at = now.plus(settings.poll_every);
+            match dispatcher.store.due_work(&query, now).await {
                 Ok(work) => {
                     for conversation in work.ready {
                         self.start_round(conversation, now, &rounds, &hard_stop);
@@ -77,13 +104,13 @@ impl Dispatcher {
                 Err(e) => tracing::warn!(error = %e, "could not look for due work"),
             }
             if now >= gauge_at {
-                gauge_at = now.plus(self.settings.poll_every);
-                if let Ok(pending) = self.store.pending_conversations().await {
+                gauge_at = now.plus(settings.poll_every);
+                if let Ok(pending) = dispatcher.store.pending_conversations().await {
                     metrics::gauge!(names::PENDING_CONVERSATIONS).set(pending as f64);
                 }
             }
             tokio::select! {
-                () = self.wake.notified() => {}
+                () = dispatcher.wake.notified() => {}
                 () = tokio::time::sleep(now.until(wake_at)) => {}
                 () = shutdown.cancelled() => break,
             }
@@ -93,11 +120,11 @@ impl Dispatcher {
         if in_flight > 0 {
             tracing::info!(
                 in_flight,
-                grace_ms = self.settings.shutdown_grace.as_millis() as u64,
+                grace_ms = settings.shutdown_grace.as_millis() as u64,
                 "waiting for rounds in flight"
             );
         }
-        if tokio::time::timeout(self.settings.shutdown_grace, rounds.wait())
+        if tokio::time::timeout(settings.shutdown_grace, rounds.wait())
             .await
             .is_err()
         {
@@ -134,7 +161,7 @@ impl Dispatcher {
         let stop = hard_stop.clone();
         rounds.spawn(async move {
             let _in_flight = InFlight {
-                dispatcher: &this,
+                scheduler: &this,
                 conversation,
             };
             // A round still waiting for a slot at the hard stop never starts.
@@ -145,9 +172,11 @@ impl Dispatcher {
                 },
                 () = stop.cancelled() => return,
             };
-            let end = this.round(conversation, &stop).await;
-            if end == RoundEnd::Failed {
-                let until = this.clock.now().plus(COOL_DOWN);
+            if round::run(&this.dispatcher, conversation, &stop)
+                .await
+                .is_err()
+            {
+                let until = this.dispatcher.clock.now().plus(COOL_DOWN);
                 this.cooling
                     .lock()
                     .expect("cooling map poisoned")

@@ -13,7 +13,8 @@ use std::sync::Arc;
 use lull_port::{AdapterState, Backoff, Health, Inbound, SessionEnd};
 use tokio_util::sync::CancellationToken;
 
-use super::{Dispatcher, LeaseKeeper};
+use super::Dispatcher;
+use super::lease_keeper::{LeaseKeeper, claim};
 use crate::domain::{LeaseKey, Platform};
 
 /// Pauses between failed sessions of one platform.
@@ -30,91 +31,89 @@ pub struct SessionsEnded {
     pub reason: String,
 }
 
-impl Dispatcher {
-    /// Hold `inbound`'s platform connection whenever this process wins its poller
-    /// lease, one session at a time, until `shutdown`: standing by while another process
-    /// holds it, handing it over at once on shutdown or after a failed session (and
-    /// trying again after a backoff), and returning an error when a session says trying
-    /// again cannot help (a rejected token).
-    pub async fn serve_platform(
-        self: &Arc<Self>,
-        inbound: Arc<dyn Inbound>,
-        health: Health,
-        shutdown: CancellationToken,
-    ) -> Result<(), SessionsEnded> {
-        let platform = inbound.platform();
-        health.set(platform, AdapterState::Starting);
-        let mut failures = 0;
-        loop {
-            let Some(keeper) = self.elect(platform, &health, &shutdown).await else {
+/// Hold `inbound`'s platform connection whenever this process wins its poller lease,
+/// one session at a time, until `shutdown`: standing by while another process holds
+/// it, handing it over at once on shutdown or after a failed session (and trying again
+/// after a backoff), and returning an error when a session says trying again cannot
+/// help (a rejected token).
+pub(super) async fn serve(
+    dispatcher: &Arc<Dispatcher>,
+    inbound: Arc<dyn Inbound>,
+    health: Health,
+    shutdown: CancellationToken,
+) -> Result<(), SessionsEnded> {
+    let platform = inbound.platform();
+    health.set(platform, AdapterState::Starting);
+    let mut failures = 0;
+    loop {
+        let Some(keeper) = elect(dispatcher, platform, &health, &shutdown).await else {
+            return Ok(());
+        };
+        let session = keeper.session(platform, &shutdown, &health);
+        let end = inbound.session(dispatcher.as_ref(), &session).await;
+        match end {
+            SessionEnd::Shutdown => {
+                keeper.release().await;
+                tracing::info!(%platform, "left the platform connection");
                 return Ok(());
-            };
-            let session = keeper.session(platform, &shutdown, &health);
-            let end = inbound.session(self.as_ref(), &session).await;
-            match end {
-                SessionEnd::Shutdown => {
-                    keeper.release().await;
-                    tracing::info!(%platform, "left the platform connection");
-                    return Ok(());
+            }
+            SessionEnd::LeaseLost => {
+                tracing::warn!(%platform, "the platform lease was lost; disconnected, standing by");
+                health.set(platform, AdapterState::Standby);
+            }
+            SessionEnd::Fatal(reason) => {
+                keeper.release().await;
+                health.set(platform, AdapterState::Down(reason.clone()));
+                return Err(SessionsEnded { platform, reason });
+            }
+            SessionEnd::Failed { reason, connected } => {
+                // Hand the connection to another process while this one waits.
+                keeper.release().await;
+                if connected {
+                    failures = 0;
                 }
-                SessionEnd::LeaseLost => {
-                    tracing::warn!(%platform, "the platform lease was lost; disconnected, standing by");
-                    health.set(platform, AdapterState::Standby);
-                }
-                SessionEnd::Fatal(reason) => {
-                    keeper.release().await;
-                    health.set(platform, AdapterState::Down(reason.clone()));
-                    return Err(SessionsEnded { platform, reason });
-                }
-                SessionEnd::Failed { reason, connected } => {
-                    // Hand the connection to another process while this one waits.
-                    keeper.release().await;
-                    if connected {
-                        failures = 0;
-                    }
-                    failures += 1;
-                    let wait = SESSION_BACKOFF.delay(failures);
-                    tracing::warn!(%platform, reason, retry_in_ms = wait.as_millis() as u64, "platform session failed");
-                    health.set(platform, AdapterState::Down(reason));
-                    tokio::select! {
-                        () = tokio::time::sleep(wait) => {}
-                        () = shutdown.cancelled() => return Ok(()),
-                    }
+                failures += 1;
+                let wait = SESSION_BACKOFF.delay(failures);
+                tracing::warn!(%platform, reason, retry_in_ms = wait.as_millis() as u64, "platform session failed");
+                health.set(platform, AdapterState::Down(reason));
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {}
+                    () = shutdown.cancelled() => return Ok(()),
                 }
             }
         }
     }
+}
 
-    /// Wait until this process holds `platform`'s poller lease, retrying every renewal
-    /// interval; while another process holds it, `health` shows this one standing by.
-    /// `None` if `shutdown` fired first.
-    async fn elect(
-        self: &Arc<Self>,
-        platform: Platform,
-        health: &Health,
-        shutdown: &CancellationToken,
-    ) -> Option<LeaseKeeper> {
-        let key = LeaseKey::Poller(platform);
-        let mut announced = false;
-        loop {
-            match self.claim(key.clone()).await {
-                Ok(Some(keeper)) => {
-                    tracing::info!(%platform, token = keeper.lease().token.0, "this process now holds the platform connection");
-                    return Some(keeper);
-                }
-                Ok(None) => {
-                    health.set(platform, AdapterState::Standby);
-                    if !announced {
-                        tracing::info!(%platform, "another process holds the platform connection; standing by");
-                        announced = true;
-                    }
-                }
-                Err(e) => tracing::warn!(%platform, error = %e, "could not claim the poller lease"),
+/// Wait until this process holds `platform`'s poller lease, retrying every renewal
+/// interval; while another process holds it, `health` shows this one standing by.
+/// `None` if `shutdown` fired first.
+async fn elect(
+    dispatcher: &Dispatcher,
+    platform: Platform,
+    health: &Health,
+    shutdown: &CancellationToken,
+) -> Option<LeaseKeeper> {
+    let key = LeaseKey::Poller(platform);
+    let mut announced = false;
+    loop {
+        match claim(dispatcher, key.clone()).await {
+            Ok(Some(keeper)) => {
+                tracing::info!(%platform, token = keeper.lease().token.0, "this process now holds the platform connection");
+                return Some(keeper);
             }
-            tokio::select! {
-                () = tokio::time::sleep(self.settings.lease.renew_every()) => {}
-                () = shutdown.cancelled() => return None,
+            Ok(None) => {
+                health.set(platform, AdapterState::Standby);
+                if !announced {
+                    tracing::info!(%platform, "another process holds the platform connection; standing by");
+                    announced = true;
+                }
             }
+            Err(e) => tracing::warn!(%platform, error = %e, "could not claim the poller lease"),
+        }
+        tokio::select! {
+            () = tokio::time::sleep(dispatcher.settings.lease.renew_every()) => {}
+            () = shutdown.cancelled() => return None,
         }
     }
 }

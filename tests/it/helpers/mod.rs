@@ -47,7 +47,7 @@ pub fn settings(debounce: u64, max_wait: u64, ttl: u64) -> DispatchSettings {
         timers: TimerPolicy::new(ms(debounce), ms(max_wait), 20).unwrap(),
         lease: LeaseTiming::with_ttl(ms(ttl)).unwrap(),
         poll_every: ms(50),
-        ..DispatchSettings::defaults()
+        ..DispatchSettings::default()
     }
 }
 

@@ -82,3 +82,33 @@ pub struct Lease {
     pub token: LeaseToken,
     pub expires_at: Timestamp,
 }
+
+/// One message as the model is shown it: who wrote it, and what.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Said {
+    pub author: String,
+    pub text: String,
+}
+
+impl Said {
+    pub fn new(author: impl Into<String>, text: impl Into<String>) -> Self {
+        Self {
+            author: author.into(),
+            text: text.into(),
+        }
+    }
+}
+
+/// One earlier exchange: the messages a reply covered, oldest first, and the reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exchange {
+    pub user: Vec<Said>,
+    pub reply: String,
+}
+
+/// Token counts a model reported for one reply (stored with it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TokenUsage {
+    pub prompt: u64,
+    pub completion: u64,
+}

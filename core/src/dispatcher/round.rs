@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use super::delivery::Delivery;
 use super::lease_keeper::{LeaseKeeper, claim};
 use super::{Dispatcher, Event};
-use crate::domain::{ConversationId, LeaseKey};
+use crate::domain::{ConversationId, LeaseKey, Said};
 use crate::llm::{FailureKind, Generation, LlmError, Prompt};
 use crate::metrics as names;
 use crate::store::{Batch, CommitOutcome, NewNotice, NewReply, StoreError};
@@ -208,7 +208,11 @@ impl Round<'_> {
             conversation: batch.conversation.clone(),
             is_group: batch.is_group,
             history: batch.history.clone(),
-            batch: batch.pending.clone(),
+            batch: batch
+                .pending
+                .iter()
+                .map(|m| Said::new(&m.author, &m.text))
+                .collect(),
             note: None,
         };
         let outbound = d.outbounds.get(&batch.conversation.platform).cloned();

@@ -10,7 +10,7 @@
 use async_trait::async_trait;
 
 use super::{FailureKind, Generation, HistoryBudget, LlmError, Prompt, Responder};
-use crate::store::PendingMessage;
+use crate::domain::Said;
 use lull_port::split::{best_cut, byte_index, char_len};
 
 /// The most smaller prompts tried after a refusal: two with less history, two with
@@ -112,13 +112,13 @@ fn cut_note(total: usize, left_out: usize) -> String {
 
 /// The batch with its messages cut to about `keep` characters in all: messages
 /// shorter than a fair share stay whole, longer ones keep their beginning and end.
-fn cut_batch(batch: &[PendingMessage], keep: usize) -> Vec<PendingMessage> {
+fn cut_batch(batch: &[Said], keep: usize) -> Vec<Said> {
     let lengths: Vec<usize> = batch.iter().map(|m| char_len(&m.text)).collect();
     let share = fair_share(&lengths, keep);
     batch
         .iter()
         .zip(lengths)
-        .map(|(message, length)| PendingMessage {
+        .map(|(message, length)| Said {
             text: if length <= share {
                 message.text.clone()
             } else {
@@ -166,19 +166,10 @@ fn shorten(text: &str, keep: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{ConversationRef, Platform, Timestamp, Version};
-    use crate::store::Exchange;
+    use crate::domain::{ConversationRef, Exchange, Platform};
 
-    fn message(text: &str) -> PendingMessage {
-        PendingMessage {
-            row: 1,
-            message_id: "1".into(),
-            user_id: "u".into(),
-            author: "Ann".into(),
-            text: text.into(),
-            version: Version(1),
-            received_at: Timestamp(0),
-        }
+    fn message(text: &str) -> Said {
+        Said::new("Ann", text)
     }
 
     fn prompt(history: usize, batch: &[&str]) -> Prompt {
@@ -187,7 +178,7 @@ mod tests {
             is_group: false,
             history: (0..history)
                 .map(|i| Exchange {
-                    user: vec![("Ann".into(), format!("q{i}"))],
+                    user: vec![Said::new("Ann", format!("q{i}"))],
                     reply: format!("a{i}"),
                 })
                 .collect(),

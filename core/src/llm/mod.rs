@@ -21,7 +21,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::domain::ConversationRef;
-use crate::store::{Exchange, PendingMessage, TokenUsage};
+use crate::domain::{Exchange, Said, TokenUsage};
 
 /// What the model is asked: the recent history, then every pending message merged
 /// into one user turn.
@@ -31,7 +31,7 @@ pub struct Prompt {
     /// In groups each line of a user turn carries its author's name.
     pub is_group: bool,
     pub history: Vec<Exchange>,
-    pub batch: Vec<PendingMessage>,
+    pub batch: Vec<Said>,
     /// Said to the model after the batch: set when the batch was shortened to fit
     /// ([`fit`]), so the model knows it saw only part of it.
     pub note: Option<String>,
@@ -200,7 +200,10 @@ impl HistoryBudget {
         let (mut messages, mut chars, mut start) = (0, 0, history.len());
         for (i, exchange) in history.iter().enumerate().rev() {
             let size = lull_port::split::char_len(&merge_turn(
-                exchange.user.iter().map(|(a, t)| (a.as_str(), t.as_str())),
+                exchange
+                    .user
+                    .iter()
+                    .map(|s| (s.author.as_str(), s.text.as_str())),
                 is_group,
             )) + lull_port::split::char_len(&exchange.reply);
             if messages + 2 > self.messages || chars + size > self.chars {
@@ -234,7 +237,7 @@ mod tests {
 
     fn exchange(user: &str, reply: &str) -> Exchange {
         Exchange {
-            user: vec![("Ann".into(), user.into())],
+            user: vec![Said::new("Ann", user)],
             reply: reply.into(),
         }
     }

@@ -26,7 +26,7 @@ use async_trait::async_trait;
 use secrecy::{ExposeSecret, SecretString};
 
 use super::{Generation, HistoryBudget, LlmError, Prompt, Responder, merge_turn};
-use crate::store::TokenUsage;
+use crate::domain::TokenUsage;
 
 /// How to reach the model and what to ask it.
 #[derive(Debug, Clone)]
@@ -229,7 +229,10 @@ impl OpenAiResponder {
         );
         for exchange in history {
             let user = merge_turn(
-                exchange.user.iter().map(|(a, t)| (a.as_str(), t.as_str())),
+                exchange
+                    .user
+                    .iter()
+                    .map(|s| (s.author.as_str(), s.text.as_str())),
                 prompt.is_group,
             );
             messages.push(ChatCompletionRequestUserMessage::from(user.as_str()).into());

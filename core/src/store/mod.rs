@@ -12,7 +12,7 @@ pub mod sqlite;
 
 use async_trait::async_trait;
 
-pub use crate::domain::OutboxKind;
+pub use crate::domain::{Exchange, OutboxKind, TokenUsage};
 pub use lull_port::RecentConversation;
 
 use crate::domain::{
@@ -170,13 +170,6 @@ pub struct PendingMessage {
     pub received_at: Timestamp,
 }
 
-/// One earlier exchange: the merged user messages and the reply that covered them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Exchange {
-    pub user: Vec<(String, String)>,
-    pub reply: String,
-}
-
 /// Everything a round needs to generate a reply, read in one snapshot.
 #[derive(Debug, Clone)]
 pub struct Batch {
@@ -210,13 +203,6 @@ impl Batch {
 pub struct TimerState {
     pub due_at: Timestamp,
     pub attempts: u32,
-}
-
-/// Token counts reported by the model, stored with the reply.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TokenUsage {
-    pub prompt: u64,
-    pub completion: u64,
 }
 
 /// A generated reply, ready for the final check.

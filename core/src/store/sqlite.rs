@@ -25,7 +25,7 @@ use super::{
 };
 use crate::domain::{
     ConversationId, ConversationRef, HolderId, Lease, LeaseKey, LeaseToken, OutboxId, Platform,
-    Timestamp, Version,
+    Said, Timestamp, Version,
 };
 use crate::timing::TimerPolicy;
 
@@ -1411,11 +1411,11 @@ fn read_history(
         let author: String = row.get(2).ctx("reading history")?;
         let text: String = row.get(3).ctx("reading history")?;
         match history.last_mut() {
-            Some((last, exchange)) if *last == id => exchange.user.push((author, text)),
+            Some((last, exchange)) if *last == id => exchange.user.push(Said { author, text }),
             _ => history.push((
                 id,
                 Exchange {
-                    user: vec![(author, text)],
+                    user: vec![Said { author, text }],
                     reply: row.get(1).ctx("reading history")?,
                 },
             )),

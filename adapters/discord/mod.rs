@@ -11,12 +11,12 @@
 //!
 //! # Layout
 //!
-//! - [`translate`]: which Discord messages lull answers and the text the core sees
+//! - `translate`: which Discord messages lull answers and the text the core sees
 //!   (mentions, replies, threads, attachments); pure functions.
-//! - [`outbound`]: [`DiscordOutbound`] sends replies over REST with a nonce and
+//! - `outbound`: [`DiscordOutbound`] sends replies over REST with a nonce and
 //!   `enforce_nonce`, and shows "typing…".
-//! - [`gateway`]: [`DiscordInbound`] holds the gateway connection while this process
-//!   holds the platform's poller lease, feeds messages and edits to the dispatcher in
+//! - `gateway`: [`DiscordInbound`] holds the gateway connection while this process
+//!   holds the platform's poller lease, feeds messages and edits to the core's intake in
 //!   order, and catches up from channel history after (re)connecting.
 //!
 //! # Conversations
@@ -44,9 +44,9 @@
 //! Every error text this adapter logs or hands to the core passes through
 //! [`Redactor`] first, in case a library puts a header or URL into an error.
 
-pub mod gateway;
-pub mod outbound;
-pub mod translate;
+mod gateway;
+mod outbound;
+mod translate;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

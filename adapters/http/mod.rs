@@ -5,10 +5,10 @@
 //! `"name"`, the display name, and `"group": true` for multi-user conversations) →
 //! `202` once the message is stored; idempotent on `id` within a conversation. `id` is
 //! a string or an integer, and the two are different ids (`"7"` is not `7`).
-//! Outbound ([`webhook`]): every reply and notice is POSTed to `LULL_WEBHOOK_URL` by the
+//! Outbound (`webhook`): every reply and notice is POSTed to `LULL_WEBHOOK_URL` by the
 //! Standard Webhooks convention, `covers` giving the ids back as the client sent them.
 
-pub mod webhook;
+mod webhook;
 
 use std::sync::Arc;
 

@@ -12,7 +12,7 @@
 //!   of `{webhook-id}.{webhook-timestamp}.{body}`.
 //!
 //! Delivery is at least once. Anything but a 2xx (a 4xx too, a redirect, a timeout, a
-//! connection error) is a failed attempt, which the dispatcher records and retries
+//! connection error) is a failed attempt, which the core records and retries
 //! with backoff until `LULL_WEBHOOK_MAX_AGE`, then gives up on (dead-letters). A POST
 //! that timed out may still have been processed, and a process may die between the
 //! POST and recording it: a receiver that must never show a reply twice deduplicates

@@ -11,7 +11,7 @@
 //!   no poll can wait on the server: they become short polls, 250 ms apart.)
 //! - An update is *confirmed* (never delivered again) once `getUpdates` is called
 //!   with an `offset` above its id. The offset moves past an update only after
-//!   [`Dispatcher::ingest`] returned `Ok`: a database error or a crash between
+//!   the core's intake returned `Ok`: a database error or a crash between
 //!   fetching and storing loses nothing, the update comes again and the core
 //!   deduplicates it by message id. The first poll sends no offset, so updates left
 //!   unconfirmed by an earlier process (or a crash) are fetched, never dropped.

@@ -1,14 +1,14 @@
 //! The Telegram adapter (Bot API through teloxide's `Bot`, long polling).
 //!
-//! - [`inbound`]: the poller. One long-poller per bot token is all Telegram allows (a
+//! - `inbound`: the poller. One long-poller per bot token is all Telegram allows (a
 //!   second `getUpdates` gets 409 Conflict), so only the process holding the
 //!   platform's poller lease polls; the others stand by. An update is acknowledged
 //!   (the next `getUpdates` carries an `offset` past it) only after
-//!   [`crate::dispatcher::Dispatcher::ingest`] stored it.
-//! - [`translate`]: Telegram messages to [`crate::platform::Incoming`]: which group
+//!   the core's [`lull_port::Intake`] stored it.
+//! - `translate`: Telegram messages to [`lull_port::Incoming`]: which group
 //!   messages are addressed to the bot, conversation keys for chats and forum topics,
 //!   captions as text, non-text messages named.
-//! - [`outbound`]: replies as Telegram HTML ([`html`]), split to 4096 characters,
+//! - `outbound`: replies as Telegram HTML (`html`), split to 4096 characters,
 //!   quoting in groups, "typing…", and Telegram's errors mapped to retry decisions.
 //! - [`Redactor`]: the bot token is part of every Bot API URL (`/bot<TOKEN>/Method`),
 //!   and teloxide's network errors carry that URL: every error text leaving this
@@ -16,10 +16,10 @@
 //!
 //! Platform types (teloxide's) stay inside this module.
 
-pub mod html;
-pub mod inbound;
-pub mod outbound;
-pub mod translate;
+mod html;
+mod inbound;
+mod outbound;
+mod translate;
 
 use std::fmt;
 use std::time::Duration;

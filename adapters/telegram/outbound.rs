@@ -16,7 +16,7 @@
 //! - The "typing…" indicator lasts 5 s or until the bot sends a message.
 //!
 //! There is no idempotency key in the Bot API: a part sent just before a crash, and
-//! not yet marked sent, is sent again on recovery. The dispatcher marks each part
+//! not yet marked sent, is sent again on recovery. The core marks each part
 //! right after Telegram accepts it, which keeps that window to one request.
 
 use std::time::Duration;

@@ -65,10 +65,6 @@ impl Translator {
         }
     }
 
-    pub fn me(&self) -> &BotIdentity {
-        &self.me
-    }
-
     /// The update as a message for the core, or `None` if lull ignores it (not
     /// addressed to the bot in a group, from a bot, a service message, another
     /// update type).

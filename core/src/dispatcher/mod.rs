@@ -1,18 +1,18 @@
 //! The dispatcher: the core's one engine, one job per module.
 //!
-//! - [`ingest`]: an inbound update is stored in one transaction (version bump, timer
+//! - `ingest`: an inbound update is stored in one transaction (version bump, timer
 //!   armed), or answered at once (a command, a denial); nothing waits for the model.
-//! - [`scheduler`]: sleeps until the earliest deadline (woken at once for work this
+//! - `scheduler`: sleeps until the earliest deadline (woken at once for work this
 //!   process armed, polling for work other processes armed) and starts a round per
 //!   due conversation.
-//! - [`round`]: under the conversation's lease, collects the pending messages,
+//! - `round`: under the conversation's lease, collects the pending messages,
 //!   generates one reply while renewing the lease, and commits it only if the
 //!   conversation has not moved on (the final check); then delivers.
-//! - [`delivery`]: sends outbox rows in order, part by part, recording every attempt,
+//! - `delivery`: sends outbox rows in order, part by part, recording every attempt,
 //!   retrying with backoff, dead-lettering what cannot go out.
-//! - [`sessions`]: elects the one process that holds a platform connection and runs
+//! - `sessions`: elects the one process that holds a platform connection and runs
 //!   the adapter's sessions.
-//! - [`lease_keeper`]: claims a lease and renews it for as long as the work it protects.
+//! - `lease_keeper`: claims a lease and renews it for as long as the work it protects.
 //!
 //! [`Dispatcher`] holds what they share; it is also the adapters' [`lull_port::Intake`].
 
@@ -171,7 +171,7 @@ impl Dispatcher {
 
     /// Hold `inbound`'s platform connection whenever this process wins its poller
     /// lease, one session at a time, until `shutdown`; an error when a session says
-    /// trying again cannot help (a rejected token). See [`sessions`].
+    /// trying again cannot help (a rejected token). See `sessions`.
     pub async fn serve_platform(
         self: &Arc<Self>,
         inbound: Arc<dyn Inbound>,

@@ -79,7 +79,7 @@ pub struct Generation {
 }
 
 /// Why the model gave no reply. Texts quoting the server are redacted when built
-/// ([`crate::secrets`]): a server or proxy may echo the key back.
+/// ([`lull_port::secrets`]): a server or proxy may echo the key back.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LlmError {
     #[error("the model did not answer within {0:?}")]

@@ -142,7 +142,7 @@ const CONTEXT_PHRASES: &[&str] = &[
 
 /// Whether a refusal says the prompt does not fit the model's context: OpenAI's
 /// `context_length_exceeded` code (and `string_above_max_length`), llama.cpp's
-/// `exceed_context_size_error` type, HTTP 413, or one of [`CONTEXT_PHRASES`].
+/// `exceed_context_size_error` type, HTTP 413, or one of the phrases servers use (`CONTEXT_PHRASES`).
 pub fn is_context_length(status: u16, json: Option<&serde_json::Value>, message: &str) -> bool {
     if status == 413 {
         return true;

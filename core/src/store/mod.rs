@@ -7,8 +7,8 @@
 //! holder, fencing token and expiry inside the same transaction as their writes.
 
 mod condition;
-pub mod migrations;
-pub mod sqlite;
+mod migrations;
+mod sqlite;
 
 use async_trait::async_trait;
 

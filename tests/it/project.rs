@@ -49,3 +49,85 @@ fn the_license_the_manifest_names_is_included() {
     let license = include_str!("../../LICENSE");
     assert!(license.starts_with("MIT License"), "{license}");
 }
+
+/// The architecture, as cargo sees it: the core names no chat platform, no HTTP server,
+/// no adapter and not the binary (not even through another crate); the adapters reach
+/// the core only through the port.
+#[test]
+fn the_crate_graph_points_one_way() {
+    let out = Command::new(env!("CARGO"))
+        .args(["metadata", "--format-version", "1", "--locked", "--offline"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let metadata: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let name_of = |id: &str| -> String {
+        metadata["packages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["id"] == id)
+            .map(|p| p["name"].as_str().unwrap().to_owned())
+            .unwrap()
+    };
+    let nodes = metadata["resolve"]["nodes"].as_array().unwrap();
+    let node = |name: &str| {
+        nodes
+            .iter()
+            .find(|n| name_of(n["id"].as_str().unwrap()) == name)
+            .unwrap_or_else(|| panic!("{name} in the graph"))
+    };
+    // Normal (non-dev) dependencies, all the way down.
+    let closure = |name: &str| -> std::collections::BTreeSet<String> {
+        let mut seen = std::collections::BTreeSet::new();
+        let mut todo = vec![name.to_owned()];
+        while let Some(next) = todo.pop() {
+            for dep in node(&next)["deps"].as_array().unwrap() {
+                let normal = dep["dep_kinds"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|k| k["kind"].is_null());
+                let dep = name_of(dep["pkg"].as_str().unwrap());
+                if normal && seen.insert(dep.clone()) {
+                    todo.push(dep);
+                }
+            }
+        }
+        seen
+    };
+    let core = closure("lull-core");
+    for forbidden in ["lull", "lull-adapters", "teloxide", "serenity", "axum"] {
+        assert!(
+            !core.contains(forbidden),
+            "lull-core depends on {forbidden}"
+        );
+    }
+    let port = closure("lull-port");
+    for forbidden in [
+        "lull",
+        "lull-core",
+        "lull-adapters",
+        "rusqlite",
+        "teloxide",
+        "serenity",
+    ] {
+        assert!(
+            !port.contains(forbidden),
+            "lull-port depends on {forbidden}"
+        );
+    }
+    let adapters = closure("lull-adapters");
+    for forbidden in ["lull", "lull-core", "rusqlite"] {
+        assert!(
+            !adapters.contains(forbidden),
+            "lull-adapters depends on {forbidden}"
+        );
+    }
+    assert!(adapters.contains("lull-port"));
+}

@@ -14,7 +14,7 @@ COPY adapters/Cargo.toml adapters/
 RUN mkdir -p src benches port/src core/src \
     && echo 'fn main() {}' > src/main.rs \
     && touch port/src/lib.rs core/src/lib.rs adapters/lib.rs \
-    && for bench in soak idle; do echo 'fn main() {}' > "benches/$bench.rs"; done \
+    && for bench in soak perf; do echo 'fn main() {}' > "benches/$bench.rs"; done \
     && cargo build --release --locked --bin lull \
     && rm -rf src benches port/src core/src adapters/lib.rs
 COPY src ./src

@@ -192,6 +192,11 @@ impl Webhook {
         self.inner.in_flight.load(Ordering::SeqCst)
     }
 
+    /// How many replies and notices the webhook accepted (cheap to poll).
+    pub fn accepted(&self) -> usize {
+        self.inner.received.lock().unwrap().len()
+    }
+
     /// Every reply and notice the webhook accepted, duplicates included.
     pub fn received(&self) -> Vec<Received> {
         self.inner.received.lock().unwrap().clone()

@@ -1,0 +1,681 @@
+//! lull's benchmark suite: one command, one table. Every figure is measured against
+//! real `lull run` processes (the release binary, the http adapter, the offline `echo`
+//! responder, a loopback webhook), repeated, and printed as the median with min and
+//! max, next to the limit it is compared with, measured in the same run.
+//!
+//! ```sh
+//! cargo bench --bench perf                    # 3 repetitions
+//! cargo bench --bench perf -- --reps 5        # more
+//! cargo bench --bench perf -- --quick         # smaller sizes, for a smoke run
+//! ```
+//!
+//! What it measures (BENCHMARKS.md explains each figure and holds the results):
+//! - the write limit of the same SQLite build: one-row and 100-row transactions (WAL;
+//!   `synchronous` NORMAL and FULL), and lull's ingest rate through HTTP beside it;
+//! - ingest latency p50/p99 with 1, 8 and 64 concurrent clients;
+//! - scheduler lateness p50/p99 with 10k timers armed far ahead and 10 due per second;
+//! - how fast 10k conversations due at the same instant are drained, and their lateness;
+//! - idle CPU and memory with no timers, with 10k far timers, and after 10k answered;
+//! - model calls per burst against a bot that calls the model once per message;
+//! - start-up time and binary size.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use support::openai_fake::FakeOpenAi;
+use support::process::{LullProcess, post_message};
+use support::webhook::Webhook;
+
+/// Sizes of one run.
+#[derive(Debug, Clone)]
+struct Sizes {
+    reps: usize,
+    /// Messages per ingest measurement.
+    ingest_messages: usize,
+    /// Timers armed far ahead (lateness, idle) and conversations drained at once.
+    timers: usize,
+    /// Seconds of 10-per-second traffic in the lateness measurement.
+    lateness_seconds: u64,
+    /// Seconds of each idle CPU window.
+    idle_seconds: u64,
+}
+
+impl Sizes {
+    fn full() -> Sizes {
+        Sizes {
+            reps: 3,
+            ingest_messages: 3000,
+            timers: 10_000,
+            lateness_seconds: 20,
+            idle_seconds: 20,
+        }
+    }
+
+    fn quick() -> Sizes {
+        Sizes {
+            reps: 1,
+            ingest_messages: 500,
+            timers: 1000,
+            lateness_seconds: 5,
+            idle_seconds: 5,
+        }
+    }
+}
+
+/// Repeated samples of one figure.
+#[derive(Debug, Default, Clone)]
+struct Figure {
+    samples: Vec<f64>,
+}
+
+impl Figure {
+    fn push(&mut self, value: f64) {
+        self.samples.push(value);
+    }
+
+    fn sorted(&self) -> Vec<f64> {
+        let mut v = self.samples.clone();
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        v
+    }
+
+    fn median(&self) -> f64 {
+        let v = self.sorted();
+        if v.is_empty() {
+            return f64::NAN;
+        }
+        let n = v.len();
+        if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        }
+    }
+
+    fn cell(&self, unit: &str) -> String {
+        let v = self.sorted();
+        match v.as_slice() {
+            [] => "–".into(),
+            [one] => format!("{} {unit}", fmt(*one)),
+            _ => format!(
+                "{} {unit} ({}–{})",
+                fmt(self.median()),
+                fmt(v[0]),
+                fmt(v[v.len() - 1])
+            ),
+        }
+    }
+}
+
+fn fmt(value: f64) -> String {
+    if value.abs() >= 100.0 {
+        format!("{value:.0}")
+    } else if value.abs() >= 10.0 {
+        format!("{value:.1}")
+    } else if value.abs() >= 0.1 {
+        format!("{value:.2}")
+    } else {
+        format!("{value:.3}")
+    }
+}
+
+/// The results, in the order of the table.
+#[derive(Default)]
+struct Table {
+    rows: BTreeMap<usize, (String, String, Figure, String)>,
+}
+
+impl Table {
+    fn record(&mut self, order: usize, name: &str, unit: &str, value: f64, limit: &str) {
+        let row = self
+            .rows
+            .entry(order)
+            .or_insert_with(|| (name.into(), unit.into(), Figure::default(), limit.into()));
+        row.2.push(value);
+        row.3 = limit.into();
+    }
+
+    fn figure(&self, order: usize) -> f64 {
+        self.rows.get(&order).map_or(f64::NAN, |r| r.2.median())
+    }
+
+    fn print(&self) {
+        println!("| figure | lull (median, min–max) | compared with |");
+        println!("| --- | --- | --- |");
+        for (name, unit, figure, limit) in self.rows.values() {
+            println!("| {name} | {} | {limit} |", figure.cell(unit));
+        }
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+/// utime + stime of a process, in seconds (/proc/PID/stat fields 14 and 15).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("linux /proc");
+    let after_name = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let ticks = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    ticks as f64 / 100.0 // USER_HZ
+}
+
+fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .unwrap_or(f64::NAN)
+        / 1024.0
+}
+
+/// A `lull run` on a fresh database with the http adapter and the echo responder.
+struct Bot {
+    dir: tempfile::TempDir,
+    lull: LullProcess,
+    webhook: Arc<Webhook>,
+    client: reqwest::Client,
+}
+
+impl Bot {
+    async fn start(extra: &[(&'static str, String)]) -> Bot {
+        let dir = tempfile::tempdir().unwrap();
+        let webhook = Arc::new(Webhook::start().await);
+        Self::start_in(dir, webhook, extra).await
+    }
+
+    async fn start_in(
+        dir: tempfile::TempDir,
+        webhook: Arc<Webhook>,
+        extra: &[(&'static str, String)],
+    ) -> Bot {
+        let mut env: Vec<(&'static str, String)> = vec![
+            (
+                "DATABASE_URL",
+                format!("sqlite:{}", dir.path().join("lull.db").display()),
+            ),
+            ("LULL_WEBHOOK_URL", webhook.url.clone()),
+            ("LULL_LLM", "echo".into()),
+            ("RUST_LOG", "warn".into()),
+        ];
+        for (k, v) in extra {
+            env.retain(|(key, _)| key != k);
+            env.push((k, v.clone()));
+        }
+        let mut lull = LullProcess::start(dir.path(), "lull", &["run"], &env);
+        lull.wait_healthy(Duration::from_secs(30)).await;
+        Bot {
+            dir,
+            lull,
+            webhook,
+            client: reqwest::Client::builder()
+                .pool_max_idle_per_host(128)
+                .build()
+                .unwrap(),
+        }
+    }
+
+    fn db(&self) -> std::path::PathBuf {
+        self.dir.path().join("lull.db")
+    }
+
+    async fn post(&self, conversation: &str, id: &str) -> Duration {
+        let sent = Instant::now();
+        let r = post_message(
+            &self.client,
+            &self.lull.base_url(),
+            conversation,
+            id,
+            "hello",
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            r.status().as_u16(),
+            202,
+            "{}",
+            r.text().await.unwrap_or_default()
+        );
+        sent.elapsed()
+    }
+
+    /// Stop gracefully (the database file is closed cleanly).
+    fn stop(mut self) -> (tempfile::TempDir, Arc<Webhook>) {
+        self.lull.signal("TERM");
+        self.lull.wait_exit(Duration::from_secs(30));
+        (self.dir, self.webhook)
+    }
+}
+
+/// Settings that keep every message waiting (no round runs during a measurement).
+fn far_timers() -> Vec<(&'static str, String)> {
+    vec![
+        ("LULL_DEBOUNCE_MS", "3600000".into()),
+        ("LULL_MAX_WAIT_MS", "7200000".into()),
+        ("LULL_MAX_BATCH", "1000".into()),
+    ]
+}
+
+/// Rows per second of the same SQLite build writing `rows_per_tx` rows per
+/// transaction: the limit ingest is compared with.
+fn sqlite_limit(dir: &Path, synchronous: &str, rows_per_tx: usize, rows: usize) -> f64 {
+    let path = dir.join(format!("limit-{synchronous}-{rows_per_tx}.db"));
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.query_row("PRAGMA journal_mode = WAL", [], |_| Ok(()))
+        .unwrap();
+    conn.execute_batch(&format!(
+        "PRAGMA synchronous = {synchronous};
+         CREATE TABLE messages (id INTEGER PRIMARY KEY, conversation TEXT NOT NULL, text TEXT NOT NULL);"
+    ))
+    .unwrap();
+    let started = Instant::now();
+    let mut written = 0;
+    while written < rows {
+        let tx = conn.unchecked_transaction().unwrap();
+        for _ in 0..rows_per_tx {
+            tx.execute(
+                "INSERT INTO messages (conversation, text) VALUES (?1, 'hello')",
+                [format!("c{written}")],
+            )
+            .unwrap();
+            written += 1;
+        }
+        tx.commit().unwrap();
+    }
+    rows as f64 / started.elapsed().as_secs_f64()
+}
+
+/// `messages` posts from `clients` concurrent clients to conversations round-robin:
+/// the rate, and every request's latency in milliseconds.
+async fn ingest(bot: &Arc<Bot>, clients: usize, messages: usize, tag: &str) -> (f64, Vec<f64>) {
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for client in 0..clients {
+        let bot = bot.clone();
+        let tag = tag.to_owned();
+        tasks.spawn(async move {
+            let mut latencies = Vec::new();
+            let mut i = client;
+            while i < messages {
+                let took = bot
+                    .post(&format!("{tag}-c{}", i % 1000), &format!("m{i}"))
+                    .await;
+                latencies.push(took.as_secs_f64() * 1000.0);
+                i += clients;
+            }
+            latencies
+        });
+    }
+    let mut latencies = Vec::new();
+    while let Some(part) = tasks.join_next().await {
+        latencies.extend(part.unwrap());
+    }
+    let rate = messages as f64 / started.elapsed().as_secs_f64();
+    latencies.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    (rate, latencies)
+}
+
+/// Post one message to each of `n` conversations (kept waiting by far timers).
+async fn arm(bot: &Arc<Bot>, n: usize, tag: &str) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for client in 0..16 {
+        let bot = bot.clone();
+        let tag = tag.to_owned();
+        tasks.spawn(async move {
+            let mut i = client;
+            while i < n {
+                bot.post(&format!("{tag}{i}"), "1").await;
+                i += 16;
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+/// CPU share of one core (percent) over `seconds`, and RSS at the end.
+async fn idle(pid: u32, seconds: u64) -> (f64, f64) {
+    // Let start-up work and a first poll pass.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = cpu_seconds(pid);
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    let used = cpu_seconds(pid) - before;
+    (100.0 * used / started.elapsed().as_secs_f64(), rss_mib(pid))
+}
+
+async fn run(sizes: &Sizes) -> Table {
+    let mut table = Table::default();
+    let scratch = tempfile::tempdir().unwrap();
+    let binary = env!("CARGO_BIN_EXE_lull");
+    for rep in 0..sizes.reps {
+        eprintln!("== repetition {} of {}", rep + 1, sizes.reps);
+
+        // The write limit of the same SQLite build.
+        let rows = sizes.ingest_messages;
+        let normal_1 = sqlite_limit(scratch.path(), "NORMAL", 1, rows);
+        let full_1 = sqlite_limit(scratch.path(), "FULL", 1, rows);
+        let normal_100 = sqlite_limit(scratch.path(), "NORMAL", 100, rows * 10);
+        for file in std::fs::read_dir(scratch.path()).unwrap() {
+            let _ = std::fs::remove_file(file.unwrap().path());
+        }
+        table.record(
+            1,
+            "SQLite limit: one-row transactions, WAL, synchronous=NORMAL",
+            "rows/s",
+            normal_1,
+            "the limit",
+        );
+        table.record(
+            2,
+            "SQLite limit: one-row transactions, WAL, synchronous=FULL",
+            "rows/s",
+            full_1,
+            "the limit",
+        );
+        table.record(
+            3,
+            "SQLite limit: 100-row transactions, WAL, synchronous=NORMAL",
+            "rows/s",
+            normal_100,
+            "the limit",
+        );
+
+        // Ingest through HTTP: rate and latency at 1, 8 and 64 clients.
+        let bot = Arc::new(Bot::start(&far_timers()).await);
+        for (order, clients) in [(10, 1usize), (20, 8), (30, 64)] {
+            let (rate, latencies) = ingest(&bot, clients, rows, &format!("r{rep}k{clients}")).await;
+            table.record(
+                order,
+                &format!("ingest rate, {clients} client(s)"),
+                "msg/s",
+                rate,
+                &format!("{} rows/s (one-row, FULL)", fmt(full_1)),
+            );
+            table.record(
+                order + 1,
+                &format!("ingest p50, {clients} client(s)"),
+                "ms",
+                percentile(&latencies, 50.0),
+                "",
+            );
+            table.record(
+                order + 2,
+                &format!("ingest p99, {clients} client(s)"),
+                "ms",
+                percentile(&latencies, 99.0),
+                "",
+            );
+        }
+        let rate_64 = table.figure(30);
+        table.record(
+            33,
+            "ingest at 64 clients / one-row limit (FULL, what lull promises)",
+            "×",
+            rate_64 / full_1,
+            "goal ≥ 1.0",
+        );
+        table.record(
+            34,
+            "ingest at 64 clients / one-row limit (NORMAL)",
+            "×",
+            rate_64 / normal_1,
+            "",
+        );
+        drop(bot);
+
+        // Idle with no timers.
+        let bot = Arc::new(Bot::start(&far_timers()).await);
+        let (cpu, rss) = idle(bot.lull.pid().unwrap(), sizes.idle_seconds).await;
+        table.record(60, "idle CPU, no timers", "% of a core", cpu, "goal < 0.05");
+        table.record(61, "RSS, idle", "MiB", rss, "goal < 12");
+
+        // Idle with 10k timers armed far ahead.
+        arm(&bot, sizes.timers, &format!("far{rep}-")).await;
+        let (cpu, rss) = idle(bot.lull.pid().unwrap(), sizes.idle_seconds).await;
+        table.record(
+            62,
+            &format!("idle CPU, {} far timers", sizes.timers),
+            "% of a core",
+            cpu,
+            "goal < 0.05",
+        );
+        table.record(
+            63,
+            &format!("RSS, {} far timers", sizes.timers),
+            "MiB",
+            rss,
+            "",
+        );
+
+        // Lateness with those timers armed: 10 conversations due per second.
+        let (dir, webhook) = Arc::try_unwrap(bot).ok().unwrap().stop();
+        let debounce = 200;
+        let bot = Arc::new(
+            Bot::start_in(
+                dir,
+                webhook,
+                &[
+                    ("LULL_DEBOUNCE_MS", debounce.to_string()),
+                    ("LULL_MAX_WAIT_MS", "5000".into()),
+                ],
+            )
+            .await,
+        );
+        let count = (sizes.lateness_seconds * 10) as usize;
+        let before = bot.webhook.accepted();
+        let mut due = BTreeMap::new();
+        for i in 0..count {
+            let at = Instant::now();
+            let key = format!("late{rep}-{i}");
+            bot.post(&key, "1").await;
+            due.insert(key, at + Duration::from_millis(debounce));
+            tokio::time::sleep(Duration::from_millis(100).saturating_sub(at.elapsed())).await;
+        }
+        bot.webhook
+            .wait_replies(before + count, Duration::from_secs(60))
+            .await;
+        let mut lateness: Vec<f64> = bot
+            .webhook
+            .replies()
+            .iter()
+            .filter_map(|r| {
+                let due = due.get(&r.conversation)?;
+                Some(r.at.saturating_duration_since(*due).as_secs_f64() * 1000.0)
+            })
+            .collect();
+        lateness.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        table.record(
+            40,
+            &format!("lateness p50, {} far timers, 10 due/s", sizes.timers),
+            "ms",
+            percentile(&lateness, 50.0),
+            "delivered at the webhook − due time",
+        );
+        table.record(
+            41,
+            &format!("lateness p99, {} far timers, 10 due/s", sizes.timers),
+            "ms",
+            percentile(&lateness, 99.0),
+            "goal < 10",
+        );
+
+        // 10k conversations due at the same instant: make the far timers due now.
+        let (dir, webhook) = Arc::try_unwrap(bot).ok().unwrap().stop();
+        let db = dir.path().join("lull.db");
+        let due = now_ms();
+        {
+            let conn = rusqlite::Connection::open(&db).unwrap();
+            conn.busy_timeout(Duration::from_secs(10)).unwrap();
+            conn.execute("UPDATE timers SET due_at = ?1", [due])
+                .unwrap();
+        }
+        let already = webhook.accepted();
+        let due_instant = Instant::now();
+        let bot = Arc::new(Bot::start_in(dir, webhook, &[]).await);
+        let target = already + sizes.timers;
+        let drained = loop {
+            let n = bot.webhook.accepted();
+            if n >= target {
+                break due_instant.elapsed();
+            }
+            assert!(
+                due_instant.elapsed() < Duration::from_secs(1200),
+                "drain stuck at {n} of {target}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let mut drain_late: Vec<f64> = bot.webhook.received()[already..]
+            .iter()
+            .map(|r| r.at.saturating_duration_since(due_instant).as_secs_f64() * 1000.0)
+            .collect();
+        drain_late.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        table.record(
+            50,
+            &format!("drain of {} conversations due at once", sizes.timers),
+            "replies/s",
+            sizes.timers as f64 / drained.as_secs_f64(),
+            "goal ≥ 1000",
+        );
+        table.record(
+            51,
+            &format!("lateness p99 in that drain"),
+            "ms",
+            percentile(&drain_late, 99.0),
+            "from process start",
+        );
+
+        // Idle after they were all answered.
+        let (cpu, rss) = idle(bot.lull.pid().unwrap(), sizes.idle_seconds).await;
+        table.record(
+            64,
+            &format!("idle CPU, after {} answered", sizes.timers),
+            "% of a core",
+            cpu,
+            "goal < 0.05",
+        );
+        table.record(
+            65,
+            &format!("RSS, after {} answered", sizes.timers),
+            "MiB",
+            rss,
+            "goal < 32",
+        );
+        drop(bot);
+
+        // Model calls per burst against one call per message.
+        let (calls, messages) = calls_per_burst(rep as u64).await;
+        table.record(
+            70,
+            "model calls per burst of 1–5 messages",
+            "calls/burst",
+            calls.0 as f64 / calls.1 as f64,
+            &format!(
+                "{} for one call per message",
+                fmt(messages as f64 / calls.1 as f64)
+            ),
+        );
+
+        // Start-up time.
+        let started = Instant::now();
+        let bot = Bot::start(&[]).await;
+        table.record(
+            80,
+            "start-up (spawn to /healthz 200)",
+            "ms",
+            started.elapsed().as_secs_f64() * 1000.0,
+            "",
+        );
+        drop(bot);
+    }
+    let size = std::fs::metadata(binary).map(|m| m.len()).unwrap_or(0);
+    table.record(
+        90,
+        "binary size (release, stripped)",
+        "MiB",
+        size as f64 / 1024.0 / 1024.0,
+        "",
+    );
+    table
+}
+
+/// A scripted workload of bursts (1–5 messages, 50–300 ms apart) in 40
+/// conversations, answered by a fake model that counts its requests. Returns
+/// ((model calls, bursts), messages).
+async fn calls_per_burst(seed: u64) -> ((usize, usize), usize) {
+    let model = FakeOpenAi::start().await;
+    let bot = Arc::new(
+        Bot::start(&[
+            ("LULL_LLM", "openai".into()),
+            ("OPENAI_BASE_URL", model.base_url.clone()),
+            ("LULL_DEBOUNCE_MS", "800".into()),
+        ])
+        .await,
+    );
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut messages = 0;
+    let mut bursts = 0;
+    for c in 0..40 {
+        let n = rng.usize(1..=5);
+        let gaps: Vec<u64> = (0..n).map(|_| rng.u64(50..=300)).collect();
+        messages += n;
+        bursts += 1;
+        let bot = bot.clone();
+        tasks.spawn(async move {
+            for (i, gap) in gaps.into_iter().enumerate() {
+                bot.post(&format!("burst{c}"), &format!("m{i}")).await;
+                tokio::time::sleep(Duration::from_millis(gap)).await;
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    bot.webhook
+        .wait_replies(bursts, Duration::from_secs(60))
+        .await;
+    support::db::settled(&bot.db(), Duration::from_secs(30)).await;
+    ((model.requests().len(), bursts), messages)
+}
+
+fn main() {
+    let mut sizes = Sizes::full();
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--quick" => sizes = Sizes::quick(),
+            "--reps" => sizes.reps = args.next().and_then(|v| v.parse().ok()).expect("--reps N"),
+            "--bench" => {}
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let table = runtime.block_on(run(&sizes));
+    println!(
+        "lull benchmark: {} repetition(s), {} CPUs, {:.0} s",
+        sizes.reps,
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        started.elapsed().as_secs_f64()
+    );
+    table.print();
+}

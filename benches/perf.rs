@@ -556,7 +556,7 @@ async fn run(sizes: &Sizes) -> Table {
         );
         table.record(
             51,
-            &format!("lateness p99 in that drain"),
+            "lateness p99 in that drain",
             "ms",
             percentile(&drain_late, 99.0),
             "from process start",

@@ -28,7 +28,7 @@ use lull_port::{Inbound, Outbound};
 
 /// Open the configured database.
 pub fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
-    lull_core::store::open(&config.database)
+    lull_core::store::open(&config.database, config.dispatch.timers)
         .with_context(|| format!("DATABASE_URL: cannot use {}", config.database.display()))
 }
 

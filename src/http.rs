@@ -94,7 +94,11 @@ mod tests {
     async fn healthz_is_503_while_an_adapter_is_down() {
         let dir = tempfile::tempdir().unwrap();
         let store = std::sync::Arc::new(
-            lull_core::store::SqliteStore::open(dir.path().join("lull.db")).unwrap(),
+            lull_core::store::SqliteStore::open(
+                dir.path().join("lull.db"),
+                lull_core::dispatcher::DispatchSettings::default().timers,
+            )
+            .unwrap(),
         );
         let health = lull_port::health::Health::default();
         health.set(

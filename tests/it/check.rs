@@ -87,7 +87,8 @@ async fn check_reports_a_good_configuration() {
 async fn check_leaves_an_existing_database_untouched() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("lull.db");
-    drop(lull_core::store::SqliteStore::open(&path).unwrap());
+    let timers = lull_core::dispatcher::DispatchSettings::default().timers;
+    drop(lull_core::store::SqliteStore::open(&path, timers).unwrap());
     // The pool closes its connections in the background; the last one removes the WAL.
     let wal = dir.path().join("lull.db-wal");
     let deadline = std::time::Instant::now() + Duration::from_secs(10);

@@ -686,8 +686,8 @@ async fn a_gateway_that_refuses_the_token_stops_the_process() {
 #[tokio::test]
 async fn recent_conversations_name_the_last_stored_message() {
     let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(dir.path().join("lull.db")).unwrap();
     let policy = TimerPolicy::new(Duration::from_secs(1), Duration::from_secs(5), 20).unwrap();
+    let store = SqliteStore::open(dir.path().join("lull.db"), policy).unwrap();
     let holder = HolderId::new("test");
     let message = |platform, key: &str, id: &str| NewMessage {
         conversation: ConversationRef::new(platform, key),
@@ -705,7 +705,7 @@ async fn recent_conversations_name_the_last_stored_message() {
         (Platform::Telegram, "t", "1", 13_000),
     ] {
         store
-            .ingest(message(platform, key, id), policy, &holder, Timestamp(at))
+            .ingest(message(platform, key, id), &holder, Timestamp(at))
             .await
             .unwrap();
     }
@@ -824,7 +824,9 @@ async fn a_message_is_retried_until_it_is_stored() {
     let fake = DiscordFake::start(TOKEN).await;
     let dm = fake.channel(ChannelKind::Dm);
     let dir = tempfile::tempdir().unwrap();
-    let store = FaultyStore::new(SqliteStore::open(dir.path().join("lull.db")).unwrap());
+    let settings = settings(200, 2000, 1500);
+    let store =
+        FaultyStore::new(SqliteStore::open(dir.path().join("lull.db"), settings.timers).unwrap());
     let discord = adapter(&fake);
     let dispatcher = Dispatcher::new(
         store.clone(),
@@ -832,7 +834,7 @@ async fn a_message_is_retried_until_it_is_stored() {
         vec![Arc::new(discord.outbound)],
         lull_core::dispatcher::DispatchSettings {
             access: "*".parse().unwrap(),
-            ..settings(200, 2000, 1500)
+            ..settings
         },
         Arc::new(SystemClock),
     );

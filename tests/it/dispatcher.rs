@@ -483,8 +483,8 @@ async fn the_same_platform_message_is_counted_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fencing_refuses_a_commit_from_a_replaced_holder() {
     let db = temp_db();
-    let store = SqliteStore::open(&db.path).unwrap();
     let policy = TimerPolicy::new(ms(10), ms(10_000), 20).unwrap();
+    let store = SqliteStore::open(&db.path, policy).unwrap();
     let conversation = ConversationRef::new(Platform::Http, "c1");
     let clock = lull_core::clock::SystemClock;
     use lull_core::clock::Clock;
@@ -498,7 +498,6 @@ async fn fencing_refuses_a_commit_from_a_replaced_holder() {
                 author: "U".into(),
                 text: "hi".into(),
             },
-            policy,
             &HolderId::new("ingest"),
             clock.now(),
         )
@@ -537,7 +536,7 @@ async fn fencing_refuses_a_commit_from_a_replaced_holder() {
         llm_ms: 1,
     };
     let refused = store
-        .commit_reply(&old, &batch, reply("late"), policy, clock.now())
+        .commit_reply(&old, &batch, reply("late"), clock.now())
         .await;
     assert!(
         matches!(refused, Err(StoreError::LeaseLost(_))),
@@ -549,7 +548,7 @@ async fn fencing_refuses_a_commit_from_a_replaced_holder() {
     ));
     let batch = store.collect(id, 10).await.unwrap();
     store
-        .commit_reply(&new, &batch, reply("fresh"), policy, clock.now())
+        .commit_reply(&new, &batch, reply("fresh"), clock.now())
         .await
         .unwrap();
     let replies = db::replies(&db.path);
@@ -569,8 +568,8 @@ async fn fencing_refuses_a_commit_from_a_replaced_holder() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn giving_up_is_fenced_and_covers_each_message_once() {
     let db = temp_db();
-    let store = SqliteStore::open(&db.path).unwrap();
     let policy = TimerPolicy::new(ms(10), ms(10_000), 20).unwrap();
+    let store = SqliteStore::open(&db.path, policy).unwrap();
     let conversation = ConversationRef::new(Platform::Http, "c1");
     let clock = lull_core::clock::SystemClock;
     use lull_core::clock::Clock;
@@ -586,11 +585,7 @@ async fn giving_up_is_fenced_and_covers_each_message_once() {
         };
         let (store, holder) = (&store, &holder);
         async move {
-            match store
-                .ingest(message, policy, holder, clock.now())
-                .await
-                .unwrap()
-            {
+            match store.ingest(message, holder, clock.now()).await.unwrap() {
                 lull_core::store::IngestOutcome::Stored { conversation, .. } => conversation,
                 other => panic!("{other:?}"),
             }
@@ -612,10 +607,7 @@ async fn giving_up_is_fenced_and_covers_each_message_once() {
         message_id: "m2".into(),
         text: "m2, edited".into(),
     };
-    store
-        .edit(edit, policy, &holder, clock.now())
-        .await
-        .unwrap();
+    store.edit(edit, &holder, clock.now()).await.unwrap();
     ingest("m3").await;
     tokio::time::sleep(ms(150)).await;
     let new = store
@@ -623,21 +615,19 @@ async fn giving_up_is_fenced_and_covers_each_message_once() {
         .await
         .unwrap()
         .unwrap();
-    let refused = store
-        .give_up(&old, &batch, "too long", policy, clock.now())
-        .await;
+    let refused = store.give_up(&old, &batch, "too long", clock.now()).await;
     assert!(
         matches!(refused, Err(StoreError::LeaseLost(_))),
         "{refused:?}"
     );
     let notice = store
-        .give_up(&new, &batch, "too long", policy, clock.now())
+        .give_up(&new, &batch, "too long", clock.now())
         .await
         .unwrap()
         .expect("m1 was pending");
     assert_eq!(
         store
-            .give_up(&new, &batch, "again", policy, clock.now())
+            .give_up(&new, &batch, "again", clock.now())
             .await
             .unwrap(),
         None,
@@ -677,7 +667,7 @@ async fn giving_up_is_fenced_and_covers_each_message_once() {
         llm_ms: 1,
     };
     let committed = store
-        .commit_reply(&new, &batch, reply, policy, clock.now())
+        .commit_reply(&new, &batch, reply, clock.now())
         .await
         .unwrap();
     let lull_core::store::CommitOutcome::Committed { outbox: reply, .. } = committed else {
@@ -718,20 +708,16 @@ async fn giving_up_is_fenced_and_covers_each_message_once() {
 async fn fencing_stops_a_frozen_holder_end_to_end() {
     let db = temp_db();
     let ttl = 900;
-    let frozen_store = FaultyStore::new(SqliteStore::open(&db.path).unwrap());
+    let settings = settings(100, 5000, ttl);
+    let frozen_store = FaultyStore::new(SqliteStore::open(&db.path, settings.timers).unwrap());
     frozen_store.freeze_renewals.store(true, Ordering::SeqCst);
     let (slow, mut started) = GatedResponder::new();
-    let a = Node::start_with_store(frozen_store, settings(100, 5000, ttl), slow.clone());
+    let a = Node::start_with_store(frozen_store, settings.clone(), slow.clone());
     let mut a_events = a.events();
 
     a.send("c1", "m1", "hello").await;
     assert_eq!(started.recv().await, Some(1));
-    let b = Node::start(
-        &db.path,
-        settings(100, 5000, ttl),
-        CountingEcho::new(0),
-        Leases::Enforced,
-    );
+    let b = Node::start(&db.path, settings, CountingEcho::new(0), Leases::Enforced);
     // B takes over once A's lease expires and answers.
     let replies = b.outbound.wait_replies(1, Duration::from_secs(15)).await;
     assert_eq!(replies[0].covers, ["m1"]);

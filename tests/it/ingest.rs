@@ -56,9 +56,10 @@ async fn empty_and_huge_messages_are_refused_and_nothing_is_stored() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_that_cannot_write_refuses_without_losing_anything() {
     let db = temp_db();
-    let store = FaultyStore::new(SqliteStore::open(&db.path).unwrap());
+    let settings = settings(100, 3000, 3000);
+    let store = FaultyStore::new(SqliteStore::open(&db.path, settings.timers).unwrap());
     let (responder, mut started) = GatedResponder::new();
-    let node = Node::start_with_store(store.clone(), settings(100, 3000, 3000), responder.clone());
+    let node = Node::start_with_store(store.clone(), settings, responder.clone());
     node.send("c1", "m1", "kept").await;
     assert_eq!(started.recv().await, Some(1));
 
@@ -169,7 +170,7 @@ async fn an_unlisted_user_is_told_once_and_nothing_reaches_the_model() {
     let echo = CountingEcho::new(0);
     let mut restricted = settings(100, 3000, 3000);
     restricted.access = "telegram:1".parse().unwrap();
-    let store = Arc::new(SqliteStore::open(&db.path).unwrap());
+    let store = Arc::new(SqliteStore::open(&db.path, restricted.timers).unwrap());
     let node = Node::start_on(Platform::Telegram, store, restricted, echo.clone());
     let from = |user: &str, id: &str, text: &str| {
         let mut m = message("chat", id, text);

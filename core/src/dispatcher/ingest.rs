@@ -71,7 +71,7 @@ pub(super) async fn ingest(
                 author: incoming.author,
                 text,
             };
-            store.ingest(message, settings.timers, holder, now).await
+            store.ingest(message, holder, now).await
         }
         IncomingKind::Edit => {
             let edit = MessageEdit {
@@ -79,7 +79,7 @@ pub(super) async fn ingest(
                 message_id: incoming.message_id,
                 text,
             };
-            store.edit(edit, settings.timers, holder, now).await
+            store.edit(edit, holder, now).await
         }
     }
     .map_err(not_stored)?;

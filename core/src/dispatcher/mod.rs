@@ -48,6 +48,8 @@ use crate::timing::{LeaseTiming, TimerPolicy};
 /// [`Default`] (the contract's defaults).
 #[derive(Debug, Clone)]
 pub struct DispatchSettings {
+    /// The capped debounce. The store arms timers with it: it is opened with it
+    /// ([`crate::store::open`]).
     pub timers: TimerPolicy,
     pub lease: LeaseTiming,
     /// How often to look for work armed by other processes (and for leases of

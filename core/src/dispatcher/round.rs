@@ -164,7 +164,7 @@ impl Round<'_> {
         // The final check: lease still ours and nothing new since v0 (or the cap).
         match d
             .store
-            .commit_reply(&lease, &batch, reply, d.settings.timers, d.clock.now())
+            .commit_reply(&lease, &batch, reply, d.clock.now())
             .await?
         {
             CommitOutcome::Committed { outbox, forced } => {
@@ -274,13 +274,7 @@ impl Round<'_> {
         };
         let given_up = d
             .store
-            .give_up(
-                &self.keeper.lease(),
-                batch,
-                text,
-                d.settings.timers,
-                d.clock.now(),
-            )
+            .give_up(&self.keeper.lease(), batch, text, d.clock.now())
             .await?;
         if let Some(outbox) = given_up {
             d.emit(Event::GaveUp {

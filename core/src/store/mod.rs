@@ -24,12 +24,15 @@ use crate::timing::TimerPolicy;
 pub use sqlite::{Inspection, SqliteStore};
 
 /// Open the store at `path` (creating and migrating it if needed), as a `lull run` or
-/// `lull chat` process uses it.
+/// `lull chat` process uses it; its timers are armed by `timers`.
 ///
 /// In builds with the `test-switches` feature (tests only), `LULL_TEST_DISABLE_LEASE=1`
 /// opens it with every lease check off: the counter-test's switch.
-pub fn open(path: &std::path::Path) -> Result<std::sync::Arc<dyn Store>, StoreError> {
-    let store = SqliteStore::open(path)?;
+pub fn open(
+    path: &std::path::Path,
+    timers: TimerPolicy,
+) -> Result<std::sync::Arc<dyn Store>, StoreError> {
+    let store = SqliteStore::open(path, timers)?;
     #[cfg(feature = "test-switches")]
     let store = if std::env::var("LULL_TEST_DISABLE_LEASE").is_ok_and(|v| v == "1") {
         tracing::warn!(
@@ -250,7 +253,6 @@ pub trait Store: Send + Sync + 'static {
     async fn ingest(
         &self,
         message: NewMessage,
-        policy: TimerPolicy,
         holder: &HolderId,
         now: Timestamp,
     ) -> Result<IngestOutcome, StoreError>;
@@ -260,7 +262,6 @@ pub trait Store: Send + Sync + 'static {
     async fn edit(
         &self,
         edit: MessageEdit,
-        policy: TimerPolicy,
         holder: &HolderId,
         now: Timestamp,
     ) -> Result<IngestOutcome, StoreError>;
@@ -333,7 +334,6 @@ pub trait Store: Send + Sync + 'static {
         lease: &Lease,
         batch: &Batch,
         reply: NewReply,
-        policy: TimerPolicy,
         now: Timestamp,
     ) -> Result<CommitOutcome, StoreError>;
 
@@ -352,7 +352,6 @@ pub trait Store: Send + Sync + 'static {
         lease: &Lease,
         batch: &Batch,
         notice: &str,
-        policy: TimerPolicy,
         now: Timestamp,
     ) -> Result<Option<OutboxId>, StoreError>;
 

@@ -48,6 +48,9 @@ enum LeaseChecks {
 pub struct SqliteStore {
     pool: r2d2::Pool<SqliteConnectionManager>,
     path: PathBuf,
+    /// The capped debounce every timer is armed with: a setting of the deployment,
+    /// fixed when the store is opened, not an argument of each call.
+    timers: TimerPolicy,
     lease_checks: LeaseChecks,
     /// What real operations found out about the file; `ping` reports it.
     condition: Arc<Condition>,
@@ -105,8 +108,8 @@ fn classify(context: &'static str, source: rusqlite::Error) -> StoreError {
 
 impl SqliteStore {
     /// Open (creating if needed) the database at `path` and bring its schema up to
-    /// date. Safe to call from several processes at once.
-    pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+    /// date; timers are armed by `timers`. Safe to call from several processes at once.
+    pub fn open(path: impl AsRef<Path>, timers: TimerPolicy) -> Result<Self, StoreError> {
         let path = path.as_ref().to_path_buf();
         let open_error = |reason: String| StoreError::Open {
             path: path.display().to_string(),
@@ -156,6 +159,7 @@ impl SqliteStore {
         Ok(Self {
             pool,
             path,
+            timers,
             lease_checks: LeaseChecks::Enforced,
             condition: Arc::default(),
         })
@@ -512,11 +516,11 @@ impl Store for SqliteStore {
     async fn ingest(
         &self,
         message: NewMessage,
-        policy: TimerPolicy,
         holder: &HolderId,
         now: Timestamp,
     ) -> Result<IngestOutcome, StoreError> {
         let holder = holder.clone();
+        let policy = self.timers;
         self.write("storing a message", move |tx| {
             let conversation = upsert_conversation(tx, &message.conversation, message.is_group, now)?;
             // No duplicate: a redelivered platform message is stored once.
@@ -553,11 +557,11 @@ impl Store for SqliteStore {
     async fn edit(
         &self,
         edit: MessageEdit,
-        policy: TimerPolicy,
         holder: &HolderId,
         now: Timestamp,
     ) -> Result<IngestOutcome, StoreError> {
         let holder = holder.clone();
+        let policy = self.timers;
         self.write("editing a message", move |tx| {
             let found: Option<(i64, i64)> = tx
                 .query_row(
@@ -900,7 +904,6 @@ impl Store for SqliteStore {
         lease: &Lease,
         batch: &Batch,
         reply: NewReply,
-        policy: TimerPolicy,
         now: Timestamp,
     ) -> Result<CommitOutcome, StoreError> {
         let lease = lease.clone();
@@ -910,6 +913,7 @@ impl Store for SqliteStore {
         let reply_to = batch.last_message_id().map(str::to_owned);
         let oldest = batch.oldest_pending_at().unwrap_or(now);
         let unchecked = self.unchecked();
+        let policy = self.timers;
         self.write("committing a reply", move |tx| {
             ensure_lease(tx, &lease, now, unchecked)?;
             let version: i64 = tx
@@ -973,7 +977,6 @@ impl Store for SqliteStore {
         lease: &Lease,
         batch: &Batch,
         notice: &str,
-        policy: TimerPolicy,
         now: Timestamp,
     ) -> Result<Option<OutboxId>, StoreError> {
         let lease = lease.clone();
@@ -982,6 +985,7 @@ impl Store for SqliteStore {
         let reply_to = batch.last_message_id().map(str::to_owned);
         let notice = notice.to_owned();
         let unchecked = self.unchecked();
+        let policy = self.timers;
         self.write("giving up on a batch", move |tx| {
             ensure_lease(tx, &lease, now, unchecked)?;
             // What this give-up ends: messages still pending up to v0 (an edit since

@@ -15,7 +15,6 @@ use lull_core::store::{
     Batch, CommitOutcome, DueWork, IngestOutcome, MessageEdit, NewMessage, NewNotice, NewReply,
     OutboxRow, RecentConversation, SqliteStore, Store, StoreError, WorkQuery,
 };
-use lull_core::timing::TimerPolicy;
 
 pub struct FaultyStore {
     inner: SqliteStore,
@@ -57,22 +56,20 @@ impl Store for FaultyStore {
     async fn ingest(
         &self,
         m: NewMessage,
-        p: TimerPolicy,
         h: &HolderId,
         now: Timestamp,
     ) -> Result<IngestOutcome, StoreError> {
         self.ingest_fault()?;
-        self.inner.ingest(m, p, h, now).await
+        self.inner.ingest(m, h, now).await
     }
     async fn edit(
         &self,
         e: MessageEdit,
-        p: TimerPolicy,
         h: &HolderId,
         now: Timestamp,
     ) -> Result<IngestOutcome, StoreError> {
         self.ingest_fault()?;
-        self.inner.edit(e, p, h, now).await
+        self.inner.edit(e, h, now).await
     }
     async fn enqueue_notice(
         &self,
@@ -125,20 +122,18 @@ impl Store for FaultyStore {
         l: &Lease,
         b: &Batch,
         r: NewReply,
-        p: TimerPolicy,
         now: Timestamp,
     ) -> Result<CommitOutcome, StoreError> {
-        self.inner.commit_reply(l, b, r, p, now).await
+        self.inner.commit_reply(l, b, r, now).await
     }
     async fn give_up(
         &self,
         l: &Lease,
         b: &Batch,
         n: &str,
-        p: TimerPolicy,
         now: Timestamp,
     ) -> Result<Option<OutboxId>, StoreError> {
-        self.inner.give_up(l, b, n, p, now).await
+        self.inner.give_up(l, b, n, now).await
     }
     async fn disarm_idle_timer(
         &self,

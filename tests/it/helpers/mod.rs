@@ -265,18 +265,12 @@ impl Node {
         responder: Arc<dyn Responder>,
         leases: Leases,
     ) -> Node {
-        Self::start_with_store(
-            match leases {
-                Leases::Enforced => Arc::new(SqliteStore::open(db).expect("open db")),
-                Leases::Disabled => Arc::new(
-                    SqliteStore::open(db)
-                        .expect("open db")
-                        .without_lease_checks(),
-                ),
-            },
-            settings,
-            responder,
-        )
+        let store = SqliteStore::open(db, settings.timers).expect("open db");
+        let store = match leases {
+            Leases::Enforced => store,
+            Leases::Disabled => store.without_lease_checks(),
+        };
+        Self::start_with_store(Arc::new(store), settings, responder)
     }
 
     pub fn start_with_store(

@@ -66,11 +66,12 @@ pub enum StoreError {
     NoConversation(ConversationId),
     #[error("cannot open the database at {path}: {reason}")]
     Open { path: String, reason: String },
-    #[error("database error while {context}: {source}")]
-    Sqlite {
+    /// Any other failure of the backend, in its own words: the error names no
+    /// backend's types, so every backend reports through the same enum.
+    #[error("database error while {context}: {message}")]
+    Backend {
         context: &'static str,
-        #[source]
-        source: rusqlite::Error,
+        message: String,
     },
     #[error("unexpected data in the database: {0}")]
     Corrupt(String),

@@ -102,7 +102,10 @@ fn classify(context: &'static str, source: rusqlite::Error) -> StoreError {
             | ErrorCode::CannotOpen
             | ErrorCode::PermissionDenied,
         ) => StoreError::Io(format!("{source}, while {context}")),
-        _ => StoreError::Sqlite { context, source },
+        _ => StoreError::Backend {
+            context,
+            message: source.to_string(),
+        },
     }
 }
 

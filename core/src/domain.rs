@@ -58,11 +58,21 @@ pub enum LeaseKey {
 }
 
 impl LeaseKey {
-    /// The primary key of the lease row.
+    /// The name of the lease row, built here and nowhere else. Backends store the
+    /// conversation of a conversation lease in a column of its own
+    /// ([`LeaseKey::conversation`]) and never build this string themselves.
     pub fn resource(&self) -> String {
         match self {
             LeaseKey::Conversation(id) => format!("conversation/{}", id.0),
             LeaseKey::Poller(p) => format!("poller/{}", p.as_str()),
+        }
+    }
+
+    /// The conversation a conversation lease protects; `None` for a poller lease.
+    pub fn conversation(&self) -> Option<ConversationId> {
+        match self {
+            LeaseKey::Conversation(id) => Some(*id),
+            LeaseKey::Poller(_) => None,
         }
     }
 }

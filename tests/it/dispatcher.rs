@@ -358,7 +358,7 @@ async fn a_hung_send_is_abandoned_when_its_lease_is_lost() {
         .unwrap()
         .execute(
             "UPDATE leases SET holder = 'another', token = token + 1, expires_at = ?1
-             WHERE resource = 'conversation/' || ?2",
+             WHERE conversation_id = ?2",
             rusqlite::params![far, conversation.0],
         )
         .unwrap();

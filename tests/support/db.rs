@@ -249,7 +249,7 @@ pub async fn wait_for_lease(path: &Path, conversation: Option<&str>, limit: std:
     let deadline = std::time::Instant::now() + limit;
     let key = conversation.unwrap_or("%");
     let sql = format!(
-        "SELECT COUNT(*) FROM leases l JOIN conversations c ON l.resource = 'conversation/' || c.id
+        "SELECT COUNT(*) FROM leases l JOIN conversations c ON l.conversation_id = c.id
          WHERE c.key LIKE '{key}' AND l.holder IS NOT NULL"
     );
     while count(path, &sql) == 0 {

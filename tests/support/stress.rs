@@ -408,7 +408,7 @@ fn live_holder_pids(db_path: &Path) -> BTreeSet<u32> {
         .unwrap()
         .as_millis() as i64;
     let mut stmt = conn
-        .prepare("SELECT holder FROM leases WHERE holder IS NOT NULL AND expires_at > ?1 AND resource LIKE 'conversation/%'")
+        .prepare("SELECT holder FROM leases WHERE holder IS NOT NULL AND expires_at > ?1 AND conversation_id IS NOT NULL")
         .unwrap();
     stmt.query_map([now], |r| r.get::<_, String>(0))
         .unwrap()

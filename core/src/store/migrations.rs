@@ -108,8 +108,20 @@ CREATE TABLE reply_covers (
 CREATE INDEX reply_covers_message ON reply_covers (message_id);
 "#;
 
+const V2_LEASE_CONVERSATION: &str = r#"
+-- A conversation lease names its conversation in a column of its own, so a query
+-- joins on it instead of rebuilding the lease's resource string in SQL. NULL for
+-- every other lease (platform pollers). Rows written before are filled in once from
+-- their resource (`conversation/<id>`).
+ALTER TABLE leases ADD COLUMN conversation_id INTEGER;
+UPDATE leases SET conversation_id = CAST(substr(resource, 14) AS INTEGER)
+    WHERE substr(resource, 1, 13) = 'conversation/';
+-- Exclusive: at most one lease row per conversation.
+CREATE UNIQUE INDEX leases_conversation ON leases (conversation_id);
+"#;
+
 /// Every migration, oldest first. The schema version (`user_version`) counts them.
-const ALL: &[&str] = &[V1_CORE];
+const ALL: &[&str] = &[V1_CORE, V2_LEASE_CONVERSATION];
 
 /// The schema version this build migrates to.
 pub const LATEST: i64 = ALL.len() as i64;
@@ -121,8 +133,39 @@ pub fn migrations() -> Migrations<'static> {
 
 #[cfg(test)]
 mod tests {
+    use rusqlite::Connection;
+
     #[test]
     fn migrations_are_valid() {
         super::migrations().validate().unwrap();
+    }
+
+    #[test]
+    fn conversation_leases_of_version_1_learn_their_conversation() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        let migrations = super::migrations();
+        migrations.to_version(&mut conn, 1).unwrap();
+        conn.execute_batch(
+            "INSERT INTO leases (resource, holder, token, expires_at) VALUES
+                 ('conversation/7', 'a', 3, 100), ('conversation/12', NULL, 1, 0),
+                 ('poller/telegram', 'b', 9, 200);",
+        )
+        .unwrap();
+        migrations.to_latest(&mut conn).unwrap();
+        let rows: Vec<(String, Option<i64>, i64)> = conn
+            .prepare("SELECT resource, conversation_id, token FROM leases ORDER BY resource")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(
+            rows,
+            [
+                ("conversation/12".to_owned(), Some(12), 1),
+                ("conversation/7".to_owned(), Some(7), 3),
+                ("poller/telegram".to_owned(), None, 9),
+            ]
+        );
     }
 }

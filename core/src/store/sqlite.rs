@@ -500,10 +500,12 @@ fn ensure_lease(
 }
 
 fn conversation_of(lease: &Lease) -> ConversationId {
-    match lease.key {
-        LeaseKey::Conversation(id) => id,
-        LeaseKey::Poller(p) => panic!("a poller lease ({p}) was used for conversation work"),
-    }
+    lease.key.conversation().unwrap_or_else(|| {
+        panic!(
+            "a poller lease ({}) was used for conversation work",
+            lease.key
+        )
+    })
 }
 
 /// `?N, ?N+1, …` placeholders for an IN list starting at parameter `first`.
@@ -685,7 +687,7 @@ impl Store for SqliteStore {
             let work = format!(
                 "SELECT w.conversation_id, w.at, l.holder, l.expires_at
                  FROM ({timers} UNION ALL {heads}) w
-                 LEFT JOIN leases l ON l.resource = 'conversation/' || w.conversation_id"
+                 LEFT JOIN leases l ON l.conversation_id = w.conversation_id"
             );
             // Due now, with no live lease (unless lease checks are off).
             let ready_sql = format!(
@@ -740,8 +742,9 @@ impl Store for SqliteStore {
         self.write("claiming a lease", move |tx| {
             let resource = key.resource();
             tx.execute(
-                "INSERT INTO leases (resource) VALUES (?1) ON CONFLICT (resource) DO NOTHING",
-                [&resource],
+                "INSERT INTO leases (resource, conversation_id) VALUES (?1, ?2)
+                 ON CONFLICT (resource) DO NOTHING",
+                params![resource, key.conversation().map(|id| id.0)],
             )
             .ctx("creating a lease")?;
             let expires_at = now.plus(ttl);

@@ -222,6 +222,7 @@ async fn two_dispatchers_answer_a_burst_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counter_test_without_leases_the_burst_is_answered_twice() {
     let verdict = burst_over_two_dispatchers(Leases::Disabled).await;
+    println!("{verdict:?}");
     assert!(
         verdict.duplicates > 0,
         "without leases a duplicate was expected: {verdict:?}"

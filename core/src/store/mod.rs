@@ -27,7 +27,8 @@ pub use sqlite::{Inspection, SqliteStore};
 /// `lull chat` process uses it; its timers are armed by `timers`.
 ///
 /// In builds with the `test-switches` feature (tests only), `LULL_TEST_DISABLE_LEASE=1`
-/// opens it with every lease check off: the counter-test's switch.
+/// opens it with leases that exclude no one (each process claims private lease rows,
+/// see [`SqliteStore::without_lease_checks`]): the counter-test's switch.
 pub fn open(
     path: &std::path::Path,
     timers: TimerPolicy,

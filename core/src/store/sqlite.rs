@@ -34,13 +34,30 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connections per process: rounds mostly wait on the model, not the database.
 const POOL_SIZE: u32 = 8;
 
-/// Whether lease conditions are part of the SQL. Only the counter-test turns them
-/// off, to show that the stress test catches what the lease prevents.
+/// Which lease row a holder claims, renews, releases and is fenced by.
+///
+/// The counter-test needs processes that race as if there were no lease, while the
+/// statements stay exactly the production ones: no statement has a parameter that
+/// switches a check off. So the switch changes which row is named, not the SQL. With
+/// [`LeaseRows::PerHolder`] every holder gets a private row per lease (its resource
+/// names the holder; its conversation column stays NULL): a claim never contends (no
+/// one else ever holds that row), fencing checks the holder's own row and passes,
+/// and `due_work` sees no live lease on the conversation (no row names it), so every
+/// process takes every due conversation, exactly as with the lease checks off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum LeaseChecks {
-    Enforced,
+enum LeaseRows {
+    /// One row per lease, shared by every holder: what makes a lease exclusive.
+    Shared,
+    /// The counter-test: one private row per lease and holder.
     #[cfg(feature = "test-switches")]
-    Disabled,
+    PerHolder,
+}
+
+/// The row a holder's lease lives in.
+struct LeaseRow {
+    resource: String,
+    /// The conversation the row names, which `due_work` joins on (NULL for pollers).
+    conversation: Option<i64>,
 }
 
 /// A [`Store`] on one SQLite file.
@@ -51,7 +68,7 @@ pub struct SqliteStore {
     /// The capped debounce every timer is armed with: a setting of the deployment,
     /// fixed when the store is opened, not an argument of each call.
     timers: TimerPolicy,
-    lease_checks: LeaseChecks,
+    lease_rows: LeaseRows,
     /// What real operations found out about the file; `ping` reports it.
     condition: Arc<Condition>,
 }
@@ -163,17 +180,19 @@ impl SqliteStore {
             pool,
             path,
             timers,
-            lease_checks: LeaseChecks::Enforced,
+            lease_rows: LeaseRows::Shared,
             condition: Arc::default(),
         })
     }
 
-    /// The counter-test's switch: the same store with every lease condition removed
-    /// from its SQL (claims always succeed, fences always pass). Exists only in builds
-    /// with the `test-switches` feature.
+    /// The counter-test's switch: the same store and the same SQL, but every holder
+    /// gets a private row for each lease, so no lease excludes anyone (claims never
+    /// contend, fences pass, due work is never held back by a lease): processes race
+    /// as if there were no lease. See [`LeaseRows`]. Exists only in builds with the
+    /// `test-switches` feature.
     #[cfg(feature = "test-switches")]
     pub fn without_lease_checks(mut self) -> Self {
-        self.lease_checks = LeaseChecks::Disabled;
+        self.lease_rows = LeaseRows::PerHolder;
         self
     }
 
@@ -246,8 +265,21 @@ impl SqliteStore {
         })
     }
 
-    fn unchecked(&self) -> bool {
-        self.lease_checks != LeaseChecks::Enforced
+    /// The row `holder`'s lease on `key` lives in.
+    // Only the counter-test's private rows name the holder.
+    #[cfg_attr(not(feature = "test-switches"), allow(unused_variables))]
+    fn lease_row(&self, key: &LeaseKey, holder: &HolderId) -> LeaseRow {
+        match self.lease_rows {
+            LeaseRows::Shared => LeaseRow {
+                resource: key.resource(),
+                conversation: key.conversation().map(|id| id.0),
+            },
+            #[cfg(feature = "test-switches")]
+            LeaseRows::PerHolder => LeaseRow {
+                resource: format!("{}@{holder}", key.resource()),
+                conversation: None,
+            },
+        }
     }
 
     /// Run `f` with a pooled connection on the blocking pool.
@@ -469,26 +501,19 @@ fn pending_after(
     .ctx("counting pending messages")
 }
 
-/// Exclusive: a write under a lease needs the live holder with the current token.
+/// Exclusive: a write under a lease needs the live holder with the current token in
+/// the lease's row (`resource`).
 fn ensure_lease(
     tx: &Transaction<'_>,
     lease: &Lease,
+    resource: &str,
     now: Timestamp,
-    unchecked: bool,
 ) -> Result<(), StoreError> {
-    if unchecked {
-        return Ok(());
-    }
     let ours: bool = tx
         .query_row(
             "SELECT EXISTS (SELECT 1 FROM leases
                  WHERE resource = ?1 AND holder = ?2 AND token = ?3 AND expires_at > ?4)",
-            params![
-                lease.key.resource(),
-                lease.holder.as_str(),
-                lease.token.0,
-                now.0
-            ],
+            params![resource, lease.holder.as_str(), lease.token.0, now.0],
             |r| r.get(0),
         )
         .ctx("checking the lease")?;
@@ -663,22 +688,20 @@ impl Store for SqliteStore {
         let holder = query.holder.as_str().to_owned();
         let handoff = crate::domain::millis(query.handoff);
         let limit = query.limit as i64;
-        let unchecked = self.unchecked();
         self.with_conn(move |conn| {
-            // Parameters: ?1 now, ?2 lease checks off, ?3 limit, ?4 this holder,
-            // ?5 hand-off, ?6… platforms.
-            let list = placeholders(6, names.len());
+            // Parameters: ?1 now, ?2 limit, ?3 this holder, ?4 hand-off, ?5… platforms.
+            let list = placeholders(5, names.len());
             // Work armed or owned by another process is due here a hand-off later.
             let timers = format!(
                 "SELECT t.conversation_id,
-                        t.due_at + CASE WHEN t.armed_by = ?4 THEN 0 ELSE ?5 END AS at
+                        t.due_at + CASE WHEN t.armed_by = ?3 THEN 0 ELSE ?4 END AS at
                  FROM timers t WHERE t.platform IN ({list})"
             );
             // The head (oldest undelivered row) of each conversation's outbox: delivery
             // keeps outbox order, so a row waiting for its retry holds back the rest.
             let heads = format!(
                 "SELECT o.conversation_id,
-                        o.next_attempt_at + CASE WHEN o.owner = ?4 THEN 0 ELSE ?5 END AS at
+                        o.next_attempt_at + CASE WHEN o.owner = ?3 THEN 0 ELSE ?4 END AS at
                  FROM outbox o JOIN conversations c ON c.id = o.conversation_id
                  WHERE c.platform IN ({list}) AND o.id IN (
                      SELECT MIN(id) FROM outbox
@@ -689,22 +712,21 @@ impl Store for SqliteStore {
                  FROM ({timers} UNION ALL {heads}) w
                  LEFT JOIN leases l ON l.conversation_id = w.conversation_id"
             );
-            // Due now, with no live lease (unless lease checks are off).
+            // Exclusive: due now, and no live lease on the conversation.
             let ready_sql = format!(
                 "SELECT conversation_id FROM ({work})
-                 WHERE at <= ?1 AND (?2 OR holder IS NULL OR expires_at <= ?1)
-                 GROUP BY conversation_id ORDER BY MIN(at) LIMIT ?3"
+                 WHERE at <= ?1 AND (holder IS NULL OR expires_at <= ?1)
+                 GROUP BY conversation_id ORDER BY MIN(at) LIMIT ?2"
             );
             // The next moment something becomes due: a due conversation under a live
             // lease becomes claimable when the lease expires.
             let next_sql = format!(
-                "SELECT MIN(CASE WHEN NOT ?2 AND holder IS NOT NULL AND expires_at > at THEN expires_at ELSE at END)
+                "SELECT MIN(CASE WHEN holder IS NOT NULL AND expires_at > at THEN expires_at ELSE at END)
                  FROM ({work}) WHERE
-                     CASE WHEN NOT ?2 AND holder IS NOT NULL AND expires_at > at THEN expires_at ELSE at END > ?1"
+                     CASE WHEN holder IS NOT NULL AND expires_at > at THEN expires_at ELSE at END > ?1"
             );
             let mut values: Vec<rusqlite::types::Value> = vec![
                 now.0.into(),
-                (unchecked as i64).into(),
                 limit.into(),
                 holder.into(),
                 handoff.into(),
@@ -738,13 +760,12 @@ impl Store for SqliteStore {
     ) -> Result<Option<Lease>, StoreError> {
         let key = key.clone();
         let holder = holder.clone();
-        let unchecked = self.unchecked();
+        let row = self.lease_row(&key, &holder);
         self.write("claiming a lease", move |tx| {
-            let resource = key.resource();
             tx.execute(
                 "INSERT INTO leases (resource, conversation_id) VALUES (?1, ?2)
                  ON CONFLICT (resource) DO NOTHING",
-                params![resource, key.conversation().map(|id| id.0)],
+                params![row.resource, row.conversation],
             )
             .ctx("creating a lease")?;
             let expires_at = now.plus(ttl);
@@ -753,9 +774,9 @@ impl Store for SqliteStore {
             let token: Option<i64> = tx
                 .query_row(
                     "UPDATE leases SET holder = ?2, token = token + 1, expires_at = ?3
-                     WHERE resource = ?1 AND (?5 OR holder IS NULL OR expires_at <= ?4)
+                     WHERE resource = ?1 AND (holder IS NULL OR expires_at <= ?4)
                      RETURNING token",
-                    params![resource, holder.as_str(), expires_at.0, now.0, unchecked],
+                    params![row.resource, holder.as_str(), expires_at.0, now.0],
                     |r| r.get(0),
                 )
                 .optional()
@@ -777,22 +798,20 @@ impl Store for SqliteStore {
         now: Timestamp,
     ) -> Result<Lease, StoreError> {
         let mut lease = lease.clone();
-        let unchecked = self.unchecked();
+        let row = self.lease_row(&lease.key, &lease.holder);
         self.write("renewing a lease", move |tx| {
             let expires_at = now.plus(ttl);
             // Exclusive: only the live holder with this fencing token extends the lease.
             let changed = tx
                 .execute(
                     "UPDATE leases SET expires_at = ?4
-                     WHERE resource = ?1
-                       AND (?6 OR (holder = ?2 AND token = ?3 AND expires_at > ?5))",
+                     WHERE resource = ?1 AND holder = ?2 AND token = ?3 AND expires_at > ?5",
                     params![
-                        lease.key.resource(),
+                        row.resource,
                         lease.holder.as_str(),
                         lease.token.0,
                         expires_at.0,
-                        now.0,
-                        unchecked
+                        now.0
                     ],
                 )
                 .ctx("renewing a lease")?;
@@ -807,11 +826,12 @@ impl Store for SqliteStore {
 
     async fn release_lease(&self, lease: &Lease) -> Result<(), StoreError> {
         let lease = lease.clone();
+        let row = self.lease_row(&lease.key, &lease.holder);
         self.write("releasing a lease", move |tx| {
             // Only our own claim is released: a lease taken over since stays with its holder.
             tx.execute(
                 "UPDATE leases SET holder = NULL WHERE resource = ?1 AND holder = ?2 AND token = ?3",
-                params![lease.key.resource(), lease.holder.as_str(), lease.token.0],
+                params![row.resource, lease.holder.as_str(), lease.token.0],
             )
             .ctx("releasing a lease")?;
             Ok(())
@@ -918,10 +938,10 @@ impl Store for SqliteStore {
         let covered: Vec<i64> = batch.pending.iter().map(|m| m.row).collect();
         let reply_to = batch.last_message_id().map(str::to_owned);
         let oldest = batch.oldest_pending_at().unwrap_or(now);
-        let unchecked = self.unchecked();
+        let row = self.lease_row(&lease.key, &lease.holder);
         let policy = self.timers;
         self.write("committing a reply", move |tx| {
-            ensure_lease(tx, &lease, now, unchecked)?;
+            ensure_lease(tx, &lease, &row.resource, now)?;
             let version: i64 = tx
                 .query_row("SELECT version FROM conversations WHERE id = ?1", [conversation.0], |r| r.get(0))
                 .ctx("reading the version")?;
@@ -990,10 +1010,10 @@ impl Store for SqliteStore {
         let v0 = batch.v0;
         let reply_to = batch.last_message_id().map(str::to_owned);
         let notice = notice.to_owned();
-        let unchecked = self.unchecked();
+        let row = self.lease_row(&lease.key, &lease.holder);
         let policy = self.timers;
         self.write("giving up on a batch", move |tx| {
-            ensure_lease(tx, &lease, now, unchecked)?;
+            ensure_lease(tx, &lease, &row.resource, now)?;
             // What this give-up ends: messages still pending up to v0 (an edit since
             // the batch was collected moved its message past v0: it stays pending).
             // No duplicate: a message already covered is never covered again.
@@ -1046,9 +1066,9 @@ impl Store for SqliteStore {
         now: Timestamp,
     ) -> Result<(), StoreError> {
         let lease = lease.clone();
-        let unchecked = self.unchecked();
+        let row = self.lease_row(&lease.key, &lease.holder);
         self.write("disarming an idle timer", move |tx| {
-            ensure_lease(tx, &lease, now, unchecked)?;
+            ensure_lease(tx, &lease, &row.resource, now)?;
             let conversation = conversation_of(&lease);
             tx.execute(
                 "DELETE FROM timers WHERE conversation_id = ?1 AND armed_version <= ?2
@@ -1069,9 +1089,9 @@ impl Store for SqliteStore {
         now: Timestamp,
     ) -> Result<u32, StoreError> {
         let lease = lease.clone();
-        let unchecked = self.unchecked();
+        let row = self.lease_row(&lease.key, &lease.holder);
         self.write("recording a failed generation", move |tx| {
-            ensure_lease(tx, &lease, now, unchecked)?;
+            ensure_lease(tx, &lease, &row.resource, now)?;
             let conversation = conversation_of(&lease);
             let attempts: Option<u32> = tx
                 .query_row(

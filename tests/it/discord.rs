@@ -9,14 +9,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use lull_adapters::discord::Discord;
 use lull_core::clock::SystemClock;
 use lull_core::dispatcher::Dispatcher;
 use lull_core::domain::{ConversationRef, HolderId, OutboxId, Platform, Timestamp};
 use lull_core::llm::echo::EchoResponder;
-use lull_core::store::{NewMessage, OutboxKind, SqliteStore, Store};
+use lull_core::store::{FaultPlan, NewMessage, OutboxKind, SqliteStore, Store};
 use lull_core::timing::TimerPolicy;
 use lull_port::health::Health;
 use lull_port::{Inbound, Outbound, OutgoingPart, SendError};
@@ -24,7 +23,6 @@ use secrecy::SecretString;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::helpers::faulty_store::FaultyStore;
 use crate::helpers::settings;
 use crate::support::db;
 use crate::support::discord_fake::{ChannelKind, DiscordFake, MAX_CONTENT, PostFault, Say, Sent};
@@ -825,8 +823,12 @@ async fn a_message_is_retried_until_it_is_stored() {
     let dm = fake.channel(ChannelKind::Dm);
     let dir = tempfile::tempdir().unwrap();
     let settings = settings(200, 2000, 1500);
-    let store =
-        FaultyStore::new(SqliteStore::open(dir.path().join("lull.db"), settings.timers).unwrap());
+    let faults = Arc::new(FaultPlan::default());
+    let store: Arc<dyn Store> = Arc::new(
+        SqliteStore::open(dir.path().join("lull.db"), settings.timers)
+            .unwrap()
+            .with_faults(faults.clone()),
+    );
     let discord = adapter(&fake);
     let dispatcher = Dispatcher::new(
         store.clone(),
@@ -852,22 +854,20 @@ async fn a_message_is_retried_until_it_is_stored() {
     };
     fake.wait_connected(1, WAIT).await;
 
-    store.busy_ingest.store(true, Ordering::SeqCst);
+    faults.busy_intake(true);
     fake.say(Say::new(dm, ALICE, "one"));
     fake.say(Say::new(dm, ALICE, "two"));
     let conversation = ConversationRef::new(Platform::Discord, dm.to_string());
     // The first message is tried again and again; the second waits behind it.
-    fake.wait_for(WAIT, || {
-        (store.ingest_calls.load(Ordering::SeqCst) >= 3).then_some(())
-    })
-    .await
-    .expect("the adapter retries");
+    fake.wait_for(WAIT, || (faults.intake_calls() >= 3).then_some(()))
+        .await
+        .expect("the adapter retries");
     assert_eq!(
         store.is_settled(&conversation).await.unwrap(),
         None,
         "nothing stored while the database is busy"
     );
-    store.busy_ingest.store(false, Ordering::SeqCst);
+    faults.busy_intake(false);
     let sent = fake.wait_sent(dm, 1, WAIT).await;
     assert_eq!(echoed(&sent[0]), ["one", "two"]);
 

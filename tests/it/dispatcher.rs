@@ -3,16 +3,18 @@
 //! idempotent ingest, and the counter-test that shows the lease is what prevents
 //! duplicates.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use lull_core::dispatcher::{Accepted, Event};
 use lull_core::domain::{ConversationRef, HolderId, LeaseKey, Platform};
-use lull_core::store::{MessageEdit, NewMessage, NewReply, SqliteStore, Store, StoreError};
+use lull_core::store::{
+    FaultPlan, MessageEdit, NewMessage, NewReply, SqliteStore, Store, StoreError,
+};
 use lull_core::timing::TimerPolicy;
 use lull_port::SendError;
 
-use crate::helpers::faulty_store::FaultyStore;
 use crate::helpers::{
     CountingEcho, GatedResponder, Leases, Node, db, ms, settings, temp_db, wait_event,
 };
@@ -710,10 +712,13 @@ async fn fencing_stops_a_frozen_holder_end_to_end() {
     let db = temp_db();
     let ttl = 900;
     let settings = settings(100, 5000, ttl);
-    let frozen_store = FaultyStore::new(SqliteStore::open(&db.path, settings.timers).unwrap());
-    frozen_store.freeze_renewals.store(true, Ordering::SeqCst);
+    let frozen = Arc::new(FaultPlan::default());
+    frozen.freeze_renewals(true);
+    let frozen_store = SqliteStore::open(&db.path, settings.timers)
+        .unwrap()
+        .with_faults(frozen);
     let (slow, mut started) = GatedResponder::new();
-    let a = Node::start_with_store(frozen_store, settings.clone(), slow.clone());
+    let a = Node::start_with_store(Arc::new(frozen_store), settings.clone(), slow.clone());
     let mut a_events = a.events();
 
     a.send("c1", "m1", "hello").await;

@@ -12,11 +12,10 @@ use lull_core::dispatcher::{Accepted, Event, IngestError};
 use lull_core::domain::Platform;
 use lull_core::llm::echo::{EchoDelay, EchoResponder};
 use lull_core::llm::{Generation, LlmError, Prompt, Responder};
-use lull_core::store::SqliteStore;
+use lull_core::store::{FaultPlan, SqliteStore};
 use lull_port::{Content, IncomingKind};
 
 use crate::dispatcher::wait_settled;
-use crate::helpers::faulty_store::FaultyStore;
 use crate::helpers::{
     CountingEcho, GatedResponder, Leases, Node, db, message, settings, temp_db, wait_event,
 };
@@ -57,13 +56,16 @@ async fn empty_and_huge_messages_are_refused_and_nothing_is_stored() {
 async fn a_database_that_cannot_write_refuses_without_losing_anything() {
     let db = temp_db();
     let settings = settings(100, 3000, 3000);
-    let store = FaultyStore::new(SqliteStore::open(&db.path, settings.timers).unwrap());
+    let faults = Arc::new(FaultPlan::default());
+    let store = SqliteStore::open(&db.path, settings.timers)
+        .unwrap()
+        .with_faults(faults.clone());
     let (responder, mut started) = GatedResponder::new();
-    let node = Node::start_with_store(store.clone(), settings, responder.clone());
+    let node = Node::start_with_store(Arc::new(store), settings, responder.clone());
     node.send("c1", "m1", "kept").await;
     assert_eq!(started.recv().await, Some(1));
 
-    store.busy_ingest.store(true, Ordering::SeqCst);
+    faults.busy_intake(true);
     let busy = node
         .dispatcher
         .ingest(message("c1", "m2", "refused"))
@@ -71,15 +73,15 @@ async fn a_database_that_cannot_write_refuses_without_losing_anything() {
         .unwrap_err();
     assert!(matches!(busy, IngestError::NotStored(_)), "{busy:?}");
     assert!(busy.to_string().contains("busy"), "{busy}");
-    store.busy_ingest.store(false, Ordering::SeqCst);
-    store.full_ingest.store(true, Ordering::SeqCst);
+    faults.busy_intake(false);
+    faults.full_intake(true);
     let full = node
         .dispatcher
         .ingest(message("c1", "m2", "refused"))
         .await
         .unwrap_err();
     assert!(full.to_string().contains("full"), "{full}");
-    store.full_ingest.store(false, Ordering::SeqCst);
+    faults.full_intake(false);
 
     responder.open(10);
     let replies = node.outbound.wait_replies(1, Duration::from_secs(10)).await;

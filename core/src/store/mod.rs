@@ -7,6 +7,7 @@
 //! holder, fencing token and expiry inside the same transaction as their writes.
 
 mod condition;
+mod faults;
 mod migrations;
 mod sqlite;
 
@@ -21,6 +22,8 @@ use crate::domain::{
 };
 use crate::timing::TimerPolicy;
 
+#[cfg(feature = "test-switches")]
+pub use faults::FaultPlan;
 pub use sqlite::{Inspection, SqliteStore};
 
 /// Open the store at `path` (creating and migrating it if needed), as a `lull run` or

@@ -18,6 +18,9 @@ use rusqlite::{
 };
 
 use super::condition::Condition;
+#[cfg(feature = "test-switches")]
+use super::faults::FaultPlan;
+use super::faults::Operation;
 use super::{
     Batch, CommitOutcome, DueWork, Exchange, IngestOutcome, MessageEdit, NewMessage, NewNotice,
     NewReply, OutboxKind, OutboxRow, PendingMessage, RecentConversation, Store, StoreError,
@@ -69,6 +72,9 @@ pub struct SqliteStore {
     /// fixed when the store is opened, not an argument of each call.
     timers: TimerPolicy,
     lease_rows: LeaseRows,
+    /// A test's fault plan (all switches off unless a test set one).
+    #[cfg(feature = "test-switches")]
+    faults: Arc<FaultPlan>,
     /// What real operations found out about the file; `ping` reports it.
     condition: Arc<Condition>,
 }
@@ -181,6 +187,8 @@ impl SqliteStore {
             path,
             timers,
             lease_rows: LeaseRows::Shared,
+            #[cfg(feature = "test-switches")]
+            faults: Arc::default(),
             condition: Arc::default(),
         })
     }
@@ -193,6 +201,15 @@ impl SqliteStore {
     #[cfg(feature = "test-switches")]
     pub fn without_lease_checks(mut self) -> Self {
         self.lease_rows = LeaseRows::PerHolder;
+        self
+    }
+
+    /// The same store, consulting `plan` where its writes reach the database: a test
+    /// flips the plan's switches to make writes fail or renewals freeze. Exists only
+    /// in builds with the `test-switches` feature.
+    #[cfg(feature = "test-switches")]
+    pub fn with_faults(mut self, plan: Arc<FaultPlan>) -> Self {
+        self.faults = plan;
         self
     }
 
@@ -313,14 +330,34 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&Transaction<'_>) -> Result<T, StoreError> + Send + 'static,
     {
-        let result = self
-            .on_blocking_pool(move |conn| {
+        self.write_as(Operation::Other, context, f).await
+    }
+
+    /// [`SqliteStore::write`] for a write a fault plan tells apart: the one place a
+    /// write reaches the database, where a test's plan is consulted (test builds).
+    #[cfg_attr(not(feature = "test-switches"), allow(unused_variables))]
+    async fn write_as<T, F>(
+        &self,
+        operation: Operation,
+        context: &'static str,
+        f: F,
+    ) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Transaction<'_>) -> Result<T, StoreError> + Send + 'static,
+    {
+        let result = async {
+            #[cfg(feature = "test-switches")]
+            self.faults.before_write(operation)?;
+            self.on_blocking_pool(move |conn| {
                 let tx = conn.transaction().ctx(context)?;
                 let value = f(&tx)?;
                 tx.commit().ctx(context)?;
                 Ok(value)
             })
-            .await;
+            .await
+        }
+        .await;
         self.condition.observe(&result, true);
         result
     }
@@ -551,7 +588,7 @@ impl Store for SqliteStore {
     ) -> Result<IngestOutcome, StoreError> {
         let holder = holder.clone();
         let policy = self.timers;
-        self.write("storing a message", move |tx| {
+        self.write_as(Operation::Intake, "storing a message", move |tx| {
             let conversation = upsert_conversation(tx, &message.conversation, message.is_group, now)?;
             // No duplicate: a redelivered platform message is stored once.
             let inserted = tx
@@ -592,7 +629,7 @@ impl Store for SqliteStore {
     ) -> Result<IngestOutcome, StoreError> {
         let holder = holder.clone();
         let policy = self.timers;
-        self.write("editing a message", move |tx| {
+        self.write_as(Operation::Intake, "editing a message", move |tx| {
             let found: Option<(i64, i64)> = tx
                 .query_row(
                     "SELECT id, answered_version FROM conversations WHERE platform = ?1 AND key = ?2",
@@ -798,9 +835,15 @@ impl Store for SqliteStore {
         now: Timestamp,
     ) -> Result<Lease, StoreError> {
         let mut lease = lease.clone();
+        let expires_at = now.plus(ttl);
+        #[cfg(feature = "test-switches")]
+        if self.faults.renewals_frozen() {
+            // A frozen process: it believes it renewed; the database never heard of it.
+            lease.expires_at = expires_at;
+            return Ok(lease);
+        }
         let row = self.lease_row(&lease.key, &lease.holder);
         self.write("renewing a lease", move |tx| {
-            let expires_at = now.plus(ttl);
             // Exclusive: only the live holder with this fencing token extends the lease.
             let changed = tx
                 .execute(

@@ -4,8 +4,6 @@
 
 #![allow(dead_code)]
 
-pub mod faulty_store;
-
 pub use crate::support::db;
 
 use std::path::{Path, PathBuf};

@@ -19,6 +19,7 @@ mod llm;
 mod project;
 mod promql;
 mod shutdown;
+mod store;
 mod stress;
 mod telegram;
 mod webhook;

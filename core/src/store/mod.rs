@@ -7,6 +7,8 @@
 //! holder, fencing token and expiry inside the same transaction as their writes.
 
 mod condition;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 mod faults;
 mod migrations;
 mod sqlite;

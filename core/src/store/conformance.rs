@@ -1,0 +1,924 @@
+//! One test body for every [`Store`] backend: the contract checked from the outside,
+//! through the trait alone, so SQLite and PostgreSQL answer to the same checks.
+//!
+//! A backend's tests run every check with [`store_conformance!`](crate::store_conformance),
+//! given an async function that opens a fresh, empty store with the timer policy it is
+//! handed ([`policy`]):
+//!
+//! ```ignore
+//! async fn open(timers: TimerPolicy) -> Box<dyn Store> { /* a fresh database */ }
+//! lull_core::store_conformance!(open);
+//! ```
+//!
+//! Time is an argument of every store call, so the checks use their own timeline
+//! ([`at`]) and never sleep. Exists only in builds with the `conformance` feature.
+
+use std::time::Duration;
+
+use super::{
+    Batch, CommitOutcome, DueWork, Exchange, IngestOutcome, MessageEdit, NewMessage, NewNotice,
+    NewReply, OutboxKind, OutboxRow, RecentConversation, Store, StoreError, WorkQuery,
+};
+use crate::domain::{
+    ConversationId, ConversationRef, HolderId, Lease, LeaseKey, OutboxId, Platform, Said,
+    Timestamp, Version,
+};
+use crate::timing::TimerPolicy;
+
+/// Runs every conformance check as its own `#[tokio::test]`, each on a fresh store
+/// opened by `$open`: a path to an `async fn(TimerPolicy) -> S` where `S`
+/// dereferences to a [`Store`] (a `Box`, an `Arc`, or a guard that also keeps a
+/// temporary folder alive). The calling crate depends on tokio.
+#[macro_export]
+macro_rules! store_conformance {
+    ($open:path) => {
+        $crate::store_conformance!(@each $open;
+            ingest_is_idempotent,
+            ingest_bumps_the_version_and_arms_the_capped_timer,
+            edits_change_only_pending_messages,
+            a_lease_is_claimed_by_compare_and_swap,
+            a_lease_is_renewed_and_released,
+            fencing_refuses_a_replaced_holder,
+            a_commit_answers_the_batch,
+            a_newer_message_makes_the_reply_stale,
+            the_cap_forces_a_stale_reply_out,
+            a_forced_reply_leaves_an_edited_message_pending,
+            giving_up_covers_each_message_once,
+            a_timer_with_pending_messages_is_never_disarmed,
+            the_outbox_is_delivered_in_order,
+            failures_back_off_and_reset_starts_afresh,
+            due_work_hands_timers_off_between_holders,
+            due_work_leaves_leased_conversations_alone,
+            due_work_includes_undelivered_outbox_rows,
+            recent_conversations_resume_after_the_last_stored_message,
+            settled_and_pending_conversations,
+            ping_answers_on_a_sound_store,
+        );
+    };
+    (@each $open:path; $($check:ident),* $(,)?) => {
+        $(
+            #[::tokio::test]
+            async fn $check() {
+                let store = $open($crate::store::conformance::policy()).await;
+                $crate::store::conformance::$check(&*store).await;
+            }
+        )*
+    };
+}
+
+/// The timer policy every check assumes: a 1 s debounce, a 4 s cap, a batch of 4.
+pub fn policy() -> TimerPolicy {
+    TimerPolicy::new(ms(1000), ms(4000), 4).expect("the conformance policy is valid")
+}
+
+/// The lease lifetime the checks claim with.
+const TTL: Duration = Duration::from_secs(10);
+
+/// The checks' timeline: `n` milliseconds after their epoch.
+pub fn at(n: u64) -> Timestamp {
+    Timestamp(1_700_000_000_000).plus(ms(n))
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn holder(name: &str) -> HolderId {
+    HolderId::new(name)
+}
+
+fn http(key: &str) -> ConversationRef {
+    ConversationRef::new(Platform::Http, key)
+}
+
+fn message(conversation: ConversationRef, id: &str) -> NewMessage {
+    NewMessage {
+        conversation,
+        is_group: false,
+        message_id: id.into(),
+        user_id: "u1".into(),
+        author: "Ann".into(),
+        text: format!("text of {id}"),
+    }
+}
+
+fn reply(text: &str) -> NewReply {
+    NewReply {
+        text: text.into(),
+        usage: None,
+        llm_ms: 1,
+    }
+}
+
+/// Ingest a message that must be stored: its conversation, version and timer deadline.
+async fn stored(
+    store: &dyn Store,
+    message: NewMessage,
+    by: &HolderId,
+    now: Timestamp,
+) -> (ConversationId, Version, Timestamp) {
+    let id = message.message_id.clone();
+    match store.ingest(message, by, now).await {
+        Ok(IngestOutcome::Stored {
+            conversation,
+            version,
+            due_at,
+        }) => (conversation, version, due_at),
+        other => panic!("message {id} was not stored: {other:?}"),
+    }
+}
+
+async fn claim(store: &dyn Store, key: &LeaseKey, by: &HolderId, now: Timestamp) -> Option<Lease> {
+    store
+        .claim_lease(key, by, TTL, now)
+        .await
+        .expect("claiming a lease")
+}
+
+async fn claimed(
+    store: &dyn Store,
+    conversation: ConversationId,
+    by: &HolderId,
+    now: Timestamp,
+) -> Lease {
+    claim(store, &LeaseKey::Conversation(conversation), by, now)
+        .await
+        .unwrap_or_else(|| panic!("the lease on {conversation} is free at {now:?}"))
+}
+
+async fn collect(store: &dyn Store, conversation: ConversationId) -> Batch {
+    store
+        .collect(conversation, 10)
+        .await
+        .expect("collecting a batch")
+}
+
+/// A round about to generate: the messages `ids` stored in `conversation` by `by`,
+/// 100 ms apart from 0, then the lease claimed by `by` at `claim_at` and the batch
+/// collected.
+async fn round(
+    store: &dyn Store,
+    conversation: &ConversationRef,
+    by: &HolderId,
+    ids: &[&str],
+    claim_at: Timestamp,
+) -> (ConversationId, Lease, Batch) {
+    let mut id = None;
+    for (n, message_id) in (0..).zip(ids) {
+        let message = message(conversation.clone(), message_id);
+        id = Some(stored(store, message, by, at(100 * n)).await.0);
+    }
+    let id = id.expect("a round has messages");
+    let lease = claimed(store, id, by, claim_at).await;
+    (id, lease, collect(store, id).await)
+}
+
+fn pending_ids(batch: &Batch) -> Vec<&str> {
+    batch
+        .pending
+        .iter()
+        .map(|m| m.message_id.as_str())
+        .collect()
+}
+
+async fn committed(
+    store: &dyn Store,
+    lease: &Lease,
+    batch: &Batch,
+    text: &str,
+    now: Timestamp,
+) -> (OutboxId, bool) {
+    match store.commit_reply(lease, batch, reply(text), now).await {
+        Ok(CommitOutcome::Committed { outbox, forced }) => (outbox, forced),
+        other => panic!("the reply {text:?} was not committed: {other:?}"),
+    }
+}
+
+/// Commit a reply that must be refused as stale: the version the conversation is at.
+async fn stale(store: &dyn Store, lease: &Lease, batch: &Batch, now: Timestamp) -> Version {
+    match store.commit_reply(lease, batch, reply("stale"), now).await {
+        Ok(CommitOutcome::Stale { version }) => version,
+        other => panic!("the reply was not stale: {other:?}"),
+    }
+}
+
+fn lost<T: std::fmt::Debug>(result: Result<T, StoreError>, what: &str) {
+    assert!(
+        matches!(result, Err(StoreError::LeaseLost(_))),
+        "{what}: expected LeaseLost, got {result:?}"
+    );
+}
+
+fn query(by: &HolderId, limit: usize) -> WorkQuery {
+    WorkQuery {
+        platforms: vec![Platform::Http],
+        holder: by.clone(),
+        handoff: ms(500),
+        limit,
+    }
+}
+
+async fn due(store: &dyn Store, query: &WorkQuery, now: Timestamp) -> DueWork {
+    store.due_work(query, now).await.expect("finding due work")
+}
+
+/// No duplicate: a redelivered update is not stored or counted again; the same
+/// platform id in another conversation is another message.
+pub async fn ingest_is_idempotent(store: &dyn Store) {
+    let a = holder("a");
+    let (id, version, _) = stored(store, message(http("c1"), "m1"), &a, at(0)).await;
+    assert_eq!(version, Version(1));
+    let again = store.ingest(message(http("c1"), "m1"), &a, at(10)).await;
+    assert_eq!(
+        again.unwrap(),
+        IngestOutcome::Duplicate { conversation: id },
+        "a redelivered message is a duplicate"
+    );
+    let batch = collect(store, id).await;
+    assert_eq!(
+        batch.v0,
+        Version(1),
+        "a redelivery does not bump the version"
+    );
+    assert_eq!(pending_ids(&batch), ["m1"]);
+    let (other, version, _) = stored(store, message(http("c2"), "m1"), &a, at(20)).await;
+    assert_ne!(other, id, "another conversation");
+    assert_eq!(version, Version(1));
+}
+
+/// Each message bumps the version and re-arms the timer to `now + debounce`, never
+/// past `first pending + max_wait`; a full batch is due at once.
+pub async fn ingest_bumps_the_version_and_arms_the_capped_timer(store: &dyn Store) {
+    let a = holder("a");
+    let c1 = http("c1");
+    let (id, version, due_at) = stored(store, message(c1.clone(), "m1"), &a, at(0)).await;
+    assert_eq!((version, due_at), (Version(1), at(1000)), "debounced");
+    let (_, version, due_at) = stored(store, message(c1.clone(), "m2"), &a, at(500)).await;
+    assert_eq!((version, due_at), (Version(2), at(1500)), "re-armed");
+    let (_, version, due_at) = stored(store, message(c1.clone(), "m3"), &a, at(3500)).await;
+    assert_eq!(
+        (version, due_at),
+        (Version(3), at(4000)),
+        "capped at the first pending message + max_wait"
+    );
+    let batch = collect(store, id).await;
+    assert_eq!(batch.v0, Version(3));
+    assert_eq!(
+        batch.timer.map(|t| (t.due_at, t.attempts)),
+        Some((at(4000), 0))
+    );
+    assert_eq!(batch.oldest_pending_at(), Some(at(0)));
+    let (_, _, due_at) = stored(store, message(c1, "m4"), &a, at(3600)).await;
+    assert_eq!(due_at, at(3600), "a full batch is due at once");
+}
+
+/// An edit of a pending message replaces its text and counts as a new message; an
+/// edit that changes nothing, of an unknown message or of an answered one is ignored.
+pub async fn edits_change_only_pending_messages(store: &dyn Store) {
+    let a = holder("a");
+    let c1 = http("c1");
+    let edit = |id: &str, text: &str| MessageEdit {
+        conversation: c1.clone(),
+        message_id: id.into(),
+        text: text.into(),
+    };
+    let (id, _, _) = stored(store, message(c1.clone(), "m1"), &a, at(0)).await;
+    assert_eq!(
+        store.edit(edit("m1", "edited"), &a, at(500)).await.unwrap(),
+        IngestOutcome::Stored {
+            conversation: id,
+            version: Version(2),
+            due_at: at(1500),
+        },
+        "an edit bumps the version and re-arms the timer"
+    );
+    let batch = collect(store, id).await;
+    assert_eq!(batch.v0, Version(2));
+    assert_eq!(batch.pending.len(), 1, "an edit is not another message");
+    assert_eq!(batch.pending[0].text, "edited");
+    for (ignored, why) in [
+        (edit("m1", "edited"), "an unchanged text"),
+        (edit("m9", "who?"), "an unknown message"),
+        (
+            MessageEdit {
+                conversation: http("nowhere"),
+                ..edit("m1", "x")
+            },
+            "an unknown conversation",
+        ),
+    ] {
+        assert_eq!(
+            store.edit(ignored, &a, at(600)).await.unwrap(),
+            IngestOutcome::EditIgnored,
+            "{why}"
+        );
+    }
+    let lease = claimed(store, id, &a, at(1500)).await;
+    committed(store, &lease, &batch, "answer", at(1500)).await;
+    assert_eq!(
+        store
+            .edit(edit("m1", "too late"), &a, at(1600))
+            .await
+            .unwrap(),
+        IngestOutcome::EditIgnored,
+        "an answered message"
+    );
+    let after = collect(store, id).await;
+    assert_eq!(after.v0, Version(2));
+    assert!(after.pending.is_empty() && after.timer.is_none());
+}
+
+/// Exclusive: a lease is claimed only while free or expired, and every claim bumps
+/// the fencing token.
+pub async fn a_lease_is_claimed_by_compare_and_swap(store: &dyn Store) {
+    let (a, b) = (holder("a"), holder("b"));
+    let (id, _, _) = stored(store, message(http("c1"), "m1"), &a, at(0)).await;
+    let key = LeaseKey::Conversation(id);
+    let first = claim(store, &key, &a, at(0)).await.expect("a free lease");
+    assert_eq!((&first.key, &first.holder), (&key, &a));
+    assert_eq!(first.expires_at, at(0).plus(TTL));
+    assert!(
+        claim(store, &key, &b, at(1)).await.is_none(),
+        "a live lease is not claimable"
+    );
+    assert!(
+        claim(store, &key, &a, at(1)).await.is_none(),
+        "not even by its holder"
+    );
+    let second = claim(store, &key, &b, first.expires_at)
+        .await
+        .expect("an expired lease is claimable");
+    assert!(second.token > first.token, "fencing tokens only grow");
+    let poller = LeaseKey::Poller(Platform::Telegram);
+    let polling = claim(store, &poller, &a, at(2)).await;
+    assert!(
+        polling.is_some(),
+        "leases of other resources are independent"
+    );
+    assert!(claim(store, &poller, &b, at(3)).await.is_none());
+}
+
+/// A renewal extends only the live holder's lease; a release frees it at once, and
+/// never frees a lease taken over since.
+pub async fn a_lease_is_renewed_and_released(store: &dyn Store) {
+    let (a, b, c) = (holder("a"), holder("b"), holder("c"));
+    let (id, _, _) = stored(store, message(http("c1"), "m1"), &a, at(0)).await;
+    let key = LeaseKey::Conversation(id);
+    let lease = claimed(store, id, &a, at(0)).await;
+    let renewed = store.renew_lease(&lease, TTL, at(5000)).await.unwrap();
+    assert_eq!(renewed.expires_at, at(5000).plus(TTL));
+    assert_eq!(renewed.token, lease.token, "a renewal is no new claim");
+    assert!(
+        claim(store, &key, &b, lease.expires_at).await.is_none(),
+        "a renewed lease outlives its first expiry"
+    );
+    store.release_lease(&renewed).await.unwrap();
+    let taken = claim(store, &key, &b, at(5001))
+        .await
+        .expect("a released lease is claimable at once");
+    assert!(taken.token > renewed.token);
+    lost(
+        store.renew_lease(&renewed, TTL, at(5002)).await,
+        "renewing a lease taken over",
+    );
+    store.release_lease(&renewed).await.unwrap();
+    assert!(
+        claim(store, &key, &c, at(5003)).await.is_none(),
+        "releasing a lost lease leaves the new holder's alone"
+    );
+    store.renew_lease(&taken, TTL, at(5004)).await.unwrap();
+    lost(
+        store.renew_lease(&taken, TTL, at(60_000)).await,
+        "renewing an expired lease",
+    );
+}
+
+/// Fencing: a holder whose lease expired and was taken over writes nothing; the new
+/// holder's commit goes through. An expired lease nobody took is no lease either.
+pub async fn fencing_refuses_a_replaced_holder(store: &dyn Store) {
+    let (a, b) = (holder("a"), holder("b"));
+    let c1 = http("c1");
+    let (id, old, batch) = round(store, &c1, &a, &["m1"], at(0)).await;
+    let new = claimed(store, id, &b, old.expires_at).await;
+    let now = old.expires_at.plus(ms(1));
+    lost(
+        store.commit_reply(&old, &batch, reply("late"), now).await,
+        "a commit of the replaced holder",
+    );
+    lost(
+        store.give_up(&old, &batch, "late", now).await,
+        "a give-up of the replaced holder",
+    );
+    lost(
+        store.record_failure(&old, at(60_000), now).await,
+        "a failure recorded by the replaced holder",
+    );
+    lost(
+        store.disarm_idle_timer(&old, batch.v0, now).await,
+        "a timer disarmed by the replaced holder",
+    );
+    let untouched = collect(store, id).await;
+    assert_eq!(pending_ids(&untouched), ["m1"]);
+    assert_eq!(untouched.timer.map(|t| t.attempts), Some(0));
+    assert!(store.due_outbox(id, now).await.unwrap().is_empty());
+    let (outbox, forced) = committed(store, &new, &untouched, "fresh", now).await;
+    assert!(!forced);
+    assert_eq!(store.due_outbox(id, now).await.unwrap()[0].id, outbox);
+
+    stored(store, message(c1, "m2"), &a, now).await;
+    let batch = collect(store, id).await;
+    lost(
+        store
+            .commit_reply(&new, &batch, reply("expired"), new.expires_at)
+            .await,
+        "a commit under an expired lease",
+    );
+}
+
+/// The final check: nothing new since the batch was collected → the reply is stored,
+/// covers the batch, the batch is answered and the timer goes. The next batch carries
+/// the exchange as history.
+pub async fn a_commit_answers_the_batch(store: &dyn Store) {
+    let a = holder("a");
+    let c1 = http("c1");
+    let (id, lease, batch) = round(store, &c1, &a, &["m1", "m2"], at(1100)).await;
+    assert_eq!(
+        (batch.v0, pending_ids(&batch)),
+        (Version(2), vec!["m1", "m2"])
+    );
+    let (outbox, forced) = committed(store, &lease, &batch, "answer", at(1200)).await;
+    assert!(!forced);
+    let after = collect(store, id).await;
+    assert!(
+        after.pending.is_empty() && after.timer.is_none(),
+        "{after:?}"
+    );
+    let rows = store.due_outbox(id, at(1200)).await.unwrap();
+    assert_eq!(rows.len(), 1);
+    let row = &rows[0];
+    assert_eq!(
+        (row.id, row.kind, row.text.as_str()),
+        (outbox, OutboxKind::Reply, "answer")
+    );
+    assert_eq!(
+        (row.conversation.clone(), row.reply_to.as_deref()),
+        (c1.clone(), Some("m2"))
+    );
+    assert_eq!(row.covers, ["m1", "m2"]);
+    assert_eq!(
+        (row.parts_sent, row.attempts, row.created_at),
+        (0, 0, at(1200))
+    );
+
+    stored(store, message(c1, "m3"), &a, at(2000)).await;
+    let next = collect(store, id).await;
+    assert_eq!(pending_ids(&next), ["m3"]);
+    assert_eq!(
+        next.history,
+        [Exchange {
+            user: vec![
+                Said::new("Ann", "text of m1"),
+                Said::new("Ann", "text of m2")
+            ],
+            reply: "answer".into(),
+        }]
+    );
+}
+
+/// Fresh: a message that arrived during generation makes the reply stale before the
+/// cap: nothing is stored, the timer stays, and the next round answers everything.
+pub async fn a_newer_message_makes_the_reply_stale(store: &dyn Store) {
+    let a = holder("a");
+    let c1 = http("c1");
+    let (id, lease, batch) = round(store, &c1, &a, &["m1"], at(1000)).await;
+    stored(store, message(c1, "m2"), &a, at(1200)).await;
+    assert_eq!(stale(store, &lease, &batch, at(1300)).await, Version(2));
+    assert!(store.due_outbox(id, at(1300)).await.unwrap().is_empty());
+    let next = collect(store, id).await;
+    assert_eq!(pending_ids(&next), ["m1", "m2"]);
+    assert!(next.timer.is_some(), "the timer stays armed");
+    committed(store, &lease, &next, "both", at(1400)).await;
+    let rows = store.due_outbox(id, at(1400)).await.unwrap();
+    assert_eq!(rows[0].covers, ["m1", "m2"]);
+}
+
+/// The cap: once the oldest message of the batch has waited `max_wait`, a stale reply
+/// is delivered, covering only the batch; the newer messages keep a timer whose cap
+/// counts from the oldest of them.
+pub async fn the_cap_forces_a_stale_reply_out(store: &dyn Store) {
+    let a = holder("a");
+    let c1 = http("c1");
+    let (id, lease, batch) = round(store, &c1, &a, &["m1"], at(1000)).await;
+    stored(store, message(c1.clone(), "m2"), &a, at(3000)).await;
+    let (_, _, due_at) = stored(store, message(c1, "m3"), &a, at(3900)).await;
+    assert_eq!(due_at, at(4000), "capped from m1");
+    let (outbox, forced) = committed(store, &lease, &batch, "forced", at(4000)).await;
+    assert!(forced, "the cap forced it");
+    assert_eq!(store.due_outbox(id, at(4000)).await.unwrap()[0].id, outbox);
+    assert_eq!(
+        store.due_outbox(id, at(4000)).await.unwrap()[0].covers,
+        ["m1"]
+    );
+    let next = collect(store, id).await;
+    assert_eq!(pending_ids(&next), ["m2", "m3"]);
+    assert_eq!(
+        next.timer.map(|t| t.due_at),
+        Some(at(4900)),
+        "debounced from m3, capped from m2 (7000), no longer from m1"
+    );
+}
+
+/// No duplicate: a reply the cap forces out does not cover a message edited since it
+/// was collected (the edit made it pending again); if every one was edited, the reply
+/// is stale.
+pub async fn a_forced_reply_leaves_an_edited_message_pending(store: &dyn Store) {
+    let a = holder("a");
+    let c1 = http("c1");
+    let edit = |text: &str| MessageEdit {
+        conversation: c1.clone(),
+        message_id: "m2".into(),
+        text: text.into(),
+    };
+    let (id, lease, batch) = round(store, &c1, &a, &["m1", "m2"], at(1100)).await;
+    store.edit(edit("m2, edited"), &a, at(3000)).await.unwrap();
+    let (_, forced) = committed(store, &lease, &batch, "forced", at(4000)).await;
+    assert!(forced);
+    assert_eq!(
+        store.due_outbox(id, at(4000)).await.unwrap()[0].covers,
+        ["m1"]
+    );
+    let next = collect(store, id).await;
+    assert_eq!(pending_ids(&next), ["m2"]);
+    assert_eq!(next.pending[0].text, "m2, edited");
+
+    store.edit(edit("m2, again"), &a, at(4100)).await.unwrap();
+    assert_eq!(
+        stale(store, &lease, &next, at(4200)).await,
+        Version(4),
+        "every collected message was edited since"
+    );
+}
+
+/// Giving up covers every message still pending up to `v0`, each at most once, as a
+/// notice that never enters the history; a newer message keeps its timer.
+pub async fn giving_up_covers_each_message_once(store: &dyn Store) {
+    let a = holder("a");
+    let c1 = http("c1");
+    let (id, lease, batch) = round(store, &c1, &a, &["m1", "m2"], at(1100)).await;
+    stored(store, message(c1, "m3"), &a, at(1200)).await;
+    let notice = store
+        .give_up(&lease, &batch, "too long", at(1300))
+        .await
+        .unwrap()
+        .expect("m1 and m2 were pending");
+    assert_eq!(
+        store
+            .give_up(&lease, &batch, "again", at(1300))
+            .await
+            .unwrap(),
+        None,
+        "nothing is given up twice"
+    );
+    let rows = store.due_outbox(id, at(1300)).await.unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!((rows[0].id, rows[0].kind), (notice, OutboxKind::Notice));
+    assert_eq!(
+        (rows[0].text.as_str(), rows[0].reply_to.as_deref()),
+        ("too long", Some("m2"))
+    );
+    assert_eq!(rows[0].covers, ["m1", "m2"]);
+    let next = collect(store, id).await;
+    assert_eq!(pending_ids(&next), ["m3"]);
+    assert!(next.timer.is_some(), "m3 keeps its timer");
+    assert!(
+        next.history.is_empty(),
+        "a notice is no history: {:?}",
+        next.history
+    );
+}
+
+/// A timer is disarmed only when nothing is pending.
+pub async fn a_timer_with_pending_messages_is_never_disarmed(store: &dyn Store) {
+    let a = holder("a");
+    let (id, lease, batch) = round(store, &http("c1"), &a, &["m1"], at(1000)).await;
+    store
+        .disarm_idle_timer(&lease, batch.v0, at(1000))
+        .await
+        .unwrap();
+    assert!(collect(store, id).await.timer.is_some());
+}
+
+/// Notices are queued at most once per key; delivery keeps outbox order (a row
+/// waiting for its retry holds back the rows behind it), records parts without going
+/// backwards, and a sent or given-up row is never due again.
+pub async fn the_outbox_is_delivered_in_order(store: &dyn Store) {
+    let a = holder("a");
+    let c1 = http("c1");
+    let (id, _, _) = stored(store, message(c1.clone(), "m1"), &a, at(0)).await;
+    let notice = |text: &str, key: &str| NewNotice {
+        conversation: c1.clone(),
+        is_group: false,
+        text: text.into(),
+        reply_to: None,
+        dedupe_key: key.into(),
+    };
+    assert!(
+        store
+            .enqueue_notice(notice("first", "k1"), &a, at(10))
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .enqueue_notice(notice("first", "k1"), &a, at(15))
+            .await
+            .unwrap(),
+        "at most one notice per key"
+    );
+    assert!(
+        store
+            .enqueue_notice(notice("second", "k2"), &a, at(20))
+            .await
+            .unwrap()
+    );
+    let texts =
+        |rows: &[OutboxRow]| -> Vec<String> { rows.iter().map(|r| r.text.clone()).collect() };
+    let rows = store.due_outbox(id, at(20)).await.unwrap();
+    assert_eq!(texts(&rows), ["first", "second"]);
+    assert!(
+        rows.iter()
+            .all(|r| r.kind == OutboxKind::Notice && r.covers.is_empty())
+    );
+    let (first, second) = (rows[0].id, rows[1].id);
+
+    store
+        .defer_outbox(first, at(1000), "timed out")
+        .await
+        .unwrap();
+    assert!(
+        store.due_outbox(id, at(999)).await.unwrap().is_empty(),
+        "the head waits for its retry, and the rows behind it wait too"
+    );
+    let rows = store.due_outbox(id, at(1000)).await.unwrap();
+    assert_eq!(texts(&rows), ["first", "second"]);
+    assert_eq!(rows[0].attempts, 1, "the failed attempt is counted");
+
+    store.mark_sent(first, 2, false, at(1000)).await.unwrap();
+    store.mark_sent(first, 1, false, at(1001)).await.unwrap();
+    let rows = store.due_outbox(id, at(1001)).await.unwrap();
+    assert_eq!(rows[0].parts_sent, 2, "parts sent never go backwards");
+    store.mark_sent(first, 3, true, at(1002)).await.unwrap();
+    store.defer_outbox(first, at(9000), "late").await.unwrap();
+    store.fail_outbox(first, "late", at(1003)).await.unwrap();
+    let rows = store.due_outbox(id, at(1003)).await.unwrap();
+    assert_eq!(texts(&rows), ["second"], "a sent row is done");
+
+    store
+        .fail_outbox(second, "refused", at(1004))
+        .await
+        .unwrap();
+    store.defer_outbox(second, at(1005), "again").await.unwrap();
+    assert!(
+        store.due_outbox(id, at(10_000)).await.unwrap().is_empty(),
+        "a given-up row is never tried again"
+    );
+}
+
+/// A failed generation backs the timer off (a new message does not cut the backoff
+/// short); `/reset` clears the backoff, makes the timer due now for the holder that
+/// took the command, and hides the earlier exchanges from the history.
+pub async fn failures_back_off_and_reset_starts_afresh(store: &dyn Store) {
+    let (a, b) = (holder("a"), holder("b"));
+    let c1 = http("c1");
+    let (id, lease, batch) = round(store, &c1, &a, &["m1"], at(1000)).await;
+    committed(store, &lease, &batch, "answer", at(1000)).await;
+    store.release_lease(&lease).await.unwrap();
+
+    stored(store, message(c1.clone(), "m2"), &a, at(2000)).await;
+    let lease = claimed(store, id, &a, at(3000)).await;
+    assert_eq!(collect(store, id).await.history.len(), 1);
+    let retry_at = at(60_000);
+    assert_eq!(
+        store
+            .record_failure(&lease, retry_at, at(3000))
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        store
+            .record_failure(&lease, retry_at, at(3100))
+            .await
+            .unwrap(),
+        2
+    );
+    store.release_lease(&lease).await.unwrap();
+    let (_, _, due_at) = stored(store, message(c1.clone(), "m3"), &a, at(3200)).await;
+    assert_eq!(
+        due_at, retry_at,
+        "a new message does not cut the backoff short"
+    );
+    let timer = collect(store, id).await.timer.expect("armed");
+    assert_eq!((timer.due_at, timer.attempts), (retry_at, 2));
+
+    store.reset_context(&c1, false, &b, at(4000)).await.unwrap();
+    let fresh = collect(store, id).await;
+    assert_eq!(
+        pending_ids(&fresh),
+        ["m2", "m3"],
+        "pending messages are kept"
+    );
+    assert!(fresh.history.is_empty(), "{:?}", fresh.history);
+    let timer = fresh.timer.expect("armed");
+    assert_eq!((timer.due_at, timer.attempts), (at(4000), 0));
+    assert_eq!(
+        due(store, &query(&b, 10), at(4000)).await.ready,
+        [id],
+        "due at once for the holder that took /reset"
+    );
+}
+
+/// A process's own timers are due at once; another's only a hand-off later; other
+/// platforms' timers never; the earliest future deadline is reported; `limit` holds.
+pub async fn due_work_hands_timers_off_between_holders(store: &dyn Store) {
+    let (a, b) = (holder("a"), holder("b"));
+    let none = store
+        .due_work(
+            &WorkQuery {
+                platforms: Vec::new(),
+                ..query(&a, 10)
+            },
+            at(0),
+        )
+        .await
+        .unwrap();
+    assert_eq!(none, DueWork::default(), "no platform, no work");
+    let (mine, _, _) = stored(store, message(http("c1"), "m1"), &a, at(0)).await;
+    let (theirs, _, _) = stored(store, message(http("c2"), "m1"), &b, at(0)).await;
+    let telegram = ConversationRef::new(Platform::Telegram, "t1");
+    stored(store, message(telegram, "m1"), &a, at(0)).await;
+
+    let early = due(store, &query(&a, 10), at(999)).await;
+    assert_eq!((early.ready, early.next_at), (vec![], Some(at(1000))));
+    let own = due(store, &query(&a, 10), at(1000)).await;
+    assert_eq!(own.ready, [mine], "own timers at once");
+    assert_eq!(
+        own.next_at,
+        Some(at(1500)),
+        "the other's after the hand-off"
+    );
+    assert_eq!(due(store, &query(&b, 10), at(1000)).await.ready, [theirs]);
+    let both = due(store, &query(&a, 10), at(1500)).await;
+    assert_eq!(both.ready, [mine, theirs], "earliest first; only http");
+    assert_eq!(both.next_at, None);
+    assert_eq!(due(store, &query(&a, 1), at(1500)).await.ready, [mine]);
+}
+
+/// A due conversation under a live lease is left alone until the lease expires (that
+/// moment is the next deadline) or is released.
+pub async fn due_work_leaves_leased_conversations_alone(store: &dyn Store) {
+    let (a, b) = (holder("a"), holder("b"));
+    let (leased, _, _) = stored(store, message(http("c1"), "m1"), &a, at(0)).await;
+    let (free, _, _) = stored(store, message(http("c2"), "m1"), &a, at(100)).await;
+    let lease = claimed(store, leased, &b, at(1000)).await;
+    let work = due(store, &query(&a, 10), at(1100)).await;
+    assert_eq!(work.ready, [free]);
+    assert_eq!(
+        work.next_at,
+        Some(lease.expires_at),
+        "free again when it expires"
+    );
+    assert_eq!(
+        due(store, &query(&a, 10), lease.expires_at).await.ready,
+        [leased, free],
+        "an expired lease excludes no one"
+    );
+    store.release_lease(&lease).await.unwrap();
+    assert_eq!(
+        due(store, &query(&a, 10), at(1200)).await.ready,
+        [leased, free]
+    );
+}
+
+/// No loss: a committed reply not yet delivered is due work (for its owner at once,
+/// for others after the hand-off, and for no one while a lease is live on it).
+pub async fn due_work_includes_undelivered_outbox_rows(store: &dyn Store) {
+    let (a, b) = (holder("a"), holder("b"));
+    let (id, lease, batch) = round(store, &http("c1"), &b, &["m1"], at(1000)).await;
+    let (outbox, _) = committed(store, &lease, &batch, "answer", at(1000)).await;
+    let leased = due(store, &query(&b, 10), at(1000)).await;
+    assert!(leased.ready.is_empty(), "the holder is delivering it");
+    store.release_lease(&lease).await.unwrap();
+    assert_eq!(
+        due(store, &query(&b, 10), at(1000)).await.ready,
+        [id],
+        "its owner at once"
+    );
+    let other = due(store, &query(&a, 10), at(1000)).await;
+    assert_eq!((other.ready, other.next_at), (vec![], Some(at(1500))));
+    assert_eq!(due(store, &query(&a, 10), at(1500)).await.ready, [id]);
+    store.mark_sent(outbox, 1, true, at(1600)).await.unwrap();
+    assert_eq!(
+        due(store, &query(&a, 10), at(1600)).await,
+        DueWork::default()
+    );
+}
+
+/// Conversations of a platform with a message stored since a moment, most recent
+/// first, each with the platform id of the message stored last (not the largest id).
+pub async fn recent_conversations_resume_after_the_last_stored_message(store: &dyn Store) {
+    let a = holder("a");
+    stored(store, message(http("c1"), "m9"), &a, at(0)).await;
+    stored(store, message(http("c1"), "m10"), &a, at(300)).await;
+    let group = NewMessage {
+        is_group: true,
+        ..message(http("g1"), "x1")
+    };
+    stored(store, group, &a, at(200)).await;
+    stored(
+        store,
+        message(ConversationRef::new(Platform::Telegram, "t1"), "7"),
+        &a,
+        at(250),
+    )
+    .await;
+    let recent = |platform, since, limit| store.recent_conversations(platform, since, limit);
+    let entry = |key: &str, is_group, last: &str| RecentConversation {
+        conversation: http(key),
+        is_group,
+        last_message_id: last.into(),
+    };
+    assert_eq!(
+        recent(Platform::Http, at(100), 10).await.unwrap(),
+        [entry("c1", false, "m10"), entry("g1", true, "x1")]
+    );
+    assert_eq!(
+        recent(Platform::Http, at(250), 10).await.unwrap(),
+        [entry("c1", false, "m10")]
+    );
+    assert_eq!(
+        recent(Platform::Http, at(0), 1).await.unwrap(),
+        [entry("c1", false, "m10")]
+    );
+    assert_eq!(
+        recent(Platform::Telegram, at(0), 10).await.unwrap().len(),
+        1
+    );
+    assert!(
+        recent(Platform::Discord, at(0), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+/// A conversation is settled with nothing pending, no timer and nothing undelivered;
+/// the pending count counts conversations waiting for a reply.
+pub async fn settled_and_pending_conversations(store: &dyn Store) {
+    let a = holder("a");
+    let c1 = http("c1");
+    assert_eq!(store.is_settled(&c1).await.unwrap(), None, "unknown");
+    assert_eq!(store.pending_conversations().await.unwrap(), 0);
+    let (id, _, _) = stored(store, message(c1.clone(), "m1"), &a, at(0)).await;
+    stored(store, message(http("c2"), "m1"), &a, at(0)).await;
+    assert_eq!(store.pending_conversations().await.unwrap(), 2);
+    assert_eq!(store.is_settled(&c1).await.unwrap(), Some(false), "pending");
+    let lease = claimed(store, id, &a, at(1000)).await;
+    let batch = collect(store, id).await;
+    let (outbox, _) = committed(store, &lease, &batch, "answer", at(1000)).await;
+    assert_eq!(store.pending_conversations().await.unwrap(), 1);
+    assert_eq!(
+        store.is_settled(&c1).await.unwrap(),
+        Some(false),
+        "undelivered"
+    );
+    store.mark_sent(outbox, 1, true, at(1100)).await.unwrap();
+    assert_eq!(store.is_settled(&c1).await.unwrap(), Some(true));
+}
+
+/// A sound store answers the health check, before and after it holds data.
+pub async fn ping_answers_on_a_sound_store(store: &dyn Store) {
+    store.ping().await.expect("an empty store");
+    stored(store, message(http("c1"), "m1"), &holder("a"), at(0)).await;
+    store.ping().await.expect("a store with data");
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every check is run: each `pub async fn` of this module is named in
+    /// `store_conformance!`, the only place that runs them.
+    #[test]
+    fn the_macro_runs_every_check() {
+        let source = include_str!("conformance.rs");
+        let (macro_body, checks) = source
+            .split_once("/// The timer policy every check assumes")
+            .expect("the macro comes first");
+        let missing: Vec<&str> = checks
+            .split("\npub async fn ")
+            .skip(1)
+            .filter_map(|rest| rest.split_once('(').map(|(name, _)| name))
+            .filter(|name| !macro_body.contains(&format!("{name},")))
+            .collect();
+        assert!(missing.is_empty(), "checks never run: {missing:?}");
+    }
+}

@@ -5,6 +5,15 @@
 //! is one short transaction; none writes back a row it read earlier, each changes
 //! only its own fields. Methods that act under a lease take the [`Lease`] and check
 //! holder, fencing token and expiry inside the same transaction as their writes.
+//!
+//! - The contract is spelled once, in [`Store`]; a backend is opened with the
+//!   deployment's [`TimerPolicy`] and reports failures as a backend-neutral
+//!   [`StoreError`].
+//! - `conformance` (feature `conformance`): the contract as one test body every
+//!   backend runs.
+//! - `FaultPlan` (feature `test-switches`): faults a test injects into a real backend.
+//! - [`SqliteStore`]: the backend on one SQLite file (schema migrations, condition
+//!   tracking and fault hooks are its private parts).
 
 mod condition;
 #[cfg(feature = "conformance")]
@@ -33,7 +42,7 @@ pub use sqlite::{Inspection, SqliteStore};
 ///
 /// In builds with the `test-switches` feature (tests only), `LULL_TEST_DISABLE_LEASE=1`
 /// opens it with leases that exclude no one (each process claims private lease rows,
-/// see [`SqliteStore::without_lease_checks`]): the counter-test's switch.
+/// see `SqliteStore::without_lease_checks`): the counter-test's switch.
 pub fn open(
     path: &std::path::Path,
     timers: TimerPolicy,
@@ -56,8 +65,10 @@ pub fn open(
 /// acting on and must abandon its work.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// Locked by another writer past the busy timeout: wait and try again.
     #[error("the database is busy (locked by another writer longer than the busy timeout)")]
     Busy,
+    /// No room for the write: nothing was stored; wait for space.
     #[error("the database or its disk is full")]
     Full,
     /// Pages of the file do not parse: only restoring a backup helps.
@@ -66,10 +77,13 @@ pub enum StoreError {
     /// The file cannot be read or written (permissions, a failing disk).
     #[error("the database file cannot be read or written: {0}")]
     Io(String),
+    /// Exclusive: the caller's lease expired or was taken over, so its write was
+    /// refused (fencing) and the work it protected must be abandoned.
     #[error("the lease on {0} was lost (expired or taken over)")]
     LeaseLost(LeaseKey),
     #[error("conversation {0} does not exist")]
     NoConversation(ConversationId),
+    /// The database cannot be opened or brought up to date at start.
     #[error("cannot open the database at {path}: {reason}")]
     Open { path: String, reason: String },
     /// Any other failure of the backend, in its own words: the error names no
@@ -79,8 +93,10 @@ pub enum StoreError {
         context: &'static str,
         message: String,
     },
+    /// A value in the database this build cannot read (an unknown platform name).
     #[error("unexpected data in the database: {0}")]
     Corrupt(String),
+    /// No connection came free in time, or the task running the query failed.
     #[error("database connection pool: {0}")]
     Pool(String),
 }
@@ -209,6 +225,7 @@ impl Batch {
     }
 }
 
+/// A conversation's timer as a round sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TimerState {
     pub due_at: Timestamp,

@@ -196,7 +196,7 @@ impl SqliteStore {
     /// The counter-test's switch: the same store and the same SQL, but every holder
     /// gets a private row for each lease, so no lease excludes anyone (claims never
     /// contend, fences pass, due work is never held back by a lease): processes race
-    /// as if there were no lease. See [`LeaseRows`]. Exists only in builds with the
+    /// as if there were no lease (why, in `LeaseRows`). Exists only in builds with the
     /// `test-switches` feature.
     #[cfg(feature = "test-switches")]
     pub fn without_lease_checks(mut self) -> Self {
@@ -213,6 +213,7 @@ impl SqliteStore {
         self
     }
 
+    /// The database file.
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -11,7 +11,8 @@
 //!   on one SQLite file.
 //! - [`dispatcher`]: the intake (ingest, commands), the scheduler, rounds (lease claim,
 //!   collect, generate, final check), outbox delivery and platform sessions.
-//! - [`llm`]: the responder seam (`echo`, `openai`), retries and prompt fitting.
+//! - [`llm`]: the responder seam (`echo`, `openai`; the reply shown as it is written),
+//!   retries and prompt fitting.
 //! - [`commands`], [`access`]: what `/help` and `/reset` answer; who may talk to the bot.
 //! - [`metrics`]: metric names, a contract with users' dashboards.
 //!

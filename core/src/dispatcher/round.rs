@@ -11,7 +11,7 @@ use super::delivery::Delivery;
 use super::lease_keeper::{LeaseKeeper, claim};
 use super::{Dispatcher, Event};
 use crate::domain::{ConversationId, LeaseKey, Said};
-use crate::llm::{FailureKind, Generation, LlmError, Prompt};
+use crate::llm::{FailureKind, Generation, LlmError, Partial, Prompt};
 use crate::metrics as names;
 use crate::store::{Batch, CommitOutcome, NewNotice, NewReply, StoreError};
 use crate::timing::FAILURE_BACKOFF;
@@ -230,8 +230,9 @@ impl Round<'_> {
                 None => std::future::pending().await,
             }
         };
+        let partial = Partial::ignored();
         tokio::select! {
-            generated = d.responder.respond(&prompt) => generated,
+            generated = d.responder.respond(&prompt, &partial) => generated,
             never = typing => never,
         }
     }

@@ -239,7 +239,8 @@ pub const SHUTDOWN_MARGIN: Duration = Duration::from_millis(1000);
 /// waits until every message is answered, then returns success. If the model fails,
 /// the messages stay stored (a later run answers them) and the exit code says so.
 pub async fn chat(config: Config, interrupt: impl Future<Output = ()>) -> anyhow::Result<ExitCode> {
-    let dispatcher = dispatcher(&config, vec![Arc::new(ConsoleOutbound::stdout())])?;
+    let console = Arc::new(ConsoleOutbound::stdout());
+    let dispatcher = dispatcher(&config, vec![console.clone()])?;
     let stop = CancellationToken::new();
     let scheduler = tokio::spawn(dispatcher.clone().run(stop.clone()));
     let mut events = dispatcher.subscribe();
@@ -258,6 +259,9 @@ pub async fn chat(config: Config, interrupt: impl Future<Output = ()>) -> anyhow
     };
     stop.cancel();
     scheduler.await.context("the scheduler task failed")?;
+    // A draft still shown (interrupted mid-reply) goes, and the terminal's line
+    // wrapping with it.
+    console.end_draft();
     Ok(match outcome {
         ChatEnd::Answered => ExitCode::SUCCESS,
         ChatEnd::Interrupted => {

@@ -98,7 +98,7 @@ pub struct Settings {
     /// System prompt.
     #[arg(long, global = true, env = "LULL_SYSTEM_PROMPT", default_value = DEFAULT_SYSTEM_PROMPT, hide_default_value = true)]
     pub system_prompt: String,
-    /// Time limit of one model request, in milliseconds.
+    /// Time limit of one model request, in milliseconds; for a streamed answer, of the wait for its first words and of every pause.
     #[arg(
         long,
         global = true,
@@ -139,6 +139,9 @@ pub struct Settings {
         default_value_t = 16_000
     )]
     pub history_chars: usize,
+    /// Live drafts: `auto` shows each reply while it is written where the platform has drafts (Telegram private chats, `lull chat` on a terminal); `off` never.
+    #[arg(long, global = true, env = "LULL_STREAM", default_value = "auto")]
+    pub stream: StreamMode,
 
     /// Database, `sqlite:PATH`.
     #[arg(
@@ -265,6 +268,15 @@ impl Settings {
 pub enum LlmKind {
     Openai,
     Echo,
+}
+
+/// `LULL_STREAM`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StreamMode {
+    /// Live drafts where the platform has them; the model's answer is streamed for them.
+    Auto,
+    /// No drafts: the model is asked for whole answers, as before streaming.
+    Off,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -517,6 +529,7 @@ impl Config {
                 shutdown_grace: Duration::from_millis(s.shutdown_grace_ms),
                 access: s.allowed_users.clone(),
                 max_reply_chars: s.max_reply_chars,
+                drafts: s.stream == StreamMode::Auto,
                 ..DispatchSettings::default()
             },
             http_addr: s.http_addr,
@@ -593,6 +606,13 @@ mod tests {
             Duration::from_millis(10_000)
         );
         assert_eq!(config.dispatch.lease.ttl(), Duration::from_secs(30));
+        assert!(config.dispatch.drafts, "LULL_STREAM=auto");
+        assert!(
+            !Config::from_settings(&settings(&["--stream", "off"]))
+                .unwrap()
+                .dispatch
+                .drafts
+        );
         assert!(
             config.telegram.is_none() && config.discord.is_none() && config.http_adapter.is_none()
         );

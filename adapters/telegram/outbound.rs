@@ -14,23 +14,37 @@
 //!   400 "chat not found" means it never will be delivered. teloxide waits 10 s after
 //!   a 5xx before reporting it (Telegram's own advice).
 //! - The "typing…" indicator lasts 5 s or until the bot sends a message.
+//! - `sendMessageDraft` (Bot API 9.5) shows a draft in a private chat: an animated
+//!   preview of a message being written (updates with the same `draft_id` animate),
+//!   1–4096 characters after entity parsing, lasting about 30 s. It is not a message:
+//!   the reply is still sent with `sendMessage`. Groups get 400. teloxide 0.17 does not
+//!   know the method; it is sent as a payload of our own through teloxide's JSON
+//!   request, on the same client, API URL, error mapping and token redaction. A Bot
+//!   API server that does not know it answers 404 "Not Found": drafts then stay off
+//!   in this process.
 //!
 //! There is no idempotency key in the Bot API: a part sent just before a crash, and
 //! not yet marked sent, is sent again on recovery. The core marks each part
 //! right after Telegram accepts it, which keeps that window to one request.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use serde::Serialize;
 use teloxide::payloads::{SendChatActionSetters, SendMessageSetters};
-use teloxide::requests::{Request, Requester};
-use teloxide::types::{ChatAction, ChatId, MessageId, ParseMode, ReplyParameters, ThreadId};
+use teloxide::requests::{JsonRequest, Payload, Request, Requester};
+use teloxide::types::{ChatAction, ChatId, MessageId, ParseMode, ReplyParameters, ThreadId, True};
 use teloxide::{ApiError, Bot, RequestError};
 
 use super::html::markdown_to_html;
 use super::{ChatKey, MAX_MESSAGE_CHARS, Redactor, request_error};
-use lull_port::domain::{ConversationRef, Platform};
+use lull_port::domain::{ConversationRef, DraftId, Platform};
 use lull_port::{Outbound, OutgoingPart, SendError};
+
+/// What a draft shows before the first words: Telegram shows a placeholder for an
+/// empty text only in newer Bot API versions, and refuses it in others.
+const PLACEHOLDER: &str = "…";
 
 /// The sending half: any process may send for any Telegram conversation (sending is
 /// not limited to the poller).
@@ -38,11 +52,56 @@ pub struct TelegramOutbound {
     /// Never printed: its `Debug` shows the token.
     bot: Bot,
     redactor: Redactor,
+    /// Cleared when the Bot API server does not know `sendMessageDraft`.
+    drafts: AtomicBool,
+}
+
+/// `sendMessageDraft`, which teloxide 0.17 lacks: sent as a [`JsonRequest`] like
+/// teloxide's own payloads.
+#[derive(Debug, Clone, Serialize)]
+struct SendMessageDraft {
+    chat_id: i64,
+    draft_id: u32,
+    text: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message_thread_id: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parse_mode: Option<ParseMode>,
+}
+
+impl Payload for SendMessageDraft {
+    type Output = True;
+    const NAME: &'static str = "SendMessageDraft";
 }
 
 impl TelegramOutbound {
     pub(super) fn new(bot: Bot, redactor: Redactor) -> Self {
-        Self { bot, redactor }
+        Self {
+            bot,
+            redactor,
+            drafts: AtomicBool::new(true),
+        }
+    }
+
+    /// One sendMessageDraft request.
+    async fn send_draft(
+        &self,
+        key: ChatKey,
+        draft: DraftId,
+        text: String,
+        html: bool,
+    ) -> Result<(), RequestError> {
+        let payload = SendMessageDraft {
+            chat_id: key.chat,
+            draft_id: draft.get(),
+            text,
+            message_thread_id: key.topic,
+            parse_mode: html.then_some(ParseMode::Html),
+        };
+        JsonRequest::new(self.bot.clone(), payload)
+            .send()
+            .await
+            .map(|_| ())
     }
 
     fn key(conversation: &ConversationRef) -> Result<ChatKey, SendError> {
@@ -189,6 +248,58 @@ impl Outbound for TelegramOutbound {
     fn typing_every(&self) -> Option<Duration> {
         Some(Duration::from_secs(4))
     }
+
+    /// Private chats only (groups refuse drafts).
+    fn drafts(&self, conversation: &ConversationRef) -> bool {
+        self.drafts.load(Ordering::Relaxed)
+            && ChatKey::parse(&conversation.key).is_some_and(|key| !key.is_group())
+    }
+
+    /// The part of the text being written (the last of the parts the reply will be
+    /// split into, so at most 4096 characters), as the reply's HTML, or plain text if
+    /// Telegram refuses the HTML.
+    async fn draft(
+        &self,
+        conversation: &ConversationRef,
+        draft: DraftId,
+        text: &str,
+    ) -> Result<(), SendError> {
+        let key = Self::key(conversation)?;
+        if key.is_group() {
+            return Err(SendError::Permanent(
+                "Telegram shows drafts in private chats only".into(),
+            ));
+        }
+        let part = if text.trim().is_empty() {
+            PLACEHOLDER.to_owned()
+        } else {
+            split_for_telegram(text).pop().unwrap_or_default()
+        };
+        let result = match self
+            .send_draft(key, draft, markdown_to_html(&part), true)
+            .await
+        {
+            Err(RequestError::Api(ApiError::CantParseEntities(_))) => {
+                self.send_draft(key, draft, part, false).await
+            }
+            other => other,
+        };
+        match result {
+            // teloxide reads Telegram's "Not Found" (an unknown method; the token
+            // works, other calls succeed) as an invalid token.
+            Err(RequestError::Api(ApiError::InvalidToken)) => {
+                if self.drafts.swap(false, Ordering::Relaxed) {
+                    tracing::warn!(
+                        "the Bot API server does not know sendMessageDraft (Bot API 9.5); live drafts are off, \"typing…\" is shown instead"
+                    );
+                }
+                Err(SendError::Permanent(
+                    "the Bot API server does not know sendMessageDraft".into(),
+                ))
+            }
+            other => other.map_err(|e| self.classify(e)),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -218,6 +329,22 @@ mod tests {
             classify_description("Too Many Requests: retry after 7"),
             SendError::RetryAfter(Duration::from_secs(7))
         );
+    }
+
+    #[test]
+    fn a_draft_is_a_bot_api_payload() {
+        let draft = SendMessageDraft {
+            chat_id: 42,
+            draft_id: 7,
+            text: "<b>hi</b>".into(),
+            message_thread_id: None,
+            parse_mode: Some(ParseMode::Html),
+        };
+        assert_eq!(
+            serde_json::to_value(&draft).unwrap(),
+            serde_json::json!({"chat_id": 42, "draft_id": 7, "text": "<b>hi</b>", "parse_mode": "HTML"})
+        );
+        assert_eq!(<SendMessageDraft as Payload>::NAME, "SendMessageDraft");
     }
 
     #[test]

@@ -10,8 +10,10 @@
 //! - [`store`]: the shared state behind one trait; [`store::SqliteStore`] implements it
 //!   on one SQLite file.
 //! - [`dispatcher`]: the intake (ingest, commands), the scheduler, rounds (lease claim,
-//!   collect, generate, final check), outbox delivery and platform sessions.
-//! - [`llm`]: the responder seam (`echo`, `openai`), retries and prompt fitting.
+//!   collect, generate, final check), live drafts, outbox delivery and platform
+//!   sessions.
+//! - [`llm`]: the responder seam (`echo`, `openai`; the reply shown as it is written),
+//!   retries and prompt fitting.
 //! - [`commands`], [`access`]: what `/help` and `/reset` answer; who may talk to the bot.
 //! - [`metrics`]: metric names, a contract with users' dashboards.
 //!

@@ -4,6 +4,7 @@
 //! platform's chat id where the store's conversation id belongs).
 
 use std::fmt;
+use std::num::NonZeroU32;
 use std::str::FromStr;
 
 /// A chat platform lull talks to. Timers are only taken by processes that serve the
@@ -108,6 +109,33 @@ impl fmt::Display for Version {
     }
 }
 
+/// Which live draft of a conversation a preview belongs to. Updates of one draft
+/// replace each other (Telegram animates them); a new id starts a new draft. Derived
+/// from the version of the batch it previews, so the draft of a newer batch never
+/// reuses the id of an older one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DraftId(NonZeroU32);
+
+impl DraftId {
+    /// The draft previewing the reply to the messages up to `version`.
+    pub fn for_version(version: Version) -> DraftId {
+        // Bot API integers: kept within 31 bits and never zero (Telegram refuses 0),
+        // wrapping after 2^31 - 1 versions of one conversation.
+        let id = (version.0 - 1).rem_euclid(i64::from(i32::MAX)) + 1;
+        DraftId(NonZeroU32::new(id as u32).expect("1 ..= i32::MAX is not zero"))
+    }
+
+    pub fn get(self) -> u32 {
+        self.0.get()
+    }
+}
+
+impl fmt::Display for DraftId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
 /// Milliseconds since the Unix epoch. Every process on one database compares these,
 /// so they come from the wall clock (see the core's `clock` module).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -177,6 +205,21 @@ mod tests {
             assert_eq!(p.as_str().parse::<Platform>().unwrap(), p);
         }
         assert!("irc".parse::<Platform>().is_err());
+    }
+
+    #[test]
+    fn draft_ids_follow_versions_and_are_never_zero() {
+        assert_eq!(DraftId::for_version(Version(1)).get(), 1);
+        assert_eq!(DraftId::for_version(Version(42)).get(), 42);
+        assert_eq!(
+            DraftId::for_version(Version(i64::from(i32::MAX))).get(),
+            i32::MAX as u32
+        );
+        assert_eq!(
+            DraftId::for_version(Version(i64::from(i32::MAX) + 1)).get(),
+            1
+        );
+        assert_eq!(DraftId::for_version(Version(0)).get(), i32::MAX as u32);
     }
 
     #[test]

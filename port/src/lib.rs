@@ -10,7 +10,8 @@
 //!
 //! - [`domain`]: the shared words (platform, conversation, version, outbox row).
 //! - [`intake`]: [`Incoming`] updates, the [`Intake`] port, what it answers, commands.
-//! - [`outbound`]: the [`Outbound`] trait and what a send can fail with.
+//! - [`outbound`]: the [`Outbound`] trait (replies, "typing…", live drafts) and what a
+//!   send can fail with.
 //! - [`session`]: [`Inbound`] adapters and the [`Session`] the core hands them.
 //! - [`health`]: what adapters report about their connection (`/healthz`).
 //! - [`retry`]: the one backoff policy and `Retry-After` parser.
@@ -26,7 +27,7 @@ pub mod secrets;
 pub mod session;
 pub mod split;
 
-pub use domain::{ConversationRef, OutboxId, OutboxKind, Platform, Timestamp};
+pub use domain::{ConversationRef, DraftId, OutboxId, OutboxKind, Platform, Timestamp};
 pub use health::{AdapterState, Health};
 pub use intake::{
     Accepted, Command, Content, Incoming, IncomingKind, IngestError, Intake, RecentConversation,

@@ -1,12 +1,12 @@
 //! What the core asks of an adapter: deliver one part of a reply or notice, show
-//! "typing…". Retries, backoff and dead-lettering are the core's; an adapter makes one
-//! attempt and says how it went.
+//! "typing…", show a live draft of a reply being written. Retries, backoff, pacing and
+//! dead-lettering are the core's; an adapter makes one attempt and says how it went.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::domain::{ConversationRef, OutboxId, OutboxKind, Platform, Timestamp};
+use crate::domain::{ConversationRef, DraftId, OutboxId, OutboxKind, Platform, Timestamp};
 
 /// One part of an outbox row, ready to send. Parts are numbered so a delivery
 /// interrupted by a crash resumes at the first unsent part.
@@ -71,5 +71,34 @@ pub trait Outbound: Send + Sync + 'static {
     /// through or the platform refuses it ([`SendError::Permanent`]).
     fn max_age(&self) -> Option<Duration> {
         None
+    }
+
+    /// Whether `conversation` can show a live draft: a preview of a reply while it is
+    /// written, which is not a message and leaves nothing in the chat (Telegram's
+    /// private chats). Default: no drafts.
+    fn drafts(&self, conversation: &ConversationRef) -> bool {
+        let _ = conversation;
+        false
+    }
+
+    /// Show `text` as draft `draft` of `conversation`, replacing what that draft showed.
+    /// `text` is the reply so far, in the same Markdown as [`OutgoingPart::text`] and at
+    /// most as long as a reply (the adapter renders it as it renders replies, and cuts
+    /// it to what one message holds); empty for a placeholder ("thinking…") before the
+    /// first words. A draft is never the reply: the reply still comes through
+    /// [`Outbound::send`], and a draft whose reply turned out stale is simply replaced
+    /// by a newer one. One attempt, best effort: the core paces the calls, slows down
+    /// on [`SendError::RetryAfter`] and stops drafting on [`SendError::Permanent`].
+    async fn draft(
+        &self,
+        conversation: &ConversationRef,
+        draft: DraftId,
+        text: &str,
+    ) -> Result<(), SendError> {
+        let _ = (conversation, draft, text);
+        Err(SendError::Permanent(format!(
+            "{} shows no drafts",
+            self.platform()
+        )))
     }
 }

@@ -80,6 +80,25 @@ impl Redactor {
     fn is(&self, secret: &str) -> bool {
         self.secret.expose_secret() == secret
     }
+
+    /// Where a tail of `text` that could be the start of the secret begins (at least
+    /// [`MIN_SECRET_CHARS`] of it, as is or the part after an `id:` colon), if any.
+    fn unfinished_at(&self, text: &str) -> Option<usize> {
+        let secret = self.secret.expose_secret();
+        let tail = secret.rsplit_once(':').map(|(_, tail)| tail);
+        [Some(secret), tail.filter(|t| t.len() >= 8)]
+            .into_iter()
+            .flatten()
+            .filter_map(|form| {
+                form.char_indices()
+                    .map(|(i, c)| i + c.len_utf8())
+                    .filter(|&end| end >= MIN_SECRET_CHARS && end < form.len())
+                    .filter(|&end| text.ends_with(&form[..end]))
+                    .max()
+                    .map(|end| text.len() - end)
+            })
+            .min()
+    }
 }
 
 /// An error and its sources on one line (`outer: cause: root cause`), a cause left out
@@ -126,6 +145,22 @@ pub fn redact(text: impl fmt::Display) -> String {
     registered
         .iter()
         .fold(text.to_string(), |text, redactor| redactor.redact(text))
+}
+
+/// A text still being written (a reply shown as a live draft) without any registered
+/// secret, and without a tail that may be the start of one: the rest of a key may be
+/// in the next words, where [`redact`] would only find it then.
+pub fn redact_growing(text: impl fmt::Display) -> String {
+    let mut text = redact(text);
+    let registered = REGISTERED.read().unwrap_or_else(|e| e.into_inner());
+    if let Some(at) = registered
+        .iter()
+        .filter_map(|r| r.unfinished_at(&text))
+        .min()
+    {
+        text.truncate(at);
+    }
+    text
 }
 
 /// An error and its sources on one line, without any registered secret.
@@ -201,6 +236,23 @@ mod tests {
             .filter(|r| r.is("sk-registered-key-1"))
             .count();
         assert_eq!(copies, 1);
+    }
+
+    #[test]
+    fn a_growing_text_never_shows_the_start_of_a_secret() {
+        register(&SecretString::from("sk-growing-key-0123456789"));
+        assert_eq!(redact_growing("the key is sk-gro"), "the key is ");
+        assert_eq!(
+            redact_growing("the key is sk-growing-key-012"),
+            "the key is "
+        );
+        assert_eq!(
+            redact_growing("the key is sk-growing-key-0123456789 and"),
+            "the key is <redacted> and"
+        );
+        // Three characters could start anything: they stay.
+        assert_eq!(redact_growing("ask"), "ask");
+        assert_eq!(redact_growing("plain text"), "plain text");
     }
 
     #[test]

@@ -104,6 +104,8 @@ async fn edit_under_the_cap() -> Row {
         ("TELEGRAM_API_URL", telegram.url.clone()),
         ("LULL_ECHO_DELAY_MS", "1500".into()),
         ("LULL_MAX_WAIT_MS", "500".into()),
+        // "typing…" (not a draft) in the private chat: it shows when generation starts.
+        ("LULL_STREAM", "off".into()),
     ])
     .await;
     let chat = 5101;

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use lull_core::dispatcher::{Accepted, Event, IngestError};
 use lull_core::domain::Platform;
 use lull_core::llm::echo::{EchoDelay, EchoResponder};
-use lull_core::llm::{Generation, LlmError, Prompt, Responder};
+use lull_core::llm::{Generation, LlmError, Partial, Prompt, Responder};
 use lull_core::store::{FaultPlan, SqliteStore};
 use lull_port::{Content, IncomingKind};
 
@@ -225,7 +225,7 @@ impl Responder for FlakyResponder {
         "flaky"
     }
 
-    async fn respond(&self, prompt: &Prompt) -> Result<Generation, LlmError> {
+    async fn respond(&self, prompt: &Prompt, partial: &Partial) -> Result<Generation, LlmError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         if self
             .failures_left
@@ -239,7 +239,7 @@ impl Responder for FlakyResponder {
             });
         }
         EchoResponder::new(EchoDelay::fixed(0))
-            .respond(prompt)
+            .respond(prompt, partial)
             .await
     }
 }

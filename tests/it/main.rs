@@ -9,6 +9,7 @@ mod check;
 mod conversations;
 mod discord;
 mod dispatcher;
+mod drafts;
 mod edits;
 mod faults;
 mod health;

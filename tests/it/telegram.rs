@@ -21,7 +21,8 @@ struct Tg {
     lull: LullProcess,
 }
 
-fn env(
+/// The environment of a `lull run` on the fake: `extra` adds or replaces variables.
+pub(crate) fn env(
     dir: &std::path::Path,
     fake: &TelegramFake,
     extra: &[(&str, &str)],
@@ -112,10 +113,11 @@ fn stored(db_path: &std::path::Path, conversation: &str) -> Vec<String> {
 }
 
 /// Three quick private messages get one reply covering all three, as HTML, with
-/// "typing…" shown while the model worked; the updates are confirmed once stored.
+/// the reply shown as a live draft while the model worked (a private chat's
+/// "typing…"); the updates are confirmed once stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_three_private_messages_gets_one_reply() {
-    // A model that takes a moment, so "typing…" has time to show.
+    // A model that takes a moment, so the draft has time to show.
     let tg = start(&[("LULL_ECHO_DELAY_MS", "800")]).await;
     let chat = 4201;
     let mut last_update = 0;
@@ -129,10 +131,10 @@ async fn a_burst_of_three_private_messages_gets_one_reply() {
     assert_eq!(sent[0].reply_to, None, "no quote in a private chat");
     assert!(
         tg.fake
-            .actions()
+            .drafts_to(chat)
             .iter()
-            .any(|a| a.chat_id == chat && a.action == "typing" && a.at <= sent[0].at),
-        "typing shown before the reply"
+            .any(|d| d.visible().starts_with("[echo]") && d.at <= sent[0].at),
+        "the reply drafted before it was sent"
     );
     // One reply covers all three; nothing is left to answer.
     let verdict = db::settled(&tg.db(), SECS(10)).await;
@@ -267,10 +269,13 @@ async fn an_edit_during_generation_yields_one_reply_to_the_edited_text() {
     let chat = 4204;
     let question = text_message(chat, chat, "what is 2+2?");
     tg.fake.push_message(question.clone());
-    // "typing…" is shown when the model is asked: generation has started.
+    // The reply's first words are drafted: generation has started.
     tg.fake
         .wait_for("generation started", SECS(10), |f| {
-            f.actions().iter().any(|a| a.chat_id == chat).then_some(())
+            f.drafts_to(chat)
+                .iter()
+                .any(|d| d.visible().starts_with("[echo]"))
+                .then_some(())
         })
         .await;
     tg.fake

@@ -3,6 +3,12 @@
 //! connection, a prompt refused as too long (in the error formats of several
 //! servers), an error body that echoes the `Authorization` header back. It records
 //! every request body (the exact message list lull sent).
+//!
+//! Streaming: every behaviour but [`Behavior::Stream`] answers a streamed request
+//! (`stream: true`) with one whole JSON answer, as a server that does not stream
+//! does; [`Behavior::Stream`] answers it with server-sent events, piece by piece with
+//! delays (usage in the last chunk), or breaking or stalling mid-way, and records
+//! when it sent each piece. [`Behavior::RefuseStream`] refuses `stream` with a 400.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -50,6 +56,59 @@ pub enum Behavior {
     /// share of requests with a random 5xx; refuses as too long (OpenAI's 400) every
     /// prompt whose user turn contains `poison`.
     Chaos(Chaos),
+    /// A streamed answer (a whole JSON one to a request that is not streamed).
+    Stream(Stream),
+    /// 400 "stream is not supported" to a streamed request; else like `Answer`.
+    RefuseStream,
+}
+
+/// The parameters of [`Behavior::Stream`].
+#[derive(Debug, Clone)]
+pub struct Stream {
+    /// The answer; `None`: `[model] <last user message>`, as `Answer`.
+    pub text: Option<String>,
+    /// Pieces the answer is cut into (at word boundaries), one event each.
+    pub pieces: usize,
+    /// Before each piece.
+    pub every: Duration,
+    /// Between the last piece and the end of the stream (the finish and usage chunks).
+    pub tail: Duration,
+    pub end: StreamEnd,
+}
+
+impl Stream {
+    /// `[model] <last user message>` in `pieces` pieces, one every `every`.
+    pub fn echo(pieces: usize, every: Duration) -> Stream {
+        Stream {
+            text: None,
+            pieces,
+            every,
+            tail: Duration::ZERO,
+            end: StreamEnd::Done,
+        }
+    }
+}
+
+/// How a [`Stream`] ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamEnd {
+    /// A finish reason, the usage chunk, `[DONE]`.
+    Done,
+    /// The connection breaks after the pieces.
+    Break,
+    /// Nothing more is sent, and the connection stays open.
+    Stall,
+}
+
+/// What the server sent of one streamed answer.
+#[derive(Debug, Clone)]
+pub struct Streamed {
+    /// The request it answered (index into `requests()`).
+    pub request: usize,
+    /// Each piece, and when it was sent.
+    pub pieces: Vec<(String, Instant)>,
+    /// When the stream ended (finish and usage sent), if it did.
+    pub ended: Option<Instant>,
 }
 
 /// The parameters of [`Behavior::Chaos`].
@@ -110,6 +169,7 @@ struct Inner {
     fallback: Mutex<Option<Behavior>>,
     requests: Mutex<Vec<Recorded>>,
     failures: Mutex<usize>,
+    streams: Mutex<Vec<Streamed>>,
 }
 
 pub struct FakeOpenAi {
@@ -150,6 +210,16 @@ impl FakeOpenAi {
 
     pub fn requests(&self) -> Vec<Recorded> {
         self.inner.requests.lock().unwrap().clone()
+    }
+
+    /// The streamed answers sent so far.
+    pub fn streams(&self) -> Vec<Streamed> {
+        self.inner.streams.lock().unwrap().clone()
+    }
+
+    /// Whether request `n` asked for a streamed answer.
+    pub fn streamed(&self, n: usize) -> bool {
+        self.requests()[n].body["stream"] == true
     }
 
     /// Requests answered with an error status.
@@ -222,6 +292,102 @@ fn error(status: u16, message: &str) -> Response {
         .into_response()
 }
 
+/// The pieces of `text`: `n` runs of whole words (spaces kept), in order.
+fn pieces(text: &str, n: usize) -> Vec<String> {
+    let words: Vec<&str> = text.split_inclusive(' ').collect();
+    let per = words.len().div_ceil(n.max(1)).max(1);
+    words.chunks(per).map(|w| w.concat()).collect()
+}
+
+fn sse(data: &Value) -> String {
+    format!("data: {data}\n\n")
+}
+
+fn chunk(body: &Value, choices: Value, usage: Value) -> Value {
+    json!({
+        "id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1_700_000_000u32,
+        "model": body["model"], "choices": choices, "usage": usage,
+    })
+}
+
+/// A streamed answer: the pieces of the text, one every `every`, then the finish
+/// reason and the usage chunk (or a break, or a stall).
+fn stream(inner: &Arc<Inner>, body: &Value, text: String, spec: Stream) -> Response {
+    let request = inner.requests.lock().unwrap().len() - 1;
+    let index = {
+        let mut streams = inner.streams.lock().unwrap();
+        streams.push(Streamed {
+            request,
+            pieces: Vec::new(),
+            ended: None,
+        });
+        streams.len() - 1
+    };
+    let messages = body["messages"].as_array().map_or(0, Vec::len) as u32;
+    let body = body.clone();
+    let inner = inner.clone();
+    let events = async_stream(move |tx| async move {
+        for piece in pieces(&text, spec.pieces) {
+            tokio::time::sleep(spec.every).await;
+            let data = chunk(
+                &body,
+                json!([{ "index": 0, "delta": { "role": "assistant", "content": piece }, "finish_reason": null }]),
+                Value::Null,
+            );
+            inner.streams.lock().unwrap()[index]
+                .pieces
+                .push((piece.clone(), Instant::now()));
+            if tx.send(Ok(sse(&data))).is_err() {
+                return;
+            }
+        }
+        tokio::time::sleep(spec.tail).await;
+        match spec.end {
+            StreamEnd::Break => {
+                let _ = tx.send(Err(std::io::Error::other("connection dropped")));
+            }
+            StreamEnd::Stall => std::future::pending::<()>().await,
+            StreamEnd::Done => {
+                let finish = chunk(
+                    &body,
+                    json!([{ "index": 0, "delta": {}, "finish_reason": "stop" }]),
+                    Value::Null,
+                );
+                let usage = chunk(
+                    &body,
+                    json!([]),
+                    json!({ "prompt_tokens": 10 * messages, "completion_tokens": 7, "total_tokens": 10 * messages + 7 }),
+                );
+                let _ = tx.send(Ok(sse(&finish)));
+                let _ = tx.send(Ok(sse(&usage)));
+                let _ = tx.send(Ok("data: [DONE]\n\n".to_owned()));
+                inner.streams.lock().unwrap()[index].ended = Some(Instant::now());
+            }
+        }
+    });
+    (
+        [(header::CONTENT_TYPE, "text/event-stream")],
+        Body::from_stream(events),
+    )
+        .into_response()
+}
+
+/// A body stream fed by a task: what `produce` sends, until it returns.
+fn async_stream<F, Fut>(
+    produce: F,
+) -> impl futures_util::Stream<Item = Result<String, std::io::Error>> + Send + 'static
+where
+    F: FnOnce(tokio::sync::mpsc::UnboundedSender<Result<String, std::io::Error>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    // Ends when the client goes away (the receiver is dropped with the body).
+    tokio::spawn(produce(tx));
+    futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    })
+}
+
 async fn completions(
     State(inner): State<Arc<Inner>>,
     headers: HeaderMap,
@@ -234,7 +400,7 @@ async fn completions(
     response
 }
 
-async fn respond(inner: &Inner, headers: HeaderMap, body: axum::body::Bytes) -> Response {
+async fn respond(inner: &Arc<Inner>, headers: HeaderMap, body: axum::body::Bytes) -> Response {
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let authorization = headers
         .get(header::AUTHORIZATION)
@@ -258,8 +424,25 @@ async fn respond(inner: &Inner, headers: HeaderMap, body: axum::body::Bytes) -> 
         .and_then(|m| m["content"].as_str())
         .unwrap_or_default()
         .to_owned();
+    let streamed = body["stream"] == true;
     match behavior {
-        Behavior::Answer => {
+        Behavior::Stream(spec) => {
+            let text = spec
+                .text
+                .clone()
+                .unwrap_or_else(|| format!("[model] {last_user}"));
+            if streamed {
+                stream(inner, &body, text, spec)
+            } else {
+                tokio::time::sleep(spec.every * spec.pieces as u32 + spec.tail).await;
+                axum::Json(completion(&text, &body)).into_response()
+            }
+        }
+        Behavior::RefuseStream if streamed => error(
+            400,
+            "stream is not supported by this server; set stream to false",
+        ),
+        Behavior::Answer | Behavior::RefuseStream => {
             axum::Json(completion(&format!("[model] {last_user}"), &body)).into_response()
         }
         Behavior::Content(content) => axum::Json(completion(&content, &body)).into_response(),

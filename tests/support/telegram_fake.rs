@@ -9,6 +9,12 @@
 //! with `retry_after`, 5xx, HTML it "cannot parse"). It validates HTML the way
 //! Telegram does (known tags, nesting, escaped `<`, `>`, `&`) and refuses texts over
 //! 4096 characters, so an accepted message is a well-formed one.
+//!
+//! `sendMessageDraft` (Bot API 9.5) is served as Telegram serves it: private chats
+//! only (400 for groups), a non-zero `draft_id`, 1–4096 characters after entity
+//! parsing (400 otherwise), the same HTML check as messages; every accepted draft is
+//! recorded (chat, draft id, text, time). Faults (a 429 with `retry_after`) are
+//! scripted like any method's.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
@@ -38,6 +44,31 @@ pub struct Sent {
     pub allow_without_reply: bool,
     pub message_id: i64,
     pub at: Instant,
+}
+
+impl Sent {
+    /// The text the user sees (entities parsed).
+    pub fn visible(&self) -> String {
+        visible_text(&self.text, self.parse_mode.as_deref()).expect("accepted messages parse")
+    }
+}
+
+/// A draft (sendMessageDraft) as the fake recorded it.
+#[derive(Debug, Clone)]
+pub struct DraftSent {
+    pub chat_id: i64,
+    pub thread_id: Option<i64>,
+    pub draft_id: i64,
+    pub text: String,
+    pub parse_mode: Option<String>,
+    pub at: Instant,
+}
+
+impl DraftSent {
+    /// The text the user sees (entities parsed).
+    pub fn visible(&self) -> String {
+        visible_text(&self.text, self.parse_mode.as_deref()).expect("accepted drafts parse")
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -82,6 +113,7 @@ struct FakeState {
     /// Update ids handed out by some poll.
     served: HashSet<i64>,
     sent: Vec<Sent>,
+    drafts: Vec<DraftSent>,
     actions: Vec<ChatActionSent>,
     next_message_id: i64,
     /// (chat, message id) of every message that exists (injected or sent).
@@ -199,6 +231,27 @@ impl TelegramFake {
 
     pub fn actions(&self) -> Vec<ChatActionSent> {
         self.state().actions.clone()
+    }
+
+    /// Drafts accepted for `chat`, in order.
+    pub fn drafts_to(&self, chat: i64) -> Vec<DraftSent> {
+        self.state()
+            .drafts
+            .iter()
+            .filter(|d| d.chat_id == chat)
+            .cloned()
+            .collect()
+    }
+
+    /// Every Bot API call but polling (getUpdates), with its method: what answering
+    /// costs.
+    pub fn calls_except_polling(&self) -> Vec<(String, Instant)> {
+        self.state()
+            .calls
+            .iter()
+            .filter(|(m, _)| m != "getupdates")
+            .cloned()
+            .collect()
     }
 
     pub fn polls(&self) -> Vec<PollRecord> {
@@ -391,6 +444,7 @@ async fn handle(
         "deletewebhook" => ok(json!(true)),
         "getupdates" => get_updates(inner, params).await,
         "sendmessage" | "editmessagetext" => send_message(&inner, &method, &params),
+        "sendmessagedraft" => send_message_draft(&inner, &params),
         "sendchataction" => {
             let mut s = inner.state.lock().unwrap();
             s.actions.push(ChatActionSent {
@@ -481,6 +535,72 @@ async fn get_updates(inner: Arc<Inner>, params: Value) -> Response {
         }
         let _ = tokio::time::timeout_at(deadline, notified).await;
     }
+}
+
+/// The text a reader sees of `text` in `parse_mode`, or why Telegram refuses it.
+fn visible_text(text: &str, parse_mode: Option<&str>) -> Result<String, String> {
+    if parse_mode.is_some_and(|m| m.eq_ignore_ascii_case("html")) {
+        html_visible_text(text)
+    } else {
+        Ok(text.to_owned())
+    }
+}
+
+fn send_message_draft(inner: &Inner, params: &Value) -> Response {
+    let Some(chat_id) = params["chat_id"].as_i64() else {
+        return error(StatusCode::BAD_REQUEST, "Bad Request: chat_id is empty");
+    };
+    if chat_id < 0 {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "Bad Request: drafts can be sent to private chats only",
+        );
+    }
+    let draft_id = params["draft_id"].as_i64().unwrap_or_default();
+    if draft_id == 0 {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "Bad Request: draft_id must be non-zero",
+        );
+    }
+    let text = params["text"].as_str().unwrap_or_default().to_owned();
+    let parse_mode = params["parse_mode"].as_str().map(str::to_owned);
+    let mut s = inner.state.lock().unwrap();
+    if s.reject_html && parse_mode.is_some() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "Bad Request: can't parse entities: Unsupported start tag \"b\" at byte offset 0",
+        );
+    }
+    let visible = match visible_text(&text, parse_mode.as_deref()) {
+        Ok(visible) => visible,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!("Bad Request: can't parse entities: {e}"),
+            );
+        }
+    };
+    if visible.is_empty() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "Bad Request: text must be non-empty",
+        );
+    }
+    if visible.encode_utf16().count() > 4096 {
+        return error(StatusCode::BAD_REQUEST, "Bad Request: text is too long");
+    }
+    s.drafts.push(DraftSent {
+        chat_id,
+        thread_id: params["message_thread_id"].as_i64(),
+        draft_id,
+        text,
+        parse_mode,
+        at: Instant::now(),
+    });
+    drop(s);
+    inner.changed.notify_waiters();
+    ok(json!(true))
 }
 
 fn send_message(inner: &Inner, method: &str, params: &Value) -> Response {

@@ -61,6 +61,7 @@ pub(super) async fn ingest(
     }
     let store = &dispatcher.store;
     let holder = &dispatcher.holder;
+    let conversation_ref = incoming.conversation.clone();
     let outcome = match incoming.kind {
         IncomingKind::New => {
             let message = NewMessage {
@@ -96,6 +97,15 @@ pub(super) async fn ingest(
                 version,
             });
             dispatcher.wake.notify_one();
+            // "Thinking…" in the conversation's draft while the debounce waits.
+            if let Some(outbound) = dispatcher
+                .drafts
+                .outbound(&dispatcher.outbounds, &conversation_ref)
+            {
+                dispatcher
+                    .drafts
+                    .placeholder(outbound, conversation_ref, version);
+            }
             Accepted::Stored {
                 conversation,
                 version,

@@ -8,6 +8,8 @@
 //! - `round`: under the conversation's lease, collects the pending messages,
 //!   generates one reply while renewing the lease, and commits it only if the
 //!   conversation has not moved on (the final check); then delivers.
+//! - `drafts`: shows a reply as a live draft while it is written (where the platform
+//!   has drafts), paced per conversation; a preview that decides nothing.
 //! - `delivery`: sends outbox rows in order, part by part, recording every attempt,
 //!   retrying with backoff, dead-lettering what cannot go out.
 //! - `sessions`: elects the one process that holds a platform connection and runs
@@ -17,6 +19,7 @@
 //! [`Dispatcher`] holds what they share; it is also the adapters' [`lull_port::Intake`].
 
 mod delivery;
+pub mod drafts;
 pub mod events;
 mod ingest;
 mod lease_keeper;
@@ -67,6 +70,9 @@ pub struct DispatchSettings {
     pub max_message_chars: usize,
     /// Longest reply committed, in characters: a longer one is cut, with a note.
     pub max_reply_chars: usize,
+    /// `LULL_STREAM=auto`: replies are shown as live drafts while they are written,
+    /// where the platform has drafts (`off`: never).
+    pub drafts: bool,
 }
 
 impl Default for DispatchSettings {
@@ -87,6 +93,7 @@ impl Default for DispatchSettings {
             access: AccessList::default(),
             max_message_chars: MAX_MESSAGE_CHARS,
             max_reply_chars: MAX_REPLY_CHARS,
+            drafts: true,
         }
     }
 }
@@ -121,6 +128,8 @@ pub struct Dispatcher {
     holder: HolderId,
     /// Wakes the scheduler: a timer armed or a notice queued here, a round that ended.
     wake: Notify,
+    /// Live drafts: which conversations show them, and their pacing.
+    drafts: Arc<drafts::Drafts>,
     events: broadcast::Sender<Event>,
 }
 
@@ -133,6 +142,7 @@ impl Dispatcher {
         clock: Arc<dyn Clock>,
     ) -> Arc<Self> {
         let (events, _) = broadcast::channel(4096);
+        let drafts = Arc::new(drafts::Drafts::new(settings.drafts));
         Arc::new(Self {
             store,
             responder,
@@ -141,6 +151,7 @@ impl Dispatcher {
             clock,
             holder: HolderId::generate(),
             wake: Notify::new(),
+            drafts,
             events,
         })
     }

@@ -8,10 +8,11 @@ use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::delivery::Delivery;
+use super::drafts::newer_message;
 use super::lease_keeper::{LeaseKeeper, claim};
 use super::{Dispatcher, Event};
 use crate::domain::{ConversationId, LeaseKey, Said};
-use crate::llm::{FailureKind, Generation, LlmError, Prompt};
+use crate::llm::{FailureKind, Generation, LlmError, Partial, Prompt};
 use crate::metrics as names;
 use crate::store::{Batch, CommitOutcome, NewNotice, NewReply, StoreError};
 use crate::timing::FAILURE_BACKOFF;
@@ -201,7 +202,8 @@ impl Round<'_> {
         Ok(())
     }
 
-    /// Ask the model once, showing "typing…" on the platform meanwhile.
+    /// Ask the model once, showing the reply as a live draft while it is written
+    /// where the platform has drafts, else "typing…".
     async fn generate(&self, batch: &Batch) -> Result<Generation, LlmError> {
         let d = self.dispatcher;
         let prompt = Prompt {
@@ -230,9 +232,32 @@ impl Round<'_> {
                 None => std::future::pending().await,
             }
         };
+        let (partial, drafting) = match d.drafts.outbound(&d.outbounds, &batch.conversation) {
+            Some(outbound) => {
+                let (partial, text) = Partial::watched();
+                let drafter = d.drafts.for_round(
+                    outbound,
+                    batch.conversation.clone(),
+                    batch.v0,
+                    d.settings.max_reply_chars,
+                );
+                // Subscribed before the model is asked: a message stored from now on
+                // stops the draft.
+                let newer = newer_message(d.subscribe(), self.conversation, batch.v0);
+                (partial, Some(async move { drafter.run(text, newer).await }))
+            }
+            None => (Partial::ignored(), None),
+        };
+        let shown = async {
+            if let Some(drafting) = drafting {
+                // Returns only if the platform refuses drafts.
+                drafting.await;
+            }
+            typing.await
+        };
         tokio::select! {
-            generated = d.responder.respond(&prompt) => generated,
-            never = typing => never,
+            generated = d.responder.respond(&prompt, &partial) => generated,
+            never = shown => never,
         }
     }
 
@@ -243,8 +268,7 @@ impl Round<'_> {
         let conversation = self.conversation;
         let text = lull_port::secrets::redact(text);
         let max = self.dispatcher.settings.max_reply_chars;
-        let note = format!("[… reply cut at {max} characters]");
-        match lull_port::split::truncate(&text, max, &note) {
+        match cut(&text, max) {
             Some(cut) => {
                 tracing::warn!(
                     %conversation,
@@ -317,4 +341,10 @@ impl Round<'_> {
         d.store.enqueue_notice(notice, &d.holder, now).await?;
         Ok(())
     }
+}
+
+/// `text` cut to at most `max` characters (at a paragraph, line or word), with a note
+/// saying so; `None` when it fits. Replies and their drafts are cut alike.
+pub(super) fn cut(text: &str, max: usize) -> Option<String> {
+    lull_port::split::truncate(text, max, &format!("[… reply cut at {max} characters]"))
 }

@@ -1,13 +1,14 @@
 //! The offline responder: replies with how many messages it received and each of
 //! them verbatim, after an optional artificial delay (`LULL_ECHO_DELAY_MS`) that lets
-//! tests provoke races.
+//! tests provoke races. When someone watches (live drafts), it streams the reply word
+//! by word, spread over the same delay.
 
 use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{Generation, LlmError, Prompt, Responder};
+use super::{Generation, LlmError, Partial, Prompt, Responder};
 
 /// `LULL_ECHO_DELAY_MS`: a fixed delay `N` or a uniformly random one `MIN..MAX`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -75,20 +76,70 @@ impl Responder for EchoResponder {
         "echo"
     }
 
-    async fn respond(&self, prompt: &Prompt) -> Result<Generation, LlmError> {
-        tokio::time::sleep(self.delay.sample()).await;
+    async fn respond(&self, prompt: &Prompt, partial: &Partial) -> Result<Generation, LlmError> {
         let n = prompt.batch.len();
         let plural = if n == 1 { "" } else { "s" };
-        Ok(Generation {
-            text: format!("[echo] {n} message{plural}:\n{}", prompt.user_turn()),
-            usage: None,
-        })
+        let text = format!("[echo] {n} message{plural}:\n{}", prompt.user_turn());
+        let delay = self.delay.sample();
+        if partial.is_watched() {
+            stream_words(&text, delay, partial).await;
+        } else {
+            tokio::time::sleep(delay).await;
+        }
+        Ok(Generation { text, usage: None })
+    }
+}
+
+/// Show `text` in `partial` one word (with the spaces after it) at a time, the words
+/// evenly spread over `delay`: the whole text is shown when the delay is over.
+async fn stream_words(text: &str, delay: Duration, partial: &Partial) {
+    partial.restart();
+    let words: Vec<&str> = text.split_inclusive(char::is_whitespace).collect();
+    let step = delay / u32::try_from(words.len().max(1)).unwrap_or(u32::MAX);
+    for word in words {
+        tokio::time::sleep(step).await;
+        partial.push(word);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::{ConversationRef, Platform, Said};
+
+    /// Time is a source of non-determinism: paused, it advances only when every task
+    /// waits, so the word steps are exact.
+    #[tokio::test(start_paused = true)]
+    async fn watched_it_streams_word_by_word_over_its_delay() {
+        let prompt = Prompt {
+            conversation: ConversationRef::new(Platform::Console, "local"),
+            is_group: false,
+            history: Vec::new(),
+            batch: vec![Said::new("Ann", "one two")],
+            note: None,
+        };
+        let echo = EchoResponder::new(EchoDelay::fixed(500));
+        let (partial, mut text) = Partial::watched();
+        let started = tokio::time::Instant::now();
+        let reply = tokio::spawn(async move { echo.respond(&prompt, &partial).await });
+        let mut seen = Vec::new();
+        while text.changed().await.is_ok() {
+            seen.push(text.borrow_and_update().clone());
+        }
+        let reply = reply.await.unwrap().unwrap();
+        assert_eq!(started.elapsed(), Duration::from_millis(500));
+        assert_eq!(
+            seen,
+            [
+                "[echo] ",
+                "[echo] 1 ",
+                "[echo] 1 message:\n",
+                "[echo] 1 message:\none ",
+                "[echo] 1 message:\none two"
+            ]
+        );
+        assert_eq!(reply.text, seen[seen.len() - 1]);
+    }
 
     #[test]
     fn delays_parse_as_fixed_or_range() {

@@ -9,7 +9,7 @@
 
 use async_trait::async_trait;
 
-use super::{FailureKind, Generation, HistoryBudget, LlmError, Prompt, Responder};
+use super::{FailureKind, Generation, HistoryBudget, LlmError, Partial, Prompt, Responder};
 use crate::domain::Said;
 use lull_port::split::{best_cut, byte_index, char_len};
 
@@ -46,8 +46,8 @@ impl<R: Responder> Responder for Fitting<R> {
         self.inner.name()
     }
 
-    async fn respond(&self, prompt: &Prompt) -> Result<Generation, LlmError> {
-        let mut error = match self.inner.respond(prompt).await {
+    async fn respond(&self, prompt: &Prompt, partial: &Partial) -> Result<Generation, LlmError> {
+        let mut error = match self.inner.respond(prompt, partial).await {
             Err(error) if error.kind() == FailureKind::TooLong => error,
             other => return other,
         };
@@ -59,7 +59,7 @@ impl<R: Responder> Responder for Fitting<R> {
                 cut = smaller.note.is_some(),
                 "the prompt is too long for the model; asking again with less"
             );
-            error = match self.inner.respond(&smaller).await {
+            error = match self.inner.respond(&smaller, partial).await {
                 Err(error) if error.kind() == FailureKind::TooLong => error,
                 other => return other,
             };

@@ -1,5 +1,10 @@
 //! The LLM seam: the dispatcher calls a [`Responder`] once per batch.
 //!
+//! A responder may also show the reply while it is written, through the [`Partial`]
+//! it is handed (the dispatcher turns that into live drafts): the OpenAI-compatible
+//! one streams the answer when someone watches, `echo` shows it word by word. A
+//! responder that cannot stream ignores it; nothing else changes for it.
+//!
 //! Two responders: [`echo::EchoResponder`], offline, which reports what it was given
 //! (for trying lull out and for tests), and [`openai::OpenAiResponder`], for any
 //! OpenAI-compatible server. Wrappers add the failure policy: [`fit::Fitting`] asks
@@ -16,9 +21,11 @@ pub mod fit;
 pub mod openai;
 pub mod retry;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio::sync::watch;
 
 use crate::domain::ConversationRef;
 use crate::domain::{Exchange, Said, TokenUsage};
@@ -222,13 +229,67 @@ impl HistoryBudget {
     }
 }
 
+/// Where a responder shows a reply while it is written: the text so far, as one
+/// growing string a reader polls at its own pace (a reader that falls behind sees the
+/// latest text, not every piece). A request sent again (a retry, a smaller prompt)
+/// starts the text over. What a responder shows here is a preview only: the
+/// [`Generation`] it returns is the reply.
+#[derive(Debug, Clone, Default)]
+pub struct Partial {
+    /// `None`: nobody watches.
+    text: Option<Arc<watch::Sender<String>>>,
+}
+
+impl Partial {
+    /// A partial nobody watches: a responder need not stream for it.
+    pub fn ignored() -> Partial {
+        Partial::default()
+    }
+
+    /// A partial, and the receiver that watches its text.
+    pub fn watched() -> (Partial, watch::Receiver<String>) {
+        let (sender, receiver) = watch::channel(String::new());
+        (
+            Partial {
+                text: Some(Arc::new(sender)),
+            },
+            receiver,
+        )
+    }
+
+    /// Whether anyone watches: streaming is worth it only then.
+    pub fn is_watched(&self) -> bool {
+        self.text.as_ref().is_some_and(|t| !t.is_closed())
+    }
+
+    /// A new request begins: the text starts over.
+    pub fn restart(&self) {
+        if let Some(text) = &self.text {
+            text.send_if_modified(|t| {
+                let changed = !t.is_empty();
+                t.clear();
+                changed
+            });
+        }
+    }
+
+    /// The model wrote `piece`: append it to the text so far.
+    pub fn push(&self, piece: &str) {
+        if let Some(text) = self.text.as_ref().filter(|_| !piece.is_empty()) {
+            text.send_modify(|t| t.push_str(piece));
+        }
+    }
+}
+
 /// Something that turns a prompt into a reply.
 #[async_trait]
 pub trait Responder: Send + Sync + 'static {
     /// A short name for logs and metrics (`echo`, `openai`).
     fn name(&self) -> &'static str;
 
-    async fn respond(&self, prompt: &Prompt) -> Result<Generation, LlmError>;
+    /// Generate the reply to `prompt`. A responder that can stream shows the reply in
+    /// `partial` as it is written (when [`Partial::is_watched`]); any other ignores it.
+    async fn respond(&self, prompt: &Prompt, partial: &Partial) -> Result<Generation, LlmError>;
 }
 
 #[cfg(test)]
@@ -302,6 +363,24 @@ mod tests {
         assert_eq!(status(401).outcome(), "refused");
         assert!(status(401).setting().contains("OPENAI_API_KEY"));
         assert!(status(404).setting().contains("OPENAI_MODEL"));
+    }
+
+    #[test]
+    fn a_partial_grows_and_starts_over() {
+        assert!(!Partial::ignored().is_watched());
+        Partial::ignored().push("nobody reads this");
+        let (partial, mut text) = Partial::watched();
+        assert!(partial.is_watched());
+        partial.push("Hello");
+        partial.push(", world");
+        assert_eq!(*text.borrow_and_update(), "Hello, world");
+        partial.restart();
+        assert!(text.has_changed().unwrap());
+        assert_eq!(*text.borrow_and_update(), "");
+        partial.restart();
+        assert!(!text.has_changed().unwrap(), "nothing to start over");
+        drop(text);
+        assert!(!partial.is_watched());
     }
 
     #[test]

@@ -7,10 +7,22 @@
 //! `Retry-After`. A refusal of a prompt as too long for the model is recognised in
 //! the forms OpenAI-compatible servers give it ([`is_context_length`]).
 //!
+//! When someone watches the reply as it is written ([`Partial::is_watched`]: live
+//! drafts), the answer is streamed (`stream: true`, server-sent events, with
+//! `stream_options.include_usage` so the last chunk carries the token counts), and
+//! each piece is shown as it arrives. The failure policy is the same as for a whole
+//! answer: a refusal is classified from its status and body, the time limit covers
+//! the wait for the first piece and every pause between pieces (a stream that stalls
+//! is a timeout), and a stream that breaks or ends before the model finished is a
+//! transient failure, retried. A server that does not stream is fine: a whole JSON
+//! answer to a streamed request is read as the reply, and a server that refuses
+//! `stream` is asked for whole answers from then on.
+//!
 //! Invariant: no error built here carries the key. The key is registered for
 //! redaction when the responder is built, and every text quoting the server (a proxy
 //! may echo the `Authorization` header) is redacted before it becomes an error.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_openai::Client;
@@ -20,12 +32,14 @@ use async_openai::middleware::HttpRequestFactory;
 use async_openai::types::chat::{
     ChatCompletionRequestAssistantMessage, ChatCompletionRequestAssistantMessageContent,
     ChatCompletionRequestMessage, ChatCompletionRequestSystemMessage,
-    ChatCompletionRequestUserMessage, CreateChatCompletionRequest,
+    ChatCompletionRequestUserMessage, ChatCompletionStreamOptions, CreateChatCompletionRequest,
+    CreateChatCompletionResponse,
 };
 use async_trait::async_trait;
+use futures_util::StreamExt;
 use secrecy::{ExposeSecret, SecretString};
 
-use super::{Generation, HistoryBudget, LlmError, Prompt, Responder, merge_turn};
+use super::{Generation, HistoryBudget, LlmError, Partial, Prompt, Responder, merge_turn};
 use crate::domain::TokenUsage;
 
 /// How to reach the model and what to ask it.
@@ -45,15 +59,28 @@ pub struct OpenAiSettings {
     pub max_tokens: u32,
     /// How much earlier conversation is sent.
     pub history: HistoryBudget,
-    /// One request's time limit.
+    /// One request's time limit; for a streamed answer, the limit of the wait for its
+    /// first piece and of every pause between pieces (it may take longer in all while
+    /// it keeps coming: `max_tokens` bounds it).
     pub timeout: Duration,
 }
 
 /// Calls `POST {base}/chat/completions`, one request per attempt.
 pub struct OpenAiResponder {
     client: Client<OpenAIConfig>,
+    /// The same, for streamed requests: its transport turns a whole JSON answer into
+    /// a [`WholeAnswer`], which async-openai's event-stream reader would find empty.
+    streaming: Client<OpenAIConfig>,
+    /// Cleared once the server refuses `stream`: whole answers from then on.
+    streams: AtomicBool,
     settings: OpenAiSettings,
 }
+
+/// A whole JSON answer to a streamed request: the server does not stream (some
+/// OpenAI-compatible servers ignore `stream`). Its body is the reply.
+#[derive(Debug, thiserror::Error)]
+#[error("the model server answered a streamed request with one whole answer")]
+struct WholeAnswer(String);
 
 /// A non-success answer of the model server, passed through async-openai intact
 /// (its message already redacted).
@@ -91,6 +118,79 @@ fn retry_after(headers: &reqwest_openai::header::HeaderMap) -> Option<Duration> 
         .to_str()
         .ok()?;
     lull_port::retry::parse_retry_after(value, std::time::SystemTime::now())
+}
+
+/// An async-openai client on lull's own transport: one attempt per request (the retry
+/// policy is lull's), a refusal kept as an [`HttpFailure`], and, for a client of
+/// `streamed` requests, a whole JSON answer kept as a [`WholeAnswer`].
+fn client(
+    config: &OpenAIConfig,
+    http: &reqwest_openai::Client,
+    streamed: bool,
+) -> Client<OpenAIConfig> {
+    let http = http.clone();
+    let transport = tower::service_fn(move |factory: HttpRequestFactory| {
+        let http = http.clone();
+        async move {
+            let request = factory.build().await?;
+            // Errors carry no URL: some deployments put a key in the base URL.
+            let unreadable = |e: reqwest_openai::Error| OpenAIError::Reqwest(e.without_url());
+            let response = http.execute(request).await.map_err(unreadable)?;
+            if response.status().is_success() {
+                let json = response
+                    .headers()
+                    .get(reqwest_openai::header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|v| v.starts_with("application/json"));
+                if streamed && json {
+                    let body = response.text().await.map_err(unreadable)?;
+                    return Err(OpenAIError::Boxed(Box::new(WholeAnswer(body))));
+                }
+                return Ok(response);
+            }
+            let status = response.status().as_u16();
+            let retry_after = retry_after(response.headers());
+            let body = response.text().await.unwrap_or_default();
+            Err(OpenAIError::Boxed(Box::new(HttpFailure::read(
+                status,
+                retry_after,
+                &body,
+            ))))
+        }
+    });
+    Client::with_config(config.clone()).with_http_service(transport)
+}
+
+/// Whether a refusal of a streamed request is about streaming (a server that does
+/// not support `stream` or `stream_options`): asking for a whole answer may work.
+fn refuses_streaming(error: &LlmError) -> bool {
+    matches!(
+        error,
+        LlmError::Status { status, message, .. }
+            if (400..500).contains(status)
+                && !matches!(status, 401 | 403 | 404 | 408 | 429)
+                && message.to_lowercase().contains("stream")
+    )
+}
+
+/// The reply in a whole answer; an empty one is a failure, never a reply.
+fn whole_generation(response: CreateChatCompletionResponse) -> Result<Generation, LlmError> {
+    let text = response
+        .choices
+        .into_iter()
+        .next()
+        .and_then(|c| c.message.content)
+        .unwrap_or_default();
+    if text.trim().is_empty() {
+        return Err(LlmError::Empty);
+    }
+    Ok(Generation {
+        text,
+        usage: response.usage.map(|u| TokenUsage {
+            prompt: u64::from(u.prompt_tokens),
+            completion: u64::from(u.completion_tokens),
+        }),
+    })
 }
 
 /// Whether a refusal says the account is out of credit: OpenAI's
@@ -181,28 +281,6 @@ impl OpenAiResponder {
             .connect_timeout(Duration::from_secs(10))
             .build()
             .map_err(|e| format!("cannot build the model server client: {e}"))?;
-        let transport = tower::service_fn(move |factory: HttpRequestFactory| {
-            let http = http.clone();
-            async move {
-                let request = factory.build().await?;
-                // Errors carry no URL: some deployments put a key in the base URL.
-                let response = http
-                    .execute(request)
-                    .await
-                    .map_err(|e| OpenAIError::Reqwest(e.without_url()))?;
-                if response.status().is_success() {
-                    return Ok(response);
-                }
-                let status = response.status().as_u16();
-                let retry_after = retry_after(response.headers());
-                let body = response.text().await.unwrap_or_default();
-                Err(OpenAIError::Boxed(Box::new(HttpFailure::read(
-                    status,
-                    retry_after,
-                    &body,
-                ))))
-            }
-        });
         let config = OpenAIConfig::new()
             .with_api_base(settings.base_url.trim_end_matches('/'))
             .with_api_key(
@@ -213,7 +291,9 @@ impl OpenAiResponder {
                     .unwrap_or_default(),
             );
         Ok(Self {
-            client: Client::with_config(config).with_http_service(transport),
+            client: client(&config, &http, false),
+            streaming: client(&config, &http, true),
+            streams: AtomicBool::new(true),
             settings,
         })
     }
@@ -260,6 +340,98 @@ impl OpenAiResponder {
     pub fn settings(&self) -> &OpenAiSettings {
         &self.settings
     }
+
+    /// The request for a prompt (not streamed).
+    fn request(&self, prompt: &Prompt) -> CreateChatCompletionRequest {
+        // `max_tokens` is deprecated by OpenAI in favour of `max_completion_tokens`, and
+        // OpenAI's reasoning models refuse it; but it is the one field every compatible
+        // server (Ollama, vLLM, llama.cpp) reads.
+        let openai = is_openai(&self.settings.base_url);
+        #[allow(deprecated)]
+        CreateChatCompletionRequest {
+            model: self.settings.model.clone(),
+            messages: self.messages(prompt),
+            temperature: self.settings.temperature,
+            max_tokens: (!openai).then_some(self.settings.max_tokens),
+            max_completion_tokens: openai.then_some(self.settings.max_tokens),
+            ..Default::default()
+        }
+    }
+
+    /// One request, answered whole.
+    async fn whole(&self, request: CreateChatCompletionRequest) -> Result<Generation, LlmError> {
+        let limit = self.settings.timeout;
+        let chat = self.client.chat();
+        let response = tokio::time::timeout(limit, chat.create(request))
+            .await
+            .map_err(|_| LlmError::Timeout(limit))?
+            .map_err(|e| classify(e, limit))?;
+        whole_generation(response)
+    }
+
+    /// One request, streamed: each piece is shown in `partial` as it arrives.
+    async fn streamed(
+        &self,
+        mut request: CreateChatCompletionRequest,
+        partial: &Partial,
+    ) -> Result<Generation, LlmError> {
+        let limit = self.settings.timeout;
+        request.stream = Some(true);
+        request.stream_options = Some(ChatCompletionStreamOptions {
+            include_usage: Some(true),
+            include_obfuscation: None,
+        });
+        partial.restart();
+        let chat = self.streaming.chat();
+        let started = tokio::time::timeout(limit, chat.create_stream(request))
+            .await
+            .map_err(|_| LlmError::Timeout(limit))?;
+        let mut chunks = match started {
+            Ok(chunks) => chunks,
+            Err(OpenAIError::Boxed(boxed)) if boxed.is::<WholeAnswer>() => {
+                let WholeAnswer(body) = *boxed.downcast::<WholeAnswer>().expect("checked");
+                let response = serde_json::from_str::<CreateChatCompletionResponse>(&body)
+                    .map_err(|e| LlmError::Malformed(lull_port::secrets::redact_error(&e)))?;
+                let generation = whole_generation(response)?;
+                partial.push(&generation.text);
+                return Ok(generation);
+            }
+            Err(e) => return Err(classify(e, limit)),
+        };
+        let (mut text, mut usage, mut finished) = (String::new(), None, false);
+        // The limit applies to every pause: a stream that stalls is a timeout.
+        while let Some(chunk) = tokio::time::timeout(limit, chunks.next())
+            .await
+            .map_err(|_| LlmError::Timeout(limit))?
+        {
+            let chunk = chunk.map_err(|e| classify(e, limit))?;
+            if let Some(u) = chunk.usage {
+                usage = Some(TokenUsage {
+                    prompt: u64::from(u.prompt_tokens),
+                    completion: u64::from(u.completion_tokens),
+                });
+            }
+            // One choice is asked for (`n` unset).
+            for choice in chunk.choices.into_iter().filter(|c| c.index == 0) {
+                if let Some(piece) = choice.delta.content {
+                    text.push_str(&piece);
+                    partial.push(&piece);
+                }
+                finished |= choice.finish_reason.is_some();
+            }
+        }
+        // Every OpenAI-compatible server ends a complete answer with a finish reason;
+        // without one the stream was cut (a proxy closing it cleanly, say).
+        if !finished {
+            return Err(LlmError::Malformed(
+                "the streamed answer ended before the model finished".into(),
+            ));
+        }
+        if text.trim().is_empty() {
+            return Err(LlmError::Empty);
+        }
+        Ok(Generation { text, usage })
+    }
 }
 
 #[async_trait]
@@ -268,42 +440,18 @@ impl Responder for OpenAiResponder {
         "openai"
     }
 
-    async fn respond(&self, prompt: &Prompt) -> Result<Generation, LlmError> {
-        // `max_tokens` is deprecated by OpenAI in favour of `max_completion_tokens`, and
-        // OpenAI's reasoning models refuse it; but it is the one field every compatible
-        // server (Ollama, vLLM, llama.cpp) reads.
-        let openai = is_openai(&self.settings.base_url);
-        #[allow(deprecated)]
-        let request = CreateChatCompletionRequest {
-            model: self.settings.model.clone(),
-            messages: self.messages(prompt),
-            temperature: self.settings.temperature,
-            max_tokens: (!openai).then_some(self.settings.max_tokens),
-            max_completion_tokens: openai.then_some(self.settings.max_tokens),
-            ..Default::default()
-        };
-        let chat = self.client.chat();
-        let response = tokio::time::timeout(self.settings.timeout, chat.create(request))
-            .await
-            .map_err(|_| LlmError::Timeout(self.settings.timeout))?
-            .map_err(|e| classify(e, self.settings.timeout))?;
-        let text = response
-            .choices
-            .into_iter()
-            .next()
-            .and_then(|c| c.message.content)
-            .unwrap_or_default();
-        // An empty answer is a failure, never a reply.
-        if text.trim().is_empty() {
-            return Err(LlmError::Empty);
+    async fn respond(&self, prompt: &Prompt, partial: &Partial) -> Result<Generation, LlmError> {
+        let request = self.request(prompt);
+        if partial.is_watched() && self.streams.load(Ordering::Relaxed) {
+            match self.streamed(request.clone(), partial).await {
+                Err(error) if refuses_streaming(&error) => {
+                    self.streams.store(false, Ordering::Relaxed);
+                    tracing::warn!(error = %error, "the model server refuses streamed answers; asking for whole answers from now on (live drafts show no text until the reply)");
+                }
+                other => return other,
+            }
         }
-        Ok(Generation {
-            text,
-            usage: response.usage.map(|u| TokenUsage {
-                prompt: u64::from(u.prompt_tokens),
-                completion: u64::from(u.completion_tokens),
-            }),
-        })
+        self.whole(request).await
     }
 }
 
@@ -461,6 +609,32 @@ mod tests {
             failure(401, &json).message,
             "Incorrect API key provided: <redacted>"
         );
+    }
+
+    #[test]
+    fn only_a_refusal_about_streaming_asks_for_whole_answers() {
+        let status = |status, message: &str| LlmError::Status {
+            status,
+            message: message.into(),
+            retry_after: None,
+        };
+        assert!(refuses_streaming(&status(400, "stream is not supported")));
+        assert!(refuses_streaming(&status(
+            422,
+            "Unknown field: stream_options"
+        )));
+        assert!(!refuses_streaming(&status(
+            400,
+            "Invalid value for 'temperature'"
+        )));
+        assert!(!refuses_streaming(&status(
+            401,
+            "streaming needs a paid plan"
+        )));
+        assert!(!refuses_streaming(&status(
+            503,
+            "stream backend overloaded"
+        )));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use async_trait::async_trait;
 
 use lull_port::Backoff;
 
-use super::{Generation, LlmError, Prompt, Responder};
+use super::{Generation, LlmError, Partial, Prompt, Responder};
 use crate::metrics as names;
 
 /// How hard to try within one round.
@@ -68,11 +68,11 @@ impl<R: Responder> Responder for Retrying<R> {
         self.inner.name()
     }
 
-    async fn respond(&self, prompt: &Prompt) -> Result<Generation, LlmError> {
+    async fn respond(&self, prompt: &Prompt, partial: &Partial) -> Result<Generation, LlmError> {
         let mut retry = 0;
         loop {
             let started = Instant::now();
-            let result = self.inner.respond(prompt).await;
+            let result = self.inner.respond(prompt, partial).await;
             metrics::histogram!(names::LLM_SECONDS).record(started.elapsed().as_secs_f64());
             let error = match result {
                 Ok(generation) => {

@@ -16,7 +16,7 @@ use lull_core::clock::SystemClock;
 use lull_core::dispatcher::{Accepted, DispatchSettings, Dispatcher, Event};
 use lull_core::domain::{ConversationRef, OutboxId, Platform};
 use lull_core::llm::echo::{EchoDelay, EchoResponder};
-use lull_core::llm::{Generation, LlmError, Prompt, Responder};
+use lull_core::llm::{Generation, LlmError, Partial, Prompt, Responder};
 use lull_core::store::{OutboxKind, SqliteStore};
 use lull_core::timing::{LeaseTiming, TimerPolicy};
 use lull_port::{Content, Incoming, IncomingKind, Outbound, OutgoingPart, SendError};
@@ -203,12 +203,12 @@ impl Responder for GatedResponder {
         "gated"
     }
 
-    async fn respond(&self, prompt: &Prompt) -> Result<Generation, LlmError> {
+    async fn respond(&self, prompt: &Prompt, partial: &Partial) -> Result<Generation, LlmError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let _ = self.started.send(prompt.batch.len());
         self.gate.acquire().await.expect("gate open").forget();
         EchoResponder::new(EchoDelay::fixed(0))
-            .respond(prompt)
+            .respond(prompt, partial)
             .await
     }
 }
@@ -234,9 +234,9 @@ impl Responder for CountingEcho {
         "counting-echo"
     }
 
-    async fn respond(&self, prompt: &Prompt) -> Result<Generation, LlmError> {
+    async fn respond(&self, prompt: &Prompt, partial: &Partial) -> Result<Generation, LlmError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
-        self.inner.respond(prompt).await
+        self.inner.respond(prompt, partial).await
     }
 }
 

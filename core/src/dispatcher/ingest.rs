@@ -95,7 +95,7 @@ pub(super) async fn ingest(
                 conversation,
                 version,
             });
-            dispatcher.wake.notify_one();
+            dispatcher.wake_by(due_at);
             Accepted::Stored {
                 conversation,
                 version,
@@ -199,8 +199,9 @@ async fn queue_notice(
         .store
         .enqueue_notice(notice, &dispatcher.holder, now)
         .await?
+        .is_some()
     {
-        dispatcher.wake.notify_one();
+        dispatcher.wake_by(now);
     }
     Ok(())
 }

@@ -676,8 +676,8 @@ async fn giving_up_is_fenced_and_covers_each_message_once() {
     let lull_core::store::CommitOutcome::Committed { outbox: reply, .. } = committed else {
         panic!("{committed:?}");
     };
-    for row in [notice, reply] {
-        store.mark_sent(row, 1, true, clock.now()).await.unwrap();
+    for row in [&notice, &reply] {
+        store.mark_sent(row.id, 1, true, clock.now()).await.unwrap();
     }
     let verdict = db::check(&db.path);
     assert_eq!(
@@ -697,7 +697,7 @@ async fn giving_up_is_fenced_and_covers_each_message_once() {
     conn.execute(
         "INSERT INTO reply_covers (outbox_id, message_id)
          SELECT ?1, id FROM messages WHERE platform_message_id = 'm3'",
-        [notice.0],
+        [notice.id.0],
     )
     .unwrap();
     assert_eq!(db::check(&db.path).duplicates, 1);

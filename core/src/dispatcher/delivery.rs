@@ -13,6 +13,7 @@
 //!   `lull_replies_failed_total`) when the platform refuses it, or when it is still
 //!   failing at the platform's deadline ([`Outbound::max_age`]).
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -22,7 +23,7 @@ use super::round::Interrupt;
 use super::{Dispatcher, Event};
 use crate::domain::{ConversationId, Timestamp};
 use crate::metrics as names;
-use crate::store::{OutboxKind, OutboxRow};
+use crate::store::{OutboxKind, OutboxRow, PartSent};
 use crate::timing::DELIVERY_BACKOFF;
 use lull_port::{Outbound, OutgoingPart, SendError};
 
@@ -43,10 +44,14 @@ enum PartResult {
 
 /// Delivery of a conversation's outbox under its lease.
 pub(super) struct Delivery<'a> {
-    pub(super) dispatcher: &'a Dispatcher,
-    pub(super) conversation: ConversationId,
-    pub(super) keeper: &'a LeaseKeeper,
-    pub(super) stop: &'a CancellationToken,
+    dispatcher: &'a Dispatcher,
+    conversation: ConversationId,
+    keeper: &'a LeaseKeeper,
+    stop: &'a CancellationToken,
+    /// The part delivered last whose mark is not written yet: it is written with the
+    /// next part's, or with the release of the lease (one write instead of two). A
+    /// std mutex: held to swap a value, never across an await.
+    last_sent: Mutex<Option<PartSent>>,
 }
 
 /// What to do after a failed attempt.
@@ -96,12 +101,32 @@ pub(crate) fn next_attempt(
     }
 }
 
-impl Delivery<'_> {
-    /// Deliver every due outbox row of a conversation, oldest first. A row that
-    /// cannot be delivered now is deferred and holds back the rows behind it.
-    pub(super) async fn deliver_due(&self) -> Result<(), Interrupt> {
+impl<'a> Delivery<'a> {
+    pub(super) fn new(
+        dispatcher: &'a Dispatcher,
+        conversation: ConversationId,
+        keeper: &'a LeaseKeeper,
+        stop: &'a CancellationToken,
+    ) -> Self {
+        Self {
+            dispatcher,
+            conversation,
+            keeper,
+            stop,
+            last_sent: Mutex::new(None),
+        }
+    }
+
+    /// The last part delivered whose mark is still to be written (with the release of
+    /// the lease).
+    pub(super) fn take_last_sent(&self) -> Option<PartSent> {
+        self.last_sent.lock().expect("last-sent poisoned").take()
+    }
+
+    /// Deliver `rows` (a conversation's outbox rows, oldest first). A row that cannot
+    /// be delivered now is deferred and holds back the rows behind it.
+    pub(super) async fn deliver(&self, rows: Vec<OutboxRow>) -> Result<(), Interrupt> {
         let d = self.dispatcher;
-        let rows = d.store.due_outbox(self.conversation, d.clock.now()).await?;
         for row in rows {
             let Some(outbound) = d.outbounds.get(&row.conversation.platform).cloned() else {
                 continue;
@@ -134,10 +159,25 @@ impl Delivery<'_> {
             };
             match self.send_part(row, outbound, &part, &mut attempts).await? {
                 PartResult::Sent => {
-                    let done = index + 1 == count;
-                    d.store
-                        .mark_sent(row.id, (index + 1) as u32, done, d.clock.now())
-                        .await?;
+                    // The part before this one is marked now; this one with the next
+                    // write (the next part's mark, or the release). Either way the
+                    // window in which a crash could send a part twice is one send and
+                    // one small write.
+                    let sent = PartSent {
+                        outbox: row.id,
+                        parts_sent: (index + 1) as u32,
+                        done: index + 1 == count,
+                    };
+                    let before = self
+                        .last_sent
+                        .lock()
+                        .expect("last-sent poisoned")
+                        .replace(sent);
+                    if let Some(before) = before {
+                        d.store
+                            .mark_sent(before.outbox, before.parts_sent, before.done, d.clock.now())
+                            .await?;
+                    }
                 }
                 PartResult::Deferred => return Err(Interrupt::Deferred),
                 PartResult::GaveUp => return Ok(()),

@@ -96,7 +96,7 @@ pub(super) async fn ingest(
                 conversation,
                 version,
             });
-            dispatcher.wake.notify_one();
+            dispatcher.wake_by(due_at);
             // "Thinking…" in the conversation's draft while the debounce waits.
             if let Some(outbound) = dispatcher
                 .drafts
@@ -209,8 +209,9 @@ async fn queue_notice(
         .store
         .enqueue_notice(notice, &dispatcher.holder, now)
         .await?
+        .is_some()
     {
-        dispatcher.wake.notify_one();
+        dispatcher.wake_by(now);
     }
     Ok(())
 }

@@ -13,8 +13,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::Dispatcher;
 use crate::clock::Clock;
+use crate::domain::Timestamp;
 use crate::domain::{Lease, LeaseKey};
-use crate::store::{Store, StoreError};
+use crate::store::{PartSent, Store, StoreError};
 use crate::timing::LeaseTiming;
 
 /// Claim `key` for this process by compare-and-swap and keep it renewed until the
@@ -33,14 +34,7 @@ pub(super) async fn claim(
             dispatcher.clock.now(),
         )
         .await?;
-    Ok(lease.map(|lease| {
-        LeaseKeeper::start(
-            dispatcher.store.clone(),
-            dispatcher.clock.clone(),
-            lease,
-            timing,
-        )
-    }))
+    Ok(lease.map(|lease| LeaseKeeper::keep(dispatcher, lease)))
 }
 
 /// A claimed lease, renewed in the background until released or dropped.
@@ -57,6 +51,16 @@ pub(super) struct LeaseKeeper {
 }
 
 impl LeaseKeeper {
+    /// Keep a lease this process just claimed renewed until it is released or dropped.
+    pub(super) fn keep(dispatcher: &Dispatcher, lease: Lease) -> LeaseKeeper {
+        LeaseKeeper::start(
+            dispatcher.store.clone(),
+            dispatcher.clock.clone(),
+            lease,
+            dispatcher.settings.lease,
+        )
+    }
+
     fn start(
         store: Arc<dyn Store>,
         clock: Arc<dyn Clock>,
@@ -120,15 +124,26 @@ impl LeaseKeeper {
     }
 
     /// Stop renewing and give the lease back, so another process can claim the
-    /// conversation at once instead of after the TTL.
-    pub(super) async fn release(self) {
+    /// conversation at once instead of after the TTL; `last_sent`, the last part
+    /// delivered under it, is recorded in the same write (even if the lease was lost:
+    /// a delivered part is a fact).
+    pub(super) async fn release(self, last_sent: Option<PartSent>, now: Timestamp) {
         self.renewer.abort();
-        if self.is_lost() {
-            return;
-        }
         let lease = self.lease();
-        if let Err(e) = self.store.release_lease(&lease).await {
-            // Harmless: the lease expires on its own.
+        let released = if self.is_lost() {
+            match last_sent {
+                Some(sent) => {
+                    self.store
+                        .mark_sent(sent.outbox, sent.parts_sent, sent.done, now)
+                        .await
+                }
+                None => return,
+            }
+        } else {
+            self.store.release_lease(&lease, last_sent, now).await
+        };
+        if let Err(e) = released {
+            // Harmless for the lease: it expires on its own.
             tracing::warn!(lease = %lease.key, error = %e, "could not release a lease; it will expire");
         }
     }

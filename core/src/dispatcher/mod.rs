@@ -29,6 +29,7 @@ mod sessions;
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use lull_port::{Health, Inbound, Incoming, Outbound};
@@ -126,10 +127,14 @@ pub struct Dispatcher {
     clock: Arc<dyn Clock>,
     /// This process as a lease holder; unique per start.
     holder: HolderId,
-    /// Wakes the scheduler: a timer armed or a notice queued here, a round that ended.
+    /// Wakes the scheduler: a timer armed or a notice queued here that is due before
+    /// it would wake anyway, a round that ended.
     wake: Notify,
     /// Live drafts: which conversations show them, and their pacing.
     drafts: Arc<drafts::Drafts>,
+    /// When the scheduler sleeps until (milliseconds since the epoch); `i64::MAX`
+    /// while it is looking for work, so nothing armed meanwhile is missed.
+    sleeping_until: AtomicI64,
     events: broadcast::Sender<Event>,
 }
 
@@ -152,6 +157,7 @@ impl Dispatcher {
             holder: HolderId::generate(),
             wake: Notify::new(),
             drafts,
+            sleeping_until: AtomicI64::new(i64::MAX),
             events,
         })
     }
@@ -199,6 +205,14 @@ impl Dispatcher {
         let mut platforms: Vec<Platform> = self.outbounds.keys().copied().collect();
         platforms.sort();
         platforms
+    }
+
+    /// Wake the scheduler for work due at `due_at`, unless it already wakes by then:
+    /// a burst of messages wakes it once, not once per message.
+    fn wake_by(&self, due_at: Timestamp) {
+        if due_at.0 < self.sleeping_until.load(Ordering::SeqCst) {
+            self.wake.notify_one();
+        }
     }
 
     fn emit(&self, event: Event) {

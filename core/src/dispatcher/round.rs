@@ -9,12 +9,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::delivery::Delivery;
 use super::drafts::newer_message;
-use super::lease_keeper::{LeaseKeeper, claim};
+use super::lease_keeper::LeaseKeeper;
 use super::{Dispatcher, Event};
-use crate::domain::{ConversationId, LeaseKey, Said};
+use crate::domain::{ConversationId, Said};
 use crate::llm::{FailureKind, Generation, LlmError, Partial, Prompt};
 use crate::metrics as names;
-use crate::store::{Batch, CommitOutcome, NewNotice, NewReply, StoreError};
+use crate::store::{Batch, Claimed, CommitOutcome, NewNotice, NewReply, OutboxRow, StoreError};
 use crate::timing::FAILURE_BACKOFF;
 
 /// Why a step ended the round early.
@@ -57,12 +57,29 @@ pub(super) async fn run(
     conversation: ConversationId,
     stop: &CancellationToken,
 ) -> Result<(), StoreError> {
-    let keeper = match claim(dispatcher, LeaseKey::Conversation(conversation)).await {
-        Ok(Some(keeper)) => keeper,
+    let d = dispatcher;
+    // One transaction: the claim, the batch and the rows owed.
+    let claimed = d
+        .store
+        .claim_round(
+            conversation,
+            &d.holder,
+            d.settings.lease.ttl(),
+            d.settings.history,
+            d.clock.now(),
+        )
+        .await;
+    let Claimed {
+        lease,
+        batch,
+        owed,
+        held_back,
+    } = match claimed {
+        Ok(Some(claimed)) => claimed,
         Ok(None) => {
             metrics::counter!(names::LEASE_CONTENDED).increment(1);
             tracing::debug!(%conversation, "lease contended: another process is answering");
-            dispatcher.emit(Event::Contended { conversation });
+            d.emit(Event::Contended { conversation });
             return Ok(());
         }
         Err(e) => {
@@ -70,22 +87,24 @@ pub(super) async fn run(
             return Err(e);
         }
     };
-    dispatcher.emit(Event::Claimed {
+    d.emit(Event::Claimed {
         conversation,
-        token: keeper.lease().token,
+        token: lease.token,
     });
+    let keeper = LeaseKeeper::keep(d, lease);
     let round = Round {
-        dispatcher,
+        dispatcher: d,
         conversation,
         keeper: &keeper,
         stop,
     };
-    let result = match round.under_lease().await {
+    let delivery = Delivery::new(d, conversation, &keeper, stop);
+    let result = match round.under_lease(batch, owed, held_back, &delivery).await {
         Ok(()) | Err(Interrupt::Stopped | Interrupt::Deferred) => Ok(()),
         Err(Interrupt::LeaseLost) => {
             keeper.mark_lost();
             tracing::warn!(%conversation, "lease lost mid-round; abandoning");
-            dispatcher.emit(Event::LeaseLost { conversation });
+            d.emit(Event::LeaseLost { conversation });
             Ok(())
         }
         Err(Interrupt::Store(e)) => {
@@ -93,8 +112,10 @@ pub(super) async fn run(
             Err(e)
         }
     };
-    keeper.release().await;
-    dispatcher.emit(Event::RoundEnded { conversation });
+    // The last part delivered is recorded with the release: one write, not two.
+    let last_sent = delivery.take_last_sent();
+    keeper.release(last_sent, d.clock.now()).await;
+    d.emit(Event::RoundEnded { conversation });
     result
 }
 
@@ -107,27 +128,31 @@ struct Round<'a> {
 }
 
 impl Round<'_> {
-    async fn under_lease(&self) -> Result<(), Interrupt> {
-        self.answer().await?;
-        // Then what the outbox holds, in its order: rows owed from earlier (a crashed
-        // holder, a deferred send), notices, and what this round committed.
-        Delivery {
-            dispatcher: self.dispatcher,
-            conversation: self.conversation,
-            keeper: self.keeper,
-            stop: self.stop,
+    async fn under_lease(
+        &self,
+        batch: Batch,
+        owed: Vec<OutboxRow>,
+        held_back: bool,
+        delivery: &Delivery<'_>,
+    ) -> Result<(), Interrupt> {
+        // Rows owed from earlier (a crashed holder, a deferred send, notices) come
+        // first, in outbox order; then what this round adds, unless a row waiting for
+        // its retry holds the outbox back (a later round delivers them, in order).
+        let mut added = Vec::new();
+        self.answer(batch, &mut added).await?;
+        let mut rows = owed;
+        if !held_back {
+            rows.extend(added);
         }
-        .deliver_due()
-        .await
+        delivery.deliver(rows).await
     }
 
-    /// Answer the pending messages, if any are due: collect, generate once, and the
-    /// final check. A failure of the model keeps them pending (or ends the batch when
-    /// retrying cannot help), with a notice.
-    async fn answer(&self) -> Result<(), Interrupt> {
+    /// Answer the pending messages, if any are due: generate once, and the final
+    /// check. A failure of the model keeps them pending (or ends the batch when
+    /// retrying cannot help), with a notice. What is committed joins `rows`.
+    async fn answer(&self, batch: Batch, rows: &mut Vec<OutboxRow>) -> Result<(), Interrupt> {
         let d = self.dispatcher;
         let conversation = self.conversation;
-        let batch = d.store.collect(conversation, d.settings.history).await?;
         let now = d.clock.now();
         if batch.pending.is_empty() {
             if batch.timer.is_some() {
@@ -151,9 +176,13 @@ impl Round<'_> {
         let generation = match generated {
             Ok(generation) => generation,
             Err(error) if error.kind() == FailureKind::Transient => {
-                return self.generation_failed(&batch, error).await;
+                rows.extend(self.generation_failed(&batch, error).await?);
+                return Ok(());
             }
-            Err(error) => return self.give_up(&batch, error).await,
+            Err(error) => {
+                rows.extend(self.give_up(&batch, error).await?);
+                return Ok(());
+            }
         };
 
         let reply = NewReply {
@@ -183,11 +212,12 @@ impl Round<'_> {
                 );
                 d.emit(Event::Committed {
                     conversation,
-                    outbox,
+                    outbox: outbox.id,
                     v0: batch.v0,
                     batch: batch.pending.len(),
                     forced,
                 });
+                rows.push(outbox);
             }
             CommitOutcome::Stale { version } => {
                 metrics::counter!(names::REPLIES_DROPPED_STALE).increment(1);
@@ -286,7 +316,11 @@ impl Round<'_> {
     /// refuses the request as configured. Tell the user once and end the batch (a
     /// give-up notice covers its messages), so the conversation moves on instead of
     /// retrying a request that fails the same way every time.
-    async fn give_up(&self, batch: &Batch, error: LlmError) -> Result<(), Interrupt> {
+    async fn give_up(
+        &self,
+        batch: &Batch,
+        error: LlmError,
+    ) -> Result<Option<OutboxRow>, Interrupt> {
         let d = self.dispatcher;
         let conversation = self.conversation;
         let text = if error.kind() == FailureKind::TooLong {
@@ -300,19 +334,24 @@ impl Round<'_> {
             .store
             .give_up(&self.keeper.lease(), batch, text, d.clock.now())
             .await?;
-        if let Some(outbox) = given_up {
+        if let Some(outbox) = &given_up {
             d.emit(Event::GaveUp {
                 conversation,
-                outbox,
+                outbox: outbox.id,
                 batch: batch.pending.len(),
                 error: error.to_string(),
             });
         }
-        Ok(())
+        Ok(given_up)
     }
 
-    /// The model failed: keep the messages pending, back off, tell the user once.
-    async fn generation_failed(&self, batch: &Batch, error: LlmError) -> Result<(), Interrupt> {
+    /// The model failed: keep the messages pending, back off, tell the user once (the
+    /// notice, if queued now, is returned for delivery).
+    async fn generation_failed(
+        &self,
+        batch: &Batch,
+        error: LlmError,
+    ) -> Result<Option<OutboxRow>, Interrupt> {
         let d = self.dispatcher;
         let conversation = self.conversation;
         let attempts = batch.timer.map_or(0, |t| t.attempts) + 1;
@@ -338,8 +377,7 @@ impl Round<'_> {
             reply_to: None,
             dedupe_key: format!("model-down/{}/{first}", batch.conversation),
         };
-        d.store.enqueue_notice(notice, &d.holder, now).await?;
-        Ok(())
+        Ok(d.store.enqueue_notice(notice, &d.holder, now).await?)
     }
 }
 

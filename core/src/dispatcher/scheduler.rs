@@ -8,6 +8,7 @@
 //! sleeps: an idle process makes one small query per poll interval.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Semaphore;
@@ -109,11 +110,14 @@ impl Scheduler {
                     metrics::gauge!(names::PENDING_CONVERSATIONS).set(pending as f64);
                 }
             }
+            // From here on, only work due before `wake_at` wakes it early.
+            dispatcher.sleeping_until.store(wake_at.0, Ordering::SeqCst);
             tokio::select! {
                 () = dispatcher.wake.notified() => {}
                 () = tokio::time::sleep(now.until(wake_at)) => {}
                 () = shutdown.cancelled() => break,
             }
+            dispatcher.sleeping_until.store(i64::MAX, Ordering::SeqCst);
         }
         rounds.close();
         let in_flight = rounds.len();

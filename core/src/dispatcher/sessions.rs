@@ -53,7 +53,7 @@ pub(super) async fn serve(
         let end = inbound.session(dispatcher.as_ref(), &session).await;
         match end {
             SessionEnd::Shutdown => {
-                keeper.release().await;
+                keeper.release(None, dispatcher.clock.now()).await;
                 tracing::info!(%platform, "left the platform connection");
                 return Ok(());
             }
@@ -62,13 +62,13 @@ pub(super) async fn serve(
                 health.set(platform, AdapterState::Standby);
             }
             SessionEnd::Fatal(reason) => {
-                keeper.release().await;
+                keeper.release(None, dispatcher.clock.now()).await;
                 health.set(platform, AdapterState::Down(reason.clone()));
                 return Err(SessionsEnded { platform, reason });
             }
             SessionEnd::Failed { reason, connected } => {
                 // Hand the connection to another process while this one waits.
-                keeper.release().await;
+                keeper.release(None, dispatcher.clock.now()).await;
                 if connected {
                     failures = 0;
                 }

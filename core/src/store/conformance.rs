@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use super::{
     Batch, CommitOutcome, DueWork, Exchange, IngestOutcome, MessageEdit, NewMessage, NewNotice,
-    NewReply, OutboxKind, OutboxRow, RecentConversation, Store, StoreError, WorkQuery,
+    NewReply, OutboxKind, OutboxRow, PartSent, RecentConversation, Store, StoreError, WorkQuery,
 };
 use crate::domain::{
     ConversationId, ConversationRef, HolderId, Lease, LeaseKey, OutboxId, Platform, Said,
@@ -53,6 +53,8 @@ macro_rules! store_conformance {
             recent_conversations_resume_after_the_last_stored_message,
             settled_and_pending_conversations,
             ping_answers_on_a_sound_store,
+            a_round_is_claimed_with_what_it_works_on,
+            the_last_part_is_recorded_with_the_release,
         );
     };
     (@each $open:path; $($check:ident),* $(,)?) => {
@@ -189,7 +191,7 @@ async fn committed(
     now: Timestamp,
 ) -> (OutboxId, bool) {
     match store.commit_reply(lease, batch, reply(text), now).await {
-        Ok(CommitOutcome::Committed { outbox, forced }) => (outbox, forced),
+        Ok(CommitOutcome::Committed { outbox, forced }) => (outbox.id, forced),
         other => panic!("the reply {text:?} was not committed: {other:?}"),
     }
 }
@@ -372,7 +374,10 @@ pub async fn a_lease_is_renewed_and_released(store: &dyn Store) {
         claim(store, &key, &b, lease.expires_at).await.is_none(),
         "a renewed lease outlives its first expiry"
     );
-    store.release_lease(&renewed).await.unwrap();
+    store
+        .release_lease(&renewed, None, renewed.expires_at)
+        .await
+        .unwrap();
     let taken = claim(store, &key, &b, at(5001))
         .await
         .expect("a released lease is claimable at once");
@@ -381,7 +386,10 @@ pub async fn a_lease_is_renewed_and_released(store: &dyn Store) {
         store.renew_lease(&renewed, TTL, at(5002)).await,
         "renewing a lease taken over",
     );
-    store.release_lease(&renewed).await.unwrap();
+    store
+        .release_lease(&renewed, None, renewed.expires_at)
+        .await
+        .unwrap();
     assert!(
         claim(store, &key, &c, at(5003)).await.is_none(),
         "releasing a lost lease leaves the new holder's alone"
@@ -581,7 +589,8 @@ pub async fn giving_up_covers_each_message_once(store: &dyn Store) {
     );
     let rows = store.due_outbox(id, at(1300)).await.unwrap();
     assert_eq!(rows.len(), 1);
-    assert_eq!((rows[0].id, rows[0].kind), (notice, OutboxKind::Notice));
+    assert_eq!(rows[0], notice, "give_up returns the row it stored");
+    assert_eq!(rows[0].kind, OutboxKind::Notice);
     assert_eq!(
         (rows[0].text.as_str(), rows[0].reply_to.as_deref()),
         ("too long", Some("m2"))
@@ -627,12 +636,14 @@ pub async fn the_outbox_is_delivered_in_order(store: &dyn Store) {
             .enqueue_notice(notice("first", "k1"), &a, at(10))
             .await
             .unwrap()
+            .is_some()
     );
     assert!(
-        !store
+        store
             .enqueue_notice(notice("first", "k1"), &a, at(15))
             .await
-            .unwrap(),
+            .unwrap()
+            .is_none(),
         "at most one notice per key"
     );
     assert!(
@@ -640,6 +651,7 @@ pub async fn the_outbox_is_delivered_in_order(store: &dyn Store) {
             .enqueue_notice(notice("second", "k2"), &a, at(20))
             .await
             .unwrap()
+            .is_some()
     );
     let texts =
         |rows: &[OutboxRow]| -> Vec<String> { rows.iter().map(|r| r.text.clone()).collect() };
@@ -684,6 +696,111 @@ pub async fn the_outbox_is_delivered_in_order(store: &dyn Store) {
     );
 }
 
+/// A round's claim, in one transaction: the compare-and-swap of a lease, the batch
+/// (as `collect` reads it) and the rows owed (as `due_outbox`); a row waiting for its
+/// retry holds back what the round would commit; another holder is refused.
+pub async fn a_round_is_claimed_with_what_it_works_on(store: &dyn Store) {
+    let (a, b) = (holder("a"), holder("b"));
+    let c1 = http("c1");
+    let (id, lease, batch) = round(store, &c1, &a, &["m1"], at(1000)).await;
+    let (reply, _) = committed(store, &lease, &batch, "first answer", at(1000)).await;
+    store
+        .defer_outbox(reply, at(5000), "timed out")
+        .await
+        .unwrap();
+    store.release_lease(&lease, None, at(1000)).await.unwrap();
+    stored(store, message(c1.clone(), "m2"), &a, at(1100)).await;
+
+    let claimed = store
+        .claim_round(id, &b, ms(3000), 10, at(2000))
+        .await
+        .unwrap()
+        .expect("the lease is free");
+    assert_eq!(claimed.lease.holder, b);
+    assert_eq!(pending_ids(&claimed.batch), ["m2"]);
+    assert_eq!(claimed.batch.v0, collect(store, id).await.v0);
+    assert_eq!(
+        claimed.batch.history.len(),
+        1,
+        "the first exchange is history"
+    );
+    assert!(
+        claimed.owed.is_empty() && claimed.held_back,
+        "the deferred reply is not due, and holds back what comes after it"
+    );
+    assert!(
+        store
+            .claim_round(id, &a, ms(3000), 10, at(2001))
+            .await
+            .unwrap()
+            .is_none(),
+        "exclusive: a live lease refuses another claim"
+    );
+    store
+        .release_lease(&claimed.lease, None, at(2002))
+        .await
+        .unwrap();
+    let later = store
+        .claim_round(id, &a, ms(3000), 10, at(5000))
+        .await
+        .unwrap()
+        .expect("released");
+    assert!(
+        later.lease.token > claimed.lease.token,
+        "fencing tokens grow"
+    );
+    assert_eq!(later.owed, store.due_outbox(id, at(5000)).await.unwrap());
+    assert_eq!(later.owed.len(), 1);
+    assert_eq!(later.owed[0].id, reply);
+    assert!(!later.held_back);
+}
+
+/// The last part a round delivered is recorded with the release of its lease; it is
+/// recorded even when the lease was lost meanwhile (a delivered part is a fact), and a
+/// lost lease stays with its new holder.
+pub async fn the_last_part_is_recorded_with_the_release(store: &dyn Store) {
+    let (a, b) = (holder("a"), holder("b"));
+    let (id, lease, batch) = round(store, &http("c1"), &a, &["m1"], at(1000)).await;
+    let (reply, _) = committed(store, &lease, &batch, "answer", at(1000)).await;
+    let sent = |parts_sent, done| PartSent {
+        outbox: reply,
+        parts_sent,
+        done,
+    };
+    store
+        .release_lease(&lease, Some(sent(1, false)), at(1100))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.due_outbox(id, at(1100)).await.unwrap()[0].parts_sent,
+        1
+    );
+    let again = claimed(store, id, &a, at(1200)).await;
+    // The lease expires and another holder takes it before the release.
+    let taker = claimed(store, id, &b, again.expires_at).await;
+    store
+        .release_lease(&again, Some(sent(2, true)), again.expires_at)
+        .await
+        .unwrap();
+    assert!(
+        store
+            .due_outbox(id, again.expires_at)
+            .await
+            .unwrap()
+            .is_empty(),
+        "the last part was recorded though the lease was lost"
+    );
+    lost(
+        store
+            .claim_lease(&LeaseKey::Conversation(id), &a, ms(3000), again.expires_at)
+            .await
+            .map(|l| l.ok_or(StoreError::LeaseLost(LeaseKey::Conversation(id))))
+            .and_then(|r| r),
+        "the taker still holds it",
+    );
+    let _ = taker;
+}
+
 /// A failed generation backs the timer off (a new message does not cut the backoff
 /// short); `/reset` clears the backoff, makes the timer due now for the holder that
 /// took the command, and hides the earlier exchanges from the history.
@@ -692,7 +809,10 @@ pub async fn failures_back_off_and_reset_starts_afresh(store: &dyn Store) {
     let c1 = http("c1");
     let (id, lease, batch) = round(store, &c1, &a, &["m1"], at(1000)).await;
     committed(store, &lease, &batch, "answer", at(1000)).await;
-    store.release_lease(&lease).await.unwrap();
+    store
+        .release_lease(&lease, None, lease.expires_at)
+        .await
+        .unwrap();
 
     stored(store, message(c1.clone(), "m2"), &a, at(2000)).await;
     let lease = claimed(store, id, &a, at(3000)).await;
@@ -712,7 +832,10 @@ pub async fn failures_back_off_and_reset_starts_afresh(store: &dyn Store) {
             .unwrap(),
         2
     );
-    store.release_lease(&lease).await.unwrap();
+    store
+        .release_lease(&lease, None, lease.expires_at)
+        .await
+        .unwrap();
     let (_, _, due_at) = stored(store, message(c1.clone(), "m3"), &a, at(3200)).await;
     assert_eq!(
         due_at, retry_at,
@@ -793,7 +916,10 @@ pub async fn due_work_leaves_leased_conversations_alone(store: &dyn Store) {
         [leased, free],
         "an expired lease excludes no one"
     );
-    store.release_lease(&lease).await.unwrap();
+    store
+        .release_lease(&lease, None, lease.expires_at)
+        .await
+        .unwrap();
     assert_eq!(
         due(store, &query(&a, 10), at(1200)).await.ready,
         [leased, free]
@@ -808,7 +934,10 @@ pub async fn due_work_includes_undelivered_outbox_rows(store: &dyn Store) {
     let (outbox, _) = committed(store, &lease, &batch, "answer", at(1000)).await;
     let leased = due(store, &query(&b, 10), at(1000)).await;
     assert!(leased.ready.is_empty(), "the holder is delivering it");
-    store.release_lease(&lease).await.unwrap();
+    store
+        .release_lease(&lease, None, lease.expires_at)
+        .await
+        .unwrap();
     assert_eq!(
         due(store, &query(&b, 10), at(1000)).await.ready,
         [id],

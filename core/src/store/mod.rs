@@ -243,15 +243,43 @@ pub struct NewReply {
 /// The result of the final check.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CommitOutcome {
-    /// Stored in the outbox; the batch is answered. `forced` when newer messages had
-    /// arrived but the cap made the reply go out anyway.
-    Committed { outbox: OutboxId, forced: bool },
+    /// Stored in the outbox (the row, ready to deliver); the batch is answered.
+    /// `forced` when newer messages had arrived but the cap made the reply go out
+    /// anyway.
+    Committed { outbox: OutboxRow, forced: bool },
     /// A newer message arrived during generation: nothing stored, timer kept.
     Stale { version: Version },
 }
 
-/// An outbox row waiting to be delivered.
+/// What a round claims, read in the transaction that claimed it: the lease, the batch
+/// to answer, and the outbox rows already owed.
 #[derive(Debug, Clone)]
+pub struct Claimed {
+    pub lease: Lease,
+    pub batch: Batch,
+    /// Undelivered rows due now, oldest first (replies an earlier holder committed,
+    /// deferred sends, notices): delivered before anything the round commits, since
+    /// delivery keeps outbox order.
+    pub owed: Vec<OutboxRow>,
+    /// An undelivered row after `owed` waits for its retry: what the round commits
+    /// waits behind it (delivery keeps outbox order), delivered by a later round.
+    pub held_back: bool,
+}
+
+/// The last part a round delivered, recorded in the transaction that releases the
+/// round's lease (one write instead of two). A fact, not a decision: it is recorded
+/// even when the lease was lost meanwhile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartSent {
+    pub outbox: OutboxId,
+    /// Parts delivered so far.
+    pub parts_sent: u32,
+    /// Whether that was the row's last part.
+    pub done: bool,
+}
+
+/// An outbox row waiting to be delivered.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutboxRow {
     pub id: OutboxId,
     pub conversation: ConversationRef,
@@ -290,14 +318,14 @@ pub trait Store: Send + Sync + 'static {
         now: Timestamp,
     ) -> Result<IngestOutcome, StoreError>;
 
-    /// Queue a notice for delivery, at most once per dedupe key. Returns whether it
-    /// was queued now (false: an earlier one with that key exists).
+    /// Queue a notice for delivery, at most once per dedupe key. Returns the row if it
+    /// was queued now (`None`: an earlier one with that key exists).
     async fn enqueue_notice(
         &self,
         notice: NewNotice,
         holder: &HolderId,
         now: Timestamp,
-    ) -> Result<bool, StoreError>;
+    ) -> Result<Option<OutboxRow>, StoreError>;
 
     /// Start a fresh context: earlier exchanges are kept but no longer offered as
     /// history. Pending messages are kept and answered in the fresh context, at once:
@@ -335,9 +363,28 @@ pub trait Store: Send + Sync + 'static {
         now: Timestamp,
     ) -> Result<Lease, StoreError>;
 
-    /// Give a lease back so another process can claim it at once. A lease already
-    /// lost is left alone.
-    async fn release_lease(&self, lease: &Lease) -> Result<(), StoreError>;
+    /// Give a lease back so another process can claim it at once, and record
+    /// `last_sent` (the last part the holder delivered) in the same transaction. A
+    /// lease already lost is left alone; `last_sent` is recorded all the same.
+    async fn release_lease(
+        &self,
+        lease: &Lease,
+        last_sent: Option<PartSent>,
+        now: Timestamp,
+    ) -> Result<(), StoreError>;
+
+    /// Claim a conversation's lease for a round (the compare-and-swap of
+    /// [`Store::claim_lease`]) and read, in the same transaction, what the round works
+    /// on: the batch (as [`Store::collect`]) and the outbox rows owed (as
+    /// [`Store::due_outbox`]). `None`: another process holds the lease.
+    async fn claim_round(
+        &self,
+        conversation: ConversationId,
+        holder: &HolderId,
+        ttl: std::time::Duration,
+        history: usize,
+        now: Timestamp,
+    ) -> Result<Option<Claimed>, StoreError>;
 
     /// Read the conversation's version, pending messages, recent history and timer in
     /// one snapshot.
@@ -377,7 +424,7 @@ pub trait Store: Send + Sync + 'static {
         batch: &Batch,
         notice: &str,
         now: Timestamp,
-    ) -> Result<Option<OutboxId>, StoreError>;
+    ) -> Result<Option<OutboxRow>, StoreError>;
 
     /// Delete the timer of a conversation with nothing pending at `v0` (under lease).
     async fn disarm_idle_timer(

@@ -13,18 +13,20 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use r2d2_sqlite::SqliteConnectionManager;
-use rusqlite::{
-    Connection, ErrorCode, OptionalExtension, Transaction, TransactionBehavior, params,
-};
+use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, params};
+
+mod writer;
+
+use writer::Writer;
 
 use super::condition::Condition;
 #[cfg(feature = "test-switches")]
 use super::faults::FaultPlan;
 use super::faults::Operation;
 use super::{
-    Batch, CommitOutcome, DueWork, Exchange, IngestOutcome, MessageEdit, NewMessage, NewNotice,
-    NewReply, OutboxKind, OutboxRow, PendingMessage, RecentConversation, Store, StoreError,
-    TimerState, WorkQuery,
+    Batch, Claimed, CommitOutcome, DueWork, Exchange, IngestOutcome, MessageEdit, NewMessage,
+    NewNotice, NewReply, OutboxKind, OutboxRow, PartSent, PendingMessage, RecentConversation,
+    Store, StoreError, TimerState, WorkQuery,
 };
 use crate::domain::{
     ConversationId, ConversationRef, HolderId, Lease, LeaseKey, LeaseToken, OutboxId, Platform,
@@ -34,8 +36,9 @@ use crate::timing::TimerPolicy;
 
 /// How long a writer waits for the write lock before reporting [`StoreError::Busy`].
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
-/// Connections per process: rounds mostly wait on the model, not the database.
-const POOL_SIZE: u32 = 8;
+/// Reading connections per process (writes go through the one writer): reads are
+/// short, and rounds mostly wait on the model, not the database.
+const READERS: u32 = 4;
 
 /// Which lease row a holder claims, renews, releases and is fenced by.
 ///
@@ -66,7 +69,10 @@ struct LeaseRow {
 /// A [`Store`] on one SQLite file.
 #[derive(Clone)]
 pub struct SqliteStore {
+    /// Connections for reads (WAL: readers never wait for the writer).
     pool: r2d2::Pool<SqliteConnectionManager>,
+    /// The process's one write connection, fed by a queue (group commit).
+    writer: Writer,
     path: PathBuf,
     /// The capped debounce every timer is armed with: a setting of the deployment,
     /// fixed when the store is opened, not an argument of each call.
@@ -165,7 +171,7 @@ impl SqliteStore {
             Ok(())
         });
         let pool = r2d2::Pool::builder()
-            .max_size(POOL_SIZE)
+            .max_size(READERS)
             .min_idle(Some(1))
             .connection_timeout(Duration::from_secs(10))
             .build(manager)
@@ -182,8 +188,19 @@ impl SqliteStore {
         }
         migrate(&mut conn).map_err(|e| open_error(format!("schema migration failed: {e}")))?;
         drop(conn);
+        // Durable: a write is acknowledged only after its batch is synced to disk.
+        let write_conn = Connection::open(&path).map_err(|e| open_error(e.to_string()))?;
+        write_conn
+            .busy_timeout(BUSY_TIMEOUT)
+            .and_then(|()| {
+                write_conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;")
+            })
+            .map_err(|e| open_error(e.to_string()))?;
+        let writer = Writer::start(write_conn)
+            .map_err(|e| open_error(format!("cannot start the database writer: {e}")))?;
         Ok(Self {
             pool,
+            writer,
             path,
             timers,
             lease_rows: LeaseRows::Shared,
@@ -325,11 +342,12 @@ impl SqliteStore {
         .map_err(|e| StoreError::Pool(format!("database task failed: {e}")))?
     }
 
-    /// Run `f` in one `BEGIN IMMEDIATE` transaction, committed if `f` succeeds.
+    /// Run `f` as one write of the writer's next batch (see `writer`): answered once
+    /// the batch is committed, rolled back alone if it fails.
     async fn write<T, F>(&self, context: &'static str, f: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
-        F: FnOnce(&Transaction<'_>) -> Result<T, StoreError> + Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
         self.write_as(Operation::Other, context, f).await
     }
@@ -345,18 +363,12 @@ impl SqliteStore {
     ) -> Result<T, StoreError>
     where
         T: Send + 'static,
-        F: FnOnce(&Transaction<'_>) -> Result<T, StoreError> + Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
         let result = async {
             #[cfg(feature = "test-switches")]
             self.faults.before_write(operation)?;
-            self.on_blocking_pool(move |conn| {
-                let tx = conn.transaction().ctx(context)?;
-                let value = f(&tx)?;
-                tx.commit().ctx(context)?;
-                Ok(value)
-            })
-            .await
+            self.writer.write(context, f).await
         }
         .await;
         self.condition.observe(&result, true);
@@ -439,26 +451,21 @@ fn migrate(conn: &mut Connection) -> Result<(), rusqlite_migration::Error> {
 /// group stays a group: no platform turns a group into a private chat, so an update
 /// that does not say (a command, a notice) can never make one private.
 fn upsert_conversation(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     conversation: &ConversationRef,
     is_group: bool,
     now: Timestamp,
 ) -> Result<ConversationId, StoreError> {
-    tx.execute(
+    tx.query_row(
         "INSERT INTO conversations (platform, key, is_group, created_at) VALUES (?1, ?2, ?3, ?4)
-         ON CONFLICT (platform, key) DO UPDATE SET is_group = 1
-             WHERE excluded.is_group AND NOT conversations.is_group",
+         ON CONFLICT (platform, key) DO UPDATE SET is_group = conversations.is_group OR excluded.is_group
+         RETURNING id",
         params![
             conversation.platform.as_str(),
             conversation.key,
             is_group,
             now.0
         ],
-    )
-    .ctx("creating a conversation")?;
-    tx.query_row(
-        "SELECT id FROM conversations WHERE platform = ?1 AND key = ?2",
-        params![conversation.platform.as_str(), conversation.key],
         |r| r.get(0),
     )
     .map(ConversationId)
@@ -468,7 +475,7 @@ fn upsert_conversation(
 /// Bump the version of a conversation that just got a message (or an edit) and arm
 /// its timer. Must run in the transaction that stored the message.
 fn bump_and_arm(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     conversation: ConversationId,
     platform: Platform,
     policy: TimerPolicy,
@@ -485,43 +492,37 @@ fn bump_and_arm(
         )
         .ctx("bumping the version")?;
     let (pending, first_pending) = pending_after(tx, conversation, answered)?;
-    let retry_at: i64 = tx
+    let due_at = policy.due_at(now, first_pending.unwrap_or(now), pending);
+    // Capped debounce: every message re-arms the timer, never past the cap, and never
+    // sooner than a failed generation's backoff (`retry_at`).
+    let due_at: i64 = tx
         .query_row(
-            "SELECT retry_at FROM timers WHERE conversation_id = ?1",
-            [conversation.0],
+            "INSERT INTO timers (conversation_id, platform, due_at, armed_version, armed_at, armed_by)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+             ON CONFLICT (conversation_id) DO UPDATE SET
+                 due_at = MAX(excluded.due_at, timers.retry_at),
+                 armed_version = excluded.armed_version,
+                 armed_at = excluded.armed_at,
+                 armed_by = excluded.armed_by
+             RETURNING due_at",
+            params![
+                conversation.0,
+                platform.as_str(),
+                due_at.0,
+                version,
+                now.0,
+                holder.as_str()
+            ],
             |r| r.get(0),
         )
-        .optional()
-        .ctx("reading the timer")?
-        .unwrap_or(0);
-    let due_at = policy
-        .due_at(now, first_pending.unwrap_or(now), pending)
-        .max(Timestamp(retry_at));
-    // Capped debounce: every message re-arms the timer, never past the cap.
-    tx.execute(
-        "INSERT INTO timers (conversation_id, platform, due_at, armed_version, armed_at, armed_by)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)
-         ON CONFLICT (conversation_id) DO UPDATE SET
-             due_at = excluded.due_at,
-             armed_version = excluded.armed_version,
-             armed_at = excluded.armed_at,
-             armed_by = excluded.armed_by",
-        params![
-            conversation.0,
-            platform.as_str(),
-            due_at.0,
-            version,
-            now.0,
-            holder.as_str()
-        ],
-    )
-    .ctx("arming the timer")?;
+        .ctx("arming the timer")?;
+    let due_at = Timestamp(due_at);
     Ok((Version(version), due_at))
 }
 
 /// How many messages are pending after `answered` and when the oldest arrived.
 fn pending_after(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     conversation: ConversationId,
     answered: i64,
 ) -> Result<(u32, Option<Timestamp>), StoreError> {
@@ -542,7 +543,7 @@ fn pending_after(
 /// Exclusive: a write under a lease needs the live holder with the current token in
 /// the lease's row (`resource`).
 fn ensure_lease(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     lease: &Lease,
     resource: &str,
     now: Timestamp,
@@ -671,20 +672,34 @@ impl Store for SqliteStore {
         notice: NewNotice,
         holder: &HolderId,
         now: Timestamp,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Option<OutboxRow>, StoreError> {
         let holder = holder.clone();
         self.write("queueing a notice", move |tx| {
             let conversation = upsert_conversation(tx, &notice.conversation, notice.is_group, now)?;
             // At most one notice per dedupe key.
-            let inserted = tx
-                .execute(
+            let id: Option<i64> = tx
+                .query_row(
                     "INSERT INTO outbox (conversation_id, kind, text, reply_to, dedupe_key, owner, created_at, next_attempt_at)
                      VALUES (?1, 'notice', ?2, ?3, ?4, ?5, ?6, ?6)
-                     ON CONFLICT (dedupe_key) DO NOTHING",
+                     ON CONFLICT (dedupe_key) DO NOTHING
+                     RETURNING id",
                     params![conversation.0, notice.text, notice.reply_to, notice.dedupe_key, holder.as_str(), now.0],
+                    |r| r.get(0),
                 )
+                .optional()
                 .ctx("queueing a notice")?;
-            Ok(inserted == 1)
+            let _ = conversation;
+            Ok(id.map(|id| OutboxRow {
+                id: OutboxId(id),
+                conversation: notice.conversation,
+                kind: OutboxKind::Notice,
+                text: notice.text,
+                reply_to: notice.reply_to,
+                covers: Vec::new(),
+                parts_sent: 0,
+                attempts: 0,
+                created_at: now,
+            }))
         })
         .await
     }
@@ -727,60 +742,90 @@ impl Store for SqliteStore {
         let handoff = crate::domain::millis(query.handoff);
         let limit = query.limit as i64;
         self.with_conn(move |conn| {
-            // Parameters: ?1 now, ?2 limit, ?3 this holder, ?4 hand-off, ?5… platforms.
+            // Every part is a range scan or a seek on an index over what is due by now
+            // (work ready or in progress), never a walk over every conversation or
+            // future timer, so a pass costs the same whatever the database holds.
+            // Parameters: ?1 now, ?2 (unused), ?3 this holder, ?4 hand-off, ?5… platforms.
             let list = placeholders(5, names.len());
-            // Work armed or owned by another process is due here a hand-off later.
-            let timers = format!(
-                "SELECT t.conversation_id,
-                        t.due_at + CASE WHEN t.armed_by = ?3 THEN 0 ELSE ?4 END AS at
-                 FROM timers t WHERE t.platform IN ({list})"
+            // Due by now (index timers_due; index outbox_due for outbox heads, rows
+            // with no undelivered row before them: delivery keeps outbox order). Work
+            // armed or owned by another process is due here a hand-off later: that
+            // process is woken in-process, this one takes over only if it does not.
+            let candidates = format!(
+                "SELECT g.conversation_id, g.at, l.holder, l.expires_at FROM (
+                     SELECT conversation_id, MIN(at) AS at FROM (
+                         SELECT conversation_id,
+                                due_at + CASE WHEN armed_by = ?3 THEN 0 ELSE ?4 END AS at
+                         FROM timers WHERE platform IN ({list}) AND due_at <= ?1
+                         UNION ALL
+                         SELECT o.conversation_id,
+                                o.next_attempt_at + CASE WHEN o.owner = ?3 THEN 0 ELSE ?4 END
+                         FROM outbox o JOIN conversations c ON c.id = o.conversation_id
+                         WHERE o.sent_at IS NULL AND o.failed_at IS NULL
+                           AND o.next_attempt_at <= ?1 AND c.platform IN ({list})
+                           AND NOT EXISTS (SELECT 1 FROM outbox p
+                                           WHERE p.conversation_id = o.conversation_id
+                                             AND p.id < o.id
+                                             AND p.sent_at IS NULL AND p.failed_at IS NULL))
+                     GROUP BY conversation_id) g
+                 LEFT JOIN leases l ON l.conversation_id = g.conversation_id"
             );
-            // The head (oldest undelivered row) of each conversation's outbox: delivery
-            // keeps outbox order, so a row waiting for its retry holds back the rest.
-            let heads = format!(
-                "SELECT o.conversation_id,
-                        o.next_attempt_at + CASE WHEN o.owner = ?3 THEN 0 ELSE ?4 END AS at
-                 FROM outbox o JOIN conversations c ON c.id = o.conversation_id
-                 WHERE c.platform IN ({list}) AND o.id IN (
-                     SELECT MIN(id) FROM outbox
-                     WHERE sent_at IS NULL AND failed_at IS NULL GROUP BY conversation_id)"
+            // The earliest future timer and outbox retry: one index seek each.
+            let future = format!(
+                "SELECT MIN(at) FROM (
+                     SELECT MIN(due_at) AS at FROM timers
+                     WHERE platform IN ({list}) AND due_at > ?1
+                     UNION ALL
+                     SELECT MIN(next_attempt_at) FROM outbox
+                     WHERE sent_at IS NULL AND failed_at IS NULL AND next_attempt_at > ?1)"
             );
-            let work = format!(
-                "SELECT w.conversation_id, w.at, l.holder, l.expires_at
-                 FROM ({timers} UNION ALL {heads}) w
-                 LEFT JOIN leases l ON l.conversation_id = w.conversation_id"
+            let mut values: Vec<rusqlite::types::Value> =
+                vec![now.0.into(), 0i64.into(), holder.into(), handoff.into()];
+            values.extend(
+                names
+                    .iter()
+                    .map(|n| rusqlite::types::Value::from(n.to_string())),
             );
-            // Exclusive: due now, and no live lease on the conversation.
-            let ready_sql = format!(
-                "SELECT conversation_id FROM ({work})
-                 WHERE at <= ?1 AND (holder IS NULL OR expires_at <= ?1)
-                 GROUP BY conversation_id ORDER BY MIN(at) LIMIT ?2"
-            );
-            // The next moment something becomes due: a due conversation under a live
-            // lease becomes claimable when the lease expires.
-            let next_sql = format!(
-                "SELECT MIN(CASE WHEN holder IS NOT NULL AND expires_at > at THEN expires_at ELSE at END)
-                 FROM ({work}) WHERE
-                     CASE WHEN holder IS NOT NULL AND expires_at > at THEN expires_at ELSE at END > ?1"
-            );
-            let mut values: Vec<rusqlite::types::Value> = vec![
-                now.0.into(),
-                limit.into(),
-                holder.into(),
-                handoff.into(),
-            ];
-            values.extend(names.iter().map(|n| rusqlite::types::Value::from(n.to_string())));
-            let params = rusqlite::params_from_iter(values.iter());
-            let mut ready_stmt = conn.prepare_cached(&ready_sql).ctx("finding due work")?;
-            let ready = ready_stmt
-                .query_map(params.clone(), |r| r.get(0).map(ConversationId))
-                .ctx("finding due work")?
-                .collect::<Result<Vec<_>, _>>()
-                .ctx("finding due work")?;
-            let mut next_stmt = conn.prepare_cached(&next_sql).ctx("finding the next deadline")?;
-            let next_at: Option<i64> = next_stmt
-                .query_row(params, |r| r.get(0))
+            let mut ready: Vec<(i64, ConversationId)> = Vec::new();
+            let mut next_at: Option<i64> = None;
+            let mut sooner = |at: i64| next_at = Some(next_at.map_or(at, |n| n.min(at)));
+            {
+                let mut stmt = conn.prepare_cached(&candidates).ctx("finding due work")?;
+                let mut rows = stmt
+                    .query(rusqlite::params_from_iter(values.iter()))
+                    .ctx("finding due work")?;
+                while let Some(row) = rows.next().ctx("finding due work")? {
+                    let conversation = ConversationId(row.get(0).ctx("finding due work")?);
+                    let at: i64 = row.get(1).ctx("finding due work")?;
+                    let holder: Option<String> = row.get(2).ctx("finding due work")?;
+                    let expires_at: Option<i64> = row.get(3).ctx("finding due work")?;
+                    // Exclusive: a conversation under a live lease is left to its holder
+                    // until the lease expires (or is released).
+                    let leased_until = expires_at.filter(|e| holder.is_some() && *e > now.0);
+                    match leased_until {
+                        _ if at > now.0 => sooner(at.max(leased_until.unwrap_or(at))),
+                        Some(expiry) => sooner(expiry),
+                        None => ready.push((at, conversation)),
+                    }
+                }
+            }
+            let mut stmt = conn
+                .prepare_cached(&future)
                 .ctx("finding the next deadline")?;
+            if let Some(at) = stmt
+                .query_row(rusqlite::params_from_iter(values.iter()), |r| {
+                    r.get::<_, Option<i64>>(0)
+                })
+                .ctx("finding the next deadline")?
+            {
+                sooner(at);
+            }
+            ready.sort();
+            let ready = ready
+                .into_iter()
+                .take(limit as usize)
+                .map(|(_, c)| c)
+                .collect();
             Ok(DueWork {
                 ready,
                 next_at: next_at.map(Timestamp),
@@ -800,31 +845,7 @@ impl Store for SqliteStore {
         let holder = holder.clone();
         let row = self.lease_row(&key, &holder);
         self.write("claiming a lease", move |tx| {
-            tx.execute(
-                "INSERT INTO leases (resource, conversation_id) VALUES (?1, ?2)
-                 ON CONFLICT (resource) DO NOTHING",
-                params![row.resource, row.conversation],
-            )
-            .ctx("creating a lease")?;
-            let expires_at = now.plus(ttl);
-            // Exclusive: claim only a free or expired lease (compare-and-swap); every
-            // claim bumps the fencing token.
-            let token: Option<i64> = tx
-                .query_row(
-                    "UPDATE leases SET holder = ?2, token = token + 1, expires_at = ?3
-                     WHERE resource = ?1 AND (holder IS NULL OR expires_at <= ?4)
-                     RETURNING token",
-                    params![row.resource, holder.as_str(), expires_at.0, now.0],
-                    |r| r.get(0),
-                )
-                .optional()
-                .ctx("claiming a lease")?;
-            Ok(token.map(|token| Lease {
-                key,
-                holder,
-                token: LeaseToken(token),
-                expires_at,
-            }))
+            claim(tx, key, holder, &row, ttl, now)
         })
         .await
     }
@@ -868,10 +889,18 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn release_lease(&self, lease: &Lease) -> Result<(), StoreError> {
+    async fn release_lease(
+        &self,
+        lease: &Lease,
+        last_sent: Option<PartSent>,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
         let lease = lease.clone();
         let row = self.lease_row(&lease.key, &lease.holder);
         self.write("releasing a lease", move |tx| {
+            if let Some(sent) = last_sent {
+                mark_part_sent(tx, sent, now)?;
+            }
             // Only our own claim is released: a lease taken over since stays with its holder.
             tx.execute(
                 "UPDATE leases SET holder = NULL WHERE resource = ?1 AND holder = ?2 AND token = ?3",
@@ -879,6 +908,34 @@ impl Store for SqliteStore {
             )
             .ctx("releasing a lease")?;
             Ok(())
+        })
+        .await
+    }
+
+    async fn claim_round(
+        &self,
+        conversation: ConversationId,
+        holder: &HolderId,
+        ttl: Duration,
+        history: usize,
+        now: Timestamp,
+    ) -> Result<Option<Claimed>, StoreError> {
+        let key = LeaseKey::Conversation(conversation);
+        let holder = holder.clone();
+        let row = self.lease_row(&key, &holder);
+        self.write("claiming a round", move |tx| {
+            let Some(lease) = claim(tx, key, holder, &row, ttl, now)? else {
+                return Ok(None);
+            };
+            // What the round works on, read under the lease it just claimed.
+            let batch = read_batch(tx, conversation, history)?;
+            let owed = read_owed(tx, conversation, now)?;
+            Ok(Some(Claimed {
+                lease,
+                batch,
+                owed: owed.rows,
+                held_back: owed.held_back,
+            }))
         })
         .await
     }
@@ -893,78 +950,7 @@ impl Store for SqliteStore {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Deferred)
                 .ctx("collecting a batch")?;
-            let row: Option<(String, String, bool, i64, i64, i64)> = tx
-                .query_row(
-                    "SELECT platform, key, is_group, version, answered_version, context_version
-                     FROM conversations WHERE id = ?1",
-                    [conversation.0],
-                    |r| {
-                        Ok((
-                            r.get(0)?,
-                            r.get(1)?,
-                            r.get(2)?,
-                            r.get(3)?,
-                            r.get(4)?,
-                            r.get(5)?,
-                        ))
-                    },
-                )
-                .optional()
-                .ctx("reading a conversation")?;
-            let Some((platform, key, is_group, version, answered, context_version)) = row else {
-                return Err(StoreError::NoConversation(conversation));
-            };
-            let platform: Platform = platform.parse().map_err(StoreError::Corrupt)?;
-            let pending = {
-                let mut stmt = tx
-                    .prepare_cached(
-                        "SELECT id, platform_message_id, user_id, author, text, version, received_at
-                         FROM messages WHERE conversation_id = ?1 AND version > ?2 ORDER BY id",
-                    )
-                    .ctx("reading pending messages")?;
-                stmt.query_map(params![conversation.0, answered], |r| {
-                    Ok(PendingMessage {
-                        row: r.get(0)?,
-                        message_id: r.get(1)?,
-                        user_id: r.get(2)?,
-                        author: r.get(3)?,
-                        text: r.get(4)?,
-                        version: Version(r.get(5)?),
-                        received_at: Timestamp(r.get(6)?),
-                    })
-                })
-                .ctx("reading pending messages")?
-                .collect::<Result<Vec<_>, _>>()
-                .ctx("reading pending messages")?
-            };
-            let timer = tx
-                .query_row(
-                    "SELECT due_at, attempts FROM timers WHERE conversation_id = ?1",
-                    [conversation.0],
-                    |r| {
-                        Ok(TimerState {
-                            due_at: Timestamp(r.get(0)?),
-                            attempts: r.get(1)?,
-                        })
-                    },
-                )
-                .optional()
-                .ctx("reading the timer")?;
-            // Nothing to answer (a round that only delivers): no history needed.
-            let history = if pending.is_empty() {
-                Vec::new()
-            } else {
-                read_history(&tx, conversation, context_version, history)?
-            };
-            Ok(Batch {
-                conversation_id: conversation,
-                conversation: ConversationRef::new(platform, key),
-                is_group,
-                v0: Version(version),
-                pending,
-                history,
-                timer,
-            })
+            read_batch(&tx, conversation, history)
         })
         .await
     }
@@ -980,6 +966,12 @@ impl Store for SqliteStore {
         let conversation = batch.conversation_id;
         let v0 = batch.v0;
         let covered: Vec<i64> = batch.pending.iter().map(|m| m.row).collect();
+        let message_ids: Vec<(i64, String)> = batch
+            .pending
+            .iter()
+            .map(|m| (m.row, m.message_id.clone()))
+            .collect();
+        let reference = batch.conversation.clone();
         let reply_to = batch.last_message_id().map(str::to_owned);
         let oldest = batch.oldest_pending_at().unwrap_or(now);
         let row = self.lease_row(&lease.key, &lease.holder);
@@ -1018,7 +1010,7 @@ impl Store for SqliteStore {
                      RETURNING id",
                     params![
                         conversation.0,
-                        reply.text,
+                        &reply.text,
                         reply_to,
                         v0.0,
                         lease.token.0,
@@ -1035,7 +1027,21 @@ impl Store for SqliteStore {
             record_covers(tx, outbox, &covered)?;
             answer_through(tx, conversation, v0, policy)?;
             Ok(CommitOutcome::Committed {
-                outbox: OutboxId(outbox),
+                outbox: OutboxRow {
+                    id: OutboxId(outbox),
+                    conversation: reference,
+                    kind: OutboxKind::Reply,
+                    text: reply.text,
+                    reply_to,
+                    covers: message_ids
+                        .into_iter()
+                        .filter(|(row, _)| covered.contains(row))
+                        .map(|(_, id)| id)
+                        .collect(),
+                    parts_sent: 0,
+                    attempts: 0,
+                    created_at: now,
+                },
                 forced,
             })
         })
@@ -1048,11 +1054,12 @@ impl Store for SqliteStore {
         batch: &Batch,
         notice: &str,
         now: Timestamp,
-    ) -> Result<Option<OutboxId>, StoreError> {
+    ) -> Result<Option<OutboxRow>, StoreError> {
         let lease = lease.clone();
         let conversation = batch.conversation_id;
         let v0 = batch.v0;
         let reply_to = batch.last_message_id().map(str::to_owned);
+        let reference = batch.conversation.clone();
         let notice = notice.to_owned();
         let row = self.lease_row(&lease.key, &lease.holder);
         let policy = self.timers;
@@ -1061,16 +1068,16 @@ impl Store for SqliteStore {
             // What this give-up ends: messages still pending up to v0 (an edit since
             // the batch was collected moved its message past v0: it stays pending).
             // No duplicate: a message already covered is never covered again.
-            let covered: Vec<i64> = {
+            let covered: Vec<(i64, String)> = {
                 let mut stmt = tx
                     .prepare_cached(
-                        "SELECT m.id FROM messages m JOIN conversations c ON c.id = m.conversation_id
+                        "SELECT m.id, m.platform_message_id FROM messages m JOIN conversations c ON c.id = m.conversation_id
                          WHERE c.id = ?1 AND m.version > c.answered_version AND m.version <= ?2
                            AND NOT EXISTS (SELECT 1 FROM reply_covers rc WHERE rc.message_id = m.id)
                          ORDER BY m.id",
                     )
                     .ctx("finding the messages given up on")?;
-                stmt.query_map(params![conversation.0, v0.0], |r| r.get(0))
+                stmt.query_map(params![conversation.0, v0.0], |r| Ok((r.get(0)?, r.get(1)?)))
                     .ctx("finding the messages given up on")?
                     .collect::<Result<_, _>>()
                     .ctx("finding the messages given up on")?
@@ -1086,7 +1093,7 @@ impl Store for SqliteStore {
                      RETURNING id",
                     params![
                         conversation.0,
-                        notice,
+                        &notice,
                         reply_to,
                         v0.0,
                         lease.token.0,
@@ -1096,9 +1103,20 @@ impl Store for SqliteStore {
                     |r| r.get(0),
                 )
                 .ctx("storing a give-up notice")?;
-            record_covers(tx, outbox, &covered)?;
+            let rows: Vec<i64> = covered.iter().map(|(row, _)| *row).collect();
+            record_covers(tx, outbox, &rows)?;
             answer_through(tx, conversation, v0, policy)?;
-            Ok(Some(OutboxId(outbox)))
+            Ok(Some(OutboxRow {
+                id: OutboxId(outbox),
+                conversation: reference,
+                kind: OutboxKind::Notice,
+                text: notice,
+                reply_to,
+                covers: covered.into_iter().map(|(_, id)| id).collect(),
+                parts_sent: 0,
+                attempts: 0,
+                created_at: now,
+            }))
         })
         .await
     }
@@ -1157,64 +1175,8 @@ impl Store for SqliteStore {
         conversation: ConversationId,
         now: Timestamp,
     ) -> Result<Vec<OutboxRow>, StoreError> {
-        self.with_conn(move |conn| {
-            let mut rows = Vec::new();
-            let mut stmt = conn
-                .prepare_cached(
-                    "SELECT o.id, c.platform, c.key, o.kind, o.text, o.reply_to, o.parts_sent,
-                            o.attempts, o.next_attempt_at, o.created_at
-                     FROM outbox o JOIN conversations c ON c.id = o.conversation_id
-                     WHERE o.conversation_id = ?1 AND o.sent_at IS NULL AND o.failed_at IS NULL
-                     ORDER BY o.id",
-                )
-                .ctx("reading the outbox")?;
-            let mut query = stmt.query([conversation.0]).ctx("reading the outbox")?;
-            while let Some(r) = query.next().ctx("reading the outbox")? {
-                // Delivery keeps the outbox order: a row waiting for its retry holds
-                // back the rows behind it.
-                let next_attempt_at: i64 = r.get(8).ctx("reading the outbox")?;
-                if next_attempt_at > now.0 {
-                    break;
-                }
-                let platform: String = r.get(1).ctx("reading the outbox")?;
-                let kind: String = r.get(3).ctx("reading the outbox")?;
-                rows.push(OutboxRow {
-                    id: OutboxId(r.get(0).ctx("reading the outbox")?),
-                    conversation: ConversationRef::new(
-                        platform.parse().map_err(StoreError::Corrupt)?,
-                        r.get::<_, String>(2).ctx("reading the outbox")?,
-                    ),
-                    kind: if kind == "reply" {
-                        OutboxKind::Reply
-                    } else {
-                        OutboxKind::Notice
-                    },
-                    text: r.get(4).ctx("reading the outbox")?,
-                    reply_to: r.get(5).ctx("reading the outbox")?,
-                    covers: Vec::new(),
-                    parts_sent: r.get(6).ctx("reading the outbox")?,
-                    attempts: r.get(7).ctx("reading the outbox")?,
-                    created_at: Timestamp(r.get(9).ctx("reading the outbox")?),
-                });
-            }
-            drop(query);
-            let mut covers = conn
-                .prepare_cached(
-                    "SELECT m.platform_message_id FROM reply_covers rc
-                     JOIN messages m ON m.id = rc.message_id
-                     WHERE rc.outbox_id = ?1 ORDER BY m.id",
-                )
-                .ctx("reading covered messages")?;
-            for row in &mut rows {
-                row.covers = covers
-                    .query_map([row.id.0], |r| r.get(0))
-                    .ctx("reading covered messages")?
-                    .collect::<Result<Vec<String>, _>>()
-                    .ctx("reading covered messages")?;
-            }
-            Ok(rows)
-        })
-        .await
+        self.with_conn(move |conn| Ok(read_owed(conn, conversation, now)?.rows))
+            .await
     }
 
     async fn mark_sent(
@@ -1224,16 +1186,13 @@ impl Store for SqliteStore {
         done: bool,
         now: Timestamp,
     ) -> Result<(), StoreError> {
+        let sent = PartSent {
+            outbox: id,
+            parts_sent,
+            done,
+        };
         self.write("marking a reply sent", move |tx| {
-            tx.execute(
-                "UPDATE outbox SET
-                     parts_sent = CASE WHEN parts_sent < ?2 THEN ?2 ELSE parts_sent END,
-                     sent_at = CASE WHEN ?3 AND sent_at IS NULL THEN ?4 ELSE sent_at END
-                 WHERE id = ?1",
-                params![id.0, parts_sent, done, now.0],
-            )
-            .ctx("marking a reply sent")?;
-            Ok(())
+            mark_part_sent(tx, sent, now)
         })
         .await
     }
@@ -1332,9 +1291,12 @@ impl Store for SqliteStore {
 
     async fn pending_conversations(&self) -> Result<u64, StoreError> {
         self.with_conn(|conn| {
-            conn.query_row("SELECT COUNT(*) FROM timers", [], |r| r.get::<_, i64>(0))
-                .map(|n| n as u64)
-                .ctx("counting pending conversations")
+            // Kept by triggers on timers: one row, whatever the number of conversations.
+            conn.query_row("SELECT pending FROM stats WHERE id = 1", [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .map(|n| n.max(0) as u64)
+            .ctx("counting pending conversations")
         })
         .await
     }
@@ -1356,13 +1318,216 @@ impl Store for SqliteStore {
     }
 }
 
+/// The compare-and-swap claim of `row`: succeeds only if the lease is free or expired,
+/// and then bumps the fencing token.
+fn claim(
+    tx: &Connection,
+    key: LeaseKey,
+    holder: HolderId,
+    row: &LeaseRow,
+    ttl: Duration,
+    now: Timestamp,
+) -> Result<Option<Lease>, StoreError> {
+    tx.execute(
+        "INSERT INTO leases (resource, conversation_id) VALUES (?1, ?2)
+         ON CONFLICT (resource) DO NOTHING",
+        params![row.resource, row.conversation],
+    )
+    .ctx("creating a lease")?;
+    let expires_at = now.plus(ttl);
+    // Exclusive: claim only a free or expired lease (compare-and-swap); every claim
+    // bumps the fencing token.
+    let token: Option<i64> = tx
+        .query_row(
+            "UPDATE leases SET holder = ?2, token = token + 1, expires_at = ?3
+             WHERE resource = ?1 AND (holder IS NULL OR expires_at <= ?4)
+             RETURNING token",
+            params![row.resource, holder.as_str(), expires_at.0, now.0],
+            |r| r.get(0),
+        )
+        .optional()
+        .ctx("claiming a lease")?;
+    Ok(token.map(|token| Lease {
+        key,
+        holder,
+        token: LeaseToken(token),
+        expires_at,
+    }))
+}
+
+/// Record that the first `parts_sent` parts of a row were delivered (and, when
+/// `done`, that it is sent). A fact, not a decision: never fenced, never backwards.
+fn mark_part_sent(tx: &Connection, sent: PartSent, now: Timestamp) -> Result<(), StoreError> {
+    tx.execute(
+        "UPDATE outbox SET
+             parts_sent = CASE WHEN parts_sent < ?2 THEN ?2 ELSE parts_sent END,
+             sent_at = CASE WHEN ?3 AND sent_at IS NULL THEN ?4 ELSE sent_at END
+         WHERE id = ?1",
+        params![sent.outbox.0, sent.parts_sent, sent.done, now.0],
+    )
+    .ctx("marking a reply sent")?;
+    Ok(())
+}
+
+/// The batch of a conversation: version, pending messages, recent history and
+/// timer, read on `tx` (one snapshot).
+fn read_batch(
+    tx: &Connection,
+    conversation: ConversationId,
+    history: usize,
+) -> Result<Batch, StoreError> {
+    let row: Option<(String, String, bool, i64, i64, i64)> = tx
+        .query_row(
+            "SELECT platform, key, is_group, version, answered_version, context_version
+             FROM conversations WHERE id = ?1",
+            [conversation.0],
+            |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                ))
+            },
+        )
+        .optional()
+        .ctx("reading a conversation")?;
+    let Some((platform, key, is_group, version, answered, context_version)) = row else {
+        return Err(StoreError::NoConversation(conversation));
+    };
+    let platform: Platform = platform.parse().map_err(StoreError::Corrupt)?;
+    let pending = {
+        let mut stmt = tx
+            .prepare_cached(
+                "SELECT id, platform_message_id, user_id, author, text, version, received_at
+                 FROM messages WHERE conversation_id = ?1 AND version > ?2 ORDER BY id",
+            )
+            .ctx("reading pending messages")?;
+        stmt.query_map(params![conversation.0, answered], |r| {
+            Ok(PendingMessage {
+                row: r.get(0)?,
+                message_id: r.get(1)?,
+                user_id: r.get(2)?,
+                author: r.get(3)?,
+                text: r.get(4)?,
+                version: Version(r.get(5)?),
+                received_at: Timestamp(r.get(6)?),
+            })
+        })
+        .ctx("reading pending messages")?
+        .collect::<Result<Vec<_>, _>>()
+        .ctx("reading pending messages")?
+    };
+    let timer = tx
+        .query_row(
+            "SELECT due_at, attempts FROM timers WHERE conversation_id = ?1",
+            [conversation.0],
+            |r| {
+                Ok(TimerState {
+                    due_at: Timestamp(r.get(0)?),
+                    attempts: r.get(1)?,
+                })
+            },
+        )
+        .optional()
+        .ctx("reading the timer")?;
+    // Nothing to answer (a round that only delivers): no history needed.
+    let history = if pending.is_empty() {
+        Vec::new()
+    } else {
+        read_history(tx, conversation, context_version, history)?
+    };
+    Ok(Batch {
+        conversation_id: conversation,
+        conversation: ConversationRef::new(platform, key),
+        is_group,
+        v0: Version(version),
+        pending,
+        history,
+        timer,
+    })
+}
+
+/// What a conversation's outbox owes now.
+struct Owed {
+    /// Undelivered rows that are due, oldest first.
+    rows: Vec<OutboxRow>,
+    /// An undelivered row behind them waits for its retry.
+    held_back: bool,
+}
+
+/// A conversation's undelivered outbox rows that are due, oldest first, read on
+/// `conn`. Delivery keeps the outbox order: a row waiting for its retry holds back the
+/// rows behind it.
+fn read_owed(
+    conn: &Connection,
+    conversation: ConversationId,
+    now: Timestamp,
+) -> Result<Owed, StoreError> {
+    let mut rows = Vec::new();
+    let mut held_back = false;
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT o.id, c.platform, c.key, o.kind, o.text, o.reply_to, o.parts_sent,
+                    o.attempts, o.next_attempt_at, o.created_at
+             FROM outbox o JOIN conversations c ON c.id = o.conversation_id
+             WHERE o.conversation_id = ?1 AND o.sent_at IS NULL AND o.failed_at IS NULL
+             ORDER BY o.id",
+        )
+        .ctx("reading the outbox")?;
+    let mut query = stmt.query([conversation.0]).ctx("reading the outbox")?;
+    while let Some(r) = query.next().ctx("reading the outbox")? {
+        // Delivery keeps the outbox order: a row waiting for its retry holds
+        // back the rows behind it.
+        let next_attempt_at: i64 = r.get(8).ctx("reading the outbox")?;
+        if next_attempt_at > now.0 {
+            held_back = true;
+            break;
+        }
+        let platform: String = r.get(1).ctx("reading the outbox")?;
+        let kind: String = r.get(3).ctx("reading the outbox")?;
+        rows.push(OutboxRow {
+            id: OutboxId(r.get(0).ctx("reading the outbox")?),
+            conversation: ConversationRef::new(
+                platform.parse().map_err(StoreError::Corrupt)?,
+                r.get::<_, String>(2).ctx("reading the outbox")?,
+            ),
+            kind: if kind == "reply" {
+                OutboxKind::Reply
+            } else {
+                OutboxKind::Notice
+            },
+            text: r.get(4).ctx("reading the outbox")?,
+            reply_to: r.get(5).ctx("reading the outbox")?,
+            covers: Vec::new(),
+            parts_sent: r.get(6).ctx("reading the outbox")?,
+            attempts: r.get(7).ctx("reading the outbox")?,
+            created_at: Timestamp(r.get(9).ctx("reading the outbox")?),
+        });
+    }
+    drop(query);
+    let mut covers = conn
+        .prepare_cached(
+            "SELECT m.platform_message_id FROM reply_covers rc
+             JOIN messages m ON m.id = rc.message_id
+             WHERE rc.outbox_id = ?1 ORDER BY m.id",
+        )
+        .ctx("reading covered messages")?;
+    for row in &mut rows {
+        row.covers = covers
+            .query_map([row.id.0], |r| r.get(0))
+            .ctx("reading covered messages")?
+            .collect::<Result<Vec<String>, _>>()
+            .ctx("reading covered messages")?;
+    }
+    Ok(Owed { rows, held_back })
+}
+
 /// The rows among `rows` that still carry a version at or before `v0`: an edit moves a
 /// message past `v0`, making it pending again.
-fn unchanged_since(
-    tx: &Transaction<'_>,
-    rows: &[i64],
-    v0: Version,
-) -> Result<Vec<i64>, StoreError> {
+fn unchanged_since(tx: &Connection, rows: &[i64], v0: Version) -> Result<Vec<i64>, StoreError> {
     let mut stmt = tx
         .prepare_cached("SELECT version <= ?2 FROM messages WHERE id = ?1")
         .ctx("checking for edits")?;
@@ -1379,7 +1544,7 @@ fn unchanged_since(
 }
 
 /// Record which messages an outbox row (a reply, or a give-up notice) answers.
-fn record_covers(tx: &Transaction<'_>, outbox: i64, messages: &[i64]) -> Result<(), StoreError> {
+fn record_covers(tx: &Connection, outbox: i64, messages: &[i64]) -> Result<(), StoreError> {
     let mut cover = tx
         .prepare_cached("INSERT INTO reply_covers (outbox_id, message_id) VALUES (?1, ?2)")
         .ctx("recording covered messages")?;
@@ -1395,7 +1560,7 @@ fn record_covers(tx: &Transaction<'_>, outbox: i64, messages: &[i64]) -> Result<
 /// same transaction: the timer goes unless a newer message armed it, and then it is
 /// re-armed for the messages still pending.
 fn answer_through(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     conversation: ConversationId,
     v0: Version,
     policy: TimerPolicy,
@@ -1423,7 +1588,7 @@ fn answer_through(
 /// stays, and its cap now counts from the oldest of them, not from the burst just
 /// answered.
 fn rearm_for_remaining(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     conversation: ConversationId,
     v0: Version,
     policy: TimerPolicy,
@@ -1456,7 +1621,7 @@ fn rearm_for_remaining(
 /// covered, oldest first. Dropped (stale) replies were never stored, so they never
 /// appear here.
 fn read_history(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     conversation: ConversationId,
     context_version: i64,
     limit: usize,

@@ -517,10 +517,13 @@ async fn run(sizes: &Sizes) -> Table {
             "goal < 10",
         );
 
-        // 10k conversations due at the same instant: make the far timers due now.
+        // 10k conversations due at the same instant: make the far timers due now, for
+        // any process (they were armed by the process just stopped, so another takes
+        // them over a hand-off, `LULL_POLL_MS`, after their due time: set them that
+        // much earlier).
         let (dir, webhook) = Arc::try_unwrap(bot).ok().unwrap().stop();
         let db = dir.path().join("lull.db");
-        let due = now_ms();
+        let due = now_ms() - 1000;
         {
             let conn = rusqlite::Connection::open(&db).unwrap();
             conn.busy_timeout(Duration::from_secs(10)).unwrap();

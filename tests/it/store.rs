@@ -27,3 +27,20 @@ async fn open(timers: TimerPolicy) -> Fresh {
 }
 
 lull_core::store_conformance!(open);
+
+/// The same checks against the PostgreSQL backend, on a fresh database of the test
+/// cluster each, with the caller's clock (the checks drive time themselves).
+mod postgres {
+    use lull_core::store::{PostgresStore, TimeSource};
+    use lull_core::timing::TimerPolicy;
+
+    async fn open(timers: TimerPolicy) -> Option<Box<PostgresStore>> {
+        let url = crate::support::postgres::fresh_database()?;
+        let store = PostgresStore::open(&url, timers, TimeSource::Caller)
+            .await
+            .expect("open the PostgreSQL store");
+        Some(Box::new(store))
+    }
+
+    lull_core::store_conformance!(optional open);
+}

@@ -32,7 +32,15 @@ use crate::timing::TimerPolicy;
 #[macro_export]
 macro_rules! store_conformance {
     ($open:path) => {
-        $crate::store_conformance!(@each $open;
+        $crate::store_conformance!(@checks $open, each);
+    };
+    // `$open` returns an `Option`: `None` skips the check (a backend whose server is
+    // not installed here).
+    (optional $open:path) => {
+        $crate::store_conformance!(@checks $open, each_optional);
+    };
+    (@checks $open:path, $each:ident) => {
+        $crate::store_conformance!(@$each $open;
             ingest_is_idempotent,
             ingest_bumps_the_version_and_arms_the_capped_timer,
             edits_change_only_pending_messages,
@@ -62,6 +70,17 @@ macro_rules! store_conformance {
             #[::tokio::test]
             async fn $check() {
                 let store = $open($crate::store::conformance::policy()).await;
+                $crate::store::conformance::$check(&*store).await;
+            }
+        )*
+    };
+    (@each_optional $open:path; $($check:ident),* $(,)?) => {
+        $(
+            #[::tokio::test]
+            async fn $check() {
+                let Some(store) = $open($crate::store::conformance::policy()).await else {
+                    return;
+                };
                 $crate::store::conformance::$check(&*store).await;
             }
         )*

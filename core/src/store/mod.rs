@@ -19,7 +19,9 @@ mod condition;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 mod faults;
+mod lease_rows;
 mod migrations;
+mod postgres;
 mod sqlite;
 
 use async_trait::async_trait;
@@ -35,6 +37,7 @@ use crate::timing::TimerPolicy;
 
 #[cfg(feature = "test-switches")]
 pub use faults::FaultPlan;
+pub use postgres::{PostgresInspection, PostgresStore, TimeSource, redacted_url};
 pub use sqlite::{Inspection, SqliteStore};
 
 /// Open the store at `path` (creating and migrating it if needed), as a `lull run` or
@@ -500,4 +503,12 @@ pub trait Store: Send + Sync + 'static {
     /// Whether the database can do its work (for health checks): it answers a read of
     /// its tables, and no recent operation found it damaged, full or unwritable.
     async fn ping(&self) -> Result<(), StoreError>;
+
+    /// Woken when a timer may have been armed by another process (a backend shared
+    /// across hosts announces every armed timer), so the scheduler looks for due work
+    /// at once instead of at its next poll. `None` (SQLite): other processes' timers
+    /// are found by the poll alone; this process's own wake it in-process.
+    fn wake_ups(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+        None
+    }
 }

@@ -23,6 +23,7 @@ use super::condition::Condition;
 #[cfg(feature = "test-switches")]
 use super::faults::FaultPlan;
 use super::faults::Operation;
+use super::lease_rows::{LeaseRow, LeaseRows};
 use super::{
     Batch, Claimed, CommitOutcome, DueWork, Exchange, IngestOutcome, MessageEdit, NewMessage,
     NewNotice, NewReply, OutboxKind, OutboxRow, PartSent, PendingMessage, RecentConversation,
@@ -39,32 +40,6 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Reading connections per process (writes go through the one writer): reads are
 /// short, and rounds mostly wait on the model, not the database.
 const READERS: u32 = 4;
-
-/// Which lease row a holder claims, renews, releases and is fenced by.
-///
-/// The counter-test needs processes that race as if there were no lease, while the
-/// statements stay exactly the production ones: no statement has a parameter that
-/// switches a check off. So the switch changes which row is named, not the SQL. With
-/// [`LeaseRows::PerHolder`] every holder gets a private row per lease (its resource
-/// names the holder; its conversation column stays NULL): a claim never contends (no
-/// one else ever holds that row), fencing checks the holder's own row and passes,
-/// and `due_work` sees no live lease on the conversation (no row names it), so every
-/// process takes every due conversation, exactly as with the lease checks off.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum LeaseRows {
-    /// One row per lease, shared by every holder: what makes a lease exclusive.
-    Shared,
-    /// The counter-test: one private row per lease and holder.
-    #[cfg(feature = "test-switches")]
-    PerHolder,
-}
-
-/// The row a holder's lease lives in.
-struct LeaseRow {
-    resource: String,
-    /// The conversation the row names, which `due_work` joins on (NULL for pollers).
-    conversation: Option<i64>,
-}
 
 /// A [`Store`] on one SQLite file.
 #[derive(Clone)]
@@ -298,23 +273,6 @@ impl SqliteStore {
             latest,
             conversations,
         })
-    }
-
-    /// The row `holder`'s lease on `key` lives in.
-    // Only the counter-test's private rows name the holder.
-    #[cfg_attr(not(feature = "test-switches"), allow(unused_variables))]
-    fn lease_row(&self, key: &LeaseKey, holder: &HolderId) -> LeaseRow {
-        match self.lease_rows {
-            LeaseRows::Shared => LeaseRow {
-                resource: key.resource(),
-                conversation: key.conversation().map(|id| id.0),
-            },
-            #[cfg(feature = "test-switches")]
-            LeaseRows::PerHolder => LeaseRow {
-                resource: format!("{}@{holder}", key.resource()),
-                conversation: None,
-            },
-        }
     }
 
     /// Run `f` with a pooled connection on the blocking pool.
@@ -843,7 +801,7 @@ impl Store for SqliteStore {
     ) -> Result<Option<Lease>, StoreError> {
         let key = key.clone();
         let holder = holder.clone();
-        let row = self.lease_row(&key, &holder);
+        let row = self.lease_rows.row(&key, &holder);
         self.write("claiming a lease", move |tx| {
             claim(tx, key, holder, &row, ttl, now)
         })
@@ -864,7 +822,7 @@ impl Store for SqliteStore {
             lease.expires_at = expires_at;
             return Ok(lease);
         }
-        let row = self.lease_row(&lease.key, &lease.holder);
+        let row = self.lease_rows.row(&lease.key, &lease.holder);
         self.write("renewing a lease", move |tx| {
             // Exclusive: only the live holder with this fencing token extends the lease.
             let changed = tx
@@ -896,7 +854,7 @@ impl Store for SqliteStore {
         now: Timestamp,
     ) -> Result<(), StoreError> {
         let lease = lease.clone();
-        let row = self.lease_row(&lease.key, &lease.holder);
+        let row = self.lease_rows.row(&lease.key, &lease.holder);
         self.write("releasing a lease", move |tx| {
             if let Some(sent) = last_sent {
                 mark_part_sent(tx, sent, now)?;
@@ -922,7 +880,7 @@ impl Store for SqliteStore {
     ) -> Result<Option<Claimed>, StoreError> {
         let key = LeaseKey::Conversation(conversation);
         let holder = holder.clone();
-        let row = self.lease_row(&key, &holder);
+        let row = self.lease_rows.row(&key, &holder);
         self.write("claiming a round", move |tx| {
             let Some(lease) = claim(tx, key, holder, &row, ttl, now)? else {
                 return Ok(None);
@@ -974,7 +932,7 @@ impl Store for SqliteStore {
         let reference = batch.conversation.clone();
         let reply_to = batch.last_message_id().map(str::to_owned);
         let oldest = batch.oldest_pending_at().unwrap_or(now);
-        let row = self.lease_row(&lease.key, &lease.holder);
+        let row = self.lease_rows.row(&lease.key, &lease.holder);
         let policy = self.timers;
         self.write("committing a reply", move |tx| {
             ensure_lease(tx, &lease, &row.resource, now)?;
@@ -1061,7 +1019,7 @@ impl Store for SqliteStore {
         let reply_to = batch.last_message_id().map(str::to_owned);
         let reference = batch.conversation.clone();
         let notice = notice.to_owned();
-        let row = self.lease_row(&lease.key, &lease.holder);
+        let row = self.lease_rows.row(&lease.key, &lease.holder);
         let policy = self.timers;
         self.write("giving up on a batch", move |tx| {
             ensure_lease(tx, &lease, &row.resource, now)?;
@@ -1128,7 +1086,7 @@ impl Store for SqliteStore {
         now: Timestamp,
     ) -> Result<(), StoreError> {
         let lease = lease.clone();
-        let row = self.lease_row(&lease.key, &lease.holder);
+        let row = self.lease_rows.row(&lease.key, &lease.holder);
         self.write("disarming an idle timer", move |tx| {
             ensure_lease(tx, &lease, &row.resource, now)?;
             let conversation = conversation_of(&lease);
@@ -1151,7 +1109,7 @@ impl Store for SqliteStore {
         now: Timestamp,
     ) -> Result<u32, StoreError> {
         let lease = lease.clone();
-        let row = self.lease_row(&lease.key, &lease.holder);
+        let row = self.lease_rows.row(&lease.key, &lease.holder);
         self.write("recording a failed generation", move |tx| {
             ensure_lease(tx, &lease, &row.resource, now)?;
             let conversation = conversation_of(&lease);

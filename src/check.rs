@@ -6,8 +6,9 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::config::{Config, LlmConfig, PlatformConfig};
-use lull_core::store::{Inspection, SqliteStore};
+use lull_core::store::{DatabaseUrl, Inspection, PostgresStore, SqliteStore};
 use lull_port::secrets::{Redactor, redact_url};
+use secrecy::ExposeSecret;
 
 /// One line of the report.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,8 +114,11 @@ fn describe(config: &Config) -> String {
 /// Looks at the database without changing it: `lull check` creates no file and
 /// migrates nothing.
 async fn database(config: &Config) -> Finding {
-    let path = config.database.clone();
-    let shown = config.database.display().to_string();
+    let shown = config.database.shown();
+    let path = match &config.database {
+        DatabaseUrl::Sqlite(path) => path.clone(),
+        DatabaseUrl::Postgres(url) => return postgres(url.expose_secret(), &shown).await,
+    };
     match tokio::task::spawn_blocking(move || SqliteStore::inspect(path)).await {
         Ok(Ok(Inspection::Missing { writable: true })) => ok(
             "database",
@@ -141,6 +145,27 @@ async fn database(config: &Config) -> Finding {
         ),
         Ok(Err(e)) => fail("database", format!("{e} (check DATABASE_URL)")),
         Err(e) => fail("database", format!("the check itself failed: {e}")),
+    }
+}
+
+/// Looks at a PostgreSQL database read-only: connects and reads the schema version;
+/// creates nothing (`lull run` migrates an empty database).
+async fn postgres(url: &str, shown: &str) -> Finding {
+    match PostgresStore::inspect(url).await {
+        Ok(found) => ok(
+            "database",
+            format!(
+                "{shown} answers (PostgreSQL {}): schema {}{}",
+                found.server,
+                found.schema,
+                if found.schema < found.latest {
+                    format!(" (`lull run` migrates it to {})", found.latest)
+                } else {
+                    String::new()
+                }
+            ),
+        ),
+        Err(e) => fail("database", format!("{e} (check DATABASE_URL)")),
     }
 }
 

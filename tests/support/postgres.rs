@@ -179,6 +179,11 @@ impl Cluster {
         }
     }
 
+    /// Where the server binaries (and `psql`) are.
+    pub fn bin(&self) -> &Path {
+        &self.bin
+    }
+
     /// The URL of database `name` on this cluster.
     pub fn url(&self, name: &str) -> String {
         format!("postgres://postgres@127.0.0.1:{}/{name}", self.port)
@@ -195,24 +200,6 @@ impl Cluster {
             .arg(&name);
         run(createdb, "createdb");
         self.url(&name)
-    }
-
-    /// Run `sql` with psql on database `url`; rows as `|`-separated lines.
-    pub fn psql(&self, url: &str, sql: &str) -> String {
-        let mut psql = Command::new(self.bin.join("psql"));
-        psql.args([
-            "-X",
-            "-q",
-            "-A",
-            "-t",
-            "-v",
-            "ON_ERROR_STOP=1",
-            "-d",
-            url,
-            "-c",
-            sql,
-        ]);
-        run(psql, "psql")
     }
 
     /// The server's log so far (for a failing test's message).

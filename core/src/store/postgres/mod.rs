@@ -164,19 +164,6 @@ pub struct PostgresInspection {
     pub server: String,
 }
 
-/// The URL without its password, for messages and logs.
-pub fn redacted_url(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut parsed) => {
-            if parsed.password().is_some() {
-                let _ = parsed.set_password(Some("***"));
-            }
-            parsed.to_string()
-        }
-        Err(_) => "a postgres:// URL".to_owned(),
-    }
-}
-
 /// The connection settings of `url` (`postgres://` or `postgresql://`, with `sslmode`
 /// `disable`, `prefer` (the default) or `require`), with lull's statement timeout.
 fn config(url: &str) -> Result<tokio_postgres::Config, String> {
@@ -353,7 +340,7 @@ impl PostgresStore {
         timers: TimerPolicy,
         time: TimeSource,
     ) -> Result<Self, StoreError> {
-        let shown = redacted_url(url);
+        let shown = lull_port::secrets::redact_url(url);
         let open_error = |reason: String| StoreError::Open {
             path: shown.clone(),
             reason,
@@ -408,7 +395,7 @@ impl PostgresStore {
     /// Look at the database at `url` without changing it (for `lull check`): connect,
     /// read the schema version; nothing is created or migrated.
     pub async fn inspect(url: &str) -> Result<PostgresInspection, StoreError> {
-        let shown = redacted_url(url);
+        let shown = lull_port::secrets::redact_url(url);
         let open_error = |reason: String| StoreError::Open {
             path: shown.clone(),
             reason,

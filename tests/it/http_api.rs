@@ -132,6 +132,54 @@ async fn health_and_metrics_follow_a_scripted_exchange() {
     assert_eq!(get("lull_pending_conversations"), 0.0);
 }
 
+/// The real binary on PostgreSQL (`DATABASE_URL=postgres://…`): healthy, a burst is
+/// answered once, a message during generation makes the reply stale and the next one
+/// covers both; the invariant checker reads the same verdict from the database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lull_run_answers_on_postgres() {
+    let Some(url) = crate::support::postgres::fresh_database() else {
+        return;
+    };
+    let database = db::Postgres(url.clone());
+    let app = start(&[("DATABASE_URL", &url), ("LULL_ECHO_DELAY_MS", "1000")]).await;
+    let health: Value = reqwest::get(format!("{}/healthz", app.lull.base_url()))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(health["database"], "ok", "{health}");
+    for (id, text) in [
+        ("1", "alpha"),
+        ("2", "bravo"),
+        ("2", "bravo"),
+        ("3", "charlie"),
+    ] {
+        assert_eq!(app.post("first", id, text).await.0, 202);
+    }
+    let replies = app.webhook.wait_replies(1, Duration::from_secs(15)).await;
+    assert_eq!(replies[0].covers, ["1", "2", "3"]);
+    assert_eq!(app.post("second", "a", "question").await.0, 202);
+    db::wait_for_lease(&database, Some("second"), Duration::from_secs(10)).await;
+    assert_eq!(app.post("second", "b", "follow-up").await.0, 202);
+    let replies = app.webhook.wait_replies(2, Duration::from_secs(15)).await;
+    assert_eq!(replies[1].covers, ["a", "b"]);
+    let verdict = db::settled(&database, Duration::from_secs(10)).await;
+    assert_eq!(
+        (
+            verdict.messages,
+            verdict.replies,
+            verdict.duplicates,
+            verdict.lost,
+            verdict.stale
+        ),
+        (5, 2, 0, 0, 0),
+        "{verdict:?}"
+    );
+    assert_eq!(app.metric("lull_replies_dropped_stale_total").await, 1.0);
+    assert!(!app.lull.logs().contains("ERROR"), "{}", app.lull.logs());
+}
+
 /// Bad input gets a 4xx with a message saying what is wrong, and the process keeps
 /// serving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -44,3 +44,73 @@ mod postgres {
 
     lull_core::store_conformance!(optional open);
 }
+
+/// Wake-ups across hosts: a timer armed through one store wakes every other store on
+/// the database (`NOTIFY` in the ingest transaction, a `LISTEN` connection per
+/// process); a redelivered message arms nothing and announces nothing; a dropped
+/// LISTEN connection is reconnected and announcements flow again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_announces_armed_timers_to_other_processes() {
+    use std::time::Duration;
+
+    use lull_core::clock::{Clock, SystemClock};
+    use lull_core::domain::{ConversationRef, HolderId, Platform};
+    use lull_core::store::{IngestOutcome, NewMessage, PostgresStore, Store, TimeSource};
+
+    let Some(url) = crate::support::postgres::fresh_database() else {
+        return;
+    };
+    let timers = lull_core::store::conformance::policy();
+    let here = PostgresStore::open(&url, timers, TimeSource::Database)
+        .await
+        .unwrap();
+    let elsewhere = PostgresStore::open(&url, timers, TimeSource::Database)
+        .await
+        .unwrap();
+    let woken = elsewhere
+        .wake_ups()
+        .expect("PostgreSQL announces armed timers");
+    let wait = |limit| tokio::time::timeout(limit, woken.notified());
+    // The listener looks once when it (re)connects.
+    wait(Duration::from_secs(10)).await.expect("listening");
+    let message = |id: &str| NewMessage {
+        conversation: ConversationRef::new(Platform::Http, "c1"),
+        is_group: false,
+        message_id: id.into(),
+        user_id: "u".into(),
+        author: "U".into(),
+        text: "hi".into(),
+    };
+    let holder = HolderId::new("here");
+    let stored = here.ingest(message("m1"), &holder, SystemClock.now()).await;
+    assert!(
+        matches!(stored, Ok(IngestOutcome::Stored { .. })),
+        "{stored:?}"
+    );
+    wait(Duration::from_secs(5))
+        .await
+        .expect("a timer armed elsewhere wakes this process");
+
+    let again = here.ingest(message("m1"), &holder, SystemClock.now()).await;
+    assert!(
+        matches!(again, Ok(IngestOutcome::Duplicate { .. })),
+        "{again:?}"
+    );
+    assert!(
+        wait(Duration::from_millis(500)).await.is_err(),
+        "a redelivered message armed nothing and announced nothing"
+    );
+
+    // Drop every LISTEN connection: it comes back and announcements flow again.
+    crate::support::db::rows(
+        &crate::support::db::Postgres(url.clone()),
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'LISTEN%'",
+    );
+    wait(Duration::from_secs(10)).await.expect("reconnected");
+    here.ingest(message("m2"), &holder, SystemClock.now())
+        .await
+        .unwrap();
+    wait(Duration::from_secs(5))
+        .await
+        .expect("announcements after the reconnect");
+}

@@ -114,3 +114,94 @@ async fn postgres_announces_armed_timers_to_other_processes() {
         .await
         .expect("announcements after the reconnect");
 }
+
+/// One clock for leases and timers: on the database's clock, a replica whose clock
+/// runs a minute ahead can neither claim a lease another replica holds nor find a
+/// timer due early, and the next deadline it is told is on its own timeline. The
+/// same scenario on the callers' clocks (`TimeSource::Caller`, what the conformance
+/// checks use) does both: the counter-test that shows what the database's clock
+/// prevents.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_deadlines_are_on_the_database_clock_whatever_a_replica_clock_says() {
+    use std::time::Duration;
+
+    use lull_core::clock::{Clock, SystemClock};
+    use lull_core::domain::{ConversationRef, HolderId, LeaseKey, Platform};
+    use lull_core::store::{
+        IngestOutcome, NewMessage, PostgresStore, Store, TimeSource, WorkQuery,
+    };
+
+    /// Whether the skewed replica (a) took the held lease, (b) found the timer due.
+    async fn skewed_replica(url: &str, time: TimeSource) -> (bool, bool) {
+        let timers = lull_core::store::conformance::policy();
+        let store = PostgresStore::open(url, timers, time).await.unwrap();
+        let (on_time, ahead) = (HolderId::new("on-time"), HolderId::new("ahead"));
+        let now = SystemClock.now();
+        let skewed = now.plus(Duration::from_secs(60));
+        let message = NewMessage {
+            conversation: ConversationRef::new(Platform::Http, "c1"),
+            is_group: false,
+            message_id: "m1".into(),
+            user_id: "u".into(),
+            author: "U".into(),
+            text: "hi".into(),
+        };
+        let IngestOutcome::Stored {
+            conversation,
+            due_at,
+            ..
+        } = store.ingest(message, &on_time, now).await.unwrap()
+        else {
+            panic!("not stored");
+        };
+        assert!(
+            due_at > now,
+            "due after the debounce on the caller's timeline"
+        );
+        let key = LeaseKey::Conversation(conversation);
+        let ttl = Duration::from_secs(10);
+        let held = store
+            .claim_lease(&key, &on_time, ttl, now)
+            .await
+            .unwrap()
+            .expect("a free lease");
+        let taken = store.claim_lease(&key, &ahead, ttl, skewed).await.unwrap();
+        let took = taken.is_some();
+        let query = WorkQuery {
+            platforms: vec![Platform::Http],
+            holder: on_time.clone(),
+            handoff: Duration::ZERO,
+            limit: 10,
+        };
+        // Released, so only the timer decides whether the conversation is due.
+        store.release_lease(&held, None, now).await.unwrap();
+        if let Some(taken) = taken {
+            store.release_lease(&taken, None, skewed).await.unwrap();
+        }
+        let work = store.due_work(&query, skewed).await.unwrap();
+        if time == TimeSource::Database {
+            let next = work.next_at.expect("the timer is the next deadline");
+            let delta = next.0 - skewed.0;
+            assert!(
+                (0..=2000).contains(&delta),
+                "the next deadline is told on the skewed replica's timeline ({delta} ms ahead of its now)"
+            );
+        }
+        (took, !work.ready.is_empty())
+    }
+
+    let Some(url) = crate::support::postgres::fresh_database() else {
+        return;
+    };
+    assert_eq!(
+        skewed_replica(&url, TimeSource::Database).await,
+        (false, false),
+        "on the database's clock"
+    );
+    let url = crate::support::postgres::fresh_database().unwrap();
+    assert_eq!(
+        skewed_replica(&url, TimeSource::Caller).await,
+        (true, true),
+        "the counter-test: on the callers' clocks, the skewed replica takes the lease and the timer early"
+    );
+}

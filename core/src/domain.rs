@@ -50,11 +50,12 @@ impl fmt::Display for HolderId {
 }
 
 /// What a lease protects. Conversations are leased for a whole round (generation and
-/// delivery); platforms are leased by the one process that may poll them.
+/// delivery); a platform connection is leased per shard (its index) by the one process
+/// that may hold it: Telegram's poller, each of Discord's gateway shards.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum LeaseKey {
     Conversation(ConversationId),
-    Poller(Platform),
+    Poller(Platform, u32),
 }
 
 impl LeaseKey {
@@ -64,7 +65,10 @@ impl LeaseKey {
     pub fn resource(&self) -> String {
         match self {
             LeaseKey::Conversation(id) => format!("conversation/{}", id.0),
-            LeaseKey::Poller(p) => format!("poller/{}", p.as_str()),
+            // Shard 0 keeps the name of the one unsharded connection, so a process
+            // of an earlier version and one of this version never hold it at once.
+            LeaseKey::Poller(p, 0) => format!("poller/{}", p.as_str()),
+            LeaseKey::Poller(p, shard) => format!("poller/{}/shard-{shard}", p.as_str()),
         }
     }
 
@@ -72,7 +76,7 @@ impl LeaseKey {
     pub fn conversation(&self) -> Option<ConversationId> {
         match self {
             LeaseKey::Conversation(id) => Some(*id),
-            LeaseKey::Poller(_) => None,
+            LeaseKey::Poller(..) => None,
         }
     }
 }

@@ -92,11 +92,13 @@ impl LeaseKeeper {
     pub(crate) fn session(
         &self,
         platform: lull_port::Platform,
+        shard: lull_port::Shard,
         shutdown: &CancellationToken,
         health: &lull_port::Health,
     ) -> lull_port::Session {
         lull_port::Session::new(
             platform,
+            shard,
             self.lost.clone(),
             shutdown.clone(),
             self.expires_at.clone(),

@@ -7,10 +7,16 @@
 //! compare-and-swap row with expiry as conversation leases) and the others stand by,
 //! retrying the claim, and take over within the lease TTL when the holder dies. This
 //! loop exists once, here; adapters only run sessions.
+//!
+//! A platform split into shards (Discord's gateway) runs one election per shard, each
+//! with a lease of its own (`LeaseKey::Poller(platform, shard)`): several processes
+//! then hold different shards at once, and a dead process's shards are taken over by
+//! the others within the lease TTL. Exclusive per shard: at most one process holds a
+//! shard's connection.
 
 use std::sync::Arc;
 
-use lull_port::{AdapterState, Backoff, Health, Inbound, SessionEnd};
+use lull_port::{AdapterState, Backoff, Health, Inbound, SessionEnd, Shard};
 use tokio_util::sync::CancellationToken;
 
 use super::Dispatcher;
@@ -31,11 +37,11 @@ pub struct SessionsEnded {
     pub reason: String,
 }
 
-/// Hold `inbound`'s platform connection whenever this process wins its poller lease,
-/// one session at a time, until `shutdown`: standing by while another process holds
-/// it, handing it over at once on shutdown or after a failed session (and trying again
-/// after a backoff), and returning an error when a session says trying again cannot
-/// help (a rejected token).
+/// Hold `inbound`'s platform connection, each of its shards whenever this process
+/// wins that shard's poller lease, until `shutdown`: standing by while other processes
+/// hold them, handing a shard over at once on shutdown or after a failed session (and
+/// trying again after a backoff), and returning an error when a session says trying
+/// again cannot help (a rejected token); the other shards are then left too.
 pub(super) async fn serve(
     dispatcher: &Arc<Dispatcher>,
     inbound: Arc<dyn Inbound>,
@@ -44,21 +50,102 @@ pub(super) async fn serve(
 ) -> Result<(), SessionsEnded> {
     let platform = inbound.platform();
     health.set(platform, AdapterState::Starting);
+    let Some(total) = shard_count(inbound.as_ref(), &health, &shutdown).await? else {
+        return Ok(());
+    };
+    if total == 1 {
+        return serve_shard(dispatcher, inbound, Shard::ONLY, &health, &shutdown).await;
+    }
+    tracing::info!(%platform, shards = total, "the platform connection is split into shards; each is elected on its own");
+    // A fatal end of one shard stops the others: they share the token it refused.
+    let stop = shutdown.child_token();
+    let mut shards = tokio::task::JoinSet::new();
+    for shard in Shard::all(total) {
+        let (dispatcher, inbound, health, stop) = (
+            dispatcher.clone(),
+            inbound.clone(),
+            health.clone(),
+            stop.clone(),
+        );
+        shards.spawn(async move { serve_shard(&dispatcher, inbound, shard, &health, &stop).await });
+    }
+    let mut ended = Ok(());
+    while let Some(joined) = shards.join_next().await {
+        let result = joined.unwrap_or_else(|e| {
+            Err(SessionsEnded {
+                platform,
+                reason: format!("a shard's task failed: {e}"),
+            })
+        });
+        if let Err(e) = result {
+            stop.cancel();
+            if ended.is_ok() {
+                ended = Err(e);
+            }
+        }
+    }
+    ended
+}
+
+/// How many shards `inbound` wants, asked until it answers (a backoff between failed
+/// attempts). `None` if `shutdown` fired first.
+async fn shard_count(
+    inbound: &dyn Inbound,
+    health: &Health,
+    shutdown: &CancellationToken,
+) -> Result<Option<u32>, SessionsEnded> {
+    let platform = inbound.platform();
     let mut failures = 0;
     loop {
-        let Some(keeper) = elect(dispatcher, platform, &health, &shutdown).await else {
+        let asked = tokio::select! {
+            asked = inbound.shards() => asked,
+            () = shutdown.cancelled() => return Ok(None),
+        };
+        let reason = match asked {
+            Ok(total) => return Ok(Some(total.max(1))),
+            Err(SessionEnd::Fatal(reason)) => {
+                health.set(platform, AdapterState::Down(reason.clone()));
+                return Err(SessionsEnded { platform, reason });
+            }
+            Err(SessionEnd::Shutdown | SessionEnd::LeaseLost) => return Ok(None),
+            Err(SessionEnd::Failed { reason, .. }) => reason,
+        };
+        failures += 1;
+        let wait = SESSION_BACKOFF.delay(failures);
+        tracing::warn!(%platform, reason, retry_in_ms = wait.as_millis() as u64, "cannot tell how many shards to run");
+        health.set(platform, AdapterState::Down(reason));
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = shutdown.cancelled() => return Ok(None),
+        }
+    }
+}
+
+/// Hold one shard of `inbound`'s connection whenever this process wins its poller
+/// lease, one session at a time, until `shutdown` (see [`serve`]).
+async fn serve_shard(
+    dispatcher: &Arc<Dispatcher>,
+    inbound: Arc<dyn Inbound>,
+    shard: Shard,
+    health: &Health,
+    shutdown: &CancellationToken,
+) -> Result<(), SessionsEnded> {
+    let platform = inbound.platform();
+    let mut failures = 0;
+    loop {
+        let Some(keeper) = elect(dispatcher, platform, shard, health, shutdown).await else {
             return Ok(());
         };
-        let session = keeper.session(platform, &shutdown, &health);
+        let session = keeper.session(platform, shard, shutdown, health);
         let end = inbound.session(dispatcher.as_ref(), &session).await;
         match end {
             SessionEnd::Shutdown => {
                 keeper.release(None, dispatcher.clock.now()).await;
-                tracing::info!(%platform, "left the platform connection");
+                tracing::info!(%platform, %shard, "left the platform connection");
                 return Ok(());
             }
             SessionEnd::LeaseLost => {
-                tracing::warn!(%platform, "the platform lease was lost; disconnected, standing by");
+                tracing::warn!(%platform, %shard, "the platform lease was lost; disconnected, standing by");
                 health.set(platform, AdapterState::Standby);
             }
             SessionEnd::Fatal(reason) => {
@@ -74,7 +161,7 @@ pub(super) async fn serve(
                 }
                 failures += 1;
                 let wait = SESSION_BACKOFF.delay(failures);
-                tracing::warn!(%platform, reason, retry_in_ms = wait.as_millis() as u64, "platform session failed");
+                tracing::warn!(%platform, %shard, reason, retry_in_ms = wait.as_millis() as u64, "platform session failed");
                 health.set(platform, AdapterState::Down(reason));
                 tokio::select! {
                     () = tokio::time::sleep(wait) => {}
@@ -85,31 +172,34 @@ pub(super) async fn serve(
     }
 }
 
-/// Wait until this process holds `platform`'s poller lease, retrying every renewal
-/// interval; while another process holds it, `health` shows this one standing by.
-/// `None` if `shutdown` fired first.
+/// Wait until this process holds the poller lease of `platform`'s `shard`, retrying
+/// every renewal interval; while another process holds it, `health` shows this one
+/// standing by. `None` if `shutdown` fired first.
 async fn elect(
     dispatcher: &Dispatcher,
     platform: Platform,
+    shard: Shard,
     health: &Health,
     shutdown: &CancellationToken,
 ) -> Option<LeaseKeeper> {
-    let key = LeaseKey::Poller(platform);
+    let key = LeaseKey::Poller(platform, shard.index());
     let mut announced = false;
     loop {
         match claim(dispatcher, key.clone()).await {
             Ok(Some(keeper)) => {
-                tracing::info!(%platform, token = keeper.lease().token.0, "this process now holds the platform connection");
+                tracing::info!(%platform, %shard, token = keeper.lease().token.0, "this process now holds the platform connection");
                 return Some(keeper);
             }
             Ok(None) => {
                 health.set(platform, AdapterState::Standby);
                 if !announced {
-                    tracing::info!(%platform, "another process holds the platform connection; standing by");
+                    tracing::info!(%platform, %shard, "another process holds the platform connection; standing by");
                     announced = true;
                 }
             }
-            Err(e) => tracing::warn!(%platform, error = %e, "could not claim the poller lease"),
+            Err(e) => {
+                tracing::warn!(%platform, %shard, error = %e, "could not claim the poller lease")
+            }
         }
         tokio::select! {
             () = tokio::time::sleep(dispatcher.settings.lease.renew_every()) => {}

@@ -111,7 +111,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         inbounds.push(Arc::new(inbound));
     }
     if let Some(discord) = &config.discord {
-        let discord = lull_adapters::discord::Discord::new(discord)?;
+        let discord = lull_adapters::discord::Discord::new(discord, config.discord_shards)?;
         outbounds.push(Arc::new(discord.outbound));
         inbounds.push(Arc::new(discord.inbound));
     }

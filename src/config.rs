@@ -13,6 +13,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use secrecy::{ExposeSecret, SecretString};
 
+pub use lull_adapters::discord::Shards as DiscordShards;
 use lull_adapters::http::{WebhookSecret, WebhookSettings};
 use lull_core::access::AccessList;
 use lull_core::dispatcher::DispatchSettings;
@@ -79,6 +80,9 @@ pub struct Settings {
     /// Discord REST base URL; the gateway URL is read from it.
     #[arg(long, global = true, env = "DISCORD_API_URL", default_value = DEFAULT_DISCORD_API_URL)]
     pub discord_api_url: String,
+    /// Discord gateway shards: a number, or `auto` (Discord's recommendation); replicas split them, one lease per shard.
+    #[arg(long, global = true, env = "LULL_DISCORD_SHARDS", default_value = "1")]
+    pub discord_shards: DiscordShards,
 
     /// API key of the LLM server (optional for local servers).
     #[arg(long, global = true, env = "OPENAI_API_KEY", hide_env_values = true, value_parser = secret)]
@@ -318,6 +322,7 @@ pub struct HttpAdapterConfig {
 pub struct Config {
     pub telegram: Option<PlatformConfig>,
     pub discord: Option<PlatformConfig>,
+    pub discord_shards: DiscordShards,
     pub llm: LlmConfig,
     /// The echo responder was chosen because neither `OPENAI_API_KEY` nor
     /// `OPENAI_BASE_URL` is set (not by `LULL_LLM=echo`): `lull run` warns.
@@ -516,6 +521,7 @@ impl Config {
         Ok(Config {
             telegram,
             discord,
+            discord_shards: s.discord_shards,
             llm,
             echo_by_default: s.llm.is_none() && matches!(kind, LlmKind::Echo),
             llm_retries: s.llm_retries,
@@ -590,6 +596,26 @@ mod tests {
         let mut argv = vec!["lull"];
         argv.extend_from_slice(args);
         Cli::try_parse_from(argv).expect("parses").settings
+    }
+
+    #[test]
+    fn discord_shards_are_a_count_or_auto() {
+        let shards = |v: &str| Cli::try_parse_from(["lull", "--discord-shards", v]);
+        assert_eq!(
+            shards("auto").unwrap().settings.discord_shards,
+            DiscordShards::Auto
+        );
+        assert_eq!(
+            shards("4").unwrap().settings.discord_shards,
+            DiscordShards::Fixed(4)
+        );
+        assert!(shards("0").is_err());
+        assert_eq!(
+            Config::from_settings(&settings(&[]))
+                .unwrap()
+                .discord_shards,
+            DiscordShards::Fixed(1)
+        );
     }
 
     #[test]

@@ -148,9 +148,11 @@ impl Session {
         Timestamp(self.expires_at.load(Ordering::SeqCst))
     }
 
-    /// Report the connection's state (`/healthz`).
+    /// Report the state of this shard's connection (`/healthz` shows the platform's
+    /// worst shard).
     pub fn report(&self, state: AdapterState) {
-        self.health.set(self.platform, state);
+        self.health
+            .set_shard(self.platform, self.shard.index(), state);
     }
 }
 

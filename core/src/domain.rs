@@ -56,6 +56,9 @@ impl fmt::Display for HolderId {
 pub enum LeaseKey {
     Conversation(ConversationId),
     Poller(Platform, u32),
+    /// A replica's slot among the processes serving a sharded platform: the replica in
+    /// slot N is the one shard N is handed to, so replicas split the shards.
+    Replica(Platform, u32),
 }
 
 impl LeaseKey {
@@ -69,14 +72,15 @@ impl LeaseKey {
             // of an earlier version and one of this version never hold it at once.
             LeaseKey::Poller(p, 0) => format!("poller/{}", p.as_str()),
             LeaseKey::Poller(p, shard) => format!("poller/{}/shard-{shard}", p.as_str()),
+            LeaseKey::Replica(p, slot) => format!("replica/{}/{slot}", p.as_str()),
         }
     }
 
-    /// The conversation a conversation lease protects; `None` for a poller lease.
+    /// The conversation a conversation lease protects; `None` for the others.
     pub fn conversation(&self) -> Option<ConversationId> {
         match self {
             LeaseKey::Conversation(id) => Some(*id),
-            LeaseKey::Poller(..) => None,
+            LeaseKey::Poller(..) | LeaseKey::Replica(..) => None,
         }
     }
 }

@@ -364,6 +364,12 @@ pub async fn a_lease_is_claimed_by_compare_and_swap(store: &dyn Store) {
         "each shard of a platform has a lease of its own"
     );
     assert!(claim(store, &shard, &a, at(4)).await.is_none());
+    let slot = LeaseKey::Replica(Platform::Telegram, 1);
+    assert!(
+        claim(store, &slot, &a, at(4)).await.is_some(),
+        "a replica slot is no shard's lease"
+    );
+    assert!(claim(store, &slot, &b, at(5)).await.is_none());
 }
 
 /// A renewal extends only the live holder's lease; a release frees it at once, and

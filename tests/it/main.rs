@@ -23,4 +23,5 @@ mod shutdown;
 mod store;
 mod stress;
 mod telegram;
+mod telegram_webhook;
 mod webhook;

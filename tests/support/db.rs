@@ -45,6 +45,38 @@ impl Database for Postgres {
     }
 }
 
+/// A database by its `DATABASE_URL` (`sqlite:PATH` or `postgres://…`), owned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Location {
+    Sqlite(PathBuf),
+    Postgres(Postgres),
+}
+
+impl Location {
+    pub fn from_url(url: &str) -> Location {
+        match url.strip_prefix("sqlite:") {
+            Some(path) => Location::Sqlite(PathBuf::from(path.trim_start_matches("//"))),
+            None => Location::Postgres(Postgres(url.to_owned())),
+        }
+    }
+
+    pub fn url(&self) -> String {
+        match self {
+            Location::Sqlite(path) => format!("sqlite:{}", path.display()),
+            Location::Postgres(db) => db.0.clone(),
+        }
+    }
+}
+
+impl Database for Location {
+    fn db(&self) -> Db<'_> {
+        match self {
+            Location::Sqlite(path) => Db::Sqlite(path),
+            Location::Postgres(db) => Db::Postgres(&db.0),
+        }
+    }
+}
+
 impl Database for Db<'_> {
     fn db(&self) -> Db<'_> {
         *self

@@ -205,3 +205,114 @@ async fn postgres_deadlines_are_on_the_database_clock_whatever_a_replica_clock_s
         "the counter-test: on the callers' clocks, the skewed replica takes the lease and the timer early"
     );
 }
+
+/// Failures of a PostgreSQL server reach the dispatcher as the backend-neutral
+/// errors it knows: a dropped connection is transient (`Pool`) and the next call
+/// works on a new one; a database that refuses writes (a read-only standby after a
+/// failover) is `Io`, makes the health check fail, and clears with the first write
+/// that succeeds again. A message is stored exactly once through all of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_failures_map_to_store_errors_and_health() {
+    use lull_core::clock::{Clock, SystemClock};
+    use lull_core::domain::{ConversationRef, HolderId, Platform};
+    use lull_core::store::{
+        IngestOutcome, NewMessage, PostgresStore, Store, StoreError, TimeSource,
+    };
+
+    use crate::support::db::{self, Postgres};
+
+    let Some(url) = crate::support::postgres::fresh_database() else {
+        return;
+    };
+    let database = Postgres(url.clone());
+    // Settings of the database are changed from another one (it may refuse writes).
+    let (server, name) = url.rsplit_once('/').unwrap();
+    let admin = Postgres(format!("{server}/postgres"));
+    let store = PostgresStore::open(
+        &url,
+        lull_core::store::conformance::policy(),
+        TimeSource::Database,
+    )
+    .await
+    .unwrap();
+    let message = |id: &str| NewMessage {
+        conversation: ConversationRef::new(Platform::Http, "c1"),
+        is_group: false,
+        message_id: id.into(),
+        user_id: "u".into(),
+        author: "U".into(),
+        text: "hi".into(),
+    };
+    let holder = HolderId::new("a");
+    let drop_connections = || {
+        db::rows(
+            &database,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        )
+    };
+    store.ping().await.expect("healthy");
+
+    drop_connections();
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        match store
+            .ingest(message("m1"), &holder, SystemClock.now())
+            .await
+        {
+            Ok(outcome) => {
+                assert!(
+                    matches!(outcome, IngestOutcome::Stored { .. }),
+                    "{outcome:?}"
+                );
+                break;
+            }
+            Err(e) => {
+                assert!(e.is_transient(), "a dropped connection is transient: {e:?}");
+                assert!(attempts < 10, "the pool never reconnected: {e}");
+            }
+        }
+    }
+
+    db::rows(
+        &admin,
+        &format!("ALTER DATABASE {name} SET default_transaction_read_only = on"),
+    );
+    drop_connections();
+    let refused = loop {
+        match store
+            .ingest(message("m2"), &holder, SystemClock.now())
+            .await
+        {
+            Err(StoreError::Pool(_)) => continue,
+            other => break other,
+        }
+    };
+    assert!(matches!(refused, Err(StoreError::Io(_))), "{refused:?}");
+    assert!(
+        matches!(store.ping().await, Err(StoreError::Io(_))),
+        "unhealthy while writes are refused"
+    );
+
+    db::rows(
+        &admin,
+        &format!("ALTER DATABASE {name} SET default_transaction_read_only = off"),
+    );
+    drop_connections();
+    let stored = loop {
+        match store
+            .ingest(message("m2"), &holder, SystemClock.now())
+            .await
+        {
+            Err(StoreError::Pool(_) | StoreError::Io(_)) => continue,
+            other => break other,
+        }
+    };
+    assert!(
+        matches!(stored, Ok(IngestOutcome::Stored { .. })),
+        "{stored:?}"
+    );
+    store.ping().await.expect("healthy again after a write");
+    assert_eq!(db::count(&database, "SELECT COUNT(*) FROM messages"), 2);
+}

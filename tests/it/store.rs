@@ -251,6 +251,14 @@ async fn postgres_failures_map_to_store_errors_and_health() {
              WHERE datname = current_database() AND pid <> pg_backend_pid()",
         )
     };
+    // Every session started from now on refuses (or takes) writes.
+    let read_only = |on: bool| {
+        db::rows(
+            &admin,
+            &format!("ALTER DATABASE {name} SET default_transaction_read_only = {on}"),
+        );
+        drop_connections();
+    };
     store.ping().await.expect("healthy");
 
     drop_connections();
@@ -275,11 +283,7 @@ async fn postgres_failures_map_to_store_errors_and_health() {
         }
     }
 
-    db::rows(
-        &admin,
-        &format!("ALTER DATABASE {name} SET default_transaction_read_only = on"),
-    );
-    drop_connections();
+    read_only(true);
     let refused = loop {
         match store
             .ingest(message("m2"), &holder, SystemClock.now())
@@ -295,11 +299,7 @@ async fn postgres_failures_map_to_store_errors_and_health() {
         "unhealthy while writes are refused"
     );
 
-    db::rows(
-        &admin,
-        &format!("ALTER DATABASE {name} SET default_transaction_read_only = off"),
-    );
-    drop_connections();
+    read_only(false);
     let stored = loop {
         match store
             .ingest(message("m2"), &holder, SystemClock.now())

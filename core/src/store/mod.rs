@@ -22,6 +22,7 @@ mod faults;
 mod lease_rows;
 mod migrations;
 mod postgres;
+mod shared;
 mod sqlite;
 
 use async_trait::async_trait;
@@ -130,41 +131,40 @@ pub async fn open(
     url: &DatabaseUrl,
     timers: TimerPolicy,
 ) -> Result<std::sync::Arc<dyn Store>, StoreError> {
-    #[cfg(feature = "test-switches")]
-    let lease_off = std::env::var("LULL_TEST_DISABLE_LEASE").is_ok_and(|v| v == "1");
-    #[cfg(feature = "test-switches")]
-    if lease_off {
-        tracing::warn!(
-            "LULL_TEST_DISABLE_LEASE=1: lease checks are OFF (counter-test build); replies may be duplicated"
-        );
-    }
     Ok(match url {
-        DatabaseUrl::Sqlite(path) => {
-            let store = SqliteStore::open(path, timers)?;
+        DatabaseUrl::Sqlite(path) => std::sync::Arc::new(counter_test_switch(
+            SqliteStore::open(path, timers)?,
             #[cfg(feature = "test-switches")]
-            let store = if lease_off {
-                store.without_lease_checks()
-            } else {
-                store
-            };
-            std::sync::Arc::new(store)
-        }
-        DatabaseUrl::Postgres(url) => {
-            let store = PostgresStore::open(
+            SqliteStore::without_lease_checks,
+        )),
+        DatabaseUrl::Postgres(url) => std::sync::Arc::new(counter_test_switch(
+            PostgresStore::open(
                 secrecy::ExposeSecret::expose_secret(url),
                 timers,
                 TimeSource::Database,
             )
-            .await?;
+            .await?,
             #[cfg(feature = "test-switches")]
-            let store = if lease_off {
-                store.without_lease_checks()
-            } else {
-                store
-            };
-            std::sync::Arc::new(store)
-        }
+            PostgresStore::without_lease_checks,
+        )),
     })
+}
+
+/// The counter-test's switch, read from the environment (`LULL_TEST_DISABLE_LEASE=1`)
+/// in builds with the `test-switches` feature: `without_lease_checks` applied to the
+/// store; the store unchanged in every other build.
+fn counter_test_switch<S>(
+    store: S,
+    #[cfg(feature = "test-switches")] without_lease_checks: fn(S) -> S,
+) -> S {
+    #[cfg(feature = "test-switches")]
+    if std::env::var("LULL_TEST_DISABLE_LEASE").is_ok_and(|v| v == "1") {
+        tracing::warn!(
+            "LULL_TEST_DISABLE_LEASE=1: lease checks are OFF (counter-test build); replies may be duplicated"
+        );
+        return without_lease_checks(store);
+    }
+    store
 }
 
 /// Why a store operation failed. `Busy` and `Full` are conditions of the database

@@ -64,6 +64,7 @@ use super::condition::Condition;
 use super::faults::FaultPlan;
 use super::faults::Operation;
 use super::lease_rows::{LeaseRow, LeaseRows};
+use super::shared::DueScan;
 use super::{
     Batch, Claimed, CommitOutcome, DueWork, Exchange, IngestOutcome, MessageEdit, NewMessage,
     NewNotice, NewReply, OutboxKind, OutboxRow, PartSent, PendingMessage, RecentConversation,
@@ -878,25 +879,13 @@ async fn read_history(
         "reading history",
     )
     .await?;
-    let mut history: Vec<(i64, Exchange)> = Vec::new();
-    for row in rows {
-        let id: i64 = row.get(0);
+    Ok(super::shared::exchanges(rows.into_iter().map(|row| {
         let said = Said {
             author: row.get(2),
             text: row.get(3),
         };
-        match history.last_mut() {
-            Some((last, exchange)) if *last == id => exchange.user.push(said),
-            _ => history.push((
-                id,
-                Exchange {
-                    user: vec![said],
-                    reply: row.get(1),
-                },
-            )),
-        }
-    }
-    Ok(history.into_iter().map(|(_, exchange)| exchange).collect())
+        (row.get(0), row.get(1), said)
+    })))
 }
 
 /// Record which messages an outbox row (a reply, or a give-up notice) answers.
@@ -1164,22 +1153,13 @@ impl Store for PostgresStore {
                 "finding due work",
             )
             .await?;
-            let mut ready: Vec<(i64, ConversationId)> = Vec::new();
-            let mut next_at: Option<i64> = None;
-            let mut sooner = |at: i64| next_at = Some(next_at.map_or(at, |n| n.min(at)));
+            let mut scan = DueScan::new(now.db.0);
             for row in candidates {
                 let conversation = ConversationId(row.get(0));
                 let at: i64 = row.get(1);
                 let holder: Option<String> = row.get(2);
                 let expires_at: Option<i64> = row.get(3);
-                // Exclusive: a conversation under a live lease is left to its holder
-                // until the lease expires (or is released).
-                let leased_until = expires_at.filter(|e| holder.is_some() && *e > now.db.0);
-                match leased_until {
-                    _ if at > now.db.0 => sooner(at.max(leased_until.unwrap_or(at))),
-                    Some(expiry) => sooner(expiry),
-                    None => ready.push((at, conversation)),
-                }
+                scan.candidate(conversation, at, holder.is_some(), expires_at);
             }
             // The earliest future timer and outbox retry: one index seek each.
             let future = query_one(
@@ -1193,11 +1173,11 @@ impl Store for PostgresStore {
             )
             .await?;
             if let Some(at) = future.get::<_, Option<i64>>(0) {
-                sooner(at);
+                scan.sooner(at);
             }
-            ready.sort();
+            let (ready, next_at) = scan.finish(work.limit);
             Ok(DueWork {
-                ready: ready.into_iter().take(work.limit).map(|(_, c)| c).collect(),
+                ready,
                 // On the caller's timeline: when its scheduler should look again.
                 next_at: next_at.map(|at| now.to_caller(Timestamp(at))),
             })

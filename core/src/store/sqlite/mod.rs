@@ -24,6 +24,7 @@ use super::condition::Condition;
 use super::faults::FaultPlan;
 use super::faults::Operation;
 use super::lease_rows::{LeaseRow, LeaseRows};
+use super::shared::DueScan;
 use super::{
     Batch, Claimed, CommitOutcome, DueWork, Exchange, IngestOutcome, MessageEdit, NewMessage,
     NewNotice, NewReply, OutboxKind, OutboxRow, PartSent, PendingMessage, RecentConversation,
@@ -744,9 +745,7 @@ impl Store for SqliteStore {
                     .iter()
                     .map(|n| rusqlite::types::Value::from(n.to_string())),
             );
-            let mut ready: Vec<(i64, ConversationId)> = Vec::new();
-            let mut next_at: Option<i64> = None;
-            let mut sooner = |at: i64| next_at = Some(next_at.map_or(at, |n| n.min(at)));
+            let mut scan = DueScan::new(now.0);
             {
                 let mut stmt = conn.prepare_cached(&candidates).ctx("finding due work")?;
                 let mut rows = stmt
@@ -757,14 +756,7 @@ impl Store for SqliteStore {
                     let at: i64 = row.get(1).ctx("finding due work")?;
                     let holder: Option<String> = row.get(2).ctx("finding due work")?;
                     let expires_at: Option<i64> = row.get(3).ctx("finding due work")?;
-                    // Exclusive: a conversation under a live lease is left to its holder
-                    // until the lease expires (or is released).
-                    let leased_until = expires_at.filter(|e| holder.is_some() && *e > now.0);
-                    match leased_until {
-                        _ if at > now.0 => sooner(at.max(leased_until.unwrap_or(at))),
-                        Some(expiry) => sooner(expiry),
-                        None => ready.push((at, conversation)),
-                    }
+                    scan.candidate(conversation, at, holder.is_some(), expires_at);
                 }
             }
             let mut stmt = conn
@@ -776,14 +768,9 @@ impl Store for SqliteStore {
                 })
                 .ctx("finding the next deadline")?
             {
-                sooner(at);
+                scan.sooner(at);
             }
-            ready.sort();
-            let ready = ready
-                .into_iter()
-                .take(limit as usize)
-                .map(|(_, c)| c)
-                .collect();
+            let (ready, next_at) = scan.finish(limit as usize);
             Ok(DueWork {
                 ready,
                 next_at: next_at.map(Timestamp),
@@ -1602,24 +1589,19 @@ fn read_history(
     let mut rows = stmt
         .query(params![conversation.0, context_version, limit as i64])
         .ctx("reading history")?;
-    let mut history: Vec<(i64, Exchange)> = Vec::new();
+    let mut read = Vec::new();
     while let Some(row) = rows.next().ctx("reading history")? {
-        let id: i64 = row.get(0).ctx("reading history")?;
-        let author: String = row.get(2).ctx("reading history")?;
-        let text: String = row.get(3).ctx("reading history")?;
-        match history.last_mut() {
-            Some((last, exchange)) if *last == id => exchange.user.push(Said { author, text }),
-            _ => history.push((
-                id,
-                Exchange {
-                    user: vec![Said { author, text }],
-                    reply: row.get(1).ctx("reading history")?,
-                },
-            )),
-        }
+        let said = Said {
+            author: row.get(2).ctx("reading history")?,
+            text: row.get(3).ctx("reading history")?,
+        };
+        read.push((
+            row.get(0).ctx("reading history")?,
+            row.get(1).ctx("reading history")?,
+            said,
+        ));
     }
-    let history = history.into_iter().map(|(_, exchange)| exchange).collect();
-    Ok(history)
+    Ok(super::shared::exchanges(read))
 }
 
 #[cfg(test)]

@@ -54,8 +54,8 @@ async fn postgres_announces_armed_timers_to_other_processes() {
     use std::time::Duration;
 
     use lull_core::clock::{Clock, SystemClock};
-    use lull_core::domain::{ConversationRef, HolderId, Platform};
-    use lull_core::store::{IngestOutcome, NewMessage, PostgresStore, Store, TimeSource};
+    use lull_core::domain::HolderId;
+    use lull_core::store::{IngestOutcome, PostgresStore, Store, TimeSource};
 
     let Some(url) = crate::support::postgres::fresh_database() else {
         return;
@@ -73,14 +73,6 @@ async fn postgres_announces_armed_timers_to_other_processes() {
     let wait = |limit| tokio::time::timeout(limit, woken.notified());
     // The listener looks once when it (re)connects.
     wait(Duration::from_secs(10)).await.expect("listening");
-    let message = |id: &str| NewMessage {
-        conversation: ConversationRef::new(Platform::Http, "c1"),
-        is_group: false,
-        message_id: id.into(),
-        user_id: "u".into(),
-        author: "U".into(),
-        text: "hi".into(),
-    };
     let holder = HolderId::new("here");
     let stored = here.ingest(message("m1"), &holder, SystemClock.now()).await;
     assert!(
@@ -126,10 +118,8 @@ async fn postgres_deadlines_are_on_the_database_clock_whatever_a_replica_clock_s
     use std::time::Duration;
 
     use lull_core::clock::{Clock, SystemClock};
-    use lull_core::domain::{ConversationRef, HolderId, LeaseKey, Platform};
-    use lull_core::store::{
-        IngestOutcome, NewMessage, PostgresStore, Store, TimeSource, WorkQuery,
-    };
+    use lull_core::domain::{HolderId, LeaseKey, Platform};
+    use lull_core::store::{IngestOutcome, PostgresStore, Store, TimeSource, WorkQuery};
 
     /// Whether the skewed replica (a) took the held lease, (b) found the timer due.
     async fn skewed_replica(url: &str, time: TimeSource) -> (bool, bool) {
@@ -138,19 +128,11 @@ async fn postgres_deadlines_are_on_the_database_clock_whatever_a_replica_clock_s
         let (on_time, ahead) = (HolderId::new("on-time"), HolderId::new("ahead"));
         let now = SystemClock.now();
         let skewed = now.plus(Duration::from_secs(60));
-        let message = NewMessage {
-            conversation: ConversationRef::new(Platform::Http, "c1"),
-            is_group: false,
-            message_id: "m1".into(),
-            user_id: "u".into(),
-            author: "U".into(),
-            text: "hi".into(),
-        };
         let IngestOutcome::Stored {
             conversation,
             due_at,
             ..
-        } = store.ingest(message, &on_time, now).await.unwrap()
+        } = store.ingest(message("m1"), &on_time, now).await.unwrap()
         else {
             panic!("not stored");
         };
@@ -214,10 +196,8 @@ async fn postgres_deadlines_are_on_the_database_clock_whatever_a_replica_clock_s
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_failures_map_to_store_errors_and_health() {
     use lull_core::clock::{Clock, SystemClock};
-    use lull_core::domain::{ConversationRef, HolderId, Platform};
-    use lull_core::store::{
-        IngestOutcome, NewMessage, PostgresStore, Store, StoreError, TimeSource,
-    };
+    use lull_core::domain::HolderId;
+    use lull_core::store::{IngestOutcome, PostgresStore, Store, StoreError, TimeSource};
 
     use crate::support::db::{self, Postgres};
 
@@ -235,14 +215,6 @@ async fn postgres_failures_map_to_store_errors_and_health() {
     )
     .await
     .unwrap();
-    let message = |id: &str| NewMessage {
-        conversation: ConversationRef::new(Platform::Http, "c1"),
-        is_group: false,
-        message_id: id.into(),
-        user_id: "u".into(),
-        author: "U".into(),
-        text: "hi".into(),
-    };
     let holder = HolderId::new("a");
     let drop_connections = || {
         db::rows(
@@ -315,4 +287,19 @@ async fn postgres_failures_map_to_store_errors_and_health() {
     );
     store.ping().await.expect("healthy again after a write");
     assert_eq!(db::count(&database, "SELECT COUNT(*) FROM messages"), 2);
+}
+
+/// A message `id` in conversation `c1` of the http platform.
+fn message(id: &str) -> lull_core::store::NewMessage {
+    lull_core::store::NewMessage {
+        conversation: lull_core::domain::ConversationRef::new(
+            lull_core::domain::Platform::Http,
+            "c1",
+        ),
+        is_group: false,
+        message_id: id.into(),
+        user_id: "u".into(),
+        author: "U".into(),
+        text: "hi".into(),
+    }
 }

@@ -91,7 +91,7 @@ impl<T: Database + ?Sized> Database for &T {
 
 /// The rows of `sql` (portable SQL: the same text runs on both backends), every
 /// value as text (`NULL` as empty, booleans as `1`/`0`).
-pub fn rows(db: impl Database, sql: &str) -> Vec<Vec<String>> {
+pub fn rows(db: &(impl Database + ?Sized), sql: &str) -> Vec<Vec<String>> {
     match db.db() {
         Db::Sqlite(path) => {
             let conn = open(path);
@@ -197,7 +197,7 @@ pub fn open(path: &Path) -> Connection {
     conn
 }
 
-pub fn replies(db: impl Database) -> Vec<ReplyRow> {
+pub fn replies(db: &(impl Database + ?Sized)) -> Vec<ReplyRow> {
     answers(db)
         .into_iter()
         .filter(|r| r.kind == "reply")
@@ -206,7 +206,7 @@ pub fn replies(db: impl Database) -> Vec<ReplyRow> {
 
 /// Give-up notices: notices that cover the messages of a batch the model could not
 /// answer.
-pub fn give_ups(db: impl Database) -> Vec<ReplyRow> {
+pub fn give_ups(db: &(impl Database + ?Sized)) -> Vec<ReplyRow> {
     answers(db)
         .into_iter()
         .filter(|r| r.kind == "notice")
@@ -214,10 +214,10 @@ pub fn give_ups(db: impl Database) -> Vec<ReplyRow> {
 }
 
 /// Every outbox row that answers messages: replies and give-up notices, in order.
-pub fn answers(db: impl Database) -> Vec<ReplyRow> {
+pub fn answers(db: &(impl Database + ?Sized)) -> Vec<ReplyRow> {
     let db = db.db();
     let mut rows: Vec<ReplyRow> = rows(
-        db,
+        &db,
         "SELECT o.id, c.key, o.text, o.version, o.lease_token, o.forced, o.created_at,
                 CASE WHEN o.sent_at IS NOT NULL THEN 1 ELSE 0 END, o.kind
          FROM outbox o JOIN conversations c ON c.id = o.conversation_id
@@ -240,7 +240,7 @@ pub fn answers(db: impl Database) -> Vec<ReplyRow> {
     })
     .collect();
     let mut covers: BTreeMap<i64, Vec<String>> = BTreeMap::new();
-    for r in rows_of_covers(db) {
+    for r in rows_of_covers(&db) {
         covers.entry(int(&r[0])).or_default().push(r[1].clone());
     }
     for row in &mut rows {
@@ -249,7 +249,7 @@ pub fn answers(db: impl Database) -> Vec<ReplyRow> {
     rows
 }
 
-fn rows_of_covers(db: Db<'_>) -> Vec<Vec<String>> {
+fn rows_of_covers(db: &Db<'_>) -> Vec<Vec<String>> {
     rows(
         db,
         "SELECT rc.outbox_id, m.platform_message_id FROM reply_covers rc
@@ -257,7 +257,7 @@ fn rows_of_covers(db: Db<'_>) -> Vec<Vec<String>> {
     )
 }
 
-pub fn messages(db: impl Database) -> Vec<MessageRow> {
+pub fn messages(db: &(impl Database + ?Sized)) -> Vec<MessageRow> {
     rows(
         db,
         "SELECT c.key, m.platform_message_id, m.text, m.version, m.received_at
@@ -274,7 +274,7 @@ pub fn messages(db: impl Database) -> Vec<MessageRow> {
     .collect()
 }
 
-pub fn count(db: impl Database, sql: &str) -> i64 {
+pub fn count(db: &(impl Database + ?Sized), sql: &str) -> i64 {
     int(&rows(db, sql)[0][0])
 }
 
@@ -316,9 +316,9 @@ impl Verdict {
 ///   with a version in (previous reply's or give-up's v, v];
 /// - exclusive: per conversation, the fencing tokens of replies and give-ups strictly
 ///   grow.
-pub fn check(db: impl Database) -> Verdict {
-    let messages = messages(&db);
-    let replies = answers(&db);
+pub fn check(db: &(impl Database + ?Sized)) -> Verdict {
+    let messages = messages(db);
+    let replies = answers(db);
     let mut covered: BTreeMap<(String, String), usize> = BTreeMap::new();
     let mut delivered: BTreeMap<(String, String), bool> = BTreeMap::new();
     for reply in &replies {
@@ -385,16 +385,16 @@ pub fn check(db: impl Database) -> Verdict {
 /// Wait until nothing is pending (no timer) and nothing is left to deliver, then
 /// check the invariants. A reply is marked sent one short transaction after the
 /// platform got it, so a test that just saw a reply waits here before checking.
-pub async fn settled(db: impl Database, limit: std::time::Duration) -> Verdict {
+pub async fn settled(db: &(impl Database + ?Sized), limit: std::time::Duration) -> Verdict {
     let deadline = std::time::Instant::now() + limit;
     loop {
         let open = count(
-            &db,
+            db,
             "SELECT (SELECT COUNT(*) FROM timers)
                   + (SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL AND failed_at IS NULL)",
         );
         if open == 0 {
-            return check(&db);
+            return check(db);
         }
         assert!(
             std::time::Instant::now() < deadline,
@@ -407,7 +407,7 @@ pub async fn settled(db: impl Database, limit: std::time::Duration) -> Verdict {
 /// Wait until some process holds a conversation lease (a round is running): of the
 /// conversation with platform key `conversation`, or of any conversation.
 pub async fn wait_for_lease(
-    db: impl Database,
+    db: &(impl Database + ?Sized),
     conversation: Option<&str>,
     limit: std::time::Duration,
 ) {
@@ -417,7 +417,7 @@ pub async fn wait_for_lease(
         "SELECT COUNT(*) FROM leases l JOIN conversations c ON l.conversation_id = c.id
          WHERE c.key LIKE '{key}' AND l.holder IS NOT NULL"
     );
-    while count(&db, &sql) == 0 {
+    while count(db, &sql) == 0 {
         assert!(
             std::time::Instant::now() < deadline,
             "no lease held on {key} within {limit:?}"

@@ -164,6 +164,8 @@ impl Cluster {
             dir = dir.display(),
             keep = keep.path().display(),
         );
+        // Never waited for: it outlives this process on purpose.
+        #[allow(clippy::zombie_processes)]
         Command::new("setsid")
             .args(["sh", "-c", &stop])
             .stdin(std::process::Stdio::null())

@@ -1,7 +1,7 @@
 //! The store: the only shared state between lull processes.
 //!
-//! The dispatcher talks to it through the [`Store`] trait alone, so another backend
-//! (Postgres, for several hosts) can join and run the same test suite. Every method
+//! The dispatcher talks to it through the [`Store`] trait alone, so both backends
+//! (SQLite for one host, PostgreSQL for several) run the same test suite. Every method
 //! is one short transaction; none writes back a row it read earlier, each changes
 //! only its own fields. Methods that act under a lease take the [`Lease`] and check
 //! holder, fencing token and expiry inside the same transaction as their writes.
@@ -14,6 +14,19 @@
 //! - `FaultPlan` (feature `test-switches`): faults a test injects into a real backend.
 //! - [`SqliteStore`]: the backend on one SQLite file (schema migrations, condition
 //!   tracking and fault hooks are its private parts).
+//! - [`PostgresStore`]: the backend on one PostgreSQL database, for replicas on
+//!   several hosts (its isolation per method, its clock and its wake-ups are in its
+//!   module docs).
+//! - [`open`]: the store a `DATABASE_URL` names ([`DatabaseUrl`]).
+//!
+//! # Time
+//! Every method is given `now`, and deadlines (lease expiry, timer and retry due
+//! times) are compared in the store. On SQLite every process is on one host and reads
+//! one clock, so the callers' `now` is that clock. On PostgreSQL the processes are on
+//! several hosts whose clocks may disagree, so in production the database's clock
+//! decides ([`TimeSource::Database`]): the caller's `now` only moves the times it
+//! passes in and gets back between its timeline and the database's. Tests that drive
+//! time themselves (the conformance checks) open it with [`TimeSource::Caller`].
 
 mod condition;
 #[cfg(feature = "conformance")]

@@ -1,4 +1,6 @@
 //! The SQLite backend: one database file shared by every lull process on a host.
+//! One host, one clock: the callers' `now` is the clock every deadline is compared on
+//! (the PostgreSQL backend, for several hosts, uses the database's clock instead).
 //!
 //! WAL journal (readers never block the writer), `busy_timeout` (writers queue
 //! instead of failing at once), `synchronous = FULL` (a message acknowledged as

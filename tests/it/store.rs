@@ -303,3 +303,33 @@ fn message(id: &str) -> lull_core::store::NewMessage {
         text: "hi".into(),
     }
 }
+
+/// Replicas starting at once on an empty database cannot race their migrations: each
+/// is applied once, under the advisory lock, and every replica opens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_migrations_of_replicas_starting_at_once_do_not_race() {
+    use lull_core::store::{PostgresStore, TimeSource};
+
+    let Some(url) = crate::support::postgres::fresh_database() else {
+        return;
+    };
+    let opening = (0..6).map(|_| {
+        let url = url.clone();
+        tokio::spawn(async move {
+            PostgresStore::open(
+                &url,
+                lull_core::store::conformance::policy(),
+                TimeSource::Database,
+            )
+            .await
+        })
+    });
+    for opened in futures_util::future::join_all(opening).await {
+        opened.unwrap().expect("every replica opens");
+    }
+    let database = crate::support::db::Postgres(url);
+    assert_eq!(
+        crate::support::db::rows(&database, "SELECT version FROM lull_migrations"),
+        [["1"]]
+    );
+}

@@ -9,6 +9,7 @@
 //! tests are skipped with one printed line, unless `LULL_REQUIRE_POSTGRES=1` (CI),
 //! which turns a missing PostgreSQL into a failure.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -36,7 +37,9 @@ pub fn cluster() -> Option<&'static Cluster> {
                  (set LULL_PG_BIN or install postgresql)"
             ),
             None => {
-                println!(
+                // Past the test harness's capture (it only takes `print!`), once.
+                let _ = writeln!(
+                    std::io::stderr(),
                     "PostgreSQL is not installed (no initdb in LULL_PG_BIN or /usr/lib/postgresql/*/bin): skipping the PostgreSQL tests"
                 );
                 None

@@ -168,6 +168,17 @@ async fn postgres_deadlines_are_on_the_database_clock_whatever_a_replica_clock_s
                 (0..=2000).contains(&delta),
                 "the next deadline is told on the skewed replica's timeline ({delta} ms ahead of its now)"
             );
+            // A round it claims sees the timer on its own timeline too: not yet due.
+            let claimed = store
+                .claim_round(conversation, &ahead, ttl, 10, skewed)
+                .await
+                .unwrap()
+                .expect("the lease is free");
+            let due_in = claimed.batch.timer.expect("armed").due_at.0 - skewed.0;
+            assert!(
+                (0..=2000).contains(&due_in),
+                "due in {due_in} ms on its timeline"
+            );
         }
         (took, !work.ready.is_empty())
     }

@@ -83,6 +83,13 @@ impl DatabaseUrl {
                     redacted_url(url)
                 ));
             }
+            // The driver's own reading (parameters such as `sslmode`), checked at start.
+            <tokio_postgres::Config as std::str::FromStr>::from_str(url).map_err(|e| {
+                format!(
+                    "DATABASE_URL is not a valid PostgreSQL URL ({e}): {}",
+                    redacted_url(url)
+                )
+            })?;
             return Ok(DatabaseUrl::Postgres(url.to_owned().into()));
         }
         let path = url
@@ -497,6 +504,9 @@ pub trait Store: Send + Sync + 'static {
     /// [`Store::claim_lease`]) and read, in the same transaction, what the round works
     /// on: the batch (as [`Store::collect`]) and the outbox rows owed (as
     /// [`Store::due_outbox`]). `None`: another process holds the lease.
+    /// The timer's due time and the rows' creation times are on the caller's timeline
+    /// (a backend that keeps time on its own clock translates them), so the round
+    /// compares them with its own clock.
     async fn claim_round(
         &self,
         conversation: ConversationId,
@@ -650,7 +660,14 @@ mod tests {
                 "{url}"
             );
         }
-        for bad in ["mysql://x/y", "postgres://", "lull.db", "sqlite:", ""] {
+        for bad in [
+            "mysql://x/y",
+            "postgres://",
+            "postgres://db/lull?sslmode=sometimes",
+            "lull.db",
+            "sqlite:",
+            "",
+        ] {
             let error = DatabaseUrl::parse(bad).unwrap_err();
             assert!(error.contains("DATABASE_URL"), "{bad}: {error}");
         }

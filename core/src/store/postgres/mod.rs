@@ -7,7 +7,9 @@
 //! the statement that decides, timers are armed and found due on it. The caller's
 //! `now` only translates the times it passes in (a retry deadline) and gets back (a
 //! timer's `due_at`, the next deadline) between its own timeline and the database's,
-//! so a skewed host wakes on time and never takes a timer early. The conformance
+//! so a skewed host wakes on time and never takes a timer early. Times handed back
+//! (a timer's due time, the next deadline, an outbox row's creation) are on the
+//! caller's timeline; times stored and compared are the database's. The conformance
 //! checks drive time themselves (`TimeSource::Caller`): the caller's `now` is the clock.
 //!
 //! # Isolation, per method
@@ -953,6 +955,14 @@ async fn answer_through(
     Ok(())
 }
 
+/// Outbox rows handed to the caller carry their creation time on its timeline (the
+/// base of its delivery deadline, counted on its own clock).
+fn on_caller_timeline(rows: &mut [OutboxRow], now: Now) {
+    for row in rows {
+        row.created_at = now.to_caller(row.created_at);
+    }
+}
+
 fn conversation_of(lease: &Lease) -> ConversationId {
     lease.key.conversation().unwrap_or_else(|| {
         panic!(
@@ -1078,7 +1088,7 @@ impl Store for PostgresStore {
                 covers: Vec::new(),
                 parts_sent: 0,
                 attempts: 0,
-                created_at: now.db,
+                created_at: now.to_caller(now.db),
             }))
         }
         .await
@@ -1288,7 +1298,13 @@ impl Store for PostgresStore {
             };
             // What the round works on, read under the lease it just claimed.
             let batch = read_batch(&tx, conversation, history).await?;
-            let (owed, held_back) = read_owed(&tx, conversation, now.db).await?;
+            let (mut owed, held_back) = read_owed(&tx, conversation, now.db).await?;
+            // On the caller's timeline: its deadlines are counted on its own clock.
+            let mut batch = batch;
+            if let Some(timer) = batch.timer.as_mut() {
+                timer.due_at = now.to_caller(timer.due_at);
+            }
+            on_caller_timeline(&mut owed, now);
             Ok(Some(Claimed {
                 lease,
                 batch,
@@ -1399,7 +1415,7 @@ impl Store for PostgresStore {
                         .collect(),
                     parts_sent: 0,
                     attempts: 0,
-                    created_at: now.db,
+                    created_at: now.to_caller(now.db),
                 },
                 forced,
             })
@@ -1466,7 +1482,7 @@ impl Store for PostgresStore {
                 covers: covered.into_iter().map(|(_, id)| id).collect(),
                 parts_sent: 0,
                 attempts: 0,
-                created_at: now.db,
+                created_at: now.to_caller(now.db),
             }))
         }
         .await
@@ -1542,7 +1558,9 @@ impl Store for PostgresStore {
     ) -> Result<Vec<OutboxRow>, StoreError> {
         transaction!(self, Operation::Read, "reading the outbox", |tx| async {
             let now = self.now(&tx, now).await?;
-            Ok(read_owed(&tx, conversation, now.db).await?.0)
+            let mut owed = read_owed(&tx, conversation, now.db).await?.0;
+            on_caller_timeline(&mut owed, now);
+            Ok(owed)
         }
         .await)
     }

@@ -344,3 +344,65 @@ async fn postgres_migrations_of_replicas_starting_at_once_do_not_race() {
         [["1"]]
     );
 }
+
+/// A write that waits on a row lock longer than the statement timeout is refused as
+/// `Busy` (transient: the caller tries again), after one timeout, not after a retry
+/// per attempt; the lock's holder is undisturbed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_lock_held_too_long_is_busy() {
+    use std::time::{Duration, Instant};
+
+    use lull_core::clock::{Clock, SystemClock};
+    use lull_core::domain::HolderId;
+    use lull_core::store::{PostgresStore, Store, StoreError, TimeSource};
+
+    use crate::support::db::{self, Postgres};
+
+    let Some(cluster) = crate::support::postgres::cluster() else {
+        return;
+    };
+    let url = cluster.create_database();
+    let store = PostgresStore::open(
+        &url,
+        lull_core::store::conformance::policy(),
+        TimeSource::Database,
+    )
+    .await
+    .unwrap();
+    let holder = HolderId::new("a");
+    store
+        .ingest(message("m1"), &holder, SystemClock.now())
+        .await
+        .unwrap();
+    // Another session holds the conversation's row lock for eight seconds.
+    let mut locker = std::process::Command::new(cluster.bin().join("psql"))
+        .args(["-X", "-q", "-d", &url, "-c"])
+        .arg("BEGIN; SELECT 1 FROM conversations FOR UPDATE; SELECT pg_sleep(8); COMMIT;")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let database = Postgres(url.clone());
+    while db::count(
+        &database,
+        "SELECT COUNT(*) FROM pg_stat_activity WHERE query LIKE '%pg_sleep(8)%' AND state = 'active' AND pid <> pg_backend_pid()",
+    ) == 0
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let started = Instant::now();
+    let refused = store
+        .ingest(message("m2"), &holder, SystemClock.now())
+        .await;
+    let waited = started.elapsed();
+    assert!(matches!(refused, Err(StoreError::Busy)), "{refused:?}");
+    assert!(refused.unwrap_err().is_transient());
+    assert!(
+        waited < Duration::from_secs(7),
+        "refused after the statement timeout, not once per retry ({waited:?})"
+    );
+    assert!(locker.wait().unwrap().success());
+    store
+        .ingest(message("m2"), &holder, SystemClock.now())
+        .await
+        .expect("stored once the lock is gone");
+}

@@ -301,6 +301,7 @@ macro_rules! transaction {
     ($store:expr, $operation:expr, $context:expr, |$tx:ident| $body:expr) => {{
         let store: &PostgresStore = $store;
         let mut attempt = 0;
+        let started = std::time::Instant::now();
         let result = loop {
             let result = async {
                 store.before_write($operation)?;
@@ -317,7 +318,13 @@ macro_rules! transaction {
             }
             .await;
             match result {
-                Err(StoreError::Busy) if attempt < RETRIES => {
+                // A serialization failure or deadlock comes at once and is worth
+                // another try; a lock wait that ran into the statement timeout has
+                // waited long enough, and the caller is told.
+                Err(StoreError::Busy)
+                    if attempt < RETRIES
+                        && started.elapsed() < Duration::from_millis(STATEMENT_TIMEOUT_MS) =>
+                {
                     attempt += 1;
                     tokio::time::sleep(Duration::from_millis(
                         10 * u64::from(attempt) + fastrand::u64(0..20),

@@ -7,6 +7,7 @@
 //! cargo bench --bench perf                    # 3 repetitions
 //! cargo bench --bench perf -- --reps 5        # more
 //! cargo bench --bench perf -- --quick         # smaller sizes, for a smoke run
+//! cargo bench --bench perf -- --ingest-only   # the write limit and ingest rows only
 //! ```
 //!
 //! What it measures (BENCHMARKS.md explains each figure and holds the results):
@@ -43,6 +44,8 @@ struct Sizes {
     lateness_seconds: u64,
     /// Seconds of each idle CPU window.
     idle_seconds: u64,
+    /// Stop each repetition after the ingest rows (`--ingest-only`).
+    ingest_only: bool,
 }
 
 impl Sizes {
@@ -53,6 +56,7 @@ impl Sizes {
             timers: 10_000,
             lateness_seconds: 20,
             idle_seconds: 20,
+            ingest_only: false,
         }
     }
 
@@ -63,6 +67,7 @@ impl Sizes {
             timers: 1000,
             lateness_seconds: 5,
             idle_seconds: 5,
+            ingest_only: false,
         }
     }
 }
@@ -464,6 +469,9 @@ async fn run(sizes: &Sizes) -> Table {
             "",
         );
         drop(bot);
+        if sizes.ingest_only {
+            continue;
+        }
 
         // Idle with no timers.
         let bot = Arc::new(Bot::start(&far_timers()).await);
@@ -693,6 +701,7 @@ fn main() {
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--quick" => sizes = Sizes::quick(),
+            "--ingest-only" => sizes.ingest_only = true,
             "--reps" => sizes.reps = args.next().and_then(|v| v.parse().ok()).expect("--reps N"),
             "--bench" => {}
             other => panic!("unknown argument {other}"),

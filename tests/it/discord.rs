@@ -835,7 +835,10 @@ async fn a_message_is_retried_until_it_is_stored() {
         Arc::new(EchoResponder::default()),
         vec![Arc::new(discord.outbound)],
         lull_core::dispatcher::DispatchSettings {
-            access: "*".parse().unwrap(),
+            access: lull_core::access::Access {
+                users: "*".parse().unwrap(),
+                ..Default::default()
+            },
             ..settings
         },
         Arc::new(SystemClock),

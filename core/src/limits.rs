@@ -46,8 +46,18 @@ impl Default for Limits {
     }
 }
 
-/// The rate limit's window.
-pub const RATE_WINDOW: Duration = Duration::from_secs(60);
+/// The rate limit's window: a minute. In builds with the `test-switches` feature
+/// (tests only), `LULL_TEST_RATE_WINDOW_MS` shortens it, so a test sees it reopen.
+pub fn rate_window() -> Duration {
+    #[cfg(feature = "test-switches")]
+    if let Some(ms) = std::env::var("LULL_TEST_RATE_WINDOW_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        return Duration::from_millis(ms);
+    }
+    Duration::from_secs(60)
+}
 
 impl Limits {
     /// Whether any token budget is set (else nothing is reserved or charged per user).

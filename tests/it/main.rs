@@ -23,4 +23,5 @@ mod shutdown;
 mod store;
 mod stress;
 mod telegram;
+mod wallet;
 mod webhook;

@@ -8,7 +8,7 @@ use super::{Dispatcher, Event};
 use crate::access::{AccessList, AccessRule, Sender, Subject, SubjectKind};
 use crate::commands;
 use crate::domain::{ConversationId, Platform, Timestamp};
-use crate::limits::{self, RATE_WINDOW};
+use crate::limits;
 use crate::metrics as names;
 use crate::store::{
     IngestOutcome, MessageEdit, NewMessage, NewNotice, RateHold, RateWindow, StoreError,
@@ -114,7 +114,7 @@ pub(super) async fn ingest(
                         &limited.user_id,
                         RateWindow {
                             max: settings.limits.rate_per_min,
-                            window: RATE_WINDOW,
+                            window: limits::rate_window(),
                         },
                         now,
                     )

@@ -384,6 +384,9 @@ impl Feeder<'_> {
             GatewayEvent::Message(message) => {
                 let in_guild = message.guild_id.is_some();
                 self.channels.remember(message.channel_id, in_guild);
+                if let Some(guild) = message.guild_id {
+                    self.channels.remember_guild(message.channel_id, guild);
+                }
                 if let Some(incoming) = translate::new_message(&message, &self.bot, in_guild) {
                     self.store(incoming).await;
                 }
@@ -465,6 +468,12 @@ impl Feeder<'_> {
             return 0;
         };
         self.channels.remember(channel, recent.is_group);
+        // Read back over REST, messages carry no server: ask for it once.
+        let guild = if recent.is_group {
+            self.channels.guild(&self.rest, channel).await
+        } else {
+            None
+        };
         let mut handed = 0;
         for _ in 0..CATCH_UP_PAGES {
             let Some(mut page) = self.history_after(channel, after).await else {
@@ -473,7 +482,8 @@ impl Feeder<'_> {
             let full = page.len() >= usize::from(PAGE);
             // Discord lists newest first; store oldest first.
             page.sort_by_key(|m| m.id);
-            for message in &page {
+            for message in &mut page {
+                message.guild_id = message.guild_id.or(guild);
                 after = after.max(message.id.get());
                 if let Some(incoming) = translate::new_message(message, &self.bot, recent.is_group)
                 {

@@ -53,7 +53,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use secrecy::{ExposeSecret, SecretString};
-use serenity::all::{ChannelId, GatewayIntents};
+use serenity::all::{ChannelId, GatewayIntents, GuildId};
 use serenity::http::{Http, HttpBuilder, LightMethod, Request, Route};
 
 pub use gateway::DiscordInbound;
@@ -180,6 +180,26 @@ impl Rest {
 
 pub use lull_port::secrets::Redactor;
 
+/// `GET /channels/{id}`: the channel object, errors redacted.
+async fn fetch_channel(rest: &Rest, channel: ChannelId) -> Result<serde_json::Value, String> {
+    let response = rest
+        .request(Request::new(
+            Route::Channel {
+                channel_id: channel,
+            },
+            LightMethod::Get,
+        ))?
+        .send()
+        .await
+        .map_err(|e| rest.redactor.redact(e.without_url()))?
+        .error_for_status()
+        .map_err(|e| rest.redactor.redact(e.without_url()))?;
+    response
+        .json()
+        .await
+        .map_err(|e| rest.redactor.redact(e.without_url()))
+}
+
 /// Whether a channel is in a guild (replies quote there) or a DM. Learnt from
 /// inbound messages; a process that sends without having seen the channel asks
 /// Discord once (`GET /channels/{id}`).
@@ -187,9 +207,51 @@ pub use lull_port::secrets::Redactor;
 pub(crate) struct ChannelKinds {
     /// A std mutex: held for one map operation, never across an await.
     known: Mutex<HashMap<ChannelId, bool>>,
+    /// The server of each guild channel seen (what `LULL_ALLOWED_CHATS` may name).
+    guilds: Mutex<HashMap<ChannelId, GuildId>>,
 }
 
 impl ChannelKinds {
+    pub(crate) fn remember_guild(&self, channel: ChannelId, guild: GuildId) {
+        self.guilds
+            .lock()
+            .expect("channel guilds poisoned")
+            .insert(channel, guild);
+    }
+
+    /// The server `channel` belongs to: messages read back over REST carry no
+    /// `guild_id`, so catch-up asks here (Discord once per channel, `GET
+    /// /channels/{id}`), else a member admitted by their server would be refused.
+    pub(crate) async fn guild(&self, rest: &Rest, channel: ChannelId) -> Option<GuildId> {
+        if let Some(guild) = self
+            .guilds
+            .lock()
+            .expect("channel guilds poisoned")
+            .get(&channel)
+        {
+            return Some(*guild);
+        }
+        match fetch_channel(rest, channel).await {
+            Ok(body) => {
+                let guild = body["guild_id"]
+                    .as_str()
+                    .and_then(|g| g.parse::<u64>().ok())
+                    .filter(|g| *g != 0)
+                    .map(GuildId::new)?;
+                self.remember_guild(channel, guild);
+                Some(guild)
+            }
+            Err(error) => {
+                tracing::debug!(
+                    channel = channel.get(),
+                    error,
+                    "cannot read a channel's server"
+                );
+                None
+            }
+        }
+    }
+
     pub(crate) fn remember(&self, channel: ChannelId, in_guild: bool) {
         self.known
             .lock()
@@ -211,27 +273,11 @@ impl ChannelKinds {
         if let Some(known) = self.known(channel) {
             return known;
         }
-        let lookup = async {
-            let response = rest
-                .request(Request::new(
-                    Route::Channel {
-                        channel_id: channel,
-                    },
-                    LightMethod::Get,
-                ))?
-                .send()
-                .await
-                .map_err(|e| rest.redactor.redact(e.without_url()))?
-                .error_for_status()
-                .map_err(|e| rest.redactor.redact(e.without_url()))?;
-            let body: serde_json::Value = response
-                .json()
-                .await
-                .map_err(|e| rest.redactor.redact(e.without_url()))?;
-            // Types 1 (DM) and 3 (group DM) are the only channels outside guilds.
-            Ok::<_, String>(!matches!(body["type"].as_u64(), Some(1 | 3)))
-        };
-        match lookup.await {
+        // Types 1 (DM) and 3 (group DM) are the only channels outside guilds.
+        let lookup = fetch_channel(rest, channel)
+            .await
+            .map(|body| !matches!(body["type"].as_u64(), Some(1 | 3)));
+        match lookup {
             Ok(in_guild) => {
                 self.remember(channel, in_guild);
                 in_guild

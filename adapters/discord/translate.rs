@@ -180,6 +180,10 @@ mod tests {
         assert_eq!(incoming.user_id, "5");
         assert_eq!(incoming.content, Content::Text("hello".into()));
         assert!(!incoming.is_group);
+        assert!(
+            incoming.chats.is_empty(),
+            "a DM is admitted by its user alone"
+        );
     }
 
     #[test]
@@ -192,6 +196,7 @@ mod tests {
         let incoming = new_message(&mention, &bot(), true).unwrap();
         assert_eq!(incoming.content, Content::Text("/reset now".into()));
         assert!(incoming.is_group);
+        assert_eq!(incoming.chats, ["77", "3"], "the channel, then its server");
 
         let reply = message(json!({"guild_id": "3", "type": 19, "content": "and then?",
             "referenced_message": message(json!({"id": "999", "author": user(BOT, true)}))}));

@@ -50,12 +50,19 @@ impl AccessList {
         format!("{platform}:{user_id}")
     }
 
-    /// The message a user who is not admitted gets.
-    pub fn denial_text(platform: Platform, user_id: &str) -> String {
+    /// The message a user who is not admitted gets; in a group (`chat`, the widest
+    /// of the chats it came from), also how to admit the whole group.
+    pub fn denial_text(platform: Platform, user_id: &str, chat: Option<&str>) -> String {
         let entry = Self::entry_for(platform, user_id);
+        let group = chat.map_or_else(String::new, |chat| {
+            format!(
+                " To admit everyone here, add `{}` to LULL_ALLOWED_CHATS.",
+                Self::entry_for(platform, chat)
+            )
+        });
         format!(
             "Sorry, this bot is private. Your {platform} user id is {user_id}. If you know the owner, \
-             ask them to add `{entry}` to LULL_ALLOWED_USERS (or an admin to send `/allow {entry}`)."
+             ask them to add `{entry}` to LULL_ALLOWED_USERS (or an admin to send `/allow {entry}`).{group}"
         )
     }
 

@@ -350,7 +350,8 @@ async fn deny(
 ) -> Result<(), StoreError> {
     let platform = incoming.conversation.platform;
     tracing::info!(%platform, user = %incoming.user_id, chats = ?incoming.chats, "message from a user not admitted (LULL_ALLOWED_USERS, LULL_ALLOWED_CHATS, /allow)");
-    let text = AccessList::denial_text(platform, &incoming.user_id);
+    let chat = incoming.chats.last().map(String::as_str);
+    let text = AccessList::denial_text(platform, &incoming.user_id, chat);
     let dedupe_key = format!("denied/{}/{}", incoming.conversation, incoming.user_id);
     queue_notice(dispatcher, incoming, text, dedupe_key, now).await
 }

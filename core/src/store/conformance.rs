@@ -1038,26 +1038,6 @@ pub async fn ping_answers_on_a_sound_store(store: &dyn Store) {
     store.ping().await.expect("a store with data");
 }
 
-#[cfg(test)]
-mod tests {
-    /// Every check is run: each `pub async fn` of this module is named in
-    /// `store_conformance!`, the only place that runs them.
-    #[test]
-    fn the_macro_runs_every_check() {
-        let source = include_str!("conformance.rs");
-        let (macro_body, checks) = source
-            .split_once("/// The timer policy every check assumes")
-            .expect("the macro comes first");
-        let missing: Vec<&str> = checks
-            .split("\npub async fn ")
-            .skip(1)
-            .filter_map(|rest| rest.split_once('(').map(|(name, _)| name))
-            .filter(|name| !macro_body.contains(&format!("{name},")))
-            .collect();
-        assert!(missing.is_empty(), "checks never run: {missing:?}");
-    }
-}
-
 /// Rate limit: past `max` messages of one user within the window (across their
 /// conversations on the platform; other users and platforms apart), the
 /// conversation's timer is held until the oldest message past the limit leaves the
@@ -1303,4 +1283,24 @@ pub async fn an_access_decision_replaces_the_earlier_one(store: &dyn Store) {
             rule(SubjectKind::User, false, at(20))
         ]
     );
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every check is run: each `pub async fn` of this module is named in
+    /// `store_conformance!`, the only place that runs them.
+    #[test]
+    fn the_macro_runs_every_check() {
+        let source = include_str!("conformance.rs");
+        let (macro_body, checks) = source
+            .split_once("/// The timer policy every check assumes")
+            .expect("the macro comes first");
+        let missing: Vec<&str> = checks
+            .split("\npub async fn ")
+            .skip(1)
+            .filter_map(|rest| rest.split_once('(').map(|(name, _)| name))
+            .filter(|name| !macro_body.contains(&format!("{name},")))
+            .collect();
+        assert!(missing.is_empty(), "checks never run: {missing:?}");
+    }
 }

@@ -106,29 +106,35 @@ pub(super) async fn ingest(
                 conversation,
                 version,
             });
-            if let Some(limited) = &rate_limited
-                && let Some(hold) = dispatcher
+            // The message is stored: a failure from here on is logged, never reported
+            // as "not stored" (a redelivery would only be a duplicate).
+            if let Some(limited) = &rate_limited {
+                let rate = RateWindow {
+                    max: settings.limits.rate_per_min,
+                    window: limits::rate_window(),
+                };
+                match dispatcher
                     .store
-                    .hold_over_rate(
-                        conversation,
-                        &limited.user_id,
-                        RateWindow {
-                            max: settings.limits.rate_per_min,
-                            window: limits::rate_window(),
-                        },
-                        now,
-                    )
+                    .hold_over_rate(conversation, &limited.user_id, rate, now)
                     .await
-                    .map_err(not_stored)?
-            {
-                // Stored and pending: answered with the rest when the hold ends.
-                rate_held(dispatcher, limited, conversation, hold, now)
-                    .await
-                    .map_err(not_stored)?;
-                return Ok(Accepted::Stored {
-                    conversation,
-                    version,
-                });
+                {
+                    Ok(None) => {}
+                    Ok(Some(hold)) => {
+                        // Stored and pending: answered with the rest when the hold ends.
+                        if let Err(e) =
+                            rate_held(dispatcher, limited, conversation, hold, now).await
+                        {
+                            tracing::warn!(%conversation, error = %e, "could not tell a user about their rate limit");
+                        }
+                        return Ok(Accepted::Stored {
+                            conversation,
+                            version,
+                        });
+                    }
+                    Err(e) => {
+                        tracing::warn!(%conversation, error = %e, "could not apply the rate limit; the message is answered as usual");
+                    }
+                }
             }
             dispatcher.wake_by(due_at);
             // "Thinking…" in the conversation's draft while the debounce waits.

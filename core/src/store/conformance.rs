@@ -1042,7 +1042,7 @@ pub async fn ping_answers_on_a_sound_store(store: &dyn Store) {
 /// conversations on the platform; other users and platforms apart), the
 /// conversation's timer is held until the oldest message past the limit leaves the
 /// window; a hold in force is kept, later messages do not arm the timer sooner, and
-/// the held messages stay pending.
+/// the held messages stay pending; `/reset` does not end the hold.
 pub async fn a_rate_limit_holds_the_conversation_until_the_window_has_room(store: &dyn Store) {
     let a = holder("a");
     let rate = RateWindow {
@@ -1111,6 +1111,9 @@ pub async fn a_rate_limit_holds_the_conversation_until_the_window_has_room(store
         pending_ids(&collect(store, id1).await),
         ["m1", "m-other", "m3", "m4"]
     );
+    store.reset_context(&c1, false, &a, at(3500)).await.unwrap();
+    let timer = collect(store, id1).await.timer.expect("armed");
+    assert_eq!(timer.due_at, at(60_000), "/reset is no way around a hold");
     let query = query(&a, 10);
     assert!(
         !due(store, &query, at(59_999)).await.ready.contains(&id1),

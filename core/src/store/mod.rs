@@ -385,7 +385,9 @@ pub trait Store: Send + Sync + 'static {
     /// Start a fresh context: earlier exchanges are kept but no longer offered as
     /// history. Pending messages are kept and answered in the fresh context, at once:
     /// the timer's failure backoff is cleared and it is due now for `holder` (the
-    /// process that took the command), so `/reset` always unsticks a conversation.
+    /// process that took the command), so `/reset` always unsticks a conversation;
+    /// but not before a limit's hold ends ([`Store::hold_over_rate`],
+    /// [`Store::charge_tokens`]): it is no way around a limit.
     async fn reset_context(
         &self,
         conversation: &ConversationRef,
@@ -557,8 +559,9 @@ pub trait Store: Send + Sync + 'static {
     /// window before `now` (the one just stored included), and if there are more than
     /// `rate.max`, hold the conversation's timer until the window has room again (the
     /// oldest message past the limit leaves it). A hold already in force is kept, not
-    /// extended, so held messages are answered together when it ends. One transaction;
-    /// `None` when the user is within the limit.
+    /// extended, so held messages are answered together when it ends; later messages,
+    /// `/reset` and a forced commit re-arm the timer no sooner. One transaction; `None`
+    /// when the user is within the limit (or nothing is pending any more).
     async fn hold_over_rate(
         &self,
         conversation: ConversationId,

@@ -505,13 +505,14 @@ fn bump_and_arm(
     let (pending, first_pending) = pending_after(tx, conversation, answered)?;
     let due_at = policy.due_at(now, first_pending.unwrap_or(now), pending);
     // Capped debounce: every message re-arms the timer, never past the cap, and never
-    // sooner than a failed generation's backoff (`retry_at`).
+    // sooner than a failed generation's backoff (`retry_at`) or a limit's hold
+    // (`held_until`).
     let due_at: i64 = tx
         .query_row(
             "INSERT INTO timers (conversation_id, platform, due_at, armed_version, armed_at, armed_by)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6)
              ON CONFLICT (conversation_id) DO UPDATE SET
-                 due_at = MAX(excluded.due_at, timers.retry_at),
+                 due_at = MAX(excluded.due_at, timers.retry_at, timers.held_until),
                  armed_version = excluded.armed_version,
                  armed_at = excluded.armed_at,
                  armed_by = excluded.armed_by
@@ -731,10 +732,11 @@ impl Store for SqliteStore {
                 [id.0],
             )
             .ctx("resetting the context")?;
-            // /reset unsticks: pending messages are tried again now, without the backoff.
+            // /reset unsticks: pending messages are tried again now, without the
+            // backoff, but not before a limit's hold ends (limits: not a way around them).
             tx.execute(
                 "UPDATE timers SET attempts = 0, retry_at = 0, armed_by = ?3,
-                     due_at = CASE WHEN due_at > ?2 THEN ?2 ELSE due_at END
+                     due_at = MAX(CASE WHEN due_at > ?2 THEN ?2 ELSE due_at END, held_until)
                  WHERE conversation_id = ?1",
                 params![id.0, now.0, holder.as_str()],
             )
@@ -1340,7 +1342,7 @@ impl Store for SqliteStore {
             let until = Timestamp(past_limit).plus(rate.window);
             let held: Option<i64> = tx
                 .query_row(
-                    "SELECT retry_at FROM timers WHERE conversation_id = ?1",
+                    "SELECT held_until FROM timers WHERE conversation_id = ?1",
                     [conversation.0],
                     |r| r.get(0),
                 )
@@ -1350,8 +1352,8 @@ impl Store for SqliteStore {
                 // Answered already: nothing left to hold.
                 None => Ok(None),
                 // A hold in force is kept, not extended.
-                Some(retry_at) if retry_at > now.0 => Ok(Some(RateHold {
-                    until: Timestamp(retry_at),
+                Some(held_until) if held_until > now.0 => Ok(Some(RateHold {
+                    until: Timestamp(held_until),
                     began: false,
                 })),
                 Some(_) => {
@@ -1484,9 +1486,9 @@ fn hold_timer(
     until: Timestamp,
 ) -> Result<(), StoreError> {
     // Limits: a held conversation's messages wait (stored, pending) until `until`;
-    // later messages re-arm the timer no sooner (`retry_at`).
+    // later messages, /reset and a forced commit re-arm the timer no sooner.
     tx.execute(
-        "UPDATE timers SET retry_at = CASE WHEN retry_at < ?2 THEN ?2 ELSE retry_at END,
+        "UPDATE timers SET held_until = CASE WHEN held_until < ?2 THEN ?2 ELSE held_until END,
                            due_at = CASE WHEN due_at < ?2 THEN ?2 ELSE due_at END
          WHERE conversation_id = ?1",
         params![conversation.0, until.0],
@@ -1829,7 +1831,7 @@ fn rearm_for_remaining(
     };
     let due_at = policy.due_at(Timestamp(armed_at), first_pending, pending);
     tx.execute(
-        "UPDATE timers SET due_at = ?2, attempts = 0, retry_at = 0 WHERE conversation_id = ?1",
+        "UPDATE timers SET due_at = MAX(?2, held_until), attempts = 0, retry_at = 0 WHERE conversation_id = ?1",
         params![conversation.0, due_at.0],
     )
     .ctx("re-arming the timer")?;

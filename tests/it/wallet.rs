@@ -131,7 +131,8 @@ async fn a_group_member_admitted_by_chat_is_answered() {
     assert_eq!(tg.model.requests().len(), 1);
 }
 
-/// In a group only an admin may `/reset`; anyone resets their private chat. Admins
+/// In a group only an admin may `/reset`; anyone resets their private chat. `/usage`
+/// shows an admin the group's use and the whole bot's, a member their own. Admins
 /// `/allow` and `/deny` users at run time, without a restart; `lull check` shows the
 /// decisions, which are kept in the database.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -148,6 +149,25 @@ async fn admins_alone_reset_groups_and_allow_or_deny_at_run_time() {
     assert!(texts[0].contains("only the bot's admins"), "{}", texts[0]);
     tg.fake.push_message(text_message(group, 4421, &reset));
     assert!(tg.texts(group, 2).await[1].starts_with("Done"));
+    // A member is answered; an admin sees the group's use, a member their own.
+    tg.fake.push_message(mention(group, 4422, "hello"));
+    assert_eq!(tg.texts(group, 3).await[2], "[model] User4422: hello");
+    let usage = format!("/usage@{BOT_USERNAME}");
+    tg.fake.push_message(text_message(group, 4421, &usage));
+    let texts = tg.texts(group, 4).await;
+    assert!(
+        texts[3].contains("this group: 27 tokens (no limit)")
+            && texts[3].contains("The whole bot: 27 tokens"),
+        "{}",
+        texts[3]
+    );
+    tg.fake.push_message(text_message(group, 4422, &usage));
+    let texts = tg.texts(group, 5).await;
+    assert!(
+        texts[4].contains("you: 27 tokens (no limit)") && !texts[4].contains("whole bot"),
+        "{}",
+        texts[4]
+    );
 
     let (admin, user) = (4421, 4423);
     tg.fake.push_message(text_message(user, user, "hi"));
@@ -170,7 +190,7 @@ async fn admins_alone_reset_groups_and_allow_or_deny_at_run_time() {
         .push_message(text_message(user, user, "still there?"));
     // Refused again; the notice was given in this conversation already.
     tg.stays_at(user, 3).await;
-    assert_eq!(tg.model.requests().len(), 1);
+    assert_eq!(tg.model.requests().len(), 2);
 
     let out = lull_check(&tg.db());
     assert!(
@@ -393,6 +413,10 @@ async fn a_user_over_budget_is_refused_until_the_next_day_even_across_a_restart(
         notices[1].text
     );
     assert_eq!(w.model.requests().len(), 2);
+    assert_eq!(
+        metric(&lull, "lull_limited_total{reason=\"user_budget\"}").await,
+        1.0
+    );
 
     // A restart on the same day: still held, and not told again.
     lull.kill9();

@@ -5,7 +5,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::config::{Config, LlmConfig, PlatformConfig};
+use crate::config::{Config, DiscordShards, LlmConfig, PlatformConfig};
 use lull_core::access::AccessRule;
 use lull_core::store::{Inspection, SqliteStore};
 use lull_port::secrets::{Redactor, redact_url};
@@ -91,15 +91,22 @@ pub async fn run(config: &Config) -> Vec<Finding> {
 }
 
 fn describe(config: &Config) -> String {
-    let mut adapters = Vec::new();
+    let mut adapters: Vec<String> = Vec::new();
     if config.telegram.is_some() {
-        adapters.push("telegram");
+        adapters.push(match &config.telegram_webhook {
+            Some(url) => format!("telegram (webhook at {})", redact_url(url.as_str())),
+            None => "telegram".into(),
+        });
     }
     if config.discord.is_some() {
-        adapters.push("discord");
+        adapters.push(match config.discord_shards {
+            DiscordShards::Fixed(1) => "discord".into(),
+            DiscordShards::Fixed(n) => format!("discord ({n} shards)"),
+            DiscordShards::Auto => "discord (shards: as Discord recommends)".into(),
+        });
     }
     if config.http_adapter.is_some() {
-        adapters.push("http");
+        adapters.push("http".into());
     }
     format!(
         "adapters: {}; debounce {} ms, cap {} ms, lease {} ms",

@@ -357,13 +357,25 @@ pub async fn a_lease_is_claimed_by_compare_and_swap(store: &dyn Store) {
         .await
         .expect("an expired lease is claimable");
     assert!(second.token > first.token, "fencing tokens only grow");
-    let poller = LeaseKey::Poller(Platform::Telegram);
+    let poller = LeaseKey::Poller(Platform::Telegram, 0);
     let polling = claim(store, &poller, &a, at(2)).await;
     assert!(
         polling.is_some(),
         "leases of other resources are independent"
     );
     assert!(claim(store, &poller, &b, at(3)).await.is_none());
+    let shard = LeaseKey::Poller(Platform::Telegram, 1);
+    assert!(
+        claim(store, &shard, &b, at(3)).await.is_some(),
+        "each shard of a platform has a lease of its own"
+    );
+    assert!(claim(store, &shard, &a, at(4)).await.is_none());
+    let slot = LeaseKey::Replica(Platform::Telegram, 1);
+    assert!(
+        claim(store, &slot, &a, at(4)).await.is_some(),
+        "a replica slot is no shard's lease"
+    );
+    assert!(claim(store, &slot, &b, at(5)).await.is_none());
 }
 
 /// A renewal extends only the live holder's lease; a release frees it at once, and

@@ -6,7 +6,7 @@
 //!
 //! - [`console`]: `lull chat`, standard input and output.
 //! - [`http`]: generic JSON in (`POST /api/messages`), signed webhooks out.
-//! - [`telegram`]: the Bot API through teloxide, long polling.
+//! - [`telegram`]: the Bot API through teloxide, long polling or a webhook.
 //! - [`discord`]: the gateway and REST through serenity.
 
 pub mod console;

@@ -14,7 +14,6 @@ use crate::config::{Config, LlmConfig};
 use crate::http::HttpState;
 use lull_adapters::console::{self, ConsoleOutbound};
 use lull_adapters::http::WebhookOutbound;
-use lull_core::clock::SystemClock;
 use lull_core::dispatcher::{Dispatcher, Event};
 use lull_core::domain::Platform;
 use lull_core::llm::Responder;
@@ -83,7 +82,7 @@ fn dispatcher(
         responder(config)?,
         outbounds,
         config.dispatch.clone(),
-        Arc::new(SystemClock),
+        lull_core::clock::for_process(),
     ))
 }
 
@@ -105,13 +104,25 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         ));
         health.set(Platform::Http, AdapterState::Up);
     }
+    // Webhook mode: every replica receives on its HTTP server, none polls.
+    let mut telegram_webhook = None;
     if let Some(telegram) = &config.telegram {
-        let (outbound, inbound) = lull_adapters::telegram::connect(telegram)?;
-        outbounds.push(Arc::new(outbound));
-        inbounds.push(Arc::new(inbound));
+        match &config.telegram_webhook {
+            Some(url) => {
+                let (outbound, webhook) =
+                    lull_adapters::telegram::connect_webhook(telegram, url.clone())?;
+                outbounds.push(Arc::new(outbound));
+                telegram_webhook = Some(Arc::new(webhook));
+            }
+            None => {
+                let (outbound, inbound) = lull_adapters::telegram::connect(telegram)?;
+                outbounds.push(Arc::new(outbound));
+                inbounds.push(Arc::new(inbound));
+            }
+        }
     }
     if let Some(discord) = &config.discord {
-        let discord = lull_adapters::discord::Discord::new(discord)?;
+        let discord = lull_adapters::discord::Discord::new(discord, config.discord_shards)?;
         outbounds.push(Arc::new(discord.outbound));
         inbounds.push(Arc::new(discord.inbound));
     }
@@ -127,12 +138,19 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         responder(&config)?,
         outbounds,
         config.dispatch.clone(),
-        Arc::new(SystemClock),
+        lull_core::clock::for_process(),
     );
     let api = config
         .http_adapter
         .as_ref()
         .map(|http| lull_adapters::http::routes(dispatcher.clone(), http.token.clone()));
+    let telegram_route = telegram_webhook
+        .as_ref()
+        .map(|webhook| webhook.routes(dispatcher.clone()));
+    let api = match (api, telegram_route) {
+        (Some(api), Some(telegram)) => Some(api.merge(telegram)),
+        (api, telegram) => api.or(telegram),
+    };
     let router = crate::http::app(
         HttpState {
             store,
@@ -162,6 +180,15 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
                 .serve_platform(inbound, health, stop)
                 .await
                 .map_err(anyhow::Error::new)
+        });
+    }
+    if let Some(webhook) = telegram_webhook {
+        let (health, stop) = (health.clone(), stop_intake.clone());
+        intake.spawn(async move {
+            webhook
+                .register(&health, &stop)
+                .await
+                .map_err(|reason| anyhow::anyhow!("the telegram adapter stopped: {reason}"))
         });
     }
     let upkeep = tokio::spawn(async move {

@@ -13,9 +13,11 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use secrecy::{ExposeSecret, SecretString};
 
+pub use lull_adapters::discord::Shards as DiscordShards;
 use lull_adapters::http::{WebhookSecret, WebhookSettings};
-use lull_core::access::AccessList;
+use lull_core::access::{Access, AccessList, Admins};
 use lull_core::dispatcher::DispatchSettings;
+use lull_core::limits::{Limits, TimeZone};
 use lull_core::llm::HistoryBudget;
 use lull_core::llm::echo::EchoDelay;
 use lull_core::llm::openai::OpenAiSettings;
@@ -53,6 +55,11 @@ pub enum Command {
     Healthcheck,
 }
 
+/// A `LULL_ALLOWED_CHATS` list.
+fn chat_list(s: &str) -> Result<AccessList, String> {
+    AccessList::parse(s, "LULL_ALLOWED_CHATS")
+}
+
 fn secret(s: &str) -> Result<SecretString, std::convert::Infallible> {
     Ok(SecretString::from(s))
 }
@@ -69,6 +76,9 @@ pub struct Settings {
     /// Telegram Bot API base URL (a self-hosted Bot API server, tests).
     #[arg(long, global = true, env = "TELEGRAM_API_URL", default_value = DEFAULT_TELEGRAM_API_URL)]
     pub telegram_api_url: String,
+    /// Public HTTPS URL Telegram POSTs updates to (webhook mode: every replica receives, none polls) [default: long polling]
+    #[arg(long, global = true, env = "LULL_TELEGRAM_WEBHOOK_URL")]
+    pub telegram_webhook_url: Option<String>,
 
     /// Discord bot token; enables the Discord adapter.
     #[arg(long, global = true, env = "DISCORD_BOT_TOKEN", hide_env_values = true, value_parser = secret)]
@@ -79,6 +89,9 @@ pub struct Settings {
     /// Discord REST base URL; the gateway URL is read from it.
     #[arg(long, global = true, env = "DISCORD_API_URL", default_value = DEFAULT_DISCORD_API_URL)]
     pub discord_api_url: String,
+    /// Discord gateway shards: a number, or `auto` (Discord's recommendation); replicas split them, one lease per shard.
+    #[arg(long, global = true, env = "LULL_DISCORD_SHARDS", default_value = "1")]
+    pub discord_shards: DiscordShards,
 
     /// API key of the LLM server (optional for local servers).
     #[arg(long, global = true, env = "OPENAI_API_KEY", hide_env_values = true, value_parser = secret)]
@@ -235,6 +248,42 @@ pub struct Settings {
         hide_default_value = true
     )]
     pub allowed_users: AccessList,
+    /// Groups and servers whose every member may use the bot: `telegram:<chat_id>`, `discord:<server or channel id>`, `platform:*` [default: none]
+    #[arg(
+        long,
+        global = true,
+        env = "LULL_ALLOWED_CHATS",
+        default_value = "",
+        hide_default_value = true,
+        value_parser = chat_list
+    )]
+    pub allowed_chats: AccessList,
+    /// Admins, `platform:user_id` entries: they alone /reset groups, see others' /usage, and /allow or /deny users and chats at run time [default: none]
+    #[arg(
+        long,
+        global = true,
+        env = "LULL_ADMINS",
+        default_value = "",
+        hide_default_value = true
+    )]
+    pub admins: Admins,
+    /// Messages one user may send per minute; more are kept and answered together once the minute has room (0: no limit)
+    #[arg(long, global = true, env = "LULL_RATE_PER_MIN", default_value_t = 0)]
+    pub rate_per_min: u32,
+    /// Tokens one user may spend per day (0: no limit)
+    #[arg(
+        long,
+        global = true,
+        env = "LULL_USER_DAILY_TOKENS",
+        default_value_t = 0
+    )]
+    pub user_daily_tokens: u64,
+    /// Tokens the whole bot may spend per day (0: no limit)
+    #[arg(long, global = true, env = "LULL_DAILY_TOKENS", default_value_t = 0)]
+    pub daily_tokens: u64,
+    /// Time zone whose midnight resets the daily budgets: an IANA name such as Europe/Berlin
+    #[arg(long, global = true, env = "LULL_TIMEZONE", default_value = "UTC")]
+    pub timezone: TimeZone,
 
     /// Log format: `text` or `json`.
     #[arg(long, global = true, env = "LOG_FORMAT", default_value = "text")]
@@ -317,7 +366,11 @@ pub struct HttpAdapterConfig {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub telegram: Option<PlatformConfig>,
+    /// Webhook mode (`LULL_TELEGRAM_WEBHOOK_URL`): Telegram POSTs updates here; no
+    /// process polls.
+    pub telegram_webhook: Option<url::Url>,
     pub discord: Option<PlatformConfig>,
+    pub discord_shards: DiscordShards,
     pub llm: LlmConfig,
     /// The echo responder was chosen because neither `OPENAI_API_KEY` nor
     /// `OPENAI_BASE_URL` is set (not by `LULL_LLM=echo`): `lull run` warns.
@@ -349,6 +402,50 @@ fn http_url(variable: &str, value: &str) -> Result<String, ConfigError> {
         return Err(invalid("no host"));
     }
     Ok(value.trim_end_matches('/').to_owned())
+}
+
+/// Paths of the binary's own routes, which the Telegram webhook must not take.
+const RESERVED_PATHS: [&str; 3] = ["/healthz", "/metrics", "/api/messages"];
+
+/// `LULL_TELEGRAM_WEBHOOK_URL`: HTTPS (Telegram sends updates to nothing else; plain
+/// http only to a loopback host, for tests and a local Bot API server), with a path
+/// lull can serve as a route.
+fn telegram_webhook_url(value: &str) -> Result<url::Url, ConfigError> {
+    const VARIABLE: &str = "LULL_TELEGRAM_WEBHOOK_URL";
+    let value = value.trim();
+    let invalid = |why: &str| ConfigError(format!("{VARIABLE} {why}, got '{value}'"));
+    let url = url::Url::parse(value).map_err(|e| invalid(&format!("must be a URL ({e})")))?;
+    let loopback = match url.host() {
+        Some(url::Host::Domain(host)) => host.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => return Err(invalid("must name a host")),
+    };
+    match url.scheme() {
+        "https" => {}
+        "http" if loopback => {}
+        _ => {
+            return Err(invalid(
+                "must be an https:// URL (Telegram delivers webhooks over HTTPS only; http:// is accepted for loopback hosts)",
+            ));
+        }
+    }
+    let path = url.path();
+    if !path
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "/-_.~".contains(c))
+        || path.contains("//")
+    {
+        return Err(invalid(
+            "must have a plain path (letters, digits and / - _ . ~)",
+        ));
+    }
+    if RESERVED_PATHS.contains(&path.trim_end_matches('/')) {
+        return Err(invalid(&format!(
+            "must not use the path {path}: lull serves it itself"
+        )));
+    }
+    Ok(url)
 }
 
 /// `sqlite:PATH` (also `sqlite://PATH`) to the file path.
@@ -390,6 +487,16 @@ impl Config {
                 })
             })
             .transpose()?;
+        let telegram_webhook = s
+            .telegram_webhook_url
+            .as_deref()
+            .map(telegram_webhook_url)
+            .transpose()?;
+        if telegram_webhook.is_some() && telegram.is_none() {
+            return Err(ConfigError(
+                "LULL_TELEGRAM_WEBHOOK_URL is set but TELEGRAM_BOT_TOKEN is not: the webhook is the Telegram adapter's".into(),
+            ));
+        }
         let discord = s
             .discord_bot_token
             .clone()
@@ -513,9 +620,16 @@ impl Config {
             )));
         }
 
+        // Reserved before each reply: the most a reply may take.
+        let reply_tokens = match &llm {
+            LlmConfig::OpenAi(settings) => u64::from(settings.max_tokens),
+            LlmConfig::Echo(_) => lull_core::limits::estimate_tokens(s.max_reply_chars),
+        };
         Ok(Config {
             telegram,
+            telegram_webhook,
             discord,
+            discord_shards: s.discord_shards,
             llm,
             echo_by_default: s.llm.is_none() && matches!(kind, LlmKind::Echo),
             llm_retries: s.llm_retries,
@@ -527,7 +641,19 @@ impl Config {
                 poll_every: positive("LULL_POLL_MS", s.poll_ms)?,
                 history: history.exchanges(),
                 shutdown_grace: Duration::from_millis(s.shutdown_grace_ms),
-                access: s.allowed_users.clone(),
+                access: Access {
+                    users: s.allowed_users.clone(),
+                    chats: s.allowed_chats.clone(),
+                    admins: s.admins.clone(),
+                },
+                limits: Limits {
+                    rate_per_min: s.rate_per_min,
+                    user_daily_tokens: s.user_daily_tokens,
+                    daily_tokens: s.daily_tokens,
+                    timezone: s.timezone.clone(),
+                    // Reserved before each reply: the most a reply may take.
+                    reply_tokens,
+                },
                 max_reply_chars: s.max_reply_chars,
                 drafts: s.stream == StreamMode::Auto,
                 ..DispatchSettings::default()
@@ -590,6 +716,60 @@ mod tests {
         let mut argv = vec!["lull"];
         argv.extend_from_slice(args);
         Cli::try_parse_from(argv).expect("parses").settings
+    }
+
+    #[test]
+    fn the_telegram_webhook_url_must_be_https_except_on_loopback() {
+        let with = |url: &str| {
+            Config::from_settings(&settings(&[
+                "--telegram-bot-token",
+                "123:abc",
+                "--telegram-webhook-url",
+                url,
+            ]))
+        };
+        let ok = with("https://bot.example/telegram/hook").unwrap();
+        assert_eq!(ok.telegram_webhook.unwrap().path(), "/telegram/hook");
+        assert!(with("http://127.0.0.1:8080/tg").is_ok());
+        assert!(with("http://localhost/tg").is_ok());
+        assert!(with("http://[::1]:9/tg").is_ok());
+        for bad in [
+            "http://bot.example/tg",
+            "ftp://bot.example/tg",
+            "not a url",
+            "https://bot.example/{x}",
+            "https://bot.example/healthz",
+            "https://bot.example/api/messages",
+        ] {
+            let e = with(bad).unwrap_err();
+            assert!(e.0.contains("LULL_TELEGRAM_WEBHOOK_URL"), "{bad}: {e}");
+        }
+        let e = Config::from_settings(&settings(&[
+            "--telegram-webhook-url",
+            "https://bot.example/tg",
+        ]))
+        .unwrap_err();
+        assert!(e.0.contains("TELEGRAM_BOT_TOKEN"), "{e}");
+    }
+
+    #[test]
+    fn discord_shards_are_a_count_or_auto() {
+        let shards = |v: &str| Cli::try_parse_from(["lull", "--discord-shards", v]);
+        assert_eq!(
+            shards("auto").unwrap().settings.discord_shards,
+            DiscordShards::Auto
+        );
+        assert_eq!(
+            shards("4").unwrap().settings.discord_shards,
+            DiscordShards::Fixed(4)
+        );
+        assert!(shards("0").is_err());
+        assert_eq!(
+            Config::from_settings(&settings(&[]))
+                .unwrap()
+                .discord_shards,
+            DiscordShards::Fixed(1)
+        );
     }
 
     #[test]

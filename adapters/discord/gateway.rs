@@ -1,9 +1,11 @@
-//! Receiving from Discord: the gateway connection, held by one process at a time.
+//! Receiving from Discord: the gateway connection, each shard held by one process at a
+//! time.
 //!
-//! The core runs the election: the process holding the Discord *poller lease* gets a
-//! [`Session`] and connects to the gateway; the others stand by and one of them takes
-//! over within the lease TTL when the holder dies. A session whose lease is lost
-//! disconnects at once.
+//! The core runs the election: the process holding a shard's *poller lease* gets a
+//! [`Session`] for that shard and connects it to the gateway (serenity's
+//! `start_shard(index, total)`); the others stand by and one of them takes over within
+//! the lease TTL when the holder dies. A session whose lease is lost disconnects at
+//! once. With one shard (the default) that is the whole gateway.
 //!
 //! Platform facts this relies on, and what it does about them:
 //!
@@ -14,8 +16,8 @@
 //!   arrived together settle.
 //! - **The gateway does not replay messages sent while no session was connected.**
 //!   After every READY (a fresh session: first start, take-over, re-IDENTIFY), the
-//!   channels with recent activity are read back from history after the last stored
-//!   message, before live events are stored. A resumed session gets the missed events
+//!   channels with recent activity whose events belong to this shard are read back
+//!   from history after the last stored message, before live events are stored. A resumed session gets the missed events
 //!   replayed by Discord and needs no catch-up.
 //! - **Discord has no acknowledgement per message**, and the core stores a message id
 //!   once. A message is handed to the core until it is stored: a failing store is
@@ -38,7 +40,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::outbound::from_serenity;
 use super::translate::{self, BotIdentity};
-use super::{ChannelKinds, Rest, channel_of, intents};
+use super::{ChannelKinds, Place, Rest, Shards, channel_of, intents, shard_of};
 use lull_port::domain::{Platform, Timestamp, millis};
 use lull_port::health::AdapterState;
 use lull_port::{
@@ -70,11 +72,16 @@ const HISTORY_ATTEMPTS: u32 = 3;
 pub struct DiscordInbound {
     rest: Rest,
     channels: Arc<ChannelKinds>,
+    shards: Shards,
 }
 
 impl DiscordInbound {
-    pub(crate) fn new(rest: Rest, channels: Arc<ChannelKinds>) -> Self {
-        Self { rest, channels }
+    pub(crate) fn new(rest: Rest, channels: Arc<ChannelKinds>, shards: Shards) -> Self {
+        Self {
+            rest,
+            channels,
+            shards,
+        }
     }
 }
 
@@ -82,6 +89,25 @@ impl DiscordInbound {
 impl Inbound for DiscordInbound {
     fn platform(&self) -> Platform {
         Platform::Discord
+    }
+
+    /// `LULL_DISCORD_SHARDS`; for `auto`, the count Discord recommends for the bot
+    /// (`GET /gateway/bot`), read once at start.
+    async fn shards(&self) -> Result<u32, SessionEnd> {
+        match self.shards {
+            Shards::Fixed(n) => Ok(n),
+            Shards::Auto => {
+                let gateway =
+                    self.rest.http.get_bot_gateway().await.map_err(|e| {
+                        self.rest_failure("asking for the recommended shard count", &e)
+                    })?;
+                tracing::info!(
+                    shards = gateway.shards,
+                    "Discord recommends this many shards (LULL_DISCORD_SHARDS=auto)"
+                );
+                Ok(gateway.shards.max(1))
+            }
+        }
     }
 
     async fn session(&self, intake: &dyn Intake, session: &Session) -> SessionEnd {
@@ -141,8 +167,12 @@ impl DiscordInbound {
         *client.ws_url.lock().await = gateway_url;
         let shards = client.shard_manager.clone();
         let _ = manager.set(shards.clone());
-        let mut running = tokio::spawn(async move { client.start().await });
-        tracing::info!(bot = %bot.name, "connecting to the Discord gateway");
+        // This shard alone, of the total: IDENTIFY carries `shard: [index, total]`, so
+        // Discord sends it only its guilds' events.
+        let shard = session.shard();
+        let mut running =
+            tokio::spawn(async move { client.start_shard(shard.index(), shard.total()).await });
+        tracing::info!(bot = %bot.name, %shard, "connecting to the Discord gateway");
 
         let mut feeder = Feeder {
             intake,
@@ -383,7 +413,11 @@ impl Feeder<'_> {
             }
             GatewayEvent::Message(message) => {
                 let in_guild = message.guild_id.is_some();
-                self.channels.remember(message.channel_id, in_guild);
+                let place = match message.guild_id {
+                    Some(guild) => Place::Guild(Some(guild)),
+                    None => Place::Dm,
+                };
+                self.channels.remember(message.channel_id, place);
                 if let Some(incoming) = translate::new_message(&message, &self.bot, in_guild) {
                     self.store(incoming).await;
                 }
@@ -444,15 +478,55 @@ impl Feeder<'_> {
                 }
             }
         };
-        let mut read = 0;
+        let shard = self.session.shard();
+        let (mut read, mut channels) = (0, 0);
         for conversation in &recent {
+            if !self.on_this_shard(conversation).await {
+                continue;
+            }
+            channels += 1;
             read += self.catch_up_channel(conversation).await;
         }
         tracing::info!(
-            channels = recent.len(),
+            %shard,
+            channels,
             messages = read,
             "caught up with Discord channels"
         );
+    }
+
+    /// Whether a conversation's events arrive on this session's shard, so its
+    /// catch-up is this session's to do: DMs on shard 0, a guild channel on its
+    /// guild's shard. A channel whose guild cannot be learnt is read back anyway: a
+    /// second reader costs a request, the core stores each message once.
+    async fn on_this_shard(&self, recent: &RecentConversation) -> bool {
+        let shard = self.session.shard();
+        if shard.total() == 1 {
+            return true;
+        }
+        let Some(channel) = channel_of(&recent.conversation.key) else {
+            return true;
+        };
+        let guild = if recent.is_group {
+            match self.channels.place(&self.rest, channel).await {
+                Ok(Place::Guild(guild)) => guild,
+                Ok(Place::Dm) => None,
+                Err(error) => {
+                    tracing::debug!(
+                        channel = channel.get(),
+                        error,
+                        "cannot tell a channel's guild; reading it back on this shard too"
+                    );
+                    return true;
+                }
+            }
+        } else {
+            None
+        };
+        if recent.is_group && guild.is_none() {
+            return true;
+        }
+        shard_of(guild, shard.total()) == shard.index()
     }
 
     /// Returns how many messages were handed to the core.
@@ -464,7 +538,18 @@ impl Feeder<'_> {
             tracing::warn!(conversation = %recent.conversation, "not a Discord channel and message id; skipping catch-up");
             return 0;
         };
-        self.channels.remember(channel, recent.is_group);
+        let place = if recent.is_group {
+            Place::Guild(None)
+        } else {
+            Place::Dm
+        };
+        self.channels.remember(channel, place);
+        // Read back over REST, messages carry no server (what LULL_ALLOWED_CHATS may
+        // name): ask for it once.
+        let guild = match self.channels.place(&self.rest, channel).await {
+            Ok(Place::Guild(guild)) if recent.is_group => guild,
+            _ => None,
+        };
         let mut handed = 0;
         for _ in 0..CATCH_UP_PAGES {
             let Some(mut page) = self.history_after(channel, after).await else {
@@ -473,7 +558,8 @@ impl Feeder<'_> {
             let full = page.len() >= usize::from(PAGE);
             // Discord lists newest first; store oldest first.
             page.sort_by_key(|m| m.id);
-            for message in &page {
+            for message in &mut page {
+                message.guild_id = message.guild_id.or(guild);
                 after = after.max(message.id.get());
                 if let Some(incoming) = translate::new_message(message, &self.bot, recent.is_group)
                 {

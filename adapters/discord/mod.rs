@@ -15,9 +15,9 @@
 //!   (mentions, replies, threads, attachments); pure functions.
 //! - `outbound`: [`DiscordOutbound`] sends replies over REST with a nonce and
 //!   `enforce_nonce`, and shows "typing…".
-//! - `gateway`: [`DiscordInbound`] holds the gateway connection while this process
-//!   holds the platform's poller lease, feeds messages and edits to the core's intake in
-//!   order, and catches up from channel history after (re)connecting.
+//! - `gateway`: [`DiscordInbound`] holds a gateway shard's connection while this
+//!   process holds that shard's poller lease, feeds messages and edits to the core's
+//!   intake in order, and catches up from channel history after (re)connecting.
 //!
 //! # Conversations
 //!
@@ -28,8 +28,11 @@
 //!
 //! # Platform facts relied on
 //!
-//! - Discord delivers every event to every connected session of a token: only the
-//!   holder of the gateway lease connects, and the core stores a message id once.
+//! - Discord delivers every event to every connected session of a token and shard:
+//!   only the holder of a shard's lease connects that shard, and the core stores a
+//!   message id once.
+//! - With sharding, a guild's events go only to shard `(guild_id >> 22) % shards`,
+//!   DMs only to shard 0 ([`shard_of`]); every process must use the same count.
 //! - The gateway does **not** replay messages sent while no session was connected
 //!   (it replays only into a resumed session), so after a fresh IDENTIFY the channels
 //!   with recent activity are read back from history.
@@ -53,7 +56,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use secrecy::{ExposeSecret, SecretString};
-use serenity::all::{ChannelId, GatewayIntents};
+use serenity::all::{ChannelId, GatewayIntents, GuildId};
 use serenity::http::{Http, HttpBuilder, LightMethod, Request, Route};
 
 pub use gateway::DiscordInbound;
@@ -78,6 +81,43 @@ pub fn intents() -> GatewayIntents {
         | GatewayIntents::MESSAGE_CONTENT
 }
 
+/// How many gateway shards the bot's events are split across (`LULL_DISCORD_SHARDS`).
+/// Every process of one bot must be given the same count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shards {
+    /// This many (at least 1).
+    Fixed(u32),
+    /// As many as Discord recommends (`GET /gateway/bot`), asked at start.
+    Auto,
+}
+
+impl Default for Shards {
+    /// One shard: every event on one connection.
+    fn default() -> Self {
+        Shards::Fixed(1)
+    }
+}
+
+/// Discord's limit is far lower for any bot lull serves; a larger count is a typo.
+const MAX_SHARDS: u32 = 4096;
+
+impl std::str::FromStr for Shards {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim();
+        if s.eq_ignore_ascii_case("auto") {
+            return Ok(Shards::Auto);
+        }
+        match s.parse::<u32>() {
+            Ok(n) if (1..=MAX_SHARDS).contains(&n) => Ok(Shards::Fixed(n)),
+            _ => Err(format!(
+                "expected `auto` or a number of shards from 1 to {MAX_SHARDS}, got '{s}'"
+            )),
+        }
+    }
+}
+
 /// Both halves of the adapter, sharing one REST client and what they learn about
 /// channels.
 pub struct Discord {
@@ -86,12 +126,12 @@ pub struct Discord {
 }
 
 impl Discord {
-    pub fn new(config: &PlatformConfig) -> anyhow::Result<Self> {
+    pub fn new(config: &PlatformConfig, shards: Shards) -> anyhow::Result<Self> {
         let rest = Rest::new(config.token.clone(), config.api_url.clone())?;
         let channels = Arc::new(ChannelKinds::default());
         Ok(Self {
             outbound: DiscordOutbound::new(rest.clone(), channels.clone()),
-            inbound: DiscordInbound::new(rest, channels),
+            inbound: DiscordInbound::new(rest, channels, shards),
         })
     }
 }
@@ -180,24 +220,37 @@ impl Rest {
 
 pub use lull_port::secrets::Redactor;
 
-/// Whether a channel is in a guild (replies quote there) or a DM. Learnt from
-/// inbound messages; a process that sends without having seen the channel asks
-/// Discord once (`GET /channels/{id}`).
+/// Where a channel lives: a DM, or a guild (known by id, or only known to be one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Place {
+    Dm,
+    Guild(Option<GuildId>),
+}
+
+/// Whether a channel is in a guild (replies quote there) or a DM, and which guild
+/// (the shard its events arrive on). Learnt from inbound messages; a process that
+/// needs what it has not seen asks Discord once (`GET /channels/{id}`).
 #[derive(Default)]
 pub(crate) struct ChannelKinds {
     /// A std mutex: held for one map operation, never across an await.
-    known: Mutex<HashMap<ChannelId, bool>>,
+    known: Mutex<HashMap<ChannelId, Place>>,
 }
 
 impl ChannelKinds {
-    pub(crate) fn remember(&self, channel: ChannelId, in_guild: bool) {
-        self.known
-            .lock()
-            .expect("channel kinds poisoned")
-            .insert(channel, in_guild);
+    /// Record where `channel` lives; a guild id learnt earlier is not forgotten for a
+    /// report that only says "a guild".
+    pub(crate) fn remember(&self, channel: ChannelId, place: Place) {
+        let mut known = self.known.lock().expect("channel kinds poisoned");
+        let keep = matches!(
+            (known.get(&channel), place),
+            (Some(Place::Guild(Some(_))), Place::Guild(None))
+        );
+        if !keep {
+            known.insert(channel, place);
+        }
     }
 
-    fn known(&self, channel: ChannelId) -> Option<bool> {
+    fn known(&self, channel: ChannelId) -> Option<Place> {
         self.known
             .lock()
             .expect("channel kinds poisoned")
@@ -208,34 +261,11 @@ impl ChannelKinds {
     /// Whether `channel` is a guild channel or thread. If Discord cannot say, assume a
     /// guild: a quoted reply in a DM is harmless, a lost quote in a busy channel is not.
     pub(crate) async fn in_guild(&self, rest: &Rest, channel: ChannelId) -> bool {
-        if let Some(known) = self.known(channel) {
-            return known;
+        if let Some(place) = self.known(channel) {
+            return place != Place::Dm;
         }
-        let lookup = async {
-            let response = rest
-                .request(Request::new(
-                    Route::Channel {
-                        channel_id: channel,
-                    },
-                    LightMethod::Get,
-                ))?
-                .send()
-                .await
-                .map_err(|e| rest.redactor.redact(e.without_url()))?
-                .error_for_status()
-                .map_err(|e| rest.redactor.redact(e.without_url()))?;
-            let body: serde_json::Value = response
-                .json()
-                .await
-                .map_err(|e| rest.redactor.redact(e.without_url()))?;
-            // Types 1 (DM) and 3 (group DM) are the only channels outside guilds.
-            Ok::<_, String>(!matches!(body["type"].as_u64(), Some(1 | 3)))
-        };
-        match lookup.await {
-            Ok(in_guild) => {
-                self.remember(channel, in_guild);
-                in_guild
-            }
+        match self.look_up(rest, channel).await {
+            Ok(place) => place != Place::Dm,
             Err(error) => {
                 tracing::debug!(
                     channel = channel.get(),
@@ -245,6 +275,57 @@ impl ChannelKinds {
                 true
             }
         }
+    }
+
+    /// Where `channel` lives, with its guild id: from memory, else asked of Discord.
+    pub(crate) async fn place(&self, rest: &Rest, channel: ChannelId) -> Result<Place, String> {
+        match self.known(channel) {
+            Some(place @ (Place::Dm | Place::Guild(Some(_)))) => Ok(place),
+            _ => self.look_up(rest, channel).await,
+        }
+    }
+
+    /// `GET /channels/{id}`, remembered.
+    async fn look_up(&self, rest: &Rest, channel: ChannelId) -> Result<Place, String> {
+        let response = rest
+            .request(Request::new(
+                Route::Channel {
+                    channel_id: channel,
+                },
+                LightMethod::Get,
+            ))?
+            .send()
+            .await
+            .map_err(|e| rest.redactor.redact(e.without_url()))?
+            .error_for_status()
+            .map_err(|e| rest.redactor.redact(e.without_url()))?;
+        let body: serde_json::Value = response
+            .json()
+            .await
+            .map_err(|e| rest.redactor.redact(e.without_url()))?;
+        // Types 1 (DM) and 3 (group DM) are the only channels outside guilds.
+        let place = if matches!(body["type"].as_u64(), Some(1 | 3)) {
+            Place::Dm
+        } else {
+            Place::Guild(
+                body["guild_id"]
+                    .as_str()
+                    .and_then(|id| id.parse::<u64>().ok())
+                    .filter(|id| *id != 0)
+                    .map(GuildId::new),
+            )
+        };
+        self.remember(channel, place);
+        Ok(place)
+    }
+}
+
+/// The shard a guild's events arrive on, of `total`: Discord routes a guild's events
+/// to shard `(guild_id >> 22) % total` and DMs (no guild) to shard 0.
+pub(crate) fn shard_of(guild: Option<GuildId>, total: u32) -> u32 {
+    match guild {
+        Some(guild) if total > 1 => ((guild.get() >> 22) % u64::from(total)) as u32,
+        _ => 0,
     }
 }
 
@@ -259,6 +340,29 @@ pub(crate) fn channel_of(key: &str) -> Option<ChannelId> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shard_counts_parse() {
+        assert_eq!("auto".parse(), Ok(Shards::Auto));
+        assert_eq!(" 3 ".parse(), Ok(Shards::Fixed(3)));
+        assert!("0".parse::<Shards>().is_err());
+        assert!("many".parse::<Shards>().is_err());
+        assert!("5000".parse::<Shards>().is_err());
+    }
+
+    #[test]
+    fn guilds_are_spread_over_shards_by_their_id() {
+        // Discord's own example: guild 41771983423143937 on 2 shards is on shard 0
+        // ((id >> 22) = 9959216934, even).
+        let guild = GuildId::new(41_771_983_423_143_937);
+        assert_eq!(shard_of(Some(guild), 2), 0);
+        assert_eq!(
+            shard_of(Some(GuildId::new((9_959_216_934 + 1) << 22)), 2),
+            1
+        );
+        assert_eq!(shard_of(Some(guild), 1), 0);
+        assert_eq!(shard_of(None, 4), 0, "DMs arrive on shard 0");
+    }
 
     #[test]
     fn conversation_keys_are_channel_ids() {

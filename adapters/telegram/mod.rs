@@ -1,10 +1,13 @@
-//! The Telegram adapter (Bot API through teloxide's `Bot`, long polling).
+//! The Telegram adapter (Bot API through teloxide's `Bot`, long polling or a webhook).
 //!
-//! - `inbound`: the poller. One long-poller per bot token is all Telegram allows (a
+//! - `inbound`: the poller (the default). One long-poller per bot token is all Telegram allows (a
 //!   second `getUpdates` gets 409 Conflict), so only the process holding the
 //!   platform's poller lease polls; the others stand by. An update is acknowledged
 //!   (the next `getUpdates` carries an `offset` past it) only after
 //!   the core's [`lull_port::Intake`] stored it.
+//! - `webhook`: [`TelegramWebhook`], with `LULL_TELEGRAM_WEBHOOK_URL`: registers the
+//!   webhook and serves its route on the binary's HTTP server, on every replica; no
+//!   poller runs. An update is answered 200 only once the intake stored it.
 //! - `translate`: Telegram messages to [`lull_port::Incoming`]: which group
 //!   messages are addressed to the bot, conversation keys for chats and forum topics,
 //!   captions as text, non-text messages named.
@@ -20,6 +23,7 @@ mod html;
 mod inbound;
 mod outbound;
 mod translate;
+mod webhook;
 
 use std::fmt;
 use std::time::Duration;
@@ -33,6 +37,7 @@ use crate::PlatformSettings as PlatformConfig;
 
 pub use inbound::TelegramInbound;
 pub use outbound::TelegramOutbound;
+pub use webhook::{SECRET_HEADER, TelegramWebhook, webhook_secret};
 
 /// The longest message text Telegram accepts (after entity parsing).
 pub const MAX_MESSAGE_CHARS: usize = 4096;
@@ -43,6 +48,20 @@ pub fn connect(config: &PlatformConfig) -> anyhow::Result<(TelegramOutbound, Tel
     Ok((
         TelegramOutbound::new(bot.clone(), redactor.clone()),
         TelegramInbound::new(bot, redactor),
+    ))
+}
+
+/// Build the adapter in webhook mode: updates arrive at `url` (a URL checked by the
+/// binary's configuration), so there is no poller. Nothing is sent yet.
+pub fn connect_webhook(
+    config: &PlatformConfig,
+    url: url::Url,
+) -> anyhow::Result<(TelegramOutbound, TelegramWebhook)> {
+    let (bot, redactor) = bot(config)?;
+    let secret = webhook_secret(&config.token);
+    Ok((
+        TelegramOutbound::new(bot.clone(), redactor.clone()),
+        TelegramWebhook::new(bot, redactor, url, secret),
     ))
 }
 

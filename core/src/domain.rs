@@ -50,11 +50,15 @@ impl fmt::Display for HolderId {
 }
 
 /// What a lease protects. Conversations are leased for a whole round (generation and
-/// delivery); platforms are leased by the one process that may poll them.
+/// delivery); a platform connection is leased per shard (its index) by the one process
+/// that may hold it: Telegram's poller, each of Discord's gateway shards.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum LeaseKey {
     Conversation(ConversationId),
-    Poller(Platform),
+    Poller(Platform, u32),
+    /// A replica's slot among the processes serving a sharded platform: the replica in
+    /// slot N is the one shard N is handed to, so replicas split the shards.
+    Replica(Platform, u32),
 }
 
 impl LeaseKey {
@@ -64,15 +68,19 @@ impl LeaseKey {
     pub fn resource(&self) -> String {
         match self {
             LeaseKey::Conversation(id) => format!("conversation/{}", id.0),
-            LeaseKey::Poller(p) => format!("poller/{}", p.as_str()),
+            // Shard 0 keeps the name of the one unsharded connection, so a process
+            // of an earlier version and one of this version never hold it at once.
+            LeaseKey::Poller(p, 0) => format!("poller/{}", p.as_str()),
+            LeaseKey::Poller(p, shard) => format!("poller/{}/shard-{shard}", p.as_str()),
+            LeaseKey::Replica(p, slot) => format!("replica/{}/{slot}", p.as_str()),
         }
     }
 
-    /// The conversation a conversation lease protects; `None` for a poller lease.
+    /// The conversation a conversation lease protects; `None` for the others.
     pub fn conversation(&self) -> Option<ConversationId> {
         match self {
             LeaseKey::Conversation(id) => Some(*id),
-            LeaseKey::Poller(_) => None,
+            LeaseKey::Poller(..) | LeaseKey::Replica(..) => None,
         }
     }
 }

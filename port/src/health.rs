@@ -38,19 +38,71 @@ impl AdapterState {
 /// Shared by the adapters (which report) and the HTTP server (which answers).
 #[derive(Debug, Clone, Default)]
 pub struct Health {
-    /// A std mutex: held to read or set one entry, never across an await.
-    adapters: Arc<Mutex<BTreeMap<Platform, AdapterState>>>,
+    /// Per platform, the state of each shard of its connection (one entry, shard 0,
+    /// for a platform that is not sharded). A std mutex: held to read or set one
+    /// entry, never across an await.
+    adapters: Arc<Mutex<BTreeMap<Platform, BTreeMap<u32, AdapterState>>>>,
 }
 
 impl Health {
+    /// The state of the whole platform connection: replaces every shard's.
     pub fn set(&self, platform: Platform, state: AdapterState) {
         self.adapters
             .lock()
             .expect("health poisoned")
-            .insert(platform, state);
+            .insert(platform, BTreeMap::from([(0, state)]));
     }
 
+    /// The state of one shard of the platform's connection (the others keep theirs).
+    pub fn set_shard(&self, platform: Platform, shard: u32, state: AdapterState) {
+        self.adapters
+            .lock()
+            .expect("health poisoned")
+            .entry(platform)
+            .or_default()
+            .insert(shard, state);
+    }
+
+    /// Each platform's state. A sharded connection is down if any shard is (a shard
+    /// this process holds, or failed to), starting if any shard is, up if this process
+    /// holds any shard, and standing by otherwise.
     pub fn snapshot(&self) -> BTreeMap<Platform, AdapterState> {
-        self.adapters.lock().expect("health poisoned").clone()
+        self.adapters
+            .lock()
+            .expect("health poisoned")
+            .iter()
+            .filter_map(|(platform, shards)| {
+                let worst = shards.values().max_by_key(|state| match state {
+                    AdapterState::Standby => 0,
+                    AdapterState::Up => 1,
+                    AdapterState::Starting => 2,
+                    AdapterState::Down(_) => 3,
+                })?;
+                Some((*platform, worst.clone()))
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sharded_connection_reports_its_worst_shard_and_up_beats_standby() {
+        let health = Health::default();
+        let discord = Platform::Discord;
+        health.set_shard(discord, 0, AdapterState::Up);
+        health.set_shard(discord, 1, AdapterState::Standby);
+        assert_eq!(health.snapshot()[&discord], AdapterState::Up);
+        health.set_shard(discord, 0, AdapterState::Standby);
+        assert_eq!(health.snapshot()[&discord], AdapterState::Standby);
+        health.set_shard(discord, 1, AdapterState::Down("refused".into()));
+        assert_eq!(
+            health.snapshot()[&discord],
+            AdapterState::Down("refused".into())
+        );
+        health.set(discord, AdapterState::Starting);
+        assert_eq!(health.snapshot()[&discord], AdapterState::Starting);
     }
 }

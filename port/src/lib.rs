@@ -34,4 +34,4 @@ pub use intake::{
 };
 pub use outbound::{Outbound, OutgoingPart, SendError};
 pub use retry::Backoff;
-pub use session::{Inbound, Session, SessionEnd};
+pub use session::{Inbound, Session, SessionEnd, Shard};

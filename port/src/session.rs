@@ -6,6 +6,11 @@
 //! connects, feeds updates to the [`Intake`] and returns a [`SessionEnd`] when the
 //! session is over. The election loop, its backoff and its standby reporting exist
 //! once, in the core.
+//!
+//! A platform that splits its events across several connections (Discord's shards)
+//! says how many it wants ([`Inbound::shards`]); the core then elects a holder per
+//! [`Shard`], each under a lease of its own, so several processes share the shards
+//! and take over a dead one's within the lease TTL.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -18,6 +23,47 @@ use crate::domain::{Platform, Timestamp};
 use crate::health::{AdapterState, Health};
 use crate::intake::Intake;
 
+/// One of the connections a platform's events are split across: `index` of `total`.
+/// A platform without sharding has one, [`Shard::ONLY`].
+///
+/// Invariant: `index < total` (and so `total >= 1`); [`Shard::new`] refuses anything
+/// else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Shard {
+    index: u32,
+    total: u32,
+}
+
+impl Shard {
+    /// The one connection of a platform that is not sharded.
+    pub const ONLY: Shard = Shard { index: 0, total: 1 };
+
+    /// Shard `index` of `total`; `None` unless `index < total`.
+    pub fn new(index: u32, total: u32) -> Option<Shard> {
+        (index < total).then_some(Shard { index, total })
+    }
+
+    pub fn index(self) -> u32 {
+        self.index
+    }
+
+    pub fn total(self) -> u32 {
+        self.total
+    }
+
+    /// Every shard of `total` (at least one).
+    pub fn all(total: u32) -> impl Iterator<Item = Shard> {
+        let total = total.max(1);
+        (0..total).map(move |index| Shard { index, total })
+    }
+}
+
+impl std::fmt::Display for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.index, self.total)
+    }
+}
+
 /// This process's right to hold a platform connection, for as long as it lasts.
 ///
 /// Invariant: while [`Session::is_lost`] is false, no other process holds the
@@ -26,6 +72,7 @@ use crate::intake::Intake;
 #[derive(Debug, Clone)]
 pub struct Session {
     platform: Platform,
+    shard: Shard,
     lost: CancellationToken,
     shutdown: CancellationToken,
     /// The lease's expiry in milliseconds since the epoch, moved on by each renewal.
@@ -34,10 +81,11 @@ pub struct Session {
 }
 
 impl Session {
-    /// A session under a lease the core holds: `lost` fires when the lease is lost,
-    /// `expires_at` follows its renewals.
+    /// A session of `shard` under a lease the core holds: `lost` fires when the lease
+    /// is lost, `expires_at` follows its renewals.
     pub fn new(
         platform: Platform,
+        shard: Shard,
         lost: CancellationToken,
         shutdown: CancellationToken,
         expires_at: Arc<AtomicI64>,
@@ -45,6 +93,7 @@ impl Session {
     ) -> Self {
         Self {
             platform,
+            shard,
             lost,
             shutdown,
             expires_at,
@@ -54,6 +103,12 @@ impl Session {
 
     pub fn platform(&self) -> Platform {
         self.platform
+    }
+
+    /// The shard this session connects, and only it: while the session lasts no other
+    /// process holds this shard's connection (other shards may be held anywhere).
+    pub fn shard(&self) -> Shard {
+        self.shard
     }
 
     /// Completes when the lease is lost: another process may hold the connection now.
@@ -93,9 +148,11 @@ impl Session {
         Timestamp(self.expires_at.load(Ordering::SeqCst))
     }
 
-    /// Report the connection's state (`/healthz`).
+    /// Report the state of this shard's connection (`/healthz` shows the platform's
+    /// worst shard).
     pub fn report(&self, state: AdapterState) {
-        self.health.set(self.platform, state);
+        self.health
+            .set_shard(self.platform, self.shard.index(), state);
     }
 }
 
@@ -119,6 +176,14 @@ pub enum SessionEnd {
 #[async_trait]
 pub trait Inbound: Send + Sync + 'static {
     fn platform(&self) -> Platform;
+
+    /// How many shards the platform's connection is split into, asked once before
+    /// the first election (it may ask the platform: Discord's recommended count). A
+    /// `Failed` answer is asked again after a backoff, a `Fatal` one stops the
+    /// adapter. One shard unless the adapter says otherwise.
+    async fn shards(&self) -> Result<u32, SessionEnd> {
+        Ok(1)
+    }
 
     /// One session: connect, hand every update to `intake` until `session` ends or the
     /// connection fails, then disconnect. An update is acknowledged to the platform

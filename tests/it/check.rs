@@ -57,12 +57,17 @@ async fn check_reports_a_good_configuration() {
         ("OPENAI_BASE_URL", model.base_url.clone()),
         ("OPENAI_MODEL", "fake-model".into()),
         ("LULL_WEBHOOK_URL", webhook.url.clone()),
+        (
+            "LULL_TELEGRAM_WEBHOOK_URL",
+            "https://bot.example/telegram".into(),
+        ),
+        ("LULL_DISCORD_SHARDS", "2".into()),
     ])
     .await;
     assert_eq!(code, Some(0), "{report}");
     let telegram_ok = format!("ok    telegram      the token belongs to @{BOT_USERNAME}");
     for expected in [
-        "ok    configuration adapters: telegram, discord, http",
+        "ok    configuration adapters: telegram (webhook at https://bot.example/telegram), discord (2 shards), http",
         "ok    database",
         "does not exist yet",
         telegram_ok.as_str(),
@@ -109,7 +114,7 @@ async fn check_leaves_an_existing_database_untouched() {
     .await;
     assert_eq!(code, Some(0), "{report}");
     assert!(
-        report.contains("is sound: 0 conversations, schema 3"),
+        report.contains("is sound: 0 conversations, schema 4"),
         "{report}"
     );
     assert_eq!(std::fs::read(&path).unwrap(), before, "the file changed");

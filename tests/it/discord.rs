@@ -25,7 +25,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::helpers::settings;
 use crate::support::db;
-use crate::support::discord_fake::{ChannelKind, DiscordFake, MAX_CONTENT, PostFault, Say, Sent};
+use crate::support::discord_fake::{
+    ChannelKind, DiscordFake, GUILD_ID, MAX_CONTENT, PostFault, Say, Sent, guild_on_shard,
+};
 use crate::support::process::LullProcess;
 
 const TOKEN: &str = "MTEwMDAwMDAwMDAwMDAwMDAwMQ.GzXy1a.s3cr3t-t0ken-never-logged";
@@ -196,7 +198,13 @@ async fn guild_messages_need_a_mention_and_threads_are_separate() {
     let channel = h.fake.channel(ChannelKind::Guild);
     let thread = h.fake.channel(ChannelKind::Thread);
     let allowed = format!("discord:{ALICE} discord:{BOB}");
-    h.start("lull", &[("LULL_ALLOWED_USERS", &allowed)]).await;
+    // In a guild only an admin may /reset.
+    let admin = format!("discord:{ALICE}");
+    h.start(
+        "lull",
+        &[("LULL_ALLOWED_USERS", &allowed), ("LULL_ADMINS", &admin)],
+    )
+    .await;
     h.fake.wait_connected(1, WAIT).await;
 
     // Chatter first: were it taken in, it would join the mention's batch.
@@ -731,10 +739,13 @@ async fn recent_conversations_name_the_last_stored_message() {
 }
 
 fn adapter(fake: &DiscordFake) -> Discord {
-    Discord::new(&lull_adapters::PlatformSettings {
-        token: SecretString::from(TOKEN),
-        api_url: fake.api_url.clone(),
-    })
+    Discord::new(
+        &lull_adapters::PlatformSettings {
+            token: SecretString::from(TOKEN),
+            api_url: fake.api_url.clone(),
+        },
+        Default::default(),
+    )
     .unwrap()
 }
 
@@ -835,7 +846,10 @@ async fn a_message_is_retried_until_it_is_stored() {
         Arc::new(EchoResponder::default()),
         vec![Arc::new(discord.outbound)],
         lull_core::dispatcher::DispatchSettings {
-            access: "*".parse().unwrap(),
+            access: lull_core::access::Access {
+                users: "*".parse().unwrap(),
+                ..Default::default()
+            },
             ..settings
         },
         Arc::new(SystemClock),
@@ -899,4 +913,163 @@ async fn trace_logging_keeps_raw_gateway_frames_out() {
         &frames[..frames.len().min(3)]
     );
     assert!(!logs.contains(TOKEN));
+}
+
+/// `LULL_ALLOWED_CHATS=discord:<server>` admits every member of the server, in its
+/// channels only (a DM of the same user is refused), also for messages read back
+/// from history after downtime (which carry no server: the channel's is looked up).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_admits_its_members_live_and_on_catch_up() {
+    let mut h = Harness::new().await;
+    let dm = h.fake.channel(ChannelKind::Dm);
+    let channel = h.fake.channel(ChannelKind::Guild);
+    let server = format!("discord:{GUILD_ID}");
+    let env = [("LULL_ALLOWED_USERS", ""), ("LULL_ALLOWED_CHATS", &server)];
+    let lull = h.start("lull", &env).await;
+    h.fake.wait_connected(1, WAIT).await;
+    h.fake.say(Say::new(channel, ALICE, "hello").mention());
+    let replies = h.fake.wait_sent(channel, 1, WAIT).await;
+    assert_eq!(echoed(&replies[0]), ["user1: hello"]);
+    h.fake.say(Say::new(dm, ALICE, "and in private?"));
+    let denied = h.fake.wait_sent(dm, 1, WAIT).await;
+    assert!(
+        denied[0].content.contains("discord:"),
+        "{}",
+        denied[0].content
+    );
+    h.settled().await;
+
+    h.processes[lull].kill9();
+    h.fake.wait_connected(0, WAIT).await;
+    h.fake
+        .say(Say::new(channel, BOB, "are you back?").mention());
+    h.processes[lull].restart();
+    let replies = h.fake.wait_sent(channel, 2, WAIT).await;
+    assert_eq!(echoed(&replies[1]), ["user2: are you back?"]);
+    h.settled().await;
+}
+
+/// Two processes with `LULL_DISCORD_SHARDS=2` on one database split the shards: the
+/// first holds both until the second starts, then hands shard 1 over (the second
+/// holds replica slot 1), and no shard ever has two connections. Guilds of both shards
+/// and DMs are answered once; when the first is killed, the second takes over its
+/// shard within the lease TTL and reads back only that shard's channels.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_split_the_shards_and_take_over_a_dead_ones() {
+    let mut h = Harness::new().await;
+    let on0 = h.fake.channel_in(ChannelKind::Guild, guild_on_shard(0, 2));
+    let on1 = h.fake.channel_in(ChannelKind::Guild, guild_on_shard(1, 2));
+    let dm = h.fake.channel(ChannelKind::Dm);
+    let channels = [on0, on1, dm];
+    let shards = [("LULL_DISCORD_SHARDS", "2")];
+    let a = h.start("a", &shards).await;
+    h.fake.wait_shards(&[(0, 2), (1, 2)], WAIT).await;
+    let b = h.start("b", &shards).await;
+    let holds = |process: usize, shard: &str| {
+        h.processes[process].logs().lines().any(|line| {
+            line.contains("this process now holds the platform connection")
+                && line.contains(&format!("shard={shard}"))
+        })
+    };
+    h.fake
+        .wait_for(WAIT, || holds(b, "1/2").then_some(()))
+        .await
+        .expect("the second process takes shard 1");
+    assert!(
+        h.processes[a]
+            .logs()
+            .contains("handed the shard to the replica it belongs to")
+    );
+    assert!(!holds(b, "0/2"));
+    h.fake.wait_shards(&[(0, 2), (1, 2)], WAIT).await;
+
+    for channel in channels {
+        h.fake.say(Say::new(channel, ALICE, "hello").mention());
+    }
+    for channel in channels {
+        h.fake.wait_sent(channel, 1, WAIT).await;
+    }
+    assert_eq!(h.settled().await.counts(), (3, 3, 0, 0, 0));
+
+    let reads_before = h.fake.history_reads().len();
+    let identifies = h.fake.identifies();
+    h.processes[a].kill9();
+    let killed = tokio::time::Instant::now();
+    for channel in channels {
+        h.fake
+            .say(Say::new(channel, ALICE, "while nobody listens").mention());
+    }
+    h.fake
+        .wait_for(WAIT, || (h.fake.identifies() > identifies).then_some(()))
+        .await
+        .expect("the other process connects shard 0");
+    let takeover = killed.elapsed();
+    eprintln!("shard 0 taken over {takeover:?} after its holder was killed");
+    assert!(
+        takeover < Duration::from_millis(1500 * 2 + 1000),
+        "{takeover:?}"
+    );
+    h.fake.wait_shards(&[(0, 2), (1, 2)], WAIT).await;
+    for channel in channels {
+        let sent = h.fake.wait_sent(channel, 2, WAIT).await;
+        let lines = echoed(&sent[1]);
+        // Guild lines carry the author's name.
+        assert!(
+            lines.len() == 1 && lines[0].ends_with("while nobody listens"),
+            "{lines:?}"
+        );
+    }
+    assert_eq!(h.settled().await.counts(), (6, 6, 0, 0, 0));
+    // Catch-up per shard: shard 0's new session read back its own channels (its
+    // guild's, and DMs) once each, not shard 1's, which never stopped.
+    let reads: Vec<u64> = h.fake.history_reads()[reads_before..]
+        .iter()
+        .map(|(channel, _)| *channel)
+        .collect();
+    let read = |channel| reads.iter().filter(|c| **c == channel).count();
+    assert_eq!((read(on0), read(dm), read(on1)), (1, 1, 0), "{reads:?}");
+    assert_eq!(h.fake.shard_overlaps(), 0, "two connections of one shard");
+    h.assert_token_kept_secret();
+}
+
+/// The counter-test of the per-shard lease: two processes on separate databases (no
+/// shared lease) both connect both shards, which the overlap count above catches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counter_test_without_a_shared_lease_both_processes_connect_each_shard() {
+    let mut h = Harness::new().await;
+    h.start("a", &[("LULL_DISCORD_SHARDS", "2")]).await;
+    let other = format!("sqlite:{}", h.dir.path().join("other.db").display());
+    h.start(
+        "b",
+        &[
+            ("LULL_DISCORD_SHARDS", "2"),
+            ("DATABASE_URL", other.as_str()),
+        ],
+    )
+    .await;
+    h.fake
+        .wait_shards(&[(0, 2), (0, 2), (1, 2), (1, 2)], WAIT)
+        .await;
+    assert!(h.fake.shard_overlaps() >= 2, "{}", h.fake.shard_overlaps());
+}
+
+/// `LULL_DISCORD_SHARDS=auto` asks `GET /gateway/bot` for the recommended count and
+/// connects that many shards; a guild on the last shard is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_shards_ask_discord_for_the_recommended_count() {
+    let mut h = Harness::new().await;
+    h.fake.recommend_shards(3);
+    let on2 = h.fake.channel_in(ChannelKind::Guild, guild_on_shard(2, 3));
+    let lull = h.start("lull", &[("LULL_DISCORD_SHARDS", "auto")]).await;
+    h.fake.wait_shards(&[(0, 3), (1, 3), (2, 3)], WAIT).await;
+    assert!(h.fake.bot_gateway_calls() >= 1);
+    h.fake.say(Say::new(on2, ALICE, "third shard").mention());
+    let sent = h.fake.wait_sent(on2, 1, WAIT).await;
+    assert_eq!(echoed(&sent[0]), ["user1: third shard"]);
+    assert!(
+        h.processes[lull]
+            .logs()
+            .contains("Discord recommends this many shards")
+    );
+    h.assert_token_kept_secret();
 }

@@ -23,4 +23,6 @@ mod shutdown;
 mod store;
 mod stress;
 mod telegram;
+mod telegram_webhook;
+mod wallet;
 mod webhook;

@@ -90,7 +90,7 @@ fn assert_token_absent(token: &str, logs: &str) {
     );
 }
 
-async fn health(lull: &LullProcess) -> Value {
+pub(crate) async fn health(lull: &LullProcess) -> Value {
     reqwest::get(format!("{}/healthz", lull.base_url()))
         .await
         .unwrap()
@@ -104,7 +104,7 @@ fn id(message: &Value) -> i64 {
 }
 
 /// Stored message ids of a conversation.
-fn stored(db_path: &std::path::Path, conversation: &str) -> Vec<String> {
+pub(crate) fn stored(db_path: &std::path::Path, conversation: &str) -> Vec<String> {
     db::messages(db_path)
         .into_iter()
         .filter(|m| m.conversation == conversation)

@@ -147,6 +147,19 @@ pub struct Verdict {
     pub token_regressions: usize,
 }
 
+impl Verdict {
+    /// `(messages, replies, duplicates, lost, stale)`: what a test usually compares.
+    pub fn counts(&self) -> (usize, usize, usize, usize, usize) {
+        (
+            self.messages,
+            self.replies,
+            self.duplicates,
+            self.lost,
+            self.stale,
+        )
+    }
+}
+
 /// Check the stored replies and give-up notices against the stored messages:
 /// - no duplicate: each message is covered at most once, by a reply or a give-up
 ///   notice;

@@ -10,6 +10,11 @@
 //!   <token>`. Failures can be injected into message POSTs: before creating the
 //!   message (429 with `retry_after`, 5xx) or after (the message exists but the
 //!   answer is a 500, as when a response is lost).
+//! - Shards as Discord routes them: IDENTIFY's `shard: [index, total]` (default
+//!   `[0, 1]`) makes a session receive only the events of guilds on that shard
+//!   (`(guild_id >> 22) % total`; DMs on shard 0); `GET /gateway/bot` answers a
+//!   recommended shard count a test sets, and is counted. Two live connections of one
+//!   shard are counted too ([`DiscordFake::shard_overlaps`]).
 //! - A WebSocket gateway (tokio-tungstenite): HELLO, IDENTIFY → READY, heartbeat →
 //!   ACK, RESUME → replay of what the session missed and RESUMED (or, when told to,
 //!   INVALID_SESSION so the client identifies afresh), dispatches of `MESSAGE_CREATE`
@@ -154,6 +159,8 @@ enum Command {
 }
 
 struct Session {
+    /// `(index, total)` from IDENTIFY.
+    shard: (u64, u64),
     seq: u64,
     /// Every dispatch of this session, for replay on RESUME.
     log: Vec<(u64, String)>,
@@ -163,6 +170,8 @@ struct Session {
 
 struct Channel {
     kind: ChannelKind,
+    /// The guild of a guild channel or thread.
+    guild: Option<u64>,
     /// Every message, oldest first.
     messages: Vec<Value>,
 }
@@ -184,6 +193,14 @@ struct Inner {
     unauthorized: usize,
     /// `(channel, after)` of every history request.
     history_reads: Vec<(u64, Option<u64>)>,
+    /// What `GET /gateway/bot` recommends.
+    recommended_shards: u64,
+    bot_gateway_calls: usize,
+    /// `(index, total)` of every IDENTIFY.
+    identified_shards: Vec<(u64, u64)>,
+    /// Times a session of a shard went live while another session of that shard was
+    /// connected.
+    shard_overlaps: usize,
 }
 
 struct Shared {
@@ -214,9 +231,27 @@ fn user_json(id: u64, name: &str, bot: bool) -> Value {
            "avatar": null, "bot": bot})
 }
 
-/// Send `t`/`d` to every session: at once to connected ones, into the log of all.
+/// The shard of `total` a guild's events go to; DMs (no guild) go to shard 0.
+pub fn shard_of(guild: Option<u64>, total: u64) -> u64 {
+    guild.map_or(0, |g| (g >> 22) % total.max(1))
+}
+
+/// A guild id whose events go to shard `index` of `total`.
+pub fn guild_on_shard(index: u64, total: u64) -> u64 {
+    let base = GUILD_ID >> 22;
+    let bump = (index + total - base % total) % total;
+    (base + bump) << 22 | (GUILD_ID & ((1 << 22) - 1))
+}
+
+/// Send `t`/`d` to every session of the shard its guild is on: at once to connected
+/// ones, into the log of all.
 fn dispatch(inner: &mut Inner, t: &str, d: &Value) {
+    let guild = d["guild_id"].as_str().and_then(|g| g.parse::<u64>().ok());
     for session in inner.sessions.values_mut() {
+        let (index, total) = session.shard;
+        if shard_of(guild, total) != index {
+            continue;
+        }
         session.seq += 1;
         let frame = json!({"op": 0, "t": t, "s": session.seq, "d": d}).to_string();
         session.log.push((session.seq, frame.clone()));
@@ -249,7 +284,10 @@ impl DiscordFake {
         let rest = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let gateway = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let shared = Arc::new(Shared {
-            inner: Mutex::new(Inner::default()),
+            inner: Mutex::new(Inner {
+                recommended_shards: 1,
+                ..Inner::default()
+            }),
             changed: Notify::new(),
             token: token.into(),
             gateway_url: format!("ws://{}", gateway.local_addr().unwrap()),
@@ -258,7 +296,7 @@ impl DiscordFake {
         });
         let api = Router::new()
             .route("/api/v10/gateway", get(get_gateway))
-            .route("/api/v10/gateway/bot", get(get_gateway))
+            .route("/api/v10/gateway/bot", get(get_bot_gateway))
             .route("/api/v10/users/@me", get(get_me))
             .route("/api/v10/channels/{id}", get(get_channel))
             .route(
@@ -288,17 +326,57 @@ impl DiscordFake {
         }
     }
 
-    /// A new channel of this kind; returns its id.
+    /// A new channel of this kind (in the guild [`GUILD_ID`] unless a DM); returns
+    /// its id.
     pub fn channel(&self, kind: ChannelKind) -> u64 {
+        self.channel_in(kind, GUILD_ID)
+    }
+
+    /// A new channel of this kind in `guild` (ignored for a DM); returns its id.
+    pub fn channel_in(&self, kind: ChannelKind, guild: u64) -> u64 {
         let id = self.shared.next_id();
         self.shared.lock().channels.insert(
             id,
             Channel {
                 kind,
+                guild: (kind != ChannelKind::Dm).then_some(guild),
                 messages: Vec::new(),
             },
         );
         id
+    }
+
+    /// What `GET /gateway/bot` recommends from now on.
+    pub fn recommend_shards(&self, shards: u64) {
+        self.shared.lock().recommended_shards = shards;
+    }
+
+    pub fn bot_gateway_calls(&self) -> usize {
+        self.shared.lock().bot_gateway_calls
+    }
+
+    /// `(index, total)` of every IDENTIFY so far.
+    pub fn identified_shards(&self) -> Vec<(u64, u64)> {
+        self.shared.lock().identified_shards.clone()
+    }
+
+    /// `(index, total)` of every connected session.
+    pub fn connected_shards(&self) -> Vec<(u64, u64)> {
+        let mut shards: Vec<_> = self
+            .shared
+            .lock()
+            .sessions
+            .values()
+            .filter(|s| s.link.is_some())
+            .map(|s| s.shard)
+            .collect();
+        shards.sort();
+        shards
+    }
+
+    /// Times a shard had two live connections.
+    pub fn shard_overlaps(&self) -> usize {
+        self.shared.lock().shard_overlaps
     }
 
     /// A user sends a message; returns its id.
@@ -306,7 +384,7 @@ impl DiscordFake {
         let id = self.shared.next_id();
         let mut inner = self.shared.lock();
         let channel = inner.channels.get(&say.channel).expect("unknown channel");
-        let kind = channel.kind;
+        let guild = channel.guild;
         let referenced = say.reply_to.map(|to| {
             channel
                 .messages
@@ -334,7 +412,7 @@ impl DiscordFake {
         } else {
             Vec::new()
         };
-        let mut message = message_json(id, say.channel, kind, author, &content);
+        let mut message = message_json(id, say.channel, guild, author, &content);
         message["mentions"] = Value::Array(mentions);
         message["attachments"] = Value::Array(attachments);
         if let Some(r) = referenced {
@@ -358,7 +436,7 @@ impl DiscordFake {
     /// A user edits a message (`MESSAGE_UPDATE`).
     pub fn edit(&self, channel: u64, id: u64, text: &str) {
         let mut inner = self.shared.lock();
-        let kind = inner.channels[&channel].kind;
+        let guild = inner.channels[&channel].guild;
         let message = inner
             .channels
             .get_mut(&channel)
@@ -370,8 +448,8 @@ impl DiscordFake {
         message["content"] = json!(text);
         message["edited_timestamp"] = json!("2026-01-01T00:00:01+00:00");
         let mut update = message.clone();
-        if kind != ChannelKind::Dm {
-            update["guild_id"] = json!(GUILD_ID.to_string());
+        if let Some(guild) = guild {
+            update["guild_id"] = json!(guild.to_string());
         }
         dispatch(&mut inner, "MESSAGE_UPDATE", &update);
     }
@@ -464,6 +542,19 @@ impl DiscordFake {
         self.shared.lock().history_reads.clone()
     }
 
+    /// Wait until the connected sessions are of exactly these shards
+    /// (`(index, total)`, sorted).
+    pub async fn wait_shards(&self, shards: &[(u64, u64)], limit: Duration) {
+        self.wait_for(limit, || (self.connected_shards() == shards).then_some(()))
+            .await
+            .unwrap_or_else(|| {
+                panic!(
+                    "expected shards {shards:?} connected within {limit:?}, have {:?}",
+                    self.connected_shards()
+                )
+            });
+    }
+
     /// Wait until exactly `n` sessions are connected and have been for `steady`.
     pub async fn wait_connected(&self, n: usize, limit: Duration) {
         self.wait_for(limit, || (self.connected() == n).then_some(()))
@@ -499,15 +590,15 @@ impl DiscordFake {
     }
 }
 
-fn message_json(id: u64, channel: u64, kind: ChannelKind, author: Value, content: &str) -> Value {
+fn message_json(id: u64, channel: u64, guild: Option<u64>, author: Value, content: &str) -> Value {
     let mut message = json!({
         "id": id.to_string(), "channel_id": channel.to_string(), "author": author,
         "content": content, "timestamp": "2026-01-01T00:00:00+00:00", "edited_timestamp": null,
         "tts": false, "mention_everyone": false, "mentions": [], "mention_roles": [],
         "attachments": [], "embeds": [], "pinned": false, "type": 0
     });
-    if kind != ChannelKind::Dm {
-        message["guild_id"] = json!(GUILD_ID.to_string());
+    if let Some(guild) = guild {
+        message["guild_id"] = json!(guild.to_string());
     }
     message
 }
@@ -540,6 +631,18 @@ async fn get_gateway(State(shared): State<Arc<Shared>>) -> axum::Json<Value> {
     }))
 }
 
+async fn get_bot_gateway(State(shared): State<Arc<Shared>>) -> axum::Json<Value> {
+    let shards = {
+        let mut inner = shared.lock();
+        inner.bot_gateway_calls += 1;
+        inner.recommended_shards
+    };
+    axum::Json(json!({
+        "url": shared.gateway_url, "shards": shards,
+        "session_start_limit": {"total": 1000, "remaining": 1000, "reset_after": 0, "max_concurrency": 1}
+    }))
+}
+
 async fn get_me(State(shared): State<Arc<Shared>>) -> axum::Json<Value> {
     axum::Json(shared.bot_user())
 }
@@ -550,8 +653,8 @@ async fn get_channel(State(shared): State<Arc<Shared>>, Path(id): Path<u64>) -> 
         return error(StatusCode::NOT_FOUND, 10003, "Unknown Channel");
     };
     let mut body = json!({"id": id.to_string(), "type": channel.kind.type_code()});
-    if channel.kind != ChannelKind::Dm {
-        body["guild_id"] = json!(GUILD_ID.to_string());
+    if let Some(guild) = channel.guild {
+        body["guild_id"] = json!(guild.to_string());
     }
     axum::Json(body).into_response()
 }
@@ -605,7 +708,7 @@ async fn post_message(
     let enforce_nonce = body["enforce_nonce"].as_bool().unwrap_or(false);
     let content = body["content"].as_str().unwrap_or("").to_owned();
     let mut inner = shared.lock();
-    let Some(kind) = inner.channels.get(&id).map(|c| c.kind) else {
+    let Some(guild) = inner.channels.get(&id).map(|c| c.guild) else {
         inner.posts.push(Post {
             at: Instant::now(),
             channel: id,
@@ -674,7 +777,7 @@ async fn post_message(
         return axum::Json(earlier).into_response();
     }
     let message_id = shared.next_id();
-    let mut message = message_json(message_id, id, kind, shared.bot_user(), &content);
+    let mut message = message_json(message_id, id, guild, shared.bot_user(), &content);
     if let Some(n) = &nonce {
         message["nonce"] = json!(n);
     }
@@ -784,7 +887,9 @@ async fn connection(shared: Arc<Shared>, tcp: tokio::net::TcpStream) {
                                 }))).await;
                                 break;
                             }
-                            session_id = Some(identify(&shared, connection_id, &link));
+                            let shard = &payload["d"]["shard"];
+                            let shard = (shard[0].as_u64().unwrap_or(0), shard[1].as_u64().unwrap_or(1));
+                            session_id = Some(identify(&shared, connection_id, &link, shard));
                         }
                         Some(6) => {
                             let d = &payload["d"];
@@ -829,22 +934,41 @@ fn token_ok(shared: &Shared, token: &Value) -> bool {
     token.strip_prefix("Bot ").unwrap_or(token) == shared.token
 }
 
-/// A new session: READY.
-fn identify(shared: &Shared, connection: u64, link: &mpsc::UnboundedSender<Command>) -> String {
+/// Count a session of `shard` going live beside another live one of that shard.
+fn note_overlap(inner: &mut Inner, shard: (u64, u64), except: &str) {
+    if inner
+        .sessions
+        .iter()
+        .any(|(id, s)| id != except && s.link.is_some() && s.shard == shard)
+    {
+        inner.shard_overlaps += 1;
+    }
+}
+
+/// A new session of `shard`: READY.
+fn identify(
+    shared: &Shared,
+    connection: u64,
+    link: &mpsc::UnboundedSender<Command>,
+    shard: (u64, u64),
+) -> String {
     let mut inner = shared.lock();
     inner.identifies += 1;
+    inner.identified_shards.push(shard);
     let id = format!("session-{}", inner.identifies);
     let ready = json!({
         "op": 0, "t": "READY", "s": 1,
         "d": {"v": 10, "user": shared.bot_user(), "guilds": [], "session_id": id,
-              "resume_gateway_url": shared.gateway_url,
+              "resume_gateway_url": shared.gateway_url, "shard": [shard.0, shard.1],
               "application": {"id": BOT_ID.to_string(), "flags": 0}}
     })
     .to_string();
     let _ = link.send(Command::Text(ready.clone()));
+    note_overlap(&mut inner, shard, &id);
     inner.sessions.insert(
         id.clone(),
         Session {
+            shard,
             seq: 1,
             log: vec![(1, ready)],
             link: Some((connection, link.clone())),
@@ -879,6 +1003,8 @@ fn resume(
     session.log.push((session.seq, resumed.clone()));
     let _ = link.send(Command::Text(resumed));
     session.link = Some((connection, link.clone()));
+    let shard = session.shard;
+    note_overlap(&mut inner, shard, id);
     inner.resumes += 1;
     drop(inner);
     shared.changed.notify_waiters();

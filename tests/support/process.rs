@@ -38,11 +38,16 @@ impl LullProcess {
     /// Start `lull <args>` with `env` (plus `LULL_HTTP_ADDR` on a fresh port), logging
     /// to `<dir>/<name>.log`. Nothing from the test's own environment leaks in.
     pub fn start(dir: &Path, name: &str, args: &[&str], env: &[(&str, String)]) -> LullProcess {
-        let port = free_port();
         let mut all: BTreeMap<String, String> = env
             .iter()
             .map(|(k, v)| (k.to_string(), v.clone()))
             .collect();
+        // A test that needs the address up front (a webhook URL naming it) sets it.
+        let port = all
+            .get("LULL_HTTP_ADDR")
+            .and_then(|addr| addr.rsplit_once(':'))
+            .and_then(|(_, port)| port.parse().ok())
+            .unwrap_or_else(free_port);
         all.entry("LULL_HTTP_ADDR".into())
             .or_insert_with(|| format!("127.0.0.1:{port}"));
         let mut process = LullProcess {

@@ -10,6 +10,16 @@
 //! Telegram does (known tags, nesting, escaped `<`, `>`, `&`) and refuses texts over
 //! 4096 characters, so an accepted message is a well-formed one.
 //!
+//! Webhooks as Telegram serves them: `setWebhook` (`url`, `secret_token` of 1–256
+//! characters `A-Z a-z 0-9 _ -`, `allowed_updates`, `drop_pending_updates`; every
+//! call recorded), `deleteWebhook`, `getWebhookInfo`, and `getUpdates` refused with 409
+//! while a webhook is set. With a webhook set, queued updates are POSTed to it one at
+//! a time, oldest first, with `X-Telegram-Bot-Api-Secret-Token`; a 2xx confirms an
+//! update, anything else is retried after a pause (every attempt recorded). A test
+//! can put a load balancer in front ([`TelegramFake::balance`]: the registered path on
+//! several servers in turn) and can forge a request with any secret
+//! ([`TelegramFake::forge`]).
+//!
 //! `sendMessageDraft` (Bot API 9.5) is served as Telegram serves it: private chats
 //! only (400 for groups), a non-zero `draft_id`, 1–4096 characters after entity
 //! parsing (400 otherwise), the same HTML check as messages; every accepted draft is
@@ -90,6 +100,27 @@ pub struct PollRecord {
     pub returned: Vec<i64>,
 }
 
+/// One `setWebhook` call as the fake accepted it.
+#[derive(Debug, Clone)]
+pub struct WebhookSet {
+    pub url: String,
+    pub secret_token: Option<String>,
+    pub allowed_updates: Option<Vec<String>>,
+    pub drop_pending_updates: bool,
+}
+
+/// One POST of an update to the webhook and the status it got (0: no answer).
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub update_id: i64,
+    pub target: String,
+    pub status: u16,
+    pub at: Instant,
+}
+
+/// Pause before a webhook delivery that failed is tried again.
+const REDELIVERY_PAUSE: Duration = Duration::from_millis(300);
+
 /// A fault to answer a method's next call with.
 #[derive(Debug, Clone, Copy)]
 pub enum Fault {
@@ -126,6 +157,15 @@ struct FakeState {
     calls: Vec<(String, Instant)>,
     /// (method, time) of every call answered with a fault.
     faulted: Vec<(String, Instant)>,
+    /// The webhook set now, if any.
+    webhook: Option<WebhookSet>,
+    /// Every accepted `setWebhook`, in order.
+    webhook_sets: Vec<WebhookSet>,
+    /// Base URLs (`http://host:port`) deliveries go to in turn, with the registered
+    /// URL's path: a load balancer in front of several processes. Empty: the
+    /// registered URL itself.
+    balance: Vec<String>,
+    deliveries: Vec<Delivery>,
 }
 
 struct Inner {
@@ -164,8 +204,11 @@ impl TelegramFake {
             .with_state(inner.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr: SocketAddr = listener.local_addr().unwrap();
+        let deliverer = inner.clone();
         let server = tokio::spawn(async move {
+            let delivering = tokio::spawn(deliver(deliverer));
             axum::serve(listener, router).await.unwrap();
+            delivering.abort();
         });
         TelegramFake {
             url: format!("http://{addr}"),
@@ -294,6 +337,41 @@ impl TelegramFake {
             .collect()
     }
 
+    /// The webhook set now.
+    pub fn webhook(&self) -> Option<WebhookSet> {
+        self.state().webhook.clone()
+    }
+
+    /// Every accepted `setWebhook`, in order.
+    pub fn webhook_sets(&self) -> Vec<WebhookSet> {
+        self.state().webhook_sets.clone()
+    }
+
+    /// Deliver to these servers in turn (the registered path on each), as a load
+    /// balancer in front of them would.
+    pub fn balance(&self, bases: &[String]) {
+        self.state().balance = bases.to_vec();
+        self.inner.changed.notify_waiters();
+    }
+
+    /// Every webhook delivery attempt.
+    pub fn deliveries(&self) -> Vec<Delivery> {
+        self.state().deliveries.clone()
+    }
+
+    /// POST an update carrying `message` to the registered webhook URL with
+    /// `secret` in the secret-token header (none: no header), outside the queue, as
+    /// a forger would; returns the status.
+    pub async fn forge(&self, message: Value, secret: Option<&str>) -> u16 {
+        let url = self.webhook().expect("a webhook is set").url;
+        let update = json!({"update_id": 1, "message": message});
+        let mut request = reqwest::Client::new().post(url).json(&update);
+        if let Some(secret) = secret {
+            request = request.header("X-Telegram-Bot-Api-Secret-Token", secret);
+        }
+        request.send().await.unwrap().status().as_u16()
+    }
+
     /// Wait until `check` holds on the fake's state (re-checked on every change and
     /// every 50 ms); panics after `limit` with `what`.
     pub async fn wait_for<T>(
@@ -397,20 +475,66 @@ fn now_secs() -> i64 {
 }
 
 async fn handle_get(state: State<Arc<Inner>>, path: Path<(String, String)>) -> Response {
-    handle(state, path, axum::body::Bytes::new()).await
+    handle(
+        state,
+        path,
+        axum::http::HeaderMap::new(),
+        axum::body::Bytes::new(),
+    )
+    .await
+}
+
+/// The fields of a `multipart/form-data` body (teloxide sends methods that can upload
+/// a file, such as `setWebhook`, that way): arrays, objects and booleans as JSON,
+/// everything else as text.
+fn form_fields(body: &[u8], boundary: &str) -> Option<Value> {
+    let body = std::str::from_utf8(body).ok()?;
+    let mut fields = serde_json::Map::new();
+    for part in body.split(&format!("--{boundary}")) {
+        let Some((head, value)) = part.split_once("\r\n\r\n") else {
+            continue;
+        };
+        let Some(name) = head
+            .split("name=\"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+        else {
+            continue;
+        };
+        let value = value.strip_suffix("\r\n").unwrap_or(value);
+        let parsed = match value {
+            "true" | "false" => serde_json::from_str(value).ok(),
+            v if v.starts_with('[') || v.starts_with('{') => serde_json::from_str(v).ok(),
+            _ => None,
+        };
+        fields.insert(name.to_owned(), parsed.unwrap_or_else(|| json!(value)));
+    }
+    Some(Value::Object(fields))
 }
 
 async fn handle(
     State(inner): State<Arc<Inner>>,
     Path((bot, method)): Path<(String, String)>,
+    headers: axum::http::HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
     if bot.strip_prefix("bot") != Some(inner.token.as_str()) {
         return error(StatusCode::UNAUTHORIZED, "Unauthorized");
     }
     let method = method.to_ascii_lowercase();
+    let boundary = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| v.starts_with("multipart/form-data"))
+        .and_then(|v| v.split("boundary=").nth(1))
+        .map(|b| b.trim_matches('"').to_owned());
     let params: Value = if body.is_empty() {
         json!({})
+    } else if let Some(boundary) = boundary {
+        match form_fields(&body, &boundary) {
+            Some(v) => v,
+            None => return error(StatusCode::BAD_REQUEST, "Bad Request: invalid form"),
+        }
     } else {
         match serde_json::from_slice(&body) {
             Ok(v) => v,
@@ -439,9 +563,29 @@ async fn handle(
             "has_main_web_app": false,
         })),
         "getwebhookinfo" => {
-            ok(json!({"url": "", "has_custom_certificate": false, "pending_update_count": 0}))
+            let s = inner.state.lock().unwrap();
+            let url = s
+                .webhook
+                .as_ref()
+                .map(|w| w.url.clone())
+                .unwrap_or_default();
+            ok(
+                json!({"url": url, "has_custom_certificate": false, "pending_update_count": s.queue.len()}),
+            )
         }
-        "deletewebhook" => ok(json!(true)),
+        "setwebhook" => set_webhook(&inner, &params),
+        "deletewebhook" => {
+            let mut s = inner.state.lock().unwrap();
+            s.webhook = None;
+            if params["drop_pending_updates"].as_bool() == Some(true) {
+                s.queue.clear();
+            }
+            ok(json!(true))
+        }
+        "getupdates" if inner.state.lock().unwrap().webhook.is_some() => error(
+            StatusCode::CONFLICT,
+            "Conflict: can't use getUpdates method while webhook is active; use deleteWebhook to delete the webhook first",
+        ),
         "getupdates" => get_updates(inner, params).await,
         "sendmessage" | "editmessagetext" => send_message(&inner, &method, &params),
         "sendmessagedraft" => send_message_draft(&inner, &params),
@@ -458,6 +602,120 @@ async fn handle(
             ok(json!(true))
         }
         _ => error(StatusCode::NOT_FOUND, "Not Found"),
+    }
+}
+
+/// `setWebhook`, checked as Telegram checks it (a secret token of 1–256 characters
+/// `A-Z a-z 0-9 _ -`; an https URL, or http on loopback for tests).
+fn set_webhook(inner: &Inner, params: &Value) -> Response {
+    let url = params["url"].as_str().unwrap_or_default().to_owned();
+    if url.is_empty() {
+        inner.state.lock().unwrap().webhook = None;
+        return ok(json!(true));
+    }
+    if !(url.starts_with("https://") || url.starts_with("http://127.0.0.1:")) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "Bad Request: bad webhook: An HTTPS URL must be provided for webhook",
+        );
+    }
+    let secret_token = params["secret_token"].as_str().map(str::to_owned);
+    if let Some(secret) = &secret_token
+        && (secret.is_empty()
+            || secret.len() > 256
+            || !secret
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-'))
+    {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "Bad Request: secret token contains unallowed characters",
+        );
+    }
+    let set = WebhookSet {
+        url,
+        secret_token,
+        allowed_updates: params["allowed_updates"].as_array().map(|a| {
+            a.iter()
+                .filter_map(|u| u.as_str().map(str::to_owned))
+                .collect()
+        }),
+        drop_pending_updates: params["drop_pending_updates"].as_bool() == Some(true),
+    };
+    let mut s = inner.state.lock().unwrap();
+    if set.drop_pending_updates {
+        s.queue.clear();
+    }
+    s.webhook = Some(set.clone());
+    s.webhook_sets.push(set);
+    drop(s);
+    inner.changed.notify_waiters();
+    ok(json!(true))
+}
+
+/// The webhook deliverer: while a webhook is set, POST the oldest queued update to it
+/// (or to the next balanced server) until it is answered 2xx, then the next.
+async fn deliver(inner: Arc<Inner>) {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let mut turn = 0usize;
+    loop {
+        let notified = inner.changed.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let next = {
+            let s = inner.state.lock().unwrap();
+            s.webhook
+                .clone()
+                .zip(s.queue.first().cloned())
+                .map(|(hook, update)| {
+                    let target = if s.balance.is_empty() {
+                        hook.url.clone()
+                    } else {
+                        let path = hook
+                            .url
+                            .splitn(4, '/')
+                            .nth(3)
+                            .map(|p| format!("/{p}"))
+                            .unwrap_or_default();
+                        format!("{}{path}", s.balance[turn % s.balance.len()])
+                    };
+                    (hook, update, target)
+                })
+        };
+        let Some((hook, (id, update), target)) = next else {
+            let _ = tokio::time::timeout(Duration::from_millis(200), notified).await;
+            continue;
+        };
+        turn += 1;
+        let mut request = client.post(&target).json(&update);
+        if let Some(secret) = &hook.secret_token {
+            request = request.header("X-Telegram-Bot-Api-Secret-Token", secret);
+        }
+        let status = match request.send().await {
+            Ok(response) => response.status().as_u16(),
+            Err(_) => 0,
+        };
+        {
+            let mut s = inner.state.lock().unwrap();
+            s.served.insert(id);
+            s.deliveries.push(Delivery {
+                update_id: id,
+                target,
+                status,
+                at: Instant::now(),
+            });
+            if (200..300).contains(&status) {
+                s.queue.retain(|(queued, _)| *queued != id);
+                s.confirmed_below = s.confirmed_below.max(id + 1);
+            }
+        }
+        inner.changed.notify_waiters();
+        if !(200..300).contains(&status) {
+            tokio::time::sleep(REDELIVERY_PAUSE).await;
+        }
     }
 }
 

@@ -88,20 +88,26 @@ impl LeaseKeeper {
     }
 
     /// A platform session under this lease: it ends when the lease is lost or
-    /// `shutdown` fires, and knows when the lease would expire.
+    /// `shutdown` fires, and knows when the lease would expire. Also returns its
+    /// hand-over switch: cancelling it ends the session as if the lease were lost,
+    /// while the lease itself stays good to release.
     pub(crate) fn session(
         &self,
         platform: lull_port::Platform,
+        shard: lull_port::Shard,
         shutdown: &CancellationToken,
         health: &lull_port::Health,
-    ) -> lull_port::Session {
-        lull_port::Session::new(
+    ) -> (lull_port::Session, CancellationToken) {
+        let handover = self.lost.child_token();
+        let session = lull_port::Session::new(
             platform,
-            self.lost.clone(),
+            shard,
+            handover.clone(),
             shutdown.clone(),
             self.expires_at.clone(),
             health.clone(),
-        )
+        );
+        (session, handover)
     }
 
     /// The lease as last renewed: what writes under it must present.

@@ -24,10 +24,12 @@ use super::condition::Condition;
 use super::faults::FaultPlan;
 use super::faults::Operation;
 use super::{
-    Batch, Claimed, CommitOutcome, DueWork, Exchange, IngestOutcome, MessageEdit, NewMessage,
-    NewNotice, NewReply, OutboxKind, OutboxRow, PartSent, PendingMessage, RecentConversation,
-    Store, StoreError, TimerState, WorkQuery,
+    AccessRule, Batch, Charged, Claimed, CommitOutcome, DueWork, Exchange, IngestOutcome,
+    MessageEdit, NewMessage, NewNotice, NewReply, OutboxKind, OutboxRow, PartSent, PendingMessage,
+    RateHold, RateWindow, RecentConversation, Store, StoreError, Subject, TimerState, TokenCharge,
+    WorkQuery,
 };
+use crate::access::SubjectKind;
 use crate::domain::{
     ConversationId, ConversationRef, HolderId, Lease, LeaseKey, LeaseToken, OutboxId, Platform,
     Said, Timestamp, Version,
@@ -106,6 +108,8 @@ pub enum Inspection {
         schema: i64,
         latest: i64,
         conversations: i64,
+        /// The admins' run-time access decisions (`/allow`, `/deny`), oldest first.
+        access: Vec<AccessRule>,
     },
 }
 
@@ -301,10 +305,17 @@ impl SqliteStore {
                 .query_row([], |r| r.get(0))
                 .map_err(|e| open_error(e.to_string()))?
         };
+        // The access decisions arrived with schema 4.
+        let access = if schema >= 4 {
+            read_access_rules(&conn).map_err(|e| open_error(e.to_string()))?
+        } else {
+            Vec::new()
+        };
         Ok(Inspection::Present {
             schema,
             latest,
             conversations,
+            access,
         })
     }
 
@@ -501,11 +512,12 @@ fn bump_and_arm(
     let (pending, first_pending) = pending_after(tx, conversation, answered)?;
     let due_at = policy.due_at(now, first_pending.unwrap_or(now), pending);
     // Capped debounce: every message re-arms the timer, never past the cap, and never
-    // sooner than a failed generation's backoff (`retry_at`).
+    // sooner than a failed generation's backoff (`retry_at`) or a limit's hold
+    // (`held_until`).
     let due_at: i64 = tx.prepare_cached("INSERT INTO timers (conversation_id, platform, due_at, armed_version, armed_at, armed_by)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6)
              ON CONFLICT (conversation_id) DO UPDATE SET
-                 due_at = MAX(excluded.due_at, timers.retry_at),
+                 due_at = MAX(excluded.due_at, timers.retry_at, timers.held_until),
                  armed_version = excluded.armed_version,
                  armed_at = excluded.armed_at,
                  armed_by = excluded.armed_by
@@ -719,10 +731,11 @@ impl Store for SqliteStore {
                 .ctx("preparing a statement")?
                 .execute([id.0])
                 .ctx("resetting the context")?;
-            // /reset unsticks: pending messages are tried again now, without the backoff.
+            // /reset unsticks: pending messages are tried again now, without the
+            // backoff, but not before a limit's hold ends (limits: not a way around them).
             tx.prepare_cached(
                 "UPDATE timers SET attempts = 0, retry_at = 0, armed_by = ?3,
-                     due_at = CASE WHEN due_at > ?2 THEN ?2 ELSE due_at END
+                     due_at = MAX(CASE WHEN due_at > ?2 THEN ?2 ELSE due_at END, held_until)
                  WHERE conversation_id = ?1",
             )
             .ctx("preparing a statement")?
@@ -1302,6 +1315,149 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn hold_over_rate(
+        &self,
+        conversation: ConversationId,
+        user_id: &str,
+        rate: RateWindow,
+        now: Timestamp,
+    ) -> Result<Option<RateHold>, StoreError> {
+        let user_id = user_id.to_owned();
+        self.write("applying the rate limit", move |tx| {
+            // Rate limit: the newest message past the limit within the window, if
+            // any; the window has room again once it has left.
+            let past_limit: Option<i64> = tx
+                .prepare_cached("SELECT m.received_at FROM messages m JOIN conversations c ON c.id = m.conversation_id
+                     WHERE m.user_id = ?1 AND m.received_at > ?3
+                       AND c.platform = (SELECT platform FROM conversations WHERE id = ?2)
+                     ORDER BY m.received_at DESC, m.id DESC LIMIT 1 OFFSET ?4").ctx("preparing a statement")?.query_row(
+                    params![user_id, conversation.0, now.0 - crate::domain::millis(rate.window), rate.max],
+                    |r| r.get(0),
+                )
+                .optional()
+                .ctx("counting a user's recent messages")?;
+            let Some(past_limit) = past_limit else {
+                return Ok(None);
+            };
+            let until = Timestamp(past_limit).plus(rate.window);
+            let held: Option<i64> = tx
+                .prepare_cached("SELECT held_until FROM timers WHERE conversation_id = ?1").ctx("preparing a statement")?.query_row(
+                    [conversation.0],
+                    |r| r.get(0),
+                )
+                .optional()
+                .ctx("reading the timer")?;
+            match held {
+                // Answered already: nothing left to hold.
+                None => Ok(None),
+                // A hold in force is kept, not extended.
+                Some(held_until) if held_until > now.0 => Ok(Some(RateHold {
+                    until: Timestamp(held_until),
+                    began: false,
+                })),
+                Some(_) => {
+                    hold_timer(tx, conversation, until)?;
+                    Ok(Some(RateHold { until, began: true }))
+                }
+            }
+        })
+        .await
+    }
+
+    async fn charge_tokens(
+        &self,
+        lease: &Lease,
+        charge: &TokenCharge,
+        now: Timestamp,
+    ) -> Result<Charged, StoreError> {
+        let lease = lease.clone();
+        let charge = charge.clone();
+        let row = self.lease_row(&lease.key, &lease.holder);
+        self.write("charging tokens", move |tx| {
+            // Budgets: charged under the lease, fenced like the final check.
+            ensure_lease(tx, &lease, &row.resource, now)?;
+            for scope in &charge.scopes {
+                let Some(limit) = scope.limit.filter(|_| scope.tokens > 0) else {
+                    continue;
+                };
+                let used: i64 = tx
+                    .prepare_cached("SELECT COALESCE((SELECT tokens FROM token_usage WHERE scope = ?1 AND day = ?2), 0)").ctx("preparing a statement")?.query_row(
+                        params![scope.scope, charge.day],
+                        |r| r.get(0),
+                    )
+                    .ctx("reading a token budget")?;
+                let used = used.max(0) as u64;
+                if used.saturating_add(scope.tokens as u64) > limit {
+                    hold_timer(tx, conversation_of(&lease), charge.hold_until)?;
+                    return Ok(Charged::Over {
+                        scope: scope.scope.clone(),
+                        used,
+                        limit,
+                    });
+                }
+            }
+            for scope in &charge.scopes {
+                // Budgets: totals are only added to (never written back from a read),
+                // so concurrent charges all count; a give-back never goes below zero.
+                tx.prepare_cached("INSERT INTO token_usage (scope, day, tokens) VALUES (?1, ?2, CASE WHEN ?3 > 0 THEN ?3 ELSE 0 END)
+                     ON CONFLICT (scope, day) DO UPDATE SET tokens =
+                         CASE WHEN token_usage.tokens + ?3 > 0 THEN token_usage.tokens + ?3 ELSE 0 END").ctx("preparing a statement")?.execute(
+                    params![scope.scope, charge.day, scope.tokens],
+                )
+                .ctx("charging tokens")?;
+            }
+            Ok(Charged::Charged)
+        })
+        .await
+    }
+
+    async fn token_usage(&self, day: &str, scopes: &[String]) -> Result<Vec<u64>, StoreError> {
+        let day = day.to_owned();
+        let scopes = scopes.to_vec();
+        self.with_conn(move |conn| {
+            let mut stmt = conn
+                .prepare_cached("SELECT tokens FROM token_usage WHERE scope = ?1 AND day = ?2")
+                .ctx("reading token usage")?;
+            scopes
+                .iter()
+                .map(|scope| {
+                    stmt.query_row(params![scope, day], |r| r.get::<_, i64>(0))
+                        .optional()
+                        .map(|t| t.unwrap_or(0).max(0) as u64)
+                        .ctx("reading token usage")
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn set_access(&self, rule: &AccessRule) -> Result<(), StoreError> {
+        let rule = rule.clone();
+        self.write("recording an access decision", move |tx| {
+            // One decision per subject: the latest replaces the earlier one.
+            tx.prepare_cached("INSERT INTO access_rules (platform, kind, subject, allowed, set_by, set_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                 ON CONFLICT (platform, kind, subject) DO UPDATE SET
+                     allowed = excluded.allowed, set_by = excluded.set_by, set_at = excluded.set_at").ctx("preparing a statement")?.execute(
+                params![
+                    rule.subject.platform.as_str(),
+                    rule.subject.kind.as_str(),
+                    rule.subject.id,
+                    rule.allowed,
+                    rule.set_by,
+                    rule.set_at.0
+                ],
+            )
+            .ctx("recording an access decision")?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn access_rules(&self) -> Result<Vec<AccessRule>, StoreError> {
+        self.with_conn(|conn| read_access_rules(conn)).await
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         // A read that reaches the file's tables, not just the connection.
         self.with_conn(|conn| {
@@ -1317,6 +1473,67 @@ impl Store for SqliteStore {
         .await?;
         self.condition.check()
     }
+}
+
+/// Hold a conversation's timer: not due before `until` (a later deadline is kept).
+fn hold_timer(
+    tx: &Connection,
+    conversation: ConversationId,
+    until: Timestamp,
+) -> Result<(), StoreError> {
+    // Limits: a held conversation's messages wait (stored, pending) until `until`;
+    // later messages, /reset and a forced commit re-arm the timer no sooner.
+    tx.prepare_cached(
+        "UPDATE timers SET held_until = CASE WHEN held_until < ?2 THEN ?2 ELSE held_until END,
+                           due_at = CASE WHEN due_at < ?2 THEN ?2 ELSE due_at END
+         WHERE conversation_id = ?1",
+    )
+    .ctx("preparing a statement")?
+    .execute(params![conversation.0, until.0])
+    .ctx("holding a timer")?;
+    Ok(())
+}
+
+/// Every run-time access decision, oldest first, read on `conn`.
+pub(super) fn read_access_rules(conn: &Connection) -> Result<Vec<AccessRule>, StoreError> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT platform, kind, subject, allowed, set_by, set_at FROM access_rules ORDER BY set_at, rowid",
+        )
+        .ctx("reading access decisions")?;
+    let rows: Vec<(String, String, String, bool, String, i64)> = stmt
+        .query_map([], |r| {
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get(5)?,
+            ))
+        })
+        .ctx("reading access decisions")?
+        .collect::<Result<_, _>>()
+        .ctx("reading access decisions")?;
+    rows.into_iter()
+        .map(|(platform, kind, id, allowed, set_by, set_at)| {
+            let kind = match kind.as_str() {
+                "user" => SubjectKind::User,
+                "chat" => SubjectKind::Chat,
+                other => return Err(StoreError::Corrupt(format!("access kind '{other}'"))),
+            };
+            Ok(AccessRule {
+                subject: Subject {
+                    platform: platform.parse().map_err(StoreError::Corrupt)?,
+                    kind,
+                    id,
+                },
+                allowed,
+                set_by,
+                set_at: Timestamp(set_at),
+            })
+        })
+        .collect()
 }
 
 /// The compare-and-swap claim of `row`: succeeds only if the lease is free or expired,
@@ -1612,7 +1829,7 @@ fn rearm_for_remaining(
     };
     let due_at = policy.due_at(Timestamp(armed_at), first_pending, pending);
     tx.prepare_cached(
-        "UPDATE timers SET due_at = ?2, attempts = 0, retry_at = 0 WHERE conversation_id = ?1",
+        "UPDATE timers SET due_at = MAX(?2, held_until), attempts = 0, retry_at = 0 WHERE conversation_id = ?1",
     )
     .ctx("preparing a statement")?
     .execute(params![conversation.0, due_at.0])

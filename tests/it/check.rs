@@ -114,7 +114,7 @@ async fn check_leaves_an_existing_database_untouched() {
     .await;
     assert_eq!(code, Some(0), "{report}");
     assert!(
-        report.contains("is sound: 0 conversations, schema 3"),
+        report.contains("is sound: 0 conversations, schema 4"),
         "{report}"
     );
     assert_eq!(std::fs::read(&path).unwrap(), before, "the file changed");
@@ -265,7 +265,7 @@ async fn check_inspects_a_postgres_database_read_only() {
     assert_eq!(code, Some(0), "{report}");
     assert!(report.contains("(PostgreSQL 1"), "{report}");
     assert!(
-        report.contains("schema 0 (`lull run` migrates it to 1)"),
+        report.contains("schema 0 (`lull run` migrates it to 2)"),
         "{report}"
     );
     assert_eq!(
@@ -287,7 +287,7 @@ async fn check_inspects_a_postgres_database_read_only() {
     ])
     .await;
     assert_eq!(code, Some(0), "{report}");
-    assert!(report.contains(": schema 1\n"), "{report}");
+    assert!(report.contains(": schema 2\n"), "{report}");
     assert_eq!(db::count(&Postgres(url), tables), created);
 
     let port = free_port();

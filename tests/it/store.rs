@@ -340,8 +340,12 @@ async fn postgres_migrations_of_replicas_starting_at_once_do_not_race() {
     }
     let database = crate::support::db::Postgres(url);
     assert_eq!(
-        crate::support::db::rows(&database, "SELECT version FROM lull_migrations"),
-        [["1"]]
+        crate::support::db::rows(
+            &database,
+            "SELECT version FROM lull_migrations ORDER BY version"
+        ),
+        [["1"], ["2"]],
+        "each migration applied once"
     );
 }
 

@@ -139,8 +139,39 @@ CREATE TRIGGER timers_disarmed AFTER DELETE ON timers
     BEGIN UPDATE stats SET pending = pending - 1 WHERE id = 1; END;
 "#;
 
+const V4_WALLET: &str = r#"
+-- Rate limits count a user's recent messages across their conversations.
+CREATE INDEX messages_by_user ON messages (user_id, received_at);
+-- A limit's hold (rate, budget): the timer is not due before it. Apart from the
+-- failure backoff (`retry_at`), which /reset clears; a hold it does not.
+ALTER TABLE timers ADD COLUMN held_until INTEGER NOT NULL DEFAULT 0;
+-- Tokens spent per scope and day: `user:<platform>:<id>`, `conversation:<id>`, `bot`;
+-- the day as the deployment's time zone names it. Totals are only ever added to.
+CREATE TABLE token_usage (
+    scope  TEXT    NOT NULL,
+    day    TEXT    NOT NULL,
+    tokens INTEGER NOT NULL,
+    PRIMARY KEY (scope, day)
+);
+-- Admins' run-time access decisions (/allow, /deny): one row per subject, the latest.
+CREATE TABLE access_rules (
+    platform TEXT    NOT NULL,
+    kind     TEXT    NOT NULL CHECK (kind IN ('user', 'chat')),
+    subject  TEXT    NOT NULL,
+    allowed  INTEGER NOT NULL,
+    set_by   TEXT    NOT NULL,
+    set_at   INTEGER NOT NULL,
+    PRIMARY KEY (platform, kind, subject)
+);
+"#;
+
 /// Every migration, oldest first. The schema version (`user_version`) counts them.
-const ALL: &[&str] = &[V1_CORE, V2_LEASE_CONVERSATION, V3_INDEXED_SCHEDULING];
+const ALL: &[&str] = &[
+    V1_CORE,
+    V2_LEASE_CONVERSATION,
+    V3_INDEXED_SCHEDULING,
+    V4_WALLET,
+];
 
 /// The schema version this build migrates to.
 pub const LATEST: i64 = ALL.len() as i64;

@@ -68,10 +68,12 @@ use super::faults::Operation;
 use super::lease_rows::{LeaseRow, LeaseRows};
 use super::shared::DueScan;
 use super::{
-    Batch, Claimed, CommitOutcome, DueWork, Exchange, IngestOutcome, MessageEdit, NewMessage,
-    NewNotice, NewReply, OutboxKind, OutboxRow, PartSent, PendingMessage, RecentConversation,
-    Store, StoreError, TimerState, WorkQuery,
+    AccessRule, Batch, Charged, Claimed, CommitOutcome, DueWork, Exchange, IngestOutcome,
+    MessageEdit, NewMessage, NewNotice, NewReply, OutboxKind, OutboxRow, PartSent, PendingMessage,
+    RateHold, RateWindow, RecentConversation, Store, StoreError, Subject, TimerState, TokenCharge,
+    WorkQuery,
 };
+use crate::access::SubjectKind;
 use crate::clock::{Clock, SystemClock};
 use crate::domain::{
     ConversationId, ConversationRef, HolderId, Lease, LeaseKey, LeaseToken, OutboxId, Platform,
@@ -165,6 +167,8 @@ pub struct PostgresInspection {
     pub latest: i64,
     /// The server's version string.
     pub server: String,
+    /// The admins' run-time access decisions (`/allow`, `/deny`), oldest first.
+    pub access: Vec<AccessRule>,
 }
 
 /// The connection settings of `url` (`postgres://` or `postgresql://`, with `sslmode`
@@ -424,12 +428,18 @@ impl PostgresStore {
                 .await?;
             let schema = schema::version(&client).await?;
             let server: String = client.query_one("SHOW server_version", &[]).await?.get(0);
-            Ok::<_, tokio_postgres::Error>((schema, server))
+            let access = if schema >= 2 {
+                client.query(ACCESS_RULES, &[]).await?
+            } else {
+                Vec::new()
+            };
+            Ok::<_, tokio_postgres::Error>((schema, server, access))
         }
         .await;
         drop(client);
         driver.abort();
-        let (schema, server) = found.map_err(|e| open_error(describe(&e)))?;
+        let (schema, server, access) = found.map_err(|e| open_error(describe(&e)))?;
+        let access = access_rules_of(access).map_err(|e| open_error(e.to_string()))?;
         if schema > schema::LATEST {
             return Err(open_error(format!(
                 "the schema is at version {schema}, newer than this lull knows ({}): run the newer lull",
@@ -440,6 +450,7 @@ impl PostgresStore {
             schema,
             latest: schema::LATEST,
             server,
+            access,
         })
     }
 
@@ -593,7 +604,7 @@ async fn bump_and_arm(
         "INSERT INTO timers (conversation_id, platform, due_at, armed_version, armed_at, armed_by)
          VALUES ($1, $2, $3, $4, $5, $6)
          ON CONFLICT (conversation_id) DO UPDATE SET
-             due_at = GREATEST(excluded.due_at, timers.retry_at),
+             due_at = GREATEST(excluded.due_at, timers.retry_at, timers.held_until),
              armed_version = excluded.armed_version,
              armed_at = excluded.armed_at,
              armed_by = excluded.armed_by
@@ -954,9 +965,56 @@ async fn answer_through(
     let due_at = policy.due_at(Timestamp(armed_at), first_pending, pending);
     execute(
         tx,
-        "UPDATE timers SET due_at = $2, attempts = 0, retry_at = 0 WHERE conversation_id = $1",
+        "UPDATE timers SET due_at = GREATEST($2, held_until), attempts = 0, retry_at = 0
+         WHERE conversation_id = $1",
         &[&conversation.0, &due_at.0],
         "re-arming the timer",
+    )
+    .await?;
+    Ok(())
+}
+
+/// Every run-time access decision, oldest first.
+const ACCESS_RULES: &str =
+    "SELECT platform, kind, subject, allowed, set_by, set_at FROM access_rules ORDER BY set_at, id";
+
+/// Access decisions from the rows of [`ACCESS_RULES`].
+fn access_rules_of(rows: Vec<Row>) -> Result<Vec<AccessRule>, StoreError> {
+    rows.into_iter()
+        .map(|r| {
+            let kind = match r.get::<_, &str>(1) {
+                "user" => SubjectKind::User,
+                "chat" => SubjectKind::Chat,
+                other => return Err(StoreError::Corrupt(format!("access kind '{other}'"))),
+            };
+            Ok(AccessRule {
+                subject: Subject {
+                    platform: r.get::<_, &str>(0).parse().map_err(StoreError::Corrupt)?,
+                    kind,
+                    id: r.get(2),
+                },
+                allowed: r.get(3),
+                set_by: r.get(4),
+                set_at: Timestamp(r.get(5)),
+            })
+        })
+        .collect()
+}
+
+/// Hold a conversation's timer: not due before `until` (a later deadline is kept).
+async fn hold_timer(
+    tx: &Tx<'_>,
+    conversation: ConversationId,
+    until: Timestamp,
+) -> Result<(), StoreError> {
+    // Limits: a held conversation's messages wait (stored, pending) until `until`;
+    // later messages, /reset and a forced commit re-arm the timer no sooner.
+    execute(
+        tx,
+        "UPDATE timers SET held_until = GREATEST(held_until, $2), due_at = GREATEST(due_at, $2)
+         WHERE conversation_id = $1",
+        &[&conversation.0, &until.0],
+        "holding a timer",
     )
     .await?;
     Ok(())
@@ -1111,27 +1169,28 @@ impl Store for PostgresStore {
     ) -> Result<(), StoreError> {
         transaction!(self, Operation::Other, "resetting the context", |tx| {
             async {
-            let now = self.now(&tx, now).await?;
-            let id = upsert_conversation(&tx, conversation, is_group, now.db).await?;
-            execute(
-                &tx,
-                "UPDATE conversations SET context_version = version WHERE id = $1",
-                &[&id.0],
-                "resetting the context",
-            )
-            .await?;
-            // /reset unsticks: pending messages are tried again now, without the backoff.
-            execute(
-                &tx,
-                "UPDATE timers SET attempts = 0, retry_at = 0, armed_by = $3, due_at = LEAST(due_at, $2)
+                let now = self.now(&tx, now).await?;
+                let id = upsert_conversation(&tx, conversation, is_group, now.db).await?;
+                execute(
+                    &tx,
+                    "UPDATE conversations SET context_version = version WHERE id = $1",
+                    &[&id.0],
+                    "resetting the context",
+                )
+                .await?;
+                // /reset unsticks: pending messages are tried again now, without the backoff.
+                execute(
+                    &tx,
+                    "UPDATE timers SET attempts = 0, retry_at = 0, armed_by = $3,
+                     due_at = GREATEST(LEAST(due_at, $2), held_until)
                  WHERE conversation_id = $1",
-                &[&id.0, &now.db.0, &holder.as_str()],
-                "clearing the failure backoff",
-            )
-            .await?;
-            Ok(())
-        }
-        .await
+                    &[&id.0, &now.db.0, &holder.as_str()],
+                    "clearing the failure backoff",
+                )
+                .await?;
+                Ok(())
+            }
+            .await
         })
     }
 
@@ -1728,6 +1787,185 @@ impl Store for PostgresStore {
             }
             .await
         )
+    }
+
+    async fn hold_over_rate(
+        &self,
+        conversation: ConversationId,
+        user_id: &str,
+        rate: RateWindow,
+        now: Timestamp,
+    ) -> Result<Option<RateHold>, StoreError> {
+        let window = crate::domain::millis(rate.window);
+        transaction!(self, Operation::Other, "applying the rate limit", |tx| {
+            async {
+            let now = self.now(&tx, now).await?;
+            // The conversation's writers queue here (the lock order: conversation,
+            // then timer), so a hold is decided on the timer as it is.
+            lock_conversation(&tx, conversation).await?;
+            let past_limit = query_opt(
+                &tx,
+                "SELECT m.received_at FROM messages m JOIN conversations c ON c.id = m.conversation_id
+                 WHERE m.user_id = $1 AND m.received_at > $3
+                   AND c.platform = (SELECT platform FROM conversations WHERE id = $2)
+                 ORDER BY m.received_at DESC, m.id DESC LIMIT 1 OFFSET $4",
+                &[&user_id, &conversation.0, &(now.db.0 - window), &i64::from(rate.max)],
+                "counting a user's recent messages",
+            )
+            .await?;
+            let Some(past_limit) = past_limit.map(|r| r.get::<_, i64>(0)) else {
+                return Ok(None);
+            };
+            let until = Timestamp(past_limit).plus(rate.window);
+            let held = query_opt(
+                &tx,
+                "SELECT held_until FROM timers WHERE conversation_id = $1 FOR UPDATE",
+                &[&conversation.0],
+                "reading the timer",
+            )
+            .await?;
+            match held.map(|r| r.get::<_, i64>(0)) {
+                None => Ok(None),
+                Some(held_until) if held_until > now.db.0 => Ok(Some(RateHold {
+                    until: now.to_caller(Timestamp(held_until)),
+                    began: false,
+                })),
+                Some(_) => {
+                    hold_timer(&tx, conversation, until).await?;
+                    Ok(Some(RateHold {
+                        until: now.to_caller(until),
+                        began: true,
+                    }))
+                }
+            }
+        }
+        .await
+        })
+    }
+
+    async fn charge_tokens(
+        &self,
+        lease: &Lease,
+        charge: &TokenCharge,
+        now: Timestamp,
+    ) -> Result<Charged, StoreError> {
+        let row = self.row(&lease.key, &lease.holder);
+        // Budget rows are locked in one order (by scope), so concurrent charges queue.
+        let mut limited: Vec<&super::ScopeCharge> = charge
+            .scopes
+            .iter()
+            .filter(|scope| scope.limit.is_some() && scope.tokens > 0)
+            .collect();
+        limited.sort_by(|a, b| a.scope.cmp(&b.scope));
+        transaction!(self, Operation::Other, "charging tokens", |tx| {
+            async {
+            let now = self.now(&tx, now).await?;
+            ensure_lease(&tx, lease, &row, now).await?;
+            for scope in &limited {
+                let limit = scope.limit.unwrap_or(u64::MAX);
+                execute(
+                    &tx,
+                    "INSERT INTO token_usage (scope, day, tokens) VALUES ($1, $2, 0)
+                     ON CONFLICT (scope, day) DO NOTHING",
+                    &[&scope.scope, &charge.day],
+                    "reading a token budget",
+                )
+                .await?;
+                // Budgets: what a scope used is read under its row lock, so two
+                // charges never both fit the same remainder.
+                let used: i64 = query_one(
+                    &tx,
+                    "SELECT tokens FROM token_usage WHERE scope = $1 AND day = $2 FOR UPDATE",
+                    &[&scope.scope, &charge.day],
+                    "reading a token budget",
+                )
+                .await?
+                .get(0);
+                let used = used.max(0) as u64;
+                if used.saturating_add(scope.tokens as u64) > limit {
+                    hold_timer(&tx, conversation_of(lease), now.to_db(charge.hold_until)).await?;
+                    return Ok(Charged::Over {
+                        scope: scope.scope.clone(),
+                        used,
+                        limit,
+                    });
+                }
+            }
+            for scope in &charge.scopes {
+                // Totals are only ever added to, never written back from a read.
+                execute(
+                    &tx,
+                    "INSERT INTO token_usage (scope, day, tokens) VALUES ($1, $2, GREATEST($3::int8, 0))
+                     ON CONFLICT (scope, day) DO UPDATE SET tokens = GREATEST(token_usage.tokens + $3::int8, 0)",
+                    &[&scope.scope, &charge.day, &scope.tokens],
+                    "charging tokens",
+                )
+                .await?;
+            }
+            Ok(Charged::Charged)
+        }
+        .await
+        })
+    }
+
+    async fn token_usage(&self, day: &str, scopes: &[String]) -> Result<Vec<u64>, StoreError> {
+        transaction!(self, Operation::Read, "reading token usage", |tx| async {
+            let rows = query(
+                &tx,
+                "SELECT s.scope, COALESCE(u.tokens, 0) FROM unnest($2::text[]) AS s (scope)
+                 LEFT JOIN token_usage u ON u.scope = s.scope AND u.day = $1",
+                &[&day, &scopes],
+                "reading token usage",
+            )
+            .await?;
+            let used: std::collections::HashMap<String, i64> =
+                rows.into_iter().map(|r| (r.get(0), r.get(1))).collect();
+            Ok(scopes
+                .iter()
+                .map(|scope| used.get(scope).copied().unwrap_or(0).max(0) as u64)
+                .collect())
+        }
+        .await)
+    }
+
+    async fn set_access(&self, rule: &AccessRule) -> Result<(), StoreError> {
+        transaction!(
+            self,
+            Operation::Other,
+            "recording an access decision",
+            |tx| {
+                async {
+            execute(
+                &tx,
+                "INSERT INTO access_rules (platform, kind, subject, allowed, set_by, set_at)
+                 VALUES ($1, $2, $3, $4, $5, $6)
+                 ON CONFLICT (platform, kind, subject) DO UPDATE SET
+                     allowed = excluded.allowed, set_by = excluded.set_by, set_at = excluded.set_at",
+                &[
+                    &rule.subject.platform.as_str(),
+                    &rule.subject.kind.as_str(),
+                    &rule.subject.id,
+                    &rule.allowed,
+                    &rule.set_by,
+                    &rule.set_at.0,
+                ],
+                "recording an access decision",
+            )
+            .await?;
+            Ok(())
+        }
+        .await
+            }
+        )
+    }
+
+    async fn access_rules(&self) -> Result<Vec<AccessRule>, StoreError> {
+        transaction!(self, Operation::Read, "reading access decisions", |tx| {
+            async {
+                access_rules_of(query(&tx, ACCESS_RULES, &[], "reading access decisions").await?)
+            }
+            .await
+        })
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

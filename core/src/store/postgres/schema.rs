@@ -10,7 +10,7 @@
 use tokio_postgres::Client;
 
 /// Every migration, oldest first; the schema version counts them.
-const ALL: &[&str] = &[V1_CORE];
+const ALL: &[&str] = &[V1_CORE, V2_WALLET];
 
 /// The schema version this build migrates to.
 pub const LATEST: i64 = ALL.len() as i64;
@@ -19,7 +19,7 @@ pub const LATEST: i64 = ALL.len() as i64;
 /// lull's: "lull" in ASCII).
 const MIGRATION_LOCK: i64 = 0x6c75_6c6c;
 
-/// The whole schema SQLite reached in its three migrations, in one.
+/// The whole schema SQLite reached in its first three migrations, in one.
 const V1_CORE: &str = r#"
 -- One row per conversation. `version` counts stored messages and edits; the reply
 -- that covered everything up to `answered_version` has been committed.
@@ -137,6 +137,34 @@ BEGIN
 END $$;
 CREATE TRIGGER timers_counted AFTER INSERT OR DELETE ON timers
     FOR EACH ROW EXECUTE FUNCTION lull_count_pending();
+"#;
+
+/// SQLite's fourth migration: rate limits, token budgets, access decisions.
+const V2_WALLET: &str = r#"
+-- Rate limits count a user's recent messages across their conversations.
+CREATE INDEX messages_by_user ON messages (user_id, received_at);
+-- A limit's hold (rate, budget): the timer is not due before it. Apart from the
+-- failure backoff (`retry_at`), which /reset clears; a hold it does not.
+ALTER TABLE timers ADD COLUMN held_until BIGINT NOT NULL DEFAULT 0;
+-- Tokens spent per scope and day; totals are only ever added to.
+CREATE TABLE token_usage (
+    scope  TEXT   NOT NULL,
+    day    TEXT   NOT NULL,
+    tokens BIGINT NOT NULL,
+    PRIMARY KEY (scope, day)
+);
+-- Admins' run-time access decisions (/allow, /deny): one row per subject, the latest.
+-- `id` keeps the order rows were first written in (SQLite's rowid).
+CREATE TABLE access_rules (
+    id       BIGINT  GENERATED ALWAYS AS IDENTITY,
+    platform TEXT    NOT NULL,
+    kind     TEXT    NOT NULL CHECK (kind IN ('user', 'chat')),
+    subject  TEXT    NOT NULL,
+    allowed  BOOLEAN NOT NULL,
+    set_by   TEXT    NOT NULL,
+    set_at   BIGINT  NOT NULL,
+    PRIMARY KEY (platform, kind, subject)
+);
 "#;
 
 /// Bring the schema up to date: each missing migration in its own transaction under

@@ -55,18 +55,13 @@ async fn postgres_announces_armed_timers_to_other_processes() {
 
     use lull_core::clock::{Clock, SystemClock};
     use lull_core::domain::HolderId;
-    use lull_core::store::{IngestOutcome, PostgresStore, Store, TimeSource};
+    use lull_core::store::{IngestOutcome, Store};
 
     let Some(url) = crate::support::postgres::fresh_database() else {
         return;
     };
-    let timers = lull_core::store::conformance::policy();
-    let here = PostgresStore::open(&url, timers, TimeSource::Database)
-        .await
-        .unwrap();
-    let elsewhere = PostgresStore::open(&url, timers, TimeSource::Database)
-        .await
-        .unwrap();
+    let here = open_on_database_clock(&url).await;
+    let elsewhere = open_on_database_clock(&url).await;
     let woken = elsewhere
         .wake_ups()
         .expect("PostgreSQL announces armed timers");
@@ -208,7 +203,7 @@ async fn postgres_deadlines_are_on_the_database_clock_whatever_a_replica_clock_s
 async fn postgres_failures_map_to_store_errors_and_health() {
     use lull_core::clock::{Clock, SystemClock};
     use lull_core::domain::HolderId;
-    use lull_core::store::{IngestOutcome, PostgresStore, Store, StoreError, TimeSource};
+    use lull_core::store::{IngestOutcome, Store, StoreError};
 
     use crate::support::db::{self, Postgres};
 
@@ -219,13 +214,7 @@ async fn postgres_failures_map_to_store_errors_and_health() {
     // Settings of the database are changed from another one (it may refuse writes).
     let (server, name) = url.rsplit_once('/').unwrap();
     let admin = Postgres(format!("{server}/postgres"));
-    let store = PostgresStore::open(
-        &url,
-        lull_core::store::conformance::policy(),
-        TimeSource::Database,
-    )
-    .await
-    .unwrap();
+    let store = open_on_database_clock(&url).await;
     let holder = HolderId::new("a");
     let drop_connections = || {
         db::rows(
@@ -358,7 +347,7 @@ async fn postgres_a_lock_held_too_long_is_busy() {
 
     use lull_core::clock::{Clock, SystemClock};
     use lull_core::domain::HolderId;
-    use lull_core::store::{PostgresStore, Store, StoreError, TimeSource};
+    use lull_core::store::{Store, StoreError};
 
     use crate::support::db::{self, Postgres};
 
@@ -366,13 +355,7 @@ async fn postgres_a_lock_held_too_long_is_busy() {
         return;
     };
     let url = cluster.create_database();
-    let store = PostgresStore::open(
-        &url,
-        lull_core::store::conformance::policy(),
-        TimeSource::Database,
-    )
-    .await
-    .unwrap();
+    let store = open_on_database_clock(&url).await;
     let holder = HolderId::new("a");
     store
         .ingest(message("m1"), &holder, SystemClock.now())
@@ -409,4 +392,16 @@ async fn postgres_a_lock_held_too_long_is_busy() {
         .ingest(message("m2"), &holder, SystemClock.now())
         .await
         .expect("stored once the lock is gone");
+}
+
+/// A PostgreSQL store on the database's clock, as a process opens it, with the
+/// conformance checks' timer policy.
+async fn open_on_database_clock(url: &str) -> lull_core::store::PostgresStore {
+    lull_core::store::PostgresStore::open(
+        url,
+        lull_core::store::conformance::policy(),
+        lull_core::store::TimeSource::Database,
+    )
+    .await
+    .expect("open the PostgreSQL store")
 }

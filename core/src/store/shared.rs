@@ -1,9 +1,10 @@
 //! What both backends decide the same way once their rows are read: which due
-//! conversations are ready and when to look again, and how history rows group into
-//! exchanges. Written once, so the backends differ only in their SQL.
+//! conversations are ready and when to look again, how history rows group into
+//! exchanges, what an access-decision row means. Written once, so the backends differ only in their SQL.
 
-use super::Exchange;
-use crate::domain::{ConversationId, Said};
+use super::{AccessRule, Exchange, StoreError, Subject};
+use crate::access::SubjectKind;
+use crate::domain::{ConversationId, Said, Timestamp};
 
 /// Sorting `due_work` candidates (one per conversation with work due by `now`) into
 /// conversations ready now and the earliest future moment something becomes due.
@@ -73,4 +74,31 @@ pub(crate) fn exchanges(rows: impl IntoIterator<Item = (i64, String, Said)>) -> 
         }
     }
     history.into_iter().map(|(_, exchange)| exchange).collect()
+}
+
+/// An access decision from its stored columns (platform, kind, subject, allowed,
+/// set by, set at).
+pub(crate) fn access_rule(
+    platform: &str,
+    kind: &str,
+    id: String,
+    allowed: bool,
+    set_by: String,
+    set_at: i64,
+) -> Result<AccessRule, StoreError> {
+    let kind = match kind {
+        "user" => SubjectKind::User,
+        "chat" => SubjectKind::Chat,
+        other => return Err(StoreError::Corrupt(format!("access kind '{other}'"))),
+    };
+    Ok(AccessRule {
+        subject: Subject {
+            platform: platform.parse().map_err(StoreError::Corrupt)?,
+            kind,
+            id,
+        },
+        allowed,
+        set_by,
+        set_at: Timestamp(set_at),
+    })
 }

@@ -70,10 +70,9 @@ use super::shared::DueScan;
 use super::{
     AccessRule, Batch, Charged, Claimed, CommitOutcome, DueWork, Exchange, IngestOutcome,
     MessageEdit, NewMessage, NewNotice, NewReply, OutboxKind, OutboxRow, PartSent, PendingMessage,
-    RateHold, RateWindow, RecentConversation, Store, StoreError, Subject, TimerState, TokenCharge,
+    RateHold, RateWindow, RecentConversation, Store, StoreError, TimerState, TokenCharge,
     WorkQuery,
 };
-use crate::access::SubjectKind;
 use crate::clock::{Clock, SystemClock};
 use crate::domain::{
     ConversationId, ConversationRef, HolderId, Lease, LeaseKey, LeaseToken, OutboxId, Platform,
@@ -982,21 +981,7 @@ const ACCESS_RULES: &str =
 fn access_rules_of(rows: Vec<Row>) -> Result<Vec<AccessRule>, StoreError> {
     rows.into_iter()
         .map(|r| {
-            let kind = match r.get::<_, &str>(1) {
-                "user" => SubjectKind::User,
-                "chat" => SubjectKind::Chat,
-                other => return Err(StoreError::Corrupt(format!("access kind '{other}'"))),
-            };
-            Ok(AccessRule {
-                subject: Subject {
-                    platform: r.get::<_, &str>(0).parse().map_err(StoreError::Corrupt)?,
-                    kind,
-                    id: r.get(2),
-                },
-                allowed: r.get(3),
-                set_by: r.get(4),
-                set_at: Timestamp(r.get(5)),
-            })
+            super::shared::access_rule(r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5))
         })
         .collect()
 }

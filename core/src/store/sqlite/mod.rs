@@ -30,10 +30,9 @@ use super::shared::DueScan;
 use super::{
     AccessRule, Batch, Charged, Claimed, CommitOutcome, DueWork, Exchange, IngestOutcome,
     MessageEdit, NewMessage, NewNotice, NewReply, OutboxKind, OutboxRow, PartSent, PendingMessage,
-    RateHold, RateWindow, RecentConversation, Store, StoreError, Subject, TimerState, TokenCharge,
+    RateHold, RateWindow, RecentConversation, Store, StoreError, TimerState, TokenCharge,
     WorkQuery,
 };
-use crate::access::SubjectKind;
 use crate::domain::{
     ConversationId, ConversationRef, HolderId, Lease, LeaseKey, LeaseToken, OutboxId, Platform,
     Said, Timestamp, Version,
@@ -1464,21 +1463,7 @@ pub(super) fn read_access_rules(conn: &Connection) -> Result<Vec<AccessRule>, St
         .ctx("reading access decisions")?;
     rows.into_iter()
         .map(|(platform, kind, id, allowed, set_by, set_at)| {
-            let kind = match kind.as_str() {
-                "user" => SubjectKind::User,
-                "chat" => SubjectKind::Chat,
-                other => return Err(StoreError::Corrupt(format!("access kind '{other}'"))),
-            };
-            Ok(AccessRule {
-                subject: Subject {
-                    platform: platform.parse().map_err(StoreError::Corrupt)?,
-                    kind,
-                    id,
-                },
-                allowed,
-                set_by,
-                set_at: Timestamp(set_at),
-            })
+            super::shared::access_rule(&platform, &kind, id, allowed, set_by, set_at)
         })
         .collect()
 }

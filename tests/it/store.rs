@@ -405,3 +405,75 @@ async fn open_on_database_clock(url: &str) -> lull_core::store::PostgresStore {
     .await
     .expect("open the PostgreSQL store")
 }
+
+/// Index-driven due work on PostgreSQL: with twenty thousand conversations (timers
+/// far in the future, delivered outbox rows, released leases), a scheduler's pass
+/// (`due_work`) and the pending gauge read no table from end to end: the server's own
+/// statistics count index scans and not one sequential scan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_due_work_and_the_gauge_scan_no_table() {
+    use std::time::Duration;
+
+    use lull_core::clock::{Clock, SystemClock};
+    use lull_core::domain::{HolderId, Platform};
+    use lull_core::store::{Store, WorkQuery};
+
+    use crate::support::db::{self, Postgres};
+
+    let Some(url) = crate::support::postgres::fresh_database() else {
+        return;
+    };
+    // The schema (its index builds read every table once), by a store that is then
+    // closed, so its sessions' counts are in before the counting starts.
+    drop(open_on_database_clock(&url).await);
+    let database = Postgres(url.clone());
+    let others = "SELECT COUNT(*) FROM pg_stat_activity
+                  WHERE datname = current_database() AND pid <> pg_backend_pid()";
+    while db::count(&database, others) > 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    db::rows(
+        &database,
+        "INSERT INTO conversations (platform, key, created_at)
+             SELECT 'http', 'k' || g, 0 FROM generate_series(1, 20000) g;
+         INSERT INTO timers (conversation_id, platform, due_at, armed_version, armed_at, armed_by)
+             SELECT id, 'http', 9000000000000000, 1, 0, 'elsewhere' FROM conversations;
+         INSERT INTO outbox (conversation_id, kind, text, owner, created_at, next_attempt_at, sent_at)
+             SELECT id, 'reply', 'sent', 'elsewhere', 0, 0, 1 FROM conversations;
+         INSERT INTO leases (resource, conversation_id, token)
+             SELECT 'conversation/' || id, id, 1 FROM conversations;
+         ANALYZE;",
+    );
+    // In a session of its own: the filling session's counts are in by now.
+    db::rows(&database, "SELECT pg_stat_reset()");
+    let store = open_on_database_clock(&url).await;
+    let query = WorkQuery {
+        platforms: vec![Platform::Http, Platform::Telegram],
+        holder: HolderId::new("here"),
+        handoff: Duration::from_millis(500),
+        limit: 256,
+    };
+    for _ in 0..8 {
+        let work = store.due_work(&query, SystemClock.now()).await.unwrap();
+        assert!(work.ready.is_empty(), "{work:?}");
+        assert_eq!(store.pending_conversations().await.unwrap(), 20_000);
+    }
+    // A session's counts are in once it has ended.
+    drop(store);
+    while db::count(&database, others) > 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let rows = db::rows(
+        &database,
+        "SELECT relname, seq_scan, COALESCE(idx_scan, 0) FROM pg_stat_user_tables
+         WHERE relname IN ('timers', 'outbox', 'conversations', 'leases', 'messages')
+         ORDER BY relname",
+    );
+    let indexed = |table: &str| rows.iter().any(|r| r[0] == table && r[2] != "0");
+    assert!(indexed("timers") && indexed("outbox"), "{rows:?}");
+    let sequential: Vec<&Vec<String>> = rows.iter().filter(|r| r[1] != "0").collect();
+    assert!(
+        sequential.is_empty(),
+        "sequential scans: {sequential:?} of {rows:?}"
+    );
+}

@@ -1222,11 +1222,16 @@ impl Store for PostgresStore {
                 let expires_at: Option<i64> = row.get(3);
                 scan.candidate(conversation, at, holder.is_some(), expires_at);
             }
-            // The earliest future timer and outbox retry: one index seek each.
+            // The earliest future timer (one index seek per platform: a seek cannot
+            // span several platforms of the (platform, due_at) index) and outbox
+            // retry (one seek).
             let future = query_one(
                 &tx,
                 "SELECT LEAST(
-                     (SELECT MIN(due_at) FROM timers WHERE platform = ANY($2) AND due_at > $1),
+                     (SELECT MIN(t.due_at) FROM unnest($2::text[]) AS p (platform)
+                      CROSS JOIN LATERAL (SELECT due_at FROM timers
+                                          WHERE platform = p.platform AND due_at > $1
+                                          ORDER BY due_at LIMIT 1) t),
                      (SELECT MIN(next_attempt_at) FROM outbox
                       WHERE sent_at IS NULL AND failed_at IS NULL AND next_attempt_at > $1))",
                 &[&now.db.0, &names],

@@ -74,6 +74,12 @@ pub struct DispatchSettings {
     /// `LULL_STREAM=auto`: replies are shown as live drafts while they are written,
     /// where the platform has drafts (`off`: never).
     pub drafts: bool,
+    /// `LULL_VISION=auto`: images of the pending batch are fetched and sent to the
+    /// model as image parts (`off`: the model sees only their "[image]" marker).
+    pub vision: bool,
+    /// `LULL_MAX_IMAGE_BYTES`: the largest image fetched; a larger one is not read,
+    /// and the user is told.
+    pub max_image_bytes: u64,
 }
 
 impl Default for DispatchSettings {
@@ -95,6 +101,8 @@ impl Default for DispatchSettings {
             max_message_chars: MAX_MESSAGE_CHARS,
             max_reply_chars: MAX_REPLY_CHARS,
             drafts: true,
+            vision: true,
+            max_image_bytes: MAX_IMAGE_BYTES,
         }
     }
 }
@@ -106,6 +114,9 @@ pub const MAX_MESSAGE_CHARS: usize = 16_000;
 /// The longest reply lull sends by default (`LULL_MAX_REPLY_CHARS`): four Telegram
 /// messages, eight Discord ones.
 pub const MAX_REPLY_CHARS: usize = 16_000;
+
+/// The largest image fetched by default (`LULL_MAX_IMAGE_BYTES`): 10 MB.
+pub const MAX_IMAGE_BYTES: u64 = 10 * 1024 * 1024;
 
 /// The smallest `LULL_MAX_REPLY_CHARS`: room for some reply and the note that it was cut.
 pub const MIN_REPLY_CHARS: usize = 100;

@@ -12,10 +12,11 @@ use super::drafts::newer_message;
 use super::lease_keeper::LeaseKeeper;
 use super::{Dispatcher, Event};
 use crate::domain::{ConversationId, Said};
-use crate::llm::{FailureKind, Generation, LlmError, Partial, Prompt};
+use crate::llm::{FailureKind, Generation, Image, LlmError, Partial, Prompt};
 use crate::metrics as names;
 use crate::store::{Batch, Claimed, CommitOutcome, NewNotice, NewReply, OutboxRow, StoreError};
 use crate::timing::FAILURE_BACKOFF;
+use lull_port::{MediaError, MediaKind};
 
 /// Why a step ended the round early.
 pub(super) enum Interrupt {
@@ -47,6 +48,44 @@ or split it into smaller parts.";
 /// or URL): honest, without the server's words (they stay in the operator's log).
 const REFUSED_TEXT: &str = "Sorry, I couldn't answer: the language model service refused \
 the request. The bot's operator can find the reason in the logs; please try again later.";
+
+/// How long fetching one image may take before the round counts it as a transient
+/// failure (adapters have their own, shorter, limits per request).
+const MEDIA_FETCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// What the user is told when the model refused the images of a batch: once per
+/// conversation.
+const NO_VISION_TEXT: &str = "Note: the language model I use cannot see images, \
+so I answered only the text of your messages.";
+
+/// What the model is told when it was sent no images although the user sent some.
+const NO_VISION_NOTE: &str = "[The user sent an image, but it could not be shown to you: \
+answer the text.]";
+const TOO_BIG_NOTE: &str = "[An image the user sent was too large to read; they have been told.]";
+const GONE_NOTE: &str = "[An image the user sent is no longer available.]";
+
+/// What the user is told about an image larger than `LULL_MAX_IMAGE_BYTES`.
+fn too_big_text(size: u64, max: u64) -> String {
+    let mb = |b: u64| format!("{:.1} MB", b as f64 / (1024.0 * 1024.0));
+    format!(
+        "Sorry, your image is too large for me to look at ({}; the limit is {}). \
+I answered the rest of your messages; please send a smaller version if it matters.",
+        mb(size),
+        mb(max)
+    )
+}
+
+/// Add `note` to what the model is told after the batch (each note once).
+fn add_note(prompt: &mut Prompt, note: &str) {
+    match &mut prompt.note {
+        Some(notes) if notes.contains(note) => {}
+        Some(notes) => {
+            notes.push('\n');
+            notes.push_str(note);
+        }
+        None => prompt.note = Some(note.to_owned()),
+    }
+}
 
 /// Run one round for `conversation`. `stop` is the hard stop of shutdown: the round
 /// abandons its work and hands the lease back. `Err` only for unexpected database
@@ -166,12 +205,61 @@ impl Round<'_> {
             return Ok(());
         }
 
-        let started = Instant::now();
-        let generated = tokio::select! {
-            generated = self.generate(&batch) => generated,
+        let mut prompt = self.prompt(&batch);
+        let fetched = tokio::select! {
+            fetched = self.fetch_images(&batch, &mut prompt) => fetched?,
             () = self.keeper.lost() => return Err(Interrupt::LeaseLost),
             () = self.stop.cancelled() => return Err(Interrupt::Stopped),
         };
+        let too_big = match fetched {
+            Ok(too_big) => too_big,
+            Err(error) => {
+                rows.extend(self.generation_failed(&batch, error).await?);
+                return Ok(());
+            }
+        };
+        // Told plainly, once per message; the rest of the burst is answered.
+        for (row, size) in too_big {
+            let text = too_big_text(size, d.settings.max_image_bytes);
+            rows.extend(
+                self.notice(
+                    &batch,
+                    &text,
+                    format!("image-too-big/{}/{row}", batch.conversation),
+                )
+                .await?,
+            );
+        }
+
+        let started = Instant::now();
+        let mut generated = tokio::select! {
+            generated = self.generate(&batch, &prompt) => generated,
+            () = self.keeper.lost() => return Err(Interrupt::LeaseLost),
+            () = self.stop.cancelled() => return Err(Interrupt::Stopped),
+        };
+        if let Err(error) = &generated
+            && error.kind() == FailureKind::Refused
+            && !prompt.images.is_empty()
+        {
+            // A model without vision refuses image parts (4xx): answer the text, and
+            // tell the user once per conversation that this model cannot see images.
+            tracing::warn!(%conversation, error = %error, "the model refused the images; answering the text without them (set LULL_VISION=off for a model without vision)");
+            prompt.images.clear();
+            add_note(&mut prompt, NO_VISION_NOTE);
+            rows.extend(
+                self.notice(
+                    &batch,
+                    NO_VISION_TEXT,
+                    format!("no-vision/{}", batch.conversation),
+                )
+                .await?,
+            );
+            generated = tokio::select! {
+                generated = self.generate(&batch, &prompt) => generated,
+                () = self.keeper.lost() => return Err(Interrupt::LeaseLost),
+                () = self.stop.cancelled() => return Err(Interrupt::Stopped),
+            };
+        }
         let llm_time = started.elapsed();
         let generation = match generated {
             Ok(generation) => generation,
@@ -232,11 +320,9 @@ impl Round<'_> {
         Ok(())
     }
 
-    /// Ask the model once, showing the reply as a live draft while it is written
-    /// where the platform has drafts, else "typing…".
-    async fn generate(&self, batch: &Batch) -> Result<Generation, LlmError> {
-        let d = self.dispatcher;
-        let prompt = Prompt {
+    /// The prompt for `batch`, without images yet.
+    fn prompt(&self, batch: &Batch) -> Prompt {
+        Prompt {
             conversation: batch.conversation.clone(),
             is_group: batch.is_group,
             history: batch.history.clone(),
@@ -246,7 +332,91 @@ impl Round<'_> {
                 .map(|m| Said::new(&m.author, &m.text))
                 .collect(),
             note: None,
+            images: Vec::new(),
+        }
+    }
+
+    /// Fetch the images of the pending batch through the adapter (`LULL_VISION=auto`
+    /// only) into `prompt`. An image too large or gone is left out with a note to the
+    /// model; the images too large are returned (message row, size) so the user is
+    /// told. A transient failure (network, timeout, 5xx)
+    /// is `Err`, and the round fails like a model that cannot be reached: the
+    /// messages stay pending and are retried with backoff.
+    async fn fetch_images(
+        &self,
+        batch: &Batch,
+        prompt: &mut Prompt,
+    ) -> Result<Result<Vec<(i64, u64)>, LlmError>, Interrupt> {
+        let d = self.dispatcher;
+        let mut too_big = Vec::new();
+        if !d.settings.vision {
+            return Ok(Ok(too_big));
+        }
+        let Some(outbound) = d.outbounds.get(&batch.conversation.platform) else {
+            return Ok(Ok(too_big));
         };
+        let max = d.settings.max_image_bytes;
+        for message in &batch.pending {
+            for media in message.media.iter().filter(|m| m.kind == MediaKind::Image) {
+                let fetched =
+                    tokio::time::timeout(MEDIA_FETCH_TIMEOUT, outbound.fetch_media(media, max))
+                        .await
+                        .unwrap_or_else(|_| {
+                            Err(MediaError::Transient(format!(
+                                "no answer within {MEDIA_FETCH_TIMEOUT:?}"
+                            )))
+                        });
+                match fetched {
+                    Ok(fetched) => prompt.images.push(Image {
+                        mime: fetched.mime,
+                        bytes: fetched.bytes.into(),
+                    }),
+                    Err(MediaError::TooBig { size, max }) => {
+                        tracing::info!(conversation = %batch.conversation, size, max, "an image is larger than LULL_MAX_IMAGE_BYTES; not read");
+                        add_note(prompt, TOO_BIG_NOTE);
+                        too_big.push((message.row, size));
+                    }
+                    Err(MediaError::Gone(why)) => {
+                        tracing::warn!(conversation = %batch.conversation, error = %why, "an image is no longer available");
+                        add_note(prompt, GONE_NOTE);
+                    }
+                    Err(MediaError::Transient(why)) => {
+                        return Ok(Err(LlmError::Connect(format!(
+                            "fetching an image from {}: {why}",
+                            batch.conversation.platform
+                        ))));
+                    }
+                }
+            }
+        }
+        Ok(Ok(too_big))
+    }
+
+    /// Queue a notice for this batch's conversation, at most once per `dedupe_key`;
+    /// the row is returned if it was queued now.
+    async fn notice(
+        &self,
+        batch: &Batch,
+        text: &str,
+        dedupe_key: String,
+    ) -> Result<Option<OutboxRow>, Interrupt> {
+        let d = self.dispatcher;
+        let notice = NewNotice {
+            conversation: batch.conversation.clone(),
+            is_group: batch.is_group,
+            text: text.to_owned(),
+            reply_to: None,
+            dedupe_key,
+        };
+        Ok(d.store
+            .enqueue_notice(notice, &d.holder, d.clock.now())
+            .await?)
+    }
+
+    /// Ask the model once, showing the reply as a live draft while it is written
+    /// where the platform has drafts, else "typing…".
+    async fn generate(&self, batch: &Batch, prompt: &Prompt) -> Result<Generation, LlmError> {
+        let d = self.dispatcher;
         let outbound = d.outbounds.get(&batch.conversation.platform).cloned();
         let typing = async {
             match outbound
@@ -286,7 +456,7 @@ impl Round<'_> {
             typing.await
         };
         tokio::select! {
-            generated = d.responder.respond(&prompt, &partial) => generated,
+            generated = d.responder.respond(prompt, &partial) => generated,
             never = shown => never,
         }
     }
@@ -370,14 +540,8 @@ impl Round<'_> {
             error: error.to_string(),
         });
         let first = batch.pending.first().map_or(0, |m| m.row);
-        let notice = NewNotice {
-            conversation: batch.conversation.clone(),
-            is_group: batch.is_group,
-            text: MODEL_DOWN_TEXT.to_owned(),
-            reply_to: None,
-            dedupe_key: format!("model-down/{}/{first}", batch.conversation),
-        };
-        Ok(d.store.enqueue_notice(notice, &d.holder, now).await?)
+        let dedupe_key = format!("model-down/{}/{first}", batch.conversation);
+        self.notice(batch, MODEL_DOWN_TEXT, dedupe_key).await
     }
 }
 

@@ -42,6 +42,30 @@ pub struct Prompt {
     /// Said to the model after the batch: set when the batch was shortened to fit
     /// ([`fit`]), so the model knows it saw only part of it.
     pub note: Option<String>,
+    /// Images of the pending batch, in order, sent with the user turn as image parts
+    /// (each message's text keeps its "[image]" marker). Empty unless the batch has
+    /// images and `LULL_VISION=auto`; history never carries images.
+    pub images: Vec<Image>,
+}
+
+/// An image of the pending batch, fetched at generation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Image {
+    pub mime: String,
+    pub bytes: Arc<[u8]>,
+}
+
+impl Image {
+    /// The image as a base64 `data:` URL, the form OpenAI-compatible servers accept
+    /// in an `image_url` part.
+    pub fn data_url(&self) -> String {
+        use base64::Engine as _;
+        format!(
+            "data:{};base64,{}",
+            self.mime,
+            base64::engine::general_purpose::STANDARD.encode(&self.bytes)
+        )
+    }
 }
 
 impl Prompt {

@@ -31,9 +31,11 @@ use async_openai::error::OpenAIError;
 use async_openai::middleware::HttpRequestFactory;
 use async_openai::types::chat::{
     ChatCompletionRequestAssistantMessage, ChatCompletionRequestAssistantMessageContent,
-    ChatCompletionRequestMessage, ChatCompletionRequestSystemMessage,
-    ChatCompletionRequestUserMessage, ChatCompletionStreamOptions, CreateChatCompletionRequest,
-    CreateChatCompletionResponse,
+    ChatCompletionRequestMessage, ChatCompletionRequestMessageContentPartImage,
+    ChatCompletionRequestMessageContentPartText, ChatCompletionRequestSystemMessage,
+    ChatCompletionRequestUserMessage, ChatCompletionRequestUserMessageContent,
+    ChatCompletionRequestUserMessageContentPart, ChatCompletionStreamOptions,
+    CreateChatCompletionRequest, CreateChatCompletionResponse, ImageUrl,
 };
 use async_trait::async_trait;
 use futures_util::StreamExt;
@@ -323,7 +325,7 @@ impl OpenAiResponder {
                 .into(),
             );
         }
-        messages.push(ChatCompletionRequestUserMessage::from(prompt.user_turn().as_str()).into());
+        messages.push(user_turn(prompt).into());
         messages
     }
 
@@ -456,6 +458,38 @@ impl Responder for OpenAiResponder {
 }
 
 /// Whether the base URL is OpenAI's own API.
+/// The pending batch as one user message: plain text, or, when it carries images,
+/// content parts (the text, then each image as a base64 `data:` URL), which OpenAI,
+/// Ollama's OpenAI-compatible endpoint and vLLM accept. Only this turn carries
+/// images; history keeps their "[image]" markers.
+fn user_turn(prompt: &Prompt) -> ChatCompletionRequestUserMessage {
+    let text = prompt.user_turn();
+    if prompt.images.is_empty() {
+        return ChatCompletionRequestUserMessage::from(text.as_str());
+    }
+    let mut parts = vec![ChatCompletionRequestUserMessageContentPart::Text(
+        ChatCompletionRequestMessageContentPartText {
+            text,
+            prompt_cache_breakpoint: None,
+        },
+    )];
+    parts.extend(prompt.images.iter().map(|image| {
+        ChatCompletionRequestUserMessageContentPart::ImageUrl(
+            ChatCompletionRequestMessageContentPartImage {
+                image_url: ImageUrl {
+                    url: image.data_url(),
+                    detail: None,
+                },
+                prompt_cache_breakpoint: None,
+            },
+        )
+    }));
+    ChatCompletionRequestUserMessage {
+        content: ChatCompletionRequestUserMessageContent::Array(parts),
+        name: None,
+    }
+}
+
 fn is_openai(base_url: &str) -> bool {
     url::Url::parse(base_url).is_ok_and(|u| u.host_str() == Some("api.openai.com"))
 }

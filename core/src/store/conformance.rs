@@ -24,6 +24,7 @@ use crate::domain::{
     Timestamp, Version,
 };
 use crate::timing::TimerPolicy;
+use lull_port::{Media, MediaKind};
 
 /// Runs every conformance check as its own `#[tokio::test]`, each on a fresh store
 /// opened by `$open`: a path to an `async fn(TimerPolicy) -> S` where `S`
@@ -34,6 +35,7 @@ macro_rules! store_conformance {
     ($open:path) => {
         $crate::store_conformance!(@each $open;
             ingest_is_idempotent,
+            media_are_stored_with_their_message,
             ingest_bumps_the_version_and_arms_the_capped_timer,
             edits_change_only_pending_messages,
             a_lease_is_claimed_by_compare_and_swap,
@@ -101,6 +103,7 @@ fn message(conversation: ConversationRef, id: &str) -> NewMessage {
         user_id: "u1".into(),
         author: "Ann".into(),
         text: format!("text of {id}"),
+        media: Vec::new(),
     }
 }
 
@@ -246,6 +249,44 @@ pub async fn ingest_is_idempotent(store: &dyn Store) {
     let (other, version, _) = stored(store, message(http("c2"), "m1"), &a, at(20)).await;
     assert_ne!(other, id, "another conversation");
     assert_eq!(version, Version(1));
+}
+
+/// Media references are stored with their message, in the same transaction, and
+/// come back with the pending batch, in order; a message without media has none, and
+/// an edit of the caption keeps them.
+pub async fn media_are_stored_with_their_message(store: &dyn Store) {
+    let a = holder("a");
+    let image = |reference: &str, size: Option<u64>, mime: Option<&str>| Media {
+        kind: MediaKind::Image,
+        reference: reference.into(),
+        size,
+        mime: mime.map(str::to_owned),
+    };
+    let media = vec![
+        image("file-1", Some(1234), Some("image/jpeg")),
+        image("https://cdn.example/a.png?ex=1&is=2", None, None),
+    ];
+    let photo = NewMessage {
+        text: "[image] [image] what is this?".into(),
+        media: media.clone(),
+        ..message(http("c1"), "m1")
+    };
+    let (id, _, _) = stored(store, photo, &a, at(0)).await;
+    stored(store, message(http("c1"), "m2"), &a, at(10)).await;
+    let edit = MessageEdit {
+        conversation: http("c1"),
+        message_id: "m1".into(),
+        text: "[image] [image] and now?".into(),
+    };
+    assert!(matches!(
+        store.edit(edit, &a, at(20)).await.unwrap(),
+        IngestOutcome::Stored { .. }
+    ));
+    let batch = collect(store, id).await;
+    assert_eq!(pending_ids(&batch), ["m1", "m2"]);
+    assert_eq!(batch.pending[0].media, media, "stored with the message");
+    assert_eq!(batch.pending[0].text, "[image] [image] and now?");
+    assert!(batch.pending[1].media.is_empty(), "text has no media");
 }
 
 /// Each message bumps the version and re-arms the timer to `now + debounce`, never

@@ -139,8 +139,20 @@ CREATE TRIGGER timers_disarmed AFTER DELETE ON timers
     BEGIN UPDATE stats SET pending = pending - 1 WHERE id = 1; END;
 "#;
 
+const V4_MESSAGE_MEDIA: &str = r#"
+-- Media sent with a message (photos, image files): the platform's durable references
+-- as a JSON array (see `store::encode_media`), stored with the message in the same
+-- transaction; NULL for text. The bytes are fetched when the reply is generated.
+ALTER TABLE messages ADD COLUMN media TEXT;
+"#;
+
 /// Every migration, oldest first. The schema version (`user_version`) counts them.
-const ALL: &[&str] = &[V1_CORE, V2_LEASE_CONVERSATION, V3_INDEXED_SCHEDULING];
+const ALL: &[&str] = &[
+    V1_CORE,
+    V2_LEASE_CONVERSATION,
+    V3_INDEXED_SCHEDULING,
+    V4_MESSAGE_MEDIA,
+];
 
 /// The schema version this build migrates to.
 pub const LATEST: i64 = ALL.len() as i64;

@@ -26,6 +26,7 @@ use async_trait::async_trait;
 
 pub use crate::domain::{Exchange, OutboxKind, TokenUsage};
 pub use lull_port::RecentConversation;
+use lull_port::{Media, MediaKind};
 
 use crate::domain::{
     ConversationId, ConversationRef, HolderId, Lease, LeaseKey, OutboxId, Platform, Timestamp,
@@ -111,6 +112,56 @@ impl StoreError {
     }
 }
 
+/// Media references as every backend stores them: one nullable text column holding a
+/// JSON array (`NULL` for a message without media), so the schema change is one column
+/// in any backend.
+pub fn encode_media(media: &[Media]) -> Option<String> {
+    if media.is_empty() {
+        return None;
+    }
+    let items: Vec<serde_json::Value> = media
+        .iter()
+        .map(|m| {
+            serde_json::json!({
+                "kind": m.kind.as_str(),
+                "ref": m.reference,
+                "size": m.size,
+                "mime": m.mime,
+            })
+        })
+        .collect();
+    Some(serde_json::Value::Array(items).to_string())
+}
+
+/// The media references [`encode_media`] stored.
+pub fn decode_media(stored: Option<&str>) -> Result<Vec<Media>, StoreError> {
+    let Some(stored) = stored else {
+        return Ok(Vec::new());
+    };
+    let corrupt = |why: &str| StoreError::Corrupt(format!("media of a message: {why}"));
+    let items: Vec<serde_json::Value> =
+        serde_json::from_str(stored).map_err(|e| corrupt(&e.to_string()))?;
+    items
+        .iter()
+        .map(|item| {
+            let kind = item["kind"]
+                .as_str()
+                .and_then(MediaKind::parse)
+                .ok_or_else(|| corrupt("unknown kind"))?;
+            let reference = item["ref"]
+                .as_str()
+                .ok_or_else(|| corrupt("no reference"))?
+                .to_owned();
+            Ok(Media {
+                kind,
+                reference,
+                size: item["size"].as_u64(),
+                mime: item["mime"].as_str().map(str::to_owned),
+            })
+        })
+        .collect()
+}
+
 /// A new message as the store keeps it.
 #[derive(Debug, Clone)]
 pub struct NewMessage {
@@ -121,7 +172,12 @@ pub struct NewMessage {
     pub message_id: String,
     pub user_id: String,
     pub author: String,
+    /// The text as prompts and history show it: for media, the caption after its
+    /// marker ("[image] what is this?").
     pub text: String,
+    /// Media references sent with the message, stored with it in the same
+    /// transaction (no loss: a crash before the reply keeps them).
+    pub media: Vec<Media>,
 }
 
 /// An edit of a message by its platform id.
@@ -194,6 +250,8 @@ pub struct PendingMessage {
     pub text: String,
     pub version: Version,
     pub received_at: Timestamp,
+    /// Media references stored with the message; only the pending batch fetches them.
+    pub media: Vec<Media>,
 }
 
 /// Everything a round needs to generate a reply, read in one snapshot.

@@ -596,8 +596,8 @@ impl Store for SqliteStore {
             let inserted = tx
                 .execute(
                     "INSERT INTO messages
-                         (conversation_id, platform_message_id, user_id, author, text, version, received_at)
-                     SELECT ?1, ?2, ?3, ?4, ?5, version + 1, ?6 FROM conversations WHERE id = ?1
+                         (conversation_id, platform_message_id, user_id, author, text, version, received_at, media)
+                     SELECT ?1, ?2, ?3, ?4, ?5, version + 1, ?6, ?7 FROM conversations WHERE id = ?1
                      ON CONFLICT (conversation_id, platform_message_id) DO NOTHING",
                     params![
                         conversation.0,
@@ -605,7 +605,8 @@ impl Store for SqliteStore {
                         message.user_id,
                         message.author,
                         message.text,
-                        now.0
+                        now.0,
+                        super::encode_media(&message.media)
                     ],
                 )
                 .ctx("storing a message")?;
@@ -1401,24 +1402,36 @@ fn read_batch(
     let pending = {
         let mut stmt = tx
             .prepare_cached(
-                "SELECT id, platform_message_id, user_id, author, text, version, received_at
+                "SELECT id, platform_message_id, user_id, author, text, version, received_at, media
                  FROM messages WHERE conversation_id = ?1 AND version > ?2 ORDER BY id",
             )
             .ctx("reading pending messages")?;
-        stmt.query_map(params![conversation.0, answered], |r| {
-            Ok(PendingMessage {
-                row: r.get(0)?,
-                message_id: r.get(1)?,
-                user_id: r.get(2)?,
-                author: r.get(3)?,
-                text: r.get(4)?,
-                version: Version(r.get(5)?),
-                received_at: Timestamp(r.get(6)?),
+        let rows = stmt
+            .query_map(params![conversation.0, answered], |r| {
+                let media: Option<String> = r.get(7)?;
+                let message = PendingMessage {
+                    row: r.get(0)?,
+                    message_id: r.get(1)?,
+                    user_id: r.get(2)?,
+                    author: r.get(3)?,
+                    text: r.get(4)?,
+                    version: Version(r.get(5)?),
+                    received_at: Timestamp(r.get(6)?),
+                    media: Vec::new(),
+                };
+                Ok((message, media))
             })
-        })
-        .ctx("reading pending messages")?
-        .collect::<Result<Vec<_>, _>>()
-        .ctx("reading pending messages")?
+            .ctx("reading pending messages")?
+            .collect::<Result<Vec<_>, _>>()
+            .ctx("reading pending messages")?;
+        rows.into_iter()
+            .map(|(message, media)| {
+                Ok(PendingMessage {
+                    media: super::decode_media(media.as_deref())?,
+                    ..message
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?
     };
     let timer = tx
         .query_row(

@@ -149,6 +149,17 @@ pub struct Settings {
     /// Live drafts: `auto` shows each reply while it is written where the platform has drafts (Telegram private chats, `lull chat` on a terminal); `off` never.
     #[arg(long, global = true, env = "LULL_STREAM", default_value = "auto")]
     pub stream: StreamMode,
+    /// Images: `auto` sends the images of the messages being answered to the model (OpenAI-style image parts; a model that refuses them gets the text, and the user is told once); `off` shows the model only an "[image]" marker.
+    #[arg(long, global = true, env = "LULL_VISION", default_value = "auto")]
+    pub vision: VisionMode,
+    /// Largest image read, in bytes: Telegram photos are taken in the largest size under it; a larger image is not read and the user is told.
+    #[arg(
+        long,
+        global = true,
+        env = "LULL_MAX_IMAGE_BYTES",
+        default_value_t = lull_core::dispatcher::MAX_IMAGE_BYTES
+    )]
+    pub max_image_bytes: u64,
 
     /// Database, `sqlite:PATH`.
     #[arg(
@@ -283,6 +294,15 @@ pub enum StreamMode {
     /// Live drafts where the platform has them; the model's answer is streamed for them.
     Auto,
     /// No drafts: the model is asked for whole answers, as before streaming.
+    Off,
+}
+
+/// `LULL_VISION`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum VisionMode {
+    /// Images of the messages being answered go to the model as image parts.
+    Auto,
+    /// The model sees only an "[image]" marker; no image is fetched.
     Off,
 }
 
@@ -431,6 +451,16 @@ fn positive(variable: &str, ms: u64) -> Result<Duration, ConfigError> {
     Ok(Duration::from_millis(ms))
 }
 
+/// A byte count that must be positive, or an error naming the variable.
+fn positive_bytes(name: &str, bytes: u64) -> Result<u64, ConfigError> {
+    if bytes == 0 {
+        return Err(ConfigError(format!(
+            "{name} must be a positive number of bytes, got 0"
+        )));
+    }
+    Ok(bytes)
+}
+
 impl Config {
     /// Check the settings together and build the configuration.
     pub fn from_settings(s: &Settings) -> Result<Config, ConfigError> {
@@ -442,6 +472,7 @@ impl Config {
                 Ok::<_, ConfigError>(PlatformConfig {
                     token,
                     api_url: http_url("TELEGRAM_API_URL", &s.telegram_api_url)?,
+                    max_image_bytes: s.max_image_bytes,
                 })
             })
             .transpose()?;
@@ -463,6 +494,7 @@ impl Config {
                 Ok::<_, ConfigError>(PlatformConfig {
                     token,
                     api_url: http_url("DISCORD_API_URL", &s.discord_api_url)?,
+                    max_image_bytes: s.max_image_bytes,
                 })
             })
             .transpose()?;
@@ -597,6 +629,8 @@ impl Config {
                 access: s.allowed_users.clone(),
                 max_reply_chars: s.max_reply_chars,
                 drafts: s.stream == StreamMode::Auto,
+                vision: s.vision == VisionMode::Auto,
+                max_image_bytes: positive_bytes("LULL_MAX_IMAGE_BYTES", s.max_image_bytes)?,
                 ..DispatchSettings::default()
             },
             http_addr: s.http_addr,

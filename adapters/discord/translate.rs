@@ -7,13 +7,15 @@
 //!   one of its messages are answered; DMs are always answered.
 //! - A leading mention of lull is stripped, so `@lull /reset` is the command
 //!   `/reset`; a mention elsewhere becomes `@name`.
-//! - Attachments or stickers without text become [`Content::Unsupported`], which the
-//!   core answers with a short "text only" notice.
+//! - Image attachments (a `content_type` of `image/*`) become [`Media`] references
+//!   (the attachment's id and CDN URL), fetched only when the reply is generated; the
+//!   text is the caption. Other attachments or stickers without text become
+//!   [`Content::Unsupported`], which the core answers with a short "text only" notice.
 
-use serenity::all::{Message, MessageType, MessageUpdateEvent, UserId};
+use serenity::all::{Attachment, Message, MessageType, MessageUpdateEvent, UserId};
 
 use lull_port::domain::{ConversationRef, Platform};
-use lull_port::{Content, Incoming, IncomingKind};
+use lull_port::{Content, Incoming, IncomingKind, Media, MediaKind};
 
 /// Who lull is on Discord (from `GET /users/@me`), to recognise mentions and replies.
 #[derive(Debug, Clone)]
@@ -39,7 +41,8 @@ pub fn new_message(message: &Message, bot: &BotIdentity, in_guild: bool) -> Opti
         return None;
     }
     let text = strip_mentions(&message.content, bot);
-    let content = if !text.is_empty() {
+    let media = images(&message.attachments);
+    let content = if !text.is_empty() || !media.is_empty() {
         Content::Text(text)
     } else if !message.attachments.is_empty() {
         Content::Unsupported("attachment".into())
@@ -62,8 +65,28 @@ pub fn new_message(message: &Message, bot: &BotIdentity, in_guild: bool) -> Opti
         author,
         message_id: message.id.to_string(),
         content,
+        media,
         kind: IncomingKind::New,
     })
+}
+
+/// The image attachments of a message, as media references: `<id> <url>` (the URL
+/// is what is fetched; Discord's CDN serves it without the bot token).
+fn images(attachments: &[Attachment]) -> Vec<Media> {
+    attachments
+        .iter()
+        .filter(|a| {
+            a.content_type
+                .as_deref()
+                .is_some_and(|t| t.starts_with("image/"))
+        })
+        .map(|a| Media {
+            kind: MediaKind::Image,
+            reference: format!("{} {}", a.id, a.url),
+            size: Some(u64::from(a.size)),
+            mime: a.content_type.clone(),
+        })
+        .collect()
 }
 
 /// An edit (`MESSAGE_UPDATE`), if it changed the text. The core applies it only to a
@@ -76,7 +99,9 @@ pub fn edit(event: &MessageUpdateEvent, bot: &BotIdentity) -> Option<Incoming> {
         return None;
     }
     let text = strip_mentions(event.content.as_deref()?, bot);
-    if text.is_empty() {
+    // An edited caption keeps its images (their markers stay in the text).
+    let media = event.attachments.as_deref().map(images).unwrap_or_default();
+    if text.is_empty() && media.is_empty() {
         return None;
     }
     Some(Incoming {
@@ -89,6 +114,7 @@ pub fn edit(event: &MessageUpdateEvent, bot: &BotIdentity) -> Option<Incoming> {
             .unwrap_or_else(|| author.name.clone()),
         message_id: event.id.to_string(),
         content: Content::Text(text),
+        media,
         kind: IncomingKind::Edit,
     })
 }
@@ -205,6 +231,26 @@ mod tests {
         assert!(new_message(&message(json!({"author": user(BOT, true)})), &bot(), false).is_none());
         assert!(new_message(&message(json!({"type": 7})), &bot(), false).is_none());
         assert!(new_message(&message(json!({"content": "<@900>"})), &bot(), false).is_none());
+    }
+
+    #[test]
+    fn image_attachments_are_media_with_their_caption() {
+        let m = message(json!({"content": "", "attachments": [
+            {"id": "1", "filename": "cat.png", "size": 10, "url": "https://x/cat.png",
+             "proxy_url": "https://x/cat.png", "content_type": "image/png"},
+            {"id": "2", "filename": "notes.txt", "size": 5, "url": "https://x/notes.txt",
+             "proxy_url": "https://x/notes.txt", "content_type": "text/plain"}]}));
+        let incoming = new_message(&m, &bot(), false).unwrap();
+        assert_eq!(incoming.content, Content::Text(String::new()));
+        assert_eq!(
+            incoming.media,
+            [Media {
+                kind: MediaKind::Image,
+                reference: "1 https://x/cat.png".into(),
+                size: Some(10),
+                mime: Some("image/png".into()),
+            }]
+        );
     }
 
     #[test]

@@ -9,6 +9,12 @@
 //! does; [`Behavior::Stream`] answers it with server-sent events, piece by piece with
 //! delays (usage in the last chunk), or breaking or stalling mid-way, and records
 //! when it sent each piece. [`Behavior::RefuseStream`] refuses `stream` with a 400.
+//!
+//! Vision: a user turn may be content parts (`text` and `image_url`, as OpenAI takes
+//! them); the text parts are what [`FakeOpenAi::messages`] shows and what `Answer`
+//! echoes, the image URLs are kept ([`FakeOpenAi::images`]). With
+//! [`FakeOpenAi::refuse_images`] a request carrying an image part gets OpenAI's 400 for
+//! a model without vision.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -170,6 +176,8 @@ struct Inner {
     requests: Mutex<Vec<Recorded>>,
     failures: Mutex<usize>,
     streams: Mutex<Vec<Streamed>>,
+    /// Refuse requests with image parts (a model without vision).
+    refuse_images: std::sync::atomic::AtomicBool,
 }
 
 pub struct FakeOpenAi {
@@ -206,6 +214,18 @@ impl FakeOpenAi {
     /// The behaviour once the script is used up (default: `Answer`).
     pub fn fallback(&self, behavior: Behavior) {
         *self.inner.fallback.lock().unwrap() = Some(behavior);
+    }
+
+    /// Refuse every request with an image part with a 400, as a model without vision.
+    pub fn refuse_images(&self, refuse: bool) {
+        self.inner
+            .refuse_images
+            .store(refuse, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The image URLs (`data:` URLs) of request `n`, in order.
+    pub fn images(&self, n: usize) -> Vec<String> {
+        images(&self.requests()[n].body)
     }
 
     pub fn requests(&self) -> Vec<Recorded> {
@@ -252,7 +272,7 @@ impl FakeOpenAi {
             .map(|m| {
                 (
                     m["role"].as_str().unwrap().to_owned(),
-                    m["content"].as_str().unwrap_or_default().to_owned(),
+                    content_text(&m["content"]),
                 )
             })
             .collect()
@@ -275,11 +295,37 @@ fn completion(content: &str, body: &Value) -> Value {
     })
 }
 
+/// A message's content as text: the string, or its text parts joined by newlines.
+fn content_text(content: &Value) -> String {
+    match content {
+        Value::Array(parts) => parts
+            .iter()
+            .filter(|p| p["type"] == "text")
+            .filter_map(|p| p["text"].as_str())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        other => other.as_str().unwrap_or_default().to_owned(),
+    }
+}
+
+/// The `image_url` URLs of every message of a request.
+fn images(body: &Value) -> Vec<String> {
+    body["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["content"].as_array())
+        .flatten()
+        .filter(|p| p["type"] == "image_url")
+        .filter_map(|p| p["image_url"]["url"].as_str().map(str::to_owned))
+        .collect()
+}
+
 fn prompt_chars(body: &Value) -> usize {
     body["messages"].as_array().map_or(0, |messages| {
         messages
             .iter()
-            .map(|m| m["content"].as_str().unwrap_or_default().chars().count())
+            .map(|m| content_text(&m["content"]).chars().count())
             .sum()
     })
 }
@@ -421,10 +467,19 @@ async fn respond(inner: &Arc<Inner>, headers: HeaderMap, body: axum::body::Bytes
     let last_user = body["messages"]
         .as_array()
         .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
-        .and_then(|m| m["content"].as_str())
-        .unwrap_or_default()
-        .to_owned();
+        .map(|m| content_text(&m["content"]))
+        .unwrap_or_default();
     let streamed = body["stream"] == true;
+    if inner
+        .refuse_images
+        .load(std::sync::atomic::Ordering::SeqCst)
+        && !images(&body).is_empty()
+    {
+        return error(
+            400,
+            "Invalid content type. image_url is only supported by certain models.",
+        );
+    }
     match behavior {
         Behavior::Stream(spec) => {
             let text = spec

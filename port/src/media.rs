@@ -1,5 +1,5 @@
-//! Media a user sent with a message (a photo, an image file), kept as the platform's
-//! durable reference. Ingest stores the reference only, so the acknowledgement stays
+//! Media a user sent with a message (a photo, an image file, a voice note, an audio
+//! file), kept as the platform's durable reference. Ingest stores the reference only, so the acknowledgement stays
 //! fast; the bytes are fetched through [`crate::Outbound::fetch_media`] when the reply
 //! is generated, and only for the batch being answered.
 
@@ -10,6 +10,10 @@ use std::fmt;
 pub enum MediaKind {
     /// A picture: sent to vision models as an image part.
     Image,
+    /// A voice note: transcribed once, and the transcript answered as text.
+    Voice,
+    /// An audio file: transcribed like a voice note.
+    Audio,
 }
 
 impl MediaKind {
@@ -17,7 +21,14 @@ impl MediaKind {
     pub fn as_str(self) -> &'static str {
         match self {
             MediaKind::Image => "image",
+            MediaKind::Voice => "voice",
+            MediaKind::Audio => "audio",
         }
+    }
+
+    /// Whether the core transcribes it (voice notes and audio files).
+    pub fn is_audio(self) -> bool {
+        matches!(self, MediaKind::Voice | MediaKind::Audio)
     }
 
     /// The marker the message's text carries in prompts and history ("[image]"), so
@@ -25,12 +36,16 @@ impl MediaKind {
     pub fn marker(self) -> &'static str {
         match self {
             MediaKind::Image => "[image]",
+            MediaKind::Voice => "[voice message]",
+            MediaKind::Audio => "[audio]",
         }
     }
 
     pub fn parse(s: &str) -> Option<MediaKind> {
         match s {
             "image" => Some(MediaKind::Image),
+            "voice" => Some(MediaKind::Voice),
+            "audio" => Some(MediaKind::Audio),
             _ => None,
         }
     }
@@ -55,6 +70,8 @@ pub struct Media {
     pub size: Option<u64>,
     /// The MIME type, if the platform said (`image/jpeg`).
     pub mime: Option<String>,
+    /// How long a voice note or audio file plays, in seconds, if the platform said.
+    pub duration_secs: Option<u32>,
 }
 
 /// The bytes of a piece of media, fetched at generation.

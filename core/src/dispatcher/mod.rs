@@ -44,6 +44,7 @@ use crate::access::AccessList;
 use crate::clock::Clock;
 use crate::domain::{HolderId, Platform, Timestamp};
 use crate::llm::Responder;
+use crate::llm::transcribe::Transcriber;
 use crate::store::{Store, StoreError};
 use crate::timing::{LeaseTiming, TimerPolicy};
 
@@ -80,6 +81,9 @@ pub struct DispatchSettings {
     /// `LULL_MAX_IMAGE_BYTES`: the largest image fetched; a larger one is not read,
     /// and the user is told.
     pub max_image_bytes: u64,
+    /// `LULL_MAX_AUDIO_SECONDS`: the longest voice note or audio file transcribed; a
+    /// longer one is not, and the user is told.
+    pub max_audio_seconds: u32,
 }
 
 impl Default for DispatchSettings {
@@ -103,6 +107,7 @@ impl Default for DispatchSettings {
             drafts: true,
             vision: true,
             max_image_bytes: MAX_IMAGE_BYTES,
+            max_audio_seconds: 300,
         }
     }
 }
@@ -133,6 +138,9 @@ impl From<StoreError> for IngestError {
 pub struct Dispatcher {
     store: Arc<dyn Store>,
     responder: Arc<dyn Responder>,
+    /// Transcribes voice notes and audio at the start of a round; unset (the `echo`
+    /// responder), they reach the model as their marker only.
+    transcriber: std::sync::OnceLock<Arc<dyn Transcriber>>,
     outbounds: HashMap<Platform, Arc<dyn Outbound>>,
     settings: DispatchSettings,
     clock: Arc<dyn Clock>,
@@ -162,6 +170,7 @@ impl Dispatcher {
         Arc::new(Self {
             store,
             responder,
+            transcriber: std::sync::OnceLock::new(),
             outbounds: outbounds.into_iter().map(|o| (o.platform(), o)).collect(),
             settings,
             clock,
@@ -171,6 +180,12 @@ impl Dispatcher {
             sleeping_until: AtomicI64::new(i64::MAX),
             events,
         })
+    }
+
+    /// Transcribe voice notes and audio files with `transcriber` (set once, before
+    /// [`Dispatcher::run`]; a second call is ignored).
+    pub fn set_transcriber(&self, transcriber: Arc<dyn Transcriber>) {
+        let _ = self.transcriber.set(transcriber);
     }
 
     /// Observe what the dispatcher does from now on.

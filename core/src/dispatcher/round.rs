@@ -64,6 +64,35 @@ answer the text.]";
 const TOO_BIG_NOTE: &str = "[An image the user sent was too large to read; they have been told.]";
 const GONE_NOTE: &str = "[An image the user sent is no longer available.]";
 
+/// The largest audio file sent for transcription: OpenAI's limit for
+/// `/audio/transcriptions`.
+const MAX_AUDIO_BYTES: u64 = 25 * 1024 * 1024;
+
+const AUDIO_TOO_LONG_NOTE: &str =
+    "[A voice message was too long to transcribe; the user has been told.]";
+const AUDIO_MISSING_NOTE: &str = "[A voice message could not be transcribed.]";
+
+/// What transcribing a batch left to say: to the user (voice messages too long, as
+/// message row and seconds) and to the model.
+#[derive(Default)]
+struct AudioNotes {
+    too_long: Vec<(i64, u32)>,
+    model: Vec<&'static str>,
+}
+
+/// What the user is told about a voice message longer than `LULL_MAX_AUDIO_SECONDS`.
+fn too_long_audio_text(secs: u32, max: u32) -> String {
+    let length = if secs > 0 {
+        format!("{secs} s; ")
+    } else {
+        String::new()
+    };
+    format!(
+        "Sorry, your voice message is too long for me to transcribe ({length}the limit is {max} s). \
+I answered the rest of your messages; please send it in shorter parts or as text."
+    )
+}
+
 /// What the user is told about an image larger than `LULL_MAX_IMAGE_BYTES`.
 fn too_big_text(size: u64, max: u64) -> String {
     let mb = |b: u64| format!("{:.1} MB", b as f64 / (1024.0 * 1024.0));
@@ -205,7 +234,29 @@ impl Round<'_> {
             return Ok(());
         }
 
+        let mut batch = batch;
+        let transcribed = tokio::select! {
+            transcribed = self.transcribe(&mut batch) => transcribed?,
+            () = self.keeper.lost() => return Err(Interrupt::LeaseLost),
+            () = self.stop.cancelled() => return Err(Interrupt::Stopped),
+        };
+        let notes = match transcribed {
+            Ok(notes) => notes,
+            Err(error) => {
+                rows.extend(self.generation_failed(&batch, error).await?);
+                return Ok(());
+            }
+        };
+        // Told plainly, once per message; the rest of the burst is answered.
+        for (row, secs) in notes.too_long {
+            let text = too_long_audio_text(secs, d.settings.max_audio_seconds);
+            let key = format!("audio-too-long/{}/{row}", batch.conversation);
+            rows.extend(self.notice(&batch, &text, key).await?);
+        }
         let mut prompt = self.prompt(&batch);
+        for note in notes.model {
+            add_note(&mut prompt, note);
+        }
         let fetched = tokio::select! {
             fetched = self.fetch_images(&batch, &mut prompt) => fetched?,
             () = self.keeper.lost() => return Err(Interrupt::LeaseLost),
@@ -329,7 +380,7 @@ impl Round<'_> {
             batch: batch
                 .pending
                 .iter()
-                .map(|m| Said::new(&m.author, &m.text))
+                .map(|m| Said::new(&m.author, m.said()))
                 .collect(),
             note: None,
             images: Vec::new(),
@@ -390,6 +441,91 @@ impl Round<'_> {
             }
         }
         Ok(Ok(too_big))
+    }
+
+    /// Transcribe the voice notes and audio files of the pending batch that have no
+    /// transcript yet, storing each transcript under the lease before the next, so a
+    /// crash never costs a transcription twice. Audio longer than
+    /// `LULL_MAX_AUDIO_SECONDS` (or larger than the server takes) is not sent, and the
+    /// user is told; a transient failure (fetching or transcribing) is `Err`, and the
+    /// round is retried like a model that cannot be reached.
+    async fn transcribe(
+        &self,
+        batch: &mut Batch,
+    ) -> Result<Result<AudioNotes, LlmError>, Interrupt> {
+        let d = self.dispatcher;
+        let mut notes = AudioNotes::default();
+        let (Some(transcriber), Some(outbound)) = (
+            d.transcriber.get(),
+            d.outbounds.get(&batch.conversation.platform),
+        ) else {
+            return Ok(Ok(notes));
+        };
+        let max_secs = d.settings.max_audio_seconds;
+        for message in &mut batch.pending {
+            if message.transcript.is_some() {
+                continue;
+            }
+            let Some(media) = message.media.iter().find(|m| m.kind.is_audio()) else {
+                continue;
+            };
+            if let Some(secs) = media.duration_secs.filter(|&s| s > max_secs) {
+                notes.too_long.push((message.row, secs));
+                notes.model.push(AUDIO_TOO_LONG_NOTE);
+                continue;
+            }
+            let fetched = tokio::time::timeout(
+                MEDIA_FETCH_TIMEOUT,
+                outbound.fetch_media(media, MAX_AUDIO_BYTES),
+            )
+            .await
+            .unwrap_or_else(|_| {
+                Err(MediaError::Transient(format!(
+                    "no answer within {MEDIA_FETCH_TIMEOUT:?}"
+                )))
+            });
+            let audio = match fetched {
+                Ok(audio) => audio,
+                Err(MediaError::TooBig { .. }) => {
+                    notes
+                        .too_long
+                        .push((message.row, media.duration_secs.unwrap_or(0)));
+                    notes.model.push(AUDIO_TOO_LONG_NOTE);
+                    continue;
+                }
+                Err(MediaError::Gone(why)) => {
+                    tracing::warn!(conversation = %batch.conversation, error = %why, "a voice message is no longer available");
+                    notes.model.push(AUDIO_MISSING_NOTE);
+                    continue;
+                }
+                Err(MediaError::Transient(why)) => {
+                    return Ok(Err(LlmError::Connect(format!(
+                        "fetching a voice message from {}: {why}",
+                        batch.conversation.platform
+                    ))));
+                }
+            };
+            let transcript = match transcriber.transcribe(&audio.bytes, &audio.mime).await {
+                Ok(transcript) => transcript,
+                Err(error) if error.is_retryable() => return Ok(Err(error)),
+                Err(error) => {
+                    tracing::error!(conversation = %batch.conversation, error = %error, "the transcription server refused a voice message; answering without it (check LULL_TRANSCRIBE_MODEL and LULL_TRANSCRIBE_BASE_URL)");
+                    notes.model.push(AUDIO_MISSING_NOTE);
+                    continue;
+                }
+            };
+            d.store
+                .store_transcript(
+                    &self.keeper.lease(),
+                    message.row,
+                    &transcript,
+                    d.clock.now(),
+                )
+                .await?;
+            tracing::info!(conversation = %batch.conversation, chars = transcript.chars().count(), "voice message transcribed");
+            message.transcript = Some(transcript);
+        }
+        Ok(Ok(notes))
     }
 
     /// Queue a notice for this batch's conversation, at most once per `dedupe_key`;

@@ -20,6 +20,7 @@ pub mod echo;
 pub mod fit;
 pub mod openai;
 pub mod retry;
+pub mod transcribe;
 
 use std::sync::Arc;
 use std::time::Duration;

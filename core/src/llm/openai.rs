@@ -88,9 +88,9 @@ struct WholeAnswer(String);
 /// (its message already redacted).
 #[derive(Debug, thiserror::Error)]
 #[error("HTTP {status}: {message}")]
-struct HttpFailure {
+pub(super) struct HttpFailure {
     status: u16,
-    message: String,
+    pub(super) message: String,
     retry_after: Option<Duration>,
     context_length: bool,
     out_of_credit: bool,
@@ -99,7 +99,7 @@ struct HttpFailure {
 impl HttpFailure {
     /// What a non-success answer says. The whole body is redacted before any of it is
     /// kept, so a cut can never leave half a key behind.
-    fn read(status: u16, retry_after: Option<Duration>, body: &str) -> Self {
+    pub(super) fn read(status: u16, retry_after: Option<Duration>, body: &str) -> Self {
         let body = lull_port::secrets::redact(body);
         let json = serde_json::from_str::<serde_json::Value>(&body).ok();
         let message = error_message(&body, json.as_ref());

@@ -127,6 +127,7 @@ pub fn encode_media(media: &[Media]) -> Option<String> {
                 "ref": m.reference,
                 "size": m.size,
                 "mime": m.mime,
+                "secs": m.duration_secs,
             })
         })
         .collect();
@@ -157,6 +158,7 @@ pub fn decode_media(stored: Option<&str>) -> Result<Vec<Media>, StoreError> {
                 reference,
                 size: item["size"].as_u64(),
                 mime: item["mime"].as_str().map(str::to_owned),
+                duration_secs: item["secs"].as_u64().map(|s| s as u32),
             })
         })
         .collect()
@@ -252,6 +254,24 @@ pub struct PendingMessage {
     pub received_at: Timestamp,
     /// Media references stored with the message; only the pending batch fetches them.
     pub media: Vec<Media>,
+    /// The transcript of its voice note or audio, once stored ([`Store::store_transcript`]).
+    pub transcript: Option<String>,
+}
+
+impl PendingMessage {
+    /// The text the model sees: the stored text, then the transcript, if any.
+    pub fn said(&self) -> String {
+        said_text(&self.text, self.transcript.as_deref())
+    }
+}
+
+/// A message's text as prompts and history show it: `[voice message]: <transcript>`
+/// once transcribed, else the stored text.
+pub fn said_text(text: &str, transcript: Option<&str>) -> String {
+    match transcript {
+        Some(transcript) => format!("{text}: {transcript}"),
+        None => text.to_owned(),
+    }
 }
 
 /// Everything a round needs to generate a reply, read in one snapshot.
@@ -483,6 +503,19 @@ pub trait Store: Send + Sync + 'static {
         notice: &str,
         now: Timestamp,
     ) -> Result<Option<OutboxRow>, StoreError>;
+
+    /// Store the transcript of a pending message's voice note or audio, in one
+    /// transaction under the lease (holder, token and expiry checked with the write:
+    /// a replaced holder's transcript is refused with `LeaseLost`). Stored once: a
+    /// message that has a transcript keeps it, so nothing is transcribed twice, even
+    /// after a crash. `false`: it already had one.
+    async fn store_transcript(
+        &self,
+        lease: &Lease,
+        message: i64,
+        transcript: &str,
+        now: Timestamp,
+    ) -> Result<bool, StoreError>;
 
     /// Delete the timer of a conversation with nothing pending at `v0` (under lease).
     async fn disarm_idle_timer(

@@ -1122,6 +1122,32 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn store_transcript(
+        &self,
+        lease: &Lease,
+        message: i64,
+        transcript: &str,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        let lease = lease.clone();
+        let row = self.lease_row(&lease.key, &lease.holder);
+        let transcript = transcript.to_owned();
+        self.write("storing a transcript", move |tx| {
+            ensure_lease(tx, &lease, &row.resource, now)?;
+            let conversation = conversation_of(&lease);
+            // Transcribed once: a transcript already stored is never replaced.
+            let stored = tx
+                .execute(
+                    "UPDATE messages SET transcript = ?3
+                     WHERE id = ?1 AND conversation_id = ?2 AND transcript IS NULL",
+                    params![message, conversation.0, transcript],
+                )
+                .ctx("storing a transcript")?;
+            Ok(stored == 1)
+        })
+        .await
+    }
+
     async fn disarm_idle_timer(
         &self,
         lease: &Lease,
@@ -1402,7 +1428,7 @@ fn read_batch(
     let pending = {
         let mut stmt = tx
             .prepare_cached(
-                "SELECT id, platform_message_id, user_id, author, text, version, received_at, media
+                "SELECT id, platform_message_id, user_id, author, text, version, received_at, media, transcript
                  FROM messages WHERE conversation_id = ?1 AND version > ?2 ORDER BY id",
             )
             .ctx("reading pending messages")?;
@@ -1418,6 +1444,7 @@ fn read_batch(
                     version: Version(r.get(5)?),
                     received_at: Timestamp(r.get(6)?),
                     media: Vec::new(),
+                    transcript: r.get(8)?,
                 };
                 Ok((message, media))
             })
@@ -1645,7 +1672,7 @@ fn read_history(
     // The last `limit` replies with the messages each covered, in one query.
     let mut stmt = tx
         .prepare_cached(
-            "SELECT o.id, o.text, m.author, m.text
+            "SELECT o.id, o.text, m.author, m.text, m.transcript
              FROM (SELECT id, text FROM outbox
                    WHERE conversation_id = ?1 AND kind = 'reply' AND failed_at IS NULL AND version > ?2
                    ORDER BY id DESC LIMIT ?3) o
@@ -1662,6 +1689,8 @@ fn read_history(
         let id: i64 = row.get(0).ctx("reading history")?;
         let author: String = row.get(2).ctx("reading history")?;
         let text: String = row.get(3).ctx("reading history")?;
+        let transcript: Option<String> = row.get(4).ctx("reading history")?;
+        let text = super::said_text(&text, transcript.as_deref());
         match history.last_mut() {
             Some((last, exchange)) if *last == id => exchange.user.push(Said { author, text }),
             _ => history.push((

@@ -112,8 +112,15 @@ fn describe(config: &Config) -> String {
     } else {
         "images off (LULL_VISION=off)".to_owned()
     };
+    let voice = match &config.transcribe {
+        Some(t) => format!(
+            "voice transcribed by {} up to {} s",
+            t.model, config.dispatch.max_audio_seconds
+        ),
+        None => "voice not transcribed (echo)".to_owned(),
+    };
     format!(
-        "adapters: {}; debounce {} ms, cap {} ms, lease {} ms; {vision}",
+        "adapters: {}; debounce {} ms, cap {} ms, lease {} ms; {vision}; {voice}",
         if adapters.is_empty() {
             "none (only `lull chat` will work)".to_owned()
         } else {

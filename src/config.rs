@@ -20,6 +20,7 @@ use lull_core::dispatcher::DispatchSettings;
 use lull_core::llm::HistoryBudget;
 use lull_core::llm::echo::EchoDelay;
 use lull_core::llm::openai::OpenAiSettings;
+use lull_core::llm::transcribe::TranscribeSettings;
 use lull_core::timing::{LeaseTiming, TimerPolicy};
 
 pub const DEFAULT_TELEGRAM_API_URL: &str = "https://api.telegram.org";
@@ -160,6 +161,25 @@ pub struct Settings {
         default_value_t = lull_core::dispatcher::MAX_IMAGE_BYTES
     )]
     pub max_image_bytes: u64,
+    /// Transcription model for voice messages and audio files (an OpenAI-compatible `/audio/transcriptions`); with `LULL_LLM=echo` nothing is transcribed.
+    #[arg(
+        long,
+        global = true,
+        env = "LULL_TRANSCRIBE_MODEL",
+        default_value = "whisper-1"
+    )]
+    pub transcribe_model: String,
+    /// API base of the transcription server (a local whisper server); default: OPENAI_BASE_URL, with the same key.
+    #[arg(long, global = true, env = "LULL_TRANSCRIBE_BASE_URL")]
+    pub transcribe_base_url: Option<String>,
+    /// Longest voice message or audio file transcribed, in seconds; a longer one is not, and the user is told.
+    #[arg(
+        long,
+        global = true,
+        env = "LULL_MAX_AUDIO_SECONDS",
+        default_value_t = 300
+    )]
+    pub max_audio_seconds: u32,
 
     /// Database, `sqlite:PATH`.
     #[arg(
@@ -350,6 +370,9 @@ pub struct Config {
     pub discord: Option<PlatformConfig>,
     pub discord_shards: DiscordShards,
     pub llm: LlmConfig,
+    /// Voice messages and audio files: transcribed with these settings; `None` with
+    /// the echo responder (they reach it as their marker).
+    pub transcribe: Option<TranscribeSettings>,
     /// The echo responder was chosen because neither `OPENAI_API_KEY` nor
     /// `OPENAI_BASE_URL` is set (not by `LULL_LLM=echo`): `lull run` warns.
     pub echo_by_default: bool,
@@ -552,6 +575,31 @@ impl Config {
             }
         };
 
+        let transcribe = match &llm {
+            LlmConfig::Echo(_) => None,
+            LlmConfig::OpenAi(openai) => {
+                if s.transcribe_model.trim().is_empty() {
+                    return Err(ConfigError(
+                        "LULL_TRANSCRIBE_MODEL must not be empty".into(),
+                    ));
+                }
+                Some(TranscribeSettings {
+                    base_url: match &s.transcribe_base_url {
+                        Some(url) => http_url("LULL_TRANSCRIBE_BASE_URL", url)?,
+                        None => openai.base_url.clone(),
+                    },
+                    api_key: openai.api_key.clone(),
+                    model: s.transcribe_model.trim().to_owned(),
+                    timeout: openai.timeout,
+                })
+            }
+        };
+        if s.max_audio_seconds == 0 {
+            return Err(ConfigError(
+                "LULL_MAX_AUDIO_SECONDS must be a positive number of seconds, got 0".into(),
+            ));
+        }
+
         if s.max_reply_chars < lull_core::dispatcher::MIN_REPLY_CHARS {
             return Err(ConfigError(format!(
                 "LULL_MAX_REPLY_CHARS must be at least {} (room for a reply and the note that it was cut), got {}",
@@ -615,6 +663,7 @@ impl Config {
             telegram_webhook,
             discord,
             discord_shards: s.discord_shards,
+            transcribe,
             llm,
             echo_by_default: s.llm.is_none() && matches!(kind, LlmKind::Echo),
             llm_retries: s.llm_retries,
@@ -631,6 +680,7 @@ impl Config {
                 drafts: s.stream == StreamMode::Auto,
                 vision: s.vision == VisionMode::Auto,
                 max_image_bytes: positive_bytes("LULL_MAX_IMAGE_BYTES", s.max_image_bytes)?,
+                max_audio_seconds: s.max_audio_seconds,
                 ..DispatchSettings::default()
             },
             http_addr: s.http_addr,

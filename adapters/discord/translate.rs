@@ -7,7 +7,8 @@
 //!   one of its messages are answered; DMs are always answered.
 //! - A leading mention of lull is stripped, so `@lull /reset` is the command
 //!   `/reset`; a mention elsewhere becomes `@name`.
-//! - Image attachments (a `content_type` of `image/*`) become [`Media`] references
+//! - Image attachments (a `content_type` of `image/*`) and voice messages and audio
+//!   (`audio/*`) become [`Media`] references
 //!   (the attachment's id and CDN URL), fetched only when the reply is generated; the
 //!   text is the caption. Other attachments or stickers without text become
 //!   [`Content::Unsupported`], which the core answers with a short "text only" notice.
@@ -70,21 +71,30 @@ pub fn new_message(message: &Message, bot: &BotIdentity, in_guild: bool) -> Opti
     })
 }
 
-/// The image attachments of a message, as media references: `<id> <url>` (the URL
-/// is what is fetched; Discord's CDN serves it without the bot token).
+/// The image and audio attachments of a message, as media references: `<id> <url>`
+/// (the URL is what is fetched; Discord's CDN serves it without the bot token). A
+/// voice message is an `audio/ogg` attachment with a `duration_secs`.
 fn images(attachments: &[Attachment]) -> Vec<Media> {
     attachments
         .iter()
-        .filter(|a| {
-            a.content_type
-                .as_deref()
-                .is_some_and(|t| t.starts_with("image/"))
-        })
-        .map(|a| Media {
-            kind: MediaKind::Image,
-            reference: format!("{} {}", a.id, a.url),
-            size: Some(u64::from(a.size)),
-            mime: a.content_type.clone(),
+        .filter_map(|a| {
+            let mime = a.content_type.as_deref()?;
+            let kind = if mime.starts_with("image/") {
+                MediaKind::Image
+            } else if mime.starts_with("audio/") && a.duration_secs.is_some() {
+                MediaKind::Voice
+            } else if mime.starts_with("audio/") {
+                MediaKind::Audio
+            } else {
+                return None;
+            };
+            Some(Media {
+                kind,
+                reference: format!("{} {}", a.id, a.url),
+                size: Some(u64::from(a.size)),
+                mime: a.content_type.clone(),
+                duration_secs: a.duration_secs.map(|s| s.ceil() as u32),
+            })
         })
         .collect()
 }
@@ -249,8 +259,19 @@ mod tests {
                 reference: "1 https://x/cat.png".into(),
                 size: Some(10),
                 mime: Some("image/png".into()),
+                duration_secs: None,
             }]
         );
+    }
+
+    #[test]
+    fn voice_messages_are_audio_media_with_their_duration() {
+        let m = message(json!({"content": "", "flags": 8192, "attachments": [
+            {"id": "3", "filename": "voice-message.ogg", "size": 4000, "url": "https://x/v.ogg",
+             "proxy_url": "https://x/v.ogg", "content_type": "audio/ogg", "duration_secs": 2.4}]}));
+        let incoming = new_message(&m, &bot(), false).unwrap();
+        assert_eq!(incoming.media[0].kind, MediaKind::Voice);
+        assert_eq!(incoming.media[0].duration_secs, Some(3));
     }
 
     #[test]

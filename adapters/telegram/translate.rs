@@ -179,11 +179,39 @@ impl Translator {
         self.albums.insert(album, taken);
     }
 
-    /// The images of a message as media references (Telegram `file_id`s, durable
-    /// for the bot): a photo in the largest size under `LULL_MAX_IMAGE_BYTES` (the
-    /// largest at all if none is, so the user is told it is too large), or a document
-    /// whose MIME type is an image.
+    /// The media of a message as references (Telegram `file_id`s, durable for the
+    /// bot): a photo in the largest size under `LULL_MAX_IMAGE_BYTES` (the smallest if
+    /// none is, so the user is told it is too large), a document whose MIME type is an
+    /// image, a voice note or an audio file (with its duration, for
+    /// `LULL_MAX_AUDIO_SECONDS`).
     fn media(&self, msg: &Message) -> Vec<Media> {
+        let audio = |kind, file: &teloxide::types::FileMeta, secs: u32, mime: Option<&str>| {
+            vec![Media {
+                kind,
+                reference: file.id.0.clone(),
+                size: Some(u64::from(file.size)),
+                mime: mime.map(str::to_owned),
+                duration_secs: Some(secs),
+            }]
+        };
+        if let Some(voice) = msg.voice() {
+            let mime = voice.mime_type.as_ref().map(|m| m.essence_str());
+            return audio(
+                MediaKind::Voice,
+                &voice.file,
+                voice.duration.seconds(),
+                mime,
+            );
+        }
+        if let Some(track) = msg.audio() {
+            let mime = track.mime_type.as_ref().map(|m| m.essence_str());
+            return audio(
+                MediaKind::Audio,
+                &track.file,
+                track.duration.seconds(),
+                mime,
+            );
+        }
         if let Some(sizes) = msg.photo() {
             let fits = |size: u32| u64::from(size) <= self.max_image_bytes;
             let best = sizes
@@ -197,6 +225,7 @@ impl Translator {
                     reference: p.file.id.0.clone(),
                     size: Some(u64::from(p.file.size)),
                     mime: None,
+                    duration_secs: None,
                 })
                 .into_iter()
                 .collect();
@@ -210,6 +239,7 @@ impl Translator {
                 reference: document.file.id.0.clone(),
                 size: Some(u64::from(document.file.size)),
                 mime: Some(mime.essence_str().to_owned()),
+                duration_secs: None,
             }];
         }
         Vec::new()
@@ -559,6 +589,7 @@ mod tests {
             reference: id.into(),
             size: Some(size),
             mime: mime.map(str::to_owned),
+            duration_secs: None,
         };
         assert_eq!(taken.media, [image("m", 9_000, None)]);
         photo["caption"] = json!("what is this?");
@@ -599,9 +630,17 @@ mod tests {
         voice.as_object_mut().unwrap().remove("text");
         voice["voice"] = json!({"file_id": "f", "file_unique_id": "u", "duration": 1,
             "mime_type": "audio/ogg", "file_size": 100});
+        let voice = take(&mut t, voice).unwrap();
+        assert_eq!(voice.content, Content::Text(String::new()));
         assert_eq!(
-            take(&mut t, voice).unwrap().content,
-            Content::Unsupported("voice message".into())
+            voice.media,
+            [Media {
+                kind: MediaKind::Voice,
+                reference: "f".into(),
+                size: Some(100),
+                mime: Some("audio/ogg".into()),
+                duration_secs: Some(1),
+            }]
         );
     }
 

@@ -9,7 +9,7 @@ use base64::Engine as _;
 use crate::support::db;
 use crate::support::openai_fake::FakeOpenAi;
 use crate::support::process::LullProcess;
-use crate::support::telegram_fake::{TelegramFake, photo_message, text_message};
+use crate::support::telegram_fake::{TelegramFake, photo_message, text_message, voice_message};
 
 const SECS: fn(u64) -> Duration = Duration::from_secs;
 
@@ -238,5 +238,133 @@ async fn with_vision_off_no_image_is_fetched() {
     assert_eq!(sent[0].text, "[model] [image]");
     assert!(run.fake.downloads().is_empty());
     assert!(run.model.images(0).is_empty());
+    run.finish();
+}
+
+/// A voice note is transcribed once (the transcript stored with the message) and the
+/// reply answers what was said; the next turn's history carries the transcript.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voice_note_is_transcribed_once_and_answered() {
+    let run = start(&[]).await;
+    let chat = 4605;
+    let audio = b"OggS fake voice".to_vec();
+    run.fake.add_file("v1", audio.clone());
+    run.model.transcript(&audio, "remind me to buy milk");
+    run.fake
+        .push_message(voice_message(chat, chat, "v1", audio.len(), 3));
+    let sent = run.fake.wait_sent(chat, 1, SECS(15)).await;
+    assert_eq!(
+        sent[0].text,
+        "[model] [voice message]: remind me to buy milk"
+    );
+    assert_eq!(
+        run.model.transcriptions(),
+        [("whisper-1".to_owned(), audio.clone())]
+    );
+    assert_eq!(
+        db::count(
+            &run.db(),
+            "SELECT COUNT(*) FROM messages WHERE transcript = 'remind me to buy milk'"
+        ),
+        1,
+        "stored with the message"
+    );
+    run.fake.push_message(text_message(chat, chat, "and eggs"));
+    run.fake.wait_sent(chat, 2, SECS(15)).await;
+    assert!(
+        run.model
+            .messages(1)
+            .iter()
+            .any(|(role, text)| role == "user" && text == "[voice message]: remind me to buy milk"),
+        "history carries the transcript"
+    );
+    assert_eq!(
+        run.model.transcriptions().len(),
+        1,
+        "never transcribed twice"
+    );
+    run.finish();
+}
+
+/// A process killed after the transcript was stored (while the model works) loses
+/// nothing and costs no second transcription: the next process answers the voice note
+/// from the stored transcript.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_the_transcript_is_stored_does_not_transcribe_again() {
+    let mut run = start(&[("LULL_LEASE_TTL_MS", "1500")]).await;
+    run.model
+        .script([crate::support::openai_fake::Behavior::Slow(SECS(60))]);
+    let chat = 4606;
+    let audio = b"OggS crash voice".to_vec();
+    run.fake.add_file("v2", audio.clone());
+    run.model.transcript(&audio, "what time is it");
+    run.fake
+        .push_message(voice_message(chat, chat, "v2", audio.len(), 2));
+    // Transcribed and stored; the model is now (slowly) asked.
+    let transcribed = "SELECT COUNT(*) FROM messages WHERE transcript IS NOT NULL";
+    run.fake
+        .wait_for(
+            "the transcript stored and the model asked",
+            SECS(15),
+            |_| {
+                (db::count(&run.db(), transcribed) == 1 && !run.model.requests().is_empty())
+                    .then_some(())
+            },
+        )
+        .await;
+    run.lull.kill9();
+
+    let begun = Instant::now();
+    let env = crate::telegram::env(
+        run.dir.path(),
+        &run.fake,
+        &[
+            ("LULL_LLM", "openai"),
+            ("OPENAI_BASE_URL", &run.model.base_url),
+            ("OPENAI_API_KEY", "sk-media-test"),
+            ("LULL_STREAM", "off"),
+            ("LULL_LEASE_TTL_MS", "1500"),
+        ],
+    );
+    run.lull = LullProcess::start(run.dir.path(), "lull-2", &["run"], &env);
+    crate::telegram::wait_polling(&run.fake, begun).await;
+    let sent = run.fake.wait_sent(chat, 1, SECS(20)).await;
+    assert_eq!(sent[0].text, "[model] [voice message]: what time is it");
+    assert_eq!(run.model.transcriptions().len(), 1, "transcribed once");
+    let verdict = db::settled(&run.db(), SECS(10)).await;
+    assert_eq!(verdict.counts(), (1, 1, 0, 0, 0), "{verdict:?}");
+    run.finish();
+}
+
+/// A voice note over LULL_MAX_AUDIO_SECONDS is not transcribed: the user is told
+/// plainly, and the rest of the burst is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voice_note_over_the_limit_is_refused_plainly() {
+    let run = start(&[("LULL_MAX_AUDIO_SECONDS", "60")]).await;
+    let chat = 4607;
+    run.fake.add_file("v3", vec![1; 100]);
+    run.fake
+        .push_message(voice_message(chat, chat, "v3", 100, 600));
+    run.fake
+        .push_message(text_message(chat, chat, "sorry for the long one"));
+    let sent = run.fake.wait_sent(chat, 2, SECS(15)).await;
+    assert!(
+        sent[0].text.contains("too long")
+            && sent[0].text.contains("600 s")
+            && sent[0].text.contains("60 s"),
+        "{}",
+        sent[0].text
+    );
+    assert!(
+        sent[1]
+            .text
+            .starts_with("[model] [voice message]\nsorry for the long one"),
+        "{}",
+        sent[1].text
+    );
+    assert!(run.model.transcriptions().is_empty());
+    assert!(run.fake.downloads().is_empty());
+    let verdict = db::settled(&run.db(), SECS(10)).await;
+    assert_eq!(verdict.counts(), (2, 1, 0, 0, 0), "{verdict:?}");
     run.finish();
 }

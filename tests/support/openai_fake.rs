@@ -15,6 +15,11 @@
 //! echoes, the image URLs are kept ([`FakeOpenAi::images`]). With
 //! [`FakeOpenAi::refuse_images`] a request carrying an image part gets OpenAI's 400 for
 //! a model without vision.
+//!
+//! Transcriptions: `POST /v1/audio/transcriptions` (multipart `model` and `file`)
+//! answers `{"text": …}` with the transcript a test set for those bytes
+//! ([`FakeOpenAi::transcript`]; "transcript of N bytes" otherwise), after an optional
+//! delay; every call is recorded (model, file bytes).
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -178,6 +183,10 @@ struct Inner {
     streams: Mutex<Vec<Streamed>>,
     /// Refuse requests with image parts (a model without vision).
     refuse_images: std::sync::atomic::AtomicBool,
+    /// Audio bytes → transcript.
+    transcripts: Mutex<Vec<(Vec<u8>, String)>>,
+    /// `(model, file bytes)` of every transcription request.
+    transcriptions: Mutex<Vec<(String, Vec<u8>)>>,
 }
 
 pub struct FakeOpenAi {
@@ -193,6 +202,7 @@ impl FakeOpenAi {
         let router = Router::new()
             .route("/v1/chat/completions", post(completions))
             .route("/v1/models", get(models))
+            .route("/v1/audio/transcriptions", post(transcribe))
             .with_state(inner.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -221,6 +231,20 @@ impl FakeOpenAi {
         self.inner
             .refuse_images
             .store(refuse, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Answer a transcription of `audio` with `text`.
+    pub fn transcript(&self, audio: &[u8], text: &str) {
+        self.inner
+            .transcripts
+            .lock()
+            .unwrap()
+            .push((audio.to_vec(), text.to_owned()));
+    }
+
+    /// `(model, file bytes)` of every transcription request so far.
+    pub fn transcriptions(&self) -> Vec<(String, Vec<u8>)> {
+        self.inner.transcriptions.lock().unwrap().clone()
     }
 
     /// The image URLs (`data:` URLs) of request `n`, in order.
@@ -432,6 +456,64 @@ where
     futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|item| (item, rx))
     })
+}
+
+/// `POST /v1/audio/transcriptions`: the multipart fields `model` and `file`.
+async fn transcribe(
+    State(inner): State<Arc<Inner>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let Some(boundary) = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split("boundary=").nth(1))
+        .map(|b| b.trim_matches('"').to_owned())
+    else {
+        return error(400, "expected multipart/form-data");
+    };
+    let (mut model, mut file) = (None, None);
+    let delimiter = format!("--{boundary}");
+    let mut rest: &[u8] = &body;
+    while let Some(start) = find(rest, delimiter.as_bytes()) {
+        rest = &rest[start + delimiter.len()..];
+        let Some(head_end) = find(rest, b"\r\n\r\n") else {
+            break;
+        };
+        let head = String::from_utf8_lossy(&rest[..head_end]).into_owned();
+        let value_start = head_end + 4;
+        let value_end = find(&rest[value_start..], delimiter.as_bytes())
+            .map_or(rest.len(), |e| value_start + e);
+        let value = rest[value_start..value_end]
+            .strip_suffix(b"\r\n")
+            .unwrap_or(&rest[value_start..value_end]);
+        if head.contains("name=\"model\"") {
+            model = Some(String::from_utf8_lossy(value).into_owned());
+        } else if head.contains("name=\"file\"") {
+            file = Some(value.to_vec());
+        }
+    }
+    let (Some(model), Some(file)) = (model, file) else {
+        return error(400, "model and file are required");
+    };
+    inner
+        .transcriptions
+        .lock()
+        .unwrap()
+        .push((model, file.clone()));
+    let text = inner
+        .transcripts
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(audio, _)| *audio == file)
+        .map(|(_, text)| text.clone())
+        .unwrap_or_else(|| format!("transcript of {} bytes", file.len()));
+    axum::Json(json!({ "text": text })).into_response()
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
 }
 
 async fn completions(

@@ -1154,6 +1154,18 @@ pub fn photo_message(
     m
 }
 
+/// A voice note from `from` in chat `chat_id`, served as the file `file_id`.
+pub fn voice_message(chat_id: i64, from: i64, file_id: &str, size: usize, secs: u32) -> Value {
+    json!({
+        "message_id": message_id(),
+        "date": now_secs(),
+        "chat": chat(chat_id, false),
+        "from": user(from, &format!("User{from}")),
+        "voice": {"file_id": file_id, "file_unique_id": format!("u{file_id}"),
+                  "duration": secs, "mime_type": "audio/ogg", "file_size": size},
+    })
+}
+
 /// A group message mentioning the bot (`@lull_test_bot` is prepended).
 pub fn mention(chat_id: i64, from: i64, text: &str) -> Value {
     let mut m = text_message(chat_id, from, &format!("@{BOT_USERNAME} {text}"));

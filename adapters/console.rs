@@ -199,6 +199,7 @@ where
             conversation: conversation(),
             is_group: false,
             user_id: user.clone(),
+            chats: Vec::new(),
             author: user.clone(),
             message_id: format!("{session}-{number}"),
             content: Content::Text(line),

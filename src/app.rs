@@ -14,7 +14,6 @@ use crate::config::{Config, LlmConfig};
 use crate::http::HttpState;
 use lull_adapters::console::{self, ConsoleOutbound};
 use lull_adapters::http::WebhookOutbound;
-use lull_core::clock::SystemClock;
 use lull_core::dispatcher::{Dispatcher, Event};
 use lull_core::domain::Platform;
 use lull_core::llm::Responder;
@@ -84,7 +83,7 @@ fn dispatcher(
         responder(config)?,
         outbounds,
         config.dispatch.clone(),
-        Arc::new(SystemClock),
+        lull_core::clock::for_process(),
     );
     transcriber(config, &dispatcher)?;
     Ok(dispatcher)
@@ -152,7 +151,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         responder(&config)?,
         outbounds,
         config.dispatch.clone(),
-        Arc::new(SystemClock),
+        lull_core::clock::for_process(),
     );
     transcriber(&config, &dispatcher)?;
     let api = config

@@ -6,6 +6,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::config::{Config, DiscordShards, LlmConfig, PlatformConfig};
+use lull_core::access::AccessRule;
 use lull_core::store::{Inspection, SqliteStore};
 use lull_port::secrets::{Redactor, redact_url};
 
@@ -55,7 +56,10 @@ pub async fn run(config: &Config) -> Vec<Finding> {
              DISCORD_BOT_TOKEN or LULL_WEBHOOK_URL); `lull chat` works without one",
         ));
     }
-    findings.push(database(config).await);
+    let (database, rules) = database(config).await;
+    findings.push(database);
+    findings.push(ok("access", access(config, &rules)));
+    findings.push(ok("limits", config.dispatch.limits.describe()));
     if let Some(telegram) = &config.telegram {
         findings.push(telegram_bot(telegram).await);
     }
@@ -132,37 +136,85 @@ fn describe(config: &Config) -> String {
     )
 }
 
+/// Who may use the bot: the lists, the admins, and the admins' run-time decisions
+/// stored in the database (which win over the lists).
+fn access(config: &Config, rules: &[AccessRule]) -> String {
+    let access = &config.dispatch.access;
+    let or = |s: String, none: &str| if s.is_empty() { none.to_owned() } else { s };
+    let mut text = format!(
+        "users: {}; chats: {}; admins: {}",
+        or(access.users.describe(), "local only"),
+        or(access.chats.describe(), "none"),
+        or(access.admins.describe(), "none")
+    );
+    if !rules.is_empty() {
+        let decided: Vec<String> = rules
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} {} (by {})",
+                    if r.allowed { "allowed" } else { "denied" },
+                    r.subject,
+                    r.set_by
+                )
+            })
+            .collect();
+        text.push_str(&format!("; at run time: {}", decided.join(", ")));
+    }
+    text
+}
+
 /// Looks at the database without changing it: `lull check` creates no file and
-/// migrates nothing.
-async fn database(config: &Config) -> Finding {
+/// migrates nothing. Also returns the access decisions stored in it.
+async fn database(config: &Config) -> (Finding, Vec<AccessRule>) {
+    let (finding, rules) = inspect(config).await;
+    (finding, rules.unwrap_or_default())
+}
+
+async fn inspect(config: &Config) -> (Finding, Option<Vec<AccessRule>>) {
     let path = config.database.clone();
     let shown = config.database.display().to_string();
     match tokio::task::spawn_blocking(move || SqliteStore::inspect(path)).await {
-        Ok(Ok(Inspection::Missing { writable: true })) => ok(
-            "database",
-            format!("{shown} does not exist yet; `lull run` creates it"),
+        Ok(Ok(Inspection::Missing { writable: true })) => (
+            ok(
+                "database",
+                format!("{shown} does not exist yet; `lull run` creates it"),
+            ),
+            None,
         ),
-        Ok(Ok(Inspection::Missing { writable: false })) => fail(
-            "database",
-            format!("{shown} does not exist and its folder is not writable (check DATABASE_URL)"),
+        Ok(Ok(Inspection::Missing { writable: false })) => (
+            fail(
+                "database",
+                format!(
+                    "{shown} does not exist and its folder is not writable (check DATABASE_URL)"
+                ),
+            ),
+            None,
         ),
         Ok(Ok(Inspection::Present {
             schema,
             latest,
             conversations,
-        })) => ok(
-            "database",
-            format!(
-                "{shown} is sound: {conversations} conversations, schema {schema}{}",
-                if schema < latest {
-                    format!(" (`lull run` migrates it to {latest})")
-                } else {
-                    String::new()
-                }
+            access,
+        })) => (
+            ok(
+                "database",
+                format!(
+                    "{shown} is sound: {conversations} conversations, schema {schema}{}",
+                    if schema < latest {
+                        format!(" (`lull run` migrates it to {latest})")
+                    } else {
+                        String::new()
+                    }
+                ),
             ),
+            Some(access),
         ),
-        Ok(Err(e)) => fail("database", format!("{e} (check DATABASE_URL)")),
-        Err(e) => fail("database", format!("the check itself failed: {e}")),
+        Ok(Err(e)) => (fail("database", format!("{e} (check DATABASE_URL)")), None),
+        Err(e) => (
+            fail("database", format!("the check itself failed: {e}")),
+            None,
+        ),
     }
 }
 

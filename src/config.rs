@@ -15,8 +15,9 @@ use secrecy::{ExposeSecret, SecretString};
 
 pub use lull_adapters::discord::Shards as DiscordShards;
 use lull_adapters::http::{WebhookSecret, WebhookSettings};
-use lull_core::access::AccessList;
+use lull_core::access::{Access, AccessList, Admins};
 use lull_core::dispatcher::DispatchSettings;
+use lull_core::limits::{Limits, TimeZone};
 use lull_core::llm::HistoryBudget;
 use lull_core::llm::echo::EchoDelay;
 use lull_core::llm::openai::OpenAiSettings;
@@ -53,6 +54,11 @@ pub enum Command {
     Check,
     /// Ask a running lull's /healthz (exit 0 when healthy), for container health checks.
     Healthcheck,
+}
+
+/// A `LULL_ALLOWED_CHATS` list.
+fn chat_list(s: &str) -> Result<AccessList, String> {
+    AccessList::parse(s, "LULL_ALLOWED_CHATS")
 }
 
 fn secret(s: &str) -> Result<SecretString, std::convert::Infallible> {
@@ -273,6 +279,42 @@ pub struct Settings {
         hide_default_value = true
     )]
     pub allowed_users: AccessList,
+    /// Groups and servers whose every member may use the bot: `telegram:<chat_id>`, `discord:<server or channel id>`, `platform:*` [default: none]
+    #[arg(
+        long,
+        global = true,
+        env = "LULL_ALLOWED_CHATS",
+        default_value = "",
+        hide_default_value = true,
+        value_parser = chat_list
+    )]
+    pub allowed_chats: AccessList,
+    /// Admins, `platform:user_id` entries: they alone /reset groups, see others' /usage, and /allow or /deny users and chats at run time [default: none]
+    #[arg(
+        long,
+        global = true,
+        env = "LULL_ADMINS",
+        default_value = "",
+        hide_default_value = true
+    )]
+    pub admins: Admins,
+    /// Messages one user may send per minute; more are kept and answered together once the minute has room (0: no limit)
+    #[arg(long, global = true, env = "LULL_RATE_PER_MIN", default_value_t = 0)]
+    pub rate_per_min: u32,
+    /// Tokens one user may spend per day (0: no limit)
+    #[arg(
+        long,
+        global = true,
+        env = "LULL_USER_DAILY_TOKENS",
+        default_value_t = 0
+    )]
+    pub user_daily_tokens: u64,
+    /// Tokens the whole bot may spend per day (0: no limit)
+    #[arg(long, global = true, env = "LULL_DAILY_TOKENS", default_value_t = 0)]
+    pub daily_tokens: u64,
+    /// Time zone whose midnight resets the daily budgets: an IANA name such as Europe/Berlin
+    #[arg(long, global = true, env = "LULL_TIMEZONE", default_value = "UTC")]
+    pub timezone: TimeZone,
 
     /// Log format: `text` or `json`.
     #[arg(long, global = true, env = "LOG_FORMAT", default_value = "text")]
@@ -658,6 +700,11 @@ impl Config {
             )));
         }
 
+        // Reserved before each reply: the most a reply may take.
+        let reply_tokens = match &llm {
+            LlmConfig::OpenAi(settings) => u64::from(settings.max_tokens),
+            LlmConfig::Echo(_) => lull_core::limits::estimate_tokens(s.max_reply_chars),
+        };
         Ok(Config {
             telegram,
             telegram_webhook,
@@ -675,7 +722,19 @@ impl Config {
                 poll_every: positive("LULL_POLL_MS", s.poll_ms)?,
                 history: history.exchanges(),
                 shutdown_grace: Duration::from_millis(s.shutdown_grace_ms),
-                access: s.allowed_users.clone(),
+                access: Access {
+                    users: s.allowed_users.clone(),
+                    chats: s.allowed_chats.clone(),
+                    admins: s.admins.clone(),
+                },
+                limits: Limits {
+                    rate_per_min: s.rate_per_min,
+                    user_daily_tokens: s.user_daily_tokens,
+                    daily_tokens: s.daily_tokens,
+                    timezone: s.timezone.clone(),
+                    // Reserved before each reply: the most a reply may take.
+                    reply_tokens,
+                },
                 max_reply_chars: s.max_reply_chars,
                 drafts: s.stream == StreamMode::Auto,
                 vision: s.vision == VisionMode::Auto,

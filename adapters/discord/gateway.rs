@@ -544,6 +544,12 @@ impl Feeder<'_> {
             Place::Dm
         };
         self.channels.remember(channel, place);
+        // Read back over REST, messages carry no server (what LULL_ALLOWED_CHATS may
+        // name): ask for it once.
+        let guild = match self.channels.place(&self.rest, channel).await {
+            Ok(Place::Guild(guild)) if recent.is_group => guild,
+            _ => None,
+        };
         let mut handed = 0;
         for _ in 0..CATCH_UP_PAGES {
             let Some(mut page) = self.history_after(channel, after).await else {
@@ -552,7 +558,8 @@ impl Feeder<'_> {
             let full = page.len() >= usize::from(PAGE);
             // Discord lists newest first; store oldest first.
             page.sort_by_key(|m| m.id);
-            for message in &page {
+            for message in &mut page {
+                message.guild_id = message.guild_id.or(guild);
                 after = after.max(message.id.get());
                 if let Some(incoming) = translate::new_message(message, &self.bot, recent.is_group)
                 {

@@ -13,7 +13,9 @@
 //!   text is the caption. Other attachments or stickers without text become
 //!   [`Content::Unsupported`], which the core answers with a short "text only" notice.
 
-use serenity::all::{Attachment, Message, MessageType, MessageUpdateEvent, UserId};
+use serenity::all::{
+    Attachment, ChannelId, GuildId, Message, MessageType, MessageUpdateEvent, UserId,
+};
 
 use lull_port::domain::{ConversationRef, Platform};
 use lull_port::{Content, Incoming, IncomingKind, Media, MediaKind};
@@ -63,6 +65,7 @@ pub fn new_message(message: &Message, bot: &BotIdentity, in_guild: bool) -> Opti
         conversation: ConversationRef::new(Platform::Discord, message.channel_id.to_string()),
         is_group: in_guild,
         user_id: message.author.id.to_string(),
+        chats: chats(message.channel_id, message.guild_id),
         author,
         message_id: message.id.to_string(),
         content,
@@ -118,6 +121,7 @@ pub fn edit(event: &MessageUpdateEvent, bot: &BotIdentity) -> Option<Incoming> {
         conversation: ConversationRef::new(Platform::Discord, event.channel_id.to_string()),
         is_group: event.guild_id.is_some(),
         user_id: author.id.to_string(),
+        chats: chats(event.channel_id, event.guild_id),
         author: author
             .global_name
             .clone()
@@ -126,6 +130,15 @@ pub fn edit(event: &MessageUpdateEvent, bot: &BotIdentity) -> Option<Incoming> {
         content: Content::Text(text),
         media,
         kind: IncomingKind::Edit,
+    })
+}
+
+/// What `LULL_ALLOWED_CHATS` may name to admit a server message: its channel, then
+/// its server (a `MESSAGE_CREATE` carries `guild_id` for server messages only).
+/// Direct messages have none: a user is admitted to them alone.
+fn chats(channel: ChannelId, guild: Option<GuildId>) -> Vec<String> {
+    guild.map_or_else(Vec::new, |guild| {
+        vec![channel.to_string(), guild.to_string()]
     })
 }
 
@@ -205,6 +218,10 @@ mod tests {
         assert_eq!(incoming.user_id, "5");
         assert_eq!(incoming.content, Content::Text("hello".into()));
         assert!(!incoming.is_group);
+        assert!(
+            incoming.chats.is_empty(),
+            "a DM is admitted by its user alone"
+        );
     }
 
     #[test]
@@ -217,6 +234,7 @@ mod tests {
         let incoming = new_message(&mention, &bot(), true).unwrap();
         assert_eq!(incoming.content, Content::Text("/reset now".into()));
         assert!(incoming.is_group);
+        assert_eq!(incoming.chats, ["77", "3"], "the channel, then its server");
 
         let reply = message(json!({"guild_id": "3", "type": 19, "content": "and then?",
             "referenced_message": message(json!({"id": "999", "author": user(BOT, true)}))}));

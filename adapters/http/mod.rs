@@ -239,6 +239,8 @@ async fn accept(
         conversation: ConversationRef::new(Platform::Http, message.conversation.clone()),
         is_group: message.group,
         user_id: message.user.clone(),
+        // The http platform is local (admitted by default) and names no chats.
+        chats: Vec::new(),
         author: message.name.clone().unwrap_or_else(|| message.user.clone()),
         message_id: message_id(&message.id)?,
         content: Content::Text(message.text),

@@ -332,6 +332,13 @@ fn incoming(
         conversation: ConversationRef::new(Platform::Telegram, key.to_string()),
         is_group,
         user_id,
+        // What LULL_ALLOWED_CHATS names: the group's chat id (a forum topic belongs to
+        // its supergroup). A private chat is admitted by its user alone.
+        chats: if is_group {
+            vec![msg.chat.id.0.to_string()]
+        } else {
+            Vec::new()
+        },
         author,
         message_id: msg.id.0.to_string(),
         content,

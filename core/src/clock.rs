@@ -25,6 +25,36 @@ impl Clock for SystemClock {
     }
 }
 
+/// The clock a `lull` process runs on: the wall clock. In builds with the
+/// `test-switches` feature (tests only), `LULL_TEST_CLOCK_OFFSET_MS=N` moves it `N`
+/// milliseconds ahead, so a test can start a process "tomorrow" (budgets reset).
+pub fn for_process() -> std::sync::Arc<dyn Clock> {
+    #[cfg(feature = "test-switches")]
+    if let Some(offset) = std::env::var("LULL_TEST_CLOCK_OFFSET_MS")
+        .ok()
+        .and_then(|v| v.parse::<i64>().ok())
+    {
+        tracing::warn!(
+            offset_ms = offset,
+            "LULL_TEST_CLOCK_OFFSET_MS: the clock is moved (test build)"
+        );
+        return std::sync::Arc::new(OffsetClock(offset));
+    }
+    std::sync::Arc::new(SystemClock)
+}
+
+/// The wall clock moved by a fixed offset (test builds).
+#[cfg(feature = "test-switches")]
+#[derive(Debug, Clone, Copy)]
+struct OffsetClock(i64);
+
+#[cfg(feature = "test-switches")]
+impl Clock for OffsetClock {
+    fn now(&self) -> Timestamp {
+        Timestamp(SystemClock.now().0.saturating_add(self.0))
+    }
+}
+
 /// Wall time at creation plus tokio's elapsed time, so `tokio::time::pause()` and
 /// `advance()` move it. Only meaningful within one process.
 #[derive(Debug, Clone, Copy)]

@@ -8,7 +8,8 @@ pub const HELP_TEXT: &str = "Hi, I'm lull, an AI assistant. Write to me as you w
 if you send several messages in a row, I wait until you pause and answer them together, once.\n\
 \n\
 Commands:\n\
-/reset: forget our conversation so far and start fresh\n\
+/reset: forget our conversation so far and start fresh (in a group: admins only)\n\
+/usage: how much you have used today, and your limit\n\
 /help: show this message";
 
 /// What `/reset` answers.
@@ -17,4 +18,71 @@ pub const RESET_TEXT: &str = "Done: I've forgotten our conversation so far. What
 /// What a message lull cannot read gets.
 pub fn unsupported_text(what: &str) -> String {
     format!("I can only read text, so I can't look at this {what}. Please describe it in words.")
+}
+
+/// What a non-admin gets for an admin's command.
+pub fn admins_only(command: &str) -> String {
+    format!("Sorry, only the bot's admins can use /{command} here.")
+}
+
+/// How `/allow` and `/deny` are used.
+pub const ACCESS_USAGE_TEXT: &str = "Usage: /allow platform:user_id (a user), \
+/allow chat platform:chat_id (every member of a group or server), or /allow chat in a group \
+(this group; on Discord, this server). /deny takes the same forms.";
+
+/// What `/allow` or `/deny` answers once recorded.
+pub fn access_set_text(subject: &str, allowed: bool) -> String {
+    if allowed {
+        format!("Allowed {subject}. Every process of this bot follows it from now on.")
+    } else {
+        format!("Denied {subject}. Every process of this bot follows it from now on.")
+    }
+}
+
+/// What a user over `LULL_RATE_PER_MIN` is told, once per hold.
+pub fn rate_text(per_min: u32, until: &str) -> String {
+    format!(
+        "You're sending messages faster than this bot allows ({per_min} a minute). \
+I've kept them and will answer them together at {until}."
+    )
+}
+
+/// What a user over a token budget is told, once a day per conversation.
+pub fn budget_text(yours: bool, limit: u64, resets: &str) -> String {
+    if yours {
+        format!(
+            "You've used your {limit} tokens for today. I've kept your messages and will \
+answer them when your budget resets, at {resets}."
+        )
+    } else {
+        format!(
+            "This bot has used its {limit} tokens for today. I've kept your messages and will \
+answer them when its budget resets, at {resets}."
+        )
+    }
+}
+
+/// What `/usage` answers: `who` used `used` tokens on `day` of `limit` (0: none);
+/// with `bot`, the whole bot's use and limit too.
+pub fn usage_text(
+    day: &str,
+    who: &str,
+    used: u64,
+    limit: u64,
+    bot: Option<(u64, u64)>,
+    resets: &str,
+) -> String {
+    let of = |used: u64, limit: u64| {
+        if limit == 0 {
+            format!("{used} tokens (no limit)")
+        } else {
+            format!("{used} of {limit} tokens")
+        }
+    };
+    let mut text = format!("Today ({day}), {who}: {}.", of(used, limit));
+    if let Some((used, limit)) = bot {
+        text.push_str(&format!(" The whole bot: {}.", of(used, limit)));
+    }
+    text.push_str(&format!(" Budgets reset at {resets}."));
+    text
 }

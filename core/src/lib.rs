@@ -14,7 +14,12 @@
 //!   sessions.
 //! - [`llm`]: the responder seam (`echo`, `openai`; the reply shown as it is written),
 //!   retries and prompt fitting.
-//! - [`commands`], [`access`]: what `/help` and `/reset` answer; who may talk to the bot.
+//! - [`commands`], [`access`]: what the commands answer; who may talk to the bot and
+//!   who administers it (`LULL_ALLOWED_USERS`, `LULL_ALLOWED_CHATS`, `LULL_ADMINS`, and
+//!   admins' `/allow` and `/deny` kept in the store).
+//! - [`limits`]: what the bot may spend (messages per minute per user, tokens per day
+//!   per user and in all), counted in the store so limits hold across restarts and
+//!   processes.
 //! - [`metrics`]: metric names, a contract with users' dashboards.
 //!
 //! # Invariants
@@ -22,7 +27,9 @@
 //! - **No duplicate:** every user message is covered by at most one delivered reply.
 //! - **No loss:** every accepted message is covered by a delivered reply within
 //!   `max_wait` plus generation time (plus the lease TTL after a crash), unless the
-//!   model keeps failing; then the user is told once and the messages stay pending.
+//!   model keeps failing (then the user is told once and the messages stay pending)
+//!   or a limit holds the conversation (then they are answered together when it
+//!   lifts, and the user is told once when that is).
 //! - **Fresh:** a delivered reply was generated from every message that existed when
 //!   it was committed, unless the cap forced delivery.
 //! - **Exclusive:** at most one live lease holder per conversation; fencing tokens
@@ -38,6 +45,7 @@ pub mod clock;
 pub mod commands;
 pub mod dispatcher;
 pub mod domain;
+pub mod limits;
 pub mod llm;
 pub mod metrics;
 pub mod store;

@@ -15,8 +15,17 @@ pub const LEASE_CONTENDED: &str = "lull_lease_contended_total";
 /// it gives the model calls spent per delivered reply.
 pub const LLM_REQUESTS: &str = "lull_llm_requests_total";
 pub const LLM_SECONDS: &str = "lull_llm_seconds";
-/// Labelled `kind`: `prompt`, `completion` (from the API's usage field).
+/// Labelled `kind`: `prompt`, `completion` (from the API's usage field), per successful
+/// request. Kept as an alias for dashboards built before [`TOKENS`]; it counts only
+/// what servers report, so prefer `lull_tokens_total`.
 pub const LLM_TOKENS: &str = "lull_llm_tokens_total";
+/// Labelled `kind`: `prompt`, `completion` (reported by the model), `estimated` (the
+/// server reported none: four characters a token). What the token budgets are charged.
+pub const TOKENS: &str = "lull_tokens_total";
+/// Labelled `reason`: `denied` (a message from someone not admitted), `rate` (a
+/// message held by `LULL_RATE_PER_MIN`), `user_budget`, `bot_budget` (a batch held by
+/// `LULL_USER_DAILY_TOKENS` or `LULL_DAILY_TOKENS`).
+pub const LIMITED: &str = "lull_limited_total";
 pub const BATCH_MESSAGES: &str = "lull_batch_messages";
 pub const PENDING_CONVERSATIONS: &str = "lull_pending_conversations";
 
@@ -45,6 +54,14 @@ pub fn describe() {
         LLM_SECONDS,
         metrics::Unit::Seconds,
         "Time the model took per call."
+    );
+    describe_counter!(
+        TOKENS,
+        "Tokens charged to the budgets, by kind (prompt, completion, or estimated when the server reports none)."
+    );
+    describe_counter!(
+        LIMITED,
+        "Messages or batches held back by access or spending limits, by reason."
     );
     describe_histogram!(BATCH_MESSAGES, "Messages covered by each committed reply.");
     describe_gauge!(

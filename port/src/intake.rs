@@ -31,8 +31,13 @@ pub struct Incoming {
     pub conversation: ConversationRef,
     /// Group chats get author names in the prompt and replies that quote.
     pub is_group: bool,
-    /// The platform's user id (what `LULL_ALLOWED_USERS` lists).
+    /// The platform's user id (what `LULL_ALLOWED_USERS` and `LULL_ADMINS` list).
     pub user_id: String,
+    /// The chats this message came from, as `LULL_ALLOWED_CHATS` names them, most
+    /// specific first: a Telegram group's chat id; a Discord channel's id, then its
+    /// server's (guild) id. Empty for private chats and the http adapter: a private
+    /// chat is admitted by its user alone.
+    pub chats: Vec<String>,
     /// The user's display name.
     pub author: String,
     /// The platform's message id, unique within the conversation. Redeliveries carry
@@ -106,8 +111,15 @@ pub enum Command {
     Start,
     /// `/help`: what the bot does and how to use it.
     Help,
-    /// `/reset`: start a fresh context for this conversation.
+    /// `/reset`: start a fresh context for this conversation (in a group: admins only).
     Reset,
+    /// `/usage`: tokens used today and the limits (an admin: of the group, or of a
+    /// user named after the command).
+    Usage,
+    /// `/allow <platform:user_id>` or `/allow chat [platform:chat_id]` (admins).
+    Allow,
+    /// `/deny <platform:user_id>` or `/deny chat [platform:chat_id]` (admins).
+    Deny,
 }
 
 impl Command {
@@ -121,6 +133,9 @@ impl Command {
             "start" => Some(Command::Start),
             "help" => Some(Command::Help),
             "reset" => Some(Command::Reset),
+            "usage" => Some(Command::Usage),
+            "allow" => Some(Command::Allow),
+            "deny" => Some(Command::Deny),
             _ => None,
         }
     }
@@ -130,6 +145,9 @@ impl Command {
             Command::Start => "start",
             Command::Help => "help",
             Command::Reset => "reset",
+            Command::Usage => "usage",
+            Command::Allow => "allow",
+            Command::Deny => "deny",
         }
     }
 }
@@ -164,6 +182,9 @@ mod tests {
         assert_eq!(Command::parse("/help"), Some(Command::Help));
         assert_eq!(Command::parse("  /RESET now"), Some(Command::Reset));
         assert_eq!(Command::parse("/start"), Some(Command::Start));
+        assert_eq!(Command::parse("/usage"), Some(Command::Usage));
+        assert_eq!(Command::parse("/allow telegram:1"), Some(Command::Allow));
+        assert_eq!(Command::parse("/deny chat"), Some(Command::Deny));
         assert_eq!(Command::parse("/unknown"), None);
         assert_eq!(Command::parse("help"), None);
         assert_eq!(Command::parse(""), None);

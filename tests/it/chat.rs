@@ -101,6 +101,11 @@ fn bad_settings_stop_the_program_naming_the_variable() {
         ("LULL_ECHO_DELAY_MS", "9..1", "LULL_ECHO_DELAY_MS"),
         ("DATABASE_URL", "mysql://db", "DATABASE_URL"),
         ("LULL_ALLOWED_USERS", "nobody", "LULL_ALLOWED_USERS"),
+        ("LULL_ALLOWED_CHATS", "-100123", "LULL_ALLOWED_CHATS"),
+        ("LULL_ADMINS", "telegram:*", "LULL_ADMINS"),
+        ("LULL_TIMEZONE", "Mars/Olympus", "LULL_TIMEZONE"),
+        ("LULL_RATE_PER_MIN", "-1", "LULL_RATE_PER_MIN"),
+        ("LULL_DAILY_TOKENS", "lots", "LULL_DAILY_TOKENS"),
         ("LULL_LLM", "gpt", "LULL_LLM"),
         ("RUST_LOG", "info,[", "RUST_LOG"),
     ] {

@@ -13,12 +13,10 @@ use crate::helpers::{CountingEcho, Leases, Node, message, settings, temp_db};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_whose_first_update_is_a_command_stays_a_group() {
     let db = temp_db();
-    let node = Node::start(
-        &db.path,
-        settings(100, 3000, 3000),
-        CountingEcho::new(0),
-        Leases::Enforced,
-    );
+    let mut settings = settings(100, 3000, 3000);
+    // In a group only an admin may /reset.
+    settings.access.admins = "http:user".parse().unwrap();
+    let node = Node::start(&db.path, settings, CountingEcho::new(0), Leases::Enforced);
     let group = |id: &str, text: &str| {
         let mut incoming = message("g1", id, text);
         incoming.is_group = true;

@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use crate::helpers::settings;
 use crate::support::db;
 use crate::support::discord_fake::{
-    ChannelKind, DiscordFake, MAX_CONTENT, PostFault, Say, Sent, guild_on_shard,
+    ChannelKind, DiscordFake, GUILD_ID, MAX_CONTENT, PostFault, Say, Sent, guild_on_shard,
 };
 use crate::support::process::LullProcess;
 
@@ -246,7 +246,13 @@ async fn guild_messages_need_a_mention_and_threads_are_separate() {
     let channel = h.fake.channel(ChannelKind::Guild);
     let thread = h.fake.channel(ChannelKind::Thread);
     let allowed = format!("discord:{ALICE} discord:{BOB}");
-    h.start("lull", &[("LULL_ALLOWED_USERS", &allowed)]).await;
+    // In a guild only an admin may /reset.
+    let admin = format!("discord:{ALICE}");
+    h.start(
+        "lull",
+        &[("LULL_ALLOWED_USERS", &allowed), ("LULL_ADMINS", &admin)],
+    )
+    .await;
     h.fake.wait_connected(1, WAIT).await;
 
     // Chatter first: were it taken in, it would join the mention's batch.
@@ -890,7 +896,10 @@ async fn a_message_is_retried_until_it_is_stored() {
         Arc::new(EchoResponder::default()),
         vec![Arc::new(discord.outbound)],
         lull_core::dispatcher::DispatchSettings {
-            access: "*".parse().unwrap(),
+            access: lull_core::access::Access {
+                users: "*".parse().unwrap(),
+                ..Default::default()
+            },
             ..settings
         },
         Arc::new(SystemClock),
@@ -954,6 +963,40 @@ async fn trace_logging_keeps_raw_gateway_frames_out() {
         &frames[..frames.len().min(3)]
     );
     assert!(!logs.contains(TOKEN));
+}
+
+/// `LULL_ALLOWED_CHATS=discord:<server>` admits every member of the server, in its
+/// channels only (a DM of the same user is refused), also for messages read back
+/// from history after downtime (which carry no server: the channel's is looked up).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_admits_its_members_live_and_on_catch_up() {
+    let mut h = Harness::new().await;
+    let dm = h.fake.channel(ChannelKind::Dm);
+    let channel = h.fake.channel(ChannelKind::Guild);
+    let server = format!("discord:{GUILD_ID}");
+    let env = [("LULL_ALLOWED_USERS", ""), ("LULL_ALLOWED_CHATS", &server)];
+    let lull = h.start("lull", &env).await;
+    h.fake.wait_connected(1, WAIT).await;
+    h.fake.say(Say::new(channel, ALICE, "hello").mention());
+    let replies = h.fake.wait_sent(channel, 1, WAIT).await;
+    assert_eq!(echoed(&replies[0]), ["user1: hello"]);
+    h.fake.say(Say::new(dm, ALICE, "and in private?"));
+    let denied = h.fake.wait_sent(dm, 1, WAIT).await;
+    assert!(
+        denied[0].content.contains("discord:"),
+        "{}",
+        denied[0].content
+    );
+    h.settled().await;
+
+    h.processes[lull].kill9();
+    h.fake.wait_connected(0, WAIT).await;
+    h.fake
+        .say(Say::new(channel, BOB, "are you back?").mention());
+    h.processes[lull].restart();
+    let replies = h.fake.wait_sent(channel, 2, WAIT).await;
+    assert_eq!(echoed(&replies[1]), ["user2: are you back?"]);
+    h.settled().await;
 }
 
 /// Two processes with `LULL_DISCORD_SHARDS=2` on one database split the shards: the

@@ -140,6 +140,8 @@ async fn reset_first_in_a_group() -> Row {
         ("TELEGRAM_BOT_TOKEN", telegram.token.clone()),
         ("TELEGRAM_API_URL", telegram.url.clone()),
         ("LULL_LLM", "echo".into()),
+        // In a group only an admin may /reset.
+        ("LULL_ADMINS", "telegram:77".into()),
     ])
     .await;
     let group = -5102;

@@ -171,7 +171,7 @@ async fn an_unlisted_user_is_told_once_and_nothing_reaches_the_model() {
     let db = temp_db();
     let echo = CountingEcho::new(0);
     let mut restricted = settings(100, 3000, 3000);
-    restricted.access = "telegram:1".parse().unwrap();
+    restricted.access.users = "telegram:1".parse().unwrap();
     let store = Arc::new(SqliteStore::open(&db.path, restricted.timers).unwrap());
     let node = Node::start_on(Platform::Telegram, store, restricted, echo.clone());
     let from = |user: &str, id: &str, text: &str| {

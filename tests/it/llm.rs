@@ -417,6 +417,8 @@ async fn the_message_list_carries_history_authors_and_resets() {
         ("LULL_SYSTEM_PROMPT", "You are a test bot."),
         ("LULL_TEMPERATURE", "0.25"),
         ("LULL_MAX_TOKENS", "300"),
+        // In a group only an admin may /reset.
+        ("LULL_ADMINS", "http:bob"),
     ])
     .await;
     bot.say_in_group("g", "1", "Ann", "hi all").await;
@@ -475,6 +477,17 @@ async fn the_message_list_carries_history_authors_and_resets() {
     let metrics = bot.lull.metrics().await.unwrap();
     assert_eq!(metrics["lull_llm_tokens_total{kind=\"prompt\"}"], 80.0);
     assert_eq!(metrics["lull_llm_tokens_total{kind=\"completion\"}"], 21.0);
+    // What the budgets are charged: the same tokens, under the contract's name, and
+    // per day in the database (for /usage) even with no budget set.
+    assert_eq!(metrics["lull_tokens_total{kind=\"prompt\"}"], 80.0);
+    assert_eq!(metrics["lull_tokens_total{kind=\"completion\"}"], 21.0);
+    assert_eq!(
+        db::count(
+            &db_path,
+            "SELECT SUM(tokens) FROM token_usage WHERE scope = 'bot'"
+        ),
+        101
+    );
 }
 
 /// The history budget leaves the oldest exchanges out first.

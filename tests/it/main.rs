@@ -25,4 +25,5 @@ mod store;
 mod stress;
 mod telegram;
 mod telegram_webhook;
+mod wallet;
 mod webhook;

@@ -1,7 +1,7 @@
 //! What the dispatcher did, broadcast for observers: `lull chat` waits on these, and
 //! tests observe progress through them instead of sleeping.
 
-use crate::domain::{ConversationId, LeaseToken, OutboxId, Version};
+use crate::domain::{ConversationId, LeaseToken, OutboxId, Timestamp, Version};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
@@ -58,6 +58,13 @@ pub enum Event {
         batch: usize,
         error: String,
     },
+    /// A limit holds the conversation's messages (stored, pending) until `until`:
+    /// `reason` is `rate`, `user_budget` or `bot_budget`.
+    Limited {
+        conversation: ConversationId,
+        reason: &'static str,
+        until: Timestamp,
+    },
     /// A round ended (whatever happened in it).
     RoundEnded { conversation: ConversationId },
 }
@@ -75,6 +82,7 @@ impl Event {
             | Event::LeaseLost { conversation }
             | Event::GenerationFailed { conversation, .. }
             | Event::GaveUp { conversation, .. }
+            | Event::Limited { conversation, .. }
             | Event::RoundEnded { conversation } => *conversation,
         }
     }

@@ -5,11 +5,14 @@
 use lull_port::{Accepted, Command, Content, Incoming, IncomingKind, IngestError};
 
 use super::{Dispatcher, Event};
-use crate::access::AccessList;
+use crate::access::{AccessList, AccessRule, Sender, Subject, SubjectKind};
 use crate::commands;
-use crate::domain::Timestamp;
+use crate::domain::{ConversationId, Platform, Timestamp};
+use crate::limits;
 use crate::metrics as names;
-use crate::store::{IngestOutcome, MessageEdit, NewMessage, NewNotice, StoreError};
+use crate::store::{
+    IngestOutcome, MessageEdit, NewMessage, NewNotice, RateHold, RateWindow, StoreError,
+};
 
 /// Accept an inbound update: `Ok` once it is stored for good (or deliberately not
 /// stored), so the adapter may acknowledge it to its platform.
@@ -23,7 +26,9 @@ pub(super) async fn ingest(
     }
     let settings = &dispatcher.settings;
     let now = dispatcher.clock.now();
-    if !settings.access.allows(platform, &incoming.user_id) {
+    let rules = dispatcher.access_rules().await.map_err(not_stored)?;
+    if !settings.access.allows(sender(&incoming), &rules) {
+        metrics::counter!(names::LIMITED, "reason" => "denied").increment(1);
         if incoming.kind == IncomingKind::New {
             deny(dispatcher, &incoming, now).await.map_err(not_stored)?;
         }
@@ -55,7 +60,7 @@ pub(super) async fn ingest(
         && incoming.media.is_empty()
         && let Some(command) = Command::parse(&text)
     {
-        answer_command(dispatcher, &incoming, command, now)
+        answer_command(dispatcher, &incoming, command, &text, now)
             .await
             .map_err(not_stored)?;
         return Ok(Accepted::Command(command));
@@ -67,6 +72,11 @@ pub(super) async fn ingest(
     let store = &dispatcher.store;
     let holder = &dispatcher.holder;
     let conversation_ref = incoming.conversation.clone();
+    // The sender of a message the rate limit counts (admins are not limited).
+    let rate_limited = (incoming.kind == IncomingKind::New
+        && settings.limits.rate_per_min > 0
+        && !settings.access.is_admin(sender(&incoming)))
+    .then(|| incoming.clone());
     let outcome = match incoming.kind {
         IncomingKind::New => {
             let message = NewMessage {
@@ -102,6 +112,36 @@ pub(super) async fn ingest(
                 conversation,
                 version,
             });
+            // The message is stored: a failure from here on is logged, never reported
+            // as "not stored" (a redelivery would only be a duplicate).
+            if let Some(limited) = &rate_limited {
+                let rate = RateWindow {
+                    max: settings.limits.rate_per_min,
+                    window: limits::rate_window(),
+                };
+                match dispatcher
+                    .store
+                    .hold_over_rate(conversation, &limited.user_id, rate, now)
+                    .await
+                {
+                    Ok(None) => {}
+                    Ok(Some(hold)) => {
+                        // Stored and pending: answered with the rest when the hold ends.
+                        if let Err(e) =
+                            rate_held(dispatcher, limited, conversation, hold, now).await
+                        {
+                            tracing::warn!(%conversation, error = %e, "could not tell a user about their rate limit");
+                        }
+                        return Ok(Accepted::Stored {
+                            conversation,
+                            version,
+                        });
+                    }
+                    Err(e) => {
+                        tracing::warn!(%conversation, error = %e, "could not apply the rate limit; the message is answered as usual");
+                    }
+                }
+            }
             dispatcher.wake_by(due_at);
             // "Thinking…" in the conversation's draft while the debounce waits.
             if let Some(outbound) = dispatcher
@@ -152,15 +192,59 @@ fn not_stored(error: StoreError) -> IngestError {
     IngestError::from(error)
 }
 
-/// Answer a command at once, without the model.
+/// Who sent `incoming`, as access decisions see it.
+fn sender(incoming: &Incoming) -> Sender<'_> {
+    Sender {
+        platform: incoming.conversation.platform,
+        user_id: &incoming.user_id,
+        chats: &incoming.chats,
+    }
+}
+
+/// A message was held by the rate limit: count it, and tell the user once per hold
+/// when their messages will be answered.
+async fn rate_held(
+    dispatcher: &Dispatcher,
+    incoming: &Incoming,
+    conversation: ConversationId,
+    hold: RateHold,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    metrics::counter!(names::LIMITED, "reason" => "rate").increment(1);
+    tracing::info!(%conversation, user = %incoming.user_id, until = hold.until.0, "over LULL_RATE_PER_MIN: messages held");
+    dispatcher.emit(Event::Limited {
+        conversation,
+        reason: "rate",
+        until: hold.until,
+    });
+    if !hold.began {
+        return Ok(());
+    }
+    let limits = &dispatcher.settings.limits;
+    let text = commands::rate_text(limits.rate_per_min, &limits.timezone.show(hold.until, now));
+    let dedupe_key = format!(
+        "rate/{}/{}/{}",
+        incoming.conversation, incoming.user_id, hold.until.0
+    );
+    queue_notice(dispatcher, incoming, text, dedupe_key, now).await
+}
+
+/// Answer a command at once, without the model. `text` is the whole message (the
+/// arguments of `/usage`, `/allow`, `/deny`).
 async fn answer_command(
     dispatcher: &Dispatcher,
     incoming: &Incoming,
     command: Command,
+    text: &str,
     now: Timestamp,
 ) -> Result<(), StoreError> {
+    let settings = &dispatcher.settings;
+    let admin = settings.access.is_admin(sender(incoming));
+    let args: Vec<&str> = text.split_whitespace().skip(1).collect();
     let text = match command {
         Command::Start | Command::Help => commands::HELP_TEXT.to_owned(),
+        // In a group only an admin resets; anyone resets their private chat.
+        Command::Reset if incoming.is_group && !admin => commands::admins_only("reset"),
         Command::Reset => {
             dispatcher
                 .store
@@ -173,9 +257,125 @@ async fn answer_command(
                 .await?;
             commands::RESET_TEXT.to_owned()
         }
+        Command::Usage => usage(dispatcher, incoming, admin, &args, now).await?,
+        Command::Allow | Command::Deny if !admin => commands::admins_only(command.name()),
+        Command::Allow | Command::Deny => match subject(incoming, &args) {
+            Ok(subject) => {
+                let allowed = command == Command::Allow;
+                let rule = AccessRule {
+                    subject,
+                    allowed,
+                    set_by: AccessList::entry_for(
+                        incoming.conversation.platform,
+                        &incoming.user_id,
+                    ),
+                    set_at: now,
+                };
+                dispatcher.store.set_access(&rule).await?;
+                dispatcher.forget_access_rules();
+                tracing::info!(subject = %rule.subject, allowed, by = %rule.set_by, "access decision recorded");
+                commands::access_set_text(&rule.subject.to_string(), allowed)
+            }
+            Err(why) => why,
+        },
     };
     tracing::info!(conversation = %incoming.conversation, command = command.name(), "command");
     notify(dispatcher, incoming, text, command.name(), now).await
+}
+
+/// Whom `/allow` or `/deny` names: `platform:user_id` (or a bare user id on this
+/// platform), or `chat` with `platform:chat_id` (or nothing, in a group: this group;
+/// on Discord, its server).
+fn subject(incoming: &Incoming, args: &[&str]) -> Result<Subject, String> {
+    let platform = incoming.conversation.platform;
+    let (kind, id) = match args {
+        ["chat"] => match incoming.chats.last() {
+            Some(chat) => (SubjectKind::Chat, chat.as_str()),
+            None => return Err(commands::ACCESS_USAGE_TEXT.to_owned()),
+        },
+        ["chat", id] => (SubjectKind::Chat, *id),
+        [id] => (SubjectKind::User, *id),
+        _ => return Err(commands::ACCESS_USAGE_TEXT.to_owned()),
+    };
+    let (platform, id) = match id.split_once(':') {
+        Some((p, id)) => (
+            p.parse::<Platform>()
+                .map_err(|e| format!("{e}. {}", commands::ACCESS_USAGE_TEXT))?,
+            id,
+        ),
+        None => (platform, id),
+    };
+    if id.is_empty() || id == "*" {
+        return Err(commands::ACCESS_USAGE_TEXT.to_owned());
+    }
+    Ok(Subject {
+        platform,
+        kind,
+        id: id.to_owned(),
+    })
+}
+
+/// What `/usage` answers: the sender's own use today and their limit; an admin also
+/// sees the whole bot's, and asks for a group's (in the group) or a user's (named).
+async fn usage(
+    dispatcher: &Dispatcher,
+    incoming: &Incoming,
+    admin: bool,
+    args: &[&str],
+    now: Timestamp,
+) -> Result<String, StoreError> {
+    let limits = &dispatcher.settings.limits;
+    let platform = incoming.conversation.platform;
+    let day = limits.timezone.day(now);
+    let resets = limits.timezone.show(limits.timezone.next_day(now), now);
+    let (label, scope, limit) = match (admin, args) {
+        (true, [who]) => {
+            let (p, id) = who
+                .split_once(':')
+                .and_then(|(p, id)| Some((p.parse::<Platform>().ok()?, id)))
+                .unwrap_or((platform, who));
+            (
+                format!("{p}:{id}"),
+                limits::user_scope(p, id),
+                limits.user_daily_tokens,
+            )
+        }
+        (true, []) if incoming.is_group => (
+            "this group".to_owned(),
+            limits::conversation_scope(&incoming.conversation),
+            0,
+        ),
+        _ => (
+            "you".to_owned(),
+            limits::user_scope(platform, &incoming.user_id),
+            if admin { 0 } else { limits.user_daily_tokens },
+        ),
+    };
+    let scopes = [scope, limits::BOT_SCOPE.to_owned()];
+    let used = dispatcher.store.token_usage(&day, &scopes).await?;
+    Ok(commands::usage_text(
+        &day,
+        &label,
+        used[0],
+        limit,
+        admin.then_some((used[1], limits.daily_tokens)),
+        &resets,
+    ))
+}
+
+/// Tell a user who is not admitted how to get access: once per conversation, whatever
+/// they send, and nothing reaches the model.
+async fn deny(
+    dispatcher: &Dispatcher,
+    incoming: &Incoming,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    let platform = incoming.conversation.platform;
+    tracing::info!(%platform, user = %incoming.user_id, chats = ?incoming.chats, "message from a user not admitted (LULL_ALLOWED_USERS, LULL_ALLOWED_CHATS, /allow)");
+    let chat = incoming.chats.last().map(String::as_str);
+    let text = AccessList::denial_text(platform, &incoming.user_id, chat);
+    let dedupe_key = format!("denied/{}/{}", incoming.conversation, incoming.user_id);
+    queue_notice(dispatcher, incoming, text, dedupe_key, now).await
 }
 
 /// Queue a notice answering `incoming`, once per message (a redelivered command is not
@@ -188,21 +388,6 @@ async fn notify(
     now: Timestamp,
 ) -> Result<(), StoreError> {
     let dedupe_key = format!("{what}/{}/{}", incoming.conversation, incoming.message_id);
-    queue_notice(dispatcher, incoming, text, dedupe_key, now).await
-}
-
-/// Tell an unlisted user how to get access: once a day per user, whatever they send,
-/// and nothing reaches the model.
-async fn deny(
-    dispatcher: &Dispatcher,
-    incoming: &Incoming,
-    now: Timestamp,
-) -> Result<(), StoreError> {
-    let platform = incoming.conversation.platform;
-    tracing::info!(%platform, user = %incoming.user_id, "message from a user not in LULL_ALLOWED_USERS");
-    let day = now.0 / 86_400_000;
-    let text = AccessList::denial_text(platform, &incoming.user_id);
-    let dedupe_key = format!("denied/{platform}/{}/{day}", incoming.user_id);
     queue_notice(dispatcher, incoming, text, dedupe_key, now).await
 }
 

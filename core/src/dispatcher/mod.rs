@@ -40,9 +40,10 @@ pub use events::Event;
 pub use lull_port::{Accepted, IngestError};
 pub use sessions::SessionsEnded;
 
-use crate::access::AccessList;
+use crate::access::{Access, AccessRule};
 use crate::clock::Clock;
 use crate::domain::{HolderId, Platform, Timestamp};
+use crate::limits::Limits;
 use crate::llm::Responder;
 use crate::llm::transcribe::Transcriber;
 use crate::store::{Store, StoreError};
@@ -67,7 +68,10 @@ pub struct DispatchSettings {
     pub max_rounds: usize,
     /// How long rounds in flight may finish after shutdown begins.
     pub shutdown_grace: Duration,
-    pub access: AccessList,
+    /// Who may talk to the bot and who administers it.
+    pub access: Access,
+    /// What the bot may spend.
+    pub limits: Limits,
     /// Longest message text accepted, in characters.
     pub max_message_chars: usize,
     /// Longest reply committed, in characters: a longer one is cut, with a note.
@@ -101,7 +105,8 @@ impl Default for DispatchSettings {
             history: 10,
             max_rounds: 32,
             shutdown_grace: Duration::from_secs(10),
-            access: AccessList::default(),
+            access: Access::default(),
+            limits: Limits::default(),
             max_message_chars: MAX_MESSAGE_CHARS,
             max_reply_chars: MAX_REPLY_CHARS,
             drafts: true,
@@ -155,6 +160,10 @@ pub struct Dispatcher {
     /// while it is looking for work, so nothing armed meanwhile is missed.
     sleeping_until: AtomicI64,
     events: broadcast::Sender<Event>,
+    /// The admins' run-time access decisions as last read, and when: read again once
+    /// older than `poll_every` (so a decision taken in another process counts here
+    /// within that), and at once after this process recorded one.
+    access_rules: std::sync::Mutex<Option<(std::time::Instant, Arc<Vec<AccessRule>>)>>,
 }
 
 impl Dispatcher {
@@ -179,6 +188,7 @@ impl Dispatcher {
             drafts,
             sleeping_until: AtomicI64::new(i64::MAX),
             events,
+            access_rules: std::sync::Mutex::new(None),
         })
     }
 
@@ -186,6 +196,24 @@ impl Dispatcher {
     /// [`Dispatcher::run`]; a second call is ignored).
     pub fn set_transcriber(&self, transcriber: Arc<dyn Transcriber>) {
         let _ = self.transcriber.set(transcriber);
+    }
+
+    /// The run-time access decisions, at most `poll_every` old.
+    async fn access_rules(&self) -> Result<Arc<Vec<AccessRule>>, StoreError> {
+        if let Some((read_at, rules)) = self.access_rules.lock().expect("not poisoned").as_ref()
+            && read_at.elapsed() < self.settings.poll_every
+        {
+            return Ok(rules.clone());
+        }
+        let rules = Arc::new(self.store.access_rules().await?);
+        *self.access_rules.lock().expect("not poisoned") =
+            Some((std::time::Instant::now(), rules.clone()));
+        Ok(rules)
+    }
+
+    /// Forget the cached access decisions (this process just recorded one).
+    fn forget_access_rules(&self) {
+        *self.access_rules.lock().expect("not poisoned") = None;
     }
 
     /// Observe what the dispatcher does from now on.

@@ -11,10 +11,15 @@ use super::delivery::Delivery;
 use super::drafts::newer_message;
 use super::lease_keeper::LeaseKeeper;
 use super::{Dispatcher, Event};
-use crate::domain::{ConversationId, Said};
+use crate::commands;
+use crate::domain::{ConversationId, Said, Timestamp};
+use crate::limits;
 use crate::llm::{FailureKind, Generation, Image, LlmError, Partial, Prompt};
 use crate::metrics as names;
-use crate::store::{Batch, Claimed, CommitOutcome, NewNotice, NewReply, OutboxRow, StoreError};
+use crate::store::{
+    Batch, Charged, Claimed, CommitOutcome, NewNotice, NewReply, OutboxRow, ScopeCharge,
+    StoreError, TokenCharge,
+};
 use crate::timing::FAILURE_BACKOFF;
 use lull_port::{MediaError, MediaKind};
 
@@ -234,6 +239,8 @@ impl Round<'_> {
             return Ok(());
         }
 
+        // Voice first, then images: both before the budget is reserved, so the
+        // estimate counts the transcripts (stored once, whatever the budget says).
         let mut batch = batch;
         let transcribed = tokio::select! {
             transcribed = self.transcribe(&mut batch) => transcribed?,
@@ -269,19 +276,17 @@ impl Round<'_> {
                 return Ok(());
             }
         };
-        // Told plainly, once per message; the rest of the burst is answered.
         for (row, size) in too_big {
             let text = too_big_text(size, d.settings.max_image_bytes);
-            rows.extend(
-                self.notice(
-                    &batch,
-                    &text,
-                    format!("image-too-big/{}/{row}", batch.conversation),
-                )
-                .await?,
-            );
+            let key = format!("image-too-big/{}/{row}", batch.conversation);
+            rows.extend(self.notice(&batch, &text, key).await?);
         }
 
+        let reserved = match self.reserve(&batch, rows).await? {
+            Some(reserved) => reserved,
+            // Over a budget: the messages wait, held until it resets.
+            None => return Ok(()),
+        };
         let started = Instant::now();
         let mut generated = tokio::select! {
             generated = self.generate(&batch, &prompt) => generated,
@@ -297,14 +302,8 @@ impl Round<'_> {
             tracing::warn!(%conversation, error = %error, "the model refused the images; answering the text without them (set LULL_VISION=off for a model without vision)");
             prompt.images.clear();
             add_note(&mut prompt, NO_VISION_NOTE);
-            rows.extend(
-                self.notice(
-                    &batch,
-                    NO_VISION_TEXT,
-                    format!("no-vision/{}", batch.conversation),
-                )
-                .await?,
-            );
+            let key = format!("no-vision/{}", batch.conversation);
+            rows.extend(self.notice(&batch, NO_VISION_TEXT, key).await?);
             generated = tokio::select! {
                 generated = self.generate(&batch, &prompt) => generated,
                 () = self.keeper.lost() => return Err(Interrupt::LeaseLost),
@@ -314,15 +313,20 @@ impl Round<'_> {
         let llm_time = started.elapsed();
         let generation = match generated {
             Ok(generation) => generation,
-            Err(error) if error.kind() == FailureKind::Transient => {
-                rows.extend(self.generation_failed(&batch, error).await?);
-                return Ok(());
-            }
             Err(error) => {
-                rows.extend(self.give_up(&batch, error).await?);
+                // Nothing was spent that any server reported: give the reservation back.
+                self.settle(&batch, reserved, Spent::default()).await?;
+                if error.kind() == FailureKind::Transient {
+                    rows.extend(self.generation_failed(&batch, error).await?);
+                } else {
+                    rows.extend(self.give_up(&batch, error).await?);
+                }
                 return Ok(());
             }
         };
+        // Spent whether or not the reply is committed: charged before the final check.
+        self.settle(&batch, reserved, Spent::of(&batch, &generation))
+            .await?;
 
         let reply = NewReply {
             text: self.bounded(generation.text),
@@ -369,6 +373,130 @@ impl Round<'_> {
             }
         }
         Ok(())
+    }
+
+    /// Before the model is asked: reserve the most this reply can cost in every budget
+    /// it counts against, under the lease (`Some(reserved)`, 0 when no budget is set).
+    /// `None`: a budget would be passed; nothing was charged, the store holds the
+    /// conversation until the budget resets, and the user is told once (the notice,
+    /// if queued now, joins `rows`).
+    async fn reserve(
+        &self,
+        batch: &Batch,
+        rows: &mut Vec<OutboxRow>,
+    ) -> Result<Option<u64>, Interrupt> {
+        let d = self.dispatcher;
+        let limits = &d.settings.limits;
+        if !limits.has_budget() {
+            return Ok(Some(0));
+        }
+        let now = d.clock.now();
+        let reserved = prompt_estimate(batch) + limits.reply_tokens;
+        let charge = self.charge(batch, reserved as i64, true, now);
+        let (scope, limit) = match d
+            .store
+            .charge_tokens(&self.keeper.lease(), &charge, now)
+            .await?
+        {
+            Charged::Charged => return Ok(Some(reserved)),
+            Charged::Over { scope, limit, .. } => (scope, limit),
+        };
+        let reason = if scope == limits::BOT_SCOPE {
+            "bot_budget"
+        } else {
+            "user_budget"
+        };
+        metrics::counter!(names::LIMITED, "reason" => reason).increment(1);
+        let conversation = self.conversation;
+        tracing::info!(%conversation, %scope, limit, until = charge.hold_until.0, "over a token budget: messages held until it resets");
+        d.emit(Event::Limited {
+            conversation,
+            reason,
+            until: charge.hold_until,
+        });
+        let notice = NewNotice {
+            conversation: batch.conversation.clone(),
+            is_group: batch.is_group,
+            text: commands::budget_text(
+                reason == "user_budget",
+                limit,
+                &limits.timezone.show(charge.hold_until, now),
+            ),
+            reply_to: batch
+                .is_group
+                .then(|| batch.last_message_id().map(str::to_owned))
+                .flatten(),
+            dedupe_key: format!("budget/{scope}/{}/{}", charge.day, batch.conversation),
+        };
+        rows.extend(d.store.enqueue_notice(notice, &d.holder, now).await?);
+        Ok(None)
+    }
+
+    /// After the model answered (or failed): turn the reservation into what was
+    /// spent, under the lease (no budget checked: the reservation already was).
+    async fn settle(&self, batch: &Batch, reserved: u64, spent: Spent) -> Result<(), Interrupt> {
+        for (kind, tokens) in [
+            ("prompt", spent.prompt),
+            ("completion", spent.completion),
+            ("estimated", spent.estimated),
+        ] {
+            if tokens > 0 {
+                metrics::counter!(names::TOKENS, "kind" => kind).increment(tokens);
+            }
+        }
+        let delta = spent.total() as i64 - reserved as i64;
+        if delta == 0 {
+            return Ok(());
+        }
+        let d = self.dispatcher;
+        let now = d.clock.now();
+        let charge = self.charge(batch, delta, false, now);
+        d.store
+            .charge_tokens(&self.keeper.lease(), &charge, now)
+            .await?;
+        Ok(())
+    }
+
+    /// A charge of `tokens` for `batch`: split evenly among its authors (each against
+    /// their own budget, admins excepted), the conversation (no budget), and the whole
+    /// bot; with `check`, against the budgets.
+    fn charge(&self, batch: &Batch, tokens: i64, check: bool, now: Timestamp) -> TokenCharge {
+        let d = self.dispatcher;
+        let limits = &d.settings.limits;
+        let platform = batch.conversation.platform;
+        let mut authors: Vec<&str> = batch.pending.iter().map(|m| m.user_id.as_str()).collect();
+        authors.sort_unstable();
+        authors.dedup();
+        let share = tokens.signum() * (tokens.abs() + authors.len() as i64 - 1).max(0)
+            / (authors.len() as i64).max(1);
+        let limit = |n: u64| (check && n > 0).then_some(n);
+        let mut scopes: Vec<ScopeCharge> = authors
+            .into_iter()
+            .map(|user| ScopeCharge {
+                scope: limits::user_scope(platform, user),
+                tokens: share,
+                limit: if d.settings.access.admins.contains(platform, user) {
+                    None
+                } else {
+                    limit(limits.user_daily_tokens)
+                },
+            })
+            .collect();
+        scopes.push(ScopeCharge {
+            scope: limits::conversation_scope(&batch.conversation),
+            tokens,
+            limit: None,
+        });
+        scopes.push(ScopeCharge {
+            scope: limits::BOT_SCOPE.to_owned(),
+            tokens,
+            limit: limit(limits.daily_tokens),
+        });
+        TokenCharge {
+            day: limits.timezone.day(now),
+            scopes,
+            hold_until: limits.timezone.next_day(now),
+        }
     }
 
     /// The prompt for `batch`, without images yet.
@@ -679,6 +807,59 @@ impl Round<'_> {
         let dedupe_key = format!("model-down/{}/{first}", batch.conversation);
         self.notice(batch, MODEL_DOWN_TEXT, dedupe_key).await
     }
+}
+
+/// Tokens a generation spent, by kind (`lull_tokens_total`).
+#[derive(Debug, Clone, Copy, Default)]
+struct Spent {
+    prompt: u64,
+    completion: u64,
+    estimated: u64,
+}
+
+impl Spent {
+    /// What `generation` spent: the model's reported usage, else an estimate from the
+    /// prompt's and the reply's characters.
+    fn of(batch: &Batch, generation: &Generation) -> Spent {
+        match generation.usage {
+            Some(usage) => Spent {
+                prompt: usage.prompt,
+                completion: usage.completion,
+                estimated: 0,
+            },
+            None => Spent {
+                estimated: prompt_estimate(batch)
+                    + limits::estimate_tokens(lull_port::split::char_len(&generation.text)),
+                ..Spent::default()
+            },
+        }
+    }
+
+    fn total(self) -> u64 {
+        self.prompt + self.completion + self.estimated
+    }
+}
+
+/// The prompt's tokens, estimated from its characters (history and batch).
+fn prompt_estimate(batch: &Batch) -> u64 {
+    let chars: usize =
+        batch
+            .history
+            .iter()
+            .map(|e| {
+                e.user
+                    .iter()
+                    .map(|s| {
+                        lull_port::split::char_len(&s.author) + lull_port::split::char_len(&s.text)
+                    })
+                    .sum::<usize>()
+                    + lull_port::split::char_len(&e.reply)
+            })
+            .chain(batch.pending.iter().map(|m| {
+                lull_port::split::char_len(&m.author) + lull_port::split::char_len(&m.said())
+            }))
+            .sum();
+    limits::estimate_tokens(chars)
 }
 
 /// `text` cut to at most `max` characters (at a paragraph, line or word), with a note

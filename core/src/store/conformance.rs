@@ -16,9 +16,11 @@
 use std::time::Duration;
 
 use super::{
-    Batch, CommitOutcome, DueWork, Exchange, IngestOutcome, MessageEdit, NewMessage, NewNotice,
-    NewReply, OutboxKind, OutboxRow, PartSent, RecentConversation, Store, StoreError, WorkQuery,
+    AccessRule, Batch, Charged, CommitOutcome, DueWork, Exchange, IngestOutcome, MessageEdit,
+    NewMessage, NewNotice, NewReply, OutboxKind, OutboxRow, PartSent, RateHold, RateWindow,
+    RecentConversation, ScopeCharge, Store, StoreError, Subject, TokenCharge, WorkQuery,
 };
+use crate::access::SubjectKind;
 use crate::domain::{
     ConversationId, ConversationRef, HolderId, Lease, LeaseKey, OutboxId, Platform, Said,
     Timestamp, Version,
@@ -58,6 +60,10 @@ macro_rules! store_conformance {
             ping_answers_on_a_sound_store,
             a_round_is_claimed_with_what_it_works_on,
             the_last_part_is_recorded_with_the_release,
+            a_rate_limit_holds_the_conversation_until_the_window_has_room,
+            a_token_charge_is_all_or_nothing_and_fenced,
+            concurrent_token_charges_never_pass_a_budget,
+            an_access_decision_replaces_the_earlier_one,
         );
     };
     (@each $open:path; $($check:ident),* $(,)?) => {
@@ -1152,6 +1158,256 @@ pub async fn ping_answers_on_a_sound_store(store: &dyn Store) {
     store.ping().await.expect("an empty store");
     stored(store, message(http("c1"), "m1"), &holder("a"), at(0)).await;
     store.ping().await.expect("a store with data");
+}
+
+/// Rate limit: past `max` messages of one user within the window (across their
+/// conversations on the platform; other users and platforms apart), the
+/// conversation's timer is held until the oldest message past the limit leaves the
+/// window; a hold in force is kept, later messages do not arm the timer sooner, and
+/// the held messages stay pending; `/reset` does not end the hold.
+pub async fn a_rate_limit_holds_the_conversation_until_the_window_has_room(store: &dyn Store) {
+    let a = holder("a");
+    let rate = RateWindow {
+        max: 2,
+        window: ms(60_000),
+    };
+    let (c1, c2) = (http("c1"), http("c2"));
+    let (id1, _, _) = stored(store, message(c1.clone(), "m1"), &a, at(0)).await;
+    assert_eq!(
+        store.hold_over_rate(id1, "u1", rate, at(0)).await.unwrap(),
+        None
+    );
+    let (id2, _, _) = stored(store, message(c2.clone(), "m2"), &a, at(1000)).await;
+    assert_eq!(
+        store
+            .hold_over_rate(id2, "u1", rate, at(1000))
+            .await
+            .unwrap(),
+        None,
+        "two messages are within a limit of two"
+    );
+    let mut other = message(c1.clone(), "m-other");
+    other.user_id = "u2".into();
+    stored(store, other, &a, at(1500)).await;
+    assert_eq!(
+        store
+            .hold_over_rate(id1, "u2", rate, at(1500))
+            .await
+            .unwrap(),
+        None,
+        "another user counts apart"
+    );
+    let (_, _, _) = stored(store, message(c1.clone(), "m3"), &a, at(2000)).await;
+    let hold = store
+        .hold_over_rate(id1, "u1", rate, at(2000))
+        .await
+        .unwrap();
+    assert_eq!(
+        hold,
+        Some(RateHold {
+            until: at(60_000),
+            began: true
+        }),
+        "the third message holds until the first leaves the window"
+    );
+    let timer = collect(store, id1).await.timer.expect("armed");
+    assert_eq!(timer.due_at, at(60_000));
+    let (_, _, due_at) = stored(store, message(c1.clone(), "m4"), &a, at(3000)).await;
+    assert_eq!(
+        due_at,
+        at(60_000),
+        "a later message does not cut the hold short"
+    );
+    assert_eq!(
+        store
+            .hold_over_rate(id1, "u1", rate, at(3000))
+            .await
+            .unwrap(),
+        Some(RateHold {
+            until: at(60_000),
+            began: false
+        }),
+        "the hold in force is kept, not extended"
+    );
+    assert_eq!(
+        pending_ids(&collect(store, id1).await),
+        ["m1", "m-other", "m3", "m4"]
+    );
+    store.reset_context(&c1, false, &a, at(3500)).await.unwrap();
+    let timer = collect(store, id1).await.timer.expect("armed");
+    assert_eq!(timer.due_at, at(60_000), "/reset is no way around a hold");
+    let query = query(&a, 10);
+    assert!(
+        !due(store, &query, at(59_999)).await.ready.contains(&id1),
+        "held"
+    );
+    assert!(due(store, &query, at(60_000)).await.ready.contains(&id1));
+    let mut telegram = message(ConversationRef::new(Platform::Telegram, "t1"), "m5");
+    telegram.is_group = false;
+    let (id3, _, _) = stored(store, telegram, &a, at(4000)).await;
+    assert_eq!(
+        store
+            .hold_over_rate(id3, "u1", rate, at(4000))
+            .await
+            .unwrap(),
+        None,
+        "the same user id on another platform counts apart"
+    );
+}
+
+fn scope(name: &str, tokens: i64, limit: Option<u64>) -> ScopeCharge {
+    ScopeCharge {
+        scope: name.into(),
+        tokens,
+        limit,
+    }
+}
+
+fn charge(scopes: Vec<ScopeCharge>) -> TokenCharge {
+    TokenCharge {
+        day: "2026-12-01".into(),
+        scopes,
+        hold_until: at(86_400_000),
+    }
+}
+
+async fn usage(store: &dyn Store, day: &str, scopes: &[&str]) -> Vec<u64> {
+    let scopes: Vec<String> = scopes.iter().map(|s| (*s).to_owned()).collect();
+    store
+        .token_usage(day, &scopes)
+        .await
+        .expect("reading usage")
+}
+
+/// Budgets: a charge adds to every scope or to none; one that would pass a scope's
+/// limit charges nothing and holds the conversation until `hold_until`; a give-back
+/// is not checked and never goes below zero; days count apart; a charge under a lost
+/// lease is refused (fenced like the final check).
+pub async fn a_token_charge_is_all_or_nothing_and_fenced(store: &dyn Store) {
+    let (a, b) = (holder("a"), holder("b"));
+    let c1 = http("c1");
+    let (id, lease, _) = round(store, &c1, &a, &["m1"], at(1000)).await;
+    let first = charge(vec![
+        scope("user:http:u1", 600, Some(1000)),
+        scope("bot", 600, Some(5000)),
+    ]);
+    assert_eq!(
+        store.charge_tokens(&lease, &first, at(1000)).await.unwrap(),
+        Charged::Charged
+    );
+    assert_eq!(
+        usage(store, "2026-12-01", &["user:http:u1", "bot", "nobody"]).await,
+        [600, 600, 0]
+    );
+    let over = charge(vec![
+        scope("bot", 500, Some(5000)),
+        scope("user:http:u1", 500, Some(1000)),
+    ]);
+    assert_eq!(
+        store.charge_tokens(&lease, &over, at(1100)).await.unwrap(),
+        Charged::Over {
+            scope: "user:http:u1".into(),
+            used: 600,
+            limit: 1000
+        }
+    );
+    assert_eq!(
+        usage(store, "2026-12-01", &["user:http:u1", "bot"]).await,
+        [600, 600],
+        "nothing of a refused charge is added"
+    );
+    let timer = collect(store, id).await.timer.expect("armed");
+    assert_eq!(timer.due_at, at(86_400_000), "held until the budget resets");
+    let give_back = charge(vec![scope("user:http:u1", -700, Some(1000))]);
+    assert_eq!(
+        store
+            .charge_tokens(&lease, &give_back, at(1200))
+            .await
+            .unwrap(),
+        Charged::Charged
+    );
+    assert_eq!(usage(store, "2026-12-01", &["user:http:u1"]).await, [0]);
+    assert_eq!(
+        usage(store, "2026-12-02", &["bot"]).await,
+        [0],
+        "days count apart"
+    );
+
+    let taker = claimed(store, id, &b, lease.expires_at).await;
+    lost(
+        store
+            .charge_tokens(&lease, &first, lease.expires_at.plus(ms(1)))
+            .await,
+        "a charge of the replaced holder",
+    );
+    assert_eq!(usage(store, "2026-12-01", &["bot"]).await, [600]);
+    let _ = taker;
+}
+
+/// Budgets: charges of several holders at once (each under its own conversation's
+/// lease) never take a shared scope past its limit together, and none is lost.
+pub async fn concurrent_token_charges_never_pass_a_budget(store: &dyn Store) {
+    let mut leases = Vec::new();
+    for n in 0..6 {
+        let by = holder(&format!("h{n}"));
+        let (_, lease, _) = round(store, &http(&format!("c{n}")), &by, &["m1"], at(1000)).await;
+        leases.push(lease);
+    }
+    let each = charge(vec![
+        scope("user:http:u1", 400, Some(1000)),
+        scope("bot", 400, None),
+    ]);
+    let results = futures_util::future::join_all(
+        leases
+            .iter()
+            .map(|lease| store.charge_tokens(lease, &each, at(1500))),
+    )
+    .await;
+    let charged = results
+        .into_iter()
+        .filter(|r| matches!(r, Ok(Charged::Charged)))
+        .count();
+    assert_eq!(charged, 2, "two charges of 400 fit a budget of 1000");
+    assert_eq!(
+        usage(store, "2026-12-01", &["user:http:u1", "bot"]).await,
+        [800, 800]
+    );
+}
+
+/// Access decisions: one per subject, the latest replacing the earlier; users and
+/// chats with the same id are different subjects.
+pub async fn an_access_decision_replaces_the_earlier_one(store: &dyn Store) {
+    assert!(store.access_rules().await.unwrap().is_empty());
+    let rule = |kind, allowed, set_at| AccessRule {
+        subject: Subject {
+            platform: Platform::Telegram,
+            kind,
+            id: "42".into(),
+        },
+        allowed,
+        set_by: "telegram:1".into(),
+        set_at,
+    };
+    store
+        .set_access(&rule(SubjectKind::User, true, at(0)))
+        .await
+        .unwrap();
+    store
+        .set_access(&rule(SubjectKind::Chat, true, at(10)))
+        .await
+        .unwrap();
+    store
+        .set_access(&rule(SubjectKind::User, false, at(20)))
+        .await
+        .unwrap();
+    let rules = store.access_rules().await.unwrap();
+    assert_eq!(
+        rules,
+        [
+            rule(SubjectKind::Chat, true, at(10)),
+            rule(SubjectKind::User, false, at(20))
+        ]
+    );
 }
 
 #[cfg(test)]

@@ -139,10 +139,36 @@ CREATE TRIGGER timers_disarmed AFTER DELETE ON timers
     BEGIN UPDATE stats SET pending = pending - 1 WHERE id = 1; END;
 "#;
 
-const V4_MESSAGE_MEDIA: &str = r#"
--- Media sent with a message (photos, image files): the platform's durable references
--- as a JSON array (see `store::encode_media`), stored with the message in the same
--- transaction; NULL for text. The bytes are fetched when the reply is generated.
+const V4_WALLET: &str = r#"
+-- Rate limits count a user's recent messages across their conversations.
+CREATE INDEX messages_by_user ON messages (user_id, received_at);
+-- A limit's hold (rate, budget): the timer is not due before it. Apart from the
+-- failure backoff (`retry_at`), which /reset clears; a hold it does not.
+ALTER TABLE timers ADD COLUMN held_until INTEGER NOT NULL DEFAULT 0;
+-- Tokens spent per scope and day: `user:<platform>:<id>`, `conversation:<id>`, `bot`;
+-- the day as the deployment's time zone names it. Totals are only ever added to.
+CREATE TABLE token_usage (
+    scope  TEXT    NOT NULL,
+    day    TEXT    NOT NULL,
+    tokens INTEGER NOT NULL,
+    PRIMARY KEY (scope, day)
+);
+-- Admins' run-time access decisions (/allow, /deny): one row per subject, the latest.
+CREATE TABLE access_rules (
+    platform TEXT    NOT NULL,
+    kind     TEXT    NOT NULL CHECK (kind IN ('user', 'chat')),
+    subject  TEXT    NOT NULL,
+    allowed  INTEGER NOT NULL,
+    set_by   TEXT    NOT NULL,
+    set_at   INTEGER NOT NULL,
+    PRIMARY KEY (platform, kind, subject)
+);
+"#;
+
+const V5_MESSAGE_MEDIA: &str = r#"
+-- Media sent with a message (photos, image files, voice notes, audio): the platform's
+-- durable references as a JSON array (see `store::encode_media`), stored with the
+-- message in the same transaction; NULL for text. The bytes are fetched when the reply is generated.
 ALTER TABLE messages ADD COLUMN media TEXT;
 -- The transcript of a voice note or audio file: written once, under the round's lease,
 -- and never transcribed again (it enters history as text).
@@ -154,7 +180,8 @@ const ALL: &[&str] = &[
     V1_CORE,
     V2_LEASE_CONVERSATION,
     V3_INDEXED_SCHEDULING,
-    V4_MESSAGE_MEDIA,
+    V4_WALLET,
+    V5_MESSAGE_MEDIA,
 ];
 
 /// The schema version this build migrates to.

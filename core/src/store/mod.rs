@@ -24,6 +24,7 @@ mod sqlite;
 
 use async_trait::async_trait;
 
+pub use crate::access::{AccessRule, Subject};
 pub use crate::domain::{Exchange, OutboxKind, TokenUsage};
 pub use lull_port::RecentConversation;
 use lull_port::{Media, MediaKind};
@@ -375,6 +376,60 @@ pub struct OutboxRow {
     pub created_at: Timestamp,
 }
 
+/// A rate limit as [`Store::hold_over_rate`] applies it: at most `max` messages of one
+/// user per `window`, across every conversation on the platform.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateWindow {
+    pub max: u32,
+    pub window: std::time::Duration,
+}
+
+/// A conversation held by a rate limit: its timer is not due before `until`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateHold {
+    /// When the window has room again and the held messages are answered together.
+    pub until: Timestamp,
+    /// Whether this call began the hold (tell the user once, then).
+    pub began: bool,
+}
+
+/// One scope's part of a token charge ([`Store::charge_tokens`]). A scope names who
+/// spent: `user:<platform>:<id>`, `conversation:<id>`, `bot`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScopeCharge {
+    pub scope: String,
+    /// Tokens to add (negative: give back part of a reservation).
+    pub tokens: i64,
+    /// The scope's budget for the day, if it has one and this charge must fit it.
+    pub limit: Option<u64>,
+}
+
+/// A token charge: what several scopes spend on one day, all or nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenCharge {
+    /// The day the tokens count for, as the deployment's time zone names it
+    /// (`2026-12-01`).
+    pub day: String,
+    pub scopes: Vec<ScopeCharge>,
+    /// When a budget would be exceeded: the moment it resets (the next day), until
+    /// which the conversation's timer is held.
+    pub hold_until: Timestamp,
+}
+
+/// What a token charge did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Charged {
+    /// Every scope was charged.
+    Charged,
+    /// `scope` would pass its `limit` (it has `used` today): nothing was charged and
+    /// the conversation's timer is held until the charge's `hold_until`.
+    Over {
+        scope: String,
+        used: u64,
+        limit: u64,
+    },
+}
+
 /// The shared state lull runs on. See the module docs for the rules every method keeps.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
@@ -408,7 +463,9 @@ pub trait Store: Send + Sync + 'static {
     /// Start a fresh context: earlier exchanges are kept but no longer offered as
     /// history. Pending messages are kept and answered in the fresh context, at once:
     /// the timer's failure backoff is cleared and it is due now for `holder` (the
-    /// process that took the command), so `/reset` always unsticks a conversation.
+    /// process that took the command), so `/reset` always unsticks a conversation;
+    /// but not before a limit's hold ends ([`Store::hold_over_rate`],
+    /// [`Store::charge_tokens`]): it is no way around a limit.
     async fn reset_context(
         &self,
         conversation: &ConversationRef,
@@ -587,6 +644,46 @@ pub trait Store: Send + Sync + 'static {
 
     /// How many conversations have messages waiting for a reply.
     async fn pending_conversations(&self) -> Result<u64, StoreError>;
+
+    /// Rate limit, right after a message of `user_id` was stored in `conversation`:
+    /// count the user's messages on the conversation's platform within the `rate`
+    /// window before `now` (the one just stored included), and if there are more than
+    /// `rate.max`, hold the conversation's timer until the window has room again (the
+    /// oldest message past the limit leaves it). A hold already in force is kept, not
+    /// extended, so held messages are answered together when it ends; later messages,
+    /// `/reset` and a forced commit re-arm the timer no sooner. One transaction; `None`
+    /// when the user is within the limit (or nothing is pending any more).
+    async fn hold_over_rate(
+        &self,
+        conversation: ConversationId,
+        user_id: &str,
+        rate: RateWindow,
+        now: Timestamp,
+    ) -> Result<Option<RateHold>, StoreError>;
+
+    /// Charge tokens under a conversation's lease, in one transaction that checks
+    /// the lease like the final check (holder, token, expiry): every scope of
+    /// `charge` is added to, or none is. A scope with a limit that the charge would
+    /// pass (its positive tokens on top of what it used that day) refuses the whole
+    /// charge and holds the lease's conversation timer until `charge.hold_until`.
+    /// Totals change only by adding to them (never written back from a read), so
+    /// concurrent charges of several processes all count.
+    async fn charge_tokens(
+        &self,
+        lease: &Lease,
+        charge: &TokenCharge,
+        now: Timestamp,
+    ) -> Result<Charged, StoreError>;
+
+    /// Tokens each of `scopes` used on `day` (0 for a scope with none), in order.
+    async fn token_usage(&self, day: &str, scopes: &[String]) -> Result<Vec<u64>, StoreError>;
+
+    /// Record an admin's run-time access decision (`/allow`, `/deny`), replacing any
+    /// earlier one for the same subject. Every process sees it on its next read.
+    async fn set_access(&self, rule: &AccessRule) -> Result<(), StoreError>;
+
+    /// Every run-time access decision, oldest first.
+    async fn access_rules(&self) -> Result<Vec<AccessRule>, StoreError>;
 
     /// Whether the database can do its work (for health checks): it answers a read of
     /// its tables, and no recent operation found it damaged, full or unwritable.

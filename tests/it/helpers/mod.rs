@@ -353,6 +353,7 @@ pub fn message(conversation: &str, id: &str, text: &str) -> Incoming {
         conversation: ConversationRef::new(Platform::Http, conversation),
         is_group: false,
         user_id: "user".into(),
+        chats: Vec::new(),
         author: "User".into(),
         message_id: id.into(),
         content: Content::Text(text.into()),

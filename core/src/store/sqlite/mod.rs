@@ -24,10 +24,12 @@ use super::condition::Condition;
 use super::faults::FaultPlan;
 use super::faults::Operation;
 use super::{
-    Batch, Claimed, CommitOutcome, DueWork, Exchange, IngestOutcome, MessageEdit, NewMessage,
-    NewNotice, NewReply, OutboxKind, OutboxRow, PartSent, PendingMessage, RecentConversation,
-    Store, StoreError, TimerState, WorkQuery,
+    AccessRule, Batch, Charged, Claimed, CommitOutcome, DueWork, Exchange, IngestOutcome,
+    MessageEdit, NewMessage, NewNotice, NewReply, OutboxKind, OutboxRow, PartSent, PendingMessage,
+    RateHold, RateWindow, RecentConversation, Store, StoreError, Subject, TimerState, TokenCharge,
+    WorkQuery,
 };
+use crate::access::SubjectKind;
 use crate::domain::{
     ConversationId, ConversationRef, HolderId, Lease, LeaseKey, LeaseToken, OutboxId, Platform,
     Said, Timestamp, Version,
@@ -36,6 +38,9 @@ use crate::timing::TimerPolicy;
 
 /// How long a writer waits for the write lock before reporting [`StoreError::Busy`].
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// Prepared statements kept per connection: more than the store has, so none is
+/// parsed twice.
+const STATEMENT_CACHE: usize = 96;
 /// Reading connections per process (writes go through the one writer): reads are
 /// short, and rounds mostly wait on the model, not the database.
 const READERS: u32 = 4;
@@ -103,6 +108,8 @@ pub enum Inspection {
         schema: i64,
         latest: i64,
         conversations: i64,
+        /// The admins' run-time access decisions (`/allow`, `/deny`), oldest first.
+        access: Vec<AccessRule>,
     },
 }
 
@@ -166,6 +173,8 @@ impl SqliteStore {
         let manager = SqliteConnectionManager::file(&path).with_init(|conn| {
             conn.busy_timeout(BUSY_TIMEOUT)?;
             conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;")?;
+            // Every statement of the store fits the cache: each is parsed once.
+            conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
             // Every `conn.transaction()` is BEGIN IMMEDIATE (migrations included).
             conn.set_transaction_behavior(TransactionBehavior::Immediate);
             Ok(())
@@ -193,6 +202,7 @@ impl SqliteStore {
         write_conn
             .busy_timeout(BUSY_TIMEOUT)
             .and_then(|()| {
+                write_conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
                 write_conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;")
             })
             .map_err(|e| open_error(e.to_string()))?;
@@ -290,13 +300,22 @@ impl SqliteStore {
         let conversations = if schema == 0 {
             0
         } else {
-            conn.query_row("SELECT COUNT(*) FROM conversations", [], |r| r.get(0))
+            conn.prepare_cached("SELECT COUNT(*) FROM conversations")
+                .ctx("preparing a statement")?
+                .query_row([], |r| r.get(0))
                 .map_err(|e| open_error(e.to_string()))?
+        };
+        // The access decisions arrived with schema 4.
+        let access = if schema >= 4 {
+            read_access_rules(&conn).map_err(|e| open_error(e.to_string()))?
+        } else {
+            Vec::new()
         };
         Ok(Inspection::Present {
             schema,
             latest,
             conversations,
+            access,
         })
     }
 
@@ -456,18 +475,17 @@ fn upsert_conversation(
     is_group: bool,
     now: Timestamp,
 ) -> Result<ConversationId, StoreError> {
-    tx.query_row(
-        "INSERT INTO conversations (platform, key, is_group, created_at) VALUES (?1, ?2, ?3, ?4)
+    tx.prepare_cached("INSERT INTO conversations (platform, key, is_group, created_at) VALUES (?1, ?2, ?3, ?4)
          ON CONFLICT (platform, key) DO UPDATE SET is_group = conversations.is_group OR excluded.is_group
-         RETURNING id",
-        params![
+         RETURNING id")
+        .ctx("preparing a statement")?
+        .query_row(params![
             conversation.platform.as_str(),
             conversation.key,
             is_group,
             now.0
         ],
-        |r| r.get(0),
-    )
+        |r| r.get(0),)
     .map(ConversationId)
     .ctx("finding a conversation")
 }
@@ -484,28 +502,28 @@ fn bump_and_arm(
 ) -> Result<(Version, Timestamp), StoreError> {
     // Version counter: bumped in the same transaction that stores the message.
     let (version, answered): (i64, i64) = tx
-        .query_row(
+        .prepare_cached(
             "UPDATE conversations SET version = version + 1 WHERE id = ?1
              RETURNING version, answered_version",
-            [conversation.0],
-            |r| Ok((r.get(0)?, r.get(1)?)),
         )
+        .ctx("preparing a statement")?
+        .query_row([conversation.0], |r| Ok((r.get(0)?, r.get(1)?)))
         .ctx("bumping the version")?;
     let (pending, first_pending) = pending_after(tx, conversation, answered)?;
     let due_at = policy.due_at(now, first_pending.unwrap_or(now), pending);
     // Capped debounce: every message re-arms the timer, never past the cap, and never
-    // sooner than a failed generation's backoff (`retry_at`).
-    let due_at: i64 = tx
-        .query_row(
-            "INSERT INTO timers (conversation_id, platform, due_at, armed_version, armed_at, armed_by)
+    // sooner than a failed generation's backoff (`retry_at`) or a limit's hold
+    // (`held_until`).
+    let due_at: i64 = tx.prepare_cached("INSERT INTO timers (conversation_id, platform, due_at, armed_version, armed_at, armed_by)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6)
              ON CONFLICT (conversation_id) DO UPDATE SET
-                 due_at = MAX(excluded.due_at, timers.retry_at),
+                 due_at = MAX(excluded.due_at, timers.retry_at, timers.held_until),
                  armed_version = excluded.armed_version,
                  armed_at = excluded.armed_at,
                  armed_by = excluded.armed_by
-             RETURNING due_at",
-            params![
+             RETURNING due_at")
+        .ctx("preparing a statement")?
+        .query_row(params![
                 conversation.0,
                 platform.as_str(),
                 due_at.0,
@@ -513,8 +531,7 @@ fn bump_and_arm(
                 now.0,
                 holder.as_str()
             ],
-            |r| r.get(0),
-        )
+            |r| r.get(0),)
         .ctx("arming the timer")?;
     let due_at = Timestamp(due_at);
     Ok((Version(version), due_at))
@@ -526,17 +543,17 @@ fn pending_after(
     conversation: ConversationId,
     answered: i64,
 ) -> Result<(u32, Option<Timestamp>), StoreError> {
-    tx.query_row(
+    tx.prepare_cached(
         "SELECT COUNT(*), MIN(received_at) FROM messages
          WHERE conversation_id = ?1 AND version > ?2",
-        params![conversation.0, answered],
-        |r| {
-            Ok((
-                r.get::<_, i64>(0)? as u32,
-                r.get::<_, Option<i64>>(1)?.map(Timestamp),
-            ))
-        },
     )
+    .ctx("preparing a statement")?
+    .query_row(params![conversation.0, answered], |r| {
+        Ok((
+            r.get::<_, i64>(0)? as u32,
+            r.get::<_, Option<i64>>(1)?.map(Timestamp),
+        ))
+    })
     .ctx("counting pending messages")
 }
 
@@ -549,9 +566,12 @@ fn ensure_lease(
     now: Timestamp,
 ) -> Result<(), StoreError> {
     let ours: bool = tx
-        .query_row(
+        .prepare_cached(
             "SELECT EXISTS (SELECT 1 FROM leases
                  WHERE resource = ?1 AND holder = ?2 AND token = ?3 AND expires_at > ?4)",
+        )
+        .ctx("preparing a statement")?
+        .query_row(
             params![resource, lease.holder.as_str(), lease.token.0, now.0],
             |r| r.get(0),
         )
@@ -593,13 +613,12 @@ impl Store for SqliteStore {
         self.write_as(Operation::Intake, "storing a message", move |tx| {
             let conversation = upsert_conversation(tx, &message.conversation, message.is_group, now)?;
             // No duplicate: a redelivered platform message is stored once.
-            let inserted = tx
-                .execute(
-                    "INSERT INTO messages
+            let inserted = tx.prepare_cached("INSERT INTO messages
                          (conversation_id, platform_message_id, user_id, author, text, version, received_at, media)
                      SELECT ?1, ?2, ?3, ?4, ?5, version + 1, ?6, ?7 FROM conversations WHERE id = ?1
-                     ON CONFLICT (conversation_id, platform_message_id) DO NOTHING",
-                    params![
+                     ON CONFLICT (conversation_id, platform_message_id) DO NOTHING")
+        .ctx("preparing a statement")?
+        .execute(params![
                         conversation.0,
                         message.message_id,
                         message.user_id,
@@ -607,8 +626,7 @@ impl Store for SqliteStore {
                         message.text,
                         now.0,
                         super::encode_media(&message.media)
-                    ],
-                )
+                    ],)
                 .ctx("storing a message")?;
             if inserted == 0 {
                 return Ok(IngestOutcome::Duplicate { conversation });
@@ -633,26 +651,22 @@ impl Store for SqliteStore {
         let holder = holder.clone();
         let policy = self.timers;
         self.write_as(Operation::Intake, "editing a message", move |tx| {
-            let found: Option<(i64, i64)> = tx
-                .query_row(
-                    "SELECT id, answered_version FROM conversations WHERE platform = ?1 AND key = ?2",
-                    params![edit.conversation.platform.as_str(), edit.conversation.key],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )
+            let found: Option<(i64, i64)> = tx.prepare_cached("SELECT id, answered_version FROM conversations WHERE platform = ?1 AND key = ?2")
+        .ctx("preparing a statement")?
+        .query_row(params![edit.conversation.platform.as_str(), edit.conversation.key],
+                    |r| Ok((r.get(0)?, r.get(1)?)),)
                 .optional()
                 .ctx("finding a conversation")?;
             let Some((id, answered)) = found else {
                 return Ok(IngestOutcome::EditIgnored);
             };
             // Edits: only a still-pending message changes, and it counts as new.
-            let changed = tx
-                .execute(
-                    "UPDATE messages
+            let changed = tx.prepare_cached("UPDATE messages
                      SET text = ?1, version = (SELECT version + 1 FROM conversations WHERE id = ?2)
                      WHERE conversation_id = ?2 AND platform_message_id = ?3
-                       AND version > ?4 AND text <> ?1",
-                    params![edit.text, id, edit.message_id, answered],
-                )
+                       AND version > ?4 AND text <> ?1")
+        .ctx("preparing a statement")?
+        .execute(params![edit.text, id, edit.message_id, answered],)
                 .ctx("editing a message")?;
             if changed == 0 {
                 return Ok(IngestOutcome::EditIgnored);
@@ -678,15 +692,13 @@ impl Store for SqliteStore {
         self.write("queueing a notice", move |tx| {
             let conversation = upsert_conversation(tx, &notice.conversation, notice.is_group, now)?;
             // At most one notice per dedupe key.
-            let id: Option<i64> = tx
-                .query_row(
-                    "INSERT INTO outbox (conversation_id, kind, text, reply_to, dedupe_key, owner, created_at, next_attempt_at)
+            let id: Option<i64> = tx.prepare_cached("INSERT INTO outbox (conversation_id, kind, text, reply_to, dedupe_key, owner, created_at, next_attempt_at)
                      VALUES (?1, 'notice', ?2, ?3, ?4, ?5, ?6, ?6)
                      ON CONFLICT (dedupe_key) DO NOTHING
-                     RETURNING id",
-                    params![conversation.0, notice.text, notice.reply_to, notice.dedupe_key, holder.as_str(), now.0],
-                    |r| r.get(0),
-                )
+                     RETURNING id")
+        .ctx("preparing a statement")?
+        .query_row(params![conversation.0, notice.text, notice.reply_to, notice.dedupe_key, holder.as_str(), now.0],
+                    |r| r.get(0),)
                 .optional()
                 .ctx("queueing a notice")?;
             let _ = conversation;
@@ -716,18 +728,19 @@ impl Store for SqliteStore {
         let holder = holder.clone();
         self.write("resetting the context", move |tx| {
             let id = upsert_conversation(tx, &conversation, is_group, now)?;
-            tx.execute(
-                "UPDATE conversations SET context_version = version WHERE id = ?1",
-                [id.0],
-            )
-            .ctx("resetting the context")?;
-            // /reset unsticks: pending messages are tried again now, without the backoff.
-            tx.execute(
+            tx.prepare_cached("UPDATE conversations SET context_version = version WHERE id = ?1")
+                .ctx("preparing a statement")?
+                .execute([id.0])
+                .ctx("resetting the context")?;
+            // /reset unsticks: pending messages are tried again now, without the
+            // backoff, but not before a limit's hold ends (limits: not a way around them).
+            tx.prepare_cached(
                 "UPDATE timers SET attempts = 0, retry_at = 0, armed_by = ?3,
-                     due_at = CASE WHEN due_at > ?2 THEN ?2 ELSE due_at END
+                     due_at = MAX(CASE WHEN due_at > ?2 THEN ?2 ELSE due_at END, held_until)
                  WHERE conversation_id = ?1",
-                params![id.0, now.0, holder.as_str()],
             )
+            .ctx("preparing a statement")?
+            .execute(params![id.0, now.0, holder.as_str()])
             .ctx("clearing the failure backoff")?;
             Ok(())
         })
@@ -869,17 +882,18 @@ impl Store for SqliteStore {
         self.write("renewing a lease", move |tx| {
             // Exclusive: only the live holder with this fencing token extends the lease.
             let changed = tx
-                .execute(
+                .prepare_cached(
                     "UPDATE leases SET expires_at = ?4
                      WHERE resource = ?1 AND holder = ?2 AND token = ?3 AND expires_at > ?5",
-                    params![
-                        row.resource,
-                        lease.holder.as_str(),
-                        lease.token.0,
-                        expires_at.0,
-                        now.0
-                    ],
                 )
+                .ctx("preparing a statement")?
+                .execute(params![
+                    row.resource,
+                    lease.holder.as_str(),
+                    lease.token.0,
+                    expires_at.0,
+                    now.0
+                ])
                 .ctx("renewing a lease")?;
             if changed == 0 {
                 return Err(StoreError::LeaseLost(lease.key.clone()));
@@ -903,10 +917,9 @@ impl Store for SqliteStore {
                 mark_part_sent(tx, sent, now)?;
             }
             // Only our own claim is released: a lease taken over since stays with its holder.
-            tx.execute(
-                "UPDATE leases SET holder = NULL WHERE resource = ?1 AND holder = ?2 AND token = ?3",
-                params![row.resource, lease.holder.as_str(), lease.token.0],
-            )
+            tx.prepare_cached("UPDATE leases SET holder = NULL WHERE resource = ?1 AND holder = ?2 AND token = ?3")
+        .ctx("preparing a statement")?
+        .execute(params![row.resource, lease.holder.as_str(), lease.token.0],)
             .ctx("releasing a lease")?;
             Ok(())
         })
@@ -979,8 +992,9 @@ impl Store for SqliteStore {
         let policy = self.timers;
         self.write("committing a reply", move |tx| {
             ensure_lease(tx, &lease, &row.resource, now)?;
-            let version: i64 = tx
-                .query_row("SELECT version FROM conversations WHERE id = ?1", [conversation.0], |r| r.get(0))
+            let version: i64 = tx.prepare_cached("SELECT version FROM conversations WHERE id = ?1")
+        .ctx("preparing a statement")?
+        .query_row([conversation.0], |r| r.get(0))
                 .ctx("reading the version")?;
             // Fresh: a reply is committed only if no message arrived since it was
             // collected, unless the cap forces it out.
@@ -1003,13 +1017,12 @@ impl Store for SqliteStore {
                 });
             }
             let usage = reply.usage.unwrap_or_default();
-            let outbox: i64 = tx
-                .query_row(
-                    "INSERT INTO outbox (conversation_id, kind, text, reply_to, version, lease_token, forced,
+            let outbox: i64 = tx.prepare_cached("INSERT INTO outbox (conversation_id, kind, text, reply_to, version, lease_token, forced,
                                          prompt_tokens, completion_tokens, llm_ms, owner, created_at, next_attempt_at)
                      VALUES (?1, 'reply', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?11, ?10, ?10)
-                     RETURNING id",
-                    params![
+                     RETURNING id")
+        .ctx("preparing a statement")?
+        .query_row(params![
                         conversation.0,
                         &reply.text,
                         reply_to,
@@ -1022,8 +1035,7 @@ impl Store for SqliteStore {
                         now.0,
                         lease.holder.as_str()
                     ],
-                    |r| r.get(0),
-                )
+                    |r| r.get(0),)
                 .ctx("storing a reply")?;
             record_covers(tx, outbox, &covered)?;
             answer_through(tx, conversation, v0, policy)?;
@@ -1086,13 +1098,12 @@ impl Store for SqliteStore {
             if covered.is_empty() {
                 return Ok(None);
             }
-            let outbox: i64 = tx
-                .query_row(
-                    "INSERT INTO outbox (conversation_id, kind, text, reply_to, version, lease_token,
+            let outbox: i64 = tx.prepare_cached("INSERT INTO outbox (conversation_id, kind, text, reply_to, version, lease_token,
                                          owner, created_at, next_attempt_at)
                      VALUES (?1, 'notice', ?2, ?3, ?4, ?5, ?6, ?7, ?7)
-                     RETURNING id",
-                    params![
+                     RETURNING id")
+        .ctx("preparing a statement")?
+        .query_row(params![
                         conversation.0,
                         &notice,
                         reply_to,
@@ -1101,8 +1112,7 @@ impl Store for SqliteStore {
                         lease.holder.as_str(),
                         now.0
                     ],
-                    |r| r.get(0),
-                )
+                    |r| r.get(0),)
                 .ctx("storing a give-up notice")?;
             let rows: Vec<i64> = covered.iter().map(|(row, _)| *row).collect();
             record_covers(tx, outbox, &rows)?;
@@ -1159,12 +1169,11 @@ impl Store for SqliteStore {
         self.write("disarming an idle timer", move |tx| {
             ensure_lease(tx, &lease, &row.resource, now)?;
             let conversation = conversation_of(&lease);
-            tx.execute(
-                "DELETE FROM timers WHERE conversation_id = ?1 AND armed_version <= ?2
+            tx.prepare_cached("DELETE FROM timers WHERE conversation_id = ?1 AND armed_version <= ?2
                    AND NOT EXISTS (SELECT 1 FROM messages m JOIN conversations c ON c.id = m.conversation_id
-                                   WHERE c.id = ?1 AND m.version > c.answered_version)",
-                params![conversation.0, v0.0],
-            )
+                                   WHERE c.id = ?1 AND m.version > c.answered_version)")
+        .ctx("preparing a statement")?
+        .execute(params![conversation.0, v0.0],)
             .ctx("disarming an idle timer")?;
             Ok(())
         })
@@ -1183,13 +1192,13 @@ impl Store for SqliteStore {
             ensure_lease(tx, &lease, &row.resource, now)?;
             let conversation = conversation_of(&lease);
             let attempts: Option<u32> = tx
-                .query_row(
+                .prepare_cached(
                     "UPDATE timers SET attempts = attempts + 1, retry_at = ?2,
                          due_at = CASE WHEN due_at < ?2 THEN ?2 ELSE due_at END
                      WHERE conversation_id = ?1 RETURNING attempts",
-                    params![conversation.0, retry_at.0],
-                    |r| r.get(0),
                 )
+                .ctx("preparing a statement")?
+                .query_row(params![conversation.0, retry_at.0], |r| r.get(0))
                 .optional()
                 .ctx("recording a failed generation")?;
             Ok(attempts.unwrap_or(0))
@@ -1233,11 +1242,12 @@ impl Store for SqliteStore {
         let error = error.to_owned();
         self.write("deferring a delivery", move |tx| {
             // No loss: a failed attempt only postpones a row that is still undelivered.
-            tx.execute(
+            tx.prepare_cached(
                 "UPDATE outbox SET attempts = attempts + 1, next_attempt_at = ?2, error = ?3
                  WHERE id = ?1 AND sent_at IS NULL AND failed_at IS NULL",
-                params![id.0, retry_at.0, error],
             )
+            .ctx("preparing a statement")?
+            .execute(params![id.0, retry_at.0, error])
             .ctx("deferring a delivery")?;
             Ok(())
         })
@@ -1254,11 +1264,12 @@ impl Store for SqliteStore {
         self.write("giving up a delivery", move |tx| {
             // No duplicate: a row given up is never sent again; a sent row is never
             // marked failed.
-            tx.execute(
+            tx.prepare_cached(
                 "UPDATE outbox SET attempts = attempts + 1, failed_at = ?2, error = ?3
                  WHERE id = ?1 AND sent_at IS NULL AND failed_at IS NULL",
-                params![id.0, now.0, error],
             )
+            .ctx("preparing a statement")?
+            .execute(params![id.0, now.0, error])
             .ctx("giving up a delivery")?;
             Ok(())
         })
@@ -1268,12 +1279,15 @@ impl Store for SqliteStore {
     async fn is_settled(&self, conversation: &ConversationRef) -> Result<Option<bool>, StoreError> {
         let conversation = conversation.clone();
         self.with_conn(move |conn| {
-            conn.query_row(
+            conn.prepare_cached(
                 "SELECT c.version = c.answered_version
                         AND NOT EXISTS (SELECT 1 FROM timers t WHERE t.conversation_id = c.id)
                         AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.conversation_id = c.id
                                         AND o.sent_at IS NULL AND o.failed_at IS NULL)
                  FROM conversations c WHERE c.platform = ?1 AND c.key = ?2",
+            )
+            .ctx("preparing a statement")?
+            .query_row(
                 params![conversation.platform.as_str(), conversation.key],
                 |r| r.get(0),
             )
@@ -1319,30 +1333,234 @@ impl Store for SqliteStore {
     async fn pending_conversations(&self) -> Result<u64, StoreError> {
         self.with_conn(|conn| {
             // Kept by triggers on timers: one row, whatever the number of conversations.
-            conn.query_row("SELECT pending FROM stats WHERE id = 1", [], |r| {
-                r.get::<_, i64>(0)
-            })
-            .map(|n| n.max(0) as u64)
-            .ctx("counting pending conversations")
+            conn.prepare_cached("SELECT pending FROM stats WHERE id = 1")
+                .ctx("preparing a statement")?
+                .query_row([], |r| r.get::<_, i64>(0))
+                .map(|n| n.max(0) as u64)
+                .ctx("counting pending conversations")
         })
         .await
+    }
+
+    async fn hold_over_rate(
+        &self,
+        conversation: ConversationId,
+        user_id: &str,
+        rate: RateWindow,
+        now: Timestamp,
+    ) -> Result<Option<RateHold>, StoreError> {
+        let user_id = user_id.to_owned();
+        self.write("applying the rate limit", move |tx| {
+            // Rate limit: the newest message past the limit within the window, if
+            // any; the window has room again once it has left.
+            let past_limit: Option<i64> = tx
+                .prepare_cached("SELECT m.received_at FROM messages m JOIN conversations c ON c.id = m.conversation_id
+                     WHERE m.user_id = ?1 AND m.received_at > ?3
+                       AND c.platform = (SELECT platform FROM conversations WHERE id = ?2)
+                     ORDER BY m.received_at DESC, m.id DESC LIMIT 1 OFFSET ?4").ctx("preparing a statement")?.query_row(
+                    params![user_id, conversation.0, now.0 - crate::domain::millis(rate.window), rate.max],
+                    |r| r.get(0),
+                )
+                .optional()
+                .ctx("counting a user's recent messages")?;
+            let Some(past_limit) = past_limit else {
+                return Ok(None);
+            };
+            let until = Timestamp(past_limit).plus(rate.window);
+            let held: Option<i64> = tx
+                .prepare_cached("SELECT held_until FROM timers WHERE conversation_id = ?1").ctx("preparing a statement")?.query_row(
+                    [conversation.0],
+                    |r| r.get(0),
+                )
+                .optional()
+                .ctx("reading the timer")?;
+            match held {
+                // Answered already: nothing left to hold.
+                None => Ok(None),
+                // A hold in force is kept, not extended.
+                Some(held_until) if held_until > now.0 => Ok(Some(RateHold {
+                    until: Timestamp(held_until),
+                    began: false,
+                })),
+                Some(_) => {
+                    hold_timer(tx, conversation, until)?;
+                    Ok(Some(RateHold { until, began: true }))
+                }
+            }
+        })
+        .await
+    }
+
+    async fn charge_tokens(
+        &self,
+        lease: &Lease,
+        charge: &TokenCharge,
+        now: Timestamp,
+    ) -> Result<Charged, StoreError> {
+        let lease = lease.clone();
+        let charge = charge.clone();
+        let row = self.lease_row(&lease.key, &lease.holder);
+        self.write("charging tokens", move |tx| {
+            // Budgets: charged under the lease, fenced like the final check.
+            ensure_lease(tx, &lease, &row.resource, now)?;
+            for scope in &charge.scopes {
+                let Some(limit) = scope.limit.filter(|_| scope.tokens > 0) else {
+                    continue;
+                };
+                let used: i64 = tx
+                    .prepare_cached("SELECT COALESCE((SELECT tokens FROM token_usage WHERE scope = ?1 AND day = ?2), 0)").ctx("preparing a statement")?.query_row(
+                        params![scope.scope, charge.day],
+                        |r| r.get(0),
+                    )
+                    .ctx("reading a token budget")?;
+                let used = used.max(0) as u64;
+                if used.saturating_add(scope.tokens as u64) > limit {
+                    hold_timer(tx, conversation_of(&lease), charge.hold_until)?;
+                    return Ok(Charged::Over {
+                        scope: scope.scope.clone(),
+                        used,
+                        limit,
+                    });
+                }
+            }
+            for scope in &charge.scopes {
+                // Budgets: totals are only added to (never written back from a read),
+                // so concurrent charges all count; a give-back never goes below zero.
+                tx.prepare_cached("INSERT INTO token_usage (scope, day, tokens) VALUES (?1, ?2, CASE WHEN ?3 > 0 THEN ?3 ELSE 0 END)
+                     ON CONFLICT (scope, day) DO UPDATE SET tokens =
+                         CASE WHEN token_usage.tokens + ?3 > 0 THEN token_usage.tokens + ?3 ELSE 0 END").ctx("preparing a statement")?.execute(
+                    params![scope.scope, charge.day, scope.tokens],
+                )
+                .ctx("charging tokens")?;
+            }
+            Ok(Charged::Charged)
+        })
+        .await
+    }
+
+    async fn token_usage(&self, day: &str, scopes: &[String]) -> Result<Vec<u64>, StoreError> {
+        let day = day.to_owned();
+        let scopes = scopes.to_vec();
+        self.with_conn(move |conn| {
+            let mut stmt = conn
+                .prepare_cached("SELECT tokens FROM token_usage WHERE scope = ?1 AND day = ?2")
+                .ctx("reading token usage")?;
+            scopes
+                .iter()
+                .map(|scope| {
+                    stmt.query_row(params![scope, day], |r| r.get::<_, i64>(0))
+                        .optional()
+                        .map(|t| t.unwrap_or(0).max(0) as u64)
+                        .ctx("reading token usage")
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn set_access(&self, rule: &AccessRule) -> Result<(), StoreError> {
+        let rule = rule.clone();
+        self.write("recording an access decision", move |tx| {
+            // One decision per subject: the latest replaces the earlier one.
+            tx.prepare_cached("INSERT INTO access_rules (platform, kind, subject, allowed, set_by, set_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                 ON CONFLICT (platform, kind, subject) DO UPDATE SET
+                     allowed = excluded.allowed, set_by = excluded.set_by, set_at = excluded.set_at").ctx("preparing a statement")?.execute(
+                params![
+                    rule.subject.platform.as_str(),
+                    rule.subject.kind.as_str(),
+                    rule.subject.id,
+                    rule.allowed,
+                    rule.set_by,
+                    rule.set_at.0
+                ],
+            )
+            .ctx("recording an access decision")?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn access_rules(&self) -> Result<Vec<AccessRule>, StoreError> {
+        self.with_conn(|conn| read_access_rules(conn)).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
         // A read that reaches the file's tables, not just the connection.
         self.with_conn(|conn| {
-            conn.query_row(
+            conn.prepare_cached(
                 "SELECT (SELECT COUNT(*) FROM (SELECT 1 FROM conversations LIMIT 1))
                       + (SELECT COUNT(*) FROM (SELECT 1 FROM timers LIMIT 1))",
-                [],
-                |r| r.get::<_, i64>(0),
             )
+            .ctx("preparing a statement")?
+            .query_row([], |r| r.get::<_, i64>(0))
             .map(drop)
             .ctx("reading the database")
         })
         .await?;
         self.condition.check()
     }
+}
+
+/// Hold a conversation's timer: not due before `until` (a later deadline is kept).
+fn hold_timer(
+    tx: &Connection,
+    conversation: ConversationId,
+    until: Timestamp,
+) -> Result<(), StoreError> {
+    // Limits: a held conversation's messages wait (stored, pending) until `until`;
+    // later messages, /reset and a forced commit re-arm the timer no sooner.
+    tx.prepare_cached(
+        "UPDATE timers SET held_until = CASE WHEN held_until < ?2 THEN ?2 ELSE held_until END,
+                           due_at = CASE WHEN due_at < ?2 THEN ?2 ELSE due_at END
+         WHERE conversation_id = ?1",
+    )
+    .ctx("preparing a statement")?
+    .execute(params![conversation.0, until.0])
+    .ctx("holding a timer")?;
+    Ok(())
+}
+
+/// Every run-time access decision, oldest first, read on `conn`.
+pub(super) fn read_access_rules(conn: &Connection) -> Result<Vec<AccessRule>, StoreError> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT platform, kind, subject, allowed, set_by, set_at FROM access_rules ORDER BY set_at, rowid",
+        )
+        .ctx("reading access decisions")?;
+    let rows: Vec<(String, String, String, bool, String, i64)> = stmt
+        .query_map([], |r| {
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get(5)?,
+            ))
+        })
+        .ctx("reading access decisions")?
+        .collect::<Result<_, _>>()
+        .ctx("reading access decisions")?;
+    rows.into_iter()
+        .map(|(platform, kind, id, allowed, set_by, set_at)| {
+            let kind = match kind.as_str() {
+                "user" => SubjectKind::User,
+                "chat" => SubjectKind::Chat,
+                other => return Err(StoreError::Corrupt(format!("access kind '{other}'"))),
+            };
+            Ok(AccessRule {
+                subject: Subject {
+                    platform: platform.parse().map_err(StoreError::Corrupt)?,
+                    kind,
+                    id,
+                },
+                allowed,
+                set_by,
+                set_at: Timestamp(set_at),
+            })
+        })
+        .collect()
 }
 
 /// The compare-and-swap claim of `row`: succeeds only if the lease is free or expired,
@@ -1355,20 +1573,24 @@ fn claim(
     ttl: Duration,
     now: Timestamp,
 ) -> Result<Option<Lease>, StoreError> {
-    tx.execute(
+    tx.prepare_cached(
         "INSERT INTO leases (resource, conversation_id) VALUES (?1, ?2)
          ON CONFLICT (resource) DO NOTHING",
-        params![row.resource, row.conversation],
     )
+    .ctx("preparing a statement")?
+    .execute(params![row.resource, row.conversation])
     .ctx("creating a lease")?;
     let expires_at = now.plus(ttl);
     // Exclusive: claim only a free or expired lease (compare-and-swap); every claim
     // bumps the fencing token.
     let token: Option<i64> = tx
-        .query_row(
+        .prepare_cached(
             "UPDATE leases SET holder = ?2, token = token + 1, expires_at = ?3
              WHERE resource = ?1 AND (holder IS NULL OR expires_at <= ?4)
              RETURNING token",
+        )
+        .ctx("preparing a statement")?
+        .query_row(
             params![row.resource, holder.as_str(), expires_at.0, now.0],
             |r| r.get(0),
         )
@@ -1385,13 +1607,14 @@ fn claim(
 /// Record that the first `parts_sent` parts of a row were delivered (and, when
 /// `done`, that it is sent). A fact, not a decision: never fenced, never backwards.
 fn mark_part_sent(tx: &Connection, sent: PartSent, now: Timestamp) -> Result<(), StoreError> {
-    tx.execute(
+    tx.prepare_cached(
         "UPDATE outbox SET
              parts_sent = CASE WHEN parts_sent < ?2 THEN ?2 ELSE parts_sent END,
              sent_at = CASE WHEN ?3 AND sent_at IS NULL THEN ?4 ELSE sent_at END
          WHERE id = ?1",
-        params![sent.outbox.0, sent.parts_sent, sent.done, now.0],
     )
+    .ctx("preparing a statement")?
+    .execute(params![sent.outbox.0, sent.parts_sent, sent.done, now.0])
     .ctx("marking a reply sent")?;
     Ok(())
 }
@@ -1404,21 +1627,21 @@ fn read_batch(
     history: usize,
 ) -> Result<Batch, StoreError> {
     let row: Option<(String, String, bool, i64, i64, i64)> = tx
-        .query_row(
+        .prepare_cached(
             "SELECT platform, key, is_group, version, answered_version, context_version
              FROM conversations WHERE id = ?1",
-            [conversation.0],
-            |r| {
-                Ok((
-                    r.get(0)?,
-                    r.get(1)?,
-                    r.get(2)?,
-                    r.get(3)?,
-                    r.get(4)?,
-                    r.get(5)?,
-                ))
-            },
         )
+        .ctx("preparing a statement")?
+        .query_row([conversation.0], |r| {
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get(5)?,
+            ))
+        })
         .optional()
         .ctx("reading a conversation")?;
     let Some((platform, key, is_group, version, answered, context_version)) = row else {
@@ -1461,16 +1684,14 @@ fn read_batch(
             .collect::<Result<Vec<_>, StoreError>>()?
     };
     let timer = tx
-        .query_row(
-            "SELECT due_at, attempts FROM timers WHERE conversation_id = ?1",
-            [conversation.0],
-            |r| {
-                Ok(TimerState {
-                    due_at: Timestamp(r.get(0)?),
-                    attempts: r.get(1)?,
-                })
-            },
-        )
+        .prepare_cached("SELECT due_at, attempts FROM timers WHERE conversation_id = ?1")
+        .ctx("preparing a statement")?
+        .query_row([conversation.0], |r| {
+            Ok(TimerState {
+                due_at: Timestamp(r.get(0)?),
+                attempts: r.get(1)?,
+            })
+        })
         .optional()
         .ctx("reading the timer")?;
     // Nothing to answer (a round that only delivers): no history needed.
@@ -1606,17 +1827,17 @@ fn answer_through(
     policy: TimerPolicy,
 ) -> Result<(), StoreError> {
     // The answered version only grows.
-    tx.execute(
+    tx.prepare_cached(
         "UPDATE conversations SET answered_version = ?2 WHERE id = ?1 AND answered_version < ?2",
-        params![conversation.0, v0.0],
     )
+    .ctx("preparing a statement")?
+    .execute(params![conversation.0, v0.0])
     .ctx("marking the batch answered")?;
     // The timer goes only if nothing newer than v0 armed it.
     let deleted = tx
-        .execute(
-            "DELETE FROM timers WHERE conversation_id = ?1 AND armed_version <= ?2",
-            params![conversation.0, v0.0],
-        )
+        .prepare_cached("DELETE FROM timers WHERE conversation_id = ?1 AND armed_version <= ?2")
+        .ctx("preparing a statement")?
+        .execute(params![conversation.0, v0.0])
         .ctx("deleting the timer")?;
     if deleted == 0 {
         rearm_for_remaining(tx, conversation, v0, policy)?;
@@ -1638,21 +1859,20 @@ fn rearm_for_remaining(
         return Ok(());
     };
     let armed_at: Option<i64> = tx
-        .query_row(
-            "SELECT armed_at FROM timers WHERE conversation_id = ?1",
-            [conversation.0],
-            |r| r.get(0),
-        )
+        .prepare_cached("SELECT armed_at FROM timers WHERE conversation_id = ?1")
+        .ctx("preparing a statement")?
+        .query_row([conversation.0], |r| r.get(0))
         .optional()
         .ctx("reading the timer")?;
     let Some(armed_at) = armed_at else {
         return Ok(());
     };
     let due_at = policy.due_at(Timestamp(armed_at), first_pending, pending);
-    tx.execute(
-        "UPDATE timers SET due_at = ?2, attempts = 0, retry_at = 0 WHERE conversation_id = ?1",
-        params![conversation.0, due_at.0],
+    tx.prepare_cached(
+        "UPDATE timers SET due_at = MAX(?2, held_until), attempts = 0, retry_at = 0 WHERE conversation_id = ?1",
     )
+    .ctx("preparing a statement")?
+    .execute(params![conversation.0, due_at.0])
     .ctx("re-arming the timer")?;
     Ok(())
 }

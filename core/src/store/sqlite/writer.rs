@@ -105,7 +105,7 @@ impl Writer {
         let (jobs, queue) = sync_channel::<Box<dyn Job>>(QUEUE);
         std::thread::Builder::new()
             .name("lull-sqlite-writer".into())
-            .spawn(move || run(conn, queue))?;
+            .spawn(move || serve(conn, queue))?;
         Ok(Writer { jobs })
     }
 
@@ -140,10 +140,10 @@ fn in_savepoint<T>(
     context: &'static str,
     write: impl FnOnce(&Connection) -> Result<T, StoreError>,
 ) -> Result<T, StoreError> {
-    conn.execute_batch("SAVEPOINT job").ctx(context)?;
+    run(conn, "SAVEPOINT job").ctx(context)?;
     match write(conn) {
         Ok(value) => {
-            conn.execute_batch("RELEASE job").ctx(context)?;
+            run(conn, "RELEASE job").ctx(context)?;
             Ok(value)
         }
         Err(e) => {
@@ -153,6 +153,12 @@ fn in_savepoint<T>(
             Err(e)
         }
     }
+}
+
+/// Run a statement without parameters from the statement cache (parsed once per
+/// connection, not once per write).
+fn run(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(drop)
 }
 
 /// A copy of an error for every write of a failed batch.
@@ -169,7 +175,7 @@ fn copy(error: &StoreError) -> StoreError {
     }
 }
 
-fn run(conn: Connection, queue: Receiver<Box<dyn Job>>) {
+fn serve(conn: Connection, queue: Receiver<Box<dyn Job>>) {
     let mut batch: Vec<Box<dyn Job>> = Vec::with_capacity(BATCH);
     while let Ok(first) = queue.recv() {
         batch.push(first);
@@ -181,7 +187,7 @@ fn run(conn: Connection, queue: Receiver<Box<dyn Job>>) {
         }
         // Takes the write lock first (other processes queue on it through the busy
         // timeout), so no write of the batch can deadlock on a lock upgrade.
-        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        if let Err(e) = run(&conn, "BEGIN IMMEDIATE") {
             let error = classify("starting a batch of writes", e);
             for job in batch.drain(..) {
                 job.fail(copy(&error));
@@ -189,7 +195,7 @@ fn run(conn: Connection, queue: Receiver<Box<dyn Job>>) {
             continue;
         }
         let answers: Vec<Box<dyn Answer>> = batch.drain(..).map(|job| job.run(&conn)).collect();
-        let committed = match conn.execute_batch("COMMIT") {
+        let committed = match run(&conn, "COMMIT") {
             Ok(()) => Ok(()),
             Err(e) => {
                 let _ = conn.execute_batch("ROLLBACK");

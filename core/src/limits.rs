@@ -1,0 +1,220 @@
+//! What the bot may spend: messages per minute per user (`LULL_RATE_PER_MIN`), tokens
+//! per day per user (`LULL_USER_DAILY_TOKENS`) and for the whole bot
+//! (`LULL_DAILY_TOKENS`), days counted in `LULL_TIMEZONE`.
+//!
+//! Every count lives in the database, so limits hold across restarts and across every
+//! process on it. A limit never drops a message: a limited conversation's messages
+//! stay stored and pending, its timer held until the limit lifts (the rate window has
+//! room again, the budget's day ends); then they are answered together, once.
+//!
+//! Budgets are charged in two steps, both under the conversation's lease: before the
+//! model is asked, the most the reply can cost (the prompt estimated at four
+//! characters a token, plus `reply_tokens`) is reserved and checked against every
+//! budget; after it answered, the reservation is settled to what the model reported.
+//! So processes answering the same user at once cannot spend past a budget together.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::domain::{ConversationRef, Platform, Timestamp};
+
+/// The limits in force; zero means "no limit".
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limits {
+    /// Messages one user may send per minute before their conversation is held.
+    pub rate_per_min: u32,
+    /// Tokens one user may spend per day.
+    pub user_daily_tokens: u64,
+    /// Tokens the whole bot may spend per day.
+    pub daily_tokens: u64,
+    /// Where a budget's day begins and ends.
+    pub timezone: TimeZone,
+    /// The most tokens a reply may take (`LULL_MAX_TOKENS`): reserved before the model
+    /// is asked, so a reply that starts fits its budgets.
+    pub reply_tokens: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            rate_per_min: 0,
+            user_daily_tokens: 0,
+            daily_tokens: 0,
+            timezone: TimeZone::utc(),
+            reply_tokens: 1024,
+        }
+    }
+}
+
+/// The rate limit's window: a minute. In builds with the `test-switches` feature
+/// (tests only), `LULL_TEST_RATE_WINDOW_MS` shortens it, so a test sees it reopen.
+pub fn rate_window() -> Duration {
+    #[cfg(feature = "test-switches")]
+    if let Some(ms) = std::env::var("LULL_TEST_RATE_WINDOW_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        return Duration::from_millis(ms);
+    }
+    Duration::from_secs(60)
+}
+
+impl Limits {
+    /// Whether any token budget is set (else nothing is reserved or charged per user).
+    pub fn has_budget(&self) -> bool {
+        self.user_daily_tokens > 0 || self.daily_tokens > 0
+    }
+
+    /// The limits as `lull check` prints them.
+    pub fn describe(&self) -> String {
+        let or_none = |n: u64, unit: &str| {
+            if n == 0 {
+                "no limit".to_owned()
+            } else {
+                format!("{n} {unit}")
+            }
+        };
+        format!(
+            "messages per user: {}; tokens per user: {}; tokens for the bot: {}; days in {}",
+            or_none(u64::from(self.rate_per_min), "a minute"),
+            or_none(self.user_daily_tokens, "a day"),
+            or_none(self.daily_tokens, "a day"),
+            self.timezone
+        )
+    }
+}
+
+/// The budget scope of a user.
+pub fn user_scope(platform: Platform, user_id: &str) -> String {
+    format!("user:{platform}:{user_id}")
+}
+
+/// The budget scope of a conversation (what `/usage` shows an admin in a group).
+pub fn conversation_scope(conversation: &ConversationRef) -> String {
+    format!("conversation:{conversation}")
+}
+
+/// The budget scope of the whole bot.
+pub const BOT_SCOPE: &str = "bot";
+
+/// Tokens of `chars` characters of text, when the model reports no usage: four
+/// characters a token, rounded up (close for English, low for other scripts).
+pub fn estimate_tokens(chars: usize) -> u64 {
+    (chars as u64).div_ceil(4)
+}
+
+/// A `LULL_TIMEZONE`: an IANA time zone name (`Europe/Berlin`), or `UTC`.
+#[derive(Clone, PartialEq)]
+pub struct TimeZone {
+    name: String,
+    zone: jiff::tz::TimeZone,
+}
+
+impl fmt::Debug for TimeZone {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TimeZone({})", self.name)
+    }
+}
+
+impl fmt::Display for TimeZone {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
+impl std::str::FromStr for TimeZone {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let name = s.trim();
+        let zone = jiff::tz::TimeZone::get(name).map_err(|_| {
+            format!(
+                "LULL_TIMEZONE: unknown time zone '{name}' (expected an IANA name such as Europe/Berlin, or UTC)"
+            )
+        })?;
+        Ok(Self {
+            name: name.to_owned(),
+            zone,
+        })
+    }
+}
+
+impl TimeZone {
+    pub fn utc() -> Self {
+        Self {
+            name: "UTC".into(),
+            zone: jiff::tz::TimeZone::UTC,
+        }
+    }
+
+    fn zoned(&self, at: Timestamp) -> jiff::Zoned {
+        jiff::Timestamp::from_millisecond(at.0)
+            .unwrap_or(jiff::Timestamp::UNIX_EPOCH)
+            .to_zoned(self.zone.clone())
+    }
+
+    /// The day `at` falls on here (`2026-12-01`): what budgets count by.
+    pub fn day(&self, at: Timestamp) -> String {
+        self.zoned(at).date().to_string()
+    }
+
+    /// When the day after the one `at` falls on begins here: when budgets reset.
+    pub fn next_day(&self, at: Timestamp) -> Timestamp {
+        let zoned = self.zoned(at);
+        zoned
+            .date()
+            .tomorrow()
+            .ok()
+            .and_then(|d| d.to_zoned(self.zone.clone()).ok())
+            .map_or(at.plus(Duration::from_secs(86_400)), |z| {
+                Timestamp(z.timestamp().as_millisecond())
+            })
+    }
+
+    /// `at` as a user reads it: `14:05 (Europe/Berlin)`, with the date when it is not
+    /// on the same day as `now`.
+    pub fn show(&self, at: Timestamp, now: Timestamp) -> String {
+        let zoned = self.zoned(at);
+        let time = zoned.strftime("%H:%M:%S");
+        if self.day(at) == self.day(now) {
+            format!("{time} ({})", self.name)
+        } else {
+            format!("{} {time} ({})", zoned.date(), self.name)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn days_and_their_ends_follow_the_time_zone() {
+        // 2026-12-01 23:30 UTC is already 2026-12-02 in Berlin (UTC+1 in winter).
+        let at = Timestamp(1_796_167_800_000);
+        let utc = TimeZone::utc();
+        let berlin: TimeZone = "Europe/Berlin".parse().unwrap();
+        assert_eq!(utc.day(at), "2026-12-01");
+        assert_eq!(berlin.day(at), "2026-12-02");
+        assert_eq!(utc.next_day(at).0, 1_796_169_600_000, "midnight UTC");
+        assert_eq!(
+            berlin.next_day(at).0,
+            1_796_252_400_000,
+            "midnight in Berlin of the 3rd is 23:00 UTC of the 2nd"
+        );
+        assert!(berlin.show(at, at).ends_with("(Europe/Berlin)"));
+    }
+
+    #[test]
+    fn an_unknown_time_zone_names_the_variable() {
+        let e = "Mars/Olympus".parse::<TimeZone>().unwrap_err();
+        assert!(e.contains("LULL_TIMEZONE"), "{e}");
+    }
+
+    #[test]
+    fn estimates_round_up() {
+        assert_eq!(estimate_tokens(0), 0);
+        assert_eq!(estimate_tokens(1), 1);
+        assert_eq!(estimate_tokens(8), 2);
+    }
+}

@@ -1,0 +1,496 @@
+//! Guarding the owner's wallet, through the real binary and the fake model: who is
+//! admitted (users, chats, admins' run-time decisions), who may reset a group, the
+//! rate limit (held messages answered once when the window reopens), token budgets
+//! (refused until the next day, across a restart, and never overspent by processes
+//! answering at once).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::support::db;
+use crate::support::openai_fake::{Behavior, FakeOpenAi};
+use crate::support::process::LullProcess;
+use crate::support::telegram_fake::{BOT_USERNAME, TelegramFake, mention, text_message};
+use crate::support::webhook::{Received, Webhook};
+
+const SECS: fn(u64) -> Duration = Duration::from_secs;
+
+/// The number a metric series has, 0 when absent.
+async fn metric(lull: &LullProcess, series: &str) -> f64 {
+    lull.metrics()
+        .await
+        .and_then(|m| m.get(series).copied())
+        .unwrap_or(0.0)
+}
+
+// ---------------------------------------------------------------- Telegram: access
+
+/// `lull run` on the Telegram fake, answering with the fake model.
+struct Tg {
+    dir: tempfile::TempDir,
+    fake: TelegramFake,
+    model: FakeOpenAi,
+    lull: LullProcess,
+}
+
+impl Tg {
+    async fn start(extra: &[(&str, &str)]) -> Tg {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = TelegramFake::start().await;
+        let model = FakeOpenAi::start().await;
+        let mut vars = vec![
+            ("LULL_LLM", "openai".to_owned()),
+            ("OPENAI_BASE_URL", model.base_url.clone()),
+            ("OPENAI_API_KEY", "sk-wallet-test".to_owned()),
+            ("OPENAI_MODEL", "fake-model".to_owned()),
+            ("LULL_ALLOWED_USERS", String::new()),
+            ("LULL_STREAM", "off".to_owned()),
+            ("LULL_DEBOUNCE_MS", "200".to_owned()),
+        ];
+        vars.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
+        let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let env = crate::telegram::env(dir.path(), &fake, &vars);
+        let begun = Instant::now();
+        let lull = LullProcess::start(dir.path(), "lull", &["run"], &env);
+        fake.wait_for("a poll", SECS(20), |f| {
+            f.polls()
+                .iter()
+                .any(|p| p.started >= begun && p.status != 409)
+                .then_some(())
+        })
+        .await;
+        Tg {
+            dir,
+            fake,
+            model,
+            lull,
+        }
+    }
+
+    fn db(&self) -> PathBuf {
+        self.dir.path().join("lull.db")
+    }
+
+    /// The texts sent to `chat`, once `n` arrived.
+    async fn texts(&self, chat: i64, n: usize) -> Vec<String> {
+        let sent = self.fake.wait_sent(chat, n, SECS(15)).await;
+        sent.into_iter().map(|s| s.text).collect()
+    }
+
+    /// Nothing more reaches `chat` than the `n` messages it has, over a while longer
+    /// than the debounce and a round.
+    async fn stays_at(&self, chat: i64, n: usize) {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let sent = self.fake.sent_to(chat);
+        assert_eq!(sent.len(), n, "{sent:#?}\n{}", self.lull.logs());
+    }
+}
+
+/// A user who is not admitted is told their id once per conversation, however much
+/// they write, and nothing of theirs reaches the model; an admitted user is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_user_never_reaches_the_model_and_is_told_once() {
+    let tg = Tg::start(&[("LULL_ALLOWED_USERS", "telegram:4401")]).await;
+    for text in ["hello?", "anyone?", "please"] {
+        tg.fake.push_message(text_message(4402, 4402, text));
+    }
+    tg.fake.push_message(text_message(4401, 4401, "hi"));
+    assert_eq!(tg.texts(4401, 1).await, ["[model] hi"]);
+    let denied = tg.texts(4402, 1).await;
+    assert!(denied[0].contains("telegram:4402"), "{}", denied[0]);
+    tg.stays_at(4402, 1).await;
+    assert_eq!(tg.model.requests().len(), 1, "only the admitted user's");
+    assert!(
+        db::messages(&tg.db())
+            .iter()
+            .all(|m| m.conversation != "4402")
+    );
+    assert_eq!(
+        metric(&tg.lull, "lull_limited_total{reason=\"denied\"}").await,
+        3.0
+    );
+}
+
+/// `LULL_ALLOWED_CHATS` admits every member of a listed group, there only: the same
+/// user is refused in another group and in a private chat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_member_admitted_by_chat_is_answered() {
+    let tg = Tg::start(&[("LULL_ALLOWED_CHATS", "telegram:-1004410")]).await;
+    let (listed, other) = (-100_4410, -100_4420);
+    tg.fake.push_message(mention(listed, 4411, "what is lull?"));
+    assert_eq!(
+        tg.texts(listed, 1).await,
+        ["[model] User4411: what is lull?"]
+    );
+    tg.fake.push_message(mention(other, 4411, "and here?"));
+    tg.fake
+        .push_message(text_message(4411, 4411, "and privately?"));
+    assert!(tg.texts(other, 1).await[0].contains("telegram:4411"));
+    assert!(tg.texts(4411, 1).await[0].contains("telegram:4411"));
+    tg.stays_at(other, 1).await;
+    assert_eq!(tg.model.requests().len(), 1);
+}
+
+/// In a group only an admin may `/reset`; anyone resets their private chat. `/usage`
+/// shows an admin the group's use and the whole bot's, a member their own. Admins
+/// `/allow` and `/deny` users at run time, without a restart; `lull check` shows the
+/// decisions, which are kept in the database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admins_alone_reset_groups_and_allow_or_deny_at_run_time() {
+    let tg = Tg::start(&[
+        ("LULL_ADMINS", "telegram:4421"),
+        ("LULL_ALLOWED_CHATS", "telegram:-1004430"),
+    ])
+    .await;
+    let group = -100_4430;
+    let reset = format!("/reset@{BOT_USERNAME}");
+    tg.fake.push_message(text_message(group, 4422, &reset));
+    let texts = tg.texts(group, 1).await;
+    assert!(texts[0].contains("only the bot's admins"), "{}", texts[0]);
+    tg.fake.push_message(text_message(group, 4421, &reset));
+    assert!(tg.texts(group, 2).await[1].starts_with("Done"));
+    // A member is answered; an admin sees the group's use, a member their own.
+    tg.fake.push_message(mention(group, 4422, "hello"));
+    assert_eq!(tg.texts(group, 3).await[2], "[model] User4422: hello");
+    let usage = format!("/usage@{BOT_USERNAME}");
+    tg.fake.push_message(text_message(group, 4421, &usage));
+    let texts = tg.texts(group, 4).await;
+    assert!(
+        texts[3].contains("this group: 27 tokens (no limit)")
+            && texts[3].contains("The whole bot: 27 tokens"),
+        "{}",
+        texts[3]
+    );
+    tg.fake.push_message(text_message(group, 4422, &usage));
+    let texts = tg.texts(group, 5).await;
+    assert!(
+        texts[4].contains("you: 27 tokens (no limit)") && !texts[4].contains("whole bot"),
+        "{}",
+        texts[4]
+    );
+
+    let (admin, user) = (4421, 4423);
+    tg.fake.push_message(text_message(user, user, "hi"));
+    assert!(tg.texts(user, 1).await[0].contains("telegram:4423"));
+    tg.fake
+        .push_message(text_message(admin, admin, "/allow telegram:4423"));
+    assert!(tg.texts(admin, 1).await[0].starts_with("Allowed telegram:4423"));
+    tg.fake
+        .push_message(text_message(user, user, "hello again"));
+    assert_eq!(tg.texts(user, 2).await[1], "[model] hello again");
+    tg.fake.push_message(text_message(user, user, "/reset"));
+    assert!(
+        tg.texts(user, 3).await[2].starts_with("Done"),
+        "anyone resets their private chat"
+    );
+    tg.fake
+        .push_message(text_message(admin, admin, "/deny telegram:4423"));
+    assert!(tg.texts(admin, 2).await[1].starts_with("Denied telegram:4423"));
+    tg.fake
+        .push_message(text_message(user, user, "still there?"));
+    // Refused again; the notice was given in this conversation already.
+    tg.stays_at(user, 3).await;
+    assert_eq!(tg.model.requests().len(), 2);
+
+    let out = lull_check(&tg.db());
+    assert!(
+        out.contains("denied telegram:4423 (by telegram:4421)"),
+        "{out}"
+    );
+    assert!(out.contains("admins: telegram:4421"), "{out}");
+}
+
+/// `lull check` on the database at `db`, its output.
+fn lull_check(db: &Path) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lull"))
+        .arg("check")
+        .env_clear()
+        .env("DATABASE_URL", format!("sqlite:{}", db.display()))
+        .env("LULL_LLM", "echo")
+        .env("LULL_ADMINS", "telegram:4421")
+        .env("LULL_USER_DAILY_TOKENS", "5000")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        text.contains("tokens per user: 5000 a day"),
+        "the limits in force: {text}"
+    );
+    text
+}
+
+// ---------------------------------------------------------------- http: limits
+
+/// `lull run` processes with the http adapter on one database, the fake model and one
+/// webhook.
+struct Wallet {
+    dir: tempfile::TempDir,
+    webhook: Webhook,
+    model: FakeOpenAi,
+    client: reqwest::Client,
+}
+
+impl Wallet {
+    async fn new() -> Wallet {
+        Wallet {
+            dir: tempfile::tempdir().unwrap(),
+            webhook: Webhook::start().await,
+            model: FakeOpenAi::start().await,
+            client: reqwest::Client::new(),
+        }
+    }
+
+    async fn start(&self, name: &str, extra: &[(&str, &str)]) -> LullProcess {
+        let mut env = vec![
+            ("DATABASE_URL", format!("sqlite:{}", self.db().display())),
+            ("LULL_WEBHOOK_URL", self.webhook.url.clone()),
+            ("OPENAI_BASE_URL", self.model.base_url.clone()),
+            ("OPENAI_API_KEY", "sk-wallet-test".into()),
+            ("OPENAI_MODEL", "fake-model".into()),
+            ("LULL_DEBOUNCE_MS", "200".into()),
+            ("LULL_MAX_WAIT_MS", "5000".into()),
+            ("LULL_POLL_MS", "200".into()),
+            ("RUST_LOG", "debug".into()),
+        ];
+        env.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
+        let mut lull = LullProcess::start(self.dir.path(), name, &["run"], &env);
+        lull.wait_healthy(SECS(20)).await;
+        lull
+    }
+
+    fn db(&self) -> PathBuf {
+        self.dir.path().join("lull.db")
+    }
+
+    async fn say(&self, lull: &LullProcess, conversation: &str, user: &str, id: &str, text: &str) {
+        let r = self
+            .client
+            .post(format!("{}/api/messages", lull.base_url()))
+            .json(&serde_json::json!({
+                "conversation": conversation, "user": user, "text": text, "id": id
+            }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 202);
+    }
+
+    fn of_kind(&self, kind: &str) -> Vec<Received> {
+        self.webhook
+            .received()
+            .into_iter()
+            .filter(|r| r.kind == kind)
+            .collect()
+    }
+
+    /// Once `n` rows of `kind` arrived, all of them.
+    async fn wait(&self, kind: &str, n: usize, limit: Duration) -> Vec<Received> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let rows = self.of_kind(kind);
+            if rows.len() >= n {
+                return rows;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "expected {n} {kind}s within {limit:?}, got {rows:#?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Nothing pending or undelivered, and no duplicate, loss, stale reply or token
+    /// regression.
+    async fn assert_invariants(&self, replies: usize) {
+        let v = db::settled(&self.db(), SECS(20)).await;
+        assert_eq!(
+            (
+                v.replies,
+                v.duplicates,
+                v.lost,
+                v.stale,
+                v.token_regressions
+            ),
+            (replies, 0, 0, 0, 0),
+            "{v:?}"
+        );
+    }
+
+    /// Tokens charged to `scope` on any day.
+    fn charged(&self, scope: &str) -> i64 {
+        db::count(
+            &self.db(),
+            &format!("SELECT COALESCE(SUM(tokens), 0) FROM token_usage WHERE scope = '{scope}'"),
+        )
+    }
+}
+
+/// Tokens the fake model reported for its requests (10 per message sent, 7 for the
+/// answer).
+fn reported(model: &FakeOpenAi) -> i64 {
+    model
+        .requests()
+        .iter()
+        .map(|r| 10 * r.body["messages"].as_array().map_or(0, Vec::len) as i64 + 7)
+        .sum()
+}
+
+/// Over `LULL_RATE_PER_MIN` the messages are stored but not sent to the model; the
+/// user is told once when they can continue; when the window reopens they are
+/// answered together, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_over_the_rate_limit_is_answered_once_when_the_window_reopens() {
+    let w = Wallet::new().await;
+    let lull = w
+        .start(
+            "lull",
+            &[
+                ("LULL_RATE_PER_MIN", "2"),
+                ("LULL_TEST_RATE_WINDOW_MS", "4000"),
+            ],
+        )
+        .await;
+    let first = Instant::now();
+    w.say(&lull, "c1", "ann", "m1", "one").await;
+    w.wait("reply", 1, SECS(10)).await;
+    w.say(&lull, "c1", "ann", "m2", "two").await;
+    w.wait("reply", 2, SECS(10)).await;
+    for (id, text) in [("m3", "three"), ("m4", "four"), ("m5", "five")] {
+        w.say(&lull, "c1", "ann", id, text).await;
+    }
+    let notices = w.wait("notice", 1, SECS(10)).await;
+    assert!(
+        notices[0].text.contains("2 a minute"),
+        "{}",
+        notices[0].text
+    );
+    assert!(
+        w.of_kind("reply").len() == 2 && w.model.requests().len() == 2,
+        "held messages do not reach the model"
+    );
+    let replies = w.wait("reply", 3, SECS(15)).await;
+    assert!(
+        first.elapsed() >= Duration::from_millis(3900),
+        "answered when the window reopened, not before"
+    );
+    assert_eq!(replies[2].covers, ["m3", "m4", "m5"]);
+    w.assert_invariants(3).await;
+    assert_eq!(w.model.requests().len(), 3);
+    assert_eq!(w.of_kind("notice").len(), 1, "told once");
+    assert_eq!(
+        metric(&lull, "lull_limited_total{reason=\"rate\"}").await,
+        3.0
+    );
+}
+
+/// Over `LULL_USER_DAILY_TOKENS` a user is told once and when the budget resets, and
+/// nothing reaches the model until the next day; the budget is in the database, so a
+/// restart changes nothing; the next day the held message is answered. `/usage`
+/// shows the user their use and limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_over_budget_is_refused_until_the_next_day_even_across_a_restart() {
+    let w = Wallet::new().await;
+    let limits = [("LULL_USER_DAILY_TOKENS", "60"), ("LULL_MAX_TOKENS", "10")];
+    let mut lull = w.start("today", &limits).await;
+    // 27 tokens (system + question), then 47 (with the first exchange): 74 > 60.
+    w.say(&lull, "c1", "bob", "m1", "hi").await;
+    w.wait("reply", 1, SECS(10)).await;
+    w.say(&lull, "c1", "bob", "m2", "more").await;
+    w.wait("reply", 2, SECS(10)).await;
+    assert_eq!(w.charged("user:http:bob"), 74);
+    w.say(&lull, "c1", "bob", "m3", "and more").await;
+    let notices = w.wait("notice", 1, SECS(10)).await;
+    assert!(
+        notices[0].text.contains("your 60 tokens for today"),
+        "{}",
+        notices[0].text
+    );
+    w.say(&lull, "c1", "bob", "u1", "/usage").await;
+    let notices = w.wait("notice", 2, SECS(10)).await;
+    assert!(
+        notices[1].text.contains("you: 74 of 60 tokens"),
+        "{}",
+        notices[1].text
+    );
+    assert_eq!(w.model.requests().len(), 2);
+    assert_eq!(
+        metric(&lull, "lull_limited_total{reason=\"user_budget\"}").await,
+        1.0
+    );
+
+    // A restart on the same day: still held, and not told again.
+    lull.kill9();
+    let mut lull = w.start("restarted", &limits).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(w.model.requests().len(), 2, "{}", lull.logs());
+    assert_eq!(w.of_kind("notice").len(), 2);
+    assert_eq!(w.of_kind("reply").len(), 2);
+
+    // The next day (a process whose clock is a day ahead): answered.
+    lull.kill9();
+    let tomorrow = [
+        limits[0],
+        limits[1],
+        ("LULL_TEST_CLOCK_OFFSET_MS", "86400000"),
+    ];
+    let lull = w.start("tomorrow", &tomorrow).await;
+    let replies = w.wait("reply", 3, SECS(15)).await;
+    assert_eq!(replies[2].covers, ["m3"]);
+    w.assert_invariants(3).await;
+    assert_eq!(w.model.requests().len(), 3);
+    assert_eq!(w.charged("user:http:bob"), reported(&w.model));
+    drop(lull);
+}
+
+/// Two processes answering many conversations at once (a slow model, so their
+/// generations overlap) never spend past `LULL_DAILY_TOKENS` together: each reply
+/// reserves its most before the model is asked, under its lease, in one transaction
+/// with the check. Every token the model reported is charged, none twice; the
+/// conversations over budget are told and held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_processes_do_not_overspend() {
+    let w = Wallet::new().await;
+    w.model.fallback(Behavior::Slow(Duration::from_millis(400)));
+    let limits = [("LULL_DAILY_TOKENS", "150"), ("LULL_MAX_TOKENS", "40")];
+    let a = w.start("a", &limits).await;
+    let b = w.start("b", &limits).await;
+    for n in 0..12 {
+        let lull = if n % 2 == 0 { &a } else { &b };
+        let id = format!("m{n}");
+        w.say(lull, &format!("c{n}"), &format!("user{n}"), &id, "hi")
+            .await;
+    }
+    // Each reply costs 27 tokens and reserves 41: at most five fit 150, and only
+    // four once the reservations of generations in flight are counted.
+    let deadline = Instant::now() + SECS(20);
+    while w.of_kind("reply").len() + w.of_kind("notice").len() < 12 {
+        assert!(
+            Instant::now() < deadline,
+            "replies {:?}, notices {:?}\n{}\n{}",
+            w.of_kind("reply").len(),
+            w.of_kind("notice").len(),
+            a.logs(),
+            b.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let spent = reported(&w.model);
+    let replies = w.of_kind("reply").len();
+    assert!(
+        spent <= 150 && (3..=5).contains(&replies),
+        "the model was asked for {spent} tokens in {replies} replies"
+    );
+    assert_eq!(
+        w.charged("bot"),
+        spent,
+        "every reported token is charged once"
+    );
+    for notice in w.of_kind("notice") {
+        assert!(notice.text.contains("This bot has used its 150 tokens"));
+    }
+    assert_eq!(
+        db::count(&w.db(), "SELECT COUNT(*) FROM timers"),
+        (12 - replies) as i64,
+        "the rest are held for tomorrow"
+    );
+}

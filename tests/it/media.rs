@@ -368,3 +368,35 @@ async fn a_voice_note_over_the_limit_is_refused_plainly() {
     assert_eq!(verdict.counts(), (2, 1, 0, 0, 0), "{verdict:?}");
     run.finish();
 }
+
+/// An album is one batch: its photos (one captioned) reach the model in one call, in
+/// order; an edit of the caption while the burst is pending bumps the version like a
+/// text edit, and the reply answers the new caption with the images kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_album_with_an_edited_caption_is_one_batch() {
+    let run = start(&[("LULL_DEBOUNCE_MS", "800")]).await;
+    let chat = 4608;
+    let (first, second) = (png(11), png(12));
+    run.fake.add_file("a1", first.clone());
+    run.fake.add_file("a2", second.clone());
+    let mut captioned = photo_message(chat, chat, Some("which is better?"), &[("a1", first.len())]);
+    captioned["media_group_id"] = serde_json::json!("album-1");
+    let mut other = photo_message(chat, chat, None, &[("a2", second.len())]);
+    other["media_group_id"] = serde_json::json!("album-1");
+    run.fake.push_message(captioned.clone());
+    run.fake.push_message(other);
+    let mut edited = captioned;
+    edited["caption"] = serde_json::json!("which one is sharper?");
+    edited["edit_date"] = serde_json::json!(1_700_000_000);
+    run.fake.push("edited_message", edited);
+    let sent = run.fake.wait_sent(chat, 1, SECS(15)).await;
+    assert_eq!(
+        sent[0].text,
+        "[model] [image] which one is sharper?\n[image]"
+    );
+    assert_eq!(run.model.requests().len(), 1, "one model call");
+    assert_eq!(run.model.images(0), [data_url(&first), data_url(&second)]);
+    let verdict = db::settled(&run.db(), SECS(10)).await;
+    assert_eq!(verdict.counts(), (2, 1, 0, 0, 0), "{verdict:?}");
+    run.finish();
+}

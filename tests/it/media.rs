@@ -9,7 +9,9 @@ use base64::Engine as _;
 use crate::support::db;
 use crate::support::openai_fake::FakeOpenAi;
 use crate::support::process::LullProcess;
-use crate::support::telegram_fake::{TelegramFake, photo_message, text_message, voice_message};
+use crate::support::telegram_fake::{
+    Fault, TelegramFake, photo_message, text_message, voice_message,
+};
 
 const SECS: fn(u64) -> Duration = Duration::from_secs;
 
@@ -190,6 +192,12 @@ async fn a_model_that_refuses_images_still_answers_the_text() {
     let verdict = db::settled(&run.db(), SECS(10)).await;
     assert_eq!(verdict.counts(), (2, 2, 0, 0, 0), "{verdict:?}");
     assert_eq!(run.fake.sent_to(chat).len(), 3, "told once, not twice");
+    assert_eq!(
+        run.model.requests().len(),
+        3,
+        "a model that refused images is sent none again"
+    );
+    assert!(run.model.images(2).is_empty());
     run.finish();
 }
 
@@ -398,5 +406,37 @@ async fn an_album_with_an_edited_caption_is_one_batch() {
     assert_eq!(run.model.images(0), [data_url(&first), data_url(&second)]);
     let verdict = db::settled(&run.db(), SECS(10)).await;
     assert_eq!(verdict.counts(), (2, 1, 0, 0, 0), "{verdict:?}");
+    run.finish();
+}
+
+/// An image whose file server keeps failing holds the burst only for a few rounds
+/// (retried with backoff, the user told once that the reply is delayed); then the
+/// burst is answered without it, the model told the image could not be fetched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_that_cannot_be_fetched_does_not_hold_the_burst_for_good() {
+    let run = start(&[]).await;
+    let chat = 4609;
+    run.fake.add_file("flaky", png(9));
+    run.fake.fail("getFile", Fault::Garbage, 100);
+    run.fake.push_message(photo_message(
+        chat,
+        chat,
+        Some("is this fine?"),
+        &[("flaky", png(9).len())],
+    ));
+    let sent = run.fake.wait_sent(chat, 2, SECS(30)).await;
+    assert!(sent[0].text.contains("right now"), "{}", sent[0].text);
+    assert_eq!(
+        sent[1].text,
+        "[model] [image] is this fine?\n\n[An image the user sent could not be fetched.]"
+    );
+    assert_eq!(
+        run.fake.faulted("getFile").len(),
+        4,
+        "three rounds failed on it, the fourth tried once more and answered"
+    );
+    assert_eq!(run.model.requests().len(), 1);
+    let verdict = db::settled(&run.db(), SECS(10)).await;
+    assert_eq!(verdict.counts(), (1, 1, 0, 0, 0), "{verdict:?}");
     run.finish();
 }

@@ -146,6 +146,10 @@ pub struct Dispatcher {
     /// Transcribes voice notes and audio at the start of a round; unset (the `echo`
     /// responder), they reach the model as their marker only.
     transcriber: std::sync::OnceLock<Arc<dyn Transcriber>>,
+    /// Set once the model refused image parts (a model without vision): later rounds
+    /// of this process send it no images (a restart, perhaps with another model,
+    /// tries again).
+    images_refused: std::sync::atomic::AtomicBool,
     outbounds: HashMap<Platform, Arc<dyn Outbound>>,
     settings: DispatchSettings,
     clock: Arc<dyn Clock>,
@@ -180,6 +184,7 @@ impl Dispatcher {
             store,
             responder,
             transcriber: std::sync::OnceLock::new(),
+            images_refused: std::sync::atomic::AtomicBool::new(false),
             outbounds: outbounds.into_iter().map(|o| (o.platform(), o)).collect(),
             settings,
             clock,

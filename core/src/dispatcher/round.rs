@@ -58,6 +58,11 @@ the request. The bot's operator can find the reason in the logs; please try agai
 /// failure (adapters have their own, shorter, limits per request).
 const MEDIA_FETCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// Rounds in a row whose media fetch failed transiently before the batch is answered
+/// without that media (with a note to the model): a platform's file server that stays
+/// down never holds a conversation's messages for good.
+const MEDIA_ATTEMPTS: u32 = 3;
+
 /// What the user is told when the model refused the images of a batch: once per
 /// conversation.
 const NO_VISION_TEXT: &str = "Note: the language model I use cannot see images, \
@@ -67,7 +72,7 @@ so I answered only the text of your messages.";
 const NO_VISION_NOTE: &str = "[The user sent an image, but it could not be shown to you: \
 answer the text.]";
 const TOO_BIG_NOTE: &str = "[An image the user sent was too large to read; they have been told.]";
-const GONE_NOTE: &str = "[An image the user sent is no longer available.]";
+const GONE_NOTE: &str = "[An image the user sent could not be fetched.]";
 
 /// The largest audio file sent for transcription: OpenAI's limit for
 /// `/audio/transcriptions`.
@@ -281,6 +286,13 @@ impl Round<'_> {
             let key = format!("image-too-big/{}/{row}", batch.conversation);
             rows.extend(self.notice(&batch, &text, key).await?);
         }
+        if prompt
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains(NO_VISION_NOTE))
+        {
+            rows.extend(self.no_vision_notice(&batch).await?);
+        }
 
         let reserved = match self.reserve(&batch, rows).await? {
             Some(reserved) => reserved,
@@ -300,10 +312,11 @@ impl Round<'_> {
             // A model without vision refuses image parts (4xx): answer the text, and
             // tell the user once per conversation that this model cannot see images.
             tracing::warn!(%conversation, error = %error, "the model refused the images; answering the text without them (set LULL_VISION=off for a model without vision)");
+            d.images_refused
+                .store(true, std::sync::atomic::Ordering::Relaxed);
             prompt.images.clear();
             add_note(&mut prompt, NO_VISION_NOTE);
-            let key = format!("no-vision/{}", batch.conversation);
-            rows.extend(self.notice(&batch, NO_VISION_TEXT, key).await?);
+            rows.extend(self.no_vision_notice(&batch).await?);
             generated = tokio::select! {
                 generated = self.generate(&batch, &prompt) => generated,
                 () = self.keeper.lost() => return Err(Interrupt::LeaseLost),
@@ -531,10 +544,22 @@ impl Round<'_> {
         if !d.settings.vision {
             return Ok(Ok(too_big));
         }
+        let has_images = || {
+            batch
+                .pending
+                .iter()
+                .any(|m| m.media.iter().any(|m| m.kind == MediaKind::Image))
+        };
+        if d.images_refused.load(std::sync::atomic::Ordering::Relaxed) && has_images() {
+            // This model refused images earlier: not fetched, not sent.
+            add_note(prompt, NO_VISION_NOTE);
+            return Ok(Ok(too_big));
+        }
         let Some(outbound) = d.outbounds.get(&batch.conversation.platform) else {
             return Ok(Ok(too_big));
         };
         let max = d.settings.max_image_bytes;
+        let attempts = batch.timer.map_or(0, |t| t.attempts);
         for message in &batch.pending {
             for media in message.media.iter().filter(|m| m.kind == MediaKind::Image) {
                 let fetched =
@@ -555,15 +580,16 @@ impl Round<'_> {
                         add_note(prompt, TOO_BIG_NOTE);
                         too_big.push((message.row, size));
                     }
-                    Err(MediaError::Gone(why)) => {
-                        tracing::warn!(conversation = %batch.conversation, error = %why, "an image is no longer available");
-                        add_note(prompt, GONE_NOTE);
-                    }
-                    Err(MediaError::Transient(why)) => {
+                    Err(MediaError::Transient(why)) if attempts < MEDIA_ATTEMPTS => {
                         return Ok(Err(LlmError::Connect(format!(
                             "fetching an image from {}: {why}",
                             batch.conversation.platform
                         ))));
+                    }
+                    // Gone, or still failing after as many rounds: answered without it.
+                    Err(MediaError::Gone(why) | MediaError::Transient(why)) => {
+                        tracing::warn!(conversation = %batch.conversation, error = %why, "an image could not be fetched; answering without it");
+                        add_note(prompt, GONE_NOTE);
                     }
                 }
             }
@@ -590,6 +616,7 @@ impl Round<'_> {
             return Ok(Ok(notes));
         };
         let max_secs = d.settings.max_audio_seconds;
+        let attempts = batch.timer.map_or(0, |t| t.attempts);
         for message in &mut batch.pending {
             if message.transcript.is_some() {
                 continue;
@@ -621,16 +648,17 @@ impl Round<'_> {
                     notes.model.push(AUDIO_TOO_LONG_NOTE);
                     continue;
                 }
-                Err(MediaError::Gone(why)) => {
-                    tracing::warn!(conversation = %batch.conversation, error = %why, "a voice message is no longer available");
-                    notes.model.push(AUDIO_MISSING_NOTE);
-                    continue;
-                }
-                Err(MediaError::Transient(why)) => {
+                Err(MediaError::Transient(why)) if attempts < MEDIA_ATTEMPTS => {
                     return Ok(Err(LlmError::Connect(format!(
                         "fetching a voice message from {}: {why}",
                         batch.conversation.platform
                     ))));
+                }
+                // Gone, or still failing after as many rounds: answered without it.
+                Err(MediaError::Gone(why) | MediaError::Transient(why)) => {
+                    tracing::warn!(conversation = %batch.conversation, error = %why, "a voice message could not be fetched; answering without it");
+                    notes.model.push(AUDIO_MISSING_NOTE);
+                    continue;
                 }
             };
             let transcript = match transcriber.transcribe(&audio.bytes, &audio.mime).await {
@@ -654,6 +682,12 @@ impl Round<'_> {
             message.transcript = Some(transcript);
         }
         Ok(Ok(notes))
+    }
+
+    /// Tell the conversation once that the model cannot see images.
+    async fn no_vision_notice(&self, batch: &Batch) -> Result<Option<OutboxRow>, Interrupt> {
+        let key = format!("no-vision/{}", batch.conversation);
+        self.notice(batch, NO_VISION_TEXT, key).await
     }
 
     /// Queue a notice for this batch's conversation, at most once per `dedupe_key`;

@@ -31,7 +31,7 @@ impl MediaKind {
         matches!(self, MediaKind::Voice | MediaKind::Audio)
     }
 
-    /// The marker the message's text carries in prompts and history ("[image]"), so
+    /// The marker the message's text carries in prompts and history (`[image]`), so
     /// the model and `echo` see that something was sent even where the bytes are not.
     pub fn marker(self) -> &'static str {
         match self {

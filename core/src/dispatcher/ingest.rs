@@ -165,7 +165,7 @@ pub(super) async fn ingest(
     })
 }
 
-/// `text` after one marker per piece of media ("[image] what is this?").
+/// `text` after one marker per piece of media (`[image] what is this?`).
 fn with_markers(media: &[lull_port::Media], text: &str) -> String {
     let markers: Vec<&str> = media.iter().map(|m| m.kind.marker()).collect();
     match (markers.is_empty(), text.trim().is_empty()) {

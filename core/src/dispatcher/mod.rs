@@ -80,7 +80,7 @@ pub struct DispatchSettings {
     /// where the platform has drafts (`off`: never).
     pub drafts: bool,
     /// `LULL_VISION=auto`: images of the pending batch are fetched and sent to the
-    /// model as image parts (`off`: the model sees only their "[image]" marker).
+    /// model as image parts (`off`: the model sees only their `[image]` marker).
     pub vision: bool,
     /// `LULL_MAX_IMAGE_BYTES`: the largest image fetched; a larger one is not read,
     /// and the user is told.

@@ -5,6 +5,10 @@
 //! one streams the answer when someone watches, `echo` shows it word by word. A
 //! responder that cannot stream ignores it; nothing else changes for it.
 //!
+//! Images of the pending batch travel in the [`Prompt`] ([`Image`]; history keeps their
+//! `[image]` marker). Voice messages are turned into text before the prompt is built,
+//! by a [`transcribe::Transcriber`].
+//!
 //! Two responders: [`echo::EchoResponder`], offline, which reports what it was given
 //! (for trying lull out and for tests), and [`openai::OpenAiResponder`], for any
 //! OpenAI-compatible server. Wrappers add the failure policy: [`fit::Fitting`] asks
@@ -44,7 +48,7 @@ pub struct Prompt {
     /// ([`fit`]), so the model knows it saw only part of it.
     pub note: Option<String>,
     /// Images of the pending batch, in order, sent with the user turn as image parts
-    /// (each message's text keeps its "[image]" marker). Empty unless the batch has
+    /// (each message's text keeps its `[image]` marker). Empty unless the batch has
     /// images and `LULL_VISION=auto`; history never carries images.
     pub images: Vec<Image>,
 }

@@ -461,7 +461,7 @@ impl Responder for OpenAiResponder {
 /// The pending batch as one user message: plain text, or, when it carries images,
 /// content parts (the text, then each image as a base64 `data:` URL), which OpenAI,
 /// Ollama's OpenAI-compatible endpoint and vLLM accept. Only this turn carries
-/// images; history keeps their "[image]" markers.
+/// images; history keeps their `[image]` markers.
 fn user_turn(prompt: &Prompt) -> ChatCompletionRequestUserMessage {
     let text = prompt.user_turn();
     if prompt.images.is_empty() {

@@ -176,7 +176,7 @@ pub struct NewMessage {
     pub user_id: String,
     pub author: String,
     /// The text as prompts and history show it: for media, the caption after its
-    /// marker ("[image] what is this?").
+    /// marker (`[image] what is this?`).
     pub text: String,
     /// Media references sent with the message, stored with it in the same
     /// transaction (no loss: a crash before the reply keeps them).

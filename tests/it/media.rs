@@ -10,7 +10,7 @@ use crate::support::db;
 use crate::support::openai_fake::FakeOpenAi;
 use crate::support::process::LullProcess;
 use crate::support::telegram_fake::{
-    Fault, TelegramFake, photo_message, text_message, voice_message,
+    BOT_USERNAME, Fault, TelegramFake, photo_message, text_message, voice_message,
 };
 
 const SECS: fn(u64) -> Duration = Duration::from_secs;
@@ -438,5 +438,39 @@ async fn an_image_that_cannot_be_fetched_does_not_hold_the_burst_for_good() {
     assert_eq!(run.model.requests().len(), 1);
     let verdict = db::settled(&run.db(), SECS(10)).await;
     assert_eq!(verdict.counts(), (1, 1, 0, 0, 0), "{verdict:?}");
+    run.finish();
+}
+
+/// In a group, the reply to a voice message opens with what was heard, quoted, so the
+/// chat sees what the bot answers; a private chat's reply does not (see
+/// `a_voice_note_is_transcribed_once_and_answered`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_reply_to_a_voice_message_quotes_the_transcript() {
+    let run = start(&[]).await;
+    let chat = -100_4610;
+    let audio = b"OggS group voice".to_vec();
+    run.fake.add_file("g1", audio.clone());
+    run.model.transcript(&audio, "who wants pizza tonight");
+    let mut voice = voice_message(chat, 21, "g1", audio.len(), 2);
+    voice["chat"] = crate::support::telegram_fake::chat(chat, false);
+    voice["caption"] = serde_json::json!(format!("@{BOT_USERNAME} count me in"));
+    voice["caption_entities"] =
+        serde_json::json!([{"type": "mention", "offset": 0, "length": BOT_USERNAME.len() + 1}]);
+    run.fake.push_message(voice);
+    let sent = run.fake.wait_sent(chat, 1, SECS(15)).await;
+    assert!(
+        sent[0]
+            .text
+            .starts_with("<blockquote>🎤 User21: who wants pizza tonight</blockquote>"),
+        "{}",
+        sent[0].text
+    );
+    assert!(
+        sent[0]
+            .text
+            .contains("[model] User21: [voice message] count me in: who wants pizza tonight"),
+        "{}",
+        sent[0].text
+    );
     run.finish();
 }

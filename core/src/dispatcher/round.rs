@@ -114,6 +114,33 @@ I answered the rest of your messages; please send a smaller version if it matter
     )
 }
 
+/// How much of a transcript a reply quotes.
+const QUOTED_TRANSCRIPT_CHARS: usize = 300;
+
+/// In a group, a reply to voice messages opens with what was heard (`> 🎤 author:
+/// transcript`, cut to [`QUOTED_TRANSCRIPT_CHARS`]): the others in the chat see what
+/// the bot answers without playing the recording, and the speaker sees how it was
+/// understood. In a private chat the speaker knows what they said: no quote.
+fn quote_transcripts(batch: &Batch, reply: String) -> String {
+    if !batch.is_group {
+        return reply;
+    }
+    let quotes: Vec<String> = batch
+        .pending
+        .iter()
+        .filter_map(|m| {
+            let transcript = m.transcript.as_deref()?;
+            let cut = lull_port::split::truncate(transcript, QUOTED_TRANSCRIPT_CHARS, "…")
+                .unwrap_or_else(|| transcript.to_owned());
+            Some(format!("> 🎤 {}: {}", m.author, cut.replace('\n', " ")))
+        })
+        .collect();
+    if quotes.is_empty() {
+        return reply;
+    }
+    format!("{}\n\n{reply}", quotes.join("\n"))
+}
+
 /// Add `note` to what the model is told after the batch (each note once).
 fn add_note(prompt: &mut Prompt, note: &str) {
     match &mut prompt.note {
@@ -342,7 +369,7 @@ impl Round<'_> {
             .await?;
 
         let reply = NewReply {
-            text: self.bounded(generation.text),
+            text: self.bounded(quote_transcripts(&batch, generation.text)),
             usage: generation.usage,
             llm_ms: llm_time.as_millis() as u64,
         };

@@ -21,6 +21,7 @@ use lull_core::llm::echo::EchoResponder;
 use lull_core::llm::fit::Fitting;
 use lull_core::llm::openai::OpenAiResponder;
 use lull_core::llm::retry::{RetryPolicy, Retrying};
+use lull_core::llm::transcribe::OpenAiTranscriber;
 use lull_core::store::Store;
 use lull_port::health::{AdapterState, Health};
 use lull_port::{Inbound, Outbound};
@@ -77,13 +78,25 @@ fn dispatcher(
     config: &Config,
     outbounds: Vec<Arc<dyn Outbound>>,
 ) -> anyhow::Result<Arc<Dispatcher>> {
-    Ok(Dispatcher::new(
+    let dispatcher = Dispatcher::new(
         open_store(config)?,
         responder(config)?,
         outbounds,
         config.dispatch.clone(),
         lull_core::clock::for_process(),
-    ))
+    );
+    transcriber(config, &dispatcher)?;
+    Ok(dispatcher)
+}
+
+/// Voice messages and audio files are transcribed by the configured server (none
+/// with the echo responder).
+fn transcriber(config: &Config, dispatcher: &Dispatcher) -> anyhow::Result<()> {
+    if let Some(settings) = &config.transcribe {
+        let transcriber = OpenAiTranscriber::new(settings.clone()).map_err(anyhow::Error::msg)?;
+        dispatcher.set_transcriber(Arc::new(transcriber));
+    }
+    Ok(())
 }
 
 /// `lull run`: every configured adapter, the scheduler and the HTTP server, until
@@ -140,6 +153,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         config.dispatch.clone(),
         lull_core::clock::for_process(),
     );
+    transcriber(&config, &dispatcher)?;
     let api = config
         .http_adapter
         .as_ref()

@@ -203,6 +203,7 @@ where
             author: user.clone(),
             message_id: format!("{session}-{number}"),
             content: Content::Text(line),
+            media: Vec::new(),
             kind: IncomingKind::New,
         };
         match intake.ingest(incoming).await {

@@ -12,6 +12,7 @@
 pub mod console;
 pub mod discord;
 pub mod http;
+mod media;
 pub mod telegram;
 
 use secrecy::SecretString;
@@ -22,4 +23,7 @@ use secrecy::SecretString;
 pub struct PlatformSettings {
     pub token: SecretString,
     pub api_url: String,
+    /// `LULL_MAX_IMAGE_BYTES`: Telegram offers each photo in several sizes; the
+    /// largest one under this is the one kept.
+    pub max_image_bytes: u64,
 }

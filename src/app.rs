@@ -21,6 +21,7 @@ use lull_core::llm::echo::EchoResponder;
 use lull_core::llm::fit::Fitting;
 use lull_core::llm::openai::OpenAiResponder;
 use lull_core::llm::retry::{RetryPolicy, Retrying};
+use lull_core::llm::transcribe::OpenAiTranscriber;
 use lull_core::store::Store;
 use lull_port::health::{AdapterState, Health};
 use lull_port::{Inbound, Outbound};
@@ -78,13 +79,25 @@ async fn dispatcher(
     config: &Config,
     outbounds: Vec<Arc<dyn Outbound>>,
 ) -> anyhow::Result<Arc<Dispatcher>> {
-    Ok(Dispatcher::new(
+    let dispatcher = Dispatcher::new(
         open_store(config).await?,
         responder(config)?,
         outbounds,
         config.dispatch.clone(),
         lull_core::clock::for_process(),
-    ))
+    );
+    transcriber(config, &dispatcher)?;
+    Ok(dispatcher)
+}
+
+/// Voice messages and audio files are transcribed by the configured server (none
+/// with the echo responder).
+fn transcriber(config: &Config, dispatcher: &Dispatcher) -> anyhow::Result<()> {
+    if let Some(settings) = &config.transcribe {
+        let transcriber = OpenAiTranscriber::new(settings.clone()).map_err(anyhow::Error::msg)?;
+        dispatcher.set_transcriber(Arc::new(transcriber));
+    }
+    Ok(())
 }
 
 /// `lull run`: every configured adapter, the scheduler and the HTTP server, until
@@ -141,6 +154,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         config.dispatch.clone(),
         lull_core::clock::for_process(),
     );
+    transcriber(&config, &dispatcher)?;
     let api = config
         .http_adapter
         .as_ref()

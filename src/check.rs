@@ -109,8 +109,23 @@ fn describe(config: &Config) -> String {
     if config.http_adapter.is_some() {
         adapters.push("http".into());
     }
+    let vision = if config.dispatch.vision {
+        format!(
+            "images to the model up to {} bytes",
+            config.dispatch.max_image_bytes
+        )
+    } else {
+        "images off (LULL_VISION=off)".to_owned()
+    };
+    let voice = match &config.transcribe {
+        Some(t) => format!(
+            "voice transcribed by {} up to {} s",
+            t.model, config.dispatch.max_audio_seconds
+        ),
+        None => "voice not transcribed (echo)".to_owned(),
+    };
     format!(
-        "adapters: {}; debounce {} ms, cap {} ms, lease {} ms",
+        "adapters: {}; debounce {} ms, cap {} ms, lease {} ms; {vision}; {voice}",
         if adapters.is_empty() {
             "none (only `lull chat` will work)".to_owned()
         } else {

@@ -20,6 +20,7 @@ use lull_core::limits::{Limits, TimeZone};
 use lull_core::llm::HistoryBudget;
 use lull_core::llm::echo::EchoDelay;
 use lull_core::llm::openai::OpenAiSettings;
+use lull_core::llm::transcribe::TranscribeSettings;
 use lull_core::store::DatabaseUrl;
 use lull_core::timing::{LeaseTiming, TimerPolicy};
 
@@ -155,6 +156,36 @@ pub struct Settings {
     /// Live drafts: `auto` shows each reply while it is written where the platform has drafts (Telegram private chats, `lull chat` on a terminal); `off` never.
     #[arg(long, global = true, env = "LULL_STREAM", default_value = "auto")]
     pub stream: StreamMode,
+    /// Images: `auto` sends the images of the messages being answered to the model (OpenAI-style image parts; a model that refuses them gets the text, and the user is told once); `off` shows the model only an "[image]" marker.
+    #[arg(long, global = true, env = "LULL_VISION", default_value = "auto")]
+    pub vision: VisionMode,
+    /// Largest image read, in bytes: Telegram photos are taken in the largest size under it; a larger image is not read and the user is told.
+    #[arg(
+        long,
+        global = true,
+        env = "LULL_MAX_IMAGE_BYTES",
+        default_value_t = lull_core::dispatcher::MAX_IMAGE_BYTES
+    )]
+    pub max_image_bytes: u64,
+    /// Transcription model for voice messages and audio files (an OpenAI-compatible `/audio/transcriptions`); with `LULL_LLM=echo` nothing is transcribed.
+    #[arg(
+        long,
+        global = true,
+        env = "LULL_TRANSCRIBE_MODEL",
+        default_value = "whisper-1"
+    )]
+    pub transcribe_model: String,
+    /// API base of the transcription server (a local whisper server); default: OPENAI_BASE_URL, with the same key.
+    #[arg(long, global = true, env = "LULL_TRANSCRIBE_BASE_URL")]
+    pub transcribe_base_url: Option<String>,
+    /// Longest voice message or audio file transcribed, in seconds; a longer one is not, and the user is told.
+    #[arg(
+        long,
+        global = true,
+        env = "LULL_MAX_AUDIO_SECONDS",
+        default_value_t = 300
+    )]
+    pub max_audio_seconds: u32,
 
     /// Database: `sqlite:PATH` (processes on one host), or `postgres://…` for replicas on several hosts.
     #[arg(
@@ -328,6 +359,15 @@ pub enum StreamMode {
     Off,
 }
 
+/// `LULL_VISION`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum VisionMode {
+    /// Images of the messages being answered go to the model as image parts.
+    Auto,
+    /// The model sees only an "[image]" marker; no image is fetched.
+    Off,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
     Text,
@@ -372,6 +412,9 @@ pub struct Config {
     pub discord: Option<PlatformConfig>,
     pub discord_shards: DiscordShards,
     pub llm: LlmConfig,
+    /// Voice messages and audio files: transcribed with these settings; `None` with
+    /// the echo responder (they reach it as their marker).
+    pub transcribe: Option<TranscribeSettings>,
     /// The echo responder was chosen because neither `OPENAI_API_KEY` nor
     /// `OPENAI_BASE_URL` is set (not by `LULL_LLM=echo`): `lull run` warns.
     pub echo_by_default: bool,
@@ -461,6 +504,16 @@ fn positive(variable: &str, ms: u64) -> Result<Duration, ConfigError> {
     Ok(Duration::from_millis(ms))
 }
 
+/// A byte count that must be positive, or an error naming the variable.
+fn positive_bytes(name: &str, bytes: u64) -> Result<u64, ConfigError> {
+    if bytes == 0 {
+        return Err(ConfigError(format!(
+            "{name} must be a positive number of bytes, got 0"
+        )));
+    }
+    Ok(bytes)
+}
+
 impl Config {
     /// Check the settings together and build the configuration.
     pub fn from_settings(s: &Settings) -> Result<Config, ConfigError> {
@@ -472,6 +525,7 @@ impl Config {
                 Ok::<_, ConfigError>(PlatformConfig {
                     token,
                     api_url: http_url("TELEGRAM_API_URL", &s.telegram_api_url)?,
+                    max_image_bytes: s.max_image_bytes,
                 })
             })
             .transpose()?;
@@ -493,6 +547,7 @@ impl Config {
                 Ok::<_, ConfigError>(PlatformConfig {
                     token,
                     api_url: http_url("DISCORD_API_URL", &s.discord_api_url)?,
+                    max_image_bytes: s.max_image_bytes,
                 })
             })
             .transpose()?;
@@ -549,6 +604,31 @@ impl Config {
                 })
             }
         };
+
+        let transcribe = match &llm {
+            LlmConfig::Echo(_) => None,
+            LlmConfig::OpenAi(openai) => {
+                if s.transcribe_model.trim().is_empty() {
+                    return Err(ConfigError(
+                        "LULL_TRANSCRIBE_MODEL must not be empty".into(),
+                    ));
+                }
+                Some(TranscribeSettings {
+                    base_url: match &s.transcribe_base_url {
+                        Some(url) => http_url("LULL_TRANSCRIBE_BASE_URL", url)?,
+                        None => openai.base_url.clone(),
+                    },
+                    api_key: openai.api_key.clone(),
+                    model: s.transcribe_model.trim().to_owned(),
+                    timeout: openai.timeout,
+                })
+            }
+        };
+        if s.max_audio_seconds == 0 {
+            return Err(ConfigError(
+                "LULL_MAX_AUDIO_SECONDS must be a positive number of seconds, got 0".into(),
+            ));
+        }
 
         if s.max_reply_chars < lull_core::dispatcher::MIN_REPLY_CHARS {
             return Err(ConfigError(format!(
@@ -618,6 +698,7 @@ impl Config {
             telegram_webhook,
             discord,
             discord_shards: s.discord_shards,
+            transcribe,
             llm,
             echo_by_default: s.llm.is_none() && matches!(kind, LlmKind::Echo),
             llm_retries: s.llm_retries,
@@ -644,6 +725,9 @@ impl Config {
                 },
                 max_reply_chars: s.max_reply_chars,
                 drafts: s.stream == StreamMode::Auto,
+                vision: s.vision == VisionMode::Auto,
+                max_image_bytes: positive_bytes("LULL_MAX_IMAGE_BYTES", s.max_image_bytes)?,
+                max_audio_seconds: s.max_audio_seconds,
                 ..DispatchSettings::default()
             },
             http_addr: s.http_addr,

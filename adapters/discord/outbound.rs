@@ -17,7 +17,7 @@ use serenity::http::{LightMethod, Request, Route};
 
 use super::{ChannelKinds, MAX_MESSAGE_CHARS, Rest, channel_of};
 use lull_port::domain::{ConversationRef, OutboxId, Platform};
-use lull_port::{Outbound, OutgoingPart, SendError};
+use lull_port::{Media, MediaBytes, MediaError, Outbound, OutgoingPart, SendError};
 
 /// Discord's typing indicator lasts about 10 seconds; refresh it before it lapses.
 const TYPING_EVERY: Duration = Duration::from_secs(8);
@@ -154,6 +154,29 @@ impl Outbound for DiscordOutbound {
         );
         tracing::debug!(conversation = %part.conversation, outbox = %part.outbox_id, part = part.index, status = status.as_u16(), %error, "Discord did not take a message");
         Err(error)
+    }
+
+    /// An image attachment, from its CDN URL (the reference is `<id> <url>`). The CDN
+    /// needs no bot token, so none is sent.
+    async fn fetch_media(&self, media: &Media, max_bytes: u64) -> Result<MediaBytes, MediaError> {
+        let url = media
+            .reference
+            .split_once(' ')
+            .map_or(media.reference.as_str(), |(_, url)| url);
+        if let Some(size) = media.size.filter(|&s| s > max_bytes) {
+            return Err(MediaError::TooBig {
+                size,
+                max: max_bytes,
+            });
+        }
+        crate::media::download(
+            &self.rest.client,
+            url,
+            max_bytes,
+            media.mime.as_deref(),
+            &self.rest.redactor,
+        )
+        .await
     }
 
     async fn typing(&self, conversation: &ConversationRef) -> Result<(), SendError> {

@@ -7,13 +7,18 @@
 //!   one of its messages are answered; DMs are always answered.
 //! - A leading mention of lull is stripped, so `@lull /reset` is the command
 //!   `/reset`; a mention elsewhere becomes `@name`.
-//! - Attachments or stickers without text become [`Content::Unsupported`], which the
-//!   core answers with a short "text only" notice.
+//! - Image attachments (a `content_type` of `image/*`) and voice messages and audio
+//!   (`audio/*`) become [`Media`] references
+//!   (the attachment's id and CDN URL), fetched only when the reply is generated; the
+//!   text is the caption. Other attachments or stickers without text become
+//!   [`Content::Unsupported`], which the core answers with a short "text only" notice.
 
-use serenity::all::{ChannelId, GuildId, Message, MessageType, MessageUpdateEvent, UserId};
+use serenity::all::{
+    Attachment, ChannelId, GuildId, Message, MessageType, MessageUpdateEvent, UserId,
+};
 
 use lull_port::domain::{ConversationRef, Platform};
-use lull_port::{Content, Incoming, IncomingKind};
+use lull_port::{Content, Incoming, IncomingKind, Media, MediaKind};
 
 /// Who lull is on Discord (from `GET /users/@me`), to recognise mentions and replies.
 #[derive(Debug, Clone)]
@@ -39,7 +44,8 @@ pub fn new_message(message: &Message, bot: &BotIdentity, in_guild: bool) -> Opti
         return None;
     }
     let text = strip_mentions(&message.content, bot);
-    let content = if !text.is_empty() {
+    let media = images(&message.attachments);
+    let content = if !text.is_empty() || !media.is_empty() {
         Content::Text(text)
     } else if !message.attachments.is_empty() {
         Content::Unsupported("attachment".into())
@@ -63,8 +69,37 @@ pub fn new_message(message: &Message, bot: &BotIdentity, in_guild: bool) -> Opti
         author,
         message_id: message.id.to_string(),
         content,
+        media,
         kind: IncomingKind::New,
     })
+}
+
+/// The image and audio attachments of a message, as media references: `<id> <url>`
+/// (the URL is what is fetched; Discord's CDN serves it without the bot token). A
+/// voice message is an `audio/ogg` attachment with a `duration_secs`.
+fn images(attachments: &[Attachment]) -> Vec<Media> {
+    attachments
+        .iter()
+        .filter_map(|a| {
+            let mime = a.content_type.as_deref()?;
+            let kind = if mime.starts_with("image/") {
+                MediaKind::Image
+            } else if mime.starts_with("audio/") && a.duration_secs.is_some() {
+                MediaKind::Voice
+            } else if mime.starts_with("audio/") {
+                MediaKind::Audio
+            } else {
+                return None;
+            };
+            Some(Media {
+                kind,
+                reference: format!("{} {}", a.id, a.url),
+                size: Some(u64::from(a.size)),
+                mime: a.content_type.clone(),
+                duration_secs: a.duration_secs.map(|s| s.ceil() as u32),
+            })
+        })
+        .collect()
 }
 
 /// An edit (`MESSAGE_UPDATE`), if it changed the text. The core applies it only to a
@@ -77,7 +112,9 @@ pub fn edit(event: &MessageUpdateEvent, bot: &BotIdentity) -> Option<Incoming> {
         return None;
     }
     let text = strip_mentions(event.content.as_deref()?, bot);
-    if text.is_empty() {
+    // An edited caption keeps its images (their markers stay in the text).
+    let media = event.attachments.as_deref().map(images).unwrap_or_default();
+    if text.is_empty() && media.is_empty() {
         return None;
     }
     Some(Incoming {
@@ -91,6 +128,7 @@ pub fn edit(event: &MessageUpdateEvent, bot: &BotIdentity) -> Option<Incoming> {
             .unwrap_or_else(|| author.name.clone()),
         message_id: event.id.to_string(),
         content: Content::Text(text),
+        media,
         kind: IncomingKind::Edit,
     })
 }
@@ -221,6 +259,37 @@ mod tests {
         assert!(new_message(&message(json!({"author": user(BOT, true)})), &bot(), false).is_none());
         assert!(new_message(&message(json!({"type": 7})), &bot(), false).is_none());
         assert!(new_message(&message(json!({"content": "<@900>"})), &bot(), false).is_none());
+    }
+
+    #[test]
+    fn image_attachments_are_media_with_their_caption() {
+        let m = message(json!({"content": "", "attachments": [
+            {"id": "1", "filename": "cat.png", "size": 10, "url": "https://x/cat.png",
+             "proxy_url": "https://x/cat.png", "content_type": "image/png"},
+            {"id": "2", "filename": "notes.txt", "size": 5, "url": "https://x/notes.txt",
+             "proxy_url": "https://x/notes.txt", "content_type": "text/plain"}]}));
+        let incoming = new_message(&m, &bot(), false).unwrap();
+        assert_eq!(incoming.content, Content::Text(String::new()));
+        assert_eq!(
+            incoming.media,
+            [Media {
+                kind: MediaKind::Image,
+                reference: "1 https://x/cat.png".into(),
+                size: Some(10),
+                mime: Some("image/png".into()),
+                duration_secs: None,
+            }]
+        );
+    }
+
+    #[test]
+    fn voice_messages_are_audio_media_with_their_duration() {
+        let m = message(json!({"content": "", "flags": 8192, "attachments": [
+            {"id": "3", "filename": "voice-message.ogg", "size": 4000, "url": "https://x/v.ogg",
+             "proxy_url": "https://x/v.ogg", "content_type": "audio/ogg", "duration_secs": 2.4}]}));
+        let incoming = new_message(&m, &bot(), false).unwrap();
+        assert_eq!(incoming.media[0].kind, MediaKind::Voice);
+        assert_eq!(incoming.media[0].duration_secs, Some(3));
     }
 
     #[test]

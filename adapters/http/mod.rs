@@ -244,6 +244,7 @@ async fn accept(
         author: message.name.clone().unwrap_or_else(|| message.user.clone()),
         message_id: message_id(&message.id)?,
         content: Content::Text(message.text),
+        media: Vec::new(),
         kind: IncomingKind::New,
     };
     let accepted = api.intake.ingest(incoming).await.map_err(|e| match e {

@@ -50,6 +50,8 @@ pub struct TelegramInbound {
     /// Never printed: its `Debug` shows the token.
     bot: Bot,
     redactor: Redactor,
+    /// `LULL_MAX_IMAGE_BYTES`: which size of a photo is kept.
+    max_image_bytes: u64,
 }
 
 /// Why an update could not be stored.
@@ -64,8 +66,12 @@ enum Unstored {
 const REJECTED: &str = "Telegram rejected the bot token (TELEGRAM_BOT_TOKEN)";
 
 impl TelegramInbound {
-    pub(super) fn new(bot: Bot, redactor: Redactor) -> Self {
-        Self { bot, redactor }
+    pub(super) fn new(bot: Bot, redactor: Redactor, max_image_bytes: u64) -> Self {
+        Self {
+            bot,
+            redactor,
+            max_image_bytes,
+        }
     }
 
     /// Who the bot is (for mentions and commands), retried until it answers. A
@@ -111,7 +117,7 @@ impl TelegramInbound {
             Ok(me) => me,
             Err(end) => return end,
         };
-        let mut translator = Translator::new(me);
+        let mut translator = Translator::new(me, self.max_image_bytes);
         // None: start at the earliest unconfirmed update.
         let mut offset: Option<i32> = None;
         let mut failures = 0;

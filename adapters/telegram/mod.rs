@@ -47,7 +47,7 @@ pub fn connect(config: &PlatformConfig) -> anyhow::Result<(TelegramOutbound, Tel
     let (bot, redactor) = bot(config)?;
     Ok((
         TelegramOutbound::new(bot.clone(), redactor.clone()),
-        TelegramInbound::new(bot, redactor),
+        TelegramInbound::new(bot, redactor, config.max_image_bytes),
     ))
 }
 
@@ -61,7 +61,7 @@ pub fn connect_webhook(
     let secret = webhook_secret(&config.token);
     Ok((
         TelegramOutbound::new(bot.clone(), redactor.clone()),
-        TelegramWebhook::new(bot, redactor, url, secret),
+        TelegramWebhook::new(bot, redactor, url, secret, config.max_image_bytes),
     ))
 }
 

@@ -34,13 +34,15 @@ use async_trait::async_trait;
 use serde::Serialize;
 use teloxide::payloads::{SendChatActionSetters, SendMessageSetters};
 use teloxide::requests::{JsonRequest, Payload, Request, Requester};
-use teloxide::types::{ChatAction, ChatId, MessageId, ParseMode, ReplyParameters, ThreadId, True};
+use teloxide::types::{
+    ChatAction, ChatId, FileId, MessageId, ParseMode, ReplyParameters, ThreadId, True,
+};
 use teloxide::{ApiError, Bot, RequestError};
 
 use super::html::markdown_to_html;
 use super::{ChatKey, MAX_MESSAGE_CHARS, Redactor, request_error};
 use lull_port::domain::{ConversationRef, DraftId, Platform};
-use lull_port::{Outbound, OutgoingPart, SendError};
+use lull_port::{Media, MediaBytes, MediaError, Outbound, OutgoingPart, SendError};
 
 /// What a draft shows before the first words: Telegram shows a placeholder for an
 /// empty text only in newer Bot API versions, and refuses it in others.
@@ -227,6 +229,47 @@ impl Outbound for TelegramOutbound {
             other => other,
         };
         result.map_err(|e| self.classify(e))
+    }
+
+    /// A photo or image file by its `file_id`: `getFile` names its path, then the
+    /// bytes come from `/file/bot<token>/<path>` (the token is in that URL, so no
+    /// error carries the URL, and what remains is redacted). The Bot API serves files
+    /// of at most 20 MB; `file_size` is checked before the download.
+    async fn fetch_media(&self, media: &Media, max_bytes: u64) -> Result<MediaBytes, MediaError> {
+        if let Some(size) = media.size.filter(|&s| s > max_bytes) {
+            return Err(MediaError::TooBig {
+                size,
+                max: max_bytes,
+            });
+        }
+        let file = self
+            .bot
+            .get_file(FileId(media.reference.clone()))
+            .send()
+            .await
+            .map_err(|e| match self.classify(e) {
+                SendError::Permanent(why) => MediaError::Gone(why),
+                other => MediaError::Transient(other.to_string()),
+            })?;
+        if u64::from(file.size) > max_bytes {
+            return Err(MediaError::TooBig {
+                size: u64::from(file.size),
+                max: max_bytes,
+            });
+        }
+        let url = self
+            .bot
+            .api_url()
+            .join(&format!("file/bot{}/{}", self.bot.token(), file.path))
+            .map_err(|e| MediaError::Gone(format!("bad file path: {e}")))?;
+        crate::media::download(
+            self.bot.client(),
+            url.as_str(),
+            max_bytes,
+            media.mime.as_deref(),
+            &self.redactor,
+        )
+        .await
     }
 
     async fn typing(&self, conversation: &ConversationRef) -> Result<(), SendError> {

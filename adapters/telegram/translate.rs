@@ -28,7 +28,7 @@ use teloxide::types::{
 use super::ChatKey;
 use lull_port::Command;
 use lull_port::domain::{ConversationRef, Platform};
-use lull_port::{Content, Incoming, IncomingKind};
+use lull_port::{Content, Incoming, IncomingKind, Media, MediaKind};
 
 /// The bot as `getMe` described it.
 #[derive(Debug, Clone)]
@@ -48,6 +48,8 @@ const MEMORY: usize = 512;
 #[derive(Debug)]
 pub struct Translator {
     me: BotIdentity,
+    /// `LULL_MAX_IMAGE_BYTES`: the largest photo size under it is kept.
+    max_image_bytes: u64,
     /// media_group_id → whether the album was taken (addressed to the bot).
     albums: HashMap<String, bool>,
     album_order: VecDeque<String>,
@@ -56,9 +58,10 @@ pub struct Translator {
 }
 
 impl Translator {
-    pub fn new(me: BotIdentity) -> Self {
+    pub fn new(me: BotIdentity, max_image_bytes: u64) -> Self {
         Self {
             me,
+            max_image_bytes,
             albums: HashMap::new(),
             album_order: VecDeque::new(),
             recent: HashMap::new(),
@@ -103,27 +106,28 @@ impl Translator {
             return None;
         }
         let text = text.map(|t| self.clean(t));
+        let media = self.media(msg);
 
         if kind == IncomingKind::Edit {
             // The core applies an edit only to a message it stored, so a group edit
             // needs no filtering here; an edit to a message that was never taken is
             // ignored there.
-            return Some(incoming(
-                key,
-                is_group,
-                user_id,
-                author,
-                msg,
-                Content::Text(text?),
-                kind,
-            ));
+            if text.is_none() && media.is_empty() {
+                return None;
+            }
+            let content = Content::Text(text.unwrap_or_default());
+            return Some(Incoming {
+                media,
+                ..incoming(key, is_group, user_id, author, msg, content, kind)
+            });
         }
 
         let album = msg.media_group_id().map(|g| g.0.clone());
         let album_seen = album.as_ref().and_then(|g| self.albums.get(g).copied());
-        if text.is_none() && album_seen.is_some() {
-            // A further part of an album: the part that carried the caption (or the
-            // "text only" notice) covers it.
+        if text.is_none() && media.is_empty() && album_seen.is_some() {
+            // A further part of an album lull cannot read: the part that carried the
+            // caption (or the "text only" notice) covers it. Photos of an album are
+            // messages of their own, and join the same burst.
             return None;
         }
         let date = msg.date.timestamp();
@@ -154,9 +158,13 @@ impl Translator {
                 Some(origin) => format!("[forwarded from {}]\n{text}", origin_name(origin)),
                 None => text,
             }),
+            None if !media.is_empty() => Content::Text(String::new()),
             None => Content::Unsupported(unsupported_name(msg)?.to_owned()),
         };
-        Some(incoming(key, is_group, user_id, author, msg, content, kind))
+        Some(Incoming {
+            media,
+            ..incoming(key, is_group, user_id, author, msg, content, kind)
+        })
     }
 
     fn remember_album(&mut self, album: String, taken: bool) {
@@ -169,6 +177,72 @@ impl Translator {
             }
         }
         self.albums.insert(album, taken);
+    }
+
+    /// The media of a message as references (Telegram `file_id`s, durable for the
+    /// bot): a photo in the largest size under `LULL_MAX_IMAGE_BYTES` (the smallest if
+    /// none is, so the user is told it is too large), a document whose MIME type is an
+    /// image, a voice note or an audio file (with its duration, for
+    /// `LULL_MAX_AUDIO_SECONDS`).
+    fn media(&self, msg: &Message) -> Vec<Media> {
+        let audio = |kind, file: &teloxide::types::FileMeta, secs: u32, mime: Option<&str>| {
+            vec![Media {
+                kind,
+                reference: file.id.0.clone(),
+                size: Some(u64::from(file.size)),
+                mime: mime.map(str::to_owned),
+                duration_secs: Some(secs),
+            }]
+        };
+        if let Some(voice) = msg.voice() {
+            let mime = voice.mime_type.as_ref().map(|m| m.essence_str());
+            return audio(
+                MediaKind::Voice,
+                &voice.file,
+                voice.duration.seconds(),
+                mime,
+            );
+        }
+        if let Some(track) = msg.audio() {
+            let mime = track.mime_type.as_ref().map(|m| m.essence_str());
+            return audio(
+                MediaKind::Audio,
+                &track.file,
+                track.duration.seconds(),
+                mime,
+            );
+        }
+        if let Some(sizes) = msg.photo() {
+            let fits = |size: u32| u64::from(size) <= self.max_image_bytes;
+            let best = sizes
+                .iter()
+                .filter(|p| fits(p.file.size))
+                .max_by_key(|p| (p.file.size, p.width * p.height))
+                .or_else(|| sizes.iter().min_by_key(|p| p.file.size));
+            return best
+                .map(|p| Media {
+                    kind: MediaKind::Image,
+                    reference: p.file.id.0.clone(),
+                    size: Some(u64::from(p.file.size)),
+                    mime: None,
+                    duration_secs: None,
+                })
+                .into_iter()
+                .collect();
+        }
+        if let Some(document) = msg.document()
+            && let Some(mime) = &document.mime_type
+            && mime.type_() == "image"
+        {
+            return vec![Media {
+                kind: MediaKind::Image,
+                reference: document.file.id.0.clone(),
+                size: Some(u64::from(document.file.size)),
+                mime: Some(mime.essence_str().to_owned()),
+                duration_secs: None,
+            }];
+        }
+        Vec::new()
     }
 
     /// Whom a leading `/command` is for.
@@ -268,6 +342,7 @@ fn incoming(
         author,
         message_id: msg.id.0.to_string(),
         content,
+        media: Vec::new(),
         kind,
     }
 }
@@ -355,10 +430,13 @@ mod tests {
     const BOT: u64 = 777;
 
     fn translator() -> Translator {
-        Translator::new(BotIdentity {
-            id: BOT,
-            username: "lull_bot".into(),
-        })
+        Translator::new(
+            BotIdentity {
+                id: BOT,
+                username: "lull_bot".into(),
+            },
+            10_000,
+        )
     }
 
     fn user(id: u64, first: &str) -> Value {
@@ -501,17 +579,50 @@ mod tests {
     }
 
     #[test]
-    fn captions_are_text_and_other_media_are_named() {
+    fn photos_are_media_with_their_caption_and_other_media_are_named() {
         let mut t = translator();
         let mut photo = private("x");
         photo.as_object_mut().unwrap().remove("text");
-        photo["photo"] = json!([{"file_id": "f", "file_unique_id": "u", "width": 1, "height": 1}]);
-        assert_eq!(
-            take(&mut t, photo.clone()).unwrap().content,
-            Content::Unsupported("photo".into())
-        );
+        // Telegram lists the sizes smallest first; the largest under the limit is kept.
+        photo["photo"] = json!([
+            {"file_id": "s", "file_unique_id": "us", "width": 90, "height": 90, "file_size": 900},
+            {"file_id": "m", "file_unique_id": "um", "width": 320, "height": 320, "file_size": 9_000},
+            {"file_id": "l", "file_unique_id": "ul", "width": 1280, "height": 1280, "file_size": 90_000},
+        ]);
+        let taken = take(&mut t, photo.clone()).unwrap();
+        assert_eq!(text(&taken), "", "no caption");
+        let image = |id: &str, size: u64, mime: Option<&str>| Media {
+            kind: MediaKind::Image,
+            reference: id.into(),
+            size: Some(size),
+            mime: mime.map(str::to_owned),
+            duration_secs: None,
+        };
+        assert_eq!(taken.media, [image("m", 9_000, None)]);
         photo["caption"] = json!("what is this?");
-        assert_eq!(text(&take(&mut t, photo).unwrap()), "what is this?");
+        assert_eq!(text(&take(&mut t, photo.clone()).unwrap()), "what is this?");
+        // None fits: the smallest is kept, and the core tells the user it is too large.
+        photo["photo"] = json!([
+            {"file_id": "l", "file_unique_id": "ul", "width": 1280, "height": 1280, "file_size": 90_000},
+        ]);
+        assert_eq!(
+            take(&mut t, photo).unwrap().media,
+            [image("l", 90_000, None)]
+        );
+
+        let mut document = private("x");
+        document.as_object_mut().unwrap().remove("text");
+        document["document"] = json!({"file_id": "d", "file_unique_id": "ud",
+            "mime_type": "image/png", "file_size": 500});
+        assert_eq!(
+            take(&mut t, document.clone()).unwrap().media,
+            [image("d", 500, Some("image/png"))]
+        );
+        document["document"]["mime_type"] = json!("application/pdf");
+        assert_eq!(
+            take(&mut t, document).unwrap().content,
+            Content::Unsupported("file".into())
+        );
 
         let mut sticker = private("x");
         sticker.as_object_mut().unwrap().remove("text");
@@ -526,9 +637,17 @@ mod tests {
         voice.as_object_mut().unwrap().remove("text");
         voice["voice"] = json!({"file_id": "f", "file_unique_id": "u", "duration": 1,
             "mime_type": "audio/ogg", "file_size": 100});
+        let voice = take(&mut t, voice).unwrap();
+        assert_eq!(voice.content, Content::Text(String::new()));
         assert_eq!(
-            take(&mut t, voice).unwrap().content,
-            Content::Unsupported("voice message".into())
+            voice.media,
+            [Media {
+                kind: MediaKind::Voice,
+                reference: "f".into(),
+                size: Some(100),
+                mime: Some("audio/ogg".into()),
+                duration_secs: Some(1),
+            }]
         );
     }
 
@@ -555,8 +674,9 @@ mod tests {
         };
         let first = take(&mut t, part(1, Some("@lull_bot compare these"))).unwrap();
         assert_eq!(text(&first), "compare these");
-        // Captionless parts are covered by the first; no "text only" notice for each.
-        assert!(take(&mut t, part(2, None)).is_none());
+        // Captionless parts join the burst with their photo.
+        let second = take(&mut t, part(2, None)).unwrap();
+        assert_eq!((text(&second), second.media.len()), ("", 1));
         // A captioned later part without mention still joins.
         let mut third = part(3, None);
         third["caption"] = json!("and this one");

@@ -70,6 +70,8 @@ pub struct TelegramWebhook {
 /// What the route needs to take an update.
 struct Receiver {
     secret: SecretString,
+    /// `LULL_MAX_IMAGE_BYTES`: which size of a photo is kept.
+    max_image_bytes: u64,
     /// Who the bot is (`getMe`), known once registration got that far: updates
     /// arriving before are answered 503 (Telegram delivers them again).
     me: OnceLock<BotIdentity>,
@@ -82,7 +84,13 @@ struct Receiver {
 const REJECTED: &str = "Telegram rejected the bot token (TELEGRAM_BOT_TOKEN)";
 
 impl TelegramWebhook {
-    pub(super) fn new(bot: Bot, redactor: Redactor, url: url::Url, secret: SecretString) -> Self {
+    pub(super) fn new(
+        bot: Bot,
+        redactor: Redactor,
+        url: url::Url,
+        secret: SecretString,
+        max_image_bytes: u64,
+    ) -> Self {
         lull_port::secrets::register(&secret);
         Self {
             bot,
@@ -90,6 +98,7 @@ impl TelegramWebhook {
             url,
             receiver: Arc::new(Receiver {
                 secret,
+                max_image_bytes,
                 me: OnceLock::new(),
                 translator: Mutex::new(None),
             }),
@@ -174,7 +183,8 @@ impl TelegramWebhook {
                 .receiver
                 .translator
                 .lock()
-                .expect("translator poisoned") = Some(Translator::new(me.clone()));
+                .expect("translator poisoned") =
+                Some(Translator::new(me.clone(), self.receiver.max_image_bytes));
             let _ = self.receiver.me.set(me);
         }
         self.bot

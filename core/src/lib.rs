@@ -14,8 +14,9 @@
 //! - [`dispatcher`]: the intake (ingest, commands), the scheduler, rounds (lease claim,
 //!   collect, generate, final check), live drafts, outbox delivery and platform
 //!   sessions.
-//! - [`llm`]: the responder seam (`echo`, `openai`; the reply shown as it is written),
-//!   retries and prompt fitting.
+//! - [`llm`]: the responder seam (`echo`, `openai`; the reply shown as it is written,
+//!   images of the pending batch as image parts), retries, prompt fitting, and the
+//!   transcription of voice messages.
 //! - [`commands`], [`access`]: what the commands answer; who may talk to the bot and
 //!   who administers it (`LULL_ALLOWED_USERS`, `LULL_ALLOWED_CHATS`, `LULL_ADMINS`, and
 //!   admins' `/allow` and `/deny` kept in the store).

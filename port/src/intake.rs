@@ -6,11 +6,12 @@
 use async_trait::async_trait;
 
 use crate::domain::{ConversationId, ConversationRef, Platform, Timestamp, Version};
+use crate::media::Media;
 
 /// What a user sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Content {
-    /// Text (for media, the caption). Commands are text too.
+    /// Text (for media, the caption, which may be empty). Commands are text too.
     Text(String),
     /// A message lull cannot read (sticker, voice, a file without caption). The
     /// string names it for the user ("sticker").
@@ -42,7 +43,11 @@ pub struct Incoming {
     /// The platform's message id, unique within the conversation. Redeliveries carry
     /// the same id and are stored once.
     pub message_id: String,
+    /// For media, the caption (possibly empty when `media` is not).
     pub content: Content,
+    /// Media sent with the message (a photo, an album part, Discord attachments),
+    /// as durable platform references; empty for plain text.
+    pub media: Vec<Media>,
     pub kind: IncomingKind,
 }
 

@@ -10,6 +10,8 @@
 //!
 //! - [`domain`]: the shared words (platform, conversation, version, outbox row).
 //! - [`intake`]: [`Incoming`] updates, the [`Intake`] port, what it answers, commands.
+//! - [`media`]: media references stored with messages, and fetching their bytes
+//!   within a size limit.
 //! - [`outbound`]: the [`Outbound`] trait (replies, "typing…", live drafts) and what a
 //!   send can fail with.
 //! - [`session`]: [`Inbound`] adapters and the [`Session`] the core hands them.
@@ -21,6 +23,7 @@
 pub mod domain;
 pub mod health;
 pub mod intake;
+pub mod media;
 pub mod outbound;
 pub mod retry;
 pub mod secrets;
@@ -32,6 +35,7 @@ pub use health::{AdapterState, Health};
 pub use intake::{
     Accepted, Command, Content, Incoming, IncomingKind, IngestError, Intake, RecentConversation,
 };
+pub use media::{Media, MediaBytes, MediaError, MediaKind};
 pub use outbound::{Outbound, OutgoingPart, SendError};
 pub use retry::Backoff;
 pub use session::{Inbound, Session, SessionEnd, Shard};

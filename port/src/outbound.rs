@@ -7,6 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::domain::{ConversationRef, DraftId, OutboxId, OutboxKind, Platform, Timestamp};
+use crate::media::{Media, MediaBytes, MediaError};
 
 /// One part of an outbox row, ready to send. Parts are numbered so a delivery
 /// interrupted by a crash resumes at the first unsent part.
@@ -99,6 +100,20 @@ pub trait Outbound: Send + Sync + 'static {
         Err(SendError::Permanent(format!(
             "{} shows no drafts",
             self.platform()
+        )))
+    }
+
+    /// Fetch the bytes of `media` (a reference this adapter stored with a message), at
+    /// most `max_bytes`: the limit is enforced while the body streams in, within the
+    /// platform's time limit, and the platform's token never appears in an error.
+    /// Called by the core when it generates the reply to the message, not at ingest.
+    /// Default: the platform has no media ([`MediaError::Gone`]).
+    async fn fetch_media(&self, media: &Media, max_bytes: u64) -> Result<MediaBytes, MediaError> {
+        let _ = max_bytes;
+        Err(MediaError::Gone(format!(
+            "{} keeps no {} files",
+            self.platform(),
+            media.kind
         )))
     }
 }

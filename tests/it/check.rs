@@ -62,12 +62,14 @@ async fn check_reports_a_good_configuration() {
             "https://bot.example/telegram".into(),
         ),
         ("LULL_DISCORD_SHARDS", "2".into()),
+        ("LULL_MAX_IMAGE_BYTES", "5000000".into()),
     ])
     .await;
     assert_eq!(code, Some(0), "{report}");
     let telegram_ok = format!("ok    telegram      the token belongs to @{BOT_USERNAME}");
     for expected in [
         "ok    configuration adapters: telegram (webhook at https://bot.example/telegram), discord (2 shards), http",
+        "; images to the model up to 5000000 bytes; voice transcribed by whisper-1 up to 300 s",
         "ok    database",
         "does not exist yet",
         telegram_ok.as_str(),
@@ -114,7 +116,7 @@ async fn check_leaves_an_existing_database_untouched() {
     .await;
     assert_eq!(code, Some(0), "{report}");
     assert!(
-        report.contains("is sound: 0 conversations, schema 4"),
+        report.contains("is sound: 0 conversations, schema 5"),
         "{report}"
     );
     assert_eq!(std::fs::read(&path).unwrap(), before, "the file changed");
@@ -265,7 +267,10 @@ async fn check_inspects_a_postgres_database_read_only() {
     assert_eq!(code, Some(0), "{report}");
     assert!(report.contains("(PostgreSQL 1"), "{report}");
     assert!(
-        report.contains("schema 0 (`lull run` migrates it to 2)"),
+        report.contains(&format!(
+            "schema 0 (`lull run` migrates it to {})",
+            lull_core::store::POSTGRES_SCHEMA
+        )),
         "{report}"
     );
     assert_eq!(
@@ -287,7 +292,10 @@ async fn check_inspects_a_postgres_database_read_only() {
     ])
     .await;
     assert_eq!(code, Some(0), "{report}");
-    assert!(report.contains(": schema 2\n"), "{report}");
+    assert!(
+        report.contains(&format!(": schema {}\n", lull_core::store::POSTGRES_SCHEMA)),
+        "{report}"
+    );
     assert_eq!(db::count(&Postgres(url), tables), created);
 
     let port = free_port();

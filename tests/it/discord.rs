@@ -144,6 +144,54 @@ fn echoed(sent: &Sent) -> Vec<&str> {
     sent.content.lines().skip(1).collect()
 }
 
+/// An image attachment, its caption and the line typed after it are one burst: the
+/// image is fetched from its CDN URL (without the bot token) when the reply is
+/// generated, and the model gets it as an image part with all the text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_attachment_reaches_the_model_with_its_burst() {
+    let mut h = Harness::new().await;
+    let model = crate::support::openai_fake::FakeOpenAi::start().await;
+    let dm = h.fake.channel(ChannelKind::Dm);
+    h.start(
+        "lull",
+        &[
+            ("LULL_LLM", "openai"),
+            ("OPENAI_BASE_URL", &model.base_url),
+            ("OPENAI_API_KEY", "sk-discord-media"),
+        ],
+    )
+    .await;
+    h.fake.wait_connected(1, WAIT).await;
+
+    let image = b"\x89PNG\r\n\x1a\nfake image bytes".to_vec();
+    let id = h
+        .fake
+        .say(Say::new(dm, ALICE, "what is in this picture?").image(image.clone()));
+    h.fake.say(Say::new(dm, ALICE, "the blue thing"));
+    let replies = h.fake.wait_sent(dm, 1, WAIT).await;
+    assert_eq!(
+        replies[0].content,
+        "[model] [image] what is in this picture?\nthe blue thing"
+    );
+    let verdict = h.settled().await;
+    assert_eq!((verdict.messages, verdict.replies), (2, 1), "{verdict:?}");
+    use base64::Engine as _;
+    assert_eq!(
+        model.images(0),
+        [format!(
+            "data:image/png;base64,{}",
+            base64::engine::general_purpose::STANDARD.encode(&image)
+        )]
+    );
+    assert_eq!(model.requests().len(), 1);
+    assert_eq!(
+        h.fake.downloads(),
+        [(id, None)],
+        "fetched once, without the token"
+    );
+    h.assert_token_kept_secret();
+}
+
 /// Three quick DMs get one reply covering all three, in order, with "typing…" shown
 /// meanwhile; an edit of a pending message replaces its text; the send carries a
 /// nonce, `enforce_nonce` and no mentions; a DM reply quotes nothing.
@@ -702,6 +750,7 @@ async fn recent_conversations_name_the_last_stored_message() {
         user_id: "u".into(),
         author: "u".into(),
         text: "hi".into(),
+        media: Vec::new(),
     };
     for (platform, key, id, at) in [
         (Platform::Discord, "old", "5", 1_000),
@@ -741,6 +790,7 @@ async fn recent_conversations_name_the_last_stored_message() {
 fn adapter(fake: &DiscordFake) -> Discord {
     Discord::new(
         &lull_adapters::PlatformSettings {
+            max_image_bytes: 10 << 20,
             token: SecretString::from(TOKEN),
             api_url: fake.api_url.clone(),
         },

@@ -522,6 +522,7 @@ async fn fencing_refuses_a_commit_from_a_replaced_holder(backend: Backend) {
                 user_id: "u".into(),
                 author: "U".into(),
                 text: "hi".into(),
+                media: Vec::new(),
             },
             &HolderId::new("ingest"),
             clock.now(),
@@ -611,6 +612,7 @@ async fn giving_up_is_fenced_and_covers_each_message_once() {
             user_id: "u".into(),
             author: "U".into(),
             text: format!("text of {id}"),
+            media: Vec::new(),
         };
         let (store, holder) = (&store, &holder);
         async move {

@@ -17,6 +17,7 @@ mod helpers;
 mod http_api;
 mod ingest;
 mod llm;
+mod media;
 mod project;
 mod promql;
 mod shutdown;

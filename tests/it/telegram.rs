@@ -51,7 +51,7 @@ pub(crate) fn env(
 
 /// Wait until the fake has seen a successful poll since `after`: the process holds
 /// the poller lease and polls.
-async fn wait_polling(fake: &TelegramFake, after: Instant) {
+pub(crate) async fn wait_polling(fake: &TelegramFake, after: Instant) {
     fake.wait_for("a poll", SECS(20), |f| {
         f.polls()
             .iter()

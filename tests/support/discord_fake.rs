@@ -22,6 +22,10 @@
 //!   does for resumable sessions), a forced disconnect, and a count of connected
 //!   sessions.
 //!
+//! - A CDN: an image attachment ([`Say::image`]) is served at its `url`
+//!   (`/attachments/<id>/<name>`, no authorization, as Discord's CDN); every download
+//!   is recorded with the `Authorization` header it carried, if any.
+//!
 //! Users "send" messages through [`DiscordFake::say`]: the message joins the channel's
 //! history (what `GET …/messages` returns) and is dispatched to the sessions. A
 //! message said while no session is connected is only in the history, like a message
@@ -115,6 +119,8 @@ pub struct Say {
     pub reply_to: Option<u64>,
     /// Attach a file.
     pub attachment: bool,
+    /// Attach an image (PNG) with these bytes, served by the fake's CDN.
+    pub image: Option<Vec<u8>>,
     /// The author is a bot.
     pub bot: bool,
 }
@@ -128,6 +134,7 @@ impl Say {
             mention: false,
             reply_to: None,
             attachment: false,
+            image: None,
             bot: false,
         }
     }
@@ -144,6 +151,11 @@ impl Say {
 
     pub fn attachment(mut self) -> Self {
         self.attachment = true;
+        self
+    }
+
+    pub fn image(mut self, bytes: Vec<u8>) -> Self {
+        self.image = Some(bytes);
         self
     }
 
@@ -201,6 +213,10 @@ struct Inner {
     /// Times a session of a shard went live while another session of that shard was
     /// connected.
     shard_overlaps: usize,
+    /// Attachment id → bytes the CDN serves.
+    files: HashMap<u64, Vec<u8>>,
+    /// `(attachment id, Authorization header)` of every CDN download.
+    downloads: Vec<(u64, Option<String>)>,
 }
 
 struct Shared {
@@ -208,6 +224,8 @@ struct Shared {
     changed: Notify,
     token: String,
     gateway_url: String,
+    /// Where the CDN serves attachments (the REST server, outside `/api`).
+    cdn_url: String,
     snowflake: AtomicU64,
     connections: AtomicU64,
 }
@@ -291,6 +309,7 @@ impl DiscordFake {
             changed: Notify::new(),
             token: token.into(),
             gateway_url: format!("ws://{}", gateway.local_addr().unwrap()),
+            cdn_url: format!("http://{}/attachments", rest.local_addr().unwrap()),
             snowflake: AtomicU64::new(1_200_000_000_000_000_000),
             connections: AtomicU64::new(0),
         });
@@ -305,6 +324,7 @@ impl DiscordFake {
             )
             .route("/api/v10/channels/{id}/typing", post(post_typing))
             .layer(middleware::from_fn_with_state(shared.clone(), authorize))
+            .route("/attachments/{id}/{name}", get(get_attachment))
             .with_state(shared.clone());
         let api_url = format!("http://{}", rest.local_addr().unwrap());
         let rest_server = tokio::spawn(async move {
@@ -404,7 +424,15 @@ impl DiscordFake {
             // Discord lists the author of the replied-to message among the mentions.
             mentions.push(r["author"].clone());
         }
-        let attachments = if say.attachment {
+        let attachments = if let Some(bytes) = &say.image {
+            let url = format!("{}/{id}/photo.png", self.shared.cdn_url);
+            let size = bytes.len();
+            inner.files.insert(id, bytes.clone());
+            vec![
+                json!({"id": id.to_string(), "filename": "photo.png", "size": size,
+                        "content_type": "image/png", "url": url, "proxy_url": url}),
+            ]
+        } else if say.attachment {
             vec![
                 json!({"id": id.to_string(), "filename": "photo.jpg", "size": 1234,
                         "url": "https://cdn.invalid/photo.jpg", "proxy_url": "https://cdn.invalid/photo.jpg"}),
@@ -431,6 +459,11 @@ impl DiscordFake {
         drop(inner);
         self.shared.changed.notify_waiters();
         id
+    }
+
+    /// `(attachment id, Authorization header)` of every CDN download so far.
+    pub fn downloads(&self) -> Vec<(u64, Option<String>)> {
+        self.shared.lock().downloads.clone()
     }
 
     /// A user edits a message (`MESSAGE_UPDATE`).
@@ -609,6 +642,24 @@ fn error(status: StatusCode, code: u32, message: &str) -> Response {
         axum::Json(json!({"code": code, "message": message})),
     )
         .into_response()
+}
+
+/// The CDN: an attachment's bytes, without authorization.
+async fn get_attachment(
+    State(shared): State<Arc<Shared>>,
+    Path((id, _name)): Path<(u64, String)>,
+    headers: axum::http::HeaderMap,
+) -> Response {
+    let mut inner = shared.lock();
+    let authorization = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    inner.downloads.push((id, authorization));
+    match inner.files.get(&id).cloned() {
+        Some(bytes) => ([(axum::http::header::CONTENT_TYPE, "image/png")], bytes).into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
 }
 
 async fn authorize(State(shared): State<Arc<Shared>>, request: Request, next: Next) -> Response {

@@ -9,6 +9,17 @@
 //! does; [`Behavior::Stream`] answers it with server-sent events, piece by piece with
 //! delays (usage in the last chunk), or breaking or stalling mid-way, and records
 //! when it sent each piece. [`Behavior::RefuseStream`] refuses `stream` with a 400.
+//!
+//! Vision: a user turn may be content parts (`text` and `image_url`, as OpenAI takes
+//! them); the text parts are what [`FakeOpenAi::messages`] shows and what `Answer`
+//! echoes, the image URLs are kept ([`FakeOpenAi::images`]). With
+//! [`FakeOpenAi::refuse_images`] a request carrying an image part gets OpenAI's 400 for
+//! a model without vision.
+//!
+//! Transcriptions: `POST /v1/audio/transcriptions` (multipart `model` and `file`)
+//! answers `{"text": …}` with the transcript a test set for those bytes
+//! ([`FakeOpenAi::transcript`]; "transcript of N bytes" otherwise), after an optional
+//! delay; every call is recorded (model, file bytes).
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -170,6 +181,12 @@ struct Inner {
     requests: Mutex<Vec<Recorded>>,
     failures: Mutex<usize>,
     streams: Mutex<Vec<Streamed>>,
+    /// Refuse requests with image parts (a model without vision).
+    refuse_images: std::sync::atomic::AtomicBool,
+    /// Audio bytes → transcript.
+    transcripts: Mutex<Vec<(Vec<u8>, String)>>,
+    /// `(model, file bytes)` of every transcription request.
+    transcriptions: Mutex<Vec<(String, Vec<u8>)>>,
 }
 
 pub struct FakeOpenAi {
@@ -185,6 +202,7 @@ impl FakeOpenAi {
         let router = Router::new()
             .route("/v1/chat/completions", post(completions))
             .route("/v1/models", get(models))
+            .route("/v1/audio/transcriptions", post(transcribe))
             .with_state(inner.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -206,6 +224,32 @@ impl FakeOpenAi {
     /// The behaviour once the script is used up (default: `Answer`).
     pub fn fallback(&self, behavior: Behavior) {
         *self.inner.fallback.lock().unwrap() = Some(behavior);
+    }
+
+    /// Refuse every request with an image part with a 400, as a model without vision.
+    pub fn refuse_images(&self, refuse: bool) {
+        self.inner
+            .refuse_images
+            .store(refuse, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Answer a transcription of `audio` with `text`.
+    pub fn transcript(&self, audio: &[u8], text: &str) {
+        self.inner
+            .transcripts
+            .lock()
+            .unwrap()
+            .push((audio.to_vec(), text.to_owned()));
+    }
+
+    /// `(model, file bytes)` of every transcription request so far.
+    pub fn transcriptions(&self) -> Vec<(String, Vec<u8>)> {
+        self.inner.transcriptions.lock().unwrap().clone()
+    }
+
+    /// The image URLs (`data:` URLs) of request `n`, in order.
+    pub fn images(&self, n: usize) -> Vec<String> {
+        images(&self.requests()[n].body)
     }
 
     pub fn requests(&self) -> Vec<Recorded> {
@@ -252,7 +296,7 @@ impl FakeOpenAi {
             .map(|m| {
                 (
                     m["role"].as_str().unwrap().to_owned(),
-                    m["content"].as_str().unwrap_or_default().to_owned(),
+                    content_text(&m["content"]),
                 )
             })
             .collect()
@@ -275,11 +319,37 @@ fn completion(content: &str, body: &Value) -> Value {
     })
 }
 
+/// A message's content as text: the string, or its text parts joined by newlines.
+fn content_text(content: &Value) -> String {
+    match content {
+        Value::Array(parts) => parts
+            .iter()
+            .filter(|p| p["type"] == "text")
+            .filter_map(|p| p["text"].as_str())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        other => other.as_str().unwrap_or_default().to_owned(),
+    }
+}
+
+/// The `image_url` URLs of every message of a request.
+fn images(body: &Value) -> Vec<String> {
+    body["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["content"].as_array())
+        .flatten()
+        .filter(|p| p["type"] == "image_url")
+        .filter_map(|p| p["image_url"]["url"].as_str().map(str::to_owned))
+        .collect()
+}
+
 fn prompt_chars(body: &Value) -> usize {
     body["messages"].as_array().map_or(0, |messages| {
         messages
             .iter()
-            .map(|m| m["content"].as_str().unwrap_or_default().chars().count())
+            .map(|m| content_text(&m["content"]).chars().count())
             .sum()
     })
 }
@@ -388,6 +458,64 @@ where
     })
 }
 
+/// `POST /v1/audio/transcriptions`: the multipart fields `model` and `file`.
+async fn transcribe(
+    State(inner): State<Arc<Inner>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let Some(boundary) = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split("boundary=").nth(1))
+        .map(|b| b.trim_matches('"').to_owned())
+    else {
+        return error(400, "expected multipart/form-data");
+    };
+    let (mut model, mut file) = (None, None);
+    let delimiter = format!("--{boundary}");
+    let mut rest: &[u8] = &body;
+    while let Some(start) = find(rest, delimiter.as_bytes()) {
+        rest = &rest[start + delimiter.len()..];
+        let Some(head_end) = find(rest, b"\r\n\r\n") else {
+            break;
+        };
+        let head = String::from_utf8_lossy(&rest[..head_end]).into_owned();
+        let value_start = head_end + 4;
+        let value_end = find(&rest[value_start..], delimiter.as_bytes())
+            .map_or(rest.len(), |e| value_start + e);
+        let value = rest[value_start..value_end]
+            .strip_suffix(b"\r\n")
+            .unwrap_or(&rest[value_start..value_end]);
+        if head.contains("name=\"model\"") {
+            model = Some(String::from_utf8_lossy(value).into_owned());
+        } else if head.contains("name=\"file\"") {
+            file = Some(value.to_vec());
+        }
+    }
+    let (Some(model), Some(file)) = (model, file) else {
+        return error(400, "model and file are required");
+    };
+    inner
+        .transcriptions
+        .lock()
+        .unwrap()
+        .push((model, file.clone()));
+    let text = inner
+        .transcripts
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(audio, _)| *audio == file)
+        .map(|(_, text)| text.clone())
+        .unwrap_or_else(|| format!("transcript of {} bytes", file.len()));
+    axum::Json(json!({ "text": text })).into_response()
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
 async fn completions(
     State(inner): State<Arc<Inner>>,
     headers: HeaderMap,
@@ -421,10 +549,19 @@ async fn respond(inner: &Arc<Inner>, headers: HeaderMap, body: axum::body::Bytes
     let last_user = body["messages"]
         .as_array()
         .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
-        .and_then(|m| m["content"].as_str())
-        .unwrap_or_default()
-        .to_owned();
+        .map(|m| content_text(&m["content"]))
+        .unwrap_or_default();
     let streamed = body["stream"] == true;
+    if inner
+        .refuse_images
+        .load(std::sync::atomic::Ordering::SeqCst)
+        && !images(&body).is_empty()
+    {
+        return error(
+            400,
+            "Invalid content type. image_url is only supported by certain models.",
+        );
+    }
     match behavior {
         Behavior::Stream(spec) => {
             let text = spec

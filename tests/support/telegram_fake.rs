@@ -25,6 +25,11 @@
 //! parsing (400 otherwise), the same HTML check as messages; every accepted draft is
 //! recorded (chat, draft id, text, time). Faults (a 429 with `retry_after`) are
 //! scripted like any method's.
+//!
+//! Files as the Bot API serves them: a test stores bytes under a `file_id`
+//! ([`TelegramFake::add_file`]); `getFile` answers its `file_path` and `file_size`
+//! (400 "invalid file_id" for an unknown one), and `/file/bot<TOKEN>/<path>` serves the
+//! bytes as `application/octet-stream` (every download recorded).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
@@ -166,6 +171,10 @@ struct FakeState {
     /// registered URL itself.
     balance: Vec<String>,
     deliveries: Vec<Delivery>,
+    /// file_id → bytes (see [`TelegramFake::add_file`]).
+    files: HashMap<String, Vec<u8>>,
+    /// The `file_path` of every download served, in order.
+    downloads: Vec<String>,
 }
 
 struct Inner {
@@ -201,6 +210,7 @@ impl TelegramFake {
         });
         let router = Router::new()
             .route("/{bot}/{method}", post(handle).get(handle_get))
+            .route("/file/{bot}/{*path}", axum::routing::get(download))
             .with_state(inner.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr: SocketAddr = listener.local_addr().unwrap();
@@ -220,6 +230,16 @@ impl TelegramFake {
 
     fn state(&self) -> std::sync::MutexGuard<'_, FakeState> {
         self.inner.state.lock().unwrap()
+    }
+
+    /// Serve `bytes` as the file `file_id` (`getFile` and a download).
+    pub fn add_file(&self, file_id: &str, bytes: Vec<u8>) {
+        self.state().files.insert(file_id.to_owned(), bytes);
+    }
+
+    /// The `file_path`s downloaded so far, in order.
+    pub fn downloads(&self) -> Vec<String> {
+        self.state().downloads.clone()
     }
 
     /// Queue an update of `kind` (`message`, `edited_message`) carrying `message`;
@@ -574,6 +594,23 @@ async fn handle(
             )
         }
         "setwebhook" => set_webhook(&inner, &params),
+        "getfile" => {
+            let file_id = params["file_id"].as_str().unwrap_or_default().to_owned();
+            let size = inner
+                .state
+                .lock()
+                .unwrap()
+                .files
+                .get(&file_id)
+                .map(Vec::len);
+            match size {
+                Some(size) => ok(json!({
+                    "file_id": file_id, "file_unique_id": format!("u{file_id}"),
+                    "file_size": size, "file_path": format!("photos/{file_id}.jpg"),
+                })),
+                None => error(StatusCode::BAD_REQUEST, "Bad Request: invalid file_id"),
+            }
+        }
         "deletewebhook" => {
             let mut s = inner.state.lock().unwrap();
             s.webhook = None;
@@ -602,6 +639,32 @@ async fn handle(
             ok(json!(true))
         }
         _ => error(StatusCode::NOT_FOUND, "Not Found"),
+    }
+}
+
+/// `/file/bot<TOKEN>/<path>`: the bytes of a file `getFile` named.
+async fn download(
+    State(inner): State<Arc<Inner>>,
+    Path((bot, path)): Path<(String, String)>,
+) -> Response {
+    if bot.strip_prefix("bot") != Some(inner.token.as_str()) {
+        return error(StatusCode::UNAUTHORIZED, "Unauthorized");
+    }
+    let mut s = inner.state.lock().unwrap();
+    let file_id = path
+        .strip_prefix("photos/")
+        .and_then(|p| p.strip_suffix(".jpg"))
+        .unwrap_or_default();
+    match s.files.get(file_id).cloned() {
+        Some(bytes) => {
+            s.downloads.push(path);
+            (
+                [(axum::http::header::CONTENT_TYPE, "application/octet-stream")],
+                bytes,
+            )
+                .into_response()
+        }
+        None => error(StatusCode::NOT_FOUND, "Not Found"),
     }
 }
 
@@ -1059,6 +1122,47 @@ pub fn text_message(chat_id: i64, from: i64, text: &str) -> Value {
         "chat": chat(chat_id, false),
         "from": user(from, &format!("User{from}")),
         "text": text,
+    })
+}
+
+/// A photo from `from` in chat `chat_id`, offered in `sizes` (`(file_id, bytes)`,
+/// smallest first, as Telegram lists them), with an optional caption.
+pub fn photo_message(
+    chat_id: i64,
+    from: i64,
+    caption: Option<&str>,
+    sizes: &[(&str, usize)],
+) -> Value {
+    let sizes: Vec<Value> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, (id, size))| {
+            let side = 90 * (i + 1);
+            json!({"file_id": id, "file_unique_id": format!("u{id}"), "width": side, "height": side, "file_size": size})
+        })
+        .collect();
+    let mut m = json!({
+        "message_id": message_id(),
+        "date": now_secs(),
+        "chat": chat(chat_id, false),
+        "from": user(from, &format!("User{from}")),
+        "photo": sizes,
+    });
+    if let Some(caption) = caption {
+        m["caption"] = json!(caption);
+    }
+    m
+}
+
+/// A voice note from `from` in chat `chat_id`, served as the file `file_id`.
+pub fn voice_message(chat_id: i64, from: i64, file_id: &str, size: usize, secs: u32) -> Value {
+    json!({
+        "message_id": message_id(),
+        "date": now_secs(),
+        "chat": chat(chat_id, false),
+        "from": user(from, &format!("User{from}")),
+        "voice": {"file_id": file_id, "file_unique_id": format!("u{file_id}"),
+                  "duration": secs, "mime_type": "audio/ogg", "file_size": size},
     })
 }
 

@@ -46,7 +46,7 @@ pub(super) async fn ingest(
             return Ok(Accepted::Unsupported);
         }
     };
-    if text.trim().is_empty() {
+    if text.trim().is_empty() && incoming.media.is_empty() {
         return Err(IngestError::Empty);
     }
     let chars = lull_port::split::char_len(&text);
@@ -57,6 +57,7 @@ pub(super) async fn ingest(
         });
     }
     if incoming.kind == IncomingKind::New
+        && incoming.media.is_empty()
         && let Some(command) = Command::parse(&text)
     {
         answer_command(dispatcher, &incoming, command, &text, now)
@@ -64,6 +65,10 @@ pub(super) async fn ingest(
             .map_err(not_stored)?;
         return Ok(Accepted::Command(command));
     }
+    // Media enter prompts and history as their marker before the caption, so the
+    // model (and `echo`) sees that something was sent; only the pending batch fetches
+    // the bytes. An edited caption arrives with its media and keeps the marker.
+    let text = with_markers(&incoming.media, &text);
     let store = &dispatcher.store;
     let holder = &dispatcher.holder;
     let conversation_ref = incoming.conversation.clone();
@@ -81,6 +86,7 @@ pub(super) async fn ingest(
                 user_id: incoming.user_id,
                 author: incoming.author,
                 text,
+                media: incoming.media,
             };
             store.ingest(message, holder, now).await
         }
@@ -157,6 +163,16 @@ pub(super) async fn ingest(
         }
         IngestOutcome::EditIgnored => Accepted::EditIgnored,
     })
+}
+
+/// `text` after one marker per piece of media (`[image] what is this?`).
+fn with_markers(media: &[lull_port::Media], text: &str) -> String {
+    let markers: Vec<&str> = media.iter().map(|m| m.kind.marker()).collect();
+    match (markers.is_empty(), text.trim().is_empty()) {
+        (true, _) => text.to_owned(),
+        (false, true) => markers.join(" "),
+        (false, false) => format!("{} {text}", markers.join(" ")),
+    }
 }
 
 /// The update was not stored: the adapter must not acknowledge it. A database that

@@ -45,6 +45,7 @@ use crate::clock::Clock;
 use crate::domain::{HolderId, Platform, Timestamp};
 use crate::limits::Limits;
 use crate::llm::Responder;
+use crate::llm::transcribe::Transcriber;
 use crate::store::{Store, StoreError};
 use crate::timing::{LeaseTiming, TimerPolicy};
 
@@ -78,6 +79,15 @@ pub struct DispatchSettings {
     /// `LULL_STREAM=auto`: replies are shown as live drafts while they are written,
     /// where the platform has drafts (`off`: never).
     pub drafts: bool,
+    /// `LULL_VISION=auto`: images of the pending batch are fetched and sent to the
+    /// model as image parts (`off`: the model sees only their `[image]` marker).
+    pub vision: bool,
+    /// `LULL_MAX_IMAGE_BYTES`: the largest image fetched; a larger one is not read,
+    /// and the user is told.
+    pub max_image_bytes: u64,
+    /// `LULL_MAX_AUDIO_SECONDS`: the longest voice note or audio file transcribed; a
+    /// longer one is not, and the user is told.
+    pub max_audio_seconds: u32,
 }
 
 impl Default for DispatchSettings {
@@ -100,6 +110,9 @@ impl Default for DispatchSettings {
             max_message_chars: MAX_MESSAGE_CHARS,
             max_reply_chars: MAX_REPLY_CHARS,
             drafts: true,
+            vision: true,
+            max_image_bytes: MAX_IMAGE_BYTES,
+            max_audio_seconds: 300,
         }
     }
 }
@@ -111,6 +124,9 @@ pub const MAX_MESSAGE_CHARS: usize = 16_000;
 /// The longest reply lull sends by default (`LULL_MAX_REPLY_CHARS`): four Telegram
 /// messages, eight Discord ones.
 pub const MAX_REPLY_CHARS: usize = 16_000;
+
+/// The largest image fetched by default (`LULL_MAX_IMAGE_BYTES`): 10 MB.
+pub const MAX_IMAGE_BYTES: u64 = 10 * 1024 * 1024;
 
 /// The smallest `LULL_MAX_REPLY_CHARS`: room for some reply and the note that it was cut.
 pub const MIN_REPLY_CHARS: usize = 100;
@@ -127,6 +143,13 @@ impl From<StoreError> for IngestError {
 pub struct Dispatcher {
     store: Arc<dyn Store>,
     responder: Arc<dyn Responder>,
+    /// Transcribes voice notes and audio at the start of a round; unset (the `echo`
+    /// responder), they reach the model as their marker only.
+    transcriber: std::sync::OnceLock<Arc<dyn Transcriber>>,
+    /// Set once the model refused image parts (a model without vision): later rounds
+    /// of this process send it no images (a restart, perhaps with another model,
+    /// tries again).
+    images_refused: std::sync::atomic::AtomicBool,
     outbounds: HashMap<Platform, Arc<dyn Outbound>>,
     settings: DispatchSettings,
     clock: Arc<dyn Clock>,
@@ -160,6 +183,8 @@ impl Dispatcher {
         Arc::new(Self {
             store,
             responder,
+            transcriber: std::sync::OnceLock::new(),
+            images_refused: std::sync::atomic::AtomicBool::new(false),
             outbounds: outbounds.into_iter().map(|o| (o.platform(), o)).collect(),
             settings,
             clock,
@@ -170,6 +195,12 @@ impl Dispatcher {
             events,
             access_rules: std::sync::Mutex::new(None),
         })
+    }
+
+    /// Transcribe voice notes and audio files with `transcriber` (set once, before
+    /// [`Dispatcher::run`]; a second call is ignored).
+    pub fn set_transcriber(&self, transcriber: Arc<dyn Transcriber>) {
+        let _ = self.transcriber.set(transcriber);
     }
 
     /// The run-time access decisions, at most `poll_every` old.

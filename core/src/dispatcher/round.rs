@@ -14,13 +14,14 @@ use super::{Dispatcher, Event};
 use crate::commands;
 use crate::domain::{ConversationId, Said, Timestamp};
 use crate::limits;
-use crate::llm::{FailureKind, Generation, LlmError, Partial, Prompt};
+use crate::llm::{FailureKind, Generation, Image, LlmError, Partial, Prompt};
 use crate::metrics as names;
 use crate::store::{
     Batch, Charged, Claimed, CommitOutcome, NewNotice, NewReply, OutboxRow, ScopeCharge,
     StoreError, TokenCharge,
 };
 use crate::timing::FAILURE_BACKOFF;
+use lull_port::{MediaError, MediaKind};
 
 /// Why a step ended the round early.
 pub(super) enum Interrupt {
@@ -52,6 +53,105 @@ or split it into smaller parts.";
 /// or URL): honest, without the server's words (they stay in the operator's log).
 const REFUSED_TEXT: &str = "Sorry, I couldn't answer: the language model service refused \
 the request. The bot's operator can find the reason in the logs; please try again later.";
+
+/// How long fetching one image may take before the round counts it as a transient
+/// failure (adapters have their own, shorter, limits per request).
+const MEDIA_FETCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Rounds in a row whose media fetch failed transiently before the batch is answered
+/// without that media (with a note to the model): a platform's file server that stays
+/// down never holds a conversation's messages for good.
+const MEDIA_ATTEMPTS: u32 = 3;
+
+/// What the user is told when the model refused the images of a batch: once per
+/// conversation.
+const NO_VISION_TEXT: &str = "Note: the language model I use cannot see images, \
+so I answered only the text of your messages.";
+
+/// What the model is told when it was sent no images although the user sent some.
+const NO_VISION_NOTE: &str = "[The user sent an image, but it could not be shown to you: \
+answer the text.]";
+const TOO_BIG_NOTE: &str = "[An image the user sent was too large to read; they have been told.]";
+const GONE_NOTE: &str = "[An image the user sent could not be fetched.]";
+
+/// The largest audio file sent for transcription: OpenAI's limit for
+/// `/audio/transcriptions`.
+const MAX_AUDIO_BYTES: u64 = 25 * 1024 * 1024;
+
+const AUDIO_TOO_LONG_NOTE: &str =
+    "[A voice message was too long to transcribe; the user has been told.]";
+const AUDIO_MISSING_NOTE: &str = "[A voice message could not be transcribed.]";
+
+/// What transcribing a batch left to say: to the user (voice messages too long, as
+/// message row and seconds) and to the model.
+#[derive(Default)]
+struct AudioNotes {
+    too_long: Vec<(i64, u32)>,
+    model: Vec<&'static str>,
+}
+
+/// What the user is told about a voice message longer than `LULL_MAX_AUDIO_SECONDS`.
+fn too_long_audio_text(secs: u32, max: u32) -> String {
+    let length = if secs > 0 {
+        format!("{secs} s; ")
+    } else {
+        String::new()
+    };
+    format!(
+        "Sorry, your voice message is too long for me to transcribe ({length}the limit is {max} s). \
+I answered the rest of your messages; please send it in shorter parts or as text."
+    )
+}
+
+/// What the user is told about an image larger than `LULL_MAX_IMAGE_BYTES`.
+fn too_big_text(size: u64, max: u64) -> String {
+    let mb = |b: u64| format!("{:.1} MB", b as f64 / (1024.0 * 1024.0));
+    format!(
+        "Sorry, your image is too large for me to look at ({}; the limit is {}). \
+I answered the rest of your messages; please send a smaller version if it matters.",
+        mb(size),
+        mb(max)
+    )
+}
+
+/// How much of a transcript a reply quotes.
+const QUOTED_TRANSCRIPT_CHARS: usize = 300;
+
+/// In a group, a reply to voice messages opens with what was heard (`> 🎤 author:
+/// transcript`, cut to [`QUOTED_TRANSCRIPT_CHARS`]): the others in the chat see what
+/// the bot answers without playing the recording, and the speaker sees how it was
+/// understood. In a private chat the speaker knows what they said: no quote.
+fn quote_transcripts(batch: &Batch, reply: String) -> String {
+    if !batch.is_group {
+        return reply;
+    }
+    let quotes: Vec<String> = batch
+        .pending
+        .iter()
+        .filter_map(|m| {
+            let transcript = m.transcript.as_deref()?;
+            let cut = lull_port::split::truncate(transcript, QUOTED_TRANSCRIPT_CHARS, "…")
+                .unwrap_or_else(|| transcript.to_owned());
+            Some(format!("> 🎤 {}: {}", m.author, cut.replace('\n', " ")))
+        })
+        .collect();
+    if quotes.is_empty() {
+        return reply;
+    }
+    format!("{}\n\n{reply}", quotes.join("\n"))
+}
+
+/// Add `note` to what the model is told after the batch (each note once).
+fn add_note(prompt: &mut Prompt, note: &str) {
+    match &mut prompt.note {
+        Some(notes) if notes.contains(note) => {}
+        Some(notes) => {
+            notes.push('\n');
+            notes.push_str(note);
+        }
+        None => prompt.note = Some(note.to_owned()),
+    }
+}
 
 /// Run one round for `conversation`. `stop` is the hard stop of shutdown: the round
 /// abandons its work and hands the lease back. `Err` only for unexpected database
@@ -172,17 +272,85 @@ impl Round<'_> {
             return Ok(());
         }
 
+        // Voice first, then images: both before the budget is reserved, so the
+        // estimate counts the transcripts (stored once, whatever the budget says).
+        let mut batch = batch;
+        let transcribed = tokio::select! {
+            transcribed = self.transcribe(&mut batch) => transcribed?,
+            () = self.keeper.lost() => return Err(Interrupt::LeaseLost),
+            () = self.stop.cancelled() => return Err(Interrupt::Stopped),
+        };
+        let notes = match transcribed {
+            Ok(notes) => notes,
+            Err(error) => {
+                rows.extend(self.generation_failed(&batch, error).await?);
+                return Ok(());
+            }
+        };
+        // Told plainly, once per message; the rest of the burst is answered.
+        for (row, secs) in notes.too_long {
+            let text = too_long_audio_text(secs, d.settings.max_audio_seconds);
+            let key = format!("audio-too-long/{}/{row}", batch.conversation);
+            rows.extend(self.notice(&batch, &text, key).await?);
+        }
+        let mut prompt = self.prompt(&batch);
+        for note in notes.model {
+            add_note(&mut prompt, note);
+        }
+        let fetched = tokio::select! {
+            fetched = self.fetch_images(&batch, &mut prompt) => fetched?,
+            () = self.keeper.lost() => return Err(Interrupt::LeaseLost),
+            () = self.stop.cancelled() => return Err(Interrupt::Stopped),
+        };
+        let too_big = match fetched {
+            Ok(too_big) => too_big,
+            Err(error) => {
+                rows.extend(self.generation_failed(&batch, error).await?);
+                return Ok(());
+            }
+        };
+        for (row, size) in too_big {
+            let text = too_big_text(size, d.settings.max_image_bytes);
+            let key = format!("image-too-big/{}/{row}", batch.conversation);
+            rows.extend(self.notice(&batch, &text, key).await?);
+        }
+        if prompt
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains(NO_VISION_NOTE))
+        {
+            rows.extend(self.no_vision_notice(&batch).await?);
+        }
+
         let reserved = match self.reserve(&batch, rows).await? {
             Some(reserved) => reserved,
             // Over a budget: the messages wait, held until it resets.
             None => return Ok(()),
         };
         let started = Instant::now();
-        let generated = tokio::select! {
-            generated = self.generate(&batch) => generated,
+        let mut generated = tokio::select! {
+            generated = self.generate(&batch, &prompt) => generated,
             () = self.keeper.lost() => return Err(Interrupt::LeaseLost),
             () = self.stop.cancelled() => return Err(Interrupt::Stopped),
         };
+        if let Err(error) = &generated
+            && error.kind() == FailureKind::Refused
+            && !prompt.images.is_empty()
+        {
+            // A model without vision refuses image parts (4xx): answer the text, and
+            // tell the user once per conversation that this model cannot see images.
+            tracing::warn!(%conversation, error = %error, "the model refused the images; answering the text without them (set LULL_VISION=off for a model without vision)");
+            d.images_refused
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            prompt.images.clear();
+            add_note(&mut prompt, NO_VISION_NOTE);
+            rows.extend(self.no_vision_notice(&batch).await?);
+            generated = tokio::select! {
+                generated = self.generate(&batch, &prompt) => generated,
+                () = self.keeper.lost() => return Err(Interrupt::LeaseLost),
+                () = self.stop.cancelled() => return Err(Interrupt::Stopped),
+            };
+        }
         let llm_time = started.elapsed();
         let generation = match generated {
             Ok(generation) => generation,
@@ -202,7 +370,7 @@ impl Round<'_> {
             .await?;
 
         let reply = NewReply {
-            text: self.bounded(generation.text),
+            text: self.bounded(quote_transcripts(&batch, generation.text)),
             usage: generation.usage,
             llm_ms: llm_time.as_millis() as u64,
         };
@@ -372,21 +540,209 @@ impl Round<'_> {
         }
     }
 
-    /// Ask the model once, showing the reply as a live draft while it is written
-    /// where the platform has drafts, else "typing…".
-    async fn generate(&self, batch: &Batch) -> Result<Generation, LlmError> {
-        let d = self.dispatcher;
-        let prompt = Prompt {
+    /// The prompt for `batch`, without images yet.
+    fn prompt(&self, batch: &Batch) -> Prompt {
+        Prompt {
             conversation: batch.conversation.clone(),
             is_group: batch.is_group,
             history: batch.history.clone(),
             batch: batch
                 .pending
                 .iter()
-                .map(|m| Said::new(&m.author, &m.text))
+                .map(|m| Said::new(&m.author, m.said()))
                 .collect(),
             note: None,
+            images: Vec::new(),
+        }
+    }
+
+    /// Fetch the images of the pending batch through the adapter (`LULL_VISION=auto`
+    /// only) into `prompt`. An image too large or gone is left out with a note to the
+    /// model; the images too large are returned (message row, size) so the user is
+    /// told. A transient failure (network, timeout, 5xx)
+    /// is `Err`, and the round fails like a model that cannot be reached: the
+    /// messages stay pending and are retried with backoff.
+    async fn fetch_images(
+        &self,
+        batch: &Batch,
+        prompt: &mut Prompt,
+    ) -> Result<Result<Vec<(i64, u64)>, LlmError>, Interrupt> {
+        let d = self.dispatcher;
+        let mut too_big = Vec::new();
+        if !d.settings.vision {
+            return Ok(Ok(too_big));
+        }
+        let has_images = || {
+            batch
+                .pending
+                .iter()
+                .any(|m| m.media.iter().any(|m| m.kind == MediaKind::Image))
         };
+        if d.images_refused.load(std::sync::atomic::Ordering::Relaxed) && has_images() {
+            // This model refused images earlier: not fetched, not sent.
+            add_note(prompt, NO_VISION_NOTE);
+            return Ok(Ok(too_big));
+        }
+        let Some(outbound) = d.outbounds.get(&batch.conversation.platform) else {
+            return Ok(Ok(too_big));
+        };
+        let max = d.settings.max_image_bytes;
+        let attempts = batch.timer.map_or(0, |t| t.attempts);
+        for message in &batch.pending {
+            for media in message.media.iter().filter(|m| m.kind == MediaKind::Image) {
+                let fetched =
+                    tokio::time::timeout(MEDIA_FETCH_TIMEOUT, outbound.fetch_media(media, max))
+                        .await
+                        .unwrap_or_else(|_| {
+                            Err(MediaError::Transient(format!(
+                                "no answer within {MEDIA_FETCH_TIMEOUT:?}"
+                            )))
+                        });
+                match fetched {
+                    Ok(fetched) => prompt.images.push(Image {
+                        mime: fetched.mime,
+                        bytes: fetched.bytes.into(),
+                    }),
+                    Err(MediaError::TooBig { size, max }) => {
+                        tracing::info!(conversation = %batch.conversation, size, max, "an image is larger than LULL_MAX_IMAGE_BYTES; not read");
+                        add_note(prompt, TOO_BIG_NOTE);
+                        too_big.push((message.row, size));
+                    }
+                    Err(MediaError::Transient(why)) if attempts < MEDIA_ATTEMPTS => {
+                        return Ok(Err(LlmError::Connect(format!(
+                            "fetching an image from {}: {why}",
+                            batch.conversation.platform
+                        ))));
+                    }
+                    // Gone, or still failing after as many rounds: answered without it.
+                    Err(MediaError::Gone(why) | MediaError::Transient(why)) => {
+                        tracing::warn!(conversation = %batch.conversation, error = %why, "an image could not be fetched; answering without it");
+                        add_note(prompt, GONE_NOTE);
+                    }
+                }
+            }
+        }
+        Ok(Ok(too_big))
+    }
+
+    /// Transcribe the voice notes and audio files of the pending batch that have no
+    /// transcript yet, storing each transcript under the lease before the next, so a
+    /// crash never costs a transcription twice. Audio longer than
+    /// `LULL_MAX_AUDIO_SECONDS` (or larger than the server takes) is not sent, and the
+    /// user is told; a transient failure (fetching or transcribing) is `Err`, and the
+    /// round is retried like a model that cannot be reached.
+    async fn transcribe(
+        &self,
+        batch: &mut Batch,
+    ) -> Result<Result<AudioNotes, LlmError>, Interrupt> {
+        let d = self.dispatcher;
+        let mut notes = AudioNotes::default();
+        let (Some(transcriber), Some(outbound)) = (
+            d.transcriber.get(),
+            d.outbounds.get(&batch.conversation.platform),
+        ) else {
+            return Ok(Ok(notes));
+        };
+        let max_secs = d.settings.max_audio_seconds;
+        let attempts = batch.timer.map_or(0, |t| t.attempts);
+        for message in &mut batch.pending {
+            if message.transcript.is_some() {
+                continue;
+            }
+            let Some(media) = message.media.iter().find(|m| m.kind.is_audio()) else {
+                continue;
+            };
+            if let Some(secs) = media.duration_secs.filter(|&s| s > max_secs) {
+                notes.too_long.push((message.row, secs));
+                notes.model.push(AUDIO_TOO_LONG_NOTE);
+                continue;
+            }
+            let fetched = tokio::time::timeout(
+                MEDIA_FETCH_TIMEOUT,
+                outbound.fetch_media(media, MAX_AUDIO_BYTES),
+            )
+            .await
+            .unwrap_or_else(|_| {
+                Err(MediaError::Transient(format!(
+                    "no answer within {MEDIA_FETCH_TIMEOUT:?}"
+                )))
+            });
+            let audio = match fetched {
+                Ok(audio) => audio,
+                Err(MediaError::TooBig { .. }) => {
+                    notes
+                        .too_long
+                        .push((message.row, media.duration_secs.unwrap_or(0)));
+                    notes.model.push(AUDIO_TOO_LONG_NOTE);
+                    continue;
+                }
+                Err(MediaError::Transient(why)) if attempts < MEDIA_ATTEMPTS => {
+                    return Ok(Err(LlmError::Connect(format!(
+                        "fetching a voice message from {}: {why}",
+                        batch.conversation.platform
+                    ))));
+                }
+                // Gone, or still failing after as many rounds: answered without it.
+                Err(MediaError::Gone(why) | MediaError::Transient(why)) => {
+                    tracing::warn!(conversation = %batch.conversation, error = %why, "a voice message could not be fetched; answering without it");
+                    notes.model.push(AUDIO_MISSING_NOTE);
+                    continue;
+                }
+            };
+            let transcript = match transcriber.transcribe(&audio.bytes, &audio.mime).await {
+                Ok(transcript) => transcript,
+                Err(error) if error.is_retryable() => return Ok(Err(error)),
+                Err(error) => {
+                    tracing::error!(conversation = %batch.conversation, error = %error, "the transcription server refused a voice message; answering without it (check LULL_TRANSCRIBE_MODEL and LULL_TRANSCRIBE_BASE_URL)");
+                    notes.model.push(AUDIO_MISSING_NOTE);
+                    continue;
+                }
+            };
+            d.store
+                .store_transcript(
+                    &self.keeper.lease(),
+                    message.row,
+                    &transcript,
+                    d.clock.now(),
+                )
+                .await?;
+            tracing::info!(conversation = %batch.conversation, chars = transcript.chars().count(), "voice message transcribed");
+            message.transcript = Some(transcript);
+        }
+        Ok(Ok(notes))
+    }
+
+    /// Tell the conversation once that the model cannot see images.
+    async fn no_vision_notice(&self, batch: &Batch) -> Result<Option<OutboxRow>, Interrupt> {
+        let key = format!("no-vision/{}", batch.conversation);
+        self.notice(batch, NO_VISION_TEXT, key).await
+    }
+
+    /// Queue a notice for this batch's conversation, at most once per `dedupe_key`;
+    /// the row is returned if it was queued now.
+    async fn notice(
+        &self,
+        batch: &Batch,
+        text: &str,
+        dedupe_key: String,
+    ) -> Result<Option<OutboxRow>, Interrupt> {
+        let d = self.dispatcher;
+        let notice = NewNotice {
+            conversation: batch.conversation.clone(),
+            is_group: batch.is_group,
+            text: text.to_owned(),
+            reply_to: None,
+            dedupe_key,
+        };
+        Ok(d.store
+            .enqueue_notice(notice, &d.holder, d.clock.now())
+            .await?)
+    }
+
+    /// Ask the model once, showing the reply as a live draft while it is written
+    /// where the platform has drafts, else "typing…".
+    async fn generate(&self, batch: &Batch, prompt: &Prompt) -> Result<Generation, LlmError> {
+        let d = self.dispatcher;
         let outbound = d.outbounds.get(&batch.conversation.platform).cloned();
         let typing = async {
             match outbound
@@ -426,7 +782,7 @@ impl Round<'_> {
             typing.await
         };
         tokio::select! {
-            generated = d.responder.respond(&prompt, &partial) => generated,
+            generated = d.responder.respond(prompt, &partial) => generated,
             never = shown => never,
         }
     }
@@ -510,14 +866,8 @@ impl Round<'_> {
             error: error.to_string(),
         });
         let first = batch.pending.first().map_or(0, |m| m.row);
-        let notice = NewNotice {
-            conversation: batch.conversation.clone(),
-            is_group: batch.is_group,
-            text: MODEL_DOWN_TEXT.to_owned(),
-            reply_to: None,
-            dedupe_key: format!("model-down/{}/{first}", batch.conversation),
-        };
-        Ok(d.store.enqueue_notice(notice, &d.holder, now).await?)
+        let dedupe_key = format!("model-down/{}/{first}", batch.conversation);
+        self.notice(batch, MODEL_DOWN_TEXT, dedupe_key).await
     }
 }
 
@@ -568,7 +918,7 @@ fn prompt_estimate(batch: &Batch) -> u64 {
                     + lull_port::split::char_len(&e.reply)
             })
             .chain(batch.pending.iter().map(|m| {
-                lull_port::split::char_len(&m.author) + lull_port::split::char_len(&m.text)
+                lull_port::split::char_len(&m.author) + lull_port::split::char_len(&m.said())
             }))
             .sum();
     limits::estimate_tokens(chars)

@@ -117,6 +117,7 @@ mod tests {
             history: Vec::new(),
             batch: vec![Said::new("Ann", "one two")],
             note: None,
+            images: Vec::new(),
         };
         let echo = EchoResponder::new(EchoDelay::fixed(500));
         let (partial, mut text) = Partial::watched();

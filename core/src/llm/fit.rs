@@ -184,6 +184,7 @@ mod tests {
                 .collect(),
             batch: batch.iter().map(|t| message(t)).collect(),
             note: None,
+            images: Vec::new(),
         }
     }
 

@@ -5,6 +5,10 @@
 //! one streams the answer when someone watches, `echo` shows it word by word. A
 //! responder that cannot stream ignores it; nothing else changes for it.
 //!
+//! Images of the pending batch travel in the [`Prompt`] ([`Image`]; history keeps their
+//! `[image]` marker). Voice messages are turned into text before the prompt is built,
+//! by a [`transcribe::Transcriber`].
+//!
 //! Two responders: [`echo::EchoResponder`], offline, which reports what it was given
 //! (for trying lull out and for tests), and [`openai::OpenAiResponder`], for any
 //! OpenAI-compatible server. Wrappers add the failure policy: [`fit::Fitting`] asks
@@ -20,6 +24,7 @@ pub mod echo;
 pub mod fit;
 pub mod openai;
 pub mod retry;
+pub mod transcribe;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,6 +47,30 @@ pub struct Prompt {
     /// Said to the model after the batch: set when the batch was shortened to fit
     /// ([`fit`]), so the model knows it saw only part of it.
     pub note: Option<String>,
+    /// Images of the pending batch, in order, sent with the user turn as image parts
+    /// (each message's text keeps its `[image]` marker). Empty unless the batch has
+    /// images and `LULL_VISION=auto`; history never carries images.
+    pub images: Vec<Image>,
+}
+
+/// An image of the pending batch, fetched at generation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Image {
+    pub mime: String,
+    pub bytes: Arc<[u8]>,
+}
+
+impl Image {
+    /// The image as a base64 `data:` URL, the form OpenAI-compatible servers accept
+    /// in an `image_url` part.
+    pub fn data_url(&self) -> String {
+        use base64::Engine as _;
+        format!(
+            "data:{};base64,{}",
+            self.mime,
+            base64::engine::general_purpose::STANDARD.encode(&self.bytes)
+        )
+    }
 }
 
 impl Prompt {

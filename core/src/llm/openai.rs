@@ -31,9 +31,11 @@ use async_openai::error::OpenAIError;
 use async_openai::middleware::HttpRequestFactory;
 use async_openai::types::chat::{
     ChatCompletionRequestAssistantMessage, ChatCompletionRequestAssistantMessageContent,
-    ChatCompletionRequestMessage, ChatCompletionRequestSystemMessage,
-    ChatCompletionRequestUserMessage, ChatCompletionStreamOptions, CreateChatCompletionRequest,
-    CreateChatCompletionResponse,
+    ChatCompletionRequestMessage, ChatCompletionRequestMessageContentPartImage,
+    ChatCompletionRequestMessageContentPartText, ChatCompletionRequestSystemMessage,
+    ChatCompletionRequestUserMessage, ChatCompletionRequestUserMessageContent,
+    ChatCompletionRequestUserMessageContentPart, ChatCompletionStreamOptions,
+    CreateChatCompletionRequest, CreateChatCompletionResponse, ImageUrl,
 };
 use async_trait::async_trait;
 use futures_util::StreamExt;
@@ -86,9 +88,9 @@ struct WholeAnswer(String);
 /// (its message already redacted).
 #[derive(Debug, thiserror::Error)]
 #[error("HTTP {status}: {message}")]
-struct HttpFailure {
+pub(super) struct HttpFailure {
     status: u16,
-    message: String,
+    pub(super) message: String,
     retry_after: Option<Duration>,
     context_length: bool,
     out_of_credit: bool,
@@ -97,7 +99,7 @@ struct HttpFailure {
 impl HttpFailure {
     /// What a non-success answer says. The whole body is redacted before any of it is
     /// kept, so a cut can never leave half a key behind.
-    fn read(status: u16, retry_after: Option<Duration>, body: &str) -> Self {
+    pub(super) fn read(status: u16, retry_after: Option<Duration>, body: &str) -> Self {
         let body = lull_port::secrets::redact(body);
         let json = serde_json::from_str::<serde_json::Value>(&body).ok();
         let message = error_message(&body, json.as_ref());
@@ -323,7 +325,7 @@ impl OpenAiResponder {
                 .into(),
             );
         }
-        messages.push(ChatCompletionRequestUserMessage::from(prompt.user_turn().as_str()).into());
+        messages.push(user_turn(prompt).into());
         messages
     }
 
@@ -456,6 +458,38 @@ impl Responder for OpenAiResponder {
 }
 
 /// Whether the base URL is OpenAI's own API.
+/// The pending batch as one user message: plain text, or, when it carries images,
+/// content parts (the text, then each image as a base64 `data:` URL), which OpenAI,
+/// Ollama's OpenAI-compatible endpoint and vLLM accept. Only this turn carries
+/// images; history keeps their `[image]` markers.
+fn user_turn(prompt: &Prompt) -> ChatCompletionRequestUserMessage {
+    let text = prompt.user_turn();
+    if prompt.images.is_empty() {
+        return ChatCompletionRequestUserMessage::from(text.as_str());
+    }
+    let mut parts = vec![ChatCompletionRequestUserMessageContentPart::Text(
+        ChatCompletionRequestMessageContentPartText {
+            text,
+            prompt_cache_breakpoint: None,
+        },
+    )];
+    parts.extend(prompt.images.iter().map(|image| {
+        ChatCompletionRequestUserMessageContentPart::ImageUrl(
+            ChatCompletionRequestMessageContentPartImage {
+                image_url: ImageUrl {
+                    url: image.data_url(),
+                    detail: None,
+                },
+                prompt_cache_breakpoint: None,
+            },
+        )
+    }));
+    ChatCompletionRequestUserMessage {
+        content: ChatCompletionRequestUserMessageContent::Array(parts),
+        name: None,
+    }
+}
+
 fn is_openai(base_url: &str) -> bool {
     url::Url::parse(base_url).is_ok_and(|u| u.host_str() == Some("api.openai.com"))
 }

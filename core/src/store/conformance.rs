@@ -26,6 +26,7 @@ use crate::domain::{
     Timestamp, Version,
 };
 use crate::timing::TimerPolicy;
+use lull_port::{Media, MediaKind};
 
 /// Runs every conformance check as its own `#[tokio::test]`, each on a fresh store
 /// opened by `$open`: a path to an `async fn(TimerPolicy) -> S` where `S`
@@ -44,6 +45,8 @@ macro_rules! store_conformance {
     (@checks $open:path, $each:ident) => {
         $crate::store_conformance!(@$each $open;
             ingest_is_idempotent,
+            media_are_stored_with_their_message,
+            a_transcript_is_stored_once_under_the_lease,
             ingest_bumps_the_version_and_arms_the_capped_timer,
             edits_change_only_pending_messages,
             a_lease_is_claimed_by_compare_and_swap,
@@ -127,6 +130,7 @@ fn message(conversation: ConversationRef, id: &str) -> NewMessage {
         user_id: "u1".into(),
         author: "Ann".into(),
         text: format!("text of {id}"),
+        media: Vec::new(),
     }
 }
 
@@ -272,6 +276,112 @@ pub async fn ingest_is_idempotent(store: &dyn Store) {
     let (other, version, _) = stored(store, message(http("c2"), "m1"), &a, at(20)).await;
     assert_ne!(other, id, "another conversation");
     assert_eq!(version, Version(1));
+}
+
+/// Media references are stored with their message, in the same transaction, and
+/// come back with the pending batch, in order; a message without media has none, and
+/// an edit of the caption keeps them.
+pub async fn media_are_stored_with_their_message(store: &dyn Store) {
+    let a = holder("a");
+    let image = |reference: &str, size: Option<u64>, mime: Option<&str>| Media {
+        kind: MediaKind::Image,
+        reference: reference.into(),
+        size,
+        mime: mime.map(str::to_owned),
+        duration_secs: None,
+    };
+    let media = vec![
+        image("file-1", Some(1234), Some("image/jpeg")),
+        image("https://cdn.example/a.png?ex=1&is=2", None, None),
+    ];
+    let photo = NewMessage {
+        text: "[image] [image] what is this?".into(),
+        media: media.clone(),
+        ..message(http("c1"), "m1")
+    };
+    let (id, _, _) = stored(store, photo, &a, at(0)).await;
+    stored(store, message(http("c1"), "m2"), &a, at(10)).await;
+    let edit = MessageEdit {
+        conversation: http("c1"),
+        message_id: "m1".into(),
+        text: "[image] [image] and now?".into(),
+    };
+    assert!(matches!(
+        store.edit(edit, &a, at(20)).await.unwrap(),
+        IngestOutcome::Stored { .. }
+    ));
+    let batch = collect(store, id).await;
+    assert_eq!(pending_ids(&batch), ["m1", "m2"]);
+    assert_eq!(batch.pending[0].media, media, "stored with the message");
+    assert_eq!(batch.pending[0].text, "[image] [image] and now?");
+    assert!(batch.pending[1].media.is_empty(), "text has no media");
+}
+
+/// A transcript is written under the conversation's lease (a replaced holder's write
+/// is refused), once (a second write keeps the first), and comes back with the
+/// pending message and in history.
+pub async fn a_transcript_is_stored_once_under_the_lease(store: &dyn Store) {
+    let (a, b) = (holder("a"), holder("b"));
+    let voice = NewMessage {
+        text: "[voice message]".into(),
+        media: vec![Media {
+            kind: MediaKind::Voice,
+            reference: "voice-1".into(),
+            size: Some(4000),
+            mime: Some("audio/ogg".into()),
+            duration_secs: Some(3),
+        }],
+        ..message(http("c1"), "m1")
+    };
+    let (id, _, _) = stored(store, voice, &a, at(0)).await;
+    let row = collect(store, id).await.pending[0].row;
+    let key = LeaseKey::Conversation(id);
+    let old = store
+        .claim_lease(&key, &a, TTL, at(100))
+        .await
+        .unwrap()
+        .unwrap();
+    // The lease expires and b takes over: a's late write is fenced off.
+    let new = store
+        .claim_lease(&key, &b, TTL, at(100).plus(TTL))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(
+        store
+            .store_transcript(&old, row, "from a", at(100).plus(TTL))
+            .await,
+        Err(StoreError::LeaseLost(_))
+    ));
+    let now = at(200).plus(TTL);
+    assert!(
+        store
+            .store_transcript(&new, row, "hello there", now)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .store_transcript(&new, row, "again", now)
+            .await
+            .unwrap(),
+        "stored once"
+    );
+    let batch = collect(store, id).await;
+    assert_eq!(batch.pending[0].transcript.as_deref(), Some("hello there"));
+    assert_eq!(batch.pending[0].said(), "[voice message]: hello there");
+    assert_eq!(batch.pending[0].media[0].duration_secs, Some(3));
+    let committed = store
+        .commit_reply(&new, &batch, reply("hi"), now)
+        .await
+        .unwrap();
+    assert!(matches!(committed, CommitOutcome::Committed { .. }));
+    stored(store, message(http("c1"), "m2"), &a, now.plus(ms(10))).await;
+    let batch = collect(store, id).await;
+    assert_eq!(
+        batch.history[0].user[0].text, "[voice message]: hello there",
+        "history carries the transcript"
+    );
 }
 
 /// Each message bumps the version and re-arms the timer to `now + debounce`, never

@@ -165,12 +165,23 @@ CREATE TABLE access_rules (
 );
 "#;
 
+const V5_MESSAGE_MEDIA: &str = r#"
+-- Media sent with a message (photos, image files, voice notes, audio): the platform's
+-- durable references as a JSON array (see `store::encode_media`), stored with the
+-- message in the same transaction; NULL for text. The bytes are fetched when the reply is generated.
+ALTER TABLE messages ADD COLUMN media TEXT;
+-- The transcript of a voice note or audio file: written once, under the round's lease,
+-- and never transcribed again (it enters history as text).
+ALTER TABLE messages ADD COLUMN transcript TEXT;
+"#;
+
 /// Every migration, oldest first. The schema version (`user_version`) counts them.
 const ALL: &[&str] = &[
     V1_CORE,
     V2_LEASE_CONVERSATION,
     V3_INDEXED_SCHEDULING,
     V4_WALLET,
+    V5_MESSAGE_MEDIA,
 ];
 
 /// The schema version this build migrates to.

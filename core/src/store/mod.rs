@@ -43,6 +43,7 @@ use async_trait::async_trait;
 pub use crate::access::{AccessRule, Subject};
 pub use crate::domain::{Exchange, OutboxKind, TokenUsage};
 pub use lull_port::RecentConversation;
+use lull_port::{Media, MediaKind};
 
 use crate::domain::{
     ConversationId, ConversationRef, HolderId, Lease, LeaseKey, OutboxId, Platform, Timestamp,
@@ -54,6 +55,8 @@ use crate::timing::TimerPolicy;
 pub use faults::FaultPlan;
 use lull_port::secrets::redact_url as redacted_url;
 pub use postgres::{PostgresInspection, PostgresStore, TimeSource};
+/// The PostgreSQL schema version this build migrates to.
+pub const POSTGRES_SCHEMA: i64 = postgres::schema::LATEST;
 pub use sqlite::{Inspection, SqliteStore};
 
 /// Where the store lives, from `DATABASE_URL`.
@@ -239,6 +242,58 @@ impl StoreError {
     }
 }
 
+/// Media references as every backend stores them: one nullable text column holding a
+/// JSON array (`NULL` for a message without media), so the schema change is one column
+/// in any backend.
+pub fn encode_media(media: &[Media]) -> Option<String> {
+    if media.is_empty() {
+        return None;
+    }
+    let items: Vec<serde_json::Value> = media
+        .iter()
+        .map(|m| {
+            serde_json::json!({
+                "kind": m.kind.as_str(),
+                "ref": m.reference,
+                "size": m.size,
+                "mime": m.mime,
+                "secs": m.duration_secs,
+            })
+        })
+        .collect();
+    Some(serde_json::Value::Array(items).to_string())
+}
+
+/// The media references [`encode_media`] stored.
+pub fn decode_media(stored: Option<&str>) -> Result<Vec<Media>, StoreError> {
+    let Some(stored) = stored else {
+        return Ok(Vec::new());
+    };
+    let corrupt = |why: &str| StoreError::Corrupt(format!("media of a message: {why}"));
+    let items: Vec<serde_json::Value> =
+        serde_json::from_str(stored).map_err(|e| corrupt(&e.to_string()))?;
+    items
+        .iter()
+        .map(|item| {
+            let kind = item["kind"]
+                .as_str()
+                .and_then(MediaKind::parse)
+                .ok_or_else(|| corrupt("unknown kind"))?;
+            let reference = item["ref"]
+                .as_str()
+                .ok_or_else(|| corrupt("no reference"))?
+                .to_owned();
+            Ok(Media {
+                kind,
+                reference,
+                size: item["size"].as_u64(),
+                mime: item["mime"].as_str().map(str::to_owned),
+                duration_secs: item["secs"].as_u64().map(|s| s as u32),
+            })
+        })
+        .collect()
+}
+
 /// A new message as the store keeps it.
 #[derive(Debug, Clone)]
 pub struct NewMessage {
@@ -249,7 +304,12 @@ pub struct NewMessage {
     pub message_id: String,
     pub user_id: String,
     pub author: String,
+    /// The text as prompts and history show it: for media, the caption after its
+    /// marker (`[image] what is this?`).
     pub text: String,
+    /// Media references sent with the message, stored with it in the same
+    /// transaction (no loss: a crash before the reply keeps them).
+    pub media: Vec<Media>,
 }
 
 /// An edit of a message by its platform id.
@@ -322,6 +382,26 @@ pub struct PendingMessage {
     pub text: String,
     pub version: Version,
     pub received_at: Timestamp,
+    /// Media references stored with the message; only the pending batch fetches them.
+    pub media: Vec<Media>,
+    /// The transcript of its voice note or audio, once stored ([`Store::store_transcript`]).
+    pub transcript: Option<String>,
+}
+
+impl PendingMessage {
+    /// The text the model sees: the stored text, then the transcript, if any.
+    pub fn said(&self) -> String {
+        said_text(&self.text, self.transcript.as_deref())
+    }
+}
+
+/// A message's text as prompts and history show it: `[voice message]: <transcript>`
+/// once transcribed, else the stored text.
+pub fn said_text(text: &str, transcript: Option<&str>) -> String {
+    match transcript {
+        Some(transcript) => format!("{text}: {transcript}"),
+        None => text.to_owned(),
+    }
 }
 
 /// Everything a round needs to generate a reply, read in one snapshot.
@@ -612,6 +692,19 @@ pub trait Store: Send + Sync + 'static {
         notice: &str,
         now: Timestamp,
     ) -> Result<Option<OutboxRow>, StoreError>;
+
+    /// Store the transcript of a pending message's voice note or audio, in one
+    /// transaction under the lease (holder, token and expiry checked with the write:
+    /// a replaced holder's transcript is refused with `LeaseLost`). Stored once: a
+    /// message that has a transcript keeps it, so nothing is transcribed twice, even
+    /// after a crash. `false`: it already had one.
+    async fn store_transcript(
+        &self,
+        lease: &Lease,
+        message: i64,
+        transcript: &str,
+        now: Timestamp,
+    ) -> Result<bool, StoreError>;
 
     /// Delete the timer of a conversation with nothing pending at `v0` (under lease).
     async fn disarm_idle_timer(

@@ -464,6 +464,7 @@ pub fn message(conversation: &str, id: &str, text: &str) -> Incoming {
         author: "User".into(),
         message_id: id.into(),
         content: Content::Text(text.into()),
+        media: Vec::new(),
         kind: IncomingKind::New,
     }
 }

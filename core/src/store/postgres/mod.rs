@@ -766,23 +766,27 @@ async fn read_batch(
         (row.get(1), row.get(2), row.get(3), row.get(4), row.get(5));
     let pending = query(
         tx,
-        "SELECT id, platform_message_id, user_id, author, text, version, received_at
+        "SELECT id, platform_message_id, user_id, author, text, version, received_at, media, transcript
          FROM messages WHERE conversation_id = $1 AND version > $2 ORDER BY id",
         &[&conversation.0, &answered],
         "reading pending messages",
     )
     .await?
     .into_iter()
-    .map(|r| PendingMessage {
-        row: r.get(0),
-        message_id: r.get(1),
-        user_id: r.get(2),
-        author: r.get(3),
-        text: r.get(4),
-        version: Version(r.get(5)),
-        received_at: Timestamp(r.get(6)),
+    .map(|r| {
+        Ok(PendingMessage {
+            row: r.get(0),
+            message_id: r.get(1),
+            user_id: r.get(2),
+            author: r.get(3),
+            text: r.get(4),
+            version: Version(r.get(5)),
+            received_at: Timestamp(r.get(6)),
+            media: super::decode_media(r.get(7))?,
+            transcript: r.get(8),
+        })
     })
-    .collect::<Vec<_>>();
+    .collect::<Result<Vec<_>, StoreError>>()?;
     let timer = query_opt(
         tx,
         "SELECT due_at, attempts FROM timers WHERE conversation_id = $1",
@@ -887,7 +891,7 @@ async fn read_history(
     }
     let rows = query(
         tx,
-        "SELECT o.id, o.text, m.author, m.text
+        "SELECT o.id, o.text, m.author, m.text, m.transcript
          FROM (SELECT id, text FROM outbox
                WHERE conversation_id = $1 AND kind = 'reply' AND failed_at IS NULL AND version > $2
                ORDER BY id DESC LIMIT $3) o
@@ -901,7 +905,7 @@ async fn read_history(
     Ok(super::shared::exchanges(rows.into_iter().map(|row| {
         let said = Said {
             author: row.get(2),
-            text: row.get(3),
+            text: super::said_text(row.get(3), row.get(4)),
         };
         (row.get(0), row.get(1), said)
     })))
@@ -1031,6 +1035,7 @@ impl Store for PostgresStore {
         now: Timestamp,
     ) -> Result<IngestOutcome, StoreError> {
         let policy = self.timers;
+        let media = super::encode_media(&message.media);
         transaction!(self, Operation::Intake, "storing a message", |tx| {
             async {
             let now = self.now(&tx, now).await?;
@@ -1039,10 +1044,19 @@ impl Store for PostgresStore {
             let inserted = execute(
                 &tx,
                 "INSERT INTO messages
-                     (conversation_id, platform_message_id, user_id, author, text, version, received_at)
-                 SELECT $1, $2::text, $3::text, $4::text, $5::text, version + 1, $6::int8 FROM conversations WHERE id = $1
+                     (conversation_id, platform_message_id, user_id, author, text, version, received_at, media)
+                 SELECT $1, $2::text, $3::text, $4::text, $5::text, version + 1, $6::int8, $7::text
+                 FROM conversations WHERE id = $1
                  ON CONFLICT (conversation_id, platform_message_id) DO NOTHING",
-                &[&conversation.0, &message.message_id, &message.user_id, &message.author, &message.text, &now.db.0],
+                &[
+                    &conversation.0,
+                    &message.message_id,
+                    &message.user_id,
+                    &message.author,
+                    &message.text,
+                    &now.db.0,
+                    &media,
+                ],
                 "storing a message",
             )
             .await?;
@@ -1543,6 +1557,32 @@ impl Store for PostgresStore {
         }
         .await
         })
+    }
+
+    async fn store_transcript(
+        &self,
+        lease: &Lease,
+        message: i64,
+        transcript: &str,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        let row = self.row(&lease.key, &lease.holder);
+        let conversation = conversation_of(lease);
+        transaction!(self, Operation::Other, "storing a transcript", |tx| async {
+            let now = self.now(&tx, now).await?;
+            ensure_lease(&tx, lease, &row, now).await?;
+            // Transcribed once: a transcript already stored is never replaced.
+            let stored = execute(
+                &tx,
+                "UPDATE messages SET transcript = $3
+                 WHERE id = $1 AND conversation_id = $2 AND transcript IS NULL",
+                &[&message, &conversation.0, &transcript],
+                "storing a transcript",
+            )
+            .await?;
+            Ok(stored == 1)
+        }
+        .await)
     }
 
     async fn disarm_idle_timer(

@@ -10,7 +10,7 @@
 use tokio_postgres::Client;
 
 /// Every migration, oldest first; the schema version counts them.
-const ALL: &[&str] = &[V1_CORE, V2_WALLET];
+const ALL: &[&str] = &[V1_CORE, V2_WALLET, V3_MESSAGE_MEDIA];
 
 /// The schema version this build migrates to.
 pub const LATEST: i64 = ALL.len() as i64;
@@ -165,6 +165,15 @@ CREATE TABLE access_rules (
     set_at   BIGINT  NOT NULL,
     PRIMARY KEY (platform, kind, subject)
 );
+"#;
+
+/// SQLite's fifth migration: media sent with a message, and its transcript.
+const V3_MESSAGE_MEDIA: &str = r#"
+-- Media references as a JSON array (`store::encode_media`), stored with the message;
+-- NULL for text.
+ALTER TABLE messages ADD COLUMN media TEXT;
+-- The transcript of a voice note or audio file: written once, under the round's lease.
+ALTER TABLE messages ADD COLUMN transcript TEXT;
 "#;
 
 /// Bring the schema up to date: each missing migration in its own transaction under

@@ -614,8 +614,8 @@ impl Store for SqliteStore {
             let conversation = upsert_conversation(tx, &message.conversation, message.is_group, now)?;
             // No duplicate: a redelivered platform message is stored once.
             let inserted = tx.prepare_cached("INSERT INTO messages
-                         (conversation_id, platform_message_id, user_id, author, text, version, received_at)
-                     SELECT ?1, ?2, ?3, ?4, ?5, version + 1, ?6 FROM conversations WHERE id = ?1
+                         (conversation_id, platform_message_id, user_id, author, text, version, received_at, media)
+                     SELECT ?1, ?2, ?3, ?4, ?5, version + 1, ?6, ?7 FROM conversations WHERE id = ?1
                      ON CONFLICT (conversation_id, platform_message_id) DO NOTHING")
         .ctx("preparing a statement")?
         .execute(params![
@@ -624,7 +624,8 @@ impl Store for SqliteStore {
                         message.user_id,
                         message.author,
                         message.text,
-                        now.0
+                        now.0,
+                        super::encode_media(&message.media)
                     ],)
                 .ctx("storing a message")?;
             if inserted == 0 {
@@ -1087,6 +1088,32 @@ impl Store for SqliteStore {
                 attempts: 0,
                 created_at: now,
             }))
+        })
+        .await
+    }
+
+    async fn store_transcript(
+        &self,
+        lease: &Lease,
+        message: i64,
+        transcript: &str,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        let lease = lease.clone();
+        let row = self.lease_rows.row(&lease.key, &lease.holder);
+        let transcript = transcript.to_owned();
+        self.write("storing a transcript", move |tx| {
+            ensure_lease(tx, &lease, &row.resource, now)?;
+            let conversation = conversation_of(&lease);
+            // Transcribed once: a transcript already stored is never replaced.
+            let stored = tx
+                .execute(
+                    "UPDATE messages SET transcript = ?3
+                     WHERE id = ?1 AND conversation_id = ?2 AND transcript IS NULL",
+                    params![message, conversation.0, transcript],
+                )
+                .ctx("storing a transcript")?;
+            Ok(stored == 1)
         })
         .await
     }
@@ -1570,24 +1597,37 @@ fn read_batch(
     let pending = {
         let mut stmt = tx
             .prepare_cached(
-                "SELECT id, platform_message_id, user_id, author, text, version, received_at
+                "SELECT id, platform_message_id, user_id, author, text, version, received_at, media, transcript
                  FROM messages WHERE conversation_id = ?1 AND version > ?2 ORDER BY id",
             )
             .ctx("reading pending messages")?;
-        stmt.query_map(params![conversation.0, answered], |r| {
-            Ok(PendingMessage {
-                row: r.get(0)?,
-                message_id: r.get(1)?,
-                user_id: r.get(2)?,
-                author: r.get(3)?,
-                text: r.get(4)?,
-                version: Version(r.get(5)?),
-                received_at: Timestamp(r.get(6)?),
+        let rows = stmt
+            .query_map(params![conversation.0, answered], |r| {
+                let media: Option<String> = r.get(7)?;
+                let message = PendingMessage {
+                    row: r.get(0)?,
+                    message_id: r.get(1)?,
+                    user_id: r.get(2)?,
+                    author: r.get(3)?,
+                    text: r.get(4)?,
+                    version: Version(r.get(5)?),
+                    received_at: Timestamp(r.get(6)?),
+                    media: Vec::new(),
+                    transcript: r.get(8)?,
+                };
+                Ok((message, media))
             })
-        })
-        .ctx("reading pending messages")?
-        .collect::<Result<Vec<_>, _>>()
-        .ctx("reading pending messages")?
+            .ctx("reading pending messages")?
+            .collect::<Result<Vec<_>, _>>()
+            .ctx("reading pending messages")?;
+        rows.into_iter()
+            .map(|(message, media)| {
+                Ok(PendingMessage {
+                    media: super::decode_media(media.as_deref())?,
+                    ..message
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?
     };
     let timer = tx
         .prepare_cached("SELECT due_at, attempts FROM timers WHERE conversation_id = ?1")
@@ -1798,7 +1838,7 @@ fn read_history(
     // The last `limit` replies with the messages each covered, in one query.
     let mut stmt = tx
         .prepare_cached(
-            "SELECT o.id, o.text, m.author, m.text
+            "SELECT o.id, o.text, m.author, m.text, m.transcript
              FROM (SELECT id, text FROM outbox
                    WHERE conversation_id = ?1 AND kind = 'reply' AND failed_at IS NULL AND version > ?2
                    ORDER BY id DESC LIMIT ?3) o
@@ -1812,9 +1852,11 @@ fn read_history(
         .ctx("reading history")?;
     let mut read = Vec::new();
     while let Some(row) = rows.next().ctx("reading history")? {
+        let text: String = row.get(3).ctx("reading history")?;
+        let transcript: Option<String> = row.get(4).ctx("reading history")?;
         let said = Said {
             author: row.get(2).ctx("reading history")?,
-            text: row.get(3).ctx("reading history")?,
+            text: super::said_text(&text, transcript.as_deref()),
         };
         read.push((
             row.get(0).ctx("reading history")?,

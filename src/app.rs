@@ -27,9 +27,10 @@ use lull_port::health::{AdapterState, Health};
 use lull_port::{Inbound, Outbound};
 
 /// Open the configured database.
-pub fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
+pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
     lull_core::store::open(&config.database, config.dispatch.timers)
-        .with_context(|| format!("DATABASE_URL: cannot use {}", config.database.display()))
+        .await
+        .with_context(|| format!("DATABASE_URL: cannot use {}", config.database.shown()))
 }
 
 /// The configured responder, with the failure policy: a prompt refused as too long
@@ -74,12 +75,12 @@ fn log_responder(config: &Config) {
     }
 }
 
-fn dispatcher(
+async fn dispatcher(
     config: &Config,
     outbounds: Vec<Arc<dyn Outbound>>,
 ) -> anyhow::Result<Arc<Dispatcher>> {
     let dispatcher = Dispatcher::new(
-        open_store(config)?,
+        open_store(config).await?,
         responder(config)?,
         outbounds,
         config.dispatch.clone(),
@@ -144,7 +145,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
             "nothing to run: set TELEGRAM_BOT_TOKEN, DISCORD_BOT_TOKEN or LULL_WEBHOOK_URL to enable an adapter (or try `lull chat`)"
         );
     }
-    let store = open_store(&config)?;
+    let store = open_store(&config).await?;
     log_responder(&config);
     let dispatcher = Dispatcher::new(
         store.clone(),
@@ -281,7 +282,7 @@ pub const SHUTDOWN_MARGIN: Duration = Duration::from_millis(1000);
 /// the messages stay stored (a later run answers them) and the exit code says so.
 pub async fn chat(config: Config, interrupt: impl Future<Output = ()>) -> anyhow::Result<ExitCode> {
     let console = Arc::new(ConsoleOutbound::stdout());
-    let dispatcher = dispatcher(&config, vec![console.clone()])?;
+    let dispatcher = dispatcher(&config, vec![console.clone()]).await?;
     let stop = CancellationToken::new();
     let scheduler = tokio::spawn(dispatcher.clone().run(stop.clone()));
     let mut events = dispatcher.subscribe();

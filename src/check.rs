@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use crate::config::{Config, DiscordShards, LlmConfig, PlatformConfig};
 use lull_core::access::AccessRule;
-use lull_core::store::{Inspection, SqliteStore};
+use lull_core::store::{DatabaseUrl, Inspection, PostgresStore, SqliteStore};
 use lull_port::secrets::{Redactor, redact_url};
+use secrecy::ExposeSecret;
 
 /// One line of the report.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -172,8 +173,11 @@ async fn database(config: &Config) -> (Finding, Vec<AccessRule>) {
 }
 
 async fn inspect(config: &Config) -> (Finding, Option<Vec<AccessRule>>) {
-    let path = config.database.clone();
-    let shown = config.database.display().to_string();
+    let shown = config.database.shown();
+    let path = match &config.database {
+        DatabaseUrl::Sqlite(path) => path.clone(),
+        DatabaseUrl::Postgres(url) => return postgres(url.expose_secret(), &shown).await,
+    };
     match tokio::task::spawn_blocking(move || SqliteStore::inspect(path)).await {
         Ok(Ok(Inspection::Missing { writable: true })) => (
             ok(
@@ -215,6 +219,30 @@ async fn inspect(config: &Config) -> (Finding, Option<Vec<AccessRule>>) {
             fail("database", format!("the check itself failed: {e}")),
             None,
         ),
+    }
+}
+
+/// Looks at a PostgreSQL database read-only: connects and reads the schema version;
+/// creates nothing (`lull run` migrates an empty database).
+async fn postgres(url: &str, shown: &str) -> (Finding, Option<Vec<AccessRule>>) {
+    match PostgresStore::inspect(url).await {
+        Ok(found) => (
+            ok(
+                "database",
+                format!(
+                    "{shown} answers (PostgreSQL {}): schema {}{}",
+                    found.server,
+                    found.schema,
+                    if found.schema < found.latest {
+                        format!(" (`lull run` migrates it to {})", found.latest)
+                    } else {
+                        String::new()
+                    }
+                ),
+            ),
+            Some(found.access),
+        ),
+        Err(e) => (fail("database", format!("{e} (check DATABASE_URL)")), None),
     }
 }
 

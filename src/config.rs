@@ -7,7 +7,6 @@
 //! such as a debounce not shorter than its cap) and builds the typed [`Config`].
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
@@ -22,6 +21,7 @@ use lull_core::llm::HistoryBudget;
 use lull_core::llm::echo::EchoDelay;
 use lull_core::llm::openai::OpenAiSettings;
 use lull_core::llm::transcribe::TranscribeSettings;
+use lull_core::store::DatabaseUrl;
 use lull_core::timing::{LeaseTiming, TimerPolicy};
 
 pub const DEFAULT_TELEGRAM_API_URL: &str = "https://api.telegram.org";
@@ -187,7 +187,7 @@ pub struct Settings {
     )]
     pub max_audio_seconds: u32,
 
-    /// Database, `sqlite:PATH`.
+    /// Database: `sqlite:PATH` (processes on one host), or `postgres://…` for replicas on several hosts.
     #[arg(
         long,
         global = true,
@@ -421,7 +421,7 @@ pub struct Config {
     pub llm_retries: u32,
     /// How much earlier conversation the model sees (the responder trims to it).
     pub history: HistoryBudget,
-    pub database: PathBuf,
+    pub database: DatabaseUrl,
     /// The core's settings, declared once in the core.
     pub dispatch: DispatchSettings,
     pub http_addr: SocketAddr,
@@ -491,22 +491,10 @@ fn telegram_webhook_url(value: &str) -> Result<url::Url, ConfigError> {
     Ok(url)
 }
 
-/// `sqlite:PATH` (also `sqlite://PATH`) to the file path.
-pub fn database_path(url: &str) -> Result<PathBuf, ConfigError> {
-    let path = url
-        .strip_prefix("sqlite://")
-        .or_else(|| url.strip_prefix("sqlite:"))
-        .ok_or_else(|| {
-            ConfigError(format!(
-                "DATABASE_URL must be sqlite:PATH (for example sqlite:lull.db), got '{url}'"
-            ))
-        })?;
-    if path.is_empty() || path.starts_with(':') {
-        return Err(ConfigError(format!(
-            "DATABASE_URL must name a database file (sqlite:PATH), got '{url}'"
-        )));
-    }
-    Ok(PathBuf::from(path))
+/// `DATABASE_URL`: `sqlite:PATH` (also `sqlite://PATH`), or `postgres://…`
+/// (also `postgresql://…`); anything else fails naming the variable.
+pub fn database_url(url: &str) -> Result<DatabaseUrl, ConfigError> {
+    DatabaseUrl::parse(url).map_err(ConfigError)
 }
 
 fn positive(variable: &str, ms: u64) -> Result<Duration, ConfigError> {
@@ -715,7 +703,7 @@ impl Config {
             echo_by_default: s.llm.is_none() && matches!(kind, LlmKind::Echo),
             llm_retries: s.llm_retries,
             history,
-            database: database_path(&s.database_url)?,
+            database: database_url(&s.database_url)?,
             dispatch: DispatchSettings {
                 timers,
                 lease,
@@ -860,7 +848,9 @@ mod tests {
     fn defaults_give_echo_on_sqlite() {
         let config = Config::from_settings(&settings(&[])).unwrap();
         assert!(matches!(config.llm, LlmConfig::Echo(_)));
-        assert_eq!(config.database, PathBuf::from("lull.db"));
+        assert!(
+            matches!(&config.database, DatabaseUrl::Sqlite(path) if path == std::path::Path::new("lull.db"))
+        );
         assert_eq!(
             config.dispatch.timers.debounce(),
             Duration::from_millis(1500)
@@ -942,7 +932,8 @@ mod tests {
                 &["--lease-ttl-ms", "1000", "--lease-renew-ms", "500"],
                 "LULL_LEASE_TTL_MS",
             ),
-            (&["--database-url", "postgres://x"], "DATABASE_URL"),
+            (&["--database-url", "mysql://x"], "DATABASE_URL"),
+            (&["--database-url", "postgres://"], "DATABASE_URL"),
             (&["--llm", "openai"], "OPENAI_API_KEY"),
             (&["--webhook-url", "ftp://x"], "LULL_WEBHOOK_URL"),
             (

@@ -32,6 +32,12 @@ fn main() -> ExitCode {
     for secret in cli.settings.secrets() {
         lull_port::secrets::register(secret);
     }
+    if let Some(password) = lull_core::store::DatabaseUrl::parse(&cli.settings.database_url)
+        .ok()
+        .and_then(|url| url.password())
+    {
+        lull_port::secrets::register(&password);
+    }
     let command = cli.command.unwrap_or(Command::Run);
     let default_filter = match command {
         Command::Run => "info",

@@ -1,7 +1,10 @@
 //! Time as the dispatcher sees it.
 //!
 //! Deadlines (timer `due_at`, lease `expires_at`) are compared across processes, so
-//! production reads the wall clock. Tests that check timing rules swap in
+//! production reads the wall clock: on SQLite, every process is on one host and this
+//! is the one clock they share; on PostgreSQL the store compares deadlines on the
+//! database's clock and this clock only measures this process's own waits (a lease's
+//! local validity, when to look for due work again). Tests that check timing rules swap in
 //! [`TokioClock`], which follows tokio's (pausable) clock: time is a source of
 //! non-determinism, and a paused clock removes it.
 

@@ -6,9 +6,11 @@
 //!
 //! - [`domain`]: the domain words as types (the port's, plus lease, holder, token).
 //! - [`timing`]: the timing rules (capped debounce, cap, lease pacing) as pure functions.
-//! - [`clock`]: the time every process on one database compares.
+//! - [`clock`]: this process's time (on SQLite, the one clock every process compares;
+//!   on PostgreSQL the store compares deadlines on the database's clock).
 //! - [`store`]: the shared state behind one trait; [`store::SqliteStore`] implements it
-//!   on one SQLite file.
+//!   on one SQLite file (processes on one host), [`store::PostgresStore`] on one
+//!   PostgreSQL database (replicas on several hosts).
 //! - [`dispatcher`]: the intake (ingest, commands), the scheduler, rounds (lease claim,
 //!   collect, generate, final check), live drafts, outbox delivery and platform
 //!   sessions.

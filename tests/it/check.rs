@@ -247,3 +247,70 @@ async fn healthcheck_follows_the_running_process() {
     let out = healthcheck(addr).await.unwrap();
     assert_eq!(out.status.code(), Some(1));
 }
+
+/// `lull check` on PostgreSQL: it connects and reads the schema version, and creates
+/// nothing (an empty database stays empty; `lull run` migrates it); an unreachable
+/// server fails naming DATABASE_URL, without the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_inspects_a_postgres_database_read_only() {
+    use crate::support::db::{self, Postgres};
+    let Some(url) = crate::support::postgres::fresh_database() else {
+        return;
+    };
+    let webhook = Webhook::start().await;
+    let tables = "SELECT COUNT(*) FROM pg_tables WHERE schemaname = 'public'";
+    let (code, report) = lull_check(vec![
+        ("DATABASE_URL", url.clone()),
+        ("LULL_WEBHOOK_URL", webhook.url.clone()),
+    ])
+    .await;
+    assert_eq!(code, Some(0), "{report}");
+    assert!(report.contains("(PostgreSQL 1"), "{report}");
+    assert!(
+        report.contains(&format!(
+            "schema 0 (`lull run` migrates it to {})",
+            lull_core::store::POSTGRES_SCHEMA
+        )),
+        "{report}"
+    );
+    assert_eq!(
+        db::count(&Postgres(url.clone()), tables),
+        0,
+        "check created something"
+    );
+
+    let timers = lull_core::dispatcher::DispatchSettings::default().timers;
+    drop(
+        lull_core::store::PostgresStore::open(&url, timers, lull_core::store::TimeSource::Database)
+            .await
+            .unwrap(),
+    );
+    let created = db::count(&Postgres(url.clone()), tables);
+    let (code, report) = lull_check(vec![
+        ("DATABASE_URL", url.clone()),
+        ("LULL_WEBHOOK_URL", webhook.url.clone()),
+    ])
+    .await;
+    assert_eq!(code, Some(0), "{report}");
+    assert!(
+        report.contains(&format!(": schema {}\n", lull_core::store::POSTGRES_SCHEMA)),
+        "{report}"
+    );
+    assert_eq!(db::count(&Postgres(url), tables), created);
+
+    let port = free_port();
+    let (code, report) = lull_check(vec![
+        (
+            "DATABASE_URL",
+            format!("postgres://lull:hunter2-secret@127.0.0.1:{port}/lull"),
+        ),
+        ("LULL_WEBHOOK_URL", webhook.url.clone()),
+    ])
+    .await;
+    assert_eq!(code, Some(1), "{report}");
+    assert!(
+        report.contains("FAIL  database") && report.contains("DATABASE_URL"),
+        "{report}"
+    );
+    assert!(!report.contains("hunter2"), "{report}");
+}

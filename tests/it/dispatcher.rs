@@ -1,7 +1,8 @@
 //! The dispatcher's promises, shown on real SQLite files: one reply per burst, stale
 //! replies dropped, the cap, exclusivity across dispatchers, crash recovery, fencing,
 //! idempotent ingest, and the counter-test that shows the lease is what prevents
-//! duplicates.
+//! duplicates. The exclusivity tests (a burst over two dispatchers and its
+//! counter-test, a crashed holder, fencing) run on PostgreSQL too.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -16,7 +17,8 @@ use lull_core::timing::TimerPolicy;
 use lull_port::SendError;
 
 use crate::helpers::{
-    CountingEcho, GatedResponder, Leases, Node, db, ms, settings, temp_db, wait_event,
+    Backend, CountingEcho, GatedResponder, Leases, Node, TestDb, db, ms, settings, temp_db,
+    wait_event,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -180,21 +182,23 @@ async fn a_user_who_never_pauses_is_answered_within_the_cap() {
 }
 
 /// Test 4 (first half) and the shape of the counter-test: two dispatchers on one
-/// database, a burst spread over both.
-async fn burst_over_two_dispatchers(leases: Leases) -> db::Verdict {
-    let db = temp_db();
-    let a = Node::start(
-        &db.path,
+/// database, a burst spread over both. `None`: the backend is not installed here.
+async fn burst_over_two_dispatchers(backend: Backend, leases: Leases) -> Option<db::Verdict> {
+    let db = TestDb::new(backend)?;
+    let a = Node::on(
+        &db,
         settings(200, 3000, 3000),
         CountingEcho::new(600),
         leases,
-    );
-    let b = Node::start(
-        &db.path,
+    )
+    .await;
+    let b = Node::on(
+        &db,
         settings(200, 3000, 3000),
         CountingEcho::new(600),
         leases,
-    );
+    )
+    .await;
     for i in 0..6 {
         let node = if i % 2 == 0 { &a } else { &b };
         node.send("burst", &format!("m{i}"), &format!("part {i}"))
@@ -204,12 +208,13 @@ async fn burst_over_two_dispatchers(leases: Leases) -> db::Verdict {
     // Let a straggling duplicate round (possible only without leases) finish.
     tokio::time::sleep(ms(1500)).await;
     wait_settled(&a, "burst").await;
-    db::check(&db.path)
+    Some(db::check(&db))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_dispatchers_answer_a_burst_once() {
-    let verdict = burst_over_two_dispatchers(Leases::Enforced).await;
+async fn two_dispatchers_answer_a_burst_once(backend: Backend) {
+    let Some(verdict) = burst_over_two_dispatchers(backend, Leases::Enforced).await else {
+        return;
+    };
     assert_eq!(verdict.messages, 6);
     assert_eq!(verdict.replies, 1, "{verdict:?}");
     assert_eq!(
@@ -218,32 +223,43 @@ async fn two_dispatchers_answer_a_burst_once() {
         "{verdict:?}"
     );
 }
+crate::on_both_backends!(
+    two_dispatchers_answer_a_burst_once,
+    super::two_dispatchers_answer_a_burst_once
+);
 
 /// Test 7, the counter-test: the same burst with the lease checks switched off must
 /// produce a duplicate. If it did not, the test above would prove nothing.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn counter_test_without_leases_the_burst_is_answered_twice() {
-    let verdict = burst_over_two_dispatchers(Leases::Disabled).await;
-    println!("{verdict:?}");
+async fn counter_test_without_leases_the_burst_is_answered_twice(backend: Backend) {
+    let Some(verdict) = burst_over_two_dispatchers(backend, Leases::Disabled).await else {
+        return;
+    };
+    println!("{backend:?}: {verdict:?}");
     assert!(
         verdict.duplicates > 0,
         "without leases a duplicate was expected: {verdict:?}"
     );
 }
+crate::on_both_backends!(
+    counter_test_without_leases_the_burst_is_answered_twice,
+    super::counter_test_without_leases_the_burst_is_answered_twice
+);
 
 /// Test 4 (second half): a dispatcher dies holding the lease mid-generation; the
 /// other answers once the lease has expired. Nothing lost, nothing doubled.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crashed_holder_is_replaced_after_the_lease_expires() {
-    let db = temp_db();
+async fn a_crashed_holder_is_replaced_after_the_lease_expires(backend: Backend) {
+    let Some(db) = TestDb::new(backend) else {
+        return;
+    };
     let ttl = 1500;
     let (stuck, mut started) = GatedResponder::new();
-    let a = Node::start(
-        &db.path,
+    let a = Node::on(
+        &db,
         settings(100, 3000, ttl),
         stuck.clone(),
         Leases::Enforced,
-    );
+    )
+    .await;
     let mut a_events = a.events();
 
     a.send("c1", "m1", "first").await;
@@ -256,12 +272,13 @@ async fn a_crashed_holder_is_replaced_after_the_lease_expires() {
     assert_eq!(started.recv().await, Some(2));
     // The second dispatcher joins while the first holds the lease mid-generation.
     let b_echo = CountingEcho::new(0);
-    let b = Node::start(
-        &db.path,
+    let b = Node::on(
+        &db,
         settings(100, 3000, ttl),
         b_echo.clone(),
         Leases::Enforced,
-    );
+    )
+    .await;
     let crashed_at = Instant::now();
     a.crash();
 
@@ -273,18 +290,22 @@ async fn a_crashed_holder_is_replaced_after_the_lease_expires() {
     );
     assert_eq!(replies[0].covers, ["m1", "m2"]);
     wait_settled(&b, "c1").await;
-    let verdict = db::check(&db.path);
+    let verdict = db::check(&db);
     assert_eq!(
         (verdict.replies, verdict.duplicates, verdict.lost),
         (1, 0, 0),
         "{verdict:?}"
     );
     assert!(
-        db::replies(&db.path)[0].token > token.0,
+        db::replies(&db)[0].token > token.0,
         "the new holder has a larger token"
     );
     assert_eq!(b_echo.calls.load(Ordering::SeqCst), 1);
 }
+crate::on_both_backends!(
+    a_crashed_holder_is_replaced_after_the_lease_expires,
+    super::a_crashed_holder_is_replaced_after_the_lease_expires
+);
 
 /// A holder that committed its reply but died before delivering it: the outbox row is
 /// delivered by the other dispatcher after the lease expires, without a second model
@@ -483,11 +504,12 @@ async fn the_same_platform_message_is_counted_once() {
 
 /// Test 6, at the store: a holder whose lease expired and was taken over cannot
 /// commit, and the new holder can.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fencing_refuses_a_commit_from_a_replaced_holder() {
-    let db = temp_db();
+async fn fencing_refuses_a_commit_from_a_replaced_holder(backend: Backend) {
+    let Some(db) = TestDb::new(backend) else {
+        return;
+    };
     let policy = TimerPolicy::new(ms(10), ms(10_000), 20).unwrap();
-    let store = SqliteStore::open(&db.path, policy).unwrap();
+    let store = db.open(policy, Leases::Enforced, None).await;
     let conversation = ConversationRef::new(Platform::Http, "c1");
     let clock = lull_core::clock::SystemClock;
     use lull_core::clock::Clock;
@@ -555,13 +577,17 @@ async fn fencing_refuses_a_commit_from_a_replaced_holder() {
         .commit_reply(&new, &batch, reply("fresh"), clock.now())
         .await
         .unwrap();
-    let replies = db::replies(&db.path);
+    let replies = db::replies(&db);
     assert_eq!(replies.len(), 1);
     assert_eq!(
         (replies[0].text.as_str(), replies[0].token),
         ("fresh", new.token.0)
     );
 }
+crate::on_both_backends!(
+    fencing_refuses_a_commit_from_a_replaced_holder,
+    super::fencing_refuses_a_commit_from_a_replaced_holder
+);
 
 /// Giving up on a batch, at the store: fenced like a commit; the notice covers the
 /// messages still pending up to v0 (not one edited since, not one newer), each
@@ -709,23 +735,24 @@ async fn giving_up_is_fenced_and_covers_each_message_once() {
 /// renewals silently stop reaching the database, like a process frozen by the OS)
 /// is replaced; its reply is refused by the fence and only the new holder's reply is
 /// delivered.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fencing_stops_a_frozen_holder_end_to_end() {
-    let db = temp_db();
+async fn fencing_stops_a_frozen_holder_end_to_end(backend: Backend) {
+    let Some(db) = TestDb::new(backend) else {
+        return;
+    };
     let ttl = 900;
     let settings = settings(100, 5000, ttl);
     let frozen = Arc::new(FaultPlan::default());
     frozen.freeze_renewals(true);
-    let frozen_store = SqliteStore::open(&db.path, settings.timers)
-        .unwrap()
-        .with_faults(frozen);
+    let frozen_store = db
+        .open(settings.timers, Leases::Enforced, Some(frozen))
+        .await;
     let (slow, mut started) = GatedResponder::new();
-    let a = Node::start_with_store(Arc::new(frozen_store), settings.clone(), slow.clone());
+    let a = Node::start_with_store(frozen_store, settings.clone(), slow.clone());
     let mut a_events = a.events();
 
     a.send("c1", "m1", "hello").await;
     assert_eq!(started.recv().await, Some(1));
-    let b = Node::start(&db.path, settings, CountingEcho::new(0), Leases::Enforced);
+    let b = Node::on(&db, settings, CountingEcho::new(0), Leases::Enforced).await;
     // B takes over once A's lease expires and answers.
     let replies = b.outbound.wait_replies(1, Duration::from_secs(15)).await;
     assert_eq!(replies[0].covers, ["m1"]);
@@ -741,7 +768,7 @@ async fn fencing_stops_a_frozen_holder_end_to_end() {
         a.outbound.replies().is_empty(),
         "the replaced holder delivered nothing"
     );
-    let verdict = db::check(&db.path);
+    let verdict = db::check(&db);
     assert_eq!(
         (
             verdict.replies,
@@ -753,6 +780,10 @@ async fn fencing_stops_a_frozen_holder_end_to_end() {
         "{verdict:?}"
     );
 }
+crate::on_both_backends!(
+    fencing_stops_a_frozen_holder_end_to_end,
+    super::fencing_stops_a_frozen_holder_end_to_end
+);
 
 /// Wait until a conversation has nothing pending and nothing undelivered.
 pub async fn wait_settled(node: &Node, key: &str) {

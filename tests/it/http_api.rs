@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::helpers::{Backend, TestDb};
 use crate::support::db;
 use crate::support::process::{LullProcess, free_port, post_message};
 use crate::support::webhook::Webhook;
@@ -81,10 +82,18 @@ pub(crate) async fn start_with(webhook: Webhook, extra: &[(&str, &str)]) -> Runn
 }
 
 /// `/healthz` and `/metrics` answer, and the counters move by exactly what a scripted
-/// exchange should cause.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn health_and_metrics_follow_a_scripted_exchange() {
-    let app = start(&[("LULL_ECHO_DELAY_MS", "1000")]).await;
+/// exchange should cause; the invariant checker reads the same story from the
+/// database. On both backends: the real binary with `DATABASE_URL=sqlite:…` and
+/// `DATABASE_URL=postgres://…`.
+async fn health_and_metrics_follow_a_scripted_exchange(backend: Backend) {
+    let Some(database) = TestDb::new(backend) else {
+        return;
+    };
+    let app = start(&[
+        ("DATABASE_URL", &database.url()),
+        ("LULL_ECHO_DELAY_MS", "1000"),
+    ])
+    .await;
     let health: Value = reqwest::get(format!("{}/healthz", app.lull.base_url()))
         .await
         .unwrap()
@@ -112,7 +121,7 @@ async fn health_and_metrics_follow_a_scripted_exchange() {
 
     // A message arriving during generation: the first reply is dropped as stale.
     assert_eq!(app.post("second", "a", "question").await.0, 202);
-    db::wait_for_lease(&app.db(), Some("second"), Duration::from_secs(10)).await;
+    db::wait_for_lease(&database, Some("second"), Duration::from_secs(10)).await;
     assert_eq!(app.post("second", "b", "follow-up").await.0, 202);
     let replies = app.webhook.wait_replies(2, Duration::from_secs(15)).await;
     assert_eq!(replies[1].covers, ["a", "b"]);
@@ -130,7 +139,23 @@ async fn health_and_metrics_follow_a_scripted_exchange() {
     assert_eq!(get("lull_llm_seconds_count"), 3.0);
     assert_eq!(get("lull_lease_contended_total"), 0.0);
     assert_eq!(get("lull_pending_conversations"), 0.0);
+    let verdict = db::settled(&database, Duration::from_secs(10)).await;
+    assert_eq!(
+        (
+            verdict.messages,
+            verdict.replies,
+            verdict.duplicates,
+            verdict.lost,
+            verdict.stale
+        ),
+        (5, 2, 0, 0, 0),
+        "{verdict:?}"
+    );
 }
+crate::on_both_backends!(
+    health_and_metrics_follow_a_scripted_exchange,
+    super::health_and_metrics_follow_a_scripted_exchange
+);
 
 /// Bad input gets a 4xx with a message saying what is wrong, and the process keeps
 /// serving.

@@ -27,3 +27,456 @@ async fn open(timers: TimerPolicy) -> Fresh {
 }
 
 lull_core::store_conformance!(open);
+
+/// The same checks against the PostgreSQL backend, on a fresh database of the test
+/// cluster each, with the caller's clock (the checks drive time themselves).
+mod postgres {
+    use lull_core::store::{PostgresStore, TimeSource};
+    use lull_core::timing::TimerPolicy;
+
+    async fn open(timers: TimerPolicy) -> Option<Box<PostgresStore>> {
+        let url = crate::support::postgres::fresh_database()?;
+        let store = PostgresStore::open(&url, timers, TimeSource::Caller)
+            .await
+            .expect("open the PostgreSQL store");
+        Some(Box::new(store))
+    }
+
+    lull_core::store_conformance!(optional open);
+}
+
+/// Wake-ups across hosts: a timer armed through one store wakes every other store on
+/// the database (`NOTIFY` in the ingest transaction, a `LISTEN` connection per
+/// process); a redelivered message arms nothing and announces nothing; a dropped
+/// LISTEN connection is reconnected and announcements flow again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_announces_armed_timers_to_other_processes() {
+    use std::time::Duration;
+
+    use lull_core::clock::{Clock, SystemClock};
+    use lull_core::domain::HolderId;
+    use lull_core::store::{IngestOutcome, Store};
+
+    let Some(url) = crate::support::postgres::fresh_database() else {
+        return;
+    };
+    let here = open_on_database_clock(&url).await;
+    let elsewhere = open_on_database_clock(&url).await;
+    let woken = elsewhere
+        .wake_ups()
+        .expect("PostgreSQL announces armed timers");
+    let wait = |limit| tokio::time::timeout(limit, woken.notified());
+    // The listener looks once when it (re)connects.
+    wait(Duration::from_secs(10)).await.expect("listening");
+    let holder = HolderId::new("here");
+    let stored = here.ingest(message("m1"), &holder, SystemClock.now()).await;
+    assert!(
+        matches!(stored, Ok(IngestOutcome::Stored { .. })),
+        "{stored:?}"
+    );
+    wait(Duration::from_secs(5))
+        .await
+        .expect("a timer armed elsewhere wakes this process");
+
+    let again = here.ingest(message("m1"), &holder, SystemClock.now()).await;
+    assert!(
+        matches!(again, Ok(IngestOutcome::Duplicate { .. })),
+        "{again:?}"
+    );
+    assert!(
+        wait(Duration::from_millis(500)).await.is_err(),
+        "a redelivered message armed nothing and announced nothing"
+    );
+
+    // Drop every LISTEN connection: it comes back and announcements flow again.
+    crate::support::db::rows(
+        &crate::support::db::Postgres(url.clone()),
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'LISTEN%'",
+    );
+    wait(Duration::from_secs(10)).await.expect("reconnected");
+    here.ingest(message("m2"), &holder, SystemClock.now())
+        .await
+        .unwrap();
+    wait(Duration::from_secs(5))
+        .await
+        .expect("announcements after the reconnect");
+}
+
+/// One clock for leases and timers: on the database's clock, a replica whose clock
+/// runs a minute ahead can neither claim a lease another replica holds nor find a
+/// timer due early, and the next deadline it is told is on its own timeline. The
+/// same scenario on the callers' clocks (`TimeSource::Caller`, what the conformance
+/// checks use) does both: the counter-test that shows what the database's clock
+/// prevents.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_deadlines_are_on_the_database_clock_whatever_a_replica_clock_says() {
+    use std::time::Duration;
+
+    use lull_core::clock::{Clock, SystemClock};
+    use lull_core::domain::{HolderId, LeaseKey, Platform};
+    use lull_core::store::{IngestOutcome, PostgresStore, Store, TimeSource, WorkQuery};
+
+    /// Whether the skewed replica (a) took the held lease, (b) found the timer due.
+    async fn skewed_replica(url: &str, time: TimeSource) -> (bool, bool) {
+        let timers = lull_core::store::conformance::policy();
+        let store = PostgresStore::open(url, timers, time).await.unwrap();
+        let (on_time, ahead) = (HolderId::new("on-time"), HolderId::new("ahead"));
+        let now = SystemClock.now();
+        let skewed = now.plus(Duration::from_secs(60));
+        let IngestOutcome::Stored {
+            conversation,
+            due_at,
+            ..
+        } = store.ingest(message("m1"), &on_time, now).await.unwrap()
+        else {
+            panic!("not stored");
+        };
+        assert!(
+            due_at > now,
+            "due after the debounce on the caller's timeline"
+        );
+        let key = LeaseKey::Conversation(conversation);
+        let ttl = Duration::from_secs(10);
+        let held = store
+            .claim_lease(&key, &on_time, ttl, now)
+            .await
+            .unwrap()
+            .expect("a free lease");
+        let taken = store.claim_lease(&key, &ahead, ttl, skewed).await.unwrap();
+        let took = taken.is_some();
+        let query = WorkQuery {
+            platforms: vec![Platform::Http],
+            holder: on_time.clone(),
+            handoff: Duration::ZERO,
+            limit: 10,
+        };
+        // Released, so only the timer decides whether the conversation is due.
+        store.release_lease(&held, None, now).await.unwrap();
+        if let Some(taken) = taken {
+            store.release_lease(&taken, None, skewed).await.unwrap();
+        }
+        let work = store.due_work(&query, skewed).await.unwrap();
+        if time == TimeSource::Database {
+            let next = work.next_at.expect("the timer is the next deadline");
+            let delta = next.0 - skewed.0;
+            assert!(
+                (0..=2000).contains(&delta),
+                "the next deadline is told on the skewed replica's timeline ({delta} ms ahead of its now)"
+            );
+            // A round it claims sees the timer on its own timeline too: not yet due.
+            let claimed = store
+                .claim_round(conversation, &ahead, ttl, 10, skewed)
+                .await
+                .unwrap()
+                .expect("the lease is free");
+            let due_in = claimed.batch.timer.expect("armed").due_at.0 - skewed.0;
+            assert!(
+                (0..=2000).contains(&due_in),
+                "due in {due_in} ms on its timeline"
+            );
+        }
+        (took, !work.ready.is_empty())
+    }
+
+    let Some(url) = crate::support::postgres::fresh_database() else {
+        return;
+    };
+    assert_eq!(
+        skewed_replica(&url, TimeSource::Database).await,
+        (false, false),
+        "on the database's clock"
+    );
+    let url = crate::support::postgres::fresh_database().unwrap();
+    assert_eq!(
+        skewed_replica(&url, TimeSource::Caller).await,
+        (true, true),
+        "the counter-test: on the callers' clocks, the skewed replica takes the lease and the timer early"
+    );
+}
+
+/// Failures of a PostgreSQL server reach the dispatcher as the backend-neutral
+/// errors it knows: a dropped connection is transient (`Pool`) and the next call
+/// works on a new one; a database that refuses writes (a read-only standby after a
+/// failover) is `Io`, makes the health check fail, and clears with the first write
+/// that succeeds again. A message is stored exactly once through all of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_failures_map_to_store_errors_and_health() {
+    use lull_core::clock::{Clock, SystemClock};
+    use lull_core::domain::HolderId;
+    use lull_core::store::{IngestOutcome, Store, StoreError};
+
+    use crate::support::db::{self, Postgres};
+
+    let Some(url) = crate::support::postgres::fresh_database() else {
+        return;
+    };
+    let database = Postgres(url.clone());
+    // Settings of the database are changed from another one (it may refuse writes).
+    let (server, name) = url.rsplit_once('/').unwrap();
+    let admin = Postgres(format!("{server}/postgres"));
+    let store = open_on_database_clock(&url).await;
+    let holder = HolderId::new("a");
+    let drop_connections = || {
+        db::rows(
+            &database,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        )
+    };
+    // Every session started from now on refuses (or takes) writes.
+    let read_only = |on: bool| {
+        db::rows(
+            &admin,
+            &format!("ALTER DATABASE {name} SET default_transaction_read_only = {on}"),
+        );
+        drop_connections();
+    };
+    store.ping().await.expect("healthy");
+
+    drop_connections();
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        match store
+            .ingest(message("m1"), &holder, SystemClock.now())
+            .await
+        {
+            Ok(outcome) => {
+                assert!(
+                    matches!(outcome, IngestOutcome::Stored { .. }),
+                    "{outcome:?}"
+                );
+                break;
+            }
+            Err(e) => {
+                assert!(e.is_transient(), "a dropped connection is transient: {e:?}");
+                assert!(attempts < 10, "the pool never reconnected: {e}");
+            }
+        }
+    }
+
+    read_only(true);
+    let refused = loop {
+        match store
+            .ingest(message("m2"), &holder, SystemClock.now())
+            .await
+        {
+            Err(StoreError::Pool(_)) => continue,
+            other => break other,
+        }
+    };
+    assert!(matches!(refused, Err(StoreError::Io(_))), "{refused:?}");
+    assert!(
+        matches!(store.ping().await, Err(StoreError::Io(_))),
+        "unhealthy while writes are refused"
+    );
+
+    read_only(false);
+    let stored = loop {
+        match store
+            .ingest(message("m2"), &holder, SystemClock.now())
+            .await
+        {
+            Err(StoreError::Pool(_) | StoreError::Io(_)) => continue,
+            other => break other,
+        }
+    };
+    assert!(
+        matches!(stored, Ok(IngestOutcome::Stored { .. })),
+        "{stored:?}"
+    );
+    store.ping().await.expect("healthy again after a write");
+    assert_eq!(db::count(&database, "SELECT COUNT(*) FROM messages"), 2);
+}
+
+/// A message `id` in conversation `c1` of the http platform.
+fn message(id: &str) -> lull_core::store::NewMessage {
+    lull_core::store::NewMessage {
+        conversation: lull_core::domain::ConversationRef::new(
+            lull_core::domain::Platform::Http,
+            "c1",
+        ),
+        is_group: false,
+        message_id: id.into(),
+        user_id: "u".into(),
+        author: "U".into(),
+        text: "hi".into(),
+        media: Vec::new(),
+    }
+}
+
+/// Replicas starting at once on an empty database cannot race their migrations: each
+/// is applied once, under the advisory lock, and every replica opens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_migrations_of_replicas_starting_at_once_do_not_race() {
+    use lull_core::store::{PostgresStore, TimeSource};
+
+    let Some(url) = crate::support::postgres::fresh_database() else {
+        return;
+    };
+    let opening = (0..6).map(|_| {
+        let url = url.clone();
+        tokio::spawn(async move {
+            PostgresStore::open(
+                &url,
+                lull_core::store::conformance::policy(),
+                TimeSource::Database,
+            )
+            .await
+        })
+    });
+    for opened in futures_util::future::join_all(opening).await {
+        opened.unwrap().expect("every replica opens");
+    }
+    let database = crate::support::db::Postgres(url);
+    assert_eq!(
+        crate::support::db::rows(
+            &database,
+            "SELECT version FROM lull_migrations ORDER BY version"
+        ),
+        (1..=lull_core::store::POSTGRES_SCHEMA)
+            .map(|v| vec![v.to_string()])
+            .collect::<Vec<_>>(),
+        "each migration applied once"
+    );
+}
+
+/// A write that waits on a row lock longer than the statement timeout is refused as
+/// `Busy` (transient: the caller tries again), after one timeout, not after a retry
+/// per attempt; the lock's holder is undisturbed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_lock_held_too_long_is_busy() {
+    use std::time::{Duration, Instant};
+
+    use lull_core::clock::{Clock, SystemClock};
+    use lull_core::domain::HolderId;
+    use lull_core::store::{Store, StoreError};
+
+    use crate::support::db::{self, Postgres};
+
+    let Some(cluster) = crate::support::postgres::cluster() else {
+        return;
+    };
+    let url = cluster.create_database();
+    let store = open_on_database_clock(&url).await;
+    let holder = HolderId::new("a");
+    store
+        .ingest(message("m1"), &holder, SystemClock.now())
+        .await
+        .unwrap();
+    // Another session holds the conversation's row lock for eight seconds.
+    let mut locker = std::process::Command::new(cluster.bin().join("psql"))
+        .args(["-X", "-q", "-d", &url, "-c"])
+        .arg("BEGIN; SELECT 1 FROM conversations FOR UPDATE; SELECT pg_sleep(8); COMMIT;")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let database = Postgres(url.clone());
+    while db::count(
+        &database,
+        "SELECT COUNT(*) FROM pg_stat_activity WHERE query LIKE '%pg_sleep(8)%' AND state = 'active' AND pid <> pg_backend_pid()",
+    ) == 0
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let started = Instant::now();
+    let refused = store
+        .ingest(message("m2"), &holder, SystemClock.now())
+        .await;
+    let waited = started.elapsed();
+    assert!(matches!(refused, Err(StoreError::Busy)), "{refused:?}");
+    assert!(refused.unwrap_err().is_transient());
+    assert!(
+        waited < Duration::from_secs(7),
+        "refused after the statement timeout, not once per retry ({waited:?})"
+    );
+    assert!(locker.wait().unwrap().success());
+    store
+        .ingest(message("m2"), &holder, SystemClock.now())
+        .await
+        .expect("stored once the lock is gone");
+}
+
+/// A PostgreSQL store on the database's clock, as a process opens it, with the
+/// conformance checks' timer policy.
+async fn open_on_database_clock(url: &str) -> lull_core::store::PostgresStore {
+    lull_core::store::PostgresStore::open(
+        url,
+        lull_core::store::conformance::policy(),
+        lull_core::store::TimeSource::Database,
+    )
+    .await
+    .expect("open the PostgreSQL store")
+}
+
+/// Index-driven due work on PostgreSQL: with twenty thousand conversations (timers
+/// far in the future, delivered outbox rows, released leases), a scheduler's pass
+/// (`due_work`) and the pending gauge read no table from end to end: the server's own
+/// statistics count index scans and not one sequential scan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_due_work_and_the_gauge_scan_no_table() {
+    use std::time::Duration;
+
+    use lull_core::clock::{Clock, SystemClock};
+    use lull_core::domain::{HolderId, Platform};
+    use lull_core::store::{Store, WorkQuery};
+
+    use crate::support::db::{self, Postgres};
+
+    let Some(url) = crate::support::postgres::fresh_database() else {
+        return;
+    };
+    // The schema (its index builds read every table once), by a store that is then
+    // closed, so its sessions' counts are in before the counting starts.
+    drop(open_on_database_clock(&url).await);
+    let database = Postgres(url.clone());
+    let others = "SELECT COUNT(*) FROM pg_stat_activity
+                  WHERE datname = current_database() AND pid <> pg_backend_pid()";
+    while db::count(&database, others) > 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    db::rows(
+        &database,
+        "INSERT INTO conversations (platform, key, created_at)
+             SELECT 'http', 'k' || g, 0 FROM generate_series(1, 20000) g;
+         INSERT INTO timers (conversation_id, platform, due_at, armed_version, armed_at, armed_by)
+             SELECT id, 'http', 9000000000000000, 1, 0, 'elsewhere' FROM conversations;
+         INSERT INTO outbox (conversation_id, kind, text, owner, created_at, next_attempt_at, sent_at)
+             SELECT id, 'reply', 'sent', 'elsewhere', 0, 0, 1 FROM conversations;
+         INSERT INTO leases (resource, conversation_id, token)
+             SELECT 'conversation/' || id, id, 1 FROM conversations;
+         ANALYZE;",
+    );
+    // In a session of its own: the filling session's counts are in by now.
+    db::rows(&database, "SELECT pg_stat_reset()");
+    let store = open_on_database_clock(&url).await;
+    let query = WorkQuery {
+        platforms: vec![Platform::Http, Platform::Telegram],
+        holder: HolderId::new("here"),
+        handoff: Duration::from_millis(500),
+        limit: 256,
+    };
+    for _ in 0..8 {
+        let work = store.due_work(&query, SystemClock.now()).await.unwrap();
+        assert!(work.ready.is_empty(), "{work:?}");
+        assert_eq!(store.pending_conversations().await.unwrap(), 20_000);
+    }
+    // A session's counts are in once it has ended.
+    drop(store);
+    while db::count(&database, others) > 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let rows = db::rows(
+        &database,
+        "SELECT relname, seq_scan, COALESCE(idx_scan, 0) FROM pg_stat_user_tables
+         WHERE relname IN ('timers', 'outbox', 'conversations', 'leases', 'messages')
+         ORDER BY relname",
+    );
+    let indexed = |table: &str| rows.iter().any(|r| r[0] == table && r[2] != "0");
+    assert!(indexed("timers") && indexed("outbox"), "{rows:?}");
+    let sequential: Vec<&Vec<String>> = rows.iter().filter(|r| r[1] != "0").collect();
+    assert!(
+        sequential.is_empty(),
+        "sequential scans: {sequential:?} of {rows:?}"
+    );
+}

@@ -1,11 +1,167 @@
 //! Reading a lull database from the outside, to check the invariants against what
 //! was stored: which replies (and give-up notices) exist, what each covered, and
 //! whether any message was covered twice or never.
+//!
+//! The same checks read a SQLite file (a path) or a PostgreSQL database (a
+//! [`Postgres`] URL, read with `psql`): every function takes either ([`Database`]).
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use rusqlite::{Connection, OpenFlags};
+
+/// A PostgreSQL database of the test cluster, by URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Postgres(pub String);
+
+/// A database the checker reads: a SQLite file or a PostgreSQL database.
+#[derive(Debug, Clone, Copy)]
+pub enum Db<'a> {
+    Sqlite(&'a Path),
+    Postgres(&'a str),
+}
+
+/// Anything that names a database: a SQLite path or a [`Postgres`] URL.
+pub trait Database {
+    fn db(&self) -> Db<'_>;
+}
+
+impl Database for Path {
+    fn db(&self) -> Db<'_> {
+        Db::Sqlite(self)
+    }
+}
+
+impl Database for PathBuf {
+    fn db(&self) -> Db<'_> {
+        Db::Sqlite(self)
+    }
+}
+
+impl Database for Postgres {
+    fn db(&self) -> Db<'_> {
+        Db::Postgres(&self.0)
+    }
+}
+
+/// A database by its `DATABASE_URL` (`sqlite:PATH` or `postgres://…`), owned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Location {
+    Sqlite(PathBuf),
+    Postgres(Postgres),
+}
+
+impl Location {
+    pub fn from_url(url: &str) -> Location {
+        match url.strip_prefix("sqlite:") {
+            Some(path) => Location::Sqlite(PathBuf::from(path.trim_start_matches("//"))),
+            None => Location::Postgres(Postgres(url.to_owned())),
+        }
+    }
+
+    pub fn url(&self) -> String {
+        match self {
+            Location::Sqlite(path) => format!("sqlite:{}", path.display()),
+            Location::Postgres(db) => db.0.clone(),
+        }
+    }
+}
+
+impl Database for Location {
+    fn db(&self) -> Db<'_> {
+        match self {
+            Location::Sqlite(path) => Db::Sqlite(path),
+            Location::Postgres(db) => Db::Postgres(&db.0),
+        }
+    }
+}
+
+impl Database for Db<'_> {
+    fn db(&self) -> Db<'_> {
+        *self
+    }
+}
+
+impl<T: Database + ?Sized> Database for &T {
+    fn db(&self) -> Db<'_> {
+        (**self).db()
+    }
+}
+
+/// The rows of `sql` (portable SQL: the same text runs on both backends), every
+/// value as text (`NULL` as empty, booleans as `1`/`0`).
+pub fn rows(db: &(impl Database + ?Sized), sql: &str) -> Vec<Vec<String>> {
+    match db.db() {
+        Db::Sqlite(path) => {
+            let conn = open(path);
+            let mut stmt = conn.prepare(sql).unwrap();
+            let columns = stmt.column_count();
+            stmt.query_map([], |r| {
+                (0..columns)
+                    .map(|i| {
+                        Ok(match r.get_ref(i)? {
+                            rusqlite::types::ValueRef::Null => String::new(),
+                            rusqlite::types::ValueRef::Integer(n) => n.to_string(),
+                            rusqlite::types::ValueRef::Real(x) => x.to_string(),
+                            rusqlite::types::ValueRef::Text(t) => {
+                                String::from_utf8_lossy(t).into_owned()
+                            }
+                            rusqlite::types::ValueRef::Blob(_) => "<blob>".into(),
+                        })
+                    })
+                    .collect()
+            })
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+        }
+        Db::Postgres(url) => {
+            let bin = crate::support::postgres::cluster()
+                .expect("a PostgreSQL database without the test cluster")
+                .bin();
+            // Unit and record separators: texts may hold `|` and newlines.
+            let output = Command::new(bin.join("psql"))
+                .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"])
+                .args(["-F", "\u{1f}", "-R", "\u{1e}", "-P", "null="])
+                .args(["-d", url, "-c", sql])
+                .output()
+                .expect("run psql");
+            assert!(
+                output.status.success(),
+                "psql failed on {sql}: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            let text = String::from_utf8(output.stdout).expect("psql prints UTF-8");
+            let text = text.strip_suffix('\n').unwrap_or(&text);
+            text.split('\u{1e}')
+                .filter(|row| !row.is_empty())
+                .map(|row| {
+                    row.split('\u{1f}')
+                        .map(|v| match v {
+                            "t" => "1".to_owned(),
+                            "f" => "0".to_owned(),
+                            v => v.to_owned(),
+                        })
+                        .collect()
+                })
+                .collect()
+        }
+    }
+}
+
+fn int(value: &str) -> i64 {
+    if value.is_empty() {
+        return 0;
+    }
+    value
+        .parse()
+        .unwrap_or_else(|_| panic!("not a number: {value}"))
+}
+
+fn flag(value: &str) -> bool {
+    value == "1"
+}
 
 /// A committed reply and the messages it was generated from; or a give-up notice
 /// (`kind == "notice"`) and the messages it ended.
@@ -41,8 +197,8 @@ pub fn open(path: &Path) -> Connection {
     conn
 }
 
-pub fn replies(path: &Path) -> Vec<ReplyRow> {
-    answers(path)
+pub fn replies(db: &(impl Database + ?Sized)) -> Vec<ReplyRow> {
+    answers(db)
         .into_iter()
         .filter(|r| r.kind == "reply")
         .collect()
@@ -50,84 +206,76 @@ pub fn replies(path: &Path) -> Vec<ReplyRow> {
 
 /// Give-up notices: notices that cover the messages of a batch the model could not
 /// answer.
-pub fn give_ups(path: &Path) -> Vec<ReplyRow> {
-    answers(path)
+pub fn give_ups(db: &(impl Database + ?Sized)) -> Vec<ReplyRow> {
+    answers(db)
         .into_iter()
         .filter(|r| r.kind == "notice")
         .collect()
 }
 
 /// Every outbox row that answers messages: replies and give-up notices, in order.
-pub fn answers(path: &Path) -> Vec<ReplyRow> {
-    let conn = open(path);
-    let mut stmt = conn
-        .prepare(
-            "SELECT o.id, c.key, o.text, o.version, o.lease_token, o.forced, o.created_at, o.sent_at IS NOT NULL,
-                    o.kind
-             FROM outbox o JOIN conversations c ON c.id = o.conversation_id
-             WHERE o.kind = 'reply'
-                OR EXISTS (SELECT 1 FROM reply_covers rc WHERE rc.outbox_id = o.id)
-             ORDER BY o.id",
-        )
-        .unwrap();
-    let mut rows: Vec<ReplyRow> = stmt
-        .query_map([], |r| {
-            Ok(ReplyRow {
-                kind: r.get(8)?,
-                id: r.get(0)?,
-                conversation: r.get(1)?,
-                text: r.get(2)?,
-                version: r.get(3)?,
-                token: r.get(4)?,
-                forced: r.get(5)?,
-                created_at: r.get(6)?,
-                sent: r.get(7)?,
-                covers: Vec::new(),
-            })
-        })
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
-    let mut covers = conn
-        .prepare(
-            "SELECT m.platform_message_id FROM reply_covers rc JOIN messages m ON m.id = rc.message_id
-             WHERE rc.outbox_id = ?1 ORDER BY m.id",
-        )
-        .unwrap();
+pub fn answers(db: &(impl Database + ?Sized)) -> Vec<ReplyRow> {
+    let db = db.db();
+    let mut rows: Vec<ReplyRow> = rows(
+        &db,
+        "SELECT o.id, c.key, o.text, o.version, o.lease_token, o.forced, o.created_at,
+                CASE WHEN o.sent_at IS NOT NULL THEN 1 ELSE 0 END, o.kind
+         FROM outbox o JOIN conversations c ON c.id = o.conversation_id
+         WHERE o.kind = 'reply'
+            OR EXISTS (SELECT 1 FROM reply_covers rc WHERE rc.outbox_id = o.id)
+         ORDER BY o.id",
+    )
+    .into_iter()
+    .map(|r| ReplyRow {
+        kind: r[8].clone(),
+        id: int(&r[0]),
+        conversation: r[1].clone(),
+        text: r[2].clone(),
+        version: int(&r[3]),
+        token: int(&r[4]),
+        forced: flag(&r[5]),
+        created_at: int(&r[6]),
+        sent: flag(&r[7]),
+        covers: Vec::new(),
+    })
+    .collect();
+    let mut covers: BTreeMap<i64, Vec<String>> = BTreeMap::new();
+    for r in rows_of_covers(&db) {
+        covers.entry(int(&r[0])).or_default().push(r[1].clone());
+    }
     for row in &mut rows {
-        row.covers = covers
-            .query_map([row.id], |r| r.get(0))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
+        row.covers = covers.remove(&row.id).unwrap_or_default();
     }
     rows
 }
 
-pub fn messages(path: &Path) -> Vec<MessageRow> {
-    let conn = open(path);
-    let mut stmt = conn
-        .prepare(
-            "SELECT c.key, m.platform_message_id, m.text, m.version, m.received_at
-             FROM messages m JOIN conversations c ON c.id = m.conversation_id ORDER BY m.id",
-        )
-        .unwrap();
-    stmt.query_map([], |r| {
-        Ok(MessageRow {
-            conversation: r.get(0)?,
-            message_id: r.get(1)?,
-            text: r.get(2)?,
-            version: r.get(3)?,
-            received_at: r.get(4)?,
-        })
-    })
-    .unwrap()
-    .collect::<Result<_, _>>()
-    .unwrap()
+fn rows_of_covers(db: &Db<'_>) -> Vec<Vec<String>> {
+    rows(
+        db,
+        "SELECT rc.outbox_id, m.platform_message_id FROM reply_covers rc
+         JOIN messages m ON m.id = rc.message_id ORDER BY rc.outbox_id, m.id",
+    )
 }
 
-pub fn count(path: &Path, sql: &str) -> i64 {
-    open(path).query_row(sql, [], |r| r.get(0)).unwrap()
+pub fn messages(db: &(impl Database + ?Sized)) -> Vec<MessageRow> {
+    rows(
+        db,
+        "SELECT c.key, m.platform_message_id, m.text, m.version, m.received_at
+         FROM messages m JOIN conversations c ON c.id = m.conversation_id ORDER BY m.id",
+    )
+    .into_iter()
+    .map(|r| MessageRow {
+        conversation: r[0].clone(),
+        message_id: r[1].clone(),
+        text: r[2].clone(),
+        version: int(&r[3]),
+        received_at: int(&r[4]),
+    })
+    .collect()
+}
+
+pub fn count(db: &(impl Database + ?Sized), sql: &str) -> i64 {
+    int(&rows(db, sql)[0][0])
 }
 
 /// What the invariant checker found.
@@ -168,9 +316,9 @@ impl Verdict {
 ///   with a version in (previous reply's or give-up's v, v];
 /// - exclusive: per conversation, the fencing tokens of replies and give-ups strictly
 ///   grow.
-pub fn check(path: &Path) -> Verdict {
-    let messages = messages(path);
-    let replies = answers(path);
+pub fn check(db: &(impl Database + ?Sized)) -> Verdict {
+    let messages = messages(db);
+    let replies = answers(db);
     let mut covered: BTreeMap<(String, String), usize> = BTreeMap::new();
     let mut delivered: BTreeMap<(String, String), bool> = BTreeMap::new();
     for reply in &replies {
@@ -237,16 +385,16 @@ pub fn check(path: &Path) -> Verdict {
 /// Wait until nothing is pending (no timer) and nothing is left to deliver, then
 /// check the invariants. A reply is marked sent one short transaction after the
 /// platform got it, so a test that just saw a reply waits here before checking.
-pub async fn settled(path: &Path, limit: std::time::Duration) -> Verdict {
+pub async fn settled(db: &(impl Database + ?Sized), limit: std::time::Duration) -> Verdict {
     let deadline = std::time::Instant::now() + limit;
     loop {
         let open = count(
-            path,
+            db,
             "SELECT (SELECT COUNT(*) FROM timers)
                   + (SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL AND failed_at IS NULL)",
         );
         if open == 0 {
-            return check(path);
+            return check(db);
         }
         assert!(
             std::time::Instant::now() < deadline,
@@ -258,14 +406,18 @@ pub async fn settled(path: &Path, limit: std::time::Duration) -> Verdict {
 
 /// Wait until some process holds a conversation lease (a round is running): of the
 /// conversation with platform key `conversation`, or of any conversation.
-pub async fn wait_for_lease(path: &Path, conversation: Option<&str>, limit: std::time::Duration) {
+pub async fn wait_for_lease(
+    db: &(impl Database + ?Sized),
+    conversation: Option<&str>,
+    limit: std::time::Duration,
+) {
     let deadline = std::time::Instant::now() + limit;
     let key = conversation.unwrap_or("%");
     let sql = format!(
         "SELECT COUNT(*) FROM leases l JOIN conversations c ON l.conversation_id = c.id
          WHERE c.key LIKE '{key}' AND l.holder IS NOT NULL"
     );
-    while count(path, &sql) == 0 {
+    while count(db, &sql) == 0 {
         assert!(
             std::time::Instant::now() < deadline,
             "no lease held on {key} within {limit:?}"

@@ -7,6 +7,7 @@
 pub mod db;
 pub mod discord_fake;
 pub mod openai_fake;
+pub mod postgres;
 pub mod process;
 pub mod stress;
 pub mod telegram_fake;

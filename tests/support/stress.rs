@@ -1,6 +1,7 @@
 //! The multi-process stress and crash harness.
 //!
-//! N real `lull run` processes share one SQLite file, each with its own HTTP port and
+//! N real `lull run` processes share one database (a fresh SQLite file, or the
+//! plan's `DATABASE_URL`, e.g. a PostgreSQL database), each with its own HTTP port and
 //! the http adapter, the `echo` responder with a random delay, and one webhook
 //! collector. M conversations get random bursts (spread over the processes, a message
 //! refused by a dead process is sent again to another, as a platform redelivers).
@@ -13,7 +14,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::path::{Path, PathBuf};
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -49,6 +50,9 @@ pub struct StressPlan {
     /// Faults of the model and the webhook mixed into the run; `None` answers with
     /// the offline `echo` responder and a webhook that accepts everything.
     pub faults: Option<Faults>,
+    /// The `DATABASE_URL` every process shares (a fresh, empty database); `None`: a
+    /// fresh SQLite file.
+    pub database: Option<String>,
 }
 
 /// Everyday faults of the services lull depends on.
@@ -103,6 +107,7 @@ impl StressPlan {
             spread_ms: 8000,
             seed: 7,
             faults: Some(Faults::ci()),
+            database: None,
         }
     }
 }
@@ -180,10 +185,13 @@ struct Acked {
 pub async fn run(plan: &StressPlan) -> StressReport {
     let started = Instant::now();
     let dir = tempfile::tempdir().unwrap();
-    let db_path = dir.path().join("lull.db");
+    let db_path = match &plan.database {
+        Some(url) => db::Location::from_url(url),
+        None => db::Location::Sqlite(dir.path().join("lull.db")),
+    };
     let webhook = Webhook::start().await;
     let mut env = vec![
-        ("DATABASE_URL", format!("sqlite:{}", db_path.display())),
+        ("DATABASE_URL", db_path.url()),
         ("LULL_WEBHOOK_URL", webhook.url.clone()),
         ("LULL_DEBOUNCE_MS", plan.debounce_ms.to_string()),
         ("LULL_MAX_WAIT_MS", plan.max_wait_ms.to_string()),
@@ -362,7 +370,7 @@ async fn send_until_stored(
 async fn kill_holders(
     plan: StressPlan,
     processes: Arc<Vec<AsyncMutex<LullProcess>>>,
-    db_path: PathBuf,
+    db_path: db::Location,
 ) -> usize {
     let mut rng = fastrand::Rng::with_seed(plan.seed ^ 0xdead_beef);
     let interval = Duration::from_millis(plan.spread_ms / (plan.kills as u64 + 1));
@@ -384,7 +392,10 @@ async fn kill_holders(
 
 /// The index of a process that holds a live conversation lease right now, looking for
 /// up to two seconds.
-async fn find_holder(db_path: &Path, processes: &[AsyncMutex<LullProcess>]) -> Option<usize> {
+async fn find_holder(
+    db_path: &db::Location,
+    processes: &[AsyncMutex<LullProcess>],
+) -> Option<usize> {
     let deadline = Instant::now() + Duration::from_secs(2);
     while Instant::now() < deadline {
         let holders = live_holder_pids(db_path);
@@ -401,20 +412,25 @@ async fn find_holder(db_path: &Path, processes: &[AsyncMutex<LullProcess>]) -> O
 }
 
 /// Pids of processes holding a live conversation lease (holder ids are `host:pid:random`).
-fn live_holder_pids(db_path: &Path) -> BTreeSet<u32> {
-    let conn = db::open(db_path);
+fn live_holder_pids(db_path: &db::Location) -> BTreeSet<u32> {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis() as i64;
-    let mut stmt = conn
-        .prepare("SELECT holder FROM leases WHERE holder IS NOT NULL AND expires_at > ?1 AND conversation_id IS NOT NULL")
-        .unwrap();
-    stmt.query_map([now], |r| r.get::<_, String>(0))
-        .unwrap()
-        .filter_map(Result::ok)
-        .filter_map(|holder| holder.rsplit(':').nth(1).and_then(|pid| pid.parse().ok()))
-        .collect()
+    db::rows(
+        db_path,
+        &format!(
+            "SELECT holder FROM leases WHERE holder IS NOT NULL AND expires_at > {now} AND conversation_id IS NOT NULL"
+        ),
+    )
+    .into_iter()
+    .filter_map(|row| {
+        row[0]
+            .rsplit(':')
+            .nth(1)
+            .and_then(|pid| pid.parse().ok())
+    })
+    .collect()
 }
 
 /// Contention counters per process; a counter that went down means the process was
@@ -463,7 +479,12 @@ async fn sample_contention(urls: Arc<Vec<String>>, samples: Arc<Mutex<ContendedS
 
 /// Wait until nothing is pending or undelivered and the webhook has covered every
 /// acknowledged message (or the limit passes; the checker then reports what is lost).
-async fn wait_quiescent(db_path: &Path, webhook: &Webhook, messages: usize, limit: Duration) {
+async fn wait_quiescent(
+    db_path: &db::Location,
+    webhook: &Webhook,
+    messages: usize,
+    limit: Duration,
+) {
     let deadline = Instant::now() + limit;
     while Instant::now() < deadline {
         let pending = db::count(db_path, "SELECT COUNT(*) FROM timers");
@@ -496,7 +517,7 @@ fn answers(webhook: &Webhook) -> Vec<super::webhook::Received> {
         .collect()
 }
 
-fn check(acked: &[Acked], webhook: &Webhook, db_path: &Path) -> StressReport {
+fn check(acked: &[Acked], webhook: &Webhook, db_path: &db::Location) -> StressReport {
     let received = answers(webhook);
     let mut distinct: BTreeMap<i64, &super::webhook::Received> = BTreeMap::new();
     for reply in &received {

@@ -25,16 +25,12 @@ pub(super) async fn claim(
     key: LeaseKey,
 ) -> Result<Option<LeaseKeeper>, StoreError> {
     let timing = dispatcher.settings.lease;
+    let claimed_at = dispatcher.clock.now();
     let lease = dispatcher
         .store
-        .claim_lease(
-            &key,
-            &dispatcher.holder,
-            timing.ttl(),
-            dispatcher.clock.now(),
-        )
+        .claim_lease(&key, &dispatcher.holder, timing.ttl(), claimed_at)
         .await?;
-    Ok(lease.map(|lease| LeaseKeeper::keep(dispatcher, lease)))
+    Ok(lease.map(|lease| LeaseKeeper::keep(dispatcher, lease, claimed_at)))
 }
 
 /// A claimed lease, renewed in the background until released or dropped.
@@ -42,21 +38,31 @@ pub(super) struct LeaseKeeper {
     /// The latest renewed lease. A std mutex: held only to copy or replace a value,
     /// never across an await.
     lease: Arc<Mutex<Lease>>,
-    /// The lease's expiry (milliseconds since the epoch), for a platform session that
-    /// must end its requests before it.
-    expires_at: Arc<AtomicI64>,
+    /// Until when this process may act under the lease, on its own clock: the local
+    /// time just before the claim (or the last renewal) was sent, plus the TTL. Never
+    /// the database's `expires_at`, which is on the database's clock (PostgreSQL) and
+    /// would be off by the skew between the hosts; this bound is on the safe side of
+    /// the database's expiry whatever the skew, since it starts before the database
+    /// started the lease. A platform session ends its requests before it.
+    valid_until: Arc<AtomicI64>,
     lost: CancellationToken,
     renewer: JoinHandle<()>,
     store: Arc<dyn Store>,
 }
 
 impl LeaseKeeper {
-    /// Keep a lease this process just claimed renewed until it is released or dropped.
-    pub(super) fn keep(dispatcher: &Dispatcher, lease: Lease) -> LeaseKeeper {
+    /// Keep a lease this process just claimed renewed until it is released or dropped;
+    /// `claimed_at`: this process's time just before it sent the claim.
+    pub(super) fn keep(
+        dispatcher: &Dispatcher,
+        lease: Lease,
+        claimed_at: Timestamp,
+    ) -> LeaseKeeper {
         LeaseKeeper::start(
             dispatcher.store.clone(),
             dispatcher.clock.clone(),
             lease,
+            claimed_at,
             dispatcher.settings.lease,
         )
     }
@@ -65,22 +71,23 @@ impl LeaseKeeper {
         store: Arc<dyn Store>,
         clock: Arc<dyn Clock>,
         lease: Lease,
+        claimed_at: Timestamp,
         timing: LeaseTiming,
     ) -> Self {
-        let expires_at = Arc::new(AtomicI64::new(lease.expires_at.0));
+        let valid_until = Arc::new(AtomicI64::new(claimed_at.plus(timing.ttl()).0));
         let shared = Arc::new(Mutex::new(lease));
         let lost = CancellationToken::new();
         let renewer = tokio::spawn(renew(
             store.clone(),
             clock,
             shared.clone(),
-            expires_at.clone(),
+            valid_until.clone(),
             timing,
             lost.clone(),
         ));
         Self {
             lease: shared,
-            expires_at,
+            valid_until,
             lost,
             renewer,
             store,
@@ -104,7 +111,7 @@ impl LeaseKeeper {
             shard,
             handover.clone(),
             shutdown.clone(),
-            self.expires_at.clone(),
+            self.valid_until.clone(),
             health.clone(),
         );
         (session, handover)
@@ -165,7 +172,7 @@ async fn renew(
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
     shared: Arc<Mutex<Lease>>,
-    expires_at: Arc<AtomicI64>,
+    valid_until: Arc<AtomicI64>,
     timing: LeaseTiming,
     lost: CancellationToken,
 ) {
@@ -176,7 +183,9 @@ async fn renew(
         let now = clock.now();
         match store.renew_lease(&current, timing.ttl(), now).await {
             Ok(renewed) => {
-                expires_at.store(renewed.expires_at.0, Ordering::SeqCst);
+                // Valid from before the renewal was sent: on the safe side of the
+                // database's new expiry.
+                valid_until.store(now.plus(timing.ttl()).0, Ordering::SeqCst);
                 *shared.lock().expect("lease mutex poisoned") = renewed;
                 wait = timing.renew_every();
             }
@@ -186,8 +195,10 @@ async fn renew(
                 return;
             }
             Err(e) => {
-                // The database hiccuped; the lease is still ours until it expires.
-                if clock.now() >= current.expires_at {
+                // The database hiccuped; the lease is still ours until it expires, as
+                // this process's own clock counts it.
+                let until = Timestamp(valid_until.load(Ordering::SeqCst));
+                if clock.now() >= until {
                     tracing::warn!(lease = %current.key, error = %e, "could not renew a lease before it expired");
                     lost.cancel();
                     return;
@@ -195,7 +206,7 @@ async fn renew(
                 tracing::debug!(lease = %current.key, error = %e, "lease renewal failed; retrying");
                 // Retry no later than the expiry, so the work it covers (a send, a
                 // generation) stops when the lease ends, not a retry interval after.
-                wait = (timing.renew_every() / 4).min(clock.now().until(current.expires_at));
+                wait = (timing.renew_every() / 4).min(clock.now().until(until));
             }
         }
     }

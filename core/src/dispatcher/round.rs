@@ -164,6 +164,7 @@ pub(super) async fn run(
 ) -> Result<(), StoreError> {
     let d = dispatcher;
     // One transaction: the claim, the batch and the rows owed.
+    let claimed_at = d.clock.now();
     let claimed = d
         .store
         .claim_round(
@@ -171,7 +172,7 @@ pub(super) async fn run(
             &d.holder,
             d.settings.lease.ttl(),
             d.settings.history,
-            d.clock.now(),
+            claimed_at,
         )
         .await;
     let Claimed {
@@ -196,7 +197,7 @@ pub(super) async fn run(
         conversation,
         token: lease.token,
     });
-    let keeper = LeaseKeeper::keep(d, lease);
+    let keeper = LeaseKeeper::keep(d, lease, claimed_at);
     let round = Round {
         dispatcher: d,
         conversation,

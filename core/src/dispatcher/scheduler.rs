@@ -2,9 +2,11 @@
 //! conversations, and on shutdown lets rounds in flight finish within the grace
 //! period.
 //!
-//! It wakes on its own notify (a timer armed by this process, a round that ended), at
-//! the next deadline the store reports, and at least every `poll_every` (timers armed
-//! by other processes, leases of crashed processes that expired). Between those it
+//! It wakes on its own notify (a timer armed by this process, a round that ended), on
+//! the store's announcement of a timer armed by another process (PostgreSQL's
+//! `LISTEN`), at the next deadline the store reports (on this process's timeline: the
+//! store decides what is due, on its own clock), and at least every `poll_every`
+//! (timers armed by other processes, leases of crashed processes that expired). Between those it
 //! sleeps: an idle process makes one small query per poll interval.
 
 use std::collections::{HashMap, HashSet};
@@ -86,6 +88,8 @@ impl Scheduler {
         let rounds = TaskTracker::new();
         let hard_stop = CancellationToken::new();
         let mut gauge_at = Timestamp(0);
+        // Timers armed by other processes, announced by a store shared across hosts.
+        let armed_elsewhere = dispatcher.store.wake_ups();
         loop {
             let now = dispatcher.clock.now();
             let mut wake_at = now.plus(settings.poll_every);
@@ -114,6 +118,7 @@ impl Scheduler {
             dispatcher.sleeping_until.store(wake_at.0, Ordering::SeqCst);
             tokio::select! {
                 () = dispatcher.wake.notified() => {}
+                () = announced(armed_elsewhere.as_deref()) => {}
                 () = tokio::time::sleep(now.until(wake_at)) => {}
                 () = shutdown.cancelled() => break,
             }
@@ -187,5 +192,14 @@ impl Scheduler {
                     .insert(conversation, until);
             }
         });
+    }
+}
+
+/// Completes when a store that announces timers armed by other processes announces
+/// one; never for a store that announces none (the poll finds them).
+async fn announced(wake_ups: Option<&tokio::sync::Notify>) {
+    match wake_ups {
+        Some(wake_ups) => wake_ups.notified().await,
+        None => std::future::pending().await,
     }
 }

@@ -13,6 +13,8 @@ pub(crate) enum Operation {
     Intake,
     /// Every other write.
     Other,
+    /// A read: never faulted, and proves nothing about writes.
+    Read,
 }
 
 #[cfg(feature = "test-switches")]

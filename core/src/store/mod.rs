@@ -1,7 +1,7 @@
 //! The store: the only shared state between lull processes.
 //!
-//! The dispatcher talks to it through the [`Store`] trait alone, so another backend
-//! (Postgres, for several hosts) can join and run the same test suite. Every method
+//! The dispatcher talks to it through the [`Store`] trait alone, so both backends
+//! (SQLite for one host, PostgreSQL for several) run the same test suite. Every method
 //! is one short transaction; none writes back a row it read earlier, each changes
 //! only its own fields. Methods that act under a lease take the [`Lease`] and check
 //! holder, fencing token and expiry inside the same transaction as their writes.
@@ -14,12 +14,28 @@
 //! - `FaultPlan` (feature `test-switches`): faults a test injects into a real backend.
 //! - [`SqliteStore`]: the backend on one SQLite file (schema migrations, condition
 //!   tracking and fault hooks are its private parts).
+//! - [`PostgresStore`]: the backend on one PostgreSQL database, for replicas on
+//!   several hosts (its isolation per method, its clock and its wake-ups are in its
+//!   module docs).
+//! - [`open`]: the store a `DATABASE_URL` names ([`DatabaseUrl`]).
+//!
+//! # Time
+//! Every method is given `now`, and deadlines (lease expiry, timer and retry due
+//! times) are compared in the store. On SQLite every process is on one host and reads
+//! one clock, so the callers' `now` is that clock. On PostgreSQL the processes are on
+//! several hosts whose clocks may disagree, so in production the database's clock
+//! decides ([`TimeSource::Database`]): the caller's `now` only moves the times it
+//! passes in and gets back between its timeline and the database's. Tests that drive
+//! time themselves (the conformance checks) open it with [`TimeSource::Caller`].
 
 mod condition;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 mod faults;
+mod lease_rows;
 mod migrations;
+mod postgres;
+mod shared;
 mod sqlite;
 
 use async_trait::async_trait;
@@ -37,29 +53,142 @@ use crate::timing::TimerPolicy;
 
 #[cfg(feature = "test-switches")]
 pub use faults::FaultPlan;
+use lull_port::secrets::redact_url as redacted_url;
+pub use postgres::{PostgresInspection, PostgresStore, TimeSource};
+/// The PostgreSQL schema version this build migrates to.
+pub const POSTGRES_SCHEMA: i64 = postgres::schema::LATEST;
 pub use sqlite::{Inspection, SqliteStore};
 
-/// Open the store at `path` (creating and migrating it if needed), as a `lull run` or
-/// `lull chat` process uses it; its timers are armed by `timers`.
+/// Where the store lives, from `DATABASE_URL`.
+#[derive(Clone)]
+pub enum DatabaseUrl {
+    /// `sqlite:PATH` (also `sqlite://PATH`): one file, for processes on one host.
+    Sqlite(std::path::PathBuf),
+    /// `postgres://…` or `postgresql://…`: one database for replicas on several hosts.
+    /// Kept whole (it may carry a password); shown only through [`DatabaseUrl::shown`].
+    Postgres(secrecy::SecretString),
+}
+
+impl DatabaseUrl {
+    /// Read a `DATABASE_URL`; anything but `sqlite:PATH`, `postgres://…` or
+    /// `postgresql://…` is refused with a message naming the variable.
+    pub fn parse(url: &str) -> Result<Self, String> {
+        let url = url.trim();
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            let parsed = url::Url::parse(url).map_err(|e| {
+                format!(
+                    "DATABASE_URL is not a valid PostgreSQL URL ({e}): {}",
+                    redacted_url(url)
+                )
+            })?;
+            if parsed.host_str().is_none_or(str::is_empty) {
+                return Err(format!(
+                    "DATABASE_URL must name the PostgreSQL host, got {}",
+                    redacted_url(url)
+                ));
+            }
+            // The driver's own reading (parameters such as `sslmode`), checked at start.
+            <tokio_postgres::Config as std::str::FromStr>::from_str(url).map_err(|e| {
+                format!(
+                    "DATABASE_URL is not a valid PostgreSQL URL ({e}): {}",
+                    redacted_url(url)
+                )
+            })?;
+            return Ok(DatabaseUrl::Postgres(url.to_owned().into()));
+        }
+        let path = url
+            .strip_prefix("sqlite://")
+            .or_else(|| url.strip_prefix("sqlite:"))
+            .ok_or_else(|| {
+                format!(
+                    "DATABASE_URL must be sqlite:PATH (for example sqlite:lull.db) or postgres://…, got '{}'",
+                    redacted_url(url)
+                )
+            })?;
+        if path.is_empty() || path.starts_with(':') {
+            return Err(format!(
+                "DATABASE_URL must name a database file (sqlite:PATH), got '{url}'"
+            ));
+        }
+        Ok(DatabaseUrl::Sqlite(path.into()))
+    }
+
+    /// The PostgreSQL password, if the URL carries one: registered for redaction
+    /// (`lull_port::secrets`) before anything logs.
+    pub fn password(&self) -> Option<secrecy::SecretString> {
+        let DatabaseUrl::Postgres(url) = self else {
+            return None;
+        };
+        let parsed = url::Url::parse(secrecy::ExposeSecret::expose_secret(url)).ok()?;
+        let password = parsed.password().filter(|p| !p.is_empty())?;
+        let decoded = url::form_urlencoded::parse(password.as_bytes())
+            .map(|(k, _)| k.into_owned())
+            .next()
+            .unwrap_or_else(|| password.to_owned());
+        Some(decoded.into())
+    }
+
+    /// The URL as it may be shown: no credentials, no query.
+    pub fn shown(&self) -> String {
+        match self {
+            DatabaseUrl::Sqlite(path) => path.display().to_string(),
+            DatabaseUrl::Postgres(url) => redacted_url(secrecy::ExposeSecret::expose_secret(url)),
+        }
+    }
+}
+
+impl std::fmt::Debug for DatabaseUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.shown())
+    }
+}
+
+/// Open the store at `url` (creating and migrating it if needed), as a `lull run` or
+/// `lull chat` process uses it; its timers are armed by `timers`. On PostgreSQL every
+/// deadline is kept on the database's clock ([`TimeSource::Database`]); on SQLite
+/// every process is on one host and shares its clock.
 ///
 /// In builds with the `test-switches` feature (tests only), `LULL_TEST_DISABLE_LEASE=1`
 /// opens it with leases that exclude no one (each process claims private lease rows,
-/// see `SqliteStore::without_lease_checks`): the counter-test's switch.
-pub fn open(
-    path: &std::path::Path,
+/// see `LeaseRows`): the counter-test's switch.
+pub async fn open(
+    url: &DatabaseUrl,
     timers: TimerPolicy,
 ) -> Result<std::sync::Arc<dyn Store>, StoreError> {
-    let store = SqliteStore::open(path, timers)?;
+    Ok(match url {
+        DatabaseUrl::Sqlite(path) => std::sync::Arc::new(counter_test_switch(
+            SqliteStore::open(path, timers)?,
+            #[cfg(feature = "test-switches")]
+            SqliteStore::without_lease_checks,
+        )),
+        DatabaseUrl::Postgres(url) => std::sync::Arc::new(counter_test_switch(
+            PostgresStore::open(
+                secrecy::ExposeSecret::expose_secret(url),
+                timers,
+                TimeSource::Database,
+            )
+            .await?,
+            #[cfg(feature = "test-switches")]
+            PostgresStore::without_lease_checks,
+        )),
+    })
+}
+
+/// The counter-test's switch, read from the environment (`LULL_TEST_DISABLE_LEASE=1`)
+/// in builds with the `test-switches` feature: `without_lease_checks` applied to the
+/// store; the store unchanged in every other build.
+fn counter_test_switch<S>(
+    store: S,
+    #[cfg(feature = "test-switches")] without_lease_checks: fn(S) -> S,
+) -> S {
     #[cfg(feature = "test-switches")]
-    let store = if std::env::var("LULL_TEST_DISABLE_LEASE").is_ok_and(|v| v == "1") {
+    if std::env::var("LULL_TEST_DISABLE_LEASE").is_ok_and(|v| v == "1") {
         tracing::warn!(
             "LULL_TEST_DISABLE_LEASE=1: lease checks are OFF (counter-test build); replies may be duplicated"
         );
-        store.without_lease_checks()
-    } else {
-        store
-    };
-    Ok(std::sync::Arc::new(store))
+        return without_lease_checks(store);
+    }
+    store
 }
 
 /// Why a store operation failed. `Busy` and `Full` are conditions of the database
@@ -512,6 +641,9 @@ pub trait Store: Send + Sync + 'static {
     /// [`Store::claim_lease`]) and read, in the same transaction, what the round works
     /// on: the batch (as [`Store::collect`]) and the outbox rows owed (as
     /// [`Store::due_outbox`]). `None`: another process holds the lease.
+    /// The timer's due time and the rows' creation times are on the caller's timeline
+    /// (a backend that keeps time on its own clock translates them), so the round
+    /// compares them with its own clock.
     async fn claim_round(
         &self,
         conversation: ConversationId,
@@ -688,4 +820,62 @@ pub trait Store: Send + Sync + 'static {
     /// Whether the database can do its work (for health checks): it answers a read of
     /// its tables, and no recent operation found it damaged, full or unwritable.
     async fn ping(&self) -> Result<(), StoreError>;
+
+    /// Woken when a timer may have been armed by another process (a backend shared
+    /// across hosts announces every armed timer), so the scheduler looks for due work
+    /// at once instead of at its next poll. `None` (SQLite): other processes' timers
+    /// are found by the poll alone; this process's own wake it in-process.
+    fn wake_ups(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DatabaseUrl;
+    use secrecy::ExposeSecret;
+
+    #[test]
+    fn database_urls_name_a_backend_or_fail_naming_the_variable() {
+        assert!(matches!(
+            DatabaseUrl::parse("sqlite:data/lull.db"),
+            Ok(DatabaseUrl::Sqlite(path)) if path == std::path::Path::new("data/lull.db")
+        ));
+        for url in [
+            "postgres://lull:s%40cret@db.internal:5432/lull?sslmode=require",
+            "postgresql://db.internal/lull",
+        ] {
+            assert!(
+                matches!(DatabaseUrl::parse(url), Ok(DatabaseUrl::Postgres(_))),
+                "{url}"
+            );
+        }
+        for bad in [
+            "mysql://x/y",
+            "postgres://",
+            "postgres://db/lull?sslmode=sometimes",
+            "lull.db",
+            "sqlite:",
+            "",
+        ] {
+            let error = DatabaseUrl::parse(bad).unwrap_err();
+            assert!(error.contains("DATABASE_URL"), "{bad}: {error}");
+        }
+    }
+
+    #[test]
+    fn a_postgres_password_is_never_shown_and_is_known_for_redaction() {
+        let url =
+            DatabaseUrl::parse("postgres://lull:s%40cret@db.internal:5432/lull?sslmode=require")
+                .unwrap();
+        assert!(!url.shown().contains("cret"), "{}", url.shown());
+        assert!(!format!("{url:?}").contains("cret"));
+        assert_eq!(url.password().unwrap().expose_secret(), "s@cret");
+        assert!(
+            DatabaseUrl::parse("postgres://db/lull")
+                .unwrap()
+                .password()
+                .is_none()
+        );
+    }
 }

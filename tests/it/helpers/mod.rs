@@ -17,7 +17,7 @@ use lull_core::dispatcher::{Accepted, DispatchSettings, Dispatcher, Event};
 use lull_core::domain::{ConversationRef, OutboxId, Platform};
 use lull_core::llm::echo::{EchoDelay, EchoResponder};
 use lull_core::llm::{Generation, LlmError, Partial, Prompt, Responder};
-use lull_core::store::{OutboxKind, SqliteStore};
+use lull_core::store::{FaultPlan, OutboxKind, PostgresStore, SqliteStore, Store, TimeSource};
 use lull_core::timing::{LeaseTiming, TimerPolicy};
 use lull_port::{Content, Incoming, IncomingKind, Outbound, OutgoingPart, SendError};
 use tokio::sync::{Notify, Semaphore, mpsc};
@@ -37,6 +37,102 @@ pub fn temp_db() -> TempDb {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("lull.db");
     TempDb { _dir: dir, path }
+}
+
+/// Which store a test runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// A fresh database of either backend: a file in its own temporary folder, or a new
+/// database on the test cluster.
+pub enum TestDb {
+    Sqlite(TempDb),
+    Postgres(db::Postgres),
+}
+
+impl TestDb {
+    /// A fresh database; `None` when the backend is PostgreSQL and it is not installed
+    /// here (the test returns: skipped, as the cluster helper printed).
+    pub fn new(backend: Backend) -> Option<TestDb> {
+        match backend {
+            Backend::Sqlite => Some(TestDb::Sqlite(temp_db())),
+            Backend::Postgres => crate::support::postgres::fresh_database()
+                .map(|url| TestDb::Postgres(db::Postgres(url))),
+        }
+    }
+
+    /// Its `DATABASE_URL`, for a `lull` process.
+    pub fn url(&self) -> String {
+        match self {
+            TestDb::Sqlite(db) => format!("sqlite:{}", db.path.display()),
+            TestDb::Postgres(db) => db.0.clone(),
+        }
+    }
+
+    /// Open a store on it as a process would (PostgreSQL on the database's clock),
+    /// with its leases and fault plan as the test asks.
+    pub async fn open(
+        &self,
+        timers: TimerPolicy,
+        leases: Leases,
+        faults: Option<Arc<FaultPlan>>,
+    ) -> Arc<dyn Store> {
+        match self {
+            TestDb::Sqlite(db) => {
+                let mut store = SqliteStore::open(&db.path, timers).expect("open db");
+                if leases == Leases::Disabled {
+                    store = store.without_lease_checks();
+                }
+                if let Some(plan) = faults {
+                    store = store.with_faults(plan);
+                }
+                Arc::new(store)
+            }
+            TestDb::Postgres(db) => {
+                let mut store = PostgresStore::open(&db.0, timers, TimeSource::Database)
+                    .await
+                    .expect("open the PostgreSQL store");
+                if leases == Leases::Disabled {
+                    store = store.without_lease_checks();
+                }
+                if let Some(plan) = faults {
+                    store = store.with_faults(plan);
+                }
+                Arc::new(store)
+            }
+        }
+    }
+}
+
+impl db::Database for TestDb {
+    fn db(&self) -> db::Db<'_> {
+        match self {
+            TestDb::Sqlite(db) => db::Db::Sqlite(&db.path),
+            TestDb::Postgres(db) => db::Db::Postgres(&db.0),
+        }
+    }
+}
+
+/// Runs `$body` (an async fn taking a [`Backend`]) as two tests, one per backend:
+/// `$name::sqlite` and `$name::postgres` (skipped without PostgreSQL).
+#[macro_export]
+macro_rules! on_both_backends {
+    ($name:ident, $body:path) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                $body($crate::helpers::Backend::Sqlite).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                $body($crate::helpers::Backend::Postgres).await
+            }
+        }
+    };
 }
 
 /// Settings with short timings for tests.
@@ -269,6 +365,17 @@ impl Node {
             Leases::Disabled => store.without_lease_checks(),
         };
         Self::start_with_store(Arc::new(store), settings, responder)
+    }
+
+    /// A node on a test database of either backend.
+    pub async fn on(
+        db: &TestDb,
+        settings: DispatchSettings,
+        responder: Arc<dyn Responder>,
+        leases: Leases,
+    ) -> Node {
+        let store = db.open(settings.timers, leases, None).await;
+        Self::start_with_store(store, settings, responder)
     }
 
     pub fn start_with_store(

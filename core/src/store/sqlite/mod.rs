@@ -1,4 +1,6 @@
 //! The SQLite backend: one database file shared by every lull process on a host.
+//! One host, one clock: the callers' `now` is the clock every deadline is compared on
+//! (the PostgreSQL backend, for several hosts, uses the database's clock instead).
 //!
 //! WAL journal (readers never block the writer), `busy_timeout` (writers queue
 //! instead of failing at once), `synchronous = FULL` (a message acknowledged as
@@ -23,13 +25,14 @@ use super::condition::Condition;
 #[cfg(feature = "test-switches")]
 use super::faults::FaultPlan;
 use super::faults::Operation;
+use super::lease_rows::{LeaseRow, LeaseRows};
+use super::shared::DueScan;
 use super::{
     AccessRule, Batch, Charged, Claimed, CommitOutcome, DueWork, Exchange, IngestOutcome,
     MessageEdit, NewMessage, NewNotice, NewReply, OutboxKind, OutboxRow, PartSent, PendingMessage,
-    RateHold, RateWindow, RecentConversation, Store, StoreError, Subject, TimerState, TokenCharge,
+    RateHold, RateWindow, RecentConversation, Store, StoreError, TimerState, TokenCharge,
     WorkQuery,
 };
-use crate::access::SubjectKind;
 use crate::domain::{
     ConversationId, ConversationRef, HolderId, Lease, LeaseKey, LeaseToken, OutboxId, Platform,
     Said, Timestamp, Version,
@@ -44,32 +47,6 @@ const STATEMENT_CACHE: usize = 96;
 /// Reading connections per process (writes go through the one writer): reads are
 /// short, and rounds mostly wait on the model, not the database.
 const READERS: u32 = 4;
-
-/// Which lease row a holder claims, renews, releases and is fenced by.
-///
-/// The counter-test needs processes that race as if there were no lease, while the
-/// statements stay exactly the production ones: no statement has a parameter that
-/// switches a check off. So the switch changes which row is named, not the SQL. With
-/// [`LeaseRows::PerHolder`] every holder gets a private row per lease (its resource
-/// names the holder; its conversation column stays NULL): a claim never contends (no
-/// one else ever holds that row), fencing checks the holder's own row and passes,
-/// and `due_work` sees no live lease on the conversation (no row names it), so every
-/// process takes every due conversation, exactly as with the lease checks off.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum LeaseRows {
-    /// One row per lease, shared by every holder: what makes a lease exclusive.
-    Shared,
-    /// The counter-test: one private row per lease and holder.
-    #[cfg(feature = "test-switches")]
-    PerHolder,
-}
-
-/// The row a holder's lease lives in.
-struct LeaseRow {
-    resource: String,
-    /// The conversation the row names, which `due_work` joins on (NULL for pollers).
-    conversation: Option<i64>,
-}
 
 /// A [`Store`] on one SQLite file.
 #[derive(Clone)]
@@ -317,23 +294,6 @@ impl SqliteStore {
             conversations,
             access,
         })
-    }
-
-    /// The row `holder`'s lease on `key` lives in.
-    // Only the counter-test's private rows name the holder.
-    #[cfg_attr(not(feature = "test-switches"), allow(unused_variables))]
-    fn lease_row(&self, key: &LeaseKey, holder: &HolderId) -> LeaseRow {
-        match self.lease_rows {
-            LeaseRows::Shared => LeaseRow {
-                resource: key.resource(),
-                conversation: key.conversation().map(|id| id.0),
-            },
-            #[cfg(feature = "test-switches")]
-            LeaseRows::PerHolder => LeaseRow {
-                resource: format!("{}@{holder}", key.resource()),
-                conversation: None,
-            },
-        }
     }
 
     /// Run `f` with a pooled connection on the blocking pool.
@@ -814,9 +774,7 @@ impl Store for SqliteStore {
                     .iter()
                     .map(|n| rusqlite::types::Value::from(n.to_string())),
             );
-            let mut ready: Vec<(i64, ConversationId)> = Vec::new();
-            let mut next_at: Option<i64> = None;
-            let mut sooner = |at: i64| next_at = Some(next_at.map_or(at, |n| n.min(at)));
+            let mut scan = DueScan::new(now.0);
             {
                 let mut stmt = conn.prepare_cached(&candidates).ctx("finding due work")?;
                 let mut rows = stmt
@@ -827,14 +785,7 @@ impl Store for SqliteStore {
                     let at: i64 = row.get(1).ctx("finding due work")?;
                     let holder: Option<String> = row.get(2).ctx("finding due work")?;
                     let expires_at: Option<i64> = row.get(3).ctx("finding due work")?;
-                    // Exclusive: a conversation under a live lease is left to its holder
-                    // until the lease expires (or is released).
-                    let leased_until = expires_at.filter(|e| holder.is_some() && *e > now.0);
-                    match leased_until {
-                        _ if at > now.0 => sooner(at.max(leased_until.unwrap_or(at))),
-                        Some(expiry) => sooner(expiry),
-                        None => ready.push((at, conversation)),
-                    }
+                    scan.candidate(conversation, at, holder.is_some(), expires_at);
                 }
             }
             let mut stmt = conn
@@ -846,14 +797,9 @@ impl Store for SqliteStore {
                 })
                 .ctx("finding the next deadline")?
             {
-                sooner(at);
+                scan.sooner(at);
             }
-            ready.sort();
-            let ready = ready
-                .into_iter()
-                .take(limit as usize)
-                .map(|(_, c)| c)
-                .collect();
+            let (ready, next_at) = scan.finish(limit as usize);
             Ok(DueWork {
                 ready,
                 next_at: next_at.map(Timestamp),
@@ -871,7 +817,7 @@ impl Store for SqliteStore {
     ) -> Result<Option<Lease>, StoreError> {
         let key = key.clone();
         let holder = holder.clone();
-        let row = self.lease_row(&key, &holder);
+        let row = self.lease_rows.row(&key, &holder);
         self.write("claiming a lease", move |tx| {
             claim(tx, key, holder, &row, ttl, now)
         })
@@ -892,7 +838,7 @@ impl Store for SqliteStore {
             lease.expires_at = expires_at;
             return Ok(lease);
         }
-        let row = self.lease_row(&lease.key, &lease.holder);
+        let row = self.lease_rows.row(&lease.key, &lease.holder);
         self.write("renewing a lease", move |tx| {
             // Exclusive: only the live holder with this fencing token extends the lease.
             let changed = tx
@@ -925,7 +871,7 @@ impl Store for SqliteStore {
         now: Timestamp,
     ) -> Result<(), StoreError> {
         let lease = lease.clone();
-        let row = self.lease_row(&lease.key, &lease.holder);
+        let row = self.lease_rows.row(&lease.key, &lease.holder);
         self.write("releasing a lease", move |tx| {
             if let Some(sent) = last_sent {
                 mark_part_sent(tx, sent, now)?;
@@ -950,7 +896,7 @@ impl Store for SqliteStore {
     ) -> Result<Option<Claimed>, StoreError> {
         let key = LeaseKey::Conversation(conversation);
         let holder = holder.clone();
-        let row = self.lease_row(&key, &holder);
+        let row = self.lease_rows.row(&key, &holder);
         self.write("claiming a round", move |tx| {
             let Some(lease) = claim(tx, key, holder, &row, ttl, now)? else {
                 return Ok(None);
@@ -1002,7 +948,7 @@ impl Store for SqliteStore {
         let reference = batch.conversation.clone();
         let reply_to = batch.last_message_id().map(str::to_owned);
         let oldest = batch.oldest_pending_at().unwrap_or(now);
-        let row = self.lease_row(&lease.key, &lease.holder);
+        let row = self.lease_rows.row(&lease.key, &lease.holder);
         let policy = self.timers;
         self.write("committing a reply", move |tx| {
             ensure_lease(tx, &lease, &row.resource, now)?;
@@ -1088,7 +1034,7 @@ impl Store for SqliteStore {
         let reply_to = batch.last_message_id().map(str::to_owned);
         let reference = batch.conversation.clone();
         let notice = notice.to_owned();
-        let row = self.lease_row(&lease.key, &lease.holder);
+        let row = self.lease_rows.row(&lease.key, &lease.holder);
         let policy = self.timers;
         self.write("giving up on a batch", move |tx| {
             ensure_lease(tx, &lease, &row.resource, now)?;
@@ -1154,7 +1100,7 @@ impl Store for SqliteStore {
         now: Timestamp,
     ) -> Result<bool, StoreError> {
         let lease = lease.clone();
-        let row = self.lease_row(&lease.key, &lease.holder);
+        let row = self.lease_rows.row(&lease.key, &lease.holder);
         let transcript = transcript.to_owned();
         self.write("storing a transcript", move |tx| {
             ensure_lease(tx, &lease, &row.resource, now)?;
@@ -1179,7 +1125,7 @@ impl Store for SqliteStore {
         now: Timestamp,
     ) -> Result<(), StoreError> {
         let lease = lease.clone();
-        let row = self.lease_row(&lease.key, &lease.holder);
+        let row = self.lease_rows.row(&lease.key, &lease.holder);
         self.write("disarming an idle timer", move |tx| {
             ensure_lease(tx, &lease, &row.resource, now)?;
             let conversation = conversation_of(&lease);
@@ -1201,7 +1147,7 @@ impl Store for SqliteStore {
         now: Timestamp,
     ) -> Result<u32, StoreError> {
         let lease = lease.clone();
-        let row = self.lease_row(&lease.key, &lease.holder);
+        let row = self.lease_rows.row(&lease.key, &lease.holder);
         self.write("recording a failed generation", move |tx| {
             ensure_lease(tx, &lease, &row.resource, now)?;
             let conversation = conversation_of(&lease);
@@ -1413,7 +1359,7 @@ impl Store for SqliteStore {
     ) -> Result<Charged, StoreError> {
         let lease = lease.clone();
         let charge = charge.clone();
-        let row = self.lease_row(&lease.key, &lease.holder);
+        let row = self.lease_rows.row(&lease.key, &lease.holder);
         self.write("charging tokens", move |tx| {
             // Budgets: charged under the lease, fenced like the final check.
             ensure_lease(tx, &lease, &row.resource, now)?;
@@ -1558,21 +1504,7 @@ pub(super) fn read_access_rules(conn: &Connection) -> Result<Vec<AccessRule>, St
         .ctx("reading access decisions")?;
     rows.into_iter()
         .map(|(platform, kind, id, allowed, set_by, set_at)| {
-            let kind = match kind.as_str() {
-                "user" => SubjectKind::User,
-                "chat" => SubjectKind::Chat,
-                other => return Err(StoreError::Corrupt(format!("access kind '{other}'"))),
-            };
-            Ok(AccessRule {
-                subject: Subject {
-                    platform: platform.parse().map_err(StoreError::Corrupt)?,
-                    kind,
-                    id,
-                },
-                allowed,
-                set_by,
-                set_at: Timestamp(set_at),
-            })
+            super::shared::access_rule(&platform, &kind, id, allowed, set_by, set_at)
         })
         .collect()
 }
@@ -1918,26 +1850,21 @@ fn read_history(
     let mut rows = stmt
         .query(params![conversation.0, context_version, limit as i64])
         .ctx("reading history")?;
-    let mut history: Vec<(i64, Exchange)> = Vec::new();
+    let mut read = Vec::new();
     while let Some(row) = rows.next().ctx("reading history")? {
-        let id: i64 = row.get(0).ctx("reading history")?;
-        let author: String = row.get(2).ctx("reading history")?;
         let text: String = row.get(3).ctx("reading history")?;
         let transcript: Option<String> = row.get(4).ctx("reading history")?;
-        let text = super::said_text(&text, transcript.as_deref());
-        match history.last_mut() {
-            Some((last, exchange)) if *last == id => exchange.user.push(Said { author, text }),
-            _ => history.push((
-                id,
-                Exchange {
-                    user: vec![Said { author, text }],
-                    reply: row.get(1).ctx("reading history")?,
-                },
-            )),
-        }
+        let said = Said {
+            author: row.get(2).ctx("reading history")?,
+            text: super::said_text(&text, transcript.as_deref()),
+        };
+        read.push((
+            row.get(0).ctx("reading history")?,
+            row.get(1).ctx("reading history")?,
+            said,
+        ));
     }
-    let history = history.into_iter().map(|(_, exchange)| exchange).collect();
-    Ok(history)
+    Ok(super::shared::exchanges(read))
 }
 
 #[cfg(test)]

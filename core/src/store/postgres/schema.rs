@@ -1,0 +1,231 @@
+//! The PostgreSQL schema and its migrations: forward-only, each applied in its own
+//! transaction under a transaction-scoped advisory lock, tracked in a table of their
+//! own (`lull_migrations`), so replicas starting at once on an empty database apply
+//! each migration exactly once (the others wait on the lock, then find it applied).
+//!
+//! The schema mirrors SQLite's (`store::migrations`) table for table: times are
+//! integer milliseconds since the Unix epoch, ids are identity columns, flags are
+//! booleans. Only appended to: an applied migration is never edited.
+
+use tokio_postgres::Client;
+
+/// Every migration, oldest first; the schema version counts them.
+const ALL: &[&str] = &[V1_CORE, V2_WALLET, V3_MESSAGE_MEDIA];
+
+/// The schema version this build migrates to.
+pub const LATEST: i64 = ALL.len() as i64;
+
+/// The advisory lock key migrations are applied under (an arbitrary constant of
+/// lull's: "lull" in ASCII).
+const MIGRATION_LOCK: i64 = 0x6c75_6c6c;
+
+/// The whole schema SQLite reached in its first three migrations, in one.
+const V1_CORE: &str = r#"
+-- One row per conversation. `version` counts stored messages and edits; the reply
+-- that covered everything up to `answered_version` has been committed.
+CREATE TABLE conversations (
+    id               BIGINT  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    platform         TEXT    NOT NULL,
+    key              TEXT    NOT NULL,
+    is_group         BOOLEAN NOT NULL DEFAULT FALSE,
+    version          BIGINT  NOT NULL DEFAULT 0,
+    answered_version BIGINT  NOT NULL DEFAULT 0,
+    -- /reset: history only offers replies generated after this version.
+    context_version  BIGINT  NOT NULL DEFAULT 0,
+    created_at       BIGINT  NOT NULL,
+    UNIQUE (platform, key)
+);
+
+-- Every accepted message; pending while version > the conversation's answered_version.
+CREATE TABLE messages (
+    id                  BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    conversation_id     BIGINT NOT NULL REFERENCES conversations (id),
+    platform_message_id TEXT   NOT NULL,
+    user_id             TEXT   NOT NULL,
+    author              TEXT   NOT NULL,
+    text                TEXT   NOT NULL,
+    version             BIGINT NOT NULL,
+    received_at         BIGINT NOT NULL,
+    -- No duplicate: a redelivered platform message is stored once.
+    UNIQUE (conversation_id, platform_message_id)
+);
+CREATE INDEX messages_pending ON messages (conversation_id, version);
+
+-- Timers live apart from the conversation row, so no writer of conversation data
+-- can overwrite them. One row while messages are pending.
+CREATE TABLE timers (
+    conversation_id BIGINT  PRIMARY KEY REFERENCES conversations (id),
+    platform        TEXT    NOT NULL,
+    due_at          BIGINT  NOT NULL,
+    armed_version   BIGINT  NOT NULL,
+    armed_at        BIGINT  NOT NULL,
+    armed_by        TEXT    NOT NULL,
+    attempts        INTEGER NOT NULL DEFAULT 0,
+    retry_at        BIGINT  NOT NULL DEFAULT 0
+);
+CREATE INDEX timers_due ON timers (platform, due_at);
+
+-- Leases: conversations (one round at a time) and platform pollers. Claimed by a
+-- compare-and-swap UPDATE; `token` grows with every claim (fencing).
+CREATE TABLE leases (
+    resource        TEXT   PRIMARY KEY,
+    holder          TEXT,
+    token           BIGINT NOT NULL DEFAULT 0,
+    expires_at      BIGINT NOT NULL DEFAULT 0,
+    -- The conversation a conversation lease protects (NULL for pollers).
+    conversation_id BIGINT
+);
+-- Exclusive: at most one lease row per conversation.
+CREATE UNIQUE INDEX leases_conversation ON leases (conversation_id);
+CREATE INDEX leases_held ON leases (expires_at) WHERE holder IS NOT NULL;
+
+-- The reply outbox: committed replies and notices, delivered after commit and
+-- marked sent part by part.
+CREATE TABLE outbox (
+    id                BIGINT  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    conversation_id   BIGINT  NOT NULL REFERENCES conversations (id),
+    kind              TEXT    NOT NULL CHECK (kind IN ('reply', 'notice')),
+    text              TEXT    NOT NULL,
+    reply_to          TEXT,
+    version           BIGINT,
+    lease_token       BIGINT,
+    forced            BOOLEAN NOT NULL DEFAULT FALSE,
+    dedupe_key        TEXT UNIQUE,
+    owner             TEXT    NOT NULL,
+    prompt_tokens     BIGINT,
+    completion_tokens BIGINT,
+    llm_ms            BIGINT,
+    created_at        BIGINT  NOT NULL,
+    parts_sent        INTEGER NOT NULL DEFAULT 0,
+    attempts          INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at   BIGINT  NOT NULL,
+    sent_at           BIGINT,
+    failed_at         BIGINT,
+    error             TEXT
+);
+CREATE INDEX outbox_undelivered ON outbox (conversation_id, id)
+    WHERE sent_at IS NULL AND failed_at IS NULL;
+CREATE INDEX outbox_history ON outbox (conversation_id, kind, id);
+CREATE INDEX outbox_due ON outbox (next_attempt_at) WHERE sent_at IS NULL AND failed_at IS NULL;
+
+-- Which messages each reply (or give-up notice) was generated from.
+CREATE TABLE reply_covers (
+    outbox_id  BIGINT NOT NULL REFERENCES outbox (id),
+    message_id BIGINT NOT NULL REFERENCES messages (id),
+    PRIMARY KEY (outbox_id, message_id)
+);
+CREATE INDEX reply_covers_message ON reply_covers (message_id);
+
+-- The pending-conversations gauge, kept by triggers in the transactions that arm and
+-- disarm timers. Sixteen shards (by conversation) instead of SQLite's one row, so
+-- concurrent ingests of different conversations rarely wait on the same counter;
+-- reading it sums sixteen rows, whatever the number of conversations.
+CREATE TABLE pending_shards (
+    shard   INTEGER PRIMARY KEY CHECK (shard >= 0 AND shard < 16),
+    pending BIGINT  NOT NULL
+);
+INSERT INTO pending_shards (shard, pending) SELECT s, 0 FROM generate_series(0, 15) s;
+CREATE FUNCTION lull_count_pending() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        UPDATE pending_shards SET pending = pending + 1 WHERE shard = NEW.conversation_id % 16;
+        RETURN NEW;
+    ELSE
+        UPDATE pending_shards SET pending = pending - 1 WHERE shard = OLD.conversation_id % 16;
+        RETURN OLD;
+    END IF;
+END $$;
+CREATE TRIGGER timers_counted AFTER INSERT OR DELETE ON timers
+    FOR EACH ROW EXECUTE FUNCTION lull_count_pending();
+"#;
+
+/// SQLite's fourth migration: rate limits, token budgets, access decisions.
+const V2_WALLET: &str = r#"
+-- Rate limits count a user's recent messages across their conversations.
+CREATE INDEX messages_by_user ON messages (user_id, received_at);
+-- A limit's hold (rate, budget): the timer is not due before it. Apart from the
+-- failure backoff (`retry_at`), which /reset clears; a hold it does not.
+ALTER TABLE timers ADD COLUMN held_until BIGINT NOT NULL DEFAULT 0;
+-- Tokens spent per scope and day; totals are only ever added to.
+CREATE TABLE token_usage (
+    scope  TEXT   NOT NULL,
+    day    TEXT   NOT NULL,
+    tokens BIGINT NOT NULL,
+    PRIMARY KEY (scope, day)
+);
+-- Admins' run-time access decisions (/allow, /deny): one row per subject, the latest.
+-- `id` keeps the order rows were first written in (SQLite's rowid).
+CREATE TABLE access_rules (
+    id       BIGINT  GENERATED ALWAYS AS IDENTITY,
+    platform TEXT    NOT NULL,
+    kind     TEXT    NOT NULL CHECK (kind IN ('user', 'chat')),
+    subject  TEXT    NOT NULL,
+    allowed  BOOLEAN NOT NULL,
+    set_by   TEXT    NOT NULL,
+    set_at   BIGINT  NOT NULL,
+    PRIMARY KEY (platform, kind, subject)
+);
+"#;
+
+/// SQLite's fifth migration: media sent with a message, and its transcript.
+const V3_MESSAGE_MEDIA: &str = r#"
+-- Media references as a JSON array (`store::encode_media`), stored with the message;
+-- NULL for text.
+ALTER TABLE messages ADD COLUMN media TEXT;
+-- The transcript of a voice note or audio file: written once, under the round's lease.
+ALTER TABLE messages ADD COLUMN transcript TEXT;
+"#;
+
+/// Bring the schema up to date: each missing migration in its own transaction under
+/// the advisory lock, recorded in `lull_migrations` in that same transaction.
+pub async fn migrate(client: &mut Client) -> Result<i64, tokio_postgres::Error> {
+    loop {
+        let tx = client.transaction().await?;
+        // Migrations cannot race: replicas starting at once queue on this lock, held
+        // until the transaction ends.
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+            .await?;
+        tx.batch_execute(
+            "CREATE TABLE IF NOT EXISTS lull_migrations (
+                 version    BIGINT PRIMARY KEY,
+                 applied_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
+             )",
+        )
+        .await?;
+        let applied: i64 = tx
+            .query_one("SELECT COALESCE(MAX(version), 0) FROM lull_migrations", &[])
+            .await?
+            .get(0);
+        let Some(sql) = ALL.get(applied as usize) else {
+            tx.commit().await?;
+            return Ok(applied);
+        };
+        tx.batch_execute(sql).await?;
+        tx.execute(
+            "INSERT INTO lull_migrations (version) VALUES ($1)",
+            &[&(applied + 1)],
+        )
+        .await?;
+        tx.commit().await?;
+        tracing::info!(
+            version = applied + 1,
+            "applied a PostgreSQL schema migration"
+        );
+    }
+}
+
+/// The schema version of a database, read without changing anything: 0 when no
+/// migration was ever applied (no `lull_migrations` table).
+pub async fn version(client: &Client) -> Result<i64, tokio_postgres::Error> {
+    let exists: bool = client
+        .query_one("SELECT to_regclass('lull_migrations') IS NOT NULL", &[])
+        .await?
+        .get(0);
+    if !exists {
+        return Ok(0);
+    }
+    Ok(client
+        .query_one("SELECT COALESCE(MAX(version), 0) FROM lull_migrations", &[])
+        .await?
+        .get(0))
+}

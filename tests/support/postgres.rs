@@ -1,0 +1,214 @@
+//! A throwaway PostgreSQL cluster for the tests: `initdb` into a temporary folder
+//! (as the `postgres` user when the tests run as root: the server refuses to run as
+//! root), `pg_ctl start` on a free loopback port with trust authentication, a fresh
+//! database per test. One cluster serves the whole test binary; a watchdog stops it
+//! when the test process exits, however it exits.
+//!
+//! The server binaries are looked for in `LULL_PG_BIN`, then
+//! `/usr/lib/postgresql/<version>/bin` (newest first). Without them the PostgreSQL
+//! tests are skipped with one printed line, unless `LULL_REQUIRE_POSTGRES=1` (CI),
+//! which turns a missing PostgreSQL into a failure.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// A running cluster.
+#[derive(Debug)]
+pub struct Cluster {
+    bin: PathBuf,
+    port: u16,
+    /// Where the cluster lives (removed with the test process's temporary files).
+    dir: PathBuf,
+    _keep: tempfile::TempDir,
+}
+
+/// The cluster of this test binary, started on first use; `None` (with one printed
+/// line) when PostgreSQL is not installed and not required.
+pub fn cluster() -> Option<&'static Cluster> {
+    static CLUSTER: OnceLock<Option<Cluster>> = OnceLock::new();
+    CLUSTER
+        .get_or_init(|| match server_binaries() {
+            Some(bin) => Some(Cluster::start(bin)),
+            None if required() => panic!(
+                "LULL_REQUIRE_POSTGRES=1 but no PostgreSQL server binaries were found \
+                 (set LULL_PG_BIN or install postgresql)"
+            ),
+            None => {
+                // Past the test harness's capture (it only takes `print!`), once.
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "PostgreSQL is not installed (no initdb in LULL_PG_BIN or /usr/lib/postgresql/*/bin): skipping the PostgreSQL tests"
+                );
+                None
+            }
+        })
+        .as_ref()
+}
+
+/// A fresh, empty database on the test cluster: its `postgres://` URL. `None` when
+/// PostgreSQL is not available (the caller returns: the test is skipped).
+pub fn fresh_database() -> Option<String> {
+    cluster().map(Cluster::create_database)
+}
+
+fn required() -> bool {
+    std::env::var("LULL_REQUIRE_POSTGRES").is_ok_and(|v| v == "1")
+}
+
+fn server_binaries() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("LULL_PG_BIN") {
+        let dir = PathBuf::from(dir);
+        return dir.join("initdb").is_file().then_some(dir);
+    }
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let version = e.file_name().to_str()?.parse().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("initdb").is_file().then_some((version, bin))
+        })
+        .collect();
+    versions.sort();
+    versions.pop().map(|(_, bin)| bin)
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+/// `program` from the server binaries, run as the `postgres` user when we are root.
+fn server_command(bin: &Path, program: &str, root: bool) -> Command {
+    if root {
+        let mut command = Command::new("runuser");
+        command
+            .args(["-u", "postgres", "--"])
+            .arg(bin.join(program));
+        command
+    } else {
+        Command::new(bin.join(program))
+    }
+}
+
+fn run(mut command: Command, what: &str) -> String {
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
+    assert!(
+        output.status.success(),
+        "{what} failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+impl Cluster {
+    fn start(bin: PathBuf) -> Cluster {
+        let root = is_root();
+        let keep = tempfile::Builder::new()
+            .prefix("lull-pg-")
+            .tempdir()
+            .expect("a folder for the test cluster");
+        let dir = keep.path().join("data");
+        std::fs::create_dir(&dir).expect("the cluster's folder");
+        if root {
+            // The folder and its parent are the postgres user's, who runs the server.
+            for path in [keep.path(), dir.as_path()] {
+                run(
+                    {
+                        let mut c = Command::new("chown");
+                        c.arg("postgres:postgres").arg(path);
+                        c
+                    },
+                    "chown",
+                );
+            }
+        }
+        let mut initdb = server_command(&bin, "initdb", root);
+        initdb.arg("-D").arg(&dir).args([
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+            "--no-sync",
+            "-E",
+            "UTF8",
+        ]);
+        run(initdb, "initdb");
+        let port = crate::support::process::free_port();
+        let options = format!(
+            "-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={} \
+             -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300",
+            dir.display()
+        );
+        let mut start = server_command(&bin, "pg_ctl", root);
+        start
+            .arg("-D")
+            .arg(&dir)
+            .arg("-o")
+            .arg(&options)
+            .arg("-l")
+            .arg(dir.join("server.log"))
+            .args(["-w", "-t", "60", "start"]);
+        run(start, "pg_ctl start");
+        // Stop the cluster when this test process ends, however it ends.
+        let stop = format!(
+            "while kill -0 {pid} 2>/dev/null; do sleep 1; done; {runas}{pg_ctl} -D {dir} -m immediate stop >/dev/null 2>&1; rm -rf {keep}",
+            pid = std::process::id(),
+            runas = if root { "runuser -u postgres -- " } else { "" },
+            pg_ctl = bin.join("pg_ctl").display(),
+            dir = dir.display(),
+            keep = keep.path().display(),
+        );
+        // Never waited for: it outlives this process on purpose.
+        #[allow(clippy::zombie_processes)]
+        Command::new("setsid")
+            .args(["sh", "-c", &stop])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("the cluster's watchdog");
+        Cluster {
+            bin,
+            port,
+            dir,
+            _keep: keep,
+        }
+    }
+
+    /// Where the server binaries (and `psql`) are.
+    pub fn bin(&self) -> &Path {
+        &self.bin
+    }
+
+    /// The URL of database `name` on this cluster.
+    pub fn url(&self, name: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{name}", self.port)
+    }
+
+    /// Create a fresh, empty database; its URL.
+    pub fn create_database(&self) -> String {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let name = format!("lull_{}", NEXT.fetch_add(1, Ordering::SeqCst));
+        let mut createdb = Command::new(self.bin.join("createdb"));
+        createdb
+            .args(["-h", "127.0.0.1", "-U", "postgres", "-p"])
+            .arg(self.port.to_string())
+            .arg(&name);
+        run(createdb, "createdb");
+        self.url(&name)
+    }
+
+    /// The server's log so far (for a failing test's message).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+    }
+}

@@ -164,6 +164,10 @@ pub struct Dispatcher {
     /// while it is looking for work, so nothing armed meanwhile is missed.
     sleeping_until: AtomicI64,
     events: broadcast::Sender<Event>,
+    /// Events emitted so far: the scheduler reads the pending gauge again only after
+    /// something happened here (or, for other processes' work, every
+    /// `GAUGE_QUIET_POLLS` polls), so an idle process makes one database call a poll.
+    events_emitted: std::sync::atomic::AtomicU64,
     /// The admins' run-time access decisions as last read, and when: read again once
     /// older than `poll_every` (so a decision taken in another process counts here
     /// within that), and at once after this process recorded one.
@@ -193,6 +197,7 @@ impl Dispatcher {
             drafts,
             sleeping_until: AtomicI64::new(i64::MAX),
             events,
+            events_emitted: std::sync::atomic::AtomicU64::new(0),
             access_rules: std::sync::Mutex::new(None),
         })
     }
@@ -275,6 +280,7 @@ impl Dispatcher {
     }
 
     fn emit(&self, event: Event) {
+        self.events_emitted.fetch_add(1, Ordering::Relaxed);
         // No subscriber is fine.
         let _ = self.events.send(event);
     }

@@ -27,6 +27,10 @@ const BATCH_LIMIT: usize = 256;
 /// After an unexpected round failure, wait this long before trying that
 /// conversation again.
 const COOL_DOWN: std::time::Duration = std::time::Duration::from_secs(1);
+/// With nothing happening in this process, the pending gauge is read every this many
+/// polls (what other processes change shows within them); after any event here, at
+/// the next poll.
+const GAUGE_QUIET_POLLS: u32 = 10;
 
 /// The scheduler of one process: which rounds run here, and which wait.
 pub(super) struct Scheduler {
@@ -88,6 +92,8 @@ impl Scheduler {
         let rounds = TaskTracker::new();
         let hard_stop = CancellationToken::new();
         let mut gauge_at = Timestamp(0);
+        let mut gauge_quiet_at = Timestamp(0);
+        let mut gauge_emitted = 0;
         // Timers armed by other processes, announced by a store shared across hosts.
         let armed_elsewhere = dispatcher.store.wake_ups();
         loop {
@@ -108,8 +114,12 @@ impl Scheduler {
                 }
                 Err(e) => tracing::warn!(error = %e, "could not look for due work"),
             }
-            if now >= gauge_at {
+            // Read before the gauge, so an event during the read brings another.
+            let emitted = dispatcher.events_emitted.load(Ordering::Relaxed);
+            if now >= gauge_at && (emitted != gauge_emitted || now >= gauge_quiet_at) {
                 gauge_at = now.plus(settings.poll_every);
+                gauge_quiet_at = now.plus(settings.poll_every * GAUGE_QUIET_POLLS);
+                gauge_emitted = emitted;
                 if let Ok(pending) = dispatcher.store.pending_conversations().await {
                     metrics::gauge!(names::PENDING_CONVERSATIONS).set(pending as f64);
                 }

@@ -18,7 +18,13 @@
 //! - how fast 10k conversations due at the same instant are drained, and their lateness;
 //! - idle CPU and memory with no timers, with 10k far timers, and after 10k answered;
 //! - model calls per burst against a bot that calls the model once per message;
-//! - start-up time and binary size.
+//! - start-up time and binary size;
+//! - with PostgreSQL installed (a durable throwaway cluster of the bench's own; the
+//!   rows are skipped with a printed line otherwise): the one-row transaction rate of
+//!   that server (`pgbench`, `synchronous_commit` on), lull's ingest rate and p99
+//!   through HTTP with 1, 2 and 4 replicas on one database (the clients spread across
+//!   them), and the scheduler lateness across two replicas (ingested on one, answered
+//!   by either: the `NOTIFY` wake-up path).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -29,6 +35,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use support::openai_fake::FakeOpenAi;
+use support::postgres::{Cluster, Durability};
 use support::process::{LullProcess, post_message};
 use support::webhook::Webhook;
 
@@ -143,6 +150,35 @@ impl Table {
             .or_insert_with(|| (name.into(), unit.into(), Figure::default(), limit.into()));
         row.2.push(value);
         row.3 = limit.into();
+    }
+
+    /// The rows of one ingest measurement at `order` and the two after it: the rate
+    /// (compared with `limit`), p50 and p99 of the latencies (sorted, milliseconds).
+    /// `what` names the measurement and its setting: ("ingest", "8 client(s)").
+    fn record_ingest(
+        &mut self,
+        order: usize,
+        (what, setting): (&str, &str),
+        rate: f64,
+        latencies: &[f64],
+        limit: &str,
+    ) {
+        self.record(
+            order,
+            &format!("{what} rate, {setting}"),
+            "msg/s",
+            rate,
+            limit,
+        );
+        for (i, p) in [(1, 50.0), (2, 99.0)] {
+            self.record(
+                order + i,
+                &format!("{what} p{p}, {setting}"),
+                "ms",
+                percentile(latencies, p),
+                "",
+            );
+        }
     }
 
     fn figure(&self, order: usize) -> f64 {
@@ -332,13 +368,14 @@ fn sqlite_limit(dir: &Path, synchronous: &str, rows_per_tx: usize, rows: usize) 
     rows as f64 / started.elapsed().as_secs_f64()
 }
 
-/// `messages` posts from `clients` concurrent clients to conversations round-robin:
-/// the rate, and every request's latency in milliseconds.
-async fn ingest(bot: &Arc<Bot>, clients: usize, messages: usize, tag: &str) -> (f64, Vec<f64>) {
+/// `messages` posts from `clients` concurrent clients to conversations round-robin,
+/// the clients spread over the replicas `bots`: the rate, and every request's latency
+/// in milliseconds.
+async fn ingest(bots: &[Arc<Bot>], clients: usize, messages: usize, tag: &str) -> (f64, Vec<f64>) {
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for client in 0..clients {
-        let bot = bot.clone();
+        let bot = bots[client % bots.len()].clone();
         let tag = tag.to_owned();
         tasks.spawn(async move {
             let mut latencies = Vec::new();
@@ -360,6 +397,36 @@ async fn ingest(bot: &Arc<Bot>, clients: usize, messages: usize, tag: &str) -> (
     let rate = messages as f64 / started.elapsed().as_secs_f64();
     latencies.sort_by(|a, b| a.partial_cmp(b).unwrap());
     (rate, latencies)
+}
+
+/// Lateness of replies in milliseconds (delivered at the webhook − due time): one
+/// message to a new conversation every 100 ms for `seconds`, posted to the replicas
+/// `bots` in turn (they share one webhook), each due `debounce_ms` after it was sent.
+async fn lateness(bots: &[Arc<Bot>], seconds: u64, debounce_ms: u64, tag: &str) -> Vec<f64> {
+    let webhook = &bots[0].webhook;
+    let count = (seconds * 10) as usize;
+    let before = webhook.accepted();
+    let mut due = BTreeMap::new();
+    for i in 0..count {
+        let at = Instant::now();
+        let key = format!("{tag}{i}");
+        bots[i % bots.len()].post(&key, "1").await;
+        due.insert(key, at + Duration::from_millis(debounce_ms));
+        tokio::time::sleep(Duration::from_millis(100).saturating_sub(at.elapsed())).await;
+    }
+    webhook
+        .wait_replies(before + count, Duration::from_secs(60))
+        .await;
+    let mut lateness: Vec<f64> = webhook
+        .replies()
+        .iter()
+        .filter_map(|r| {
+            let due = due.get(&r.conversation)?;
+            Some(r.at.saturating_duration_since(*due).as_secs_f64() * 1000.0)
+        })
+        .collect();
+    lateness.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    lateness
 }
 
 /// Post one message to each of `n` conversations (kept waiting by far timers).
@@ -394,6 +461,10 @@ async fn run(sizes: &Sizes) -> Table {
     let mut table = Table::default();
     let scratch = tempfile::tempdir().unwrap();
     let binary = env!("CARGO_BIN_EXE_lull");
+    let postgres = Cluster::private(Durability::On);
+    if postgres.is_none() {
+        eprintln!("PostgreSQL is not installed: skipping the PostgreSQL rows");
+    }
     for rep in 0..sizes.reps {
         eprintln!("== repetition {} of {}", rep + 1, sizes.reps);
 
@@ -430,27 +501,19 @@ async fn run(sizes: &Sizes) -> Table {
         // Ingest through HTTP: rate and latency at 1, 8 and 64 clients.
         let bot = Arc::new(Bot::start(&far_timers()).await);
         for (order, clients) in [(10, 1usize), (20, 8), (30, 64)] {
-            let (rate, latencies) = ingest(&bot, clients, rows, &format!("r{rep}k{clients}")).await;
-            table.record(
+            let (rate, latencies) = ingest(
+                std::slice::from_ref(&bot),
+                clients,
+                rows,
+                &format!("r{rep}k{clients}"),
+            )
+            .await;
+            table.record_ingest(
                 order,
-                &format!("ingest rate, {clients} client(s)"),
-                "msg/s",
+                ("ingest", &format!("{clients} client(s)")),
                 rate,
+                &latencies,
                 &format!("{} rows/s (one-row, FULL)", fmt(full_1)),
-            );
-            table.record(
-                order + 1,
-                &format!("ingest p50, {clients} client(s)"),
-                "ms",
-                percentile(&latencies, 50.0),
-                "",
-            );
-            table.record(
-                order + 2,
-                &format!("ingest p99, {clients} client(s)"),
-                "ms",
-                percentile(&latencies, 99.0),
-                "",
             );
         }
         let rate_64 = table.figure(30);
@@ -469,6 +532,9 @@ async fn run(sizes: &Sizes) -> Table {
             "",
         );
         drop(bot);
+        if let Some(cluster) = &postgres {
+            postgres_rows(&mut table, sizes, rep, cluster, scratch.path()).await;
+        }
         if sizes.ingest_only {
             continue;
         }
@@ -517,29 +583,13 @@ async fn run(sizes: &Sizes) -> Table {
             )
             .await,
         );
-        let count = (sizes.lateness_seconds * 10) as usize;
-        let before = bot.webhook.accepted();
-        let mut due = BTreeMap::new();
-        for i in 0..count {
-            let at = Instant::now();
-            let key = format!("late{rep}-{i}");
-            bot.post(&key, "1").await;
-            due.insert(key, at + Duration::from_millis(debounce));
-            tokio::time::sleep(Duration::from_millis(100).saturating_sub(at.elapsed())).await;
-        }
-        bot.webhook
-            .wait_replies(before + count, Duration::from_secs(60))
-            .await;
-        let mut lateness: Vec<f64> = bot
-            .webhook
-            .replies()
-            .iter()
-            .filter_map(|r| {
-                let due = due.get(&r.conversation)?;
-                Some(r.at.saturating_duration_since(*due).as_secs_f64() * 1000.0)
-            })
-            .collect();
-        lateness.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        let lateness = lateness(
+            std::slice::from_ref(&bot),
+            sizes.lateness_seconds,
+            debounce,
+            &format!("late{rep}-"),
+        )
+        .await;
         table.record(
             40,
             &format!("lateness p50, {} far timers, 10 due/s", sizes.timers),
@@ -655,6 +705,144 @@ async fn run(sizes: &Sizes) -> Table {
         "",
     );
     table
+}
+
+/// Concurrent clients of the PostgreSQL ingest rows, spread over the replicas.
+const POSTGRES_CLIENTS: usize = 64;
+
+/// The PostgreSQL rows of one repetition, each measurement on a fresh database of
+/// `cluster` (durable: `fsync` and `synchronous_commit` on): the server's one-row
+/// transaction rate, lull's ingest with 1, 2 and 4 replicas, and (unless
+/// `--ingest-only`) the lateness across two replicas.
+async fn postgres_rows(
+    table: &mut Table,
+    sizes: &Sizes,
+    rep: usize,
+    cluster: &Cluster,
+    scratch: &Path,
+) {
+    let limit = postgres_limit(cluster, sizes.ingest_messages, scratch);
+    table.record(
+        100,
+        "PostgreSQL limit: one-row transactions, synchronous_commit=on",
+        "rows/s",
+        limit,
+        "the limit",
+    );
+    for (i, n) in [1usize, 2, 4].into_iter().enumerate() {
+        let bots = replicas(cluster, n, &far_timers()).await;
+        let (rate, latencies) = ingest(
+            &bots,
+            POSTGRES_CLIENTS,
+            sizes.ingest_messages,
+            &format!("pg{rep}r{n}"),
+        )
+        .await;
+        table.record_ingest(
+            110 + 10 * i,
+            (
+                "PostgreSQL ingest",
+                &format!("{n} replica(s), {POSTGRES_CLIENTS} clients"),
+            ),
+            rate,
+            &latencies,
+            &format!("{} rows/s (one-row, synchronous_commit=on)", fmt(limit)),
+        );
+    }
+    if sizes.ingest_only {
+        return;
+    }
+    let debounce = 200;
+    let bots = replicas(
+        cluster,
+        2,
+        &[
+            ("LULL_DEBOUNCE_MS", debounce.to_string()),
+            ("LULL_MAX_WAIT_MS", "5000".into()),
+        ],
+    )
+    .await;
+    let late = lateness(
+        &bots,
+        sizes.lateness_seconds,
+        debounce,
+        &format!("pglate{rep}-"),
+    )
+    .await;
+    table.record(
+        140,
+        "PostgreSQL lateness p50, 2 replicas, 10 due/s",
+        "ms",
+        percentile(&late, 50.0),
+        "delivered at the webhook − due time (NOTIFY wake-up)",
+    );
+    table.record(
+        141,
+        "PostgreSQL lateness p99, 2 replicas, 10 due/s",
+        "ms",
+        percentile(&late, 99.0),
+        "the poll alone: up to 1000 ms (LULL_POLL_MS)",
+    );
+}
+
+/// `n` `lull run` replicas on one fresh database of `cluster`, sharing one webhook.
+async fn replicas(cluster: &Cluster, n: usize, extra: &[(&'static str, String)]) -> Vec<Arc<Bot>> {
+    let url = cluster.create_database();
+    let webhook = Arc::new(Webhook::start().await);
+    let mut env = vec![("DATABASE_URL", url)];
+    env.extend(extra.iter().cloned());
+    let mut bots = Vec::new();
+    for _ in 0..n {
+        let dir = tempfile::tempdir().unwrap();
+        bots.push(Arc::new(Bot::start_in(dir, webhook.clone(), &env).await));
+    }
+    bots
+}
+
+/// Rows per second of `transactions` one-row transactions, one after the other from
+/// one client (`pgbench`), on a fresh database of `cluster`: the limit the PostgreSQL
+/// ingest rows are compared with.
+fn postgres_limit(cluster: &Cluster, transactions: usize, scratch: &Path) -> f64 {
+    let url = cluster.create_database();
+    let database = support::db::Postgres(url.clone());
+    let setting = support::db::rows(&database, "SHOW synchronous_commit");
+    assert_eq!(
+        setting,
+        [["on"]],
+        "the limit is measured with synchronous_commit on"
+    );
+    support::db::rows(
+        &database,
+        "CREATE TABLE messages (id bigserial PRIMARY KEY, conversation text NOT NULL, text text NOT NULL)",
+    );
+    let script = scratch.join("one-row.sql");
+    std::fs::write(
+        &script,
+        "INSERT INTO messages (conversation, text) VALUES ('c', 'hello');\n",
+    )
+    .unwrap();
+    let name = url.rsplit('/').next().unwrap();
+    let output = std::process::Command::new(cluster.bin().join("pgbench"))
+        .args(["-n", "-c", "1", "-h", "127.0.0.1", "-U", "postgres", "-p"])
+        .arg(cluster.port().to_string())
+        .arg("-t")
+        .arg(transactions.to_string())
+        .arg("-f")
+        .arg(&script)
+        .arg(name)
+        .output()
+        .expect("run pgbench");
+    let _ = std::fs::remove_file(&script);
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "pgbench failed: {text}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    text.lines()
+        .find_map(|l| l.strip_prefix("tps = "))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no tps in pgbench's output: {text}"))
 }
 
 /// A scripted workload of bursts (1–5 messages, 50–300 ms apart) in 40

@@ -1,6 +1,8 @@
-//! The multi-process stress and crash test, and its counter-test. See
-//! `tests/support/stress.rs`; `cargo bench --bench soak` runs longer versions.
+//! The multi-process stress and crash test, and its counter-test, on SQLite and on
+//! PostgreSQL (with a server restart). See `tests/support/stress.rs`; `cargo bench
+//! --bench soak` runs longer versions.
 
+use crate::support::postgres::{Cluster, Durability};
 use crate::support::stress::{self, StressPlan};
 
 /// Three processes, fifty conversations, two holders killed mid-round, a model that
@@ -33,10 +35,17 @@ async fn stress_with_kills_and_faults_keeps_every_invariant() {
 /// proves nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn counter_test_without_leases_the_checker_finds_duplicates() {
+    counter_test(None).await;
+}
+
+/// The counter-test's run on the database `database` (`None`: a SQLite file): no
+/// kills, every lease check off; the checker must find duplicates.
+async fn counter_test(database: Option<String>) {
     let plan = StressPlan {
         leases: false,
         kills: 0,
         conversations: 30,
+        database,
         ..StressPlan::ci()
     };
     let report = stress::run(&plan).await;
@@ -45,4 +54,50 @@ async fn counter_test_without_leases_the_checker_finds_duplicates() {
         report.duplicates > 0,
         "without leases duplicates were expected: {report}"
     );
+}
+
+/// The same run on PostgreSQL (three processes on one database of a cluster of this
+/// test's own), and the server restarted halfway (`pg_ctl stop -m fast`, down for
+/// [`stress::SERVER_DOWN`], started again) between the two kills, while rounds hold
+/// leases: every connection drops, ingest is refused until the server is back, renewals
+/// and commits fail mid-round. Still no message answered twice, none lost, every reply
+/// fresh; the messages the restart caught unanswered and those sent after it are all
+/// answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_stress_with_kills_faults_and_a_server_restart_keeps_every_invariant() {
+    let Some(cluster) = Cluster::private(Durability::Off) else {
+        return;
+    };
+    let cluster = std::sync::Arc::new(cluster);
+    let plan = StressPlan {
+        database: Some(cluster.create_database()),
+        restart_server: Some(cluster.clone()),
+        ..StressPlan::ci()
+    };
+    let report = stress::run(&plan).await;
+    println!("{report}");
+    let explain = || format!("{report}\nserver log:\n{}", cluster.log());
+    assert!(report.messages > 100, "{}", explain());
+    assert_eq!(report.kills, 2, "{}", explain());
+    assert_eq!(report.server_restarts, 1, "{}", explain());
+    // The restart hit traffic: work in flight when it stopped, messages after it.
+    assert!(report.pending_at_restart > 0, "{}", explain());
+    assert!(report.acked_after_restart > 0, "{}", explain());
+    assert!(report.model_failures > 0, "{}", explain());
+    assert!(report.webhook_failures > 0, "{}", explain());
+    assert_eq!(report.duplicates, 0, "{}", explain());
+    assert_eq!(report.lost, 0, "{}", explain());
+    assert_eq!(report.stale, 0, "{}", explain());
+    assert_eq!(report.token_regressions, 0, "{}", explain());
+    assert_eq!(report.text_mismatches, 0, "{}", explain());
+}
+
+/// Its counter-test on PostgreSQL: the same run with every lease check switched off
+/// must be caught producing duplicates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_counter_test_without_leases_the_checker_finds_duplicates() {
+    let Some(database) = crate::support::postgres::fresh_database() else {
+        return;
+    };
+    counter_test(Some(database)).await;
 }

@@ -117,9 +117,8 @@ pub fn rows(db: &(impl Database + ?Sized), sql: &str) -> Vec<Vec<String>> {
             .unwrap()
         }
         Db::Postgres(url) => {
-            let bin = crate::support::postgres::cluster()
-                .expect("a PostgreSQL database without the test cluster")
-                .bin();
+            let bin = crate::support::postgres::binaries()
+                .expect("a PostgreSQL database without PostgreSQL's binaries");
             // Unit and record separators: texts may hold `|` and newlines.
             let output = Command::new(bin.join("psql"))
                 .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"])

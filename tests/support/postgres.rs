@@ -2,7 +2,10 @@
 //! (as the `postgres` user when the tests run as root: the server refuses to run as
 //! root), `pg_ctl start` on a free loopback port with trust authentication, a fresh
 //! database per test. One cluster serves the whole test binary; a watchdog stops it
-//! when the test process exits, however it exits.
+//! when the test process exits, however it exits. A test that restarts its server
+//! (the stress run with a server restart) or needs a durable one (the benchmark)
+//! starts a [`Cluster::private`] one instead, stopped when dropped, so no other test
+//! sees its server go away.
 //!
 //! The server binaries are looked for in `LULL_PG_BIN`, then
 //! `/usr/lib/postgresql/<version>/bin` (newest first). Without them the PostgreSQL
@@ -22,7 +25,23 @@ pub struct Cluster {
     port: u16,
     /// Where the cluster lives (removed with the test process's temporary files).
     dir: PathBuf,
+    /// The server's command-line settings, given again on a restart.
+    options: String,
+    /// Whether the server runs as the `postgres` user (the tests run as root).
+    root: bool,
     _keep: tempfile::TempDir,
+}
+
+/// How a cluster treats a commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// Tests: no fsync, commits acknowledged before they reach the disk (a restart
+    /// with `-m fast` still writes everything out; only a crash of the machine loses
+    /// commits, which no test does).
+    Off,
+    /// Benchmarks: PostgreSQL's defaults, `fsync` and `synchronous_commit` on, so a
+    /// commit is on the disk before it is acknowledged, as in production.
+    On,
 }
 
 /// The cluster of this test binary, started on first use; `None` (with one printed
@@ -30,22 +49,30 @@ pub struct Cluster {
 pub fn cluster() -> Option<&'static Cluster> {
     static CLUSTER: OnceLock<Option<Cluster>> = OnceLock::new();
     CLUSTER
-        .get_or_init(|| match server_binaries() {
-            Some(bin) => Some(Cluster::start(bin)),
-            None if required() => panic!(
-                "LULL_REQUIRE_POSTGRES=1 but no PostgreSQL server binaries were found \
-                 (set LULL_PG_BIN or install postgresql)"
-            ),
-            None => {
-                // Past the test harness's capture (it only takes `print!`), once.
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "PostgreSQL is not installed (no initdb in LULL_PG_BIN or /usr/lib/postgresql/*/bin): skipping the PostgreSQL tests"
-                );
-                None
-            }
-        })
+        .get_or_init(|| binaries().map(|bin| Cluster::start(bin.to_owned(), Durability::Off)))
         .as_ref()
+}
+
+/// The PostgreSQL server binaries (and `psql`); `None` (with one printed line, once)
+/// when they are not installed and not required; a panic when `LULL_REQUIRE_POSTGRES=1`.
+pub fn binaries() -> Option<&'static Path> {
+    static BIN: OnceLock<Option<PathBuf>> = OnceLock::new();
+    BIN.get_or_init(|| match server_binaries() {
+        Some(bin) => Some(bin),
+        None if required() => panic!(
+            "LULL_REQUIRE_POSTGRES=1 but no PostgreSQL server binaries were found \
+             (set LULL_PG_BIN or install postgresql)"
+        ),
+        None => {
+            // Past the test harness's capture (it only takes `print!`), once.
+            let _ = writeln!(
+                std::io::stderr(),
+                "PostgreSQL is not installed (no initdb in LULL_PG_BIN or /usr/lib/postgresql/*/bin): skipping the PostgreSQL tests"
+            );
+            None
+        }
+    })
+    .as_deref()
 }
 
 /// A fresh, empty database on the test cluster: its `postgres://` URL. `None` when
@@ -110,7 +137,15 @@ fn run(mut command: Command, what: &str) -> String {
 }
 
 impl Cluster {
-    fn start(bin: PathBuf) -> Cluster {
+    /// A cluster of the caller's own, stopped when it is dropped (and by the watchdog
+    /// if the test process dies first): for a test that restarts the server, or a
+    /// benchmark that needs commits on the disk. `None` when PostgreSQL is not
+    /// available (see [`binaries`]).
+    pub fn private(durability: Durability) -> Option<Cluster> {
+        binaries().map(|bin| Cluster::start(bin.to_owned(), durability))
+    }
+
+    fn start(bin: PathBuf, durability: Durability) -> Cluster {
         let root = is_root();
         let keep = tempfile::Builder::new()
             .prefix("lull-pg-")
@@ -143,21 +178,14 @@ impl Cluster {
         ]);
         run(initdb, "initdb");
         let port = crate::support::process::free_port();
-        let options = format!(
+        let mut options = format!(
             "-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={} \
-             -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300",
+             -c max_connections=300",
             dir.display()
         );
-        let mut start = server_command(&bin, "pg_ctl", root);
-        start
-            .arg("-D")
-            .arg(&dir)
-            .arg("-o")
-            .arg(&options)
-            .arg("-l")
-            .arg(dir.join("server.log"))
-            .args(["-w", "-t", "60", "start"]);
-        run(start, "pg_ctl start");
+        if durability == Durability::Off {
+            options.push_str(" -c fsync=off -c synchronous_commit=off -c full_page_writes=off");
+        }
         // Stop the cluster when this test process ends, however it ends.
         let stop = format!(
             "while kill -0 {pid} 2>/dev/null; do sleep 1; done; {runas}{pg_ctl} -D {dir} -m immediate stop >/dev/null 2>&1; rm -rf {keep}",
@@ -176,17 +204,58 @@ impl Cluster {
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("the cluster's watchdog");
-        Cluster {
+        let cluster = Cluster {
             bin,
             port,
             dir,
+            options,
+            root,
             _keep: keep,
-        }
+        };
+        cluster.pg_ctl_start();
+        cluster
+    }
+
+    fn pg_ctl_start(&self) {
+        let mut start = server_command(&self.bin, "pg_ctl", self.root);
+        start
+            .arg("-D")
+            .arg(&self.dir)
+            .arg("-o")
+            .arg(&self.options)
+            .arg("-l")
+            .arg(self.dir.join("server.log"))
+            .args(["-w", "-t", "60", "start"]);
+        run(start, "pg_ctl start");
+    }
+
+    fn pg_ctl_stop(&self, mode: &str) {
+        let mut stop = server_command(&self.bin, "pg_ctl", self.root);
+        stop.arg("-D")
+            .arg(&self.dir)
+            .args(["-m", mode, "-w", "-t", "60", "stop"]);
+        run(stop, "pg_ctl stop");
+    }
+
+    /// Restart the server as an operator does (`pg_ctl stop -m fast`, then start on
+    /// the same port with the same settings), down for `down` in between: every
+    /// session is disconnected, committed work survives, and clients see refused
+    /// connections until it is back. Blocks until the server accepts connections
+    /// again. Only for a [`Cluster::private`] one: other tests share the other.
+    pub fn restart(&self, down: std::time::Duration) {
+        self.pg_ctl_stop("fast");
+        std::thread::sleep(down);
+        self.pg_ctl_start();
     }
 
     /// Where the server binaries (and `psql`) are.
     pub fn bin(&self) -> &Path {
         &self.bin
+    }
+
+    /// The loopback port the server listens on.
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     /// The URL of database `name` on this cluster.
@@ -210,5 +279,19 @@ impl Cluster {
     /// The server's log so far (for a failing test's message).
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+    }
+}
+
+/// A private cluster stops with its owner (the shared one, a static, never drops: its
+/// watchdog stops it with the test process).
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let mut stop = server_command(&self.bin, "pg_ctl", self.root);
+        stop.arg("-D")
+            .arg(&self.dir)
+            .args(["-m", "immediate", "-w", "stop"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        let _ = stop.status();
     }
 }

@@ -5,12 +5,15 @@
 //! the http adapter, the `echo` responder with a random delay, and one webhook
 //! collector. M conversations get random bursts (spread over the processes, a message
 //! refused by a dead process is sent again to another, as a platform redelivers).
-//! Meanwhile processes holding a lease are killed with SIGKILL and restarted. With
-//! [`Faults`], the model (a fake OpenAI-compatible server) fails a share of requests
-//! with 5xx and refuses some batches as too long, and the webhook refuses, or answers
-//! too slowly, a share of deliveries. At the end the checker compares what the webhook received and what the database holds
-//! against the invariants: no message covered twice, none uncovered, every reply
-//! fresh (or forced by the cap), fencing tokens only growing.
+//! Meanwhile processes holding a lease are killed with SIGKILL and restarted, and (on
+//! PostgreSQL, with [`StressPlan::restart_server`]) the database server is restarted
+//! once between the kills: every connection drops, ingest is refused with 503 until it
+//! is back, renewals and commits fail mid-round. With [`Faults`], the model (a fake
+//! OpenAI-compatible server) fails a share of requests with 5xx and refuses some
+//! batches as too long, and the webhook refuses, or answers too slowly, a share of
+//! deliveries. At the end the checker compares what the webhook received and what the
+//! database holds against the invariants: no message covered twice, none uncovered,
+//! every reply fresh (or forced by the cap), fencing tokens only growing.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -22,6 +25,7 @@ use tokio::sync::Mutex as AsyncMutex;
 
 use super::db;
 use super::openai_fake::{Behavior, Chaos, FakeOpenAi};
+use super::postgres::Cluster;
 use super::process::{LullProcess, post_message};
 use super::webhook::{Answer, Webhook};
 
@@ -53,6 +57,10 @@ pub struct StressPlan {
     /// The `DATABASE_URL` every process shares (a fresh, empty database); `None`: a
     /// fresh SQLite file.
     pub database: Option<String>,
+    /// The PostgreSQL cluster `database` lives on, restarted once mid-run (down for
+    /// [`SERVER_DOWN`], between two kills, never during one); `None`: no restart. A
+    /// private cluster: other tests must not see its server go away.
+    pub restart_server: Option<Arc<Cluster>>,
 }
 
 /// Everyday faults of the services lull depends on.
@@ -86,6 +94,9 @@ impl Faults {
 const POISON: &str = "OVERSIZE";
 /// The webhook time limit of a faulty run, and how long a slow answer takes.
 const WEBHOOK_TIMEOUT_MS: u64 = 400;
+/// How long a restarted database server stays down: longer than a lease renewal
+/// interval, so rounds in flight lose their renewals and commits.
+pub const SERVER_DOWN: Duration = Duration::from_millis(1500);
 
 impl StressPlan {
     /// The short run CI does on every submission.
@@ -108,6 +119,7 @@ impl StressPlan {
             seed: 7,
             faults: Some(Faults::ci()),
             database: None,
+            restart_server: None,
         }
     }
 }
@@ -143,6 +155,13 @@ pub struct StressReport {
     pub contended: u64,
     /// Replies the cap forced out.
     pub forced: usize,
+    /// Restarts of the database server.
+    pub server_restarts: usize,
+    /// Messages acknowledged before the server stopped and not yet answered then: the
+    /// work the restart caught in flight.
+    pub pending_at_restart: usize,
+    /// Messages acknowledged after the server was back.
+    pub acked_after_restart: usize,
     pub elapsed: Duration,
 }
 
@@ -170,7 +189,15 @@ impl fmt::Display for StressReport {
             self.token_regressions,
             self.text_mismatches,
             self.elapsed.as_secs_f64()
-        )
+        )?;
+        if self.server_restarts > 0 {
+            write!(
+                f,
+                " server_restarts={} pending_at_restart={} acked_after_restart={}",
+                self.server_restarts, self.pending_at_restart, self.acked_after_restart
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -180,6 +207,8 @@ struct Acked {
     conversation: String,
     id: String,
     text: String,
+    /// When the 202 came.
+    at: Instant,
 }
 
 pub async fn run(plan: &StressPlan) -> StressReport {
@@ -263,15 +292,11 @@ pub async fn run(plan: &StressPlan) -> StressReport {
             acked.clone(),
         ));
     }
-    let killer = tokio::spawn(kill_holders(
-        plan.clone(),
-        processes.clone(),
-        db_path.clone(),
-    ));
+    let disrupting = tokio::spawn(disrupt(plan.clone(), processes.clone(), db_path.clone()));
     while let Some(result) = drivers.join_next().await {
         result.expect("driver task");
     }
-    let kills = killer.await.expect("killer task");
+    let disrupted = disrupting.await.expect("disrupting task");
 
     let acked_count = acked.lock().unwrap().len();
     wait_quiescent(&db_path, &webhook, acked_count, Duration::from_secs(120)).await;
@@ -286,7 +311,13 @@ pub async fn run(plan: &StressPlan) -> StressReport {
     report.webhook_failures = webhook.request_log().len() - webhook.received().len();
     report.processes = plan.processes;
     report.conversations = plan.conversations;
-    report.kills = kills;
+    report.kills = disrupted.kills;
+    if let Some(outage) = disrupted.outage {
+        report.server_restarts = 1;
+        let (pending, after) = around_outage(&acked, &webhook, outage);
+        report.pending_at_restart = pending;
+        report.acked_after_restart = after;
+    }
     report.contended = contended.lock().unwrap().total();
     report.elapsed = started.elapsed();
     drop(processes);
@@ -326,6 +357,7 @@ async fn drive_conversation(
                 conversation: conversation.clone(),
                 id,
                 text,
+                at: Instant::now(),
             });
             n += 1;
             tokio::time::sleep(Duration::from_millis(rng.u64(0..=plan.max_gap_ms))).await;
@@ -365,29 +397,75 @@ async fn send_until_stored(
     }
 }
 
+/// What the disrupting task did.
+#[derive(Debug, Clone, Copy)]
+struct Disrupted {
+    kills: usize,
+    /// When the database server was stopped and when it accepted connections again.
+    outage: Option<(Instant, Instant)>,
+}
+
 /// Kill processes that hold a conversation lease (mid-generation or mid-delivery),
-/// spread over the traffic, and restart each on its port.
-async fn kill_holders(
+/// spread over the traffic, and restart each on its port; restart the database server
+/// once halfway, if the plan says so. One event at a time: a process restarted while
+/// the server is down would refuse to start, and the checker's reads need the server.
+async fn disrupt(
     plan: StressPlan,
     processes: Arc<Vec<AsyncMutex<LullProcess>>>,
     db_path: db::Location,
-) -> usize {
+) -> Disrupted {
     let mut rng = fastrand::Rng::with_seed(plan.seed ^ 0xdead_beef);
-    let interval = Duration::from_millis(plan.spread_ms / (plan.kills as u64 + 1));
-    let mut kills = 0;
-    for _ in 0..plan.kills {
+    let restart_at = plan.restart_server.as_ref().map(|_| plan.kills / 2);
+    let events = plan.kills + usize::from(restart_at.is_some());
+    let interval = Duration::from_millis(plan.spread_ms / (events as u64 + 1));
+    let mut done = Disrupted {
+        kills: 0,
+        outage: None,
+    };
+    for event in 0..events {
         tokio::time::sleep(interval).await;
+        if let (Some(at), Some(cluster)) = (restart_at, &plan.restart_server)
+            && event == at
+        {
+            // Mid-round, like the kills: wait (a little) for a lease to be held.
+            let _ = find_holder(&db_path, &processes).await;
+            let cluster = cluster.clone();
+            let stopped = Instant::now();
+            tokio::task::spawn_blocking(move || cluster.restart(SERVER_DOWN))
+                .await
+                .expect("restart the database server");
+            done.outage = Some((stopped, Instant::now()));
+            continue;
+        }
         let victim = find_holder(&db_path, &processes)
             .await
             .unwrap_or_else(|| rng.usize(0..processes.len()));
         let mut process = processes[victim].lock().await;
         process.kill9();
-        kills += 1;
+        done.kills += 1;
         tokio::time::sleep(Duration::from_millis(rng.u64(200..=800))).await;
         process.restart();
         process.wait_healthy(Duration::from_secs(20)).await;
     }
-    kills
+    done
+}
+
+/// Around an outage from `stopped` to `back`: how many acknowledged messages were
+/// still unanswered when the server stopped (no answer had reached the webhook), and
+/// how many were acknowledged after it was back.
+fn around_outage(
+    acked: &[Acked],
+    webhook: &Webhook,
+    (stopped, back): (Instant, Instant),
+) -> (usize, usize) {
+    let answered_before = covered(answers(webhook).into_iter().filter(|r| r.at < stopped));
+    let pending = acked
+        .iter()
+        .filter(|m| m.at < stopped)
+        .filter(|m| !answered_before.contains(&(m.conversation.clone(), m.id.clone())))
+        .count();
+    let after = acked.iter().filter(|m| m.at > back).count();
+    (pending, after)
 }
 
 /// The index of a process that holds a live conversation lease right now, looking for
@@ -492,19 +570,26 @@ async fn wait_quiescent(
             db_path,
             "SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL AND failed_at IS NULL",
         );
-        let covered: BTreeSet<(String, String)> = answers(webhook)
-            .into_iter()
-            .flat_map(|r| {
-                r.covers
-                    .into_iter()
-                    .map(move |id| (r.conversation.clone(), id))
-            })
-            .collect();
+        let covered = covered(answers(webhook));
         if pending == 0 && undelivered == 0 && covered.len() >= messages {
             return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The `(conversation, message id)` pairs `answers` cover.
+fn covered(
+    answers: impl IntoIterator<Item = super::webhook::Received>,
+) -> BTreeSet<(String, String)> {
+    answers
+        .into_iter()
+        .flat_map(|r| {
+            r.covers
+                .into_iter()
+                .map(move |id| (r.conversation.clone(), id))
+        })
+        .collect()
 }
 
 /// What the webhook accepted that answers messages: replies, and notices that gave up

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use lull_port::retry::Backoff;
 use tokio::sync::Notify;
 use tokio_postgres::AsyncMessage;
 use tokio_postgres_rustls::MakeRustlsConnect;
@@ -22,6 +23,9 @@ impl Drop for Listener {
     }
 }
 
+/// Reconnecting after the LISTEN connection ended: the project's one retry policy.
+const RECONNECT: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+
 impl Listener {
     /// Listen on `channel` and wake `armed` for every notification.
     pub(super) fn start(
@@ -31,7 +35,7 @@ impl Listener {
         armed: Arc<Notify>,
     ) -> Self {
         let task = tokio::spawn(async move {
-            let mut backoff = Duration::from_millis(100);
+            let mut failures = 0;
             loop {
                 match listen(&config, tls.clone(), channel, &armed).await {
                     Ok(()) => {
@@ -41,8 +45,8 @@ impl Listener {
                         tracing::warn!(error = %e, "the LISTEN connection failed; reconnecting")
                     }
                 }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(5));
+                failures += 1;
+                tokio::time::sleep(RECONNECT.delay(failures)).await;
             }
         });
         Self { task }

@@ -57,6 +57,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use lull_port::retry::Backoff;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{IsolationLevel, Row};
@@ -300,6 +301,10 @@ async fn execute(
 /// place a transaction reaches the database, where a test's fault plan is consulted
 /// and the store's condition learns the outcome. A macro, not a function taking a
 /// closure: the body borrows the transaction across awaits.
+/// Between tries of a transaction that met a serialization failure or deadlock.
+const SERIALIZATION_RETRY: Backoff =
+    Backoff::new(Duration::from_millis(10), Duration::from_millis(80));
+
 macro_rules! transaction {
     ($store:expr, $operation:expr, $context:expr, |$tx:ident| $body:expr) => {{
         let store: &PostgresStore = $store;
@@ -329,10 +334,7 @@ macro_rules! transaction {
                         && started.elapsed() < Duration::from_millis(STATEMENT_TIMEOUT_MS) =>
                 {
                     attempt += 1;
-                    tokio::time::sleep(Duration::from_millis(
-                        10 * u64::from(attempt) + fastrand::u64(0..20),
-                    ))
-                    .await;
+                    tokio::time::sleep(SERIALIZATION_RETRY.delay(attempt)).await;
                 }
                 other => break other,
             }

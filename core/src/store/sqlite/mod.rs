@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lull_port::retry::Backoff;
 use r2d2_sqlite::SqliteConnectionManager;
 use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, params};
 
@@ -388,6 +389,10 @@ fn verify_integrity(conn: &Connection) -> Result<(), String> {
 
 /// Retry a statement that found the file locked in a way busy_timeout does not cover
 /// (switching the journal mode while another process opens the file).
+/// Between tries of a start-up statement that found the database locked by another
+/// process (about 40 ms each, jittered: the locker is another start-up, short).
+const BUSY_AT_OPEN: Backoff = Backoff::new(Duration::from_millis(40), Duration::from_millis(40));
+
 fn retry_busy<T>(mut f: impl FnMut() -> rusqlite::Result<T>) -> rusqlite::Result<T> {
     let mut attempt = 0;
     loop {
@@ -400,7 +405,7 @@ fn retry_busy<T>(mut f: impl FnMut() -> rusqlite::Result<T>) -> rusqlite::Result
                     ) =>
             {
                 attempt += 1;
-                std::thread::sleep(Duration::from_millis(20 + fastrand::u64(0..40)));
+                std::thread::sleep(BUSY_AT_OPEN.delay(attempt));
             }
             other => return other,
         }

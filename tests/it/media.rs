@@ -294,6 +294,95 @@ async fn a_voice_note_is_transcribed_once_and_answered() {
     run.finish();
 }
 
+/// A transcription server that answers a runaway transcript (1 MB) has it cut before it
+/// is stored: the voice note is answered, and no prompt carries a megabyte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runaway_transcript_is_cut_before_it_is_stored() {
+    let run = start(&[]).await;
+    let chat = 4611;
+    let audio = b"OggS runaway voice".to_vec();
+    run.fake.add_file("v9", audio.clone());
+    run.model.transcript(&audio, &"blah ".repeat(200_000));
+    run.fake
+        .push_message(voice_message(chat, chat, "v9", audio.len(), 3));
+    run.fake.wait_sent(chat, 1, SECS(15)).await;
+    assert_eq!(run.model.transcriptions().len(), 1);
+    let longest = db::count(
+        &run.db(),
+        "SELECT COALESCE(MAX(LENGTH(transcript)), 0) FROM messages",
+    );
+    assert!(
+        (1..=20_000).contains(&longest),
+        "stored transcript of {longest} characters"
+    );
+    run.finish();
+}
+
+/// A transcription server that refuses the audio (4xx) does not stall the
+/// conversation: it is asked once, the reply comes without the transcript (the model
+/// is told a voice message could not be transcribed), and nothing is stored as one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_transcription_is_answered_without_it() {
+    let run = start(&[]).await;
+    let chat = 4612;
+    let audio = b"OggS refused voice".to_vec();
+    run.fake.add_file("v10", audio.clone());
+    run.model.fail_transcriptions(&[400]);
+    run.fake
+        .push_message(voice_message(chat, chat, "v10", audio.len(), 3));
+    let sent = run.fake.wait_sent(chat, 1, SECS(15)).await;
+    assert_eq!(sent.len(), 1);
+    assert_eq!(run.model.transcriptions().len(), 1, "a 4xx is not retried");
+    assert!(
+        run.model
+            .messages(0)
+            .iter()
+            .any(|(_, text)| text.contains("could not be transcribed")),
+        "{:?}",
+        run.model.messages(0)
+    );
+    assert_eq!(
+        db::count(
+            &run.db(),
+            "SELECT COUNT(*) FROM messages WHERE transcript IS NOT NULL"
+        ),
+        0
+    );
+    run.finish();
+}
+
+/// A transcription server failing (5xx) is retried like the model: the voice note
+/// is transcribed once the server is back and answered once, from the transcript.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_transcription_server_is_retried_and_the_voice_note_answered_once() {
+    let run = start(&[]).await;
+    let chat = 4613;
+    let audio = b"OggS flaky voice".to_vec();
+    run.fake.add_file("v11", audio.clone());
+    run.model.transcript(&audio, "call the plumber");
+    run.model.fail_transcriptions(&[503]);
+    run.fake
+        .push_message(voice_message(chat, chat, "v11", audio.len(), 3));
+    // The first failure tells the user their messages are kept (the notice every
+    // transient failure of a round sends); the answer follows once the server is back.
+    let sent = run.fake.wait_sent(chat, 2, SECS(30)).await;
+    assert!(
+        sent[0].text.contains("kept your messages"),
+        "{:?}",
+        sent[0].text
+    );
+    assert_eq!(sent[1].text, "[model] [voice message]: call the plumber");
+    assert_eq!(
+        run.model.transcriptions().len(),
+        2,
+        "one failure, one success"
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let answers = run.fake.wait_sent(chat, 2, SECS(1)).await;
+    assert_eq!(answers.len(), 2, "answered once: {answers:?}");
+    run.finish();
+}
+
 /// A process killed after the transcript was stored (while the model works) loses
 /// nothing and costs no second transcription: the next process answers the voice note
 /// from the stored transcript.

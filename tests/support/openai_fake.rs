@@ -183,6 +183,8 @@ struct Inner {
     streams: Mutex<Vec<Streamed>>,
     /// Refuse requests with image parts (a model without vision).
     refuse_images: std::sync::atomic::AtomicBool,
+    /// Statuses the next transcription requests answer, in order (then success).
+    transcription_failures: Mutex<std::collections::VecDeque<u16>>,
     /// Audio bytes → transcript.
     transcripts: Mutex<Vec<(Vec<u8>, String)>>,
     /// `(model, file bytes)` of every transcription request.
@@ -231,6 +233,15 @@ impl FakeOpenAi {
         self.inner
             .refuse_images
             .store(refuse, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Answer the next transcription requests with these error statuses, in order.
+    pub fn fail_transcriptions(&self, statuses: &[u16]) {
+        self.inner
+            .transcription_failures
+            .lock()
+            .unwrap()
+            .extend(statuses.iter().copied());
     }
 
     /// Answer a transcription of `audio` with `text`.
@@ -501,6 +512,9 @@ async fn transcribe(
         .lock()
         .unwrap()
         .push((model, file.clone()));
+    if let Some(status) = inner.transcription_failures.lock().unwrap().pop_front() {
+        return error(status, "transcription failed (the test said so)");
+    }
     let text = inner
         .transcripts
         .lock()

@@ -114,6 +114,10 @@ I answered the rest of your messages; please send a smaller version if it matter
     )
 }
 
+/// The longest transcript stored: a 300-second voice note is a few thousand words, so
+/// anything longer is a misbehaving server, cut rather than carried into every prompt.
+const MAX_TRANSCRIPT_CHARS: usize = 20_000;
+
 /// How much of a transcript a reply quotes.
 const QUOTED_TRANSCRIPT_CHARS: usize = 300;
 
@@ -690,7 +694,13 @@ impl Round<'_> {
                 }
             };
             let transcript = match transcriber.transcribe(&audio.bytes, &audio.mime).await {
-                Ok(transcript) => transcript,
+                // A runaway answer is cut: the transcript enters every later prompt.
+                Ok(transcript) => lull_port::split::truncate(
+                    &transcript,
+                    MAX_TRANSCRIPT_CHARS,
+                    "[transcript cut]",
+                )
+                .unwrap_or(transcript),
                 Err(error) if error.is_retryable() => return Ok(Err(error)),
                 Err(error) => {
                     tracing::error!(conversation = %batch.conversation, error = %error, "the transcription server refused a voice message; answering without it (check LULL_TRANSCRIBE_MODEL and LULL_TRANSCRIBE_BASE_URL)");

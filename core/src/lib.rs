@@ -52,4 +52,5 @@ pub mod limits;
 pub mod llm;
 pub mod metrics;
 pub mod store;
+mod switches;
 pub mod timing;

@@ -16,6 +16,7 @@ mod health;
 mod helpers;
 mod http_api;
 mod ingest;
+mod last_step;
 mod llm;
 mod media;
 mod project;

@@ -3,7 +3,7 @@
 //! --bench soak` runs longer versions.
 
 use crate::support::postgres::{Cluster, Durability};
-use crate::support::stress::{self, StressPlan};
+use crate::support::stress::{self, Faults, StressPlan};
 
 /// Three processes, fifty conversations, two holders killed mid-round, a model that
 /// fails some requests and refuses some batches, a webhook that refuses or answers
@@ -24,9 +24,36 @@ async fn stress_with_kills_and_faults_keeps_every_invariant() {
     assert_eq!(report.stale, 0, "{report}");
     assert_eq!(report.token_regressions, 0, "{report}");
     assert_eq!(report.text_mismatches, 0, "{report}");
+    // The last step's faults did happen, and no delivery was forgotten.
+    assert!(report.locks_after_accept > 0, "{report}");
+    assert_eq!(report.double_deliveries, 0, "{report}");
     assert!(
         report.replies < report.messages,
         "bursts share replies: {report}"
+    );
+}
+
+/// The counter-test of the last step: the same faults with the sent-mark deferred and
+/// dropped on a failed write (`LULL_TEST_DEFER_MARKS`, the behaviour before marks were
+/// facts): the checker finds replies delivered twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn counter_test_with_deferred_marks_the_checker_finds_double_deliveries() {
+    let plan = StressPlan {
+        kills: 0,
+        conversations: 30,
+        switches: vec!["LULL_TEST_DEFER_MARKS"],
+        faults: Some(Faults {
+            locks_after_accept: 4,
+            ..Faults::ci()
+        }),
+        ..StressPlan::ci()
+    };
+    let report = stress::run(&plan).await;
+    println!("{report}");
+    assert!(report.locks_after_accept > 0, "{report}");
+    assert!(
+        report.double_deliveries > 0,
+        "with deferred marks double deliveries were expected: {report}"
     );
 }
 
@@ -90,6 +117,33 @@ async fn postgres_stress_with_kills_faults_and_a_server_restart_keeps_every_inva
     assert_eq!(report.stale, 0, "{}", explain());
     assert_eq!(report.token_regressions, 0, "{}", explain());
     assert_eq!(report.text_mismatches, 0, "{}", explain());
+    assert_eq!(report.double_deliveries, 0, "{}", explain());
+}
+
+/// The counter-test of the last step on PostgreSQL: the server restarted right after a
+/// reply was accepted, with the sent-mark deferred and dropped on a failed write
+/// (`LULL_TEST_DEFER_MARKS`): the checker finds a reply delivered twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_counter_test_with_deferred_marks_a_restart_after_a_send_delivers_twice() {
+    let Some(cluster) = Cluster::private(Durability::Off) else {
+        return;
+    };
+    let cluster = std::sync::Arc::new(cluster);
+    let plan = StressPlan {
+        kills: 0,
+        conversations: 30,
+        database: Some(cluster.create_database()),
+        restart_server: Some(cluster.clone()),
+        switches: vec!["LULL_TEST_DEFER_MARKS"],
+        ..StressPlan::ci()
+    };
+    let report = stress::run(&plan).await;
+    println!("{report}");
+    assert_eq!(report.server_restarts, 1, "{report}");
+    assert!(
+        report.double_deliveries > 0,
+        "with deferred marks a double delivery was expected: {report}"
+    );
 }
 
 /// Its counter-test on PostgreSQL: the same run with every lease check switched off

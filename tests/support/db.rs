@@ -196,6 +196,26 @@ pub fn open(path: &Path) -> Connection {
     conn
 }
 
+/// Take the SQLite file's write lock from a connection of the test's own (as another
+/// process would) and hold it for `hold` on a thread of its own; returns once the lock
+/// is held.
+pub fn hold_write_lock(path: &Path, hold: std::time::Duration) {
+    let path = path.to_owned();
+    let (locked, is_locked) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let conn = Connection::open(&path).expect("open db");
+        conn.busy_timeout(std::time::Duration::from_secs(30))
+            .unwrap();
+        conn.execute_batch("BEGIN IMMEDIATE")
+            .expect("take the write lock");
+        locked.send(()).unwrap();
+        std::thread::sleep(hold);
+        conn.execute_batch("COMMIT")
+            .expect("give the write lock back");
+    });
+    is_locked.recv().expect("the lock taken");
+}
+
 pub fn replies(db: &(impl Database + ?Sized)) -> Vec<ReplyRow> {
     answers(db)
         .into_iter()

@@ -243,8 +243,20 @@ impl Cluster {
     /// connections until it is back. Blocks until the server accepts connections
     /// again. Only for a [`Cluster::private`] one: other tests share the other.
     pub fn restart(&self, down: std::time::Duration) {
-        self.pg_ctl_stop("fast");
+        self.stop();
         std::thread::sleep(down);
+        self.start_again();
+    }
+
+    /// The first half of [`Cluster::restart`]: `pg_ctl stop -m fast`, blocking until
+    /// the server is down.
+    pub fn stop(&self) {
+        self.pg_ctl_stop("fast");
+    }
+
+    /// The second half of [`Cluster::restart`]: start the server again, blocking until
+    /// it accepts connections.
+    pub fn start_again(&self) {
         self.pg_ctl_start();
     }
 

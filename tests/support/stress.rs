@@ -10,14 +10,20 @@
 //! once between the kills: every connection drops, ingest is refused with 503 until it
 //! is back, renewals and commits fail mid-round. With [`Faults`], the model (a fake
 //! OpenAI-compatible server) fails a share of requests with 5xx and refuses some
-//! batches as too long, and the webhook refuses, or answers too slowly, a share of
-//! deliveries. At the end the checker compares what the webhook received and what the
-//! database holds against the invariants: no message covered twice, none uncovered,
-//! every reply fresh (or forced by the cap), fencing tokens only growing.
+//! batches as too long, and the webhook refuses, rate limits (429, `Retry-After`), or
+//! answers too slowly, a share of deliveries. The faults of the last step hit the write
+//! that records a delivery: right after accepting a reply the receiver holds SQLite's
+//! write lock past the busy timeout a few times; on PostgreSQL the server restart comes
+//! right after a reply was accepted; kills land in the middle of rate-limit waits. At
+//! the end the checker compares what the webhook received and what the database holds
+//! against the invariants: no message covered twice, none uncovered, every reply fresh
+//! (or forced by the cap), fencing tokens only growing, and no reply seen accepted
+//! twice by lull unless a kill fell between (a delivered part is a fact).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -58,9 +64,13 @@ pub struct StressPlan {
     /// fresh SQLite file.
     pub database: Option<String>,
     /// The PostgreSQL cluster `database` lives on, restarted once mid-run (down for
-    /// [`SERVER_DOWN`], between two kills, never during one); `None`: no restart. A
-    /// private cluster: other tests must not see its server go away.
+    /// [`SERVER_DOWN`], between two kills, never during one, right after the webhook
+    /// accepted a reply); `None`: no restart. A private cluster: other tests must not
+    /// see its server go away.
     pub restart_server: Option<Arc<Cluster>>,
+    /// Test-only switches set to `1` in every process (a counter-test turns one
+    /// protection off: `LULL_TEST_DEFER_MARKS`, `LULL_TEST_UNBOUNDED_SENDS`).
+    pub switches: Vec<&'static str>,
 }
 
 /// Everyday faults of the services lull depends on.
@@ -76,6 +86,13 @@ pub struct Faults {
     /// Share of webhook POSTs answered after `LULL_WEBHOOK_TIMEOUT_MS` (lull gives up
     /// waiting and sends the reply again under the same `webhook-id`).
     pub webhook_slow: f64,
+    /// Share of webhook POSTs answered 429 with `Retry-After: 1`: the round waits under
+    /// its lease (and some kills land in that wait).
+    pub webhook_limited: f64,
+    /// Times (SQLite) the receiver, right after accepting a reply and before answering,
+    /// takes the database's write lock and holds it past the store's busy timeout
+    /// (shortened for the run): the write recording the delivery fails.
+    pub locks_after_accept: usize,
 }
 
 impl Faults {
@@ -86,6 +103,8 @@ impl Faults {
             poisoned: 0.03,
             webhook_errors: 0.10,
             webhook_slow: 0.05,
+            webhook_limited: 0.05,
+            locks_after_accept: 3,
         }
     }
 }
@@ -97,6 +116,10 @@ const WEBHOOK_TIMEOUT_MS: u64 = 400;
 /// How long a restarted database server stays down: longer than a lease renewal
 /// interval, so rounds in flight lose their renewals and commits.
 pub const SERVER_DOWN: Duration = Duration::from_millis(1500);
+/// SQLite's busy timeout in a faulty run (`LULL_TEST_BUSY_TIMEOUT_MS`), and how long the
+/// receiver holds the write lock: past the one, within the lease's TTL.
+const BUSY_TIMEOUT_MS: u64 = 700;
+const LOCK_HELD: Duration = Duration::from_millis(1200);
 
 impl StressPlan {
     /// The short run CI does on every submission.
@@ -120,6 +143,7 @@ impl StressPlan {
             faults: Some(Faults::ci()),
             database: None,
             restart_server: None,
+            switches: Vec::new(),
         }
     }
 }
@@ -142,6 +166,13 @@ pub struct StressReport {
     pub token_regressions: usize,
     /// Replies whose text is not exactly the messages they claim to cover.
     pub text_mismatches: usize,
+    /// Replies lull saw accepted more than once with no kill between: a delivery it
+    /// failed to record (a dropped sent-mark, a send past its lease).
+    pub double_deliveries: usize,
+    /// Times the receiver held the write lock right after accepting a reply.
+    pub locks_after_accept: usize,
+    /// Kills of a process while the webhook had rate limited one of its deliveries.
+    pub kills_in_waits: usize,
     /// The same reply POSTed again after a kill between the POST and recording it
     /// (receivers deduplicate on `reply_id`).
     pub redeliveries: usize,
@@ -171,7 +202,8 @@ impl fmt::Display for StressReport {
             f,
             "stress: processes={} conversations={} messages={} replies={} kills={} duplicates={} lost={} stale={} \
              given_up={} model_failures={} webhook_failures={} \
-             contended={} forced={} redeliveries={} token_regressions={} text_mismatches={} elapsed={:.1}s",
+             contended={} forced={} redeliveries={} double_deliveries={} locks_after_accept={} kills_in_waits={} \
+             token_regressions={} text_mismatches={} elapsed={:.1}s",
             self.processes,
             self.conversations,
             self.messages,
@@ -186,6 +218,9 @@ impl fmt::Display for StressReport {
             self.contended,
             self.forced,
             self.redeliveries,
+            self.double_deliveries,
+            self.locks_after_accept,
+            self.kills_in_waits,
             self.token_regressions,
             self.text_mismatches,
             self.elapsed.as_secs_f64()
@@ -218,7 +253,7 @@ pub async fn run(plan: &StressPlan) -> StressReport {
         Some(url) => db::Location::from_url(url),
         None => db::Location::Sqlite(dir.path().join("lull.db")),
     };
-    let webhook = Webhook::start().await;
+    let webhook = Arc::new(Webhook::start().await);
     let mut env = vec![
         ("DATABASE_URL", db_path.url()),
         ("LULL_WEBHOOK_URL", webhook.url.clone()),
@@ -230,6 +265,22 @@ pub async fn run(plan: &StressPlan) -> StressReport {
     ];
     if !plan.leases {
         env.push(("LULL_TEST_DISABLE_LEASE", "1".into()));
+    }
+    for switch in &plan.switches {
+        env.push((switch, "1".into()));
+    }
+    let after_accept = Arc::new(AfterAccept {
+        db: db_path.clone(),
+        locks_left: AtomicUsize::new(plan.faults.as_ref().map_or(0, |f| f.locks_after_accept)),
+        locks: AtomicUsize::new(0),
+        locked_until: Mutex::new(Instant::now()),
+        cluster: plan.restart_server.clone(),
+        restart_armed: AtomicBool::new(false),
+        outage: Mutex::new(None),
+    });
+    {
+        let after_accept = after_accept.clone();
+        webhook.before_answer(Arc::new(move |_| after_accept.run()));
     }
     // The model: the offline echo responder, or a fake model server with faults that
     // answers in echo's words (so every reply's text can be checked).
@@ -255,7 +306,11 @@ pub async fn run(plan: &StressPlan) -> StressReport {
                 fail: faults.webhook_errors,
                 slow: faults.webhook_slow,
                 slow_for: Duration::from_millis(WEBHOOK_TIMEOUT_MS * 2),
+                limited: faults.webhook_limited,
             });
+            if faults.locks_after_accept > 0 {
+                env.push(("LULL_TEST_BUSY_TIMEOUT_MS", BUSY_TIMEOUT_MS.to_string()));
+            }
             env.push(("LULL_LLM", "openai".into()));
             env.push(("OPENAI_BASE_URL", model.base_url.clone()));
             env.push(("OPENAI_MODEL", "fake-model".into()));
@@ -292,7 +347,13 @@ pub async fn run(plan: &StressPlan) -> StressReport {
             acked.clone(),
         ));
     }
-    let disrupting = tokio::spawn(disrupt(plan.clone(), processes.clone(), db_path.clone()));
+    let disrupting = tokio::spawn(disrupt(
+        plan.clone(),
+        processes.clone(),
+        db_path.clone(),
+        webhook.clone(),
+        after_accept.clone(),
+    ));
     while let Some(result) = drivers.join_next().await {
         result.expect("driver task");
     }
@@ -305,13 +366,16 @@ pub async fn run(plan: &StressPlan) -> StressReport {
 
     let acked = acked.lock().unwrap().clone();
     let mut report = check(&acked, &webhook, &db_path);
+    report.double_deliveries = double_deliveries(&webhook, &disrupted.kill_times);
+    report.locks_after_accept = after_accept.locks.load(Ordering::SeqCst);
+    report.kills_in_waits = disrupted.kills_in_waits;
     if let Some(model) = &model {
         report.model_failures = model.failures();
     }
     report.webhook_failures = webhook.request_log().len() - webhook.received().len();
     report.processes = plan.processes;
     report.conversations = plan.conversations;
-    report.kills = disrupted.kills;
+    report.kills = disrupted.kill_times.len();
     if let Some(outage) = disrupted.outage {
         report.server_restarts = 1;
         let (pending, after) = around_outage(&acked, &webhook, outage);
@@ -398,28 +462,92 @@ async fn send_until_stored(
 }
 
 /// What the disrupting task did.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Disrupted {
-    kills: usize,
+    /// When each kill happened.
+    kill_times: Vec<Instant>,
+    /// Kills of a process while the webhook rate limited one of its deliveries.
+    kills_in_waits: usize,
     /// When the database server was stopped and when it accepted connections again.
     outage: Option<(Instant, Instant)>,
 }
 
-/// Kill processes that hold a conversation lease (mid-generation or mid-delivery),
-/// spread over the traffic, and restart each on its port; restart the database server
-/// once halfway, if the plan says so. One event at a time: a process restarted while
-/// the server is down would refuse to start, and the checker's reads need the server.
+/// What the receiver does right after accepting a reply, before answering it: the
+/// faults that hit the write recording a delivery.
+struct AfterAccept {
+    db: db::Location,
+    /// Write locks still to take (SQLite), and taken.
+    locks_left: AtomicUsize,
+    locks: AtomicUsize,
+    /// One lock at a time, with room between them.
+    locked_until: Mutex<Instant>,
+    /// The server to stop right after the next accepted reply, once armed.
+    cluster: Option<Arc<Cluster>>,
+    restart_armed: AtomicBool,
+    outage: Mutex<Option<(Instant, Instant)>>,
+}
+
+impl AfterAccept {
+    /// Runs on a blocking thread before the webhook answers a reply it accepted.
+    fn run(self: &Arc<Self>) {
+        if self.restart_armed.swap(false, Ordering::SeqCst)
+            && let Some(cluster) = self.cluster.clone()
+        {
+            // Down before the answer goes out: the write recording it fails.
+            let stopped = Instant::now();
+            cluster.stop();
+            let me = self.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(SERVER_DOWN);
+                cluster.start_again();
+                *me.outage.lock().unwrap() = Some((stopped, Instant::now()));
+            });
+            return;
+        }
+        let db::Location::Sqlite(path) = &self.db else {
+            return;
+        };
+        if self.locks_left.load(Ordering::SeqCst) == 0 || fastrand::f64() > 0.05 {
+            return;
+        }
+        {
+            let mut until = self.locked_until.lock().unwrap();
+            if Instant::now() < *until {
+                return;
+            }
+            *until = Instant::now() + LOCK_HELD * 4;
+        }
+        if self
+            .locks_left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            db::hold_write_lock(path, LOCK_HELD);
+            self.locks.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Kill processes that hold a conversation lease (mid-generation or mid-delivery; every
+/// other kill, if it can, one waiting out a 429 the webhook just answered), spread over
+/// the traffic, and restart each on its port; restart the database server once
+/// halfway, right after the webhook accepted a reply, if the plan says so. One event at
+/// a time: a process restarted while the server is down would refuse to start, and the
+/// checker's reads need the server.
 async fn disrupt(
     plan: StressPlan,
     processes: Arc<Vec<AsyncMutex<LullProcess>>>,
     db_path: db::Location,
+    webhook: Arc<Webhook>,
+    after_accept: Arc<AfterAccept>,
 ) -> Disrupted {
     let mut rng = fastrand::Rng::with_seed(plan.seed ^ 0xdead_beef);
     let restart_at = plan.restart_server.as_ref().map(|_| plan.kills / 2);
     let events = plan.kills + usize::from(restart_at.is_some());
     let interval = Duration::from_millis(plan.spread_ms / (events as u64 + 1));
     let mut done = Disrupted {
-        kills: 0,
+        kill_times: Vec::new(),
+        kills_in_waits: 0,
         outage: None,
     };
     for event in 0..events {
@@ -427,27 +555,116 @@ async fn disrupt(
         if let (Some(at), Some(cluster)) = (restart_at, &plan.restart_server)
             && event == at
         {
-            // Mid-round, like the kills: wait (a little) for a lease to be held.
-            let _ = find_holder(&db_path, &processes).await;
-            let cluster = cluster.clone();
-            let stopped = Instant::now();
-            tokio::task::spawn_blocking(move || cluster.restart(SERVER_DOWN))
-                .await
-                .expect("restart the database server");
-            done.outage = Some((stopped, Instant::now()));
+            // Right after a reply was accepted (mid-round, like the kills).
+            after_accept.restart_armed.store(true, Ordering::SeqCst);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while after_accept.outage.lock().unwrap().is_none() && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            if after_accept.restart_armed.swap(false, Ordering::SeqCst) {
+                // No reply was accepted meanwhile: restarted anyway.
+                let _ = find_holder(&db_path, &processes).await;
+                let cluster = cluster.clone();
+                let stopped = Instant::now();
+                tokio::task::spawn_blocking(move || cluster.restart(SERVER_DOWN))
+                    .await
+                    .expect("restart the database server");
+                done.outage = Some((stopped, Instant::now()));
+            } else {
+                while after_accept.outage.lock().unwrap().is_none() {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                done.outage = *after_accept.outage.lock().unwrap();
+            }
             continue;
         }
-        let victim = find_holder(&db_path, &processes)
-            .await
-            .unwrap_or_else(|| rng.usize(0..processes.len()));
+        let in_wait = if done.kill_times.len() % 2 == 1 {
+            holder_in_a_wait(&db_path, &processes, &webhook).await
+        } else {
+            None
+        };
+        let victim = match in_wait {
+            Some(victim) => {
+                done.kills_in_waits += 1;
+                victim
+            }
+            None => find_holder(&db_path, &processes)
+                .await
+                .unwrap_or_else(|| rng.usize(0..processes.len())),
+        };
         let mut process = processes[victim].lock().await;
         process.kill9();
-        done.kills += 1;
+        done.kill_times.push(Instant::now());
         tokio::time::sleep(Duration::from_millis(rng.u64(200..=800))).await;
         process.restart();
         process.wait_healthy(Duration::from_secs(20)).await;
     }
     done
+}
+
+/// The index of a process waiting out a 429 the webhook answered within the last
+/// 300 ms (it still holds that conversation's lease), looking for up to five seconds.
+async fn holder_in_a_wait(
+    db_path: &db::Location,
+    processes: &[AsyncMutex<LullProcess>],
+    webhook: &Webhook,
+) -> Option<usize> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        let recent: BTreeSet<String> = webhook
+            .rate_limited()
+            .into_iter()
+            .filter(|(_, at)| at.elapsed() < Duration::from_millis(300))
+            .map(|(conversation, _)| conversation)
+            .collect();
+        for conversation in recent {
+            if let Some(pid) = holder_of(db_path, &conversation) {
+                for (i, process) in processes.iter().enumerate() {
+                    if process.lock().await.pid() == Some(pid) {
+                        return Some(i);
+                    }
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
+/// The pid of the process holding the live lease of conversation `key`, if any.
+fn holder_of(db_path: &db::Location, key: &str) -> Option<u32> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    db::rows(
+        db_path,
+        &format!(
+            "SELECT l.holder FROM leases l JOIN conversations c ON c.id = l.conversation_id \
+             WHERE c.key = '{key}' AND l.holder IS NOT NULL AND l.expires_at > {now}"
+        ),
+    )
+    .into_iter()
+    .next()
+    .and_then(|row| row[0].rsplit(':').nth(1).and_then(|pid| pid.parse().ok()))
+}
+
+/// Replies lull saw accepted more than once (the webhook answered 2xx to a sender
+/// still waiting) with no kill in between: each such second acceptance is a delivery
+/// that was made and then forgotten.
+fn double_deliveries(webhook: &Webhook, kills: &[Instant]) -> usize {
+    let mut by_reply: BTreeMap<i64, Vec<Instant>> = BTreeMap::new();
+    for answered in webhook.answered() {
+        by_reply
+            .entry(answered.reply_id)
+            .or_default()
+            .push(answered.at);
+    }
+    by_reply
+        .values()
+        .flat_map(|times| times.windows(2))
+        .filter(|pair| !kills.iter().any(|k| pair[0] <= *k && *k <= pair[1]))
+        .count()
 }
 
 /// Around an outage from `stopped` to `back`: how many acknowledged messages were

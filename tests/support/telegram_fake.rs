@@ -137,6 +137,9 @@ pub enum Fault {
     Garbage,
     /// 403: the user blocked the bot.
     Blocked,
+    /// Answered as usual: scripts a fault for a later call (`[Pass, TooManyRequests]`
+    /// fails the second call).
+    Pass,
 }
 
 #[derive(Default)]
@@ -468,6 +471,7 @@ fn fault_response(fault: Fault) -> Response {
             StatusCode::FORBIDDEN,
             "Forbidden: bot was blocked by the user",
         ),
+        Fault::Pass => unreachable!("answered as usual"),
     }
 }
 
@@ -566,7 +570,7 @@ async fn handle(
         s.calls.push((method.clone(), Instant::now()));
         s.faults.get_mut(&method).and_then(VecDeque::pop_front)
     };
-    if let Some(fault) = fault {
+    if let Some(fault) = fault.filter(|f| !matches!(f, Fault::Pass)) {
         inner
             .state
             .lock()

@@ -48,6 +48,20 @@ struct Payload {
     kind: String,
 }
 
+/// A 2xx the webhook answered to a sender still waiting for it: the sender saw the
+/// reply accepted. A sender that gave up first (lull's time limit, a lost lease) closes
+/// the connection, the handler is dropped, and no answer is recorded.
+#[derive(Debug, Clone)]
+pub struct Answered {
+    pub reply_id: i64,
+    pub conversation: String,
+    pub at: Instant,
+}
+
+/// Run before a reply accepted at once is answered (on a blocking thread), e.g. to take
+/// the database's write lock while lull is about to record the delivery.
+pub type BeforeAnswer = Arc<dyn Fn(&Received) + Send + Sync>;
+
 /// One POST as it arrived, whatever the webhook answered.
 #[derive(Debug, Clone)]
 pub struct Request {
@@ -77,11 +91,13 @@ pub enum Answer {
     Hang,
     /// A flaky receiver: each request fails with 500, 502 or 404 with probability
     /// `fail`, else is slow (accepted, answered after `slow_for`) with probability
-    /// `slow`, else is accepted at once.
+    /// `slow`, else is rate limited (429, `Retry-After: 1`) with probability `limited`,
+    /// else is accepted at once.
     Flaky {
         fail: f64,
         slow: f64,
         slow_for: Duration,
+        limited: f64,
     },
 }
 
@@ -93,12 +109,15 @@ impl Answer {
                 fail,
                 slow,
                 slow_for,
+                limited,
             } => {
                 let roll = fastrand::f64();
                 if roll < fail {
                     Answer::Status([500, 502, 404][fastrand::usize(0..3)])
                 } else if roll < fail + slow {
                     Answer::Slow(slow_for)
+                } else if roll < fail + slow + limited {
+                    Answer::RetryAfter(1)
                 } else {
                     Answer::Ok
                 }
@@ -118,6 +137,10 @@ struct Inner {
     otherwise: Mutex<Option<Answer>>,
     secret: Option<Vec<u8>>,
     in_flight: AtomicUsize,
+    answered: Mutex<Vec<Answered>>,
+    before_answer: Mutex<Option<BeforeAnswer>>,
+    /// (conversation, when) of every 429 answered.
+    limited: Mutex<Vec<(String, Instant)>>,
 }
 
 /// The collector; dropping it stops the server.
@@ -176,6 +199,29 @@ impl Webhook {
     /// How to answer once the script is used up (the default is `Answer::Ok`).
     pub fn otherwise(&self, answer: Answer) {
         *self.inner.otherwise.lock().unwrap() = Some(answer);
+    }
+
+    /// Run `hook` before answering each reply accepted at once (see [`BeforeAnswer`]).
+    pub fn before_answer(&self, hook: BeforeAnswer) {
+        *self.inner.before_answer.lock().unwrap() = Some(hook);
+    }
+
+    /// Every 2xx answered to a sender still waiting, in order (see [`Answered`]).
+    pub fn answered(&self) -> Vec<Answered> {
+        self.inner.answered.lock().unwrap().clone()
+    }
+
+    /// How many times the sender saw reply `reply_id` accepted.
+    pub fn times_answered(&self, reply_id: i64) -> usize {
+        self.answered()
+            .iter()
+            .filter(|a| a.reply_id == reply_id)
+            .count()
+    }
+
+    /// (conversation, when) of every 429 answered, oldest first.
+    pub fn rate_limited(&self) -> Vec<(String, Instant)> {
+        self.inner.limited.lock().unwrap().clone()
     }
 
     /// Every request, including refused and unanswered ones.
@@ -347,11 +393,11 @@ async fn receive(
         .or(*inner.otherwise.lock().unwrap())
         .unwrap_or(Answer::Ok)
         .draw();
-    let accept = || -> Result<(), StatusCode> {
+    let accept = || -> Result<Received, StatusCode> {
         let payload: Payload =
             serde_json::from_slice(&body).map_err(|_| StatusCode::BAD_REQUEST)?;
         let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
-        inner.received.lock().unwrap().push(Received {
+        let received = Received {
             conversation: payload.conversation,
             text: payload.text,
             covers: payload
@@ -367,26 +413,55 @@ async fn receive(
             webhook_id: webhook_id.clone(),
             body: json,
             at: Instant::now(),
+        };
+        inner.received.lock().unwrap().push(received.clone());
+        inner.changed.notify_waiters();
+        Ok(received)
+    };
+    // Recorded only if the handler gets here: a sender that stopped waiting dropped it.
+    let answered = |received: &Received| {
+        inner.answered.lock().unwrap().push(Answered {
+            reply_id: received.reply_id,
+            conversation: received.conversation.clone(),
+            at: Instant::now(),
         });
         inner.changed.notify_waiters();
-        Ok(())
+        StatusCode::OK.into_response()
     };
     match answer {
         Answer::Ok => match accept() {
-            Ok(()) => StatusCode::OK.into_response(),
+            Ok(received) => {
+                let hook = inner.before_answer.lock().unwrap().clone();
+                if let Some(hook) = hook {
+                    let seen = received.clone();
+                    tokio::task::spawn_blocking(move || hook(&seen))
+                        .await
+                        .expect("before-answer hook");
+                }
+                answered(&received)
+            }
             Err(status) => status.into_response(),
         },
         Answer::Status(code) => StatusCode::from_u16(code).unwrap().into_response(),
-        Answer::RetryAfter(seconds) => (
-            StatusCode::TOO_MANY_REQUESTS,
-            [("retry-after", seconds.to_string())],
-        )
-            .into_response(),
+        Answer::RetryAfter(seconds) => {
+            if let Ok(payload) = serde_json::from_slice::<Payload>(&body) {
+                inner
+                    .limited
+                    .lock()
+                    .unwrap()
+                    .push((payload.conversation, Instant::now()));
+            }
+            (
+                StatusCode::TOO_MANY_REQUESTS,
+                [("retry-after", seconds.to_string())],
+            )
+                .into_response()
+        }
         Answer::Slow(delay) => {
             let accepted = accept();
             tokio::time::sleep(delay).await;
             match accepted {
-                Ok(()) => StatusCode::OK.into_response(),
+                Ok(received) => answered(&received),
                 Err(status) => status.into_response(),
             }
         }

@@ -1,14 +1,18 @@
 //! Delivering outbox rows through the platform adapter, part by part, under the
 //! conversation's lease.
 //!
-//! - Each part is marked sent right after the platform accepts it, in its own short
-//!   transaction: the window in which a crash could send a part twice (on platforms
-//!   without an idempotency key) is one send plus one small write.
+//! - A delivered part is a fact: its sent-mark is written before anything else is sent
+//!   or waited for (the next part, a retry's wait), or with the release of the lease
+//!   (one write instead of two for the last part), and retried until it is written,
+//!   the lease kept and renewed meanwhile. So a failed write never turns into a second
+//!   delivery, and the window in which a crash could send a part twice (on platforms
+//!   without an idempotency key) is one send plus one small write, never a wait.
 //! - Every failed attempt (error, timeout, rate limit) is recorded in the row (count,
 //!   error, next attempt time) before the next attempt, so neither a crash nor another
 //!   process retries sooner than the backoff allows or loses count.
 //! - A send never outlives the lease that covers it, nor the hard stop of shutdown:
-//!   it is raced against both and dropped, and the row stays for the next holder.
+//!   it does not start with little validity left ([`LeaseKeeper::ready_to_send`]), it
+//!   is raced against both and dropped, and the row stays for the next holder.
 //! - A row is given up (dead-lettered: `failed_at`, one ERROR line,
 //!   `lull_replies_failed_total`) when the platform refuses it, or when it is still
 //!   failing at the platform's deadline ([`Outbound::max_age`]).
@@ -18,7 +22,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::lease_keeper::LeaseKeeper;
+use super::lease_keeper::{FACT_BACKOFF, LeaseKeeper};
 use super::round::Interrupt;
 use super::{Dispatcher, Event};
 use crate::domain::{ConversationId, Timestamp};
@@ -48,9 +52,9 @@ pub(super) struct Delivery<'a> {
     conversation: ConversationId,
     keeper: &'a LeaseKeeper,
     stop: &'a CancellationToken,
-    /// The part delivered last whose mark is not written yet: it is written with the
-    /// next part's, or with the release of the lease (one write instead of two). A
-    /// std mutex: held to swap a value, never across an await.
+    /// The part delivered last whose mark is not written yet: written before the next
+    /// send or wait ([`Delivery::flush_mark`]), or with the release of the lease. A std
+    /// mutex: held to copy or swap a value, never across an await.
     last_sent: Mutex<Option<PartSent>>,
 }
 
@@ -123,6 +127,41 @@ impl<'a> Delivery<'a> {
         self.last_sent.lock().expect("last-sent poisoned").take()
     }
 
+    /// Write the mark of the part delivered last, if it is not written yet: before
+    /// anything else is sent or waited for. Retried until written; if the lease is
+    /// lost or the hard stop comes first, the mark stays for the release, which
+    /// retries it too.
+    async fn flush_mark(&self) -> Result<(), Interrupt> {
+        let d = self.dispatcher;
+        let Some(sent) = *self.last_sent.lock().expect("last-sent poisoned") else {
+            return Ok(());
+        };
+        let mut failures = 0;
+        loop {
+            let written = d
+                .store
+                .mark_sent(sent.outbox, sent.parts_sent, sent.done, d.clock.now())
+                .await;
+            let error = match written {
+                Ok(()) => {
+                    let mut last = self.last_sent.lock().expect("last-sent poisoned");
+                    if *last == Some(sent) {
+                        *last = None;
+                    }
+                    return Ok(());
+                }
+                Err(error) => error,
+            };
+            failures += 1;
+            tracing::warn!(conversation = %self.conversation, outbox = %sent.outbox, parts = sent.parts_sent, failures, error = %error, "could not record a delivered part yet; retrying before anything else is sent");
+            tokio::select! {
+                () = tokio::time::sleep(FACT_BACKOFF.delay(failures)) => {}
+                () = self.keeper.lost() => return Err(Interrupt::LeaseLost),
+                () = self.stop.cancelled() => return Err(Interrupt::Stopped),
+            }
+        }
+    }
+
     /// Deliver `rows` (a conversation's outbox rows, oldest first). A row that cannot
     /// be delivered now is deferred and holds back the rows behind it.
     pub(super) async fn deliver(&self, rows: Vec<OutboxRow>) -> Result<(), Interrupt> {
@@ -159,10 +198,9 @@ impl<'a> Delivery<'a> {
             };
             match self.send_part(row, outbound, &part, &mut attempts).await? {
                 PartResult::Sent => {
-                    // The part before this one is marked now; this one with the next
-                    // write (the next part's mark, or the release). Either way the
-                    // window in which a crash could send a part twice is one send and
-                    // one small write.
+                    // Marked before the next send or wait (`flush_mark`), or with the
+                    // release: the window in which a crash could send a part twice is
+                    // one send and one small write.
                     let sent = PartSent {
                         outbox: row.id,
                         parts_sent: (index + 1) as u32,
@@ -173,7 +211,11 @@ impl<'a> Delivery<'a> {
                         .lock()
                         .expect("last-sent poisoned")
                         .replace(sent);
-                    if let Some(before) = before {
+                    // The counter-test's switch: the mark before this one is written
+                    // now, once, after this part's send (and dropped if that fails).
+                    if let Some(before) = before
+                        && crate::switches::defer_marks()
+                    {
                         d.store
                             .mark_sent(before.outbox, before.parts_sent, before.done, d.clock.now())
                             .await?;
@@ -207,9 +249,21 @@ impl<'a> Delivery<'a> {
     ) -> Result<PartResult, Interrupt> {
         let d = self.dispatcher;
         let (conversation, keeper, stop) = (self.conversation, self.keeper, self.stop);
+        if !crate::switches::defer_marks() {
+            self.flush_mark().await?;
+        }
         for attempt in 1..=SEND_ATTEMPTS {
-            // A send never outlives the lease, nor the hard stop: the future is dropped
-            // (the request abandoned) and the row stays for the next holder.
+            // A send starts only with validity to spare, and never outlives the lease
+            // nor the hard stop: the future is dropped (the request abandoned) and the
+            // row stays for the next holder.
+            let ready = tokio::select! {
+                biased;
+                () = stop.cancelled() => return Err(Interrupt::Stopped),
+                ready = keeper.ready_to_send() => ready,
+            };
+            if !ready {
+                return Err(Interrupt::LeaseLost);
+            }
             let sent = tokio::select! {
                 biased;
                 () = keeper.lost() => return Err(Interrupt::LeaseLost),

@@ -222,9 +222,10 @@ pub(super) async fn run(
             Err(e)
         }
     };
-    // The last part delivered is recorded with the release: one write, not two.
+    // The last part delivered is recorded with the release (one write, not two), and
+    // the release is retried until it is recorded: a delivered part is a fact.
     let last_sent = delivery.take_last_sent();
-    keeper.release(last_sent, d.clock.now()).await;
+    keeper.release_recording(last_sent, stop).await;
     d.emit(Event::RoundEnded { conversation });
     result
 }

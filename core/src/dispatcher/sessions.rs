@@ -151,7 +151,7 @@ async fn hold_replica_slot(
                     slot.send_replace(None);
                 }
                 () = stop.cancelled() => {
-                    keeper.release(None, dispatcher.clock.now()).await;
+                    keeper.release().await;
                     return;
                 }
             }
@@ -177,7 +177,7 @@ async fn belongs_elsewhere(
     }
     match claim(dispatcher, LeaseKey::Replica(platform, shard.index())).await {
         Ok(Some(probe)) => {
-            probe.release(None, dispatcher.clock.now()).await;
+            probe.release().await;
             false
         }
         Ok(None) => true,
@@ -271,14 +271,14 @@ async fn serve_shard(
             () = hand_over => unreachable!("never completes"),
         };
         if handover.is_cancelled() && !keeper.is_lost() {
-            keeper.release(None, dispatcher.clock.now()).await;
+            keeper.release().await;
             tracing::info!(%platform, %shard, "handed the shard to the replica it belongs to");
             health.set_shard(platform, shard.index(), AdapterState::Standby);
             continue;
         }
         match end {
             SessionEnd::Shutdown => {
-                keeper.release(None, dispatcher.clock.now()).await;
+                keeper.release().await;
                 tracing::info!(%platform, %shard, "left the platform connection");
                 return Ok(());
             }
@@ -287,13 +287,13 @@ async fn serve_shard(
                 health.set_shard(platform, shard.index(), AdapterState::Standby);
             }
             SessionEnd::Fatal(reason) => {
-                keeper.release(None, dispatcher.clock.now()).await;
+                keeper.release().await;
                 health.set_shard(platform, shard.index(), AdapterState::Down(reason.clone()));
                 return Err(SessionsEnded { platform, reason });
             }
             SessionEnd::Failed { reason, connected } => {
                 // Hand the connection to another process while this one waits.
-                keeper.release(None, dispatcher.clock.now()).await;
+                keeper.release().await;
                 if connected {
                     failures = 0;
                 }

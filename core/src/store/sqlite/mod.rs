@@ -42,6 +42,12 @@ use crate::timing::TimerPolicy;
 
 /// How long a writer waits for the write lock before reporting [`StoreError::Busy`].
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// [`BUSY_TIMEOUT`], or the test-only `LULL_TEST_BUSY_TIMEOUT_MS` (so a stress run can
+/// hold the lock past it within a short lease).
+fn busy_timeout() -> Duration {
+    crate::switches::busy_timeout(BUSY_TIMEOUT)
+}
 /// Prepared statements kept per connection: more than the store has, so none is
 /// parsed twice.
 const STATEMENT_CACHE: usize = 96;
@@ -144,12 +150,12 @@ impl SqliteStore {
         // that says so (the pool would only report that no connection came up).
         let probe = Connection::open(&path).map_err(|e| open_error(e.to_string()))?;
         probe
-            .busy_timeout(BUSY_TIMEOUT)
+            .busy_timeout(busy_timeout())
             .map_err(|e| open_error(e.to_string()))?;
         verify_integrity(&probe).map_err(open_error)?;
         drop(probe);
         let manager = SqliteConnectionManager::file(&path).with_init(|conn| {
-            conn.busy_timeout(BUSY_TIMEOUT)?;
+            conn.busy_timeout(busy_timeout())?;
             conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;")?;
             // Every statement of the store fits the cache: each is parsed once.
             conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
@@ -178,7 +184,7 @@ impl SqliteStore {
         // Durable: a write is acknowledged only after its batch is synced to disk.
         let write_conn = Connection::open(&path).map_err(|e| open_error(e.to_string()))?;
         write_conn
-            .busy_timeout(BUSY_TIMEOUT)
+            .busy_timeout(busy_timeout())
             .and_then(|()| {
                 write_conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
                 write_conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;")
@@ -263,7 +269,7 @@ impl SqliteStore {
             Connection::open_with_flags(uri, flags | rusqlite::OpenFlags::SQLITE_OPEN_URI)
         }
         .map_err(|e| open_error(e.to_string()))?;
-        conn.busy_timeout(BUSY_TIMEOUT)
+        conn.busy_timeout(busy_timeout())
             .map_err(|e| open_error(e.to_string()))?;
         verify_integrity(&conn).map_err(open_error)?;
         let schema: i64 = conn

@@ -1,0 +1,49 @@
+//! Test-only switches that turn one protection off, so a counter-test can show that
+//! the stress checker catches what the protection prevents. They exist only in builds
+//! with the `test-switches` feature (`cargo test` builds); every other build reads
+//! nothing and keeps every protection.
+
+/// `LULL_TEST_DEFER_MARKS=1`: a delivered part's sent-mark waits in memory until the
+/// next part's mark or the lease's release, and is written once, dropped if that write
+/// fails (the behaviour before marks became facts).
+pub(crate) fn defer_marks() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| on("LULL_TEST_DEFER_MARKS"))
+}
+
+/// `LULL_TEST_UNBOUNDED_SENDS=1`: lease renewals run without a client-side deadline and
+/// sends start whatever validity is left (the behaviour before sends were bounded by
+/// the lease).
+pub(crate) fn unbounded_sends() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| on("LULL_TEST_UNBOUNDED_SENDS"))
+}
+
+/// `LULL_TEST_BUSY_TIMEOUT_MS=N`: SQLite's busy timeout is `N` ms instead of `default`
+/// (not a protection: a shorter timeout lets a test's lock outlast it quickly).
+pub(crate) fn busy_timeout(default: std::time::Duration) -> std::time::Duration {
+    #[cfg(feature = "test-switches")]
+    if let Some(ms) = std::env::var("LULL_TEST_BUSY_TIMEOUT_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        return std::time::Duration::from_millis(ms);
+    }
+    default
+}
+
+#[cfg(feature = "test-switches")]
+fn on(name: &str) -> bool {
+    let on = std::env::var(name).is_ok_and(|v| v == "1");
+    if on {
+        tracing::warn!(
+            "{name}=1: a protection is OFF (counter-test build); replies may be duplicated"
+        );
+    }
+    on
+}
+
+#[cfg(not(feature = "test-switches"))]
+fn on(_name: &str) -> bool {
+    false
+}

@@ -99,6 +99,7 @@ async fn postgres_stress_with_kills_faults_and_a_server_restart_keeps_every_inva
     let plan = StressPlan {
         database: Some(cluster.create_database()),
         restart_server: Some(cluster.clone()),
+        lease_ttl_ms: stress::RESTART_TTL_MS,
         ..StressPlan::ci()
     };
     let report = stress::run(&plan).await;
@@ -134,6 +135,7 @@ async fn postgres_counter_test_with_deferred_marks_a_restart_after_a_send_delive
         conversations: 30,
         database: Some(cluster.create_database()),
         restart_server: Some(cluster.clone()),
+        lease_ttl_ms: stress::RESTART_TTL_MS,
         switches: vec!["LULL_TEST_DEFER_MARKS"],
         ..StressPlan::ci()
     };

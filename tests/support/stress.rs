@@ -116,6 +116,11 @@ const WEBHOOK_TIMEOUT_MS: u64 = 400;
 /// How long a restarted database server stays down: longer than a lease renewal
 /// interval, so rounds in flight lose their renewals and commits.
 pub const SERVER_DOWN: Duration = Duration::from_millis(1500);
+/// The lease TTL of a run that restarts the server: a delivered part is recorded once
+/// the database is back only while the holder's lease outlives the outage (a successor
+/// may claim an expired lease the moment the server is back), so two thirds of it (the
+/// lease as last renewed) must outlast the server being down and starting again.
+pub const RESTART_TTL_MS: u64 = 4800;
 /// SQLite's busy timeout in a faulty run (`LULL_TEST_BUSY_TIMEOUT_MS`), and how long the
 /// receiver holds the write lock: past the one, within the lease's TTL.
 const BUSY_TIMEOUT_MS: u64 = 700;
@@ -248,6 +253,10 @@ struct Acked {
 
 pub async fn run(plan: &StressPlan) -> StressReport {
     let started = Instant::now();
+    assert!(
+        plan.restart_server.is_none() || plan.lease_ttl_ms >= RESTART_TTL_MS,
+        "a lease shorter than the server's outage cannot be kept through it"
+    );
     let dir = tempfile::tempdir().unwrap();
     let db_path = match &plan.database {
         Some(url) => db::Location::from_url(url),

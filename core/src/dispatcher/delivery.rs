@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::lease_keeper::{FACT_BACKOFF, LeaseKeeper};
+use super::lease_keeper::{FACT_BACKOFF, LeaseKeeper, loud};
 use super::round::Interrupt;
 use super::{Dispatcher, Event};
 use crate::domain::{ConversationId, Timestamp};
@@ -153,7 +153,9 @@ impl<'a> Delivery<'a> {
                 Err(error) => error,
             };
             failures += 1;
-            tracing::warn!(conversation = %self.conversation, outbox = %sent.outbox, parts = sent.parts_sent, failures, error = %error, "could not record a delivered part yet; retrying before anything else is sent");
+            if loud(failures) {
+                tracing::warn!(conversation = %self.conversation, outbox = %sent.outbox, parts = sent.parts_sent, failures, error = %error, "could not record a delivered part yet; retrying before anything else is sent");
+            }
             tokio::select! {
                 () = tokio::time::sleep(FACT_BACKOFF.delay(failures)) => {}
                 () = self.keeper.lost() => return Err(Interrupt::LeaseLost),

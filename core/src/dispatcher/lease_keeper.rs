@@ -249,11 +249,19 @@ impl LeaseKeeper {
                 }
                 break;
             }
-            tracing::warn!(lease = %lease.key, error = %e, failures, "could not release a lease; retrying");
+            if loud(failures) {
+                tracing::warn!(lease = %lease.key, error = %e, failures, "could not release a lease; retrying");
+            }
             tokio::time::sleep(FACT_BACKOFF.delay(failures)).await;
         }
         self.renewer.abort();
     }
+}
+
+/// Whether the `failures`th failed attempt to write a fact is said at WARN: the first,
+/// then every hundredth (a database that stays down is retried every 200 ms).
+pub(super) fn loud(failures: u32) -> bool {
+    failures % 100 == 1
 }
 
 /// Attempts to release a lease that records no part before leaving it to expire.

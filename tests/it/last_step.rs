@@ -186,3 +186,87 @@ async fn the_webhook_counts_an_answer_only_if_the_sender_still_waited() {
     assert_eq!(answer.status(), 200);
     assert_eq!(webhook.times_answered(7), 1);
 }
+
+/// Two `lull run` processes on one PostgreSQL database; A reaches it through a proxy
+/// that goes silent (no reset, no error) while A's webhook POST is in flight (the
+/// receiver answers it slowly). B takes the conversation over once A's lease expired
+/// and delivers the reply. How many times a sender saw the reply accepted.
+async fn frozen_path_during_a_slow_send(unbounded: bool) -> Option<usize> {
+    use crate::support::freeze_proxy::FreezeProxy;
+    use crate::support::webhook::Answer;
+    let database = crate::support::postgres::fresh_database()?;
+    let proxy = FreezeProxy::for_postgres(&database);
+    let webhook = Webhook::start().await;
+    // Longer than the lease's TTL and B's take-over, shorter than the store's
+    // client-side deadline of a call (10 s): with sends unbounded, A's POST completes
+    // after B delivered, while A's renewal still hangs.
+    webhook.script([Answer::Slow(SECS(6))]);
+    let dir = tempfile::tempdir().unwrap();
+    let mut env = vec![
+        ("LULL_WEBHOOK_URL", webhook.url.clone()),
+        ("LULL_DEBOUNCE_MS", "200".into()),
+        ("LULL_LEASE_TTL_MS", "3000".into()),
+        ("LULL_POLL_MS", "200".into()),
+        ("RUST_LOG", "info".into()),
+    ];
+    if unbounded {
+        env.push(("LULL_TEST_UNBOUNDED_SENDS", "1".into()));
+    }
+    let with_url = |url: String| {
+        let mut env = env.clone();
+        env.push(("DATABASE_URL", url));
+        env
+    };
+    let mut a = LullProcess::start(dir.path(), "a", &["run"], &with_url(proxy.url(&database)));
+    a.wait_healthy(SECS(20)).await;
+    let client = reqwest::Client::new();
+    let posted = crate::support::process::post_message(&client, &a.base_url(), "c", "1", "hello")
+        .await
+        .unwrap();
+    assert_eq!(posted.status(), 202);
+    webhook.wait_requests(1, SECS(15)).await;
+    proxy.freeze();
+    let frozen_at = Instant::now();
+    let mut b = LullProcess::start(dir.path(), "b", &["run"], &with_url(database.clone()));
+    b.wait_healthy(SECS(20)).await;
+    let reply = webhook.wait_replies(1, SECS(5)).await[0].reply_id;
+    // Past A's slow answer: a send that outlived its lease has been seen accepted.
+    tokio::time::sleep_until((frozen_at + SECS(8)).into()).await;
+    let answered = webhook.times_answered(reply);
+    println!(
+        "unbounded_sends={unbounded}: reply {reply} seen accepted {answered} time(s); POSTs {}",
+        webhook.requests()
+    );
+    proxy.thaw();
+    if !unbounded {
+        assert!(
+            a.logs().contains("did not answer before the lease expired"),
+            "{}",
+            a.logs()
+        );
+        let verdict = db::settled(&db::Postgres(database.clone()), SECS(10)).await;
+        assert_eq!((verdict.duplicates, verdict.lost), (0, 0), "{verdict:?}");
+    }
+    drop((a, b));
+    Some(answered)
+}
+
+/// Before: A's renewal hung on the silent socket with no deadline of its own, so A's
+/// slow POST went on after its lease expired; B claimed and delivered, then A's POST
+/// completed: two acceptances of one reply. Now A's lease counts as lost when its local
+/// validity ends, and the POST in flight is dropped before B can claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_never_outlives_its_lease_when_the_database_path_goes_silent() {
+    if let Some(answered) = frozen_path_during_a_slow_send(false).await {
+        assert_eq!(answered, 1);
+    }
+}
+
+/// Its counter-test: with renewals and sends unbounded (`LULL_TEST_UNBOUNDED_SENDS`),
+/// the reply is seen accepted twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counter_test_unbounded_sends_outlive_the_lease_and_deliver_twice() {
+    if let Some(answered) = frozen_path_during_a_slow_send(true).await {
+        assert_eq!(answered, 2);
+    }
+}

@@ -100,6 +100,9 @@ async fn postgres_stress_with_kills_faults_and_a_server_restart_keeps_every_inva
         database: Some(cluster.create_database()),
         restart_server: Some(cluster.clone()),
         lease_ttl_ms: stress::RESTART_TTL_MS,
+        freeze_path: Some(std::time::Duration::from_millis(
+            stress::RESTART_TTL_MS * 3 / 2,
+        )),
         ..StressPlan::ci()
     };
     let report = stress::run(&plan).await;
@@ -108,6 +111,7 @@ async fn postgres_stress_with_kills_faults_and_a_server_restart_keeps_every_inva
     assert!(report.messages > 100, "{}", explain());
     assert_eq!(report.kills, 2, "{}", explain());
     assert_eq!(report.server_restarts, 1, "{}", explain());
+    assert_eq!(report.path_freezes, 1, "{}", explain());
     // The restart hit traffic: work in flight when it stopped, messages after it.
     assert!(report.pending_at_restart > 0, "{}", explain());
     assert!(report.acked_after_restart > 0, "{}", explain());

@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Mutex as AsyncMutex;
 
 use super::db;
+use super::freeze_proxy::FreezeProxy;
 use super::openai_fake::{Behavior, Chaos, FakeOpenAi};
 use super::postgres::Cluster;
 use super::process::{LullProcess, post_message};
@@ -71,6 +72,10 @@ pub struct StressPlan {
     /// Test-only switches set to `1` in every process (a counter-test turns one
     /// protection off: `LULL_TEST_DEFER_MARKS`, `LULL_TEST_UNBOUNDED_SENDS`).
     pub switches: Vec<&'static str>,
+    /// PostgreSQL: the first process reaches the database through a proxy whose path
+    /// goes silent once, after the kills, for this long (no reset, no error: a frozen
+    /// network), while it holds leases; the others take its conversations over.
+    pub freeze_path: Option<Duration>,
 }
 
 /// Everyday faults of the services lull depends on.
@@ -149,6 +154,7 @@ impl StressPlan {
             database: None,
             restart_server: None,
             switches: Vec::new(),
+            freeze_path: None,
         }
     }
 }
@@ -178,6 +184,8 @@ pub struct StressReport {
     pub locks_after_accept: usize,
     /// Kills of a process while the webhook had rate limited one of its deliveries.
     pub kills_in_waits: usize,
+    /// Times one process's path to the database went silent.
+    pub path_freezes: usize,
     /// The same reply POSTed again after a kill between the POST and recording it
     /// (receivers deduplicate on `reply_id`).
     pub redeliveries: usize,
@@ -230,6 +238,9 @@ impl fmt::Display for StressReport {
             self.text_mismatches,
             self.elapsed.as_secs_f64()
         )?;
+        if self.path_freezes > 0 {
+            write!(f, " path_freezes={}", self.path_freezes)?;
+        }
         if self.server_restarts > 0 {
             write!(
                 f,
@@ -327,8 +338,20 @@ pub async fn run(plan: &StressPlan) -> StressReport {
             Some(model)
         }
     };
+    let proxy = plan.freeze_path.map(|_| {
+        let url = plan
+            .database
+            .as_deref()
+            .expect("a frozen path needs PostgreSQL");
+        Arc::new(FreezeProxy::for_postgres(url))
+    });
     let mut processes = Vec::new();
     for i in 0..plan.processes {
+        let mut env = env.clone();
+        if let (0, Some(proxy)) = (i, &proxy) {
+            env.retain(|(key, _)| *key != "DATABASE_URL");
+            env.push(("DATABASE_URL", proxy.url(&db_path.url())));
+        }
         processes.push(LullProcess::start(
             dir.path(),
             &format!("lull{i}"),
@@ -362,6 +385,7 @@ pub async fn run(plan: &StressPlan) -> StressReport {
         db_path.clone(),
         webhook.clone(),
         after_accept.clone(),
+        proxy.clone(),
     ));
     while let Some(result) = drivers.join_next().await {
         result.expect("driver task");
@@ -375,7 +399,16 @@ pub async fn run(plan: &StressPlan) -> StressReport {
 
     let acked = acked.lock().unwrap().clone();
     let mut report = check(&acked, &webhook, &db_path);
-    report.double_deliveries = double_deliveries(&webhook, &disrupted.kill_times);
+    // A kill or a silent path between a reply's acceptance and its sent-mark is the
+    // window no holder can close (it cannot reach the database): counted apart.
+    let breaks: Vec<Instant> = disrupted
+        .kill_times
+        .iter()
+        .copied()
+        .chain(disrupted.freeze_at)
+        .collect();
+    report.double_deliveries = double_deliveries(&webhook, &breaks);
+    report.path_freezes = usize::from(disrupted.freeze_at.is_some());
     report.locks_after_accept = after_accept.locks.load(Ordering::SeqCst);
     report.kills_in_waits = disrupted.kills_in_waits;
     if let Some(model) = &model {
@@ -479,6 +512,8 @@ struct Disrupted {
     kills_in_waits: usize,
     /// When the database server was stopped and when it accepted connections again.
     outage: Option<(Instant, Instant)>,
+    /// When the first process's path to the database went silent.
+    freeze_at: Option<Instant>,
 }
 
 /// What the receiver does right after accepting a reply, before answering it: the
@@ -549,18 +584,35 @@ async fn disrupt(
     db_path: db::Location,
     webhook: Arc<Webhook>,
     after_accept: Arc<AfterAccept>,
+    proxy: Option<Arc<FreezeProxy>>,
 ) -> Disrupted {
     let mut rng = fastrand::Rng::with_seed(plan.seed ^ 0xdead_beef);
     let restart_at = plan.restart_server.as_ref().map(|_| plan.kills / 2);
-    let events = plan.kills + usize::from(restart_at.is_some());
+    let events = plan.kills + usize::from(restart_at.is_some()) + usize::from(proxy.is_some());
     let interval = Duration::from_millis(plan.spread_ms / (events as u64 + 1));
     let mut done = Disrupted {
         kill_times: Vec::new(),
         kills_in_waits: 0,
         outage: None,
+        freeze_at: None,
     };
     for event in 0..events {
         tokio::time::sleep(interval).await;
+        if let (Some(proxy), Some(frozen_for)) = (&proxy, plan.freeze_path)
+            && event == events - 1
+        {
+            // While the first process holds a lease, if it does within a while.
+            let holder = find_holder(&db_path, &processes[..1]).await;
+            proxy.freeze();
+            done.freeze_at = Some(Instant::now());
+            tracing_line(&format!(
+                "froze process 0's database path (holding a lease: {})",
+                holder.is_some()
+            ));
+            tokio::time::sleep(frozen_for).await;
+            proxy.thaw();
+            continue;
+        }
         if let (Some(at), Some(cluster)) = (restart_at, &plan.restart_server)
             && event == at
         {
@@ -609,6 +661,11 @@ async fn disrupt(
         process.wait_healthy(Duration::from_secs(20)).await;
     }
     done
+}
+
+/// A line of the harness's own in the test output.
+fn tracing_line(line: &str) {
+    println!("stress: {line}");
 }
 
 /// The index of a process waiting out a 429 the webhook answered within the last

@@ -14,7 +14,9 @@
 //! answers too slowly, a share of deliveries. The faults of the last step hit the write
 //! that records a delivery: right after accepting a reply the receiver holds SQLite's
 //! write lock past the busy timeout a few times; on PostgreSQL the server restart comes
-//! right after a reply was accepted; kills land in the middle of rate-limit waits. At
+//! right after a reply was accepted, and one replica's path to the database goes silent
+//! for a while ([`StressPlan::freeze_path`]); kills land in the middle of rate-limit
+//! waits. At
 //! the end the checker compares what the webhook received and what the database holds
 //! against the invariants: no message covered twice, none uncovered, every reply fresh
 //! (or forced by the cap), fencing tokens only growing, and no reply seen accepted

@@ -16,9 +16,11 @@
 //! never falls that low, so a send that would start then waits for a renewal.
 //!
 //! # A delivered part is a fact
-//! [`LeaseKeeper::release`] records the last delivered part with the release, and
-//! retries until that is written, renewing the lease meanwhile: a successor never
-//! reads a delivered part as unsent because one write failed.
+//! [`LeaseKeeper::release_recording`] records the last delivered part with the
+//! release, and retries until that is written, renewing the lease meanwhile: a
+//! successor never reads a delivered part as unsent because one write failed. (The
+//! bound: a database unreachable for longer than the lease's TTL lets a successor
+//! claim the moment it is back; the retries are short so the holder is first.)
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -44,7 +44,7 @@ pub struct Cli {
     pub settings: Settings,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Subcommand)]
+#[derive(Debug, Clone, PartialEq, Eq, Subcommand)]
 pub enum Command {
     /// Run the configured adapters, the scheduler and the HTTP server (the default).
     Run,
@@ -54,6 +54,11 @@ pub enum Command {
     Check,
     /// Ask a running lull's /healthz (exit 0 when healthy), for container health checks.
     Healthcheck,
+    /// Copy the SQLite database to PATH (a new file), consistently, while lull runs.
+    Backup {
+        /// Where to write the copy; an existing file is never overwritten.
+        path: std::path::PathBuf,
+    },
 }
 
 /// A `LULL_ALLOWED_CHATS` list.

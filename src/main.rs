@@ -6,6 +6,7 @@
 use std::process::ExitCode;
 
 mod app;
+mod backup;
 mod check;
 mod config;
 mod http;
@@ -41,7 +42,7 @@ fn main() -> ExitCode {
     let command = cli.command.unwrap_or(Command::Run);
     let default_filter = match command {
         Command::Run => "info",
-        Command::Chat | Command::Check | Command::Healthcheck => "warn",
+        Command::Chat | Command::Check | Command::Healthcheck | Command::Backup { .. } => "warn",
     };
     let filter = cli.settings.log_filter.as_deref().unwrap_or(default_filter);
     if let Err(e) = crate::logging::init(cli.settings.log_format, filter) {
@@ -66,6 +67,11 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         };
+    }
+    // A backup needs only DATABASE_URL: the rest of a configuration being wrong must not
+    // stand between an operator and a copy of their data.
+    if let Command::Backup { path } = &command {
+        return crate::backup::run(&cli.settings.database_url, path);
     }
     let config = match Config::from_settings(&cli.settings) {
         Ok(config) => config,
@@ -96,7 +102,9 @@ fn main() -> ExitCode {
             Command::Run => crate::app::run(config, shutdown_signal())
                 .await
                 .map(|()| ExitCode::SUCCESS),
-            Command::Check | Command::Healthcheck => unreachable!("handled above"),
+            Command::Check | Command::Healthcheck | Command::Backup { .. } => {
+                unreachable!("handled above")
+            }
         }
     });
     // Blocking work still running (a database call waiting out a lock) does not hold

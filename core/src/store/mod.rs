@@ -18,6 +18,7 @@
 //!   several hosts (its isolation per method, its clock and its wake-ups are in its
 //!   module docs).
 //! - [`open`]: the store a `DATABASE_URL` names ([`DatabaseUrl`]).
+//! - [`backup`]: `lull backup`, a consistent copy of a SQLite database while it runs.
 //!
 //! # Time
 //! Every method is given `now`, and deadlines (lease expiry, timer and retry due
@@ -28,6 +29,7 @@
 //! passes in and gets back between its timeline and the database's. Tests that drive
 //! time themselves (the conformance checks) open it with [`TimeSource::Caller`].
 
+pub mod backup;
 mod condition;
 #[cfg(feature = "conformance")]
 pub mod conformance;

@@ -62,7 +62,19 @@ async fn healthz(State(state): State<HttpState>) -> Response {
     (status, Json(body)).into_response()
 }
 
+/// The gauges read at scrape time (what `/healthz` reads), then every metric.
 async fn metrics(State(state): State<HttpState>) -> Response {
+    use lull_core::metrics::{DATABASE_UP, PLATFORM_CONNECTED};
+    let database_up = state.store.ping().await.is_ok();
+    metrics::gauge!(DATABASE_UP).set(if database_up { 1.0 } else { 0.0 });
+    for (platform, adapter) in state.health.snapshot() {
+        let connected = matches!(adapter, lull_port::health::AdapterState::Up);
+        metrics::gauge!(PLATFORM_CONNECTED, "platform" => platform.as_str()).set(if connected {
+            1.0
+        } else {
+            0.0
+        });
+    }
     match state.metrics {
         Some(handle) => (
             [(

@@ -28,6 +28,13 @@ pub const TOKENS: &str = "lull_tokens_total";
 pub const LIMITED: &str = "lull_limited_total";
 pub const BATCH_MESSAGES: &str = "lull_batch_messages";
 pub const PENDING_CONVERSATIONS: &str = "lull_pending_conversations";
+/// 1 while the database answers and no recent operation found it damaged, full or
+/// unwritable (what `/healthz` says of it), 0 otherwise; set at every scrape.
+pub const DATABASE_UP: &str = "lull_database_up";
+/// Labelled `platform`: 1 while this process holds the platform's connection (any
+/// shard of it), 0 while it stands by, starts or is down; set at every scrape. Summed
+/// over the replicas, 0 means no process is connected.
+pub const PLATFORM_CONNECTED: &str = "lull_platform_connected";
 
 /// Register descriptions with the installed recorder (call once, after installing it).
 pub fn describe() {
@@ -67,5 +74,13 @@ pub fn describe() {
     describe_gauge!(
         PENDING_CONVERSATIONS,
         "Conversations with messages waiting for a reply."
+    );
+    describe_gauge!(
+        DATABASE_UP,
+        "1 while the database answers and is writable, 0 otherwise."
+    );
+    describe_gauge!(
+        PLATFORM_CONNECTED,
+        "1 while this process holds the platform's connection, 0 while it stands by or is down."
     );
 }

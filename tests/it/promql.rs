@@ -213,3 +213,43 @@ async fn readme_queries_answer_on_a_real_prometheus() {
         }
     }
 }
+
+fn promtool_binary() -> Option<PathBuf> {
+    prometheus_binary()
+        .map(|p| p.with_file_name("promtool"))
+        .filter(|p| p.is_file())
+}
+
+/// The alert rules shipped in `deploy/prometheus/` load (`promtool check rules`) and
+/// behave as their unit tests say (`promtool test rules`): each alert fires on series
+/// that should raise it, with the labels and text an operator sees, and not before.
+#[test]
+fn the_alert_rules_pass_promtool_check_and_their_unit_tests() {
+    let Some(promtool) = promtool_binary() else {
+        assert!(
+            std::env::var("LULL_REQUIRE_PROMETHEUS").as_deref() != Ok("1"),
+            "LULL_REQUIRE_PROMETHEUS=1 but no promtool next to prometheus on PATH"
+        );
+        println!("skipped: no promtool on PATH (apt install prometheus)");
+        return;
+    };
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/prometheus");
+    for args in [
+        ["check", "rules", "alerts.yml"],
+        ["test", "rules", "alerts_test.yml"],
+    ] {
+        let out = Command::new(&promtool)
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .expect("run promtool");
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        println!("promtool {}:\n{said}", args.join(" "));
+        assert!(out.status.success(), "promtool {}: {said}", args.join(" "));
+        assert!(said.contains("SUCCESS"), "{said}");
+    }
+}

@@ -194,6 +194,20 @@ async fn postgres_deadlines_are_on_the_database_clock_whatever_a_replica_clock_s
     );
 }
 
+/// A stable `webhook-id` on PostgreSQL: the conformance check that an outbox row is
+/// read with one `stored_at` by `commit_reply`, `claim_round` and `due_outbox`, run on
+/// the database's clock (production's `TimeSource::Database`) by callers whose clocks
+/// are three years behind it and jump between calls, so each transaction measures
+/// its own offset (the conformance run uses the callers' clock, where nothing moves).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_an_outbox_row_is_stored_at_one_time_on_the_database_clock() {
+    let Some(url) = crate::support::postgres::fresh_database() else {
+        return;
+    };
+    let store = open_on_database_clock(&url).await;
+    lull_core::store::conformance::an_outbox_row_is_stored_at_one_time_in_every_read(&store).await;
+}
+
 /// Failures of a PostgreSQL server reach the dispatcher as the backend-neutral
 /// errors it knows: a dropped connection is transient (`Pool`) and the next call
 /// works on a new one; a database that refuses writes (a read-only standby after a

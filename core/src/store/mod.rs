@@ -501,8 +501,19 @@ pub struct OutboxRow {
     pub parts_sent: u32,
     /// Failed delivery attempts so far (every one is recorded before the next).
     pub attempts: u32,
-    /// When the row was committed: the base of its delivery deadline.
+    /// When the row was committed, on the caller's timeline: the base of its delivery
+    /// deadline. On PostgreSQL it is translated from the database's clock by an offset
+    /// measured afresh in each transaction, so two reads of one row may disagree by a
+    /// few milliseconds (or by any clock skew between hosts): it names no row.
     pub created_at: Timestamp,
+    /// When the row was committed, exactly as stored: on the database's timeline
+    /// (PostgreSQL's clock in production; on SQLite, and under `TimeSource::Caller`,
+    /// the committing caller's `now`), never translated. The same in every read, from
+    /// every process, for the row's life; with `id` it names the row across retries
+    /// and processes, and not again in another database whose ids start again at 1
+    /// (a webhook's `webhook-id` is made of both). Not a time to compare with a
+    /// clock: use `created_at` for that.
+    pub stored_at: Timestamp,
 }
 
 /// A rate limit as [`Store::hold_over_rate`] applies it: at most `max` messages of one

@@ -862,6 +862,7 @@ async fn read_owed(
             parts_sent: r.get::<_, i32>(6) as u32,
             attempts: r.get::<_, i32>(7) as u32,
             created_at: Timestamp(r.get(9)),
+            stored_at: Timestamp(r.get(9)),
         });
     }
     for row in &mut rows {
@@ -1012,7 +1013,8 @@ async fn hold_timer(
 }
 
 /// Outbox rows handed to the caller carry their creation time on its timeline (the
-/// base of its delivery deadline, counted on its own clock).
+/// base of its delivery deadline, counted on its own clock). `stored_at` stays as
+/// stored: it names the row, and this transaction's offset would move it.
 fn on_caller_timeline(rows: &mut [OutboxRow], now: Now) {
     for row in rows {
         row.created_at = now.to_caller(row.created_at);
@@ -1155,6 +1157,7 @@ impl Store for PostgresStore {
                 parts_sent: 0,
                 attempts: 0,
                 created_at: now.to_caller(now.db),
+                stored_at: now.db,
             }))
         }
         .await
@@ -1488,6 +1491,7 @@ impl Store for PostgresStore {
                     parts_sent: 0,
                     attempts: 0,
                     created_at: now.to_caller(now.db),
+                    stored_at: now.db,
                 },
                 forced,
             })
@@ -1555,6 +1559,7 @@ impl Store for PostgresStore {
                 parts_sent: 0,
                 attempts: 0,
                 created_at: now.to_caller(now.db),
+                stored_at: now.db,
             }))
         }
         .await

@@ -717,6 +717,7 @@ impl Store for SqliteStore {
                 parts_sent: 0,
                 attempts: 0,
                 created_at: now,
+                stored_at: now,
             }))
         })
         .await
@@ -1019,6 +1020,7 @@ impl Store for SqliteStore {
                     parts_sent: 0,
                     attempts: 0,
                     created_at: now,
+                    stored_at: now,
                 },
                 forced,
             })
@@ -1092,6 +1094,7 @@ impl Store for SqliteStore {
                 parts_sent: 0,
                 attempts: 0,
                 created_at: now,
+                stored_at: now,
             }))
         })
         .await
@@ -1717,6 +1720,8 @@ fn read_owed(
             parts_sent: r.get(6).ctx("reading the outbox")?,
             attempts: r.get(7).ctx("reading the outbox")?,
             created_at: Timestamp(r.get(9).ctx("reading the outbox")?),
+            // One host, one clock: the stored time is the caller's.
+            stored_at: Timestamp(r.get(9).ctx("reading the outbox")?),
         });
     }
     drop(query);

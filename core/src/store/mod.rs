@@ -832,6 +832,18 @@ pub trait Store: Send + Sync + 'static {
     /// its tables, and no recent operation found it damaged, full or unwritable.
     async fn ping(&self) -> Result<(), StoreError>;
 
+    /// A clean stop's last step, once nothing writes any more: make what the database
+    /// holds complete without side files. SQLite: every write queued before this call
+    /// is committed first, then the write-ahead log is checkpointed into the main file
+    /// and truncated (`PRAGMA wal_checkpoint(TRUNCATE)`), so a copy of `lull.db` alone
+    /// (without `-wal` and `-shm`) has everything until the next write. `Busy`: another
+    /// process still reads or writes the file, and the log keeps what it holds.
+    /// PostgreSQL: nothing to do (the server keeps its own files). The store stays
+    /// usable; a write after it goes to the log again.
+    async fn checkpoint(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// Woken when a timer may have been armed by another process (a backend shared
     /// across hosts announces every armed timer), so the scheduler looks for due work
     /// at once instead of at its next poll. `None` (SQLite): other processes' timers

@@ -1468,6 +1468,11 @@ impl Store for SqliteStore {
         .await?;
         self.condition.check()
     }
+
+    async fn checkpoint(&self) -> Result<(), StoreError> {
+        // Through the writer's queue: after every write queued before it.
+        self.writer.checkpoint().await
+    }
 }
 
 /// Hold a conversation's timer: not due before `until` (a later deadline is kept).

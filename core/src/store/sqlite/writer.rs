@@ -18,6 +18,10 @@
 //! The queue is bounded: when it is full, a write fails at once with
 //! [`StoreError::Busy`] (the http adapter answers 503 with `Retry-After`) instead of
 //! waiting out a busy timeout.
+//!
+//! A checkpoint ([`Writer::checkpoint`], a clean stop's last step) queues like a
+//! write, so it runs after every write queued before it is committed, outside any
+//! batch (SQLite checkpoints only between transactions).
 
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 
@@ -92,17 +96,24 @@ impl<T: Send + 'static> Answer for Ran<T> {
     }
 }
 
+/// What the writer thread is asked to do, in queue order.
+enum Queued {
+    Write(Box<dyn Job>),
+    /// Fold the write-ahead log into the main file and truncate it.
+    Checkpoint(oneshot::Sender<Result<(), StoreError>>),
+}
+
 /// The handle to a process's writer thread; cloned by every user of the store. The
 /// thread ends when the last handle is dropped.
 #[derive(Clone)]
 pub(super) struct Writer {
-    jobs: SyncSender<Box<dyn Job>>,
+    jobs: SyncSender<Queued>,
 }
 
 impl Writer {
     /// Start the writer thread on `conn`, which must be a connection of its own.
     pub(super) fn start(conn: Connection) -> std::io::Result<Writer> {
-        let (jobs, queue) = sync_channel::<Box<dyn Job>>(QUEUE);
+        let (jobs, queue) = sync_channel::<Queued>(QUEUE);
         std::thread::Builder::new()
             .name("lull-sqlite-writer".into())
             .spawn(move || serve(conn, queue))?;
@@ -121,17 +132,56 @@ impl Writer {
             write,
             answer,
         });
-        match self.jobs.try_send(job) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) => return Err(StoreError::Busy),
-            Err(TrySendError::Disconnected(_)) => {
-                return Err(StoreError::Pool("the database writer stopped".into()));
-            }
-        }
-        answered
-            .await
-            .map_err(|_| StoreError::Pool("the database writer stopped".into()))?
+        self.queue(Queued::Write(job))?;
+        answered.await.map_err(|_| stopped())?
     }
+
+    /// After every write queued before it is committed, checkpoint the write-ahead log
+    /// into the main file and truncate it (`PRAGMA wal_checkpoint(TRUNCATE)`).
+    /// `Busy` when another connection (another process) kept it from completing.
+    pub(super) async fn checkpoint(&self) -> Result<(), StoreError> {
+        let (answer, answered) = oneshot::channel();
+        self.queue(Queued::Checkpoint(answer))?;
+        answered.await.map_err(|_| stopped())?
+    }
+
+    fn queue(&self, queued: Queued) -> Result<(), StoreError> {
+        match self.jobs.try_send(queued) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_)) => Err(StoreError::Busy),
+            Err(TrySendError::Disconnected(_)) => Err(stopped()),
+        }
+    }
+}
+
+fn stopped() -> StoreError {
+    StoreError::Pool("the database writer stopped".into())
+}
+
+/// `PRAGMA wal_checkpoint(TRUNCATE)` on the writer's connection, between batches: it
+/// waits (through the busy timeout) for other processes' writers and readers, copies
+/// every frame of the log into the main file, syncs it and truncates the log to zero
+/// bytes. Its row says whether it completed (`busy` 0) and how many frames the log
+/// held and how many were copied.
+fn checkpoint(conn: &Connection) -> Result<(), StoreError> {
+    let (busy, log, copied): (i64, i64, i64) = conn
+        .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })
+        .map_err(|e| classify("checkpointing the write-ahead log", e))?;
+    if busy != 0 {
+        tracing::warn!(
+            log_frames = log,
+            copied_frames = copied,
+            "the write-ahead log could not be checkpointed (another process uses the database): copy the -wal file with the database"
+        );
+        return Err(StoreError::Busy);
+    }
+    tracing::debug!(
+        frames = copied,
+        "write-ahead log checkpointed and truncated"
+    );
+    Ok(())
 }
 
 /// Run one write between `SAVEPOINT` and `RELEASE`, or roll it back alone.
@@ -175,38 +225,55 @@ fn copy(error: &StoreError) -> StoreError {
     }
 }
 
-fn serve(conn: Connection, queue: Receiver<Box<dyn Job>>) {
+fn serve(conn: Connection, queue: Receiver<Queued>) {
     let mut batch: Vec<Box<dyn Job>> = Vec::with_capacity(BATCH);
     while let Ok(first) = queue.recv() {
-        batch.push(first);
-        while batch.len() < BATCH {
+        // A checkpoint waits for the writes queued before it: it ends the batch, and
+        // runs after its commit.
+        let mut then_checkpoint = None;
+        match first {
+            Queued::Write(job) => batch.push(job),
+            Queued::Checkpoint(answer) => then_checkpoint = Some(answer),
+        }
+        while then_checkpoint.is_none() && batch.len() < BATCH {
             match queue.try_recv() {
-                Ok(job) => batch.push(job),
+                Ok(Queued::Write(job)) => batch.push(job),
+                Ok(Queued::Checkpoint(answer)) => then_checkpoint = Some(answer),
                 Err(_) => break,
             }
         }
-        // Takes the write lock first (other processes queue on it through the busy
-        // timeout), so no write of the batch can deadlock on a lock upgrade.
-        if let Err(e) = run(&conn, "BEGIN IMMEDIATE") {
-            let error = classify("starting a batch of writes", e);
-            for job in batch.drain(..) {
-                job.fail(copy(&error));
-            }
-            continue;
+        if !batch.is_empty() {
+            commit_batch(&conn, &mut batch);
         }
-        let answers: Vec<Box<dyn Answer>> = batch.drain(..).map(|job| job.run(&conn)).collect();
-        let committed = match run(&conn, "COMMIT") {
+        if let Some(answer) = then_checkpoint {
+            let _ = answer.send(checkpoint(&conn));
+        }
+    }
+}
+
+/// Run `batch` (emptied) in one transaction and answer each of its writes.
+fn commit_batch(conn: &Connection, batch: &mut Vec<Box<dyn Job>>) {
+    // Takes the write lock first (other processes queue on it through the busy
+    // timeout), so no write of the batch can deadlock on a lock upgrade.
+    if let Err(e) = run(conn, "BEGIN IMMEDIATE") {
+        let error = classify("starting a batch of writes", e);
+        for job in batch.drain(..) {
+            job.fail(copy(&error));
+        }
+        return;
+    }
+    let answers: Vec<Box<dyn Answer>> = batch.drain(..).map(|job| job.run(conn)).collect();
+    let committed = match run(conn, "COMMIT") {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(classify("committing a batch of writes", e))
+        }
+    };
+    for answer in answers {
+        answer.give(match &committed {
             Ok(()) => Ok(()),
-            Err(e) => {
-                let _ = conn.execute_batch("ROLLBACK");
-                Err(classify("committing a batch of writes", e))
-            }
-        };
-        for answer in answers {
-            answer.give(match &committed {
-                Ok(()) => Ok(()),
-                Err(e) => Err(copy(e)),
-            });
-        }
+            Err(e) => Err(copy(e)),
+        });
     }
 }

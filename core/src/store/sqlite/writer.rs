@@ -15,6 +15,18 @@
 //!   process no longer compete for SQLite's write lock through its sleep-and-retry
 //!   busy handler: they queue, first come first served.
 //!
+//! The writer survives its own failures:
+//! - after FULL, IOERR, BUSY or NOMEM SQLite may roll back the whole transaction, not
+//!   only the failed statement (`sqlite3_get_autocommit` turns true). The writes of
+//!   the batch that ran before were undone with it and the ones after it would run
+//!   outside any transaction (a `SAVEPOINT` outside one begins a transaction of its
+//!   own, which its `RELEASE` commits: durable, yet reported failed). So after every
+//!   write the writer checks that the transaction is still open; if not, every write
+//!   of the batch fails with that error, the rest without running, and the next batch
+//!   begins a new transaction;
+//! - a write that panics is rolled back alone and answered with an error; the writer
+//!   thread goes on.
+//!
 //! The queue is bounded: when it is full, a write fails at once with
 //! [`StoreError::Busy`] (the http adapter answers 503 with `Retry-After`) instead of
 //! waiting out a busy timeout.
@@ -51,6 +63,9 @@ trait Job: Send {
 /// How a write that ran is answered, once its batch's fate is known.
 trait Answer: Send {
     fn give(self: Box<Self>, committed: Result<(), StoreError>);
+
+    /// The write's own error, if it failed.
+    fn error(&self) -> Option<&StoreError>;
 }
 
 /// A write and its caller.
@@ -93,6 +108,10 @@ impl<T: Send + 'static> Answer for Ran<T> {
             (Ok(value), Ok(())) => Ok(value),
         };
         let _ = self.answer.send(result);
+    }
+
+    fn error(&self) -> Option<&StoreError> {
+        self.outcome.as_ref().err()
     }
 }
 
@@ -184,14 +203,30 @@ fn checkpoint(conn: &Connection) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Run one write between `SAVEPOINT` and `RELEASE`, or roll it back alone.
+/// Run one write between `SAVEPOINT` and `RELEASE`, or roll it back alone: when it
+/// fails, and when it panics (then its error says so, and the writer goes on).
 fn in_savepoint<T>(
     conn: &Connection,
     context: &'static str,
     write: impl FnOnce(&Connection) -> Result<T, StoreError>,
 ) -> Result<T, StoreError> {
     run(conn, "SAVEPOINT job").ctx(context)?;
-    match write(conn) {
+    // Unwind safety: the connection's state after a panic is whatever SQLite says it
+    // is (the statement reset when its handle dropped); the savepoint undoes the
+    // write's changes, and nothing else the closure touched outlives it.
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| write(conn)))
+        .unwrap_or_else(|panic| {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "no message".to_owned());
+            Err(StoreError::Backend {
+                context,
+                message: format!("the write panicked ({what}); it was rolled back"),
+            })
+        });
+    match outcome {
         Ok(value) => {
             run(conn, "RELEASE job").ctx(context)?;
             Ok(value)
@@ -262,7 +297,39 @@ fn commit_batch(conn: &Connection, batch: &mut Vec<Box<dyn Job>>) {
         }
         return;
     }
-    let answers: Vec<Box<dyn Answer>> = batch.drain(..).map(|job| job.run(conn)).collect();
+    let mut answers: Vec<Box<dyn Answer>> = Vec::with_capacity(batch.len());
+    let mut jobs = batch.drain(..);
+    for job in jobs.by_ref() {
+        let answer = job.run(conn);
+        // Still in the batch's transaction? A statement that failed with FULL, IOERR,
+        // BUSY or NOMEM may have rolled all of it back.
+        if conn.is_autocommit() {
+            let error = answer.error().map_or_else(
+                || StoreError::Backend {
+                    context: "running a batch of writes",
+                    message: "the transaction ended during a write".into(),
+                },
+                copy,
+            );
+            tracing::warn!(
+                error = %error,
+                "SQLite rolled back a whole batch of writes; each is answered with the error"
+            );
+            answers.push(answer);
+            // No loss: nothing after it runs outside a transaction; every caller
+            // hears the error (the failed write its own), none hears `Ok` for a
+            // write that was undone. The next batch begins a new transaction.
+            for job in jobs {
+                job.fail(copy(&error));
+            }
+            for answer in answers {
+                answer.give(Err(copy(&error)));
+            }
+            return;
+        }
+        answers.push(answer);
+    }
+    drop(jobs);
     let committed = match run(conn, "COMMIT") {
         Ok(()) => Ok(()),
         Err(e) => {
@@ -275,5 +342,170 @@ fn commit_batch(conn: &Connection, batch: &mut Vec<Box<dyn Job>>) {
             Ok(()) => Ok(()),
             Err(e) => Err(copy(e)),
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A writer on a fresh WAL file with one table `t(x)`, and the file.
+    fn writer() -> (Writer, tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("writer.db");
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE t (x TEXT);")
+            .unwrap();
+        (Writer::start(conn).unwrap(), dir, path)
+    }
+
+    /// Queue `write` now, in order (the public `write` queues when first polled).
+    fn queue<F>(writer: &Writer, write: F) -> oneshot::Receiver<Result<(), StoreError>>
+    where
+        F: FnOnce(&Connection) -> Result<(), StoreError> + Send + 'static,
+    {
+        let (answer, answered) = oneshot::channel();
+        let job = Box::new(Write {
+            context: "a test write",
+            write,
+            answer,
+        });
+        writer.queue(Queued::Write(job)).unwrap();
+        answered
+    }
+
+    fn insert(x: &'static str) -> impl FnOnce(&Connection) -> Result<(), StoreError> {
+        move |conn| {
+            conn.execute("INSERT INTO t (x) VALUES (?1)", [x])
+                .map(drop)
+                .ctx("a test insert")
+        }
+    }
+
+    /// A test write, boxed so one batch can hold different ones.
+    type TestWrite = Box<dyn FnOnce(&Connection) -> Result<(), StoreError> + Send>;
+
+    /// Queue `writes` as one batch: behind a first write that holds the writer until
+    /// they are all queued. Their answers, in order.
+    async fn one_batch(writer: &Writer, writes: Vec<TestWrite>) -> Vec<Result<(), StoreError>> {
+        let (started, running) = std::sync::mpsc::channel();
+        let (open, gate) = std::sync::mpsc::channel::<()>();
+        let first = queue(writer, move |_| {
+            started.send(()).unwrap();
+            gate.recv().unwrap();
+            Ok(())
+        });
+        running.recv().unwrap();
+        let answers: Vec<_> = writes.into_iter().map(|w| queue(writer, w)).collect();
+        open.send(()).unwrap();
+        first.await.unwrap().unwrap();
+        let mut results = Vec::new();
+        for answer in answers {
+            results.push(answer.await.expect("every write is answered"));
+        }
+        results
+    }
+
+    fn rows(path: &std::path::Path) -> Vec<String> {
+        let conn = Connection::open(path).unwrap();
+        let mut stmt = conn.prepare("SELECT x FROM t ORDER BY rowid").unwrap();
+        stmt.query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    }
+
+    /// A real SQLITE_FULL (the file may not grow: `max_page_count`) in the middle of
+    /// a batch rolls the whole transaction back. Every write of the batch is then
+    /// answered with an error and none is in the file: the one before it was undone,
+    /// the one after it does not run (it would have committed alone, outside the
+    /// batch, and been reported failed). The next batch works.
+    #[tokio::test]
+    async fn a_write_that_rolls_back_the_whole_batch_fails_the_batch_and_the_writer_goes_on() {
+        let (writer, _dir, path) = writer();
+        let full = |conn: &Connection| {
+            let pages: i64 = conn
+                .query_row("PRAGMA page_count", [], |r| r.get(0))
+                .unwrap();
+            conn.query_row(
+                &format!("PRAGMA max_page_count = {}", pages + 2),
+                [],
+                |_| Ok(()),
+            )
+            .unwrap();
+            let big = "x".repeat(100_000);
+            conn.execute("INSERT INTO t (x) VALUES (?1)", [big])
+                .map(drop)
+                .ctx("a test insert that fills the file")
+        };
+        let results = one_batch(
+            &writer,
+            vec![
+                Box::new(insert("before")),
+                Box::new(full),
+                Box::new(insert("after")),
+            ],
+        )
+        .await;
+        println!("answers: {results:?}; in the file: {:?}", rows(&path));
+        assert!(
+            matches!(results[1], Err(StoreError::Full)),
+            "the write that filled the file: {:?}",
+            results[1]
+        );
+        let acknowledged: Vec<&str> = ["before", "full", "after"]
+            .into_iter()
+            .zip(&results)
+            .filter(|(_, r)| r.is_ok())
+            .map(|(x, _)| x)
+            .collect();
+        assert_eq!(
+            rows(&path),
+            acknowledged,
+            "what the callers were told is what the file holds"
+        );
+        assert!(results.iter().all(Result::is_err), "{results:?}");
+
+        writer
+            .write("a later write", insert("later"))
+            .await
+            .unwrap();
+        assert_eq!(
+            rows(&path),
+            ["later"],
+            "a new transaction for the next batch"
+        );
+    }
+
+    /// A write that panics fails alone: rolled back, its caller answered with an
+    /// error that says so; the other writes of its batch commit, and the writer
+    /// thread serves the next ones.
+    #[tokio::test]
+    async fn a_panicking_write_fails_alone_and_the_writer_goes_on() {
+        let (writer, _dir, path) = writer();
+        let panics = |conn: &Connection| -> Result<(), StoreError> {
+            conn.execute("INSERT INTO t (x) VALUES ('half done')", [])
+                .unwrap();
+            panic!("a bug in a write");
+        };
+        let results = one_batch(
+            &writer,
+            vec![
+                Box::new(insert("before")),
+                Box::new(panics),
+                Box::new(insert("after")),
+            ],
+        )
+        .await;
+        println!("answers: {results:?}; in the file: {:?}", rows(&path));
+        assert!(results[0].is_ok() && results[2].is_ok(), "{results:?}");
+        assert!(
+            matches!(&results[1], Err(StoreError::Backend { message, .. }) if message.contains("panicked")),
+            "{:?}",
+            results[1]
+        );
+        let later = writer.write("a later write", insert("later")).await;
+        assert!(later.is_ok(), "the writer goes on: {later:?}");
+        assert_eq!(rows(&path), ["before", "after", "later"]);
     }
 }

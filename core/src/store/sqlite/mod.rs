@@ -1678,6 +1678,19 @@ struct Owed {
     held_back: bool,
 }
 
+/// One conversation's undelivered outbox rows in outbox order: a search of index
+/// `outbox_undelivered` (conversation, id; only undelivered rows) for this
+/// conversation, then its conversation row by key. Not `outbox_due`: that index
+/// orders every conversation's undelivered rows by due time, so reading one
+/// conversation through it walks all of them (the due-work query wants it, a claim
+/// does not). `INDEXED BY` and `CROSS JOIN` fix that plan (a test checks it).
+const READ_OWED_SQL: &str =
+    "SELECT o.id, c.platform, c.key, o.kind, o.text, o.reply_to, o.parts_sent,
+        o.attempts, o.next_attempt_at, o.created_at
+ FROM outbox o INDEXED BY outbox_undelivered CROSS JOIN conversations c ON c.id = o.conversation_id
+ WHERE o.conversation_id = ?1 AND o.sent_at IS NULL AND o.failed_at IS NULL
+ ORDER BY o.id";
+
 /// A conversation's undelivered outbox rows that are due, oldest first, read on
 /// `conn`. Delivery keeps the outbox order: a row waiting for its retry holds back the
 /// rows behind it.
@@ -1689,13 +1702,7 @@ fn read_owed(
     let mut rows = Vec::new();
     let mut held_back = false;
     let mut stmt = conn
-        .prepare_cached(
-            "SELECT o.id, c.platform, c.key, o.kind, o.text, o.reply_to, o.parts_sent,
-                    o.attempts, o.next_attempt_at, o.created_at
-             FROM outbox o INDEXED BY outbox_due CROSS JOIN conversations c ON c.id = o.conversation_id
-             WHERE o.conversation_id = ?1 AND o.sent_at IS NULL AND o.failed_at IS NULL
-             ORDER BY o.id",
-        )
+        .prepare_cached(READ_OWED_SQL)
         .ctx("reading the outbox")?;
     let mut query = stmt.query([conversation.0]).ctx("reading the outbox")?;
     while let Some(r) = query.next().ctx("reading the outbox")? {
@@ -1922,7 +1929,13 @@ mod tests {
         drop(SqliteStore::open(&path, policy).unwrap());
         let conn = Connection::open(&path).unwrap();
         let list = placeholders(5, 2);
-        for sql in [due_candidates_sql(&list), next_deadline_sql(&list)] {
+        // And a claim's read of what a conversation owes (`read_owed`), on the writer
+        // thread every ingest waits for: one conversation's rows, not every one's.
+        for sql in [
+            due_candidates_sql(&list),
+            next_deadline_sql(&list),
+            READ_OWED_SQL.to_owned(),
+        ] {
             let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
             let params: Vec<rusqlite::types::Value> = vec![
                 0i64.into(),
@@ -1932,6 +1945,7 @@ mod tests {
                 "http".to_owned().into(),
                 "telegram".to_owned().into(),
             ];
+            let params = &params[..stmt.parameter_count()];
             let plan: Vec<String> = stmt
                 .query_map(rusqlite::params_from_iter(params.iter()), |r| {
                     r.get::<_, String>(3)
@@ -1939,6 +1953,18 @@ mod tests {
                 .unwrap()
                 .map(Result::unwrap)
                 .collect();
+            println!(
+                "{}\n  plan: {plan:#?}",
+                sql.split_whitespace().collect::<Vec<_>>().join(" ")
+            );
+            if sql == READ_OWED_SQL {
+                assert!(
+                    plan.iter().any(|step| step.starts_with(
+                        "SEARCH o USING INDEX outbox_undelivered (conversation_id=?)"
+                    )),
+                    "read_owed searches outbox_undelivered by conversation: {plan:#?}"
+                );
+            }
             for step in &plan {
                 let walks_a_table = step.starts_with("SCAN ")
                     && !step.starts_with("SCAN (")

@@ -71,6 +71,7 @@ macro_rules! store_conformance {
             an_outbox_row_is_stored_at_one_time_in_every_read,
             the_last_part_is_recorded_with_the_release,
             a_rate_limit_holds_the_conversation_until_the_window_has_room,
+            edits_count_in_the_rate_window,
             a_token_charge_is_all_or_nothing_and_fenced,
             concurrent_token_charges_never_pass_a_budget,
             an_access_decision_replaces_the_earlier_one,
@@ -1352,6 +1353,55 @@ pub async fn a_rate_limit_holds_the_conversation_until_the_window_has_room(store
             .unwrap(),
         None,
         "the same user id on another platform counts apart"
+    );
+}
+
+/// An applied edit counts in its author's rate window as a message does (it makes a
+/// generation in flight stale just the same): one message edited twice is three in
+/// the window. An edit that is ignored (the text unchanged) counts for nothing.
+pub async fn edits_count_in_the_rate_window(store: &dyn Store) {
+    let a = holder("a");
+    let rate = RateWindow {
+        max: 2,
+        window: ms(60_000),
+    };
+    let c1 = http("c1");
+    let (id, _, _) = stored(store, message(c1.clone(), "m1"), &a, at(0)).await;
+    let edit = |text: &str| MessageEdit {
+        conversation: c1.clone(),
+        message_id: "m1".into(),
+        text: text.into(),
+    };
+    let hold = async |now: Timestamp| store.hold_over_rate(id, "u1", rate, now).await.unwrap();
+    assert!(matches!(
+        store.edit(edit("first edit"), &a, at(100)).await.unwrap(),
+        IngestOutcome::Stored { .. }
+    ));
+    assert_eq!(hold(at(100)).await, None, "a message and an edit: two");
+    assert_eq!(
+        store.edit(edit("first edit"), &a, at(150)).await.unwrap(),
+        IngestOutcome::EditIgnored
+    );
+    assert_eq!(
+        hold(at(150)).await,
+        None,
+        "an ignored edit counts for nothing"
+    );
+    assert!(matches!(
+        store.edit(edit("second edit"), &a, at(200)).await.unwrap(),
+        IngestOutcome::Stored { .. }
+    ));
+    assert_eq!(
+        hold(at(200)).await,
+        Some(RateHold {
+            until: at(60_000),
+            began: true
+        }),
+        "the second edit is the third in the window: held until the message leaves it"
+    );
+    assert_eq!(
+        collect(store, id).await.timer.expect("armed").due_at,
+        at(60_000)
     );
 }
 

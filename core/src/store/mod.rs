@@ -583,7 +583,9 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<IngestOutcome, StoreError>;
 
     /// Replace the text of a still-pending message; counts as a new message (version
-    /// bump, timer re-armed). Edits of answered or unknown messages are ignored.
+    /// bump, timer re-armed, and in its author's rate window: see
+    /// [`Store::hold_over_rate`]). Edits of answered or unknown messages, and edits
+    /// that change nothing, are ignored (and not counted).
     async fn edit(
         &self,
         edit: MessageEdit,
@@ -788,9 +790,11 @@ pub trait Store: Send + Sync + 'static {
     /// How many conversations have messages waiting for a reply.
     async fn pending_conversations(&self) -> Result<u64, StoreError>;
 
-    /// Rate limit, right after a message of `user_id` was stored in `conversation`:
-    /// count the user's messages on the conversation's platform within the `rate`
-    /// window before `now` (the one just stored included), and if there are more than
+    /// Rate limit, right after a message of `user_id` was stored (or edited) in
+    /// `conversation`: count the user's messages and applied edits on the
+    /// conversation's platform within the `rate` window before `now` (the one just
+    /// stored included; an edit counts as a message, since it makes the batch stale as
+    /// a new message does), and if there are more than
     /// `rate.max`, hold the conversation's timer until the window has room again (the
     /// oldest message past the limit leaves it). A hold already in force is kept, not
     /// extended, so held messages are answered together when it ends; later messages,

@@ -1113,6 +1113,15 @@ impl Store for PostgresStore {
             if changed == 0 {
                 return Ok(IngestOutcome::EditIgnored);
             }
+            // Rate limit: an applied edit counts in its author's window, as a message.
+            execute(
+                &tx,
+                "INSERT INTO edits (message_id, user_id, platform, edited_at)
+                 SELECT id, user_id, $3, $4 FROM messages WHERE conversation_id = $1 AND platform_message_id = $2",
+                &[&id, &edit.message_id, &edit.conversation.platform.as_str(), &now.db.0],
+                "recording an edit",
+            )
+            .await?;
             let conversation = ConversationId(id);
             let (version, due_at) =
                 bump_and_arm(&tx, conversation, edit.conversation.platform, policy, holder, now.db).await?;
@@ -1842,10 +1851,15 @@ impl Store for PostgresStore {
             lock_conversation(&tx, conversation).await?;
             let past_limit = query_opt(
                 &tx,
-                "SELECT m.received_at FROM messages m JOIN conversations c ON c.id = m.conversation_id
-                 WHERE m.user_id = $1 AND m.received_at > $3
-                   AND c.platform = (SELECT platform FROM conversations WHERE id = $2)
-                 ORDER BY m.received_at DESC, m.id DESC LIMIT 1 OFFSET $4",
+                "SELECT at FROM (
+                     SELECT m.received_at AS at FROM messages m JOIN conversations c ON c.id = m.conversation_id
+                     WHERE m.user_id = $1 AND m.received_at > $3
+                       AND c.platform = (SELECT platform FROM conversations WHERE id = $2)
+                     UNION ALL
+                     SELECT e.edited_at FROM edits e
+                     WHERE e.user_id = $1 AND e.edited_at > $3
+                       AND e.platform = (SELECT platform FROM conversations WHERE id = $2)) recent
+                 ORDER BY at DESC LIMIT 1 OFFSET $4",
                 &[&user_id, &conversation.0, &(now.db.0 - window), &i64::from(rate.max)],
                 "counting a user's recent messages",
             )

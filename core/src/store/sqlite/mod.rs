@@ -676,6 +676,12 @@ impl Store for SqliteStore {
             if changed == 0 {
                 return Ok(IngestOutcome::EditIgnored);
             }
+            // Rate limit: an applied edit counts in its author's window, as a message.
+            tx.prepare_cached("INSERT INTO edits (message_id, user_id, platform, edited_at)
+                     SELECT id, user_id, ?3, ?4 FROM messages WHERE conversation_id = ?1 AND platform_message_id = ?2")
+        .ctx("preparing a statement")?
+        .execute(params![id, edit.message_id, edit.conversation.platform.as_str(), now.0])
+                .ctx("recording an edit")?;
             let conversation = ConversationId(id);
             let (version, due_at) = bump_and_arm(tx, conversation, edit.conversation.platform, policy, &holder, now)?;
             Ok(IngestOutcome::Stored {
@@ -1319,13 +1325,18 @@ impl Store for SqliteStore {
     ) -> Result<Option<RateHold>, StoreError> {
         let user_id = user_id.to_owned();
         self.write("applying the rate limit", move |tx| {
-            // Rate limit: the newest message past the limit within the window, if
-            // any; the window has room again once it has left.
+            // Rate limit: the newest message or edit past the limit within the
+            // window, if any; the window has room again once it has left.
             let past_limit: Option<i64> = tx
-                .prepare_cached("SELECT m.received_at FROM messages m JOIN conversations c ON c.id = m.conversation_id
-                     WHERE m.user_id = ?1 AND m.received_at > ?3
-                       AND c.platform = (SELECT platform FROM conversations WHERE id = ?2)
-                     ORDER BY m.received_at DESC, m.id DESC LIMIT 1 OFFSET ?4").ctx("preparing a statement")?.query_row(
+                .prepare_cached("SELECT at FROM (
+                         SELECT m.received_at AS at FROM messages m JOIN conversations c ON c.id = m.conversation_id
+                         WHERE m.user_id = ?1 AND m.received_at > ?3
+                           AND c.platform = (SELECT platform FROM conversations WHERE id = ?2)
+                         UNION ALL
+                         SELECT e.edited_at FROM edits e
+                         WHERE e.user_id = ?1 AND e.edited_at > ?3
+                           AND e.platform = (SELECT platform FROM conversations WHERE id = ?2))
+                     ORDER BY at DESC LIMIT 1 OFFSET ?4").ctx("preparing a statement")?.query_row(
                     params![user_id, conversation.0, now.0 - crate::domain::millis(rate.window), rate.max],
                     |r| r.get(0),
                 )

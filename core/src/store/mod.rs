@@ -114,18 +114,22 @@ impl DatabaseUrl {
     }
 
     /// The PostgreSQL password, if the URL carries one: registered for redaction
-    /// (`lull_port::secrets`) before anything logs.
+    /// (`lull_port::secrets`) before anything logs. It is the password as the driver
+    /// reads it and sends it to the server, from the user info or a `password=`
+    /// parameter: percent-decoded (`%40` is `@`), and nothing else. Not form-decoded:
+    /// a URL's user info is no form, so `+`, `=` and `&` are themselves (a form
+    /// decoder makes `+` a space and cuts at `=` or `&`, and the real password would
+    /// then be logged unredacted).
     pub fn password(&self) -> Option<secrecy::SecretString> {
         let DatabaseUrl::Postgres(url) = self else {
             return None;
         };
-        let parsed = url::Url::parse(secrecy::ExposeSecret::expose_secret(url)).ok()?;
-        let password = parsed.password().filter(|p| !p.is_empty())?;
-        let decoded = url::form_urlencoded::parse(password.as_bytes())
-            .map(|(k, _)| k.into_owned())
-            .next()
-            .unwrap_or_else(|| password.to_owned());
-        Some(decoded.into())
+        let config = <tokio_postgres::Config as std::str::FromStr>::from_str(
+            secrecy::ExposeSecret::expose_secret(url),
+        )
+        .ok()?;
+        let password = config.get_password().filter(|p| !p.is_empty())?;
+        Some(String::from_utf8_lossy(password).into_owned().into())
     }
 
     /// The URL as it may be shown: no credentials, no query.
@@ -898,6 +902,19 @@ mod tests {
         assert!(!url.shown().contains("cret"), "{}", url.shown());
         assert!(!format!("{url:?}").contains("cret"));
         assert_eq!(url.password().unwrap().expose_secret(), "s@cret");
+        // Percent-decoded and nothing else: `+`, `=` and `&` are themselves.
+        for (url, password) in [
+            ("postgres://lull:a+b=c&d%40e%2B@db/lull", "a+b=c&d@e+"),
+            ("postgres://lull:%2B%3D%26@db/lull", "+=&"),
+            ("postgres://lull@db/lull?password=p%26q+r", "p&q+r"),
+        ] {
+            let found = DatabaseUrl::parse(url).unwrap().password();
+            assert_eq!(
+                found.as_ref().map(ExposeSecret::expose_secret),
+                Some(password),
+                "{url}"
+            );
+        }
         assert!(
             DatabaseUrl::parse("postgres://db/lull")
                 .unwrap()

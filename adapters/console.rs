@@ -250,6 +250,7 @@ mod tests {
             conversation: &CONVERSATION,
             outbox_id: lull_port::OutboxId(1),
             created_at: Timestamp(0),
+            stored_at: Timestamp(0),
             kind: lull_port::OutboxKind::Reply,
             index: 0,
             count: 1,

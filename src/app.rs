@@ -266,6 +266,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         server.abort();
     }
     upkeep.abort();
+    checkpoint(dispatcher.store(), deadline).await;
     tracing::info!("stopped");
     match failure {
         Some(e) => Err(e),
@@ -276,6 +277,24 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
 /// How long after the grace period `lull run` may take to stop: time for stopped rounds
 /// to hand their leases back.
 pub const SHUTDOWN_MARGIN: Duration = Duration::from_millis(1000);
+
+/// A clean stop's last step, once rounds and intake have stopped: the store makes its
+/// files complete (SQLite: after the writes still queued, the write-ahead log folded
+/// into the database file and truncated, so a copy of `lull.db` alone holds
+/// everything), by `deadline` at the latest. If it cannot, nothing is lost (the log
+/// keeps it, and the next start reads it); the operator is told what to copy.
+async fn checkpoint(store: &Arc<dyn Store>, deadline: tokio::time::Instant) {
+    match tokio::time::timeout_at(deadline, store.checkpoint()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(
+            error = %e,
+            "the database's write-ahead log was not checkpointed: back up the -wal file with the database"
+        ),
+        Err(_) => tracing::warn!(
+            "no time left to checkpoint the database's write-ahead log: back up the -wal file with the database"
+        ),
+    }
+}
 
 /// `lull chat`: the console adapter on standard input and output. At end of input it
 /// waits until every message is answered, then returns success. If the model fails,
@@ -301,6 +320,11 @@ pub async fn chat(config: Config, interrupt: impl Future<Output = ()>) -> anyhow
     };
     stop.cancel();
     scheduler.await.context("the scheduler task failed")?;
+    checkpoint(
+        dispatcher.store(),
+        tokio::time::Instant::now() + SHUTDOWN_MARGIN,
+    )
+    .await;
     // A draft still shown (interrupted mid-reply) goes, and the terminal's line
     // wrapping with it.
     console.end_draft();

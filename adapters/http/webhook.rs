@@ -132,12 +132,16 @@ struct ReplyOut<'a> {
     kind: &'a str,
 }
 
-/// The `webhook-id` of a part: the outbox row's id and creation time, so it is the
-/// same on every attempt and in every process, and a fresh database (whose ids start
-/// again at 1) does not reuse one a receiver has seen. The http adapter never splits a
-/// reply, so a row is one request. No `.` (the signed content is `.`-delimited).
+/// The `webhook-id` of a part: the outbox row's id and its creation time exactly as
+/// the database stored it (`stored_at`, never translated to a process's timeline), so
+/// it is the same on every attempt and in every process, whatever their clocks say,
+/// and a fresh database (whose ids start again at 1) does not reuse one a receiver has
+/// seen. Not `created_at`: on PostgreSQL that is moved onto the caller's timeline by
+/// an offset measured afresh in each transaction, so it differs between attempts. The
+/// http adapter never splits a reply, so a row is one request. No `.` (the signed
+/// content is `.`-delimited).
 pub fn webhook_id(part: &OutgoingPart<'_>) -> String {
-    format!("msg_{}_{}", part.outbox_id.0, part.created_at.0)
+    format!("msg_{}_{}", part.outbox_id.0, part.stored_at.0)
 }
 
 /// Delivers replies by POSTing them to the webhook.
@@ -259,6 +263,34 @@ mod tests {
             assert!(e.contains(why), "{bad}: {e}");
             assert!(!e.contains("MfKQ") && !e.contains("c2hvcnQ"), "{e}");
         }
+    }
+
+    /// A `webhook-id` is made of what never moves: the row's id and its stored time.
+    /// Two attempts whose `created_at` disagree (on PostgreSQL each read translates it
+    /// by its own clock offset) carry one id; it has no `.` (the signed content is
+    /// `.`-delimited).
+    #[test]
+    fn the_webhook_id_is_the_row_as_stored() {
+        let conversation = ConversationRef::new(Platform::Http, "c1");
+        let attempt = |created_at: i64| OutgoingPart {
+            conversation: &conversation,
+            outbox_id: lull_port::OutboxId(7),
+            created_at: lull_port::Timestamp(created_at),
+            stored_at: lull_port::Timestamp(1_764_000_000_123),
+            kind: lull_port::OutboxKind::Reply,
+            index: 0,
+            count: 1,
+            text: "hi",
+            reply_to: None,
+            covers: &[],
+        };
+        let (first, retry) = (
+            webhook_id(&attempt(1_764_000_000_120)),
+            webhook_id(&attempt(1_764_000_000_127)),
+        );
+        assert_eq!(first, "msg_7_1764000000123");
+        assert_eq!(first, retry);
+        assert!(!first.contains('.'));
     }
 
     /// The example of the Standard Webhooks reference libraries: this key, id,

@@ -17,10 +17,16 @@ pub struct OutgoingPart<'a> {
     /// Stable across retries: webhooks get it as `reply_id`, Discord derives its nonce
     /// from it and `index`.
     pub outbox_id: OutboxId,
-    /// When the outbox row was committed. With `outbox_id` it names the row across
-    /// retries and processes, and not again in another database (a webhook's
-    /// `webhook-id` is made of both).
+    /// When the outbox row was committed, on this process's timeline. Names no row:
+    /// with several hosts it moves between reads by their clock offset (use
+    /// `stored_at`).
     pub created_at: Timestamp,
+    /// When the outbox row was committed, exactly as the database stored it (on the
+    /// database's timeline), never translated: the same on every attempt, from every
+    /// process. With `outbox_id` it names the row across retries and processes, and
+    /// not again in another database whose ids start again at 1 (a webhook's
+    /// `webhook-id` is made of both).
+    pub stored_at: Timestamp,
     pub kind: OutboxKind,
     pub index: usize,
     pub count: usize,

@@ -814,6 +814,7 @@ async fn sends_quote_in_guilds_only_and_map_errors() {
         conversation,
         outbox_id: OutboxId(9),
         created_at: lull_core::domain::Timestamp(1_700_000_000_000),
+        stored_at: lull_core::domain::Timestamp(1_700_000_000_000),
         kind: OutboxKind::Reply,
         index,
         count: 2,

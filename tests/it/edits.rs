@@ -89,3 +89,39 @@ async fn an_edit_under_the_cap_is_answered_once() {
         Accepted::EditIgnored
     );
 }
+
+/// Edits count in `LULL_RATE_PER_MIN` as messages do (each applied edit makes the
+/// batch stale as a new message does, so unlimited edits could keep every generation
+/// from being answered): with a limit of 2 a minute, one message edited twice holds
+/// the conversation, and the user is told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edits_count_in_the_rate_limit() {
+    let db = temp_db();
+    let mut settings = settings(5000, 10_000, 3000);
+    settings.limits.rate_per_min = 2;
+    let (responder, _started) = GatedResponder::new();
+    let node = Node::start(&db.path, settings, responder, Leases::Enforced);
+    let mut events = node.events();
+    node.send("c1", "m1", "hello").await;
+    for text in ["hello?", "hello??"] {
+        let mut edit = message("c1", "m1", text);
+        edit.kind = IncomingKind::Edit;
+        let accepted = node.dispatcher.ingest(edit).await.unwrap();
+        assert!(matches!(accepted, Accepted::Stored { .. }), "{accepted:?}");
+    }
+    let limited = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match events.recv().await {
+                Ok(Event::Limited { reason, until, .. }) => break (reason, until),
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(e) => panic!("event stream ended: {e}"),
+            }
+        }
+    })
+    .await;
+    let held_until = db::count(&db.path, "SELECT COALESCE(MAX(held_until), 0) FROM timers");
+    println!("after a message and two edits: limited {limited:?}, timer held until {held_until}");
+    let (reason, until) = limited.expect("the second edit is the third in the window");
+    assert_eq!(reason, "rate");
+    assert_eq!(held_until, until.0, "the conversation's timer is held");
+}

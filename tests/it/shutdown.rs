@@ -228,3 +228,52 @@ async fn sigterm_is_a_hard_limit_with_a_hung_webhook_and_a_slow_client() {
     let verdict = db::settled(&db_path, Duration::from_secs(10)).await;
     assert_eq!((verdict.duplicates, verdict.lost), (0, 0), "{verdict:?}");
 }
+
+/// A clean stop leaves a complete database file: on SIGTERM the write-ahead log is
+/// checkpointed into `lull.db` and truncated, so the main file copied alone (as an
+/// operator copies it after `docker compose stop`, without `-wal` and `-shm`) has
+/// every message and reply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_sigterm_the_database_file_alone_has_every_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let db_path = dir.path().join("lull.db");
+    let webhook = Webhook::start().await;
+    let mut a = start(dir.path(), "a", &webhook, &[]).await;
+    for (id, text) in [("1", "hello"), ("2", "are you there"), ("3", "bye")] {
+        post(&a, id, text).await;
+    }
+    let verdict = db::settled(&db_path, Duration::from_secs(15)).await;
+    assert_eq!((verdict.messages, verdict.lost), (3, 0), "{verdict:?}");
+    a.signal("TERM");
+    assert_eq!(
+        a.wait_exit(Duration::from_secs(10)),
+        Some(0),
+        "{}",
+        a.logs()
+    );
+    let size = |path: &std::path::Path| std::fs::metadata(path).map_or(0, |m| m.len());
+    println!(
+        "after SIGTERM: lull.db {} bytes, lull.db-wal {} bytes",
+        size(&db_path),
+        size(&dir.path().join("lull.db-wal"))
+    );
+
+    let copy = tempfile::tempdir().unwrap();
+    let copied = copy.path().join("lull.db");
+    std::fs::copy(&db_path, &copied).unwrap();
+    let conn = rusqlite::Connection::open(&copied).unwrap();
+    let count = |sql: &str| conn.query_row(sql, [], |r| r.get::<_, i64>(0));
+    let messages = count("SELECT COUNT(*) FROM messages");
+    let sent = count("SELECT COUNT(*) FROM outbox WHERE kind = 'reply' AND sent_at IS NOT NULL");
+    println!("lull.db copied alone: messages {messages:?}, sent replies {sent:?}");
+    assert_eq!(
+        messages.ok(),
+        Some(3),
+        "the main file alone has every message"
+    );
+    assert_eq!(
+        sent.ok(),
+        Some(verdict.replies as i64),
+        "and every delivered reply"
+    );
+}

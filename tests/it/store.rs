@@ -194,6 +194,80 @@ async fn postgres_deadlines_are_on_the_database_clock_whatever_a_replica_clock_s
     );
 }
 
+/// A stable `webhook-id` on PostgreSQL: the conformance check that an outbox row is
+/// read with one `stored_at` by `commit_reply`, `claim_round` and `due_outbox`, run on
+/// the database's clock (production's `TimeSource::Database`) by callers whose clocks
+/// are three years behind it and jump between calls, so each transaction measures
+/// its own offset (the conformance run uses the callers' clock, where nothing moves).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_an_outbox_row_is_stored_at_one_time_on_the_database_clock() {
+    let Some(url) = crate::support::postgres::fresh_database() else {
+        return;
+    };
+    let store = open_on_database_clock(&url).await;
+    lull_core::store::conformance::an_outbox_row_is_stored_at_one_time_in_every_read(&store).await;
+}
+
+/// A silent path to the database fails a call in bounded time: a store whose
+/// connections go through a proxy that stops forwarding without closing anything (no
+/// reset, the kernel still acknowledges: a frozen network, a hung host) answers a
+/// lease renewal with a transient error within its call deadline, instead of waiting
+/// for a reply that never comes; after the thaw it works again (the silent connection
+/// was dropped, not handed out again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_call_through_a_frozen_path_fails_in_bounded_time() {
+    use std::time::{Duration, Instant};
+
+    use lull_core::clock::{Clock, SystemClock};
+    use lull_core::domain::{HolderId, LeaseKey};
+    use lull_core::store::{IngestOutcome, Store};
+
+    use crate::support::freeze_proxy::FreezeProxy;
+
+    let Some(url) = crate::support::postgres::fresh_database() else {
+        return;
+    };
+    let proxy = FreezeProxy::for_postgres(&url);
+    let store = open_on_database_clock(&proxy.url(&url)).await;
+    let holder = HolderId::new("a");
+    let IngestOutcome::Stored { conversation, .. } = store
+        .ingest(message("m1"), &holder, SystemClock.now())
+        .await
+        .unwrap()
+    else {
+        panic!("not stored");
+    };
+    let ttl = Duration::from_secs(60);
+    let lease = store
+        .claim_lease(
+            &LeaseKey::Conversation(conversation),
+            &holder,
+            ttl,
+            SystemClock.now(),
+        )
+        .await
+        .unwrap()
+        .expect("a free lease");
+
+    proxy.freeze();
+    let started = Instant::now();
+    let renewed = tokio::time::timeout(
+        Duration::from_secs(30),
+        store.renew_lease(&lease, ttl, SystemClock.now()),
+    )
+    .await;
+    let took = started.elapsed();
+    println!("renew_lease through a frozen path: {renewed:?} after {took:?}");
+    let renewed = renewed.expect("renew_lease still hanging 30 s after the path froze");
+    let error = renewed.expect_err("no answer can come through a frozen path");
+    assert!(error.is_transient(), "{error:?}");
+    assert!(took < Duration::from_secs(15), "failed only after {took:?}");
+
+    proxy.thaw();
+    let renewed = store.renew_lease(&lease, ttl, SystemClock.now()).await;
+    assert!(renewed.is_ok(), "after the thaw: {renewed:?}");
+}
+
 /// Failures of a PostgreSQL server reach the dispatcher as the backend-neutral
 /// errors it knows: a dropped connection is transient (`Pool`) and the next call
 /// works on a new one; a database that refuses writes (a read-only standby after a

@@ -1,6 +1,7 @@
 //! Test support shared by the integration tests (`tests/it`) and the soak bench
 //! (`benches/soak.rs`): real `lull` processes, a webhook collector, the database
-//! checker and the multi-process stress harness.
+//! checker, the multi-process stress harness, and a TCP proxy that can go silent in
+//! front of the database (`freeze_proxy`).
 
 #![allow(dead_code)]
 

@@ -191,6 +191,7 @@ impl<'a> Delivery<'a> {
                 conversation: &row.conversation,
                 outbox_id: row.id,
                 created_at: row.created_at,
+                stored_at: row.stored_at,
                 kind: row.kind,
                 index,
                 count,

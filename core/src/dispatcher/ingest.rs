@@ -72,9 +72,11 @@ pub(super) async fn ingest(
     let store = &dispatcher.store;
     let holder = &dispatcher.holder;
     let conversation_ref = incoming.conversation.clone();
-    // The sender of a message the rate limit counts (admins are not limited).
-    let rate_limited = (incoming.kind == IncomingKind::New
-        && settings.limits.rate_per_min > 0
+    // The sender of a message or edit the rate limit counts (admins are not
+    // limited). An edit counts as a message: it makes the batch stale as a new
+    // message does, so unlimited edits could keep every generation from being
+    // answered.
+    let rate_limited = (settings.limits.rate_per_min > 0
         && !settings.access.is_admin(sender(&incoming)))
     .then(|| incoming.clone());
     let outcome = match incoming.kind {

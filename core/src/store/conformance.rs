@@ -68,8 +68,10 @@ macro_rules! store_conformance {
             settled_and_pending_conversations,
             ping_answers_on_a_sound_store,
             a_round_is_claimed_with_what_it_works_on,
+            an_outbox_row_is_stored_at_one_time_in_every_read,
             the_last_part_is_recorded_with_the_release,
             a_rate_limit_holds_the_conversation_until_the_window_has_room,
+            edits_count_in_the_rate_window,
             a_token_charge_is_all_or_nothing_and_fenced,
             concurrent_token_charges_never_pass_a_budget,
             an_access_decision_replaces_the_earlier_one,
@@ -927,6 +929,61 @@ pub async fn a_round_is_claimed_with_what_it_works_on(store: &dyn Store) {
     assert!(!later.held_back);
 }
 
+/// An outbox row names itself alike in every read: its `stored_at` (its creation
+/// time exactly as stored, which a webhook's `webhook-id` is made of) is the same in
+/// the row `commit_reply` returns, in the rows `claim_round` owes and in those
+/// `due_outbox` returns, attempt after attempt, however far apart the callers'
+/// clocks are. The calls pass times that jump about (a second, a quarter of an hour,
+/// a day): on the database's clock (a PostgreSQL test runs this body so, with the
+/// callers three years behind it) each read translates `created_at` by its own
+/// offset, and `stored_at` must not move.
+pub async fn an_outbox_row_is_stored_at_one_time_in_every_read(store: &dyn Store) {
+    let (a, b) = (holder("a"), holder("b"));
+    let (id, lease, batch) = round(store, &http("c1"), &a, &["m1"], at(1000)).await;
+    let outbox = match store
+        .commit_reply(&lease, &batch, reply("answer"), at(1000))
+        .await
+    {
+        Ok(CommitOutcome::Committed { outbox, .. }) => outbox,
+        other => panic!("the reply was not committed: {other:?}"),
+    };
+    let stored_at = outbox.stored_at;
+    store.release_lease(&lease, None, at(1000)).await.unwrap();
+    let mut reads = vec![("commit_reply", outbox)];
+    let due_outbox = async |now: Timestamp| {
+        let rows = store.due_outbox(id, now).await.expect("reading the outbox");
+        assert_eq!(rows.len(), 1, "the reply is owed at {now:?}: {rows:?}");
+        rows.into_iter().next().unwrap()
+    };
+    reads.push(("due_outbox", due_outbox(at(1000)).await));
+    // A failed attempt; the retry reads the row again.
+    store
+        .defer_outbox(reads[0].1.id, at(3000), "timed out")
+        .await
+        .unwrap();
+    reads.push(("due_outbox after a retry", due_outbox(at(3000)).await));
+    let claimed = store
+        .claim_round(id, &b, TTL, 10, at(900_000))
+        .await
+        .unwrap()
+        .expect("the lease was released");
+    assert_eq!(claimed.owed.len(), 1, "{:?}", claimed.owed);
+    reads.push(("claim_round", claimed.owed[0].clone()));
+    store
+        .release_lease(&claimed.lease, None, at(900_000))
+        .await
+        .unwrap();
+    reads.push(("due_outbox a day later", due_outbox(at(86_400_000)).await));
+    for (read, row) in &reads {
+        assert_eq!(row.id, reads[0].1.id, "{read}");
+        assert_eq!(
+            row.stored_at, stored_at,
+            "{read} reads the row as stored at {:?}, commit_reply said {stored_at:?} (created_at {:?} vs {:?})",
+            row.stored_at, row.created_at, reads[0].1.created_at,
+        );
+    }
+}
+
 /// The last part a round delivered is recorded with the release of its lease; it is
 /// recorded even when the lease was lost meanwhile (a delivered part is a fact), and a
 /// lost lease stays with its new holder.
@@ -1296,6 +1353,55 @@ pub async fn a_rate_limit_holds_the_conversation_until_the_window_has_room(store
             .unwrap(),
         None,
         "the same user id on another platform counts apart"
+    );
+}
+
+/// An applied edit counts in its author's rate window as a message does (it makes a
+/// generation in flight stale just the same): one message edited twice is three in
+/// the window. An edit that is ignored (the text unchanged) counts for nothing.
+pub async fn edits_count_in_the_rate_window(store: &dyn Store) {
+    let a = holder("a");
+    let rate = RateWindow {
+        max: 2,
+        window: ms(60_000),
+    };
+    let c1 = http("c1");
+    let (id, _, _) = stored(store, message(c1.clone(), "m1"), &a, at(0)).await;
+    let edit = |text: &str| MessageEdit {
+        conversation: c1.clone(),
+        message_id: "m1".into(),
+        text: text.into(),
+    };
+    let hold = async |now: Timestamp| store.hold_over_rate(id, "u1", rate, now).await.unwrap();
+    assert!(matches!(
+        store.edit(edit("first edit"), &a, at(100)).await.unwrap(),
+        IngestOutcome::Stored { .. }
+    ));
+    assert_eq!(hold(at(100)).await, None, "a message and an edit: two");
+    assert_eq!(
+        store.edit(edit("first edit"), &a, at(150)).await.unwrap(),
+        IngestOutcome::EditIgnored
+    );
+    assert_eq!(
+        hold(at(150)).await,
+        None,
+        "an ignored edit counts for nothing"
+    );
+    assert!(matches!(
+        store.edit(edit("second edit"), &a, at(200)).await.unwrap(),
+        IngestOutcome::Stored { .. }
+    ));
+    assert_eq!(
+        hold(at(200)).await,
+        Some(RateHold {
+            until: at(60_000),
+            began: true
+        }),
+        "the second edit is the third in the window: held until the message leaves it"
+    );
+    assert_eq!(
+        collect(store, id).await.timer.expect("armed").due_at,
+        at(60_000)
     );
 }
 

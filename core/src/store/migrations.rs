@@ -175,6 +175,19 @@ ALTER TABLE messages ADD COLUMN media TEXT;
 ALTER TABLE messages ADD COLUMN transcript TEXT;
 "#;
 
+const V6_EDITS: &str = r#"
+-- Rate limits count edits as they count messages: an applied edit makes a message
+-- pending again (and a generation in flight stale) as a new message does. One row per
+-- applied edit, by the author of the edited message, on its conversation's platform.
+CREATE TABLE edits (
+    message_id INTEGER NOT NULL REFERENCES messages (id),
+    user_id    TEXT    NOT NULL,
+    platform   TEXT    NOT NULL,
+    edited_at  INTEGER NOT NULL
+);
+CREATE INDEX edits_by_user ON edits (user_id, edited_at);
+"#;
+
 /// Every migration, oldest first. The schema version (`user_version`) counts them.
 const ALL: &[&str] = &[
     V1_CORE,
@@ -182,6 +195,7 @@ const ALL: &[&str] = &[
     V3_INDEXED_SCHEDULING,
     V4_WALLET,
     V5_MESSAGE_MEDIA,
+    V6_EDITS,
 ];
 
 /// The schema version this build migrates to.

@@ -116,18 +116,22 @@ impl DatabaseUrl {
     }
 
     /// The PostgreSQL password, if the URL carries one: registered for redaction
-    /// (`lull_port::secrets`) before anything logs.
+    /// (`lull_port::secrets`) before anything logs. It is the password as the driver
+    /// reads it and sends it to the server, from the user info or a `password=`
+    /// parameter: percent-decoded (`%40` is `@`), and nothing else. Not form-decoded:
+    /// a URL's user info is no form, so `+`, `=` and `&` are themselves (a form
+    /// decoder makes `+` a space and cuts at `=` or `&`, and the real password would
+    /// then be logged unredacted).
     pub fn password(&self) -> Option<secrecy::SecretString> {
         let DatabaseUrl::Postgres(url) = self else {
             return None;
         };
-        let parsed = url::Url::parse(secrecy::ExposeSecret::expose_secret(url)).ok()?;
-        let password = parsed.password().filter(|p| !p.is_empty())?;
-        let decoded = url::form_urlencoded::parse(password.as_bytes())
-            .map(|(k, _)| k.into_owned())
-            .next()
-            .unwrap_or_else(|| password.to_owned());
-        Some(decoded.into())
+        let config = <tokio_postgres::Config as std::str::FromStr>::from_str(
+            secrecy::ExposeSecret::expose_secret(url),
+        )
+        .ok()?;
+        let password = config.get_password().filter(|p| !p.is_empty())?;
+        Some(String::from_utf8_lossy(password).into_owned().into())
     }
 
     /// The URL as it may be shown: no credentials, no query.
@@ -503,8 +507,19 @@ pub struct OutboxRow {
     pub parts_sent: u32,
     /// Failed delivery attempts so far (every one is recorded before the next).
     pub attempts: u32,
-    /// When the row was committed: the base of its delivery deadline.
+    /// When the row was committed, on the caller's timeline: the base of its delivery
+    /// deadline. On PostgreSQL it is translated from the database's clock by an offset
+    /// measured afresh in each transaction, so two reads of one row may disagree by a
+    /// few milliseconds (or by any clock skew between hosts): it names no row.
     pub created_at: Timestamp,
+    /// When the row was committed, exactly as stored: on the database's timeline
+    /// (PostgreSQL's clock in production; on SQLite, and under `TimeSource::Caller`,
+    /// the committing caller's `now`), never translated. The same in every read, from
+    /// every process, for the row's life; with `id` it names the row across retries
+    /// and processes, and not again in another database whose ids start again at 1
+    /// (a webhook's `webhook-id` is made of both). Not a time to compare with a
+    /// clock: use `created_at` for that.
+    pub stored_at: Timestamp,
 }
 
 /// A rate limit as [`Store::hold_over_rate`] applies it: at most `max` messages of one
@@ -574,7 +589,9 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<IngestOutcome, StoreError>;
 
     /// Replace the text of a still-pending message; counts as a new message (version
-    /// bump, timer re-armed). Edits of answered or unknown messages are ignored.
+    /// bump, timer re-armed, and in its author's rate window: see
+    /// [`Store::hold_over_rate`]). Edits of answered or unknown messages, and edits
+    /// that change nothing, are ignored (and not counted).
     async fn edit(
         &self,
         edit: MessageEdit,
@@ -779,9 +796,11 @@ pub trait Store: Send + Sync + 'static {
     /// How many conversations have messages waiting for a reply.
     async fn pending_conversations(&self) -> Result<u64, StoreError>;
 
-    /// Rate limit, right after a message of `user_id` was stored in `conversation`:
-    /// count the user's messages on the conversation's platform within the `rate`
-    /// window before `now` (the one just stored included), and if there are more than
+    /// Rate limit, right after a message of `user_id` was stored (or edited) in
+    /// `conversation`: count the user's messages and applied edits on the
+    /// conversation's platform within the `rate` window before `now` (the one just
+    /// stored included; an edit counts as a message, since it makes the batch stale as
+    /// a new message does), and if there are more than
     /// `rate.max`, hold the conversation's timer until the window has room again (the
     /// oldest message past the limit leaves it). A hold already in force is kept, not
     /// extended, so held messages are answered together when it ends; later messages,
@@ -822,6 +841,18 @@ pub trait Store: Send + Sync + 'static {
     /// Whether the database can do its work (for health checks): it answers a read of
     /// its tables, and no recent operation found it damaged, full or unwritable.
     async fn ping(&self) -> Result<(), StoreError>;
+
+    /// A clean stop's last step, once nothing writes any more: make what the database
+    /// holds complete without side files. SQLite: every write queued before this call
+    /// is committed first, then the write-ahead log is checkpointed into the main file
+    /// and truncated (`PRAGMA wal_checkpoint(TRUNCATE)`), so a copy of `lull.db` alone
+    /// (without `-wal` and `-shm`) has everything until the next write. `Busy`: another
+    /// process still reads or writes the file, and the log keeps what it holds.
+    /// PostgreSQL: nothing to do (the server keeps its own files). The store stays
+    /// usable; a write after it goes to the log again.
+    async fn checkpoint(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 
     /// Woken when a timer may have been armed by another process (a backend shared
     /// across hosts announces every armed timer), so the scheduler looks for due work
@@ -873,6 +904,19 @@ mod tests {
         assert!(!url.shown().contains("cret"), "{}", url.shown());
         assert!(!format!("{url:?}").contains("cret"));
         assert_eq!(url.password().unwrap().expose_secret(), "s@cret");
+        // Percent-decoded and nothing else: `+`, `=` and `&` are themselves.
+        for (url, password) in [
+            ("postgres://lull:a+b=c&d%40e%2B@db/lull", "a+b=c&d@e+"),
+            ("postgres://lull:%2B%3D%26@db/lull", "+=&"),
+            ("postgres://lull@db/lull?password=p%26q+r", "p&q+r"),
+        ] {
+            let found = DatabaseUrl::parse(url).unwrap().password();
+            assert_eq!(
+                found.as_ref().map(ExposeSecret::expose_secret),
+                Some(password),
+                "{url}"
+            );
+        }
         assert!(
             DatabaseUrl::parse("postgres://db/lull")
                 .unwrap()

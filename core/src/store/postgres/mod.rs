@@ -88,6 +88,22 @@ const POOL_SIZE: usize = 8;
 const STATEMENT_TIMEOUT_MS: u64 = 5000;
 /// How often a transaction that hit a serialization failure or deadlock is retried.
 const RETRIES: u32 = 4;
+/// The client-side deadline of one try of a store call: the pooled connection, every
+/// statement and the commit. Longer than the server's statement timeout, so a lock
+/// wait is reported by the server first ([`StoreError::Busy`]); a connection whose
+/// path went silent (no reset: a frozen network, a host gone) fails after it as
+/// [`StoreError::Pool`] instead of hanging until the kernel gives the socket up, and
+/// the connection is dropped from the pool rather than handed out again.
+const CALL_DEADLINE: Duration = Duration::from_millis(2 * STATEMENT_TIMEOUT_MS);
+/// TCP keepalive on every connection: an idle connection whose peer is gone is found
+/// (and closed, so the pool replaces it) after about idle + interval × retries,
+/// instead of the kernel's two hours.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+const KEEPALIVE_RETRIES: u32 = 3;
+/// `TCP_USER_TIMEOUT`: sent data left unacknowledged this long closes the connection
+/// (Linux), the kernel's own bound on a dead path while a statement waits.
+const TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
 /// The channel timers are announced on.
 const CHANNEL: &str = "lull_armed";
 
@@ -172,7 +188,8 @@ pub struct PostgresInspection {
 }
 
 /// The connection settings of `url` (`postgres://` or `postgresql://`, with `sslmode`
-/// `disable`, `prefer` (the default) or `require`), with lull's statement timeout.
+/// `disable`, `prefer` (the default) or `require`), with lull's statement timeout,
+/// TCP keepalives and TCP user timeout.
 fn config(url: &str) -> Result<tokio_postgres::Config, String> {
     let mut config = tokio_postgres::Config::from_str(url).map_err(|e| e.to_string())?;
     let options = match config.get_options() {
@@ -182,6 +199,21 @@ fn config(url: &str) -> Result<tokio_postgres::Config, String> {
     config.options(options);
     if config.get_application_name().is_none() {
         config.application_name("lull");
+    }
+    // A dead peer or path is noticed by the kernel, not only by the call deadline
+    // (settings given in the URL win).
+    config.keepalives(true);
+    if config.get_keepalives_idle() == Duration::from_secs(2 * 60 * 60) {
+        config.keepalives_idle(KEEPALIVE_IDLE);
+    }
+    if config.get_keepalives_interval().is_none() {
+        config.keepalives_interval(KEEPALIVE_INTERVAL);
+    }
+    if config.get_keepalives_retries().is_none() {
+        config.keepalives_retries(KEEPALIVE_RETRIES);
+    }
+    if config.get_tcp_user_timeout().is_none() {
+        config.tcp_user_timeout(TCP_USER_TIMEOUT);
     }
     Ok(config)
 }
@@ -311,18 +343,43 @@ macro_rules! transaction {
         let mut attempt = 0;
         let started = std::time::Instant::now();
         let result = loop {
+            // No call hangs: the pooled connection, the statements and the commit
+            // answer by the deadline, or the call fails (a transient error).
+            let deadline = tokio::time::Instant::now() + CALL_DEADLINE;
+            let late = || {
+                StoreError::Pool(format!(
+                    "no answer from the database within {} ms while {}",
+                    CALL_DEADLINE.as_millis(),
+                    $context
+                ))
+            };
             let result = async {
                 store.before_write($operation)?;
-                let mut client = store.client().await?;
-                let $tx = client
-                    .build_transaction()
-                    .isolation_level(IsolationLevel::ReadCommitted)
-                    .start()
+                let mut client = tokio::time::timeout_at(deadline, store.client())
                     .await
-                    .ctx($context)?;
-                let value = $body?;
-                $tx.commit().await.ctx($context)?;
-                Ok(value)
+                    .map_err(|_| late())??;
+                let tried = tokio::time::timeout_at(deadline, async {
+                    let $tx = client
+                        .build_transaction()
+                        .isolation_level(IsolationLevel::ReadCommitted)
+                        .start()
+                        .await
+                        .ctx($context)?;
+                    let value = $body?;
+                    $tx.commit().await.ctx($context)?;
+                    Ok(value)
+                })
+                .await;
+                match tried {
+                    Ok(done) => done,
+                    Err(_) => {
+                        // Its socket may be dead: not back into the pool. The caller
+                        // hears a transient error, as when the server drops the
+                        // connection mid-call (a write may then have committed).
+                        drop(deadpool_postgres::Object::take(client));
+                        Err(late())
+                    }
+                }
             }
             .await;
             match result {
@@ -862,6 +919,7 @@ async fn read_owed(
             parts_sent: r.get::<_, i32>(6) as u32,
             attempts: r.get::<_, i32>(7) as u32,
             created_at: Timestamp(r.get(9)),
+            stored_at: Timestamp(r.get(9)),
         });
     }
     for row in &mut rows {
@@ -1012,7 +1070,8 @@ async fn hold_timer(
 }
 
 /// Outbox rows handed to the caller carry their creation time on its timeline (the
-/// base of its delivery deadline, counted on its own clock).
+/// base of its delivery deadline, counted on its own clock). `stored_at` stays as
+/// stored: it names the row, and this transaction's offset would move it.
 fn on_caller_timeline(rows: &mut [OutboxRow], now: Now) {
     for row in rows {
         row.created_at = now.to_caller(row.created_at);
@@ -1111,6 +1170,15 @@ impl Store for PostgresStore {
             if changed == 0 {
                 return Ok(IngestOutcome::EditIgnored);
             }
+            // Rate limit: an applied edit counts in its author's window, as a message.
+            execute(
+                &tx,
+                "INSERT INTO edits (message_id, user_id, platform, edited_at)
+                 SELECT id, user_id, $3, $4 FROM messages WHERE conversation_id = $1 AND platform_message_id = $2",
+                &[&id, &edit.message_id, &edit.conversation.platform.as_str(), &now.db.0],
+                "recording an edit",
+            )
+            .await?;
             let conversation = ConversationId(id);
             let (version, due_at) =
                 bump_and_arm(&tx, conversation, edit.conversation.platform, policy, holder, now.db).await?;
@@ -1155,6 +1223,7 @@ impl Store for PostgresStore {
                 parts_sent: 0,
                 attempts: 0,
                 created_at: now.to_caller(now.db),
+                stored_at: now.db,
             }))
         }
         .await
@@ -1488,6 +1557,7 @@ impl Store for PostgresStore {
                     parts_sent: 0,
                     attempts: 0,
                     created_at: now.to_caller(now.db),
+                    stored_at: now.db,
                 },
                 forced,
             })
@@ -1555,6 +1625,7 @@ impl Store for PostgresStore {
                 parts_sent: 0,
                 attempts: 0,
                 created_at: now.to_caller(now.db),
+                stored_at: now.db,
             }))
         }
         .await
@@ -1837,10 +1908,15 @@ impl Store for PostgresStore {
             lock_conversation(&tx, conversation).await?;
             let past_limit = query_opt(
                 &tx,
-                "SELECT m.received_at FROM messages m JOIN conversations c ON c.id = m.conversation_id
-                 WHERE m.user_id = $1 AND m.received_at > $3
-                   AND c.platform = (SELECT platform FROM conversations WHERE id = $2)
-                 ORDER BY m.received_at DESC, m.id DESC LIMIT 1 OFFSET $4",
+                "SELECT at FROM (
+                     SELECT m.received_at AS at FROM messages m JOIN conversations c ON c.id = m.conversation_id
+                     WHERE m.user_id = $1 AND m.received_at > $3
+                       AND c.platform = (SELECT platform FROM conversations WHERE id = $2)
+                     UNION ALL
+                     SELECT e.edited_at FROM edits e
+                     WHERE e.user_id = $1 AND e.edited_at > $3
+                       AND e.platform = (SELECT platform FROM conversations WHERE id = $2)) recent
+                 ORDER BY at DESC LIMIT 1 OFFSET $4",
                 &[&user_id, &conversation.0, &(now.db.0 - window), &i64::from(rate.max)],
                 "counting a user's recent messages",
             )

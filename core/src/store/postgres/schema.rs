@@ -10,7 +10,7 @@
 use tokio_postgres::Client;
 
 /// Every migration, oldest first; the schema version counts them.
-const ALL: &[&str] = &[V1_CORE, V2_WALLET, V3_MESSAGE_MEDIA];
+const ALL: &[&str] = &[V1_CORE, V2_WALLET, V3_MESSAGE_MEDIA, V4_EDITS];
 
 /// The schema version this build migrates to.
 pub const LATEST: i64 = ALL.len() as i64;
@@ -174,6 +174,19 @@ const V3_MESSAGE_MEDIA: &str = r#"
 ALTER TABLE messages ADD COLUMN media TEXT;
 -- The transcript of a voice note or audio file: written once, under the round's lease.
 ALTER TABLE messages ADD COLUMN transcript TEXT;
+"#;
+
+/// SQLite's sixth migration: every applied edit, which rate limits count.
+const V4_EDITS: &str = r#"
+-- Rate limits count edits as they count messages: one row per applied edit, by the
+-- author of the edited message, on its conversation's platform.
+CREATE TABLE edits (
+    message_id BIGINT NOT NULL REFERENCES messages (id),
+    user_id    TEXT   NOT NULL,
+    platform   TEXT   NOT NULL,
+    edited_at  BIGINT NOT NULL
+);
+CREATE INDEX edits_by_user ON edits (user_id, edited_at);
 "#;
 
 /// Bring the schema up to date: each missing migration in its own transaction under

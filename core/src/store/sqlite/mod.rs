@@ -682,6 +682,12 @@ impl Store for SqliteStore {
             if changed == 0 {
                 return Ok(IngestOutcome::EditIgnored);
             }
+            // Rate limit: an applied edit counts in its author's window, as a message.
+            tx.prepare_cached("INSERT INTO edits (message_id, user_id, platform, edited_at)
+                     SELECT id, user_id, ?3, ?4 FROM messages WHERE conversation_id = ?1 AND platform_message_id = ?2")
+        .ctx("preparing a statement")?
+        .execute(params![id, edit.message_id, edit.conversation.platform.as_str(), now.0])
+                .ctx("recording an edit")?;
             let conversation = ConversationId(id);
             let (version, due_at) = bump_and_arm(tx, conversation, edit.conversation.platform, policy, &holder, now)?;
             Ok(IngestOutcome::Stored {
@@ -723,6 +729,7 @@ impl Store for SqliteStore {
                 parts_sent: 0,
                 attempts: 0,
                 created_at: now,
+                stored_at: now,
             }))
         })
         .await
@@ -1025,6 +1032,7 @@ impl Store for SqliteStore {
                     parts_sent: 0,
                     attempts: 0,
                     created_at: now,
+                    stored_at: now,
                 },
                 forced,
             })
@@ -1098,6 +1106,7 @@ impl Store for SqliteStore {
                 parts_sent: 0,
                 attempts: 0,
                 created_at: now,
+                stored_at: now,
             }))
         })
         .await
@@ -1322,13 +1331,18 @@ impl Store for SqliteStore {
     ) -> Result<Option<RateHold>, StoreError> {
         let user_id = user_id.to_owned();
         self.write("applying the rate limit", move |tx| {
-            // Rate limit: the newest message past the limit within the window, if
-            // any; the window has room again once it has left.
+            // Rate limit: the newest message or edit past the limit within the
+            // window, if any; the window has room again once it has left.
             let past_limit: Option<i64> = tx
-                .prepare_cached("SELECT m.received_at FROM messages m JOIN conversations c ON c.id = m.conversation_id
-                     WHERE m.user_id = ?1 AND m.received_at > ?3
-                       AND c.platform = (SELECT platform FROM conversations WHERE id = ?2)
-                     ORDER BY m.received_at DESC, m.id DESC LIMIT 1 OFFSET ?4").ctx("preparing a statement")?.query_row(
+                .prepare_cached("SELECT at FROM (
+                         SELECT m.received_at AS at FROM messages m JOIN conversations c ON c.id = m.conversation_id
+                         WHERE m.user_id = ?1 AND m.received_at > ?3
+                           AND c.platform = (SELECT platform FROM conversations WHERE id = ?2)
+                         UNION ALL
+                         SELECT e.edited_at FROM edits e
+                         WHERE e.user_id = ?1 AND e.edited_at > ?3
+                           AND e.platform = (SELECT platform FROM conversations WHERE id = ?2))
+                     ORDER BY at DESC LIMIT 1 OFFSET ?4").ctx("preparing a statement")?.query_row(
                     params![user_id, conversation.0, now.0 - crate::domain::millis(rate.window), rate.max],
                     |r| r.get(0),
                 )
@@ -1470,6 +1484,11 @@ impl Store for SqliteStore {
         })
         .await?;
         self.condition.check()
+    }
+
+    async fn checkpoint(&self) -> Result<(), StoreError> {
+        // Through the writer's queue: after every write queued before it.
+        self.writer.checkpoint().await
     }
 }
 
@@ -1676,6 +1695,19 @@ struct Owed {
     held_back: bool,
 }
 
+/// One conversation's undelivered outbox rows in outbox order: a search of index
+/// `outbox_undelivered` (conversation, id; only undelivered rows) for this
+/// conversation, then its conversation row by key. Not `outbox_due`: that index
+/// orders every conversation's undelivered rows by due time, so reading one
+/// conversation through it walks all of them (the due-work query wants it, a claim
+/// does not). `INDEXED BY` and `CROSS JOIN` fix that plan (a test checks it).
+const READ_OWED_SQL: &str =
+    "SELECT o.id, c.platform, c.key, o.kind, o.text, o.reply_to, o.parts_sent,
+        o.attempts, o.next_attempt_at, o.created_at
+ FROM outbox o INDEXED BY outbox_undelivered CROSS JOIN conversations c ON c.id = o.conversation_id
+ WHERE o.conversation_id = ?1 AND o.sent_at IS NULL AND o.failed_at IS NULL
+ ORDER BY o.id";
+
 /// A conversation's undelivered outbox rows that are due, oldest first, read on
 /// `conn`. Delivery keeps the outbox order: a row waiting for its retry holds back the
 /// rows behind it.
@@ -1687,13 +1719,7 @@ fn read_owed(
     let mut rows = Vec::new();
     let mut held_back = false;
     let mut stmt = conn
-        .prepare_cached(
-            "SELECT o.id, c.platform, c.key, o.kind, o.text, o.reply_to, o.parts_sent,
-                    o.attempts, o.next_attempt_at, o.created_at
-             FROM outbox o INDEXED BY outbox_due CROSS JOIN conversations c ON c.id = o.conversation_id
-             WHERE o.conversation_id = ?1 AND o.sent_at IS NULL AND o.failed_at IS NULL
-             ORDER BY o.id",
-        )
+        .prepare_cached(READ_OWED_SQL)
         .ctx("reading the outbox")?;
     let mut query = stmt.query([conversation.0]).ctx("reading the outbox")?;
     while let Some(r) = query.next().ctx("reading the outbox")? {
@@ -1723,6 +1749,8 @@ fn read_owed(
             parts_sent: r.get(6).ctx("reading the outbox")?,
             attempts: r.get(7).ctx("reading the outbox")?,
             created_at: Timestamp(r.get(9).ctx("reading the outbox")?),
+            // One host, one clock: the stored time is the caller's.
+            stored_at: Timestamp(r.get(9).ctx("reading the outbox")?),
         });
     }
     drop(query);
@@ -1918,7 +1946,13 @@ mod tests {
         drop(SqliteStore::open(&path, policy).unwrap());
         let conn = Connection::open(&path).unwrap();
         let list = placeholders(5, 2);
-        for sql in [due_candidates_sql(&list), next_deadline_sql(&list)] {
+        // And a claim's read of what a conversation owes (`read_owed`), on the writer
+        // thread every ingest waits for: one conversation's rows, not every one's.
+        for sql in [
+            due_candidates_sql(&list),
+            next_deadline_sql(&list),
+            READ_OWED_SQL.to_owned(),
+        ] {
             let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
             let params: Vec<rusqlite::types::Value> = vec![
                 0i64.into(),
@@ -1928,6 +1962,7 @@ mod tests {
                 "http".to_owned().into(),
                 "telegram".to_owned().into(),
             ];
+            let params = &params[..stmt.parameter_count()];
             let plan: Vec<String> = stmt
                 .query_map(rusqlite::params_from_iter(params.iter()), |r| {
                     r.get::<_, String>(3)
@@ -1935,6 +1970,18 @@ mod tests {
                 .unwrap()
                 .map(Result::unwrap)
                 .collect();
+            println!(
+                "{}\n  plan: {plan:#?}",
+                sql.split_whitespace().collect::<Vec<_>>().join(" ")
+            );
+            if sql == READ_OWED_SQL {
+                assert!(
+                    plan.iter().any(|step| step.starts_with(
+                        "SEARCH o USING INDEX outbox_undelivered (conversation_id=?)"
+                    )),
+                    "read_owed searches outbox_undelivered by conversation: {plan:#?}"
+                );
+            }
             for step in &plan {
                 let walks_a_table = step.starts_with("SCAN ")
                     && !step.starts_with("SCAN (")

@@ -175,6 +175,21 @@ ALTER TABLE messages ADD COLUMN media TEXT;
 ALTER TABLE messages ADD COLUMN transcript TEXT;
 "#;
 
+const V6_TOKEN_RESERVATIONS: &str = r#"
+-- What a round reserved before asking the model, per scope, until it settles: keyed
+-- by the conversation, the lease token and the day it counts for. A reservation whose
+-- round never settled (lease lost, stop, crash) is given back at the next claim of
+-- the conversation, on its own day.
+CREATE TABLE token_reservations (
+    conversation_id INTEGER NOT NULL,
+    lease_token     INTEGER NOT NULL,
+    day             TEXT    NOT NULL,
+    scope           TEXT    NOT NULL,
+    tokens          INTEGER NOT NULL,
+    PRIMARY KEY (conversation_id, lease_token, day, scope)
+);
+"#;
+
 /// Every migration, oldest first. The schema version (`user_version`) counts them.
 const ALL: &[&str] = &[
     V1_CORE,
@@ -182,6 +197,7 @@ const ALL: &[&str] = &[
     V3_INDEXED_SCHEDULING,
     V4_WALLET,
     V5_MESSAGE_MEDIA,
+    V6_TOKEN_RESERVATIONS,
 ];
 
 /// The schema version this build migrates to.

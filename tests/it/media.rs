@@ -563,3 +563,43 @@ async fn a_group_reply_to_a_voice_message_quotes_the_transcript() {
     );
     run.finish();
 }
+
+/// A burst with more images than one reply reads: the first four are fetched and sent
+/// (a round's images are bounded in number and bytes), the rest are not fetched at
+/// all, the model is told, and the user is told once which were left out; the whole
+/// burst is answered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_images_than_one_reply_reads_are_left_out_and_the_user_told() {
+    let run = start(&[("LULL_DEBOUNCE_MS", "800")]).await;
+    let chat = 4611;
+    let images: Vec<Vec<u8>> = (0..6).map(|n| png(40 + n)).collect();
+    for (n, image) in images.iter().enumerate() {
+        let id = format!("many-{n}");
+        run.fake.add_file(&id, image.clone());
+        run.fake.push_message(photo_message(
+            chat,
+            chat,
+            (n == 0).then_some("which of these?"),
+            &[(id.as_str(), image.len())],
+        ));
+    }
+    let sent = run.fake.wait_sent(chat, 2, SECS(15)).await;
+    assert_eq!(run.model.requests().len(), 1, "one model call");
+    let sent_images = run.model.images(0);
+    assert_eq!(
+        sent_images,
+        images[..4].iter().map(|i| data_url(i)).collect::<Vec<_>>(),
+        "the first four images, no more"
+    );
+    assert_eq!(run.fake.downloads().len(), 4, "the rest are not fetched");
+    assert!(
+        sent[0].text.contains("I can look at 4 images at once")
+            && sent[0].text.contains("left 2 out"),
+        "{}",
+        sent[0].text
+    );
+    assert!(sent[1].text.starts_with("[model] [image] which of these?"));
+    let verdict = db::settled(&run.db(), SECS(10)).await;
+    assert_eq!(verdict.counts(), (6, 1, 0, 0, 0), "{verdict:?}");
+    run.finish();
+}

@@ -748,3 +748,69 @@ async fn a_settle_after_midnight_lands_on_the_day_of_the_reservation() {
         day(midnight - 1)
     );
 }
+
+// ---------------------------------------------------------------- an abandoned reservation
+
+/// Every reservation expires: a holder that crashes mid-generation leaves its
+/// reservation in the database, and the process that takes the conversation over
+/// gives it back when it claims, so the user is charged only for the reply that was
+/// delivered.
+async fn a_crashed_round_gives_its_reservation_back_at_the_next_claim(
+    backend: crate::helpers::Backend,
+) {
+    use crate::helpers::{self, CountingEcho, GatedResponder, Leases, Node, TestDb};
+    use lull_core::limits::{Limits, TimeZone};
+    let Some(db) = TestDb::new(backend) else {
+        return;
+    };
+    let mut settings = helpers::settings(100, 3000, 1500);
+    settings.limits = Limits {
+        user_daily_tokens: 100_000,
+        reply_tokens: 500,
+        ..Limits::default()
+    };
+    let (stuck, mut started) = GatedResponder::new();
+    let a = Node::on(&db, settings.clone(), stuck.clone(), Leases::Enforced).await;
+    a.send("c1", "m1", "hi").await;
+    assert_eq!(
+        started.recv().await,
+        Some(1),
+        "a reserved and asks the model"
+    );
+    let today = TimeZone::utc().day(lull_core::clock::Clock::now(&lull_core::clock::SystemClock));
+    let scopes = [
+        "user:http:user".to_owned(),
+        "conversation:http:c1".to_owned(),
+    ];
+    let reserved = a
+        .dispatcher
+        .store()
+        .token_usage(&today, &scopes)
+        .await
+        .unwrap();
+    assert!(
+        reserved[0] >= 500,
+        "the reply's most is reserved: {reserved:?}"
+    );
+    a.crash();
+
+    let b = Node::on(&db, settings, CountingEcho::new(0), Leases::Enforced).await;
+    b.outbound.wait_replies(1, SECS(15)).await;
+    crate::dispatcher::wait_settled(&b, "c1").await;
+    let used = b
+        .dispatcher
+        .store()
+        .token_usage(&today, &scopes)
+        .await
+        .unwrap();
+    eprintln!("reserved by the crashed round: {reserved:?}; charged in the end: {used:?}");
+    assert!(
+        used[0] < 100 && used[0] == used[1],
+        "only the delivered reply is charged, not the crashed round's reservation too: {used:?}"
+    );
+}
+
+crate::on_both_backends!(
+    a_crashed_round_gives_its_reservation_back,
+    crate::wallet::a_crashed_round_gives_its_reservation_back_at_the_next_claim
+);

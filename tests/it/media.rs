@@ -603,3 +603,46 @@ async fn more_images_than_one_reply_reads_are_left_out_and_the_user_told() {
     assert_eq!(verdict.counts(), (6, 1, 0, 0, 0), "{verdict:?}");
     run.finish();
 }
+
+/// Transcriptions count against the token budgets (10 tokens a second of audio): a
+/// voice note its sender's budget cannot pay for is not transcribed (the rest is
+/// answered, the model told why), a short one is, and its cost is charged with the
+/// replies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transcription_is_charged_to_the_budget_and_refused_past_it() {
+    let run = start(&[("LULL_USER_DAILY_TOKENS", "400"), ("LULL_MAX_TOKENS", "10")]).await;
+    let chat = 4612;
+    let (long, short) = (b"OggS a long one".to_vec(), b"OggS a short one".to_vec());
+    run.fake.add_file("v-long", long.clone());
+    run.fake.add_file("v-short", short.clone());
+    run.model.transcript(&short, "call me back");
+    run.fake
+        .push_message(voice_message(chat, chat, "v-long", long.len(), 50));
+    let sent = run.fake.wait_sent(chat, 1, SECS(15)).await;
+    assert!(
+        run.model.transcriptions().is_empty(),
+        "500 tokens of audio do not fit 400: not transcribed"
+    );
+    assert!(
+        sent[0]
+            .text
+            .contains("not transcribed: its sender's token budget"),
+        "{}",
+        sent[0].text
+    );
+    run.fake
+        .push_message(voice_message(chat, chat, "v-short", short.len(), 3));
+    let sent = run.fake.wait_sent(chat, 2, SECS(15)).await;
+    assert!(sent[1].text.ends_with("call me back"), "{}", sent[1].text);
+    assert_eq!(run.model.transcriptions().len(), 1);
+    // The replies as reported (27, then 47 with the first exchange) and 30 tokens
+    // for three seconds of audio.
+    assert_eq!(
+        db::count(
+            &run.db(),
+            "SELECT SUM(tokens) FROM token_usage WHERE scope = 'user:telegram:4612'"
+        ),
+        27 + 47 + 30
+    );
+    run.finish();
+}

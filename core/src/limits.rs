@@ -115,13 +115,22 @@ impl Limits {
                 format!("{n} {unit}")
             }
         };
-        format!(
+        let mut text = format!(
             "messages per user: {}; tokens per user: {}; tokens for the bot: {}; days in {}",
             or_none(u64::from(self.rate_per_min), "a minute"),
             or_none(self.user_daily_tokens, "a day"),
             or_none(self.daily_tokens, "a day"),
             self.timezone
-        )
+        );
+        if self.has_budget() {
+            text.push_str(&format!(
+                "; a reply takes at most {} tokens, less when a budget has less left (at least {}); the system prompt counts as {}",
+                self.reply_tokens,
+                self.min_reply_tokens(),
+                self.system_tokens
+            ));
+        }
+        text
     }
 }
 

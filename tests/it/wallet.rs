@@ -213,7 +213,8 @@ fn lull_check(db: &Path) -> String {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
-        text.contains("tokens per user: 5000 a day"),
+        text.contains("tokens per user: 5000 a day")
+            && text.contains("a reply takes at most 4000 tokens, less when a budget has less left"),
         "the limits in force: {text}"
     );
     text

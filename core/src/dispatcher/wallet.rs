@@ -14,7 +14,10 @@
 //!    a day later to a group's talk would answer a conversation that has moved on.
 //!    When no member can pay (or the bot's budget cannot), or in a private chat, the
 //!    messages stay pending and the conversation is held until the budget resets,
-//!    with a notice once.
+//!    with a notice once. Who is over is read before the round's own reservation;
+//!    another process spending the same member's budget in between can still make
+//!    that reservation fail, and then the batch is held like this (rare: the member
+//!    must be spending in two conversations at that moment).
 //! 2. **Reserve** ([`reserve`]), before the model is asked: the prompt as estimated
 //!    ([`prompt_tokens`]) plus the most the reply may take: `LULL_MAX_TOKENS`, or what
 //!    the budgets have left when that is less (the request's `max_tokens` is capped

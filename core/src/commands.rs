@@ -73,6 +73,15 @@ so I answered the others without your messages. Your budget resets at {resets}; 
     )
 }
 
+/// What a group member over their token budget is told when nobody else in the batch
+/// could be answered either: this notice answers their messages.
+pub fn over_budget_text(author: &str, used: u64, limit: u64, resets: &str) -> String {
+    format!(
+        "{author}: not enough left of your tokens for a reply: {used} of {limit} used today, \
+so I can't answer this. Your budget resets at {resets}; please ask again then."
+    )
+}
+
 /// What `/usage` answers: `who` used `used` tokens on `day` of `limit` (0: none);
 /// with `bot`, the whole bot's use and limit too.
 pub fn usage_text(

@@ -647,6 +647,24 @@ async fn one_member_over_budget_is_told_and_left_out_while_the_group_is_answered
     // The group is not held: Ben is answered again at once.
     tg.fake.push_message(mention(group, ben, "and more?"));
     assert_eq!(tg.texts(group, 3).await[2], "[model] User4452: and more?");
+    // Ann alone, still over: told, and nobody waits for her budget.
+    tg.fake.push_message(mention(group, ann, "hello?"));
+    let told = tg.texts(group, 4).await[3].clone();
+    assert!(
+        told.starts_with("User4451: not enough left of your tokens for a reply")
+            && told.contains("so I can't answer this"),
+        "{told}"
+    );
+    tg.fake.push_message(mention(group, ben, "still there?"));
+    assert_eq!(
+        tg.texts(group, 5).await[4],
+        "[model] User4452: still there?"
+    );
+    assert_eq!(
+        tg.model.requests().len(),
+        4,
+        "Ann's messages never reach the model"
+    );
     let v = db::settled(&tg.db(), SECS(10)).await;
     assert_eq!(
         (v.duplicates, v.lost, v.stale, v.token_regressions),

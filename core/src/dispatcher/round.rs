@@ -309,6 +309,18 @@ impl Round<'_> {
         batch
             .pending
             .retain(|m| !over.iter().any(|o| o.user_id == m.user_id));
+        if batch.pending.is_empty() {
+            // Every member who wrote is over their budget: each is told, and the
+            // notice ends the batch, so the group is not held for them.
+            metrics::counter!(names::LIMITED, "reason" => "user_budget").increment(1);
+            let text = wallet::refusal_text(d, &over, now);
+            rows.extend(
+                d.store
+                    .give_up(&self.keeper.lease(), &collected, &text, d.clock.now())
+                    .await?,
+            );
+            return Ok(());
+        }
 
         // Voice first, then images: both before the budget is reserved, so the
         // estimate counts the transcripts (stored once, whatever the budget says).

@@ -12,9 +12,11 @@
 //!    messages would hold the timer (and the cap, which counts from the oldest
 //!    pending message) for every member, which is the freeze this avoids, and a reply
 //!    a day later to a group's talk would answer a conversation that has moved on.
-//!    When no member can pay (or the bot's budget cannot), or in a private chat, the
-//!    messages stay pending and the conversation is held until the budget resets,
-//!    with a notice once. Who is over is read before the round's own reservation;
+//!    When no member can pay, the batch is ended the same way, by one notice that
+//!    covers it ([`Store::give_up`](crate::store::Store::give_up)): a member over
+//!    budget writing alone holds nobody either. When the bot's budget cannot pay, or
+//!    in a private chat, the messages stay pending and the conversation is held until
+//!    the budget resets, with a notice once. Who is over is read before the round's own reservation;
 //!    another process spending the same member's budget in between can still make
 //!    that reservation fail, and then the batch is held like this (rare: the member
 //!    must be spending in two conversations at that moment).
@@ -80,6 +82,17 @@ impl MemberOver {
             reply_to: theirs.last().map(|m| m.message_id.clone()),
         }
     }
+}
+
+/// What a group is told when every author of its batch is over their budget: one
+/// line each (the notice ends the batch: a group is never held for one member).
+pub(super) fn refusal_text(d: &Dispatcher, over: &[MemberOver], now: Timestamp) -> String {
+    let tz = &d.settings.limits.timezone;
+    let resets = tz.show(tz.next_day(now), now);
+    over.iter()
+        .map(|m| commands::over_budget_text(&m.author, m.used, m.limit, &resets))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// What a round reserved, to be settled once the model answered (or failed).
@@ -197,9 +210,10 @@ fn authors(messages: &[PendingMessage]) -> Vec<String> {
 
 /// The group members whose budget cannot pay their share of the shortest reply to
 /// the batch (see the module docs); `prompt_of` builds the prompt of a part of the
-/// batch. Empty in a private chat, without a per-user budget, and when nobody could
-/// be answered (every member over, or the bot's budget): then the whole batch is
-/// refused by [`reserve`] and held.
+/// batch. Every author, when none can pay: then the batch is ended with a notice
+/// ([`refusal_text`]), so a member over budget who writes alone holds nobody either.
+/// Empty in a private chat, without a per-user budget, and when the bot's budget
+/// cannot pay: then the whole batch is refused by [`reserve`] and held.
 pub(super) async fn members_over(
     d: &Dispatcher,
     batch: &Batch,
@@ -209,7 +223,7 @@ pub(super) async fn members_over(
     let limits = &d.settings.limits;
     let platform = batch.conversation.platform;
     let all = authors(&batch.pending);
-    if !batch.is_group || limits.user_daily_tokens == 0 || all.len() < 2 {
+    if !batch.is_group || limits.user_daily_tokens == 0 {
         return Ok(Vec::new());
     }
     let limited: Vec<&String> = all
@@ -241,7 +255,8 @@ pub(super) async fn members_over(
             .collect();
         let payers = authors(&included);
         if payers.is_empty() {
-            return Ok(Vec::new());
+            // Every member is over their own budget: each is told, nobody waits.
+            return Ok(over);
         }
         let least = prompt_tokens(limits, &prompt_of(&included))
             + media_tokens(d, &included)

@@ -31,6 +31,10 @@
 //!   the lease over until this transaction ends), then the conversation row
 //!   `FOR UPDATE` (the final check reads a version no ingest can change before the
 //!   commit).
+//! - `charge_tokens`: the lease row `FOR UPDATE` (fencing), then every budget row of
+//!   the charge `FOR UPDATE` in one order (scope names sorted once, each once) before
+//!   any is written; `claim_round` gives abandoned reservations back in the same
+//!   order (day, then scope). Charges on the same budgets queue, never deadlock.
 //! - `renew_lease`, `release_lease`, `mark_sent`, `defer_outbox`, `fail_outbox`: one
 //!   conditional UPDATE each, atomic on its row.
 //! - `collect`, `due_work` and the other reads: READ COMMITTED reads (`collect` under

@@ -111,8 +111,10 @@ fn describe(config: &Config) -> String {
     }
     let vision = if config.dispatch.vision {
         format!(
-            "images to the model up to {} bytes",
-            config.dispatch.max_image_bytes
+            "images to the model up to {} bytes, {} a reply ({} bytes in all)",
+            config.dispatch.max_image_bytes,
+            lull_core::limits::MAX_IMAGES_PER_PROMPT,
+            lull_core::limits::MAX_IMAGE_BYTES_PER_ROUND
         )
     } else {
         "images off (LULL_VISION=off)".to_owned()

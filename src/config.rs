@@ -693,11 +693,25 @@ impl Config {
             )));
         }
 
-        // Reserved before each reply: the most a reply may take.
-        let reply_tokens = match &llm {
-            LlmConfig::OpenAi(settings) => u64::from(settings.max_tokens),
-            LlmConfig::Echo(_) => lull_core::limits::estimate_tokens(s.max_reply_chars),
+        // Reserved before each reply: the most a reply may take, after the system
+        // prompt (part of every prompt; the echo responder sends none).
+        let (reply_tokens, system_tokens) = match &llm {
+            LlmConfig::OpenAi(settings) => (
+                u64::from(settings.max_tokens),
+                lull_core::limits::text_tokens(&settings.system_prompt),
+            ),
+            LlmConfig::Echo(_) => (lull_core::limits::estimate_tokens(s.max_reply_chars), 0),
         };
+        let limits = Limits {
+            rate_per_min: s.rate_per_min,
+            user_daily_tokens: s.user_daily_tokens,
+            daily_tokens: s.daily_tokens,
+            timezone: s.timezone.clone(),
+            reply_tokens,
+            system_tokens,
+        };
+        // A budget that cannot hold one reply would hold messages for ever.
+        limits.check().map_err(ConfigError)?;
         Ok(Config {
             telegram,
             telegram_webhook,
@@ -720,14 +734,7 @@ impl Config {
                     chats: s.allowed_chats.clone(),
                     admins: s.admins.clone(),
                 },
-                limits: Limits {
-                    rate_per_min: s.rate_per_min,
-                    user_daily_tokens: s.user_daily_tokens,
-                    daily_tokens: s.daily_tokens,
-                    timezone: s.timezone.clone(),
-                    // Reserved before each reply: the most a reply may take.
-                    reply_tokens,
-                },
+                limits,
                 max_reply_chars: s.max_reply_chars,
                 drafts: s.stream == StreamMode::Auto,
                 vision: s.vision == VisionMode::Auto,

@@ -47,19 +47,39 @@ I've kept them and will answer them together at {until}."
     )
 }
 
-/// What a user over a token budget is told, once a day per conversation.
-pub fn budget_text(yours: bool, limit: u64, resets: &str) -> String {
+/// What a user over a token budget is told, once a day per conversation: how much
+/// of which budget is used (`used` of `limit`, as the store counted when it refused),
+/// and when the kept messages are answered.
+pub fn budget_text(yours: bool, used: u64, limit: u64, resets: &str) -> String {
     if yours {
         format!(
-            "You've used your {limit} tokens for today. I've kept your messages and will \
-answer them when your budget resets, at {resets}."
+            "Not enough left of your tokens for a reply: {used} of {limit} used today. \
+I've kept your messages and will answer them when your budget resets, at {resets}."
         )
     } else {
         format!(
-            "This bot has used its {limit} tokens for today. I've kept your messages and will \
-answer them when its budget resets, at {resets}."
+            "Not enough left of this bot's tokens for a reply: {used} of {limit} used today. \
+I've kept your messages and will answer them when its budget resets, at {resets}."
         )
     }
+}
+
+/// What a group member over their token budget is told when the rest of the group is
+/// answered without their messages: this notice answers those messages.
+pub fn held_out_text(author: &str, used: u64, limit: u64, resets: &str) -> String {
+    format!(
+        "{author}: not enough left of your tokens for a reply: {used} of {limit} used today, \
+so I answered the others without your messages. Your budget resets at {resets}; please ask again then."
+    )
+}
+
+/// What a group member over their token budget is told when nobody else in the batch
+/// could be answered either: this notice answers their messages.
+pub fn over_budget_text(author: &str, used: u64, limit: u64, resets: &str) -> String {
+    format!(
+        "{author}: not enough left of your tokens for a reply: {used} of {limit} used today, \
+so I can't answer this. Your budget resets at {resets}; please ask again then."
+    )
 }
 
 /// What `/usage` answers: `who` used `used` tokens on `day` of `limit` (0: none);

@@ -8,10 +8,19 @@
 //! room again, the budget's day ends); then they are answered together, once.
 //!
 //! Budgets are charged in two steps, both under the conversation's lease: before the
-//! model is asked, the most the reply can cost (the prompt estimated at four
-//! characters a token, plus `reply_tokens`) is reserved and checked against every
-//! budget; after it answered, the reservation is settled to what the model reported.
-//! So processes answering the same user at once cannot spend past a budget together.
+//! model is asked, the most the reply can cost is reserved and checked against every
+//! budget: the prompt as estimated ([`text_tokens`]: the system prompt, the history,
+//! the batch, the notes, [`IMAGE_TOKENS`] an image), plus the most the reply may take,
+//! `reply_tokens` or, when a budget has less left, what remains (the request's
+//! `max_tokens` is capped to it, so the reply cannot cost more). A remainder below
+//! [`MIN_REPLY_TOKENS`] refuses the reply, and the user is told how much is used.
+//! After the model answered, the reservation is settled to what the model reported
+//! (even when it reported more than was reserved: what was spent is charged, and the
+//! next round finds the budget spent). So processes answering the same user at once
+//! cannot spend past a budget together, and a budget smaller than `LULL_MAX_TOKENS`
+//! still answers. Reservations are kept in the database: one whose round never
+//! settled (a lost lease, a stop, a crash) is given back at the next claim.
+//! Transcriptions are charged as they happen ([`AUDIO_TOKENS_PER_SECOND`]).
 
 use std::fmt;
 use std::time::Duration;
@@ -30,8 +39,12 @@ pub struct Limits {
     /// Where a budget's day begins and ends.
     pub timezone: TimeZone,
     /// The most tokens a reply may take (`LULL_MAX_TOKENS`): reserved before the model
-    /// is asked, so a reply that starts fits its budgets.
+    /// is asked, so a reply that starts fits its budgets (less when a budget has less
+    /// left, and the request asks for no more).
     pub reply_tokens: u64,
+    /// The system prompt's tokens (`LULL_SYSTEM_PROMPT`, estimated): part of every
+    /// prompt, so part of every reservation.
+    pub system_tokens: u64,
 }
 
 impl Default for Limits {
@@ -42,6 +55,7 @@ impl Default for Limits {
             daily_tokens: 0,
             timezone: TimeZone::utc(),
             reply_tokens: 1024,
+            system_tokens: 0,
         }
     }
 }
@@ -65,6 +79,33 @@ impl Limits {
         self.user_daily_tokens > 0 || self.daily_tokens > 0
     }
 
+    /// The shortest reply a round asks for: [`MIN_REPLY_TOKENS`], or `reply_tokens`
+    /// when that is smaller.
+    pub fn min_reply_tokens(&self) -> u64 {
+        self.reply_tokens.clamp(1, MIN_REPLY_TOKENS)
+    }
+
+    /// Refuse budgets that cannot hold one reply: the system prompt and the shortest
+    /// reply lull asks for. A budget above that always answers (the reply's
+    /// `max_tokens` is capped to what remains), so it can never hold messages for
+    /// good. The error names the variables.
+    pub fn check(&self) -> Result<(), String> {
+        let least = self.system_tokens + MESSAGE_TOKENS * 2 + self.min_reply_tokens();
+        for (name, budget) in [
+            ("LULL_USER_DAILY_TOKENS", self.user_daily_tokens),
+            ("LULL_DAILY_TOKENS", self.daily_tokens),
+        ] {
+            if budget > 0 && budget < least {
+                return Err(format!(
+                    "{name}={budget} cannot hold one reply: the system prompt (LULL_SYSTEM_PROMPT) takes about {} tokens and the shortest reply lull asks for is {} tokens (LULL_MAX_TOKENS, at most {MIN_REPLY_TOKENS}), so at least {least} are needed (0: no limit)",
+                    self.system_tokens,
+                    self.min_reply_tokens()
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The limits as `lull check` prints them.
     pub fn describe(&self) -> String {
         let or_none = |n: u64, unit: &str| {
@@ -74,13 +115,22 @@ impl Limits {
                 format!("{n} {unit}")
             }
         };
-        format!(
+        let mut text = format!(
             "messages per user: {}; tokens per user: {}; tokens for the bot: {}; days in {}",
             or_none(u64::from(self.rate_per_min), "a minute"),
             or_none(self.user_daily_tokens, "a day"),
             or_none(self.daily_tokens, "a day"),
             self.timezone
-        )
+        );
+        if self.has_budget() {
+            text.push_str(&format!(
+                "; a reply takes at most {} tokens, less when a budget has less left (at least {}); the system prompt counts as {}",
+                self.reply_tokens,
+                self.min_reply_tokens(),
+                self.system_tokens
+            ));
+        }
+        text
     }
 }
 
@@ -102,6 +152,55 @@ pub const BOT_SCOPE: &str = "bot";
 pub fn estimate_tokens(chars: usize) -> u64 {
     (chars as u64).div_ceil(4)
 }
+
+/// Tokens of `text`, estimated from above for a reservation: four ASCII characters a
+/// token (English runs about that), and one token for every other character: Cyrillic,
+/// Greek, CJK or emoji often take one or more tokens a character, and a reservation
+/// that is low lets a budget be overspent.
+pub fn text_tokens(text: &str) -> u64 {
+    let (ascii, other) = text.chars().fold((0u64, 0u64), |(a, o), c| {
+        if c.is_ascii() { (a + 1, o) } else { (a, o + 1) }
+    });
+    ascii.div_ceil(4) + other
+}
+
+/// Tokens each message of a prompt adds for the chat format (its role and
+/// separators), on top of its text.
+pub const MESSAGE_TOKENS: u64 = 4;
+
+/// The shortest reply a round asks for (or `LULL_MAX_TOKENS`, if smaller): a budget
+/// with less left than the prompt and this refuses the reply ("not enough left for a
+/// reply"), and a budget that cannot hold even the system prompt and this is refused
+/// at start.
+pub const MIN_REPLY_TOKENS: u64 = 64;
+
+/// What an image is reserved as: OpenAI counts a high-detail image of up to 1024×1024
+/// as 765 tokens (85 + 170 a tile); other servers count less. What the model reports
+/// is charged in the end.
+pub const IMAGE_TOKENS: u64 = 1_000;
+
+/// The most images sent to the model with one batch; more are left out, with a note
+/// to the model and the user told once. Bounds what a round costs and fetches.
+pub const MAX_IMAGES_PER_PROMPT: usize = 4;
+
+/// The most image bytes one round fetches (all its images together); images past it
+/// are left out like those past [`MAX_IMAGES_PER_PROMPT`].
+pub const MAX_IMAGE_BYTES_PER_ROUND: u64 = 20 * 1024 * 1024;
+
+/// What a second of audio costs when transcribed, counted against the sender's and
+/// the bot's budgets: transcription models count about one audio token per 100 ms.
+/// A voice message with no known length is counted from its size
+/// ([`AUDIO_BYTES_PER_SECOND`]).
+pub const AUDIO_TOKENS_PER_SECOND: u64 = 10;
+
+/// The bytes a second of a voice message takes, for one whose length the platform
+/// did not say: Opus voice notes run about 4 kB a second (32 kbit/s), so a file is
+/// counted as at least that long.
+pub const AUDIO_BYTES_PER_SECOND: u64 = 4_000;
+
+/// Tokens a second of speech adds to the prompt once transcribed (people speak about
+/// 2.5 words a second), reserved for a voice message not yet transcribed.
+pub const TRANSCRIPT_TOKENS_PER_SECOND: u64 = 5;
 
 /// A `LULL_TIMEZONE`: an IANA time zone name (`Europe/Berlin`), or `UTC`.
 #[derive(Clone, PartialEq)]
@@ -209,6 +308,35 @@ mod tests {
     fn an_unknown_time_zone_names_the_variable() {
         let e = "Mars/Olympus".parse::<TimeZone>().unwrap_err();
         assert!(e.contains("LULL_TIMEZONE"), "{e}");
+    }
+
+    #[test]
+    fn other_scripts_count_a_token_a_character() {
+        assert_eq!(text_tokens("hello world!"), 3);
+        assert_eq!(text_tokens("привет"), 6, "Cyrillic: one a character");
+        assert_eq!(text_tokens("你好吗"), 3);
+        assert_eq!(text_tokens("hi 👋"), 2);
+    }
+
+    #[test]
+    fn a_budget_that_cannot_hold_one_reply_is_refused_naming_the_variable() {
+        let limits = Limits {
+            user_daily_tokens: 100,
+            reply_tokens: 4096,
+            system_tokens: 40,
+            ..Limits::default()
+        };
+        let e = limits.check().unwrap_err();
+        assert!(
+            e.contains("LULL_USER_DAILY_TOKENS=100") && e.contains("LULL_MAX_TOKENS"),
+            "{e}"
+        );
+        let enough = Limits {
+            user_daily_tokens: 2000,
+            daily_tokens: 112,
+            ..limits
+        };
+        assert_eq!(enough.check(), Ok(()), "2000 and 112 hold a 64-token reply");
     }
 
     #[test]

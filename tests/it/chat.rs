@@ -106,6 +106,13 @@ fn bad_settings_stop_the_program_naming_the_variable() {
         ("LULL_TIMEZONE", "Mars/Olympus", "LULL_TIMEZONE"),
         ("LULL_RATE_PER_MIN", "-1", "LULL_RATE_PER_MIN"),
         ("LULL_DAILY_TOKENS", "lots", "LULL_DAILY_TOKENS"),
+        // A budget that cannot hold one reply would hold every message for good.
+        (
+            "LULL_USER_DAILY_TOKENS",
+            "50",
+            "LULL_USER_DAILY_TOKENS=50 cannot hold one reply",
+        ),
+        ("LULL_DAILY_TOKENS", "20", "LULL_MAX_TOKENS"),
         ("LULL_LLM", "gpt", "LULL_LLM"),
         ("RUST_LOG", "info,[", "RUST_LOG"),
     ] {

@@ -69,7 +69,7 @@ async fn check_reports_a_good_configuration() {
     let telegram_ok = format!("ok    telegram      the token belongs to @{BOT_USERNAME}");
     for expected in [
         "ok    configuration adapters: telegram (webhook at https://bot.example/telegram), discord (2 shards), http",
-        "; images to the model up to 5000000 bytes; voice transcribed by whisper-1 up to 300 s",
+        "; images to the model up to 5000000 bytes, 4 a reply (20971520 bytes in all); voice transcribed by whisper-1 up to 300 s",
         "ok    database",
         "does not exist yet",
         telegram_ok.as_str(),
@@ -116,7 +116,7 @@ async fn check_leaves_an_existing_database_untouched() {
     .await;
     assert_eq!(code, Some(0), "{report}");
     assert!(
-        report.contains("is sound: 0 conversations, schema 6"),
+        report.contains("is sound: 0 conversations, schema 7"),
         "{report}"
     );
     assert_eq!(std::fs::read(&path).unwrap(), before, "the file changed");

@@ -560,6 +560,7 @@ async fn fencing_refuses_a_commit_from_a_replaced_holder(backend: Backend) {
         text: text.into(),
         usage: None,
         llm_ms: 1,
+        held_out: Vec::new(),
     };
     let refused = store
         .commit_reply(&old, &batch, reply("late"), clock.now())
@@ -696,6 +697,7 @@ async fn giving_up_is_fenced_and_covers_each_message_once() {
         text: "answer".into(),
         usage: None,
         llm_ms: 1,
+        held_out: Vec::new(),
     };
     let committed = store
         .commit_reply(&new, &batch, reply, clock.now())

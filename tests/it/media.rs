@@ -563,3 +563,86 @@ async fn a_group_reply_to_a_voice_message_quotes_the_transcript() {
     );
     run.finish();
 }
+
+/// A burst with more images than one reply reads: the first four are fetched and sent
+/// (a round's images are bounded in number and bytes), the rest are not fetched at
+/// all, the model is told, and the user is told once which were left out; the whole
+/// burst is answered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_images_than_one_reply_reads_are_left_out_and_the_user_told() {
+    let run = start(&[("LULL_DEBOUNCE_MS", "800")]).await;
+    let chat = 4611;
+    let images: Vec<Vec<u8>> = (0..6).map(|n| png(40 + n)).collect();
+    for (n, image) in images.iter().enumerate() {
+        let id = format!("many-{n}");
+        run.fake.add_file(&id, image.clone());
+        run.fake.push_message(photo_message(
+            chat,
+            chat,
+            (n == 0).then_some("which of these?"),
+            &[(id.as_str(), image.len())],
+        ));
+    }
+    let sent = run.fake.wait_sent(chat, 2, SECS(15)).await;
+    assert_eq!(run.model.requests().len(), 1, "one model call");
+    let sent_images = run.model.images(0);
+    assert_eq!(
+        sent_images,
+        images[..4].iter().map(|i| data_url(i)).collect::<Vec<_>>(),
+        "the first four images, no more"
+    );
+    assert_eq!(run.fake.downloads().len(), 4, "the rest are not fetched");
+    assert!(
+        sent[0].text.contains("I can look at 4 images at once")
+            && sent[0].text.contains("left 2 out"),
+        "{}",
+        sent[0].text
+    );
+    assert!(sent[1].text.starts_with("[model] [image] which of these?"));
+    let verdict = db::settled(&run.db(), SECS(10)).await;
+    assert_eq!(verdict.counts(), (6, 1, 0, 0, 0), "{verdict:?}");
+    run.finish();
+}
+
+/// Transcriptions count against the token budgets (10 tokens a second of audio): a
+/// voice note its sender's budget cannot pay for is not transcribed (the rest is
+/// answered, the model told why), a short one is, and its cost is charged with the
+/// replies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transcription_is_charged_to_the_budget_and_refused_past_it() {
+    let run = start(&[("LULL_USER_DAILY_TOKENS", "400"), ("LULL_MAX_TOKENS", "10")]).await;
+    let chat = 4612;
+    let (long, short) = (b"OggS a long one".to_vec(), b"OggS a short one".to_vec());
+    run.fake.add_file("v-long", long.clone());
+    run.fake.add_file("v-short", short.clone());
+    run.model.transcript(&short, "call me back");
+    run.fake
+        .push_message(voice_message(chat, chat, "v-long", long.len(), 50));
+    let sent = run.fake.wait_sent(chat, 1, SECS(15)).await;
+    assert!(
+        run.model.transcriptions().is_empty(),
+        "500 tokens of audio do not fit 400: not transcribed"
+    );
+    assert!(
+        sent[0]
+            .text
+            .contains("not transcribed: its sender's token budget"),
+        "{}",
+        sent[0].text
+    );
+    run.fake
+        .push_message(voice_message(chat, chat, "v-short", short.len(), 3));
+    let sent = run.fake.wait_sent(chat, 2, SECS(15)).await;
+    assert!(sent[1].text.ends_with("call me back"), "{}", sent[1].text);
+    assert_eq!(run.model.transcriptions().len(), 1);
+    // The replies as reported (27, then 47 with the first exchange) and 30 tokens
+    // for three seconds of audio.
+    assert_eq!(
+        db::count(
+            &run.db(),
+            "SELECT SUM(tokens) FROM token_usage WHERE scope = 'user:telegram:4612'"
+        ),
+        27 + 47 + 30
+    );
+    run.finish();
+}

@@ -334,7 +334,9 @@ impl Verdict {
 /// - fresh: an unforced reply at version v covers every message of its conversation
 ///   with a version in (previous reply's or give-up's v, v];
 /// - exclusive: per conversation, the fencing tokens of replies and give-ups strictly
-///   grow.
+///   grow (a reply and the notices stored with it for the messages it left out, a
+///   group member over budget, are one commit: they share its token, and together
+///   cover the batch).
 pub fn check(db: &(impl Database + ?Sized)) -> Verdict {
     let messages = messages(db);
     let replies = answers(db);
@@ -372,13 +374,27 @@ pub fn check(db: &(impl Database + ?Sized)) -> Verdict {
     }
     for (conversation, replies) in by_conversation {
         let mut previous_version = 0;
-        let mut previous_token = 0;
-        for reply in replies {
-            if reply.token <= previous_token {
+        let mut previous: Option<(i64, i64)> = None;
+        for (n, reply) in replies.iter().enumerate() {
+            // A reply and the notices for the messages it left out (a group member
+            // over budget) are one commit: one token, one version, stored together.
+            let same_commit =
+                reply.kind == "notice" && previous == Some((reply.token, reply.version));
+            if !same_commit && previous.is_some_and(|(token, _)| reply.token <= token) {
                 verdict.token_regressions += 1;
             }
-            previous_token = reply.token;
+            previous = Some((reply.token, reply.version));
             if reply.kind == "reply" && !reply.forced {
+                let commit: Vec<&str> = replies[n..]
+                    .iter()
+                    .take_while(|r| {
+                        r.id == reply.id
+                            || (r.kind == "notice"
+                                && r.token == reply.token
+                                && r.version == reply.version)
+                    })
+                    .flat_map(|r| r.covers.iter().map(String::as_str))
+                    .collect();
                 let expected: Vec<&str> = messages
                     .iter()
                     .filter(|m| {
@@ -388,10 +404,7 @@ pub fn check(db: &(impl Database + ?Sized)) -> Verdict {
                     })
                     .map(|m| m.message_id.as_str())
                     .collect();
-                if expected
-                    .iter()
-                    .any(|id| !reply.covers.iter().any(|c| c == id))
-                {
+                if expected.iter().any(|id| !commit.contains(id)) {
                     verdict.stale += 1;
                 }
             }

@@ -41,6 +41,9 @@ pub enum Behavior {
     Answer,
     /// Answer with this content.
     Content(String),
+    /// Answer like `Answer`, reporting this usage instead of the usual (a model that
+    /// counts more tokens than lull estimated).
+    Usage { prompt: u64, completion: u64 },
     /// Wait, then answer.
     Slow(Duration),
     /// An error status with an OpenAI-style error body.
@@ -597,6 +600,16 @@ async fn respond(inner: &Arc<Inner>, headers: HeaderMap, body: axum::body::Bytes
             axum::Json(completion(&format!("[model] {last_user}"), &body)).into_response()
         }
         Behavior::Content(content) => axum::Json(completion(&content, &body)).into_response(),
+        Behavior::Usage {
+            prompt,
+            completion: reported,
+        } => {
+            let mut answer = completion(&format!("[model] {last_user}"), &body);
+            answer["usage"] = json!({
+                "prompt_tokens": prompt, "completion_tokens": reported, "total_tokens": prompt + reported
+            });
+            axum::Json(answer).into_response()
+        }
         Behavior::Slow(delay) => {
             tokio::time::sleep(delay).await;
             axum::Json(completion(&format!("[model] {last_user}"), &body)).into_response()

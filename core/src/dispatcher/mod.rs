@@ -15,6 +15,9 @@
 //! - `sessions`: elects the one process that holds a platform connection and runs
 //!   the adapter's sessions.
 //! - `lease_keeper`: claims a lease and renews it for as long as the work it protects.
+//! - `wallet`: who pays for a round, what it reserves before the model is asked, and
+//!   the settle after; token budgets that never hold a conversation for good nor let
+//!   it spend past them.
 //!
 //! [`Dispatcher`] holds what they share; it is also the adapters' [`lull_port::Intake`].
 
@@ -26,6 +29,7 @@ mod lease_keeper;
 mod round;
 mod scheduler;
 mod sessions;
+mod wallet;
 
 use std::collections::HashMap;
 use std::sync::Arc;

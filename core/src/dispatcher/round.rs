@@ -10,15 +10,14 @@ use tokio_util::sync::CancellationToken;
 use super::delivery::Delivery;
 use super::drafts::newer_message;
 use super::lease_keeper::LeaseKeeper;
+use super::wallet::{self, Spent};
 use super::{Dispatcher, Event};
-use crate::commands;
-use crate::domain::{ConversationId, Said, Timestamp};
+use crate::domain::{ConversationId, Said};
 use crate::limits;
 use crate::llm::{FailureKind, Generation, Image, LlmError, Partial, Prompt};
 use crate::metrics as names;
 use crate::store::{
-    Batch, Charged, Claimed, CommitOutcome, NewNotice, NewReply, OutboxRow, ScopeCharge,
-    StoreError, TokenCharge,
+    Batch, Claimed, CommitOutcome, NewNotice, NewReply, OutboxRow, PendingMessage, StoreError,
 };
 use crate::timing::FAILURE_BACKOFF;
 use lull_port::{MediaError, MediaKind};
@@ -73,6 +72,19 @@ const NO_VISION_NOTE: &str = "[The user sent an image, but it could not be shown
 answer the text.]";
 const TOO_BIG_NOTE: &str = "[An image the user sent was too large to read; they have been told.]";
 const GONE_NOTE: &str = "[An image the user sent could not be fetched.]";
+const TOO_MANY_NOTE: &str = "[The user sent more images than you can be shown at once; \
+only the first ones are attached, and the user has been told.]";
+
+/// What the user is told when a batch had more images than one reply reads
+/// ([`limits::MAX_IMAGES_PER_PROMPT`], [`limits::MAX_IMAGE_BYTES_PER_ROUND`]).
+fn too_many_images_text(shown: usize, left_out: usize) -> String {
+    format!(
+        "Note: I can look at {} images at once ({} MB in all), so I answered with the first {shown} \
+and left {left_out} out. Please send the others again if they matter.",
+        limits::MAX_IMAGES_PER_PROMPT,
+        limits::MAX_IMAGE_BYTES_PER_ROUND / (1024 * 1024)
+    )
+}
 
 /// The largest audio file sent for transcription: OpenAI's limit for
 /// `/audio/transcriptions`.
@@ -81,6 +93,8 @@ const MAX_AUDIO_BYTES: u64 = 25 * 1024 * 1024;
 const AUDIO_TOO_LONG_NOTE: &str =
     "[A voice message was too long to transcribe; the user has been told.]";
 const AUDIO_MISSING_NOTE: &str = "[A voice message could not be transcribed.]";
+const AUDIO_NO_BUDGET_NOTE: &str =
+    "[A voice message was not transcribed: its sender's token budget for today is spent.]";
 
 /// What transcribing a batch left to say: to the user (voice messages too long, as
 /// message row and seconds) and to the model.
@@ -277,9 +291,40 @@ impl Round<'_> {
             return Ok(());
         }
 
+        // Who pays: in a group, a member whose budget cannot pay their share of a
+        // reply is left out, and a notice answers their messages with the reply
+        // (see `wallet`); what they sent is neither transcribed nor fetched.
+        let collected = batch;
+        let over = wallet::members_over(
+            d,
+            &collected,
+            |messages| self.prompt_of(&collected, messages),
+            now,
+        )
+        .await?;
+        let held_out: Vec<_> = over
+            .iter()
+            .map(|member| member.held_out(d, &collected, now))
+            .collect();
+        let mut batch = collected.clone();
+        batch
+            .pending
+            .retain(|m| !over.iter().any(|o| o.user_id == m.user_id));
+        if batch.pending.is_empty() {
+            // Every member who wrote is over their budget: each is told, and the
+            // notice ends the batch, so the group is not held for them.
+            metrics::counter!(names::LIMITED, "reason" => "user_budget").increment(1);
+            let text = wallet::refusal_text(d, &over, now);
+            rows.extend(
+                d.store
+                    .give_up(&self.keeper.lease(), &collected, &text, d.clock.now())
+                    .await?,
+            );
+            return Ok(());
+        }
+
         // Voice first, then images: both before the budget is reserved, so the
         // estimate counts the transcripts (stored once, whatever the budget says).
-        let mut batch = batch;
         let transcribed = tokio::select! {
             transcribed = self.transcribe(&mut batch) => transcribed?,
             () = self.keeper.lost() => return Err(Interrupt::LeaseLost),
@@ -307,8 +352,8 @@ impl Round<'_> {
             () = self.keeper.lost() => return Err(Interrupt::LeaseLost),
             () = self.stop.cancelled() => return Err(Interrupt::Stopped),
         };
-        let too_big = match fetched {
-            Ok(too_big) => too_big,
+        let (too_big, left_out) = match fetched {
+            Ok(fetched) => fetched,
             Err(error) => {
                 rows.extend(self.generation_failed(&batch, error).await?);
                 return Ok(());
@@ -319,6 +364,12 @@ impl Round<'_> {
             let key = format!("image-too-big/{}/{row}", batch.conversation);
             rows.extend(self.notice(&batch, &text, key).await?);
         }
+        if left_out > 0 {
+            let first = batch.pending.first().map_or(0, |m| m.row);
+            let key = format!("images-left-out/{}/{first}", batch.conversation);
+            let text = too_many_images_text(prompt.images.len(), left_out);
+            rows.extend(self.notice(&batch, &text, key).await?);
+        }
         if prompt
             .note
             .as_deref()
@@ -327,11 +378,15 @@ impl Round<'_> {
             rows.extend(self.no_vision_notice(&batch).await?);
         }
 
-        let reserved = match self.reserve(&batch, rows).await? {
-            Some(reserved) => reserved,
-            // Over a budget: the messages wait, held until it resets.
-            None => return Ok(()),
-        };
+        let lease = self.keeper.lease();
+        let reserved =
+            match wallet::reserve(d, &lease, &batch, &prompt, rows, d.clock.now()).await? {
+                Some(reserved) => reserved,
+                // Over a budget: the messages wait, held until it resets.
+                None => return Ok(()),
+            };
+        // The reply may take no more than was reserved for it.
+        prompt.max_tokens = reserved.max_tokens();
         let started = Instant::now();
         let mut generated = tokio::select! {
             generated = self.generate(&batch, &prompt) => generated,
@@ -361,7 +416,15 @@ impl Round<'_> {
             Ok(generation) => generation,
             Err(error) => {
                 // Nothing was spent that any server reported: give the reservation back.
-                self.settle(&batch, reserved, Spent::default()).await?;
+                wallet::settle(
+                    d,
+                    &self.keeper.lease(),
+                    &batch,
+                    &reserved,
+                    Spent::default(),
+                    d.clock.now(),
+                )
+                .await?;
                 if error.kind() == FailureKind::Transient {
                     rows.extend(self.generation_failed(&batch, error).await?);
                 } else {
@@ -371,13 +434,22 @@ impl Round<'_> {
             }
         };
         // Spent whether or not the reply is committed: charged before the final check.
-        self.settle(&batch, reserved, Spent::of(&batch, &generation))
-            .await?;
+        let spent = Spent::of(&d.settings.limits, &prompt, &generation);
+        wallet::settle(
+            d,
+            &self.keeper.lease(),
+            &batch,
+            &reserved,
+            spent,
+            d.clock.now(),
+        )
+        .await?;
 
         let reply = NewReply {
             text: self.bounded(quote_transcripts(&batch, generation.text)),
             usage: generation.usage,
             llm_ms: llm_time.as_millis() as u64,
+            held_out,
         };
         let lease = self.keeper.lease();
         // The final check: lease still ours and nothing new since v0 (or the cap).
@@ -386,7 +458,11 @@ impl Round<'_> {
             .commit_reply(&lease, &batch, reply, d.clock.now())
             .await?
         {
-            CommitOutcome::Committed { outbox, forced } => {
+            CommitOutcome::Committed {
+                outbox,
+                forced,
+                notices,
+            } => {
                 metrics::histogram!(names::BATCH_MESSAGES).record(batch.pending.len() as f64);
                 tracing::info!(
                     %conversation,
@@ -407,6 +483,8 @@ impl Round<'_> {
                     forced,
                 });
                 rows.push(outbox);
+                // The notices of members left out, stored after the reply.
+                rows.extend(notices);
             }
             CommitOutcome::Stale { version } => {
                 metrics::counter!(names::REPLIES_DROPPED_STALE).increment(1);
@@ -421,161 +499,44 @@ impl Round<'_> {
         Ok(())
     }
 
-    /// Before the model is asked: reserve the most this reply can cost in every budget
-    /// it counts against, under the lease (`Some(reserved)`, 0 when no budget is set).
-    /// `None`: a budget would be passed; nothing was charged, the store holds the
-    /// conversation until the budget resets, and the user is told once (the notice,
-    /// if queued now, joins `rows`).
-    async fn reserve(
-        &self,
-        batch: &Batch,
-        rows: &mut Vec<OutboxRow>,
-    ) -> Result<Option<u64>, Interrupt> {
-        let d = self.dispatcher;
-        let limits = &d.settings.limits;
-        if !limits.has_budget() {
-            return Ok(Some(0));
-        }
-        let now = d.clock.now();
-        let reserved = prompt_estimate(batch) + limits.reply_tokens;
-        let charge = self.charge(batch, reserved as i64, true, now);
-        let (scope, limit) = match d
-            .store
-            .charge_tokens(&self.keeper.lease(), &charge, now)
-            .await?
-        {
-            Charged::Charged => return Ok(Some(reserved)),
-            Charged::Over { scope, limit, .. } => (scope, limit),
-        };
-        let reason = if scope == limits::BOT_SCOPE {
-            "bot_budget"
-        } else {
-            "user_budget"
-        };
-        metrics::counter!(names::LIMITED, "reason" => reason).increment(1);
-        let conversation = self.conversation;
-        tracing::info!(%conversation, %scope, limit, until = charge.hold_until.0, "over a token budget: messages held until it resets");
-        d.emit(Event::Limited {
-            conversation,
-            reason,
-            until: charge.hold_until,
-        });
-        let notice = NewNotice {
-            conversation: batch.conversation.clone(),
-            is_group: batch.is_group,
-            text: commands::budget_text(
-                reason == "user_budget",
-                limit,
-                &limits.timezone.show(charge.hold_until, now),
-            ),
-            reply_to: batch
-                .is_group
-                .then(|| batch.last_message_id().map(str::to_owned))
-                .flatten(),
-            dedupe_key: format!("budget/{scope}/{}/{}", charge.day, batch.conversation),
-        };
-        rows.extend(d.store.enqueue_notice(notice, &d.holder, now).await?);
-        Ok(None)
-    }
-
-    /// After the model answered (or failed): turn the reservation into what was
-    /// spent, under the lease (no budget checked: the reservation already was).
-    async fn settle(&self, batch: &Batch, reserved: u64, spent: Spent) -> Result<(), Interrupt> {
-        for (kind, tokens) in [
-            ("prompt", spent.prompt),
-            ("completion", spent.completion),
-            ("estimated", spent.estimated),
-        ] {
-            if tokens > 0 {
-                metrics::counter!(names::TOKENS, "kind" => kind).increment(tokens);
-            }
-        }
-        let delta = spent.total() as i64 - reserved as i64;
-        if delta == 0 {
-            return Ok(());
-        }
-        let d = self.dispatcher;
-        let now = d.clock.now();
-        let charge = self.charge(batch, delta, false, now);
-        d.store
-            .charge_tokens(&self.keeper.lease(), &charge, now)
-            .await?;
-        Ok(())
-    }
-
-    /// A charge of `tokens` for `batch`: split evenly among its authors (each against
-    /// their own budget, admins excepted), the conversation (no budget), and the whole
-    /// bot; with `check`, against the budgets.
-    fn charge(&self, batch: &Batch, tokens: i64, check: bool, now: Timestamp) -> TokenCharge {
-        let d = self.dispatcher;
-        let limits = &d.settings.limits;
-        let platform = batch.conversation.platform;
-        let mut authors: Vec<&str> = batch.pending.iter().map(|m| m.user_id.as_str()).collect();
-        authors.sort_unstable();
-        authors.dedup();
-        let share = tokens.signum() * (tokens.abs() + authors.len() as i64 - 1).max(0)
-            / (authors.len() as i64).max(1);
-        let limit = |n: u64| (check && n > 0).then_some(n);
-        let mut scopes: Vec<ScopeCharge> = authors
-            .into_iter()
-            .map(|user| ScopeCharge {
-                scope: limits::user_scope(platform, user),
-                tokens: share,
-                limit: if d.settings.access.admins.contains(platform, user) {
-                    None
-                } else {
-                    limit(limits.user_daily_tokens)
-                },
-            })
-            .collect();
-        scopes.push(ScopeCharge {
-            scope: limits::conversation_scope(&batch.conversation),
-            tokens,
-            limit: None,
-        });
-        scopes.push(ScopeCharge {
-            scope: limits::BOT_SCOPE.to_owned(),
-            tokens,
-            limit: limit(limits.daily_tokens),
-        });
-        TokenCharge {
-            day: limits.timezone.day(now),
-            scopes,
-            hold_until: limits.timezone.next_day(now),
-        }
-    }
-
     /// The prompt for `batch`, without images yet.
     fn prompt(&self, batch: &Batch) -> Prompt {
+        self.prompt_of(batch, &batch.pending)
+    }
+
+    /// The prompt for `messages` of `batch`, without images yet.
+    fn prompt_of(&self, batch: &Batch, messages: &[PendingMessage]) -> Prompt {
         Prompt {
             conversation: batch.conversation.clone(),
             is_group: batch.is_group,
             history: batch.history.clone(),
-            batch: batch
-                .pending
+            batch: messages
                 .iter()
                 .map(|m| Said::new(&m.author, m.said()))
                 .collect(),
             note: None,
             images: Vec::new(),
+            max_tokens: None,
         }
     }
 
     /// Fetch the images of the pending batch through the adapter (`LULL_VISION=auto`
     /// only) into `prompt`. An image too large or gone is left out with a note to the
     /// model; the images too large are returned (message row, size) so the user is
-    /// told. A transient failure (network, timeout, 5xx)
+    /// told, with how many were left out because the round had read its
+    /// [`limits::MAX_IMAGES_PER_PROMPT`] images or [`limits::MAX_IMAGE_BYTES_PER_ROUND`]
+    /// bytes. A transient failure (network, timeout, 5xx)
     /// is `Err`, and the round fails like a model that cannot be reached: the
     /// messages stay pending and are retried with backoff.
     async fn fetch_images(
         &self,
         batch: &Batch,
         prompt: &mut Prompt,
-    ) -> Result<Result<Vec<(i64, u64)>, LlmError>, Interrupt> {
+    ) -> Result<Result<(Vec<(i64, u64)>, usize), LlmError>, Interrupt> {
         let d = self.dispatcher;
         let mut too_big = Vec::new();
         if !d.settings.vision {
-            return Ok(Ok(too_big));
+            return Ok(Ok((too_big, 0)));
         }
         let has_images = || {
             batch
@@ -586,15 +547,25 @@ impl Round<'_> {
         if d.images_refused.load(std::sync::atomic::Ordering::Relaxed) && has_images() {
             // This model refused images earlier: not fetched, not sent.
             add_note(prompt, NO_VISION_NOTE);
-            return Ok(Ok(too_big));
+            return Ok(Ok((too_big, 0)));
         }
         let Some(outbound) = d.outbounds.get(&batch.conversation.platform) else {
-            return Ok(Ok(too_big));
+            return Ok(Ok((too_big, 0)));
         };
-        let max = d.settings.max_image_bytes;
         let attempts = batch.timer.map_or(0, |t| t.attempts);
+        // What one round may fetch and send: MAX_IMAGES_PER_PROMPT images, and
+        // MAX_IMAGE_BYTES_PER_ROUND bytes together; the rest are left out, with a
+        // note to the model (the user is told once).
+        let mut round_bytes = 0u64;
+        let mut left_out = 0usize;
         for message in &batch.pending {
             for media in message.media.iter().filter(|m| m.kind == MediaKind::Image) {
+                let room = limits::MAX_IMAGE_BYTES_PER_ROUND.saturating_sub(round_bytes);
+                if prompt.images.len() >= limits::MAX_IMAGES_PER_PROMPT || room == 0 {
+                    left_out += 1;
+                    continue;
+                }
+                let max = d.settings.max_image_bytes.min(room);
                 let fetched =
                     tokio::time::timeout(MEDIA_FETCH_TIMEOUT, outbound.fetch_media(media, max))
                         .await
@@ -604,10 +575,17 @@ impl Round<'_> {
                             )))
                         });
                 match fetched {
-                    Ok(fetched) => prompt.images.push(Image {
-                        mime: fetched.mime,
-                        bytes: fetched.bytes.into(),
-                    }),
+                    Ok(fetched) => {
+                        round_bytes += fetched.bytes.len() as u64;
+                        prompt.images.push(Image {
+                            mime: fetched.mime,
+                            bytes: fetched.bytes.into(),
+                        });
+                    }
+                    // Within LULL_MAX_IMAGE_BYTES, but past what the round has left.
+                    Err(MediaError::TooBig { size, .. }) if size <= d.settings.max_image_bytes => {
+                        left_out += 1;
+                    }
                     Err(MediaError::TooBig { size, max }) => {
                         tracing::info!(conversation = %batch.conversation, size, max, "an image is larger than LULL_MAX_IMAGE_BYTES; not read");
                         add_note(prompt, TOO_BIG_NOTE);
@@ -627,7 +605,11 @@ impl Round<'_> {
                 }
             }
         }
-        Ok(Ok(too_big))
+        if left_out > 0 {
+            tracing::info!(conversation = %batch.conversation, shown = prompt.images.len(), left_out, "more images than one reply reads; the rest left out");
+            add_note(prompt, TOO_MANY_NOTE);
+        }
+        Ok(Ok((too_big, left_out)))
     }
 
     /// Transcribe the voice notes and audio files of the pending batch that have no
@@ -650,6 +632,7 @@ impl Round<'_> {
         };
         let max_secs = d.settings.max_audio_seconds;
         let attempts = batch.timer.map_or(0, |t| t.attempts);
+        let conversation = batch.conversation.clone();
         for message in &mut batch.pending {
             if message.transcript.is_some() {
                 continue;
@@ -694,7 +677,34 @@ impl Round<'_> {
                     continue;
                 }
             };
-            let transcript = match transcriber.transcribe(&audio.bytes, &audio.mime).await {
+            // Budgets: a transcription is charged to its sender and the bot before it
+            // is asked for (by its length, else by its size), and given back if it fails.
+            let secs = media.duration_secs.map_or_else(
+                || (audio.bytes.len() as u64).div_ceil(limits::AUDIO_BYTES_PER_SECOND),
+                u64::from,
+            );
+            let lease = self.keeper.lease();
+            let now = d.clock.now();
+            if !wallet::charge_transcription(d, &lease, &conversation, &message.user_id, secs, now)
+                .await?
+            {
+                tracing::info!(conversation = %batch.conversation, user = %message.user_id, secs, "not enough left of a token budget to transcribe a voice message; answering without it");
+                notes.model.push(AUDIO_NO_BUDGET_NOTE);
+                continue;
+            }
+            let transcribed = transcriber.transcribe(&audio.bytes, &audio.mime).await;
+            if transcribed.is_err() {
+                wallet::refund_transcription(
+                    d,
+                    &lease,
+                    &conversation,
+                    &message.user_id,
+                    secs,
+                    d.clock.now(),
+                )
+                .await?;
+            }
+            let transcript = match transcribed {
                 // A runaway answer is cut: the transcript enters every later prompt.
                 Ok(transcript) => lull_port::split::truncate(
                     &transcript,
@@ -880,59 +890,6 @@ impl Round<'_> {
         let dedupe_key = format!("model-down/{}/{first}", batch.conversation);
         self.notice(batch, MODEL_DOWN_TEXT, dedupe_key).await
     }
-}
-
-/// Tokens a generation spent, by kind (`lull_tokens_total`).
-#[derive(Debug, Clone, Copy, Default)]
-struct Spent {
-    prompt: u64,
-    completion: u64,
-    estimated: u64,
-}
-
-impl Spent {
-    /// What `generation` spent: the model's reported usage, else an estimate from the
-    /// prompt's and the reply's characters.
-    fn of(batch: &Batch, generation: &Generation) -> Spent {
-        match generation.usage {
-            Some(usage) => Spent {
-                prompt: usage.prompt,
-                completion: usage.completion,
-                estimated: 0,
-            },
-            None => Spent {
-                estimated: prompt_estimate(batch)
-                    + limits::estimate_tokens(lull_port::split::char_len(&generation.text)),
-                ..Spent::default()
-            },
-        }
-    }
-
-    fn total(self) -> u64 {
-        self.prompt + self.completion + self.estimated
-    }
-}
-
-/// The prompt's tokens, estimated from its characters (history and batch).
-fn prompt_estimate(batch: &Batch) -> u64 {
-    let chars: usize =
-        batch
-            .history
-            .iter()
-            .map(|e| {
-                e.user
-                    .iter()
-                    .map(|s| {
-                        lull_port::split::char_len(&s.author) + lull_port::split::char_len(&s.text)
-                    })
-                    .sum::<usize>()
-                    + lull_port::split::char_len(&e.reply)
-            })
-            .chain(batch.pending.iter().map(|m| {
-                lull_port::split::char_len(&m.author) + lull_port::split::char_len(&m.said())
-            }))
-            .sum();
-    limits::estimate_tokens(chars)
 }
 
 /// `text` cut to at most `max` characters (at a paragraph, line or word), with a note

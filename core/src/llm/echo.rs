@@ -118,6 +118,7 @@ mod tests {
             batch: vec![Said::new("Ann", "one two")],
             note: None,
             images: Vec::new(),
+            max_tokens: None,
         };
         let echo = EchoResponder::new(EchoDelay::fixed(500));
         let (partial, mut text) = Partial::watched();

@@ -185,6 +185,7 @@ mod tests {
             batch: batch.iter().map(|t| message(t)).collect(),
             note: None,
             images: Vec::new(),
+            max_tokens: None,
         }
     }
 

@@ -51,6 +51,10 @@ pub struct Prompt {
     /// (each message's text keeps its `[image]` marker). Empty unless the batch has
     /// images and `LULL_VISION=auto`; history never carries images.
     pub images: Vec<Image>,
+    /// The most tokens the reply may take, when a token budget leaves less than
+    /// `LULL_MAX_TOKENS` (the request's `max_tokens` is the smaller): what the round
+    /// reserved for it, so a reply never costs more than its budget had left.
+    pub max_tokens: Option<u64>,
 }
 
 /// An image of the pending batch, fetched at generation.

@@ -349,13 +349,20 @@ impl OpenAiResponder {
         // OpenAI's reasoning models refuse it; but it is the one field every compatible
         // server (Ollama, vLLM, llama.cpp) reads.
         let openai = is_openai(&self.settings.base_url);
+        // A budget's remainder caps the reply below `LULL_MAX_TOKENS`.
+        let max_tokens = prompt.max_tokens.map_or(self.settings.max_tokens, |cap| {
+            self.settings
+                .max_tokens
+                .min(u32::try_from(cap).unwrap_or(u32::MAX))
+                .max(1)
+        });
         #[allow(deprecated)]
         CreateChatCompletionRequest {
             model: self.settings.model.clone(),
             messages: self.messages(prompt),
             temperature: self.settings.temperature,
-            max_tokens: (!openai).then_some(self.settings.max_tokens),
-            max_completion_tokens: openai.then_some(self.settings.max_tokens),
+            max_tokens: (!openai).then_some(max_tokens),
+            max_completion_tokens: openai.then_some(max_tokens),
             ..Default::default()
         }
     }

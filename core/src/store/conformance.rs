@@ -18,7 +18,8 @@ use std::time::Duration;
 use super::{
     AccessRule, Batch, Charged, CommitOutcome, DueWork, Exchange, IngestOutcome, MessageEdit,
     NewMessage, NewNotice, NewReply, OutboxKind, OutboxRow, PartSent, RateHold, RateWindow,
-    RecentConversation, ScopeCharge, Store, StoreError, Subject, TokenCharge, WorkQuery,
+    RecentConversation, Reservation, ScopeCharge, Store, StoreError, Subject, TokenCharge,
+    WorkQuery,
 };
 use crate::access::SubjectKind;
 use crate::domain::{
@@ -27,6 +28,9 @@ use crate::domain::{
 };
 use crate::timing::TimerPolicy;
 use lull_port::{Media, MediaKind};
+
+mod wallet;
+pub use wallet::*;
 
 /// Runs every conformance check as its own `#[tokio::test]`, each on a fresh store
 /// opened by `$open`: a path to an `async fn(TimerPolicy) -> S` where `S`
@@ -74,6 +78,12 @@ macro_rules! store_conformance {
             edits_count_in_the_rate_window,
             a_token_charge_is_all_or_nothing_and_fenced,
             concurrent_token_charges_never_pass_a_budget,
+            charges_naming_their_scopes_in_any_order_never_deadlock,
+            a_refused_charge_without_a_hold_holds_nothing,
+            an_abandoned_reservation_is_given_back_at_the_next_claim_on_its_day,
+            a_settled_reservation_is_not_given_back,
+            held_out_messages_are_covered_by_their_notice_with_the_reply,
+            a_stale_reply_stores_no_held_out_notice,
             an_access_decision_replaces_the_earlier_one,
         );
     };
@@ -141,6 +151,7 @@ fn reply(text: &str) -> NewReply {
         text: text.into(),
         usage: None,
         llm_ms: 1,
+        held_out: Vec::new(),
     }
 }
 
@@ -223,7 +234,7 @@ async fn committed(
     now: Timestamp,
 ) -> (OutboxId, bool) {
     match store.commit_reply(lease, batch, reply(text), now).await {
-        Ok(CommitOutcome::Committed { outbox, forced }) => (outbox.id, forced),
+        Ok(CommitOutcome::Committed { outbox, forced, .. }) => (outbox.id, forced),
         other => panic!("the reply {text:?} was not committed: {other:?}"),
     }
 }
@@ -1417,7 +1428,8 @@ fn charge(scopes: Vec<ScopeCharge>) -> TokenCharge {
     TokenCharge {
         day: "2026-12-01".into(),
         scopes,
-        hold_until: at(86_400_000),
+        hold_until: Some(at(86_400_000)),
+        reservation: Reservation::None,
     }
 }
 
@@ -1566,7 +1578,10 @@ mod tests {
     /// `store_conformance!`, the only place that runs them.
     #[test]
     fn the_macro_runs_every_check() {
-        let source = include_str!("conformance.rs");
+        let source = concat!(
+            include_str!("conformance.rs"),
+            include_str!("conformance/wallet.rs")
+        );
         let (macro_body, checks) = source
             .split_once("/// The timer policy every check assumes")
             .expect("the macro comes first");

@@ -188,6 +188,21 @@ CREATE TABLE edits (
 CREATE INDEX edits_by_user ON edits (user_id, edited_at);
 "#;
 
+const V7_TOKEN_RESERVATIONS: &str = r#"
+-- What a round reserved before asking the model, per scope, until it settles: keyed
+-- by the conversation, the lease token and the day it counts for. A reservation whose
+-- round never settled (lease lost, stop, crash) is given back at the next claim of
+-- the conversation, on its own day.
+CREATE TABLE token_reservations (
+    conversation_id INTEGER NOT NULL,
+    lease_token     INTEGER NOT NULL,
+    day             TEXT    NOT NULL,
+    scope           TEXT    NOT NULL,
+    tokens          INTEGER NOT NULL,
+    PRIMARY KEY (conversation_id, lease_token, day, scope)
+);
+"#;
+
 /// Every migration, oldest first. The schema version (`user_version`) counts them.
 const ALL: &[&str] = &[
     V1_CORE,
@@ -196,6 +211,7 @@ const ALL: &[&str] = &[
     V4_WALLET,
     V5_MESSAGE_MEDIA,
     V6_EDITS,
+    V7_TOKEN_RESERVATIONS,
 ];
 
 /// The schema version this build migrates to.

@@ -452,6 +452,23 @@ pub struct NewReply {
     pub text: String,
     pub usage: Option<TokenUsage>,
     pub llm_ms: u64,
+    /// Messages of the batch left out of the reply (a group member over their token
+    /// budget): each entry is stored as a notice covering them, in the commit's
+    /// transaction, so they are answered exactly once, by the notice, or, if the reply
+    /// is stale, not at all and still pending.
+    pub held_out: Vec<HeldOut>,
+}
+
+/// Messages a reply leaves out, and the notice that answers them instead
+/// ([`NewReply::held_out`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldOut {
+    /// The message rows ([`PendingMessage::row`]) the notice covers; each must have
+    /// been collected with the batch (pending up to its `v0`).
+    pub rows: Vec<i64>,
+    pub text: String,
+    /// The platform message id the notice quotes.
+    pub reply_to: Option<String>,
 }
 
 /// The result of the final check.
@@ -459,8 +476,13 @@ pub struct NewReply {
 pub enum CommitOutcome {
     /// Stored in the outbox (the row, ready to deliver); the batch is answered.
     /// `forced` when newer messages had arrived but the cap made the reply go out
-    /// anyway.
-    Committed { outbox: OutboxRow, forced: bool },
+    /// anyway. `notices`: the rows of [`NewReply::held_out`] stored with it (a
+    /// held-out set whose every message was edited since is not stored).
+    Committed {
+        outbox: OutboxRow,
+        forced: bool,
+        notices: Vec<OutboxRow>,
+    },
     /// A newer message arrived during generation: nothing stored, timer kept.
     Stale { version: Version },
 }
@@ -554,12 +576,31 @@ pub struct ScopeCharge {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenCharge {
     /// The day the tokens count for, as the deployment's time zone names it
-    /// (`2026-12-01`).
+    /// (`2026-12-01`). A settle names the day of its reservation, whenever it runs.
     pub day: String,
     pub scopes: Vec<ScopeCharge>,
     /// When a budget would be exceeded: the moment it resets (the next day), until
-    /// which the conversation's timer is held.
-    pub hold_until: Timestamp,
+    /// which the conversation's timer is held; `None`: a refused charge holds nothing
+    /// (the round answers the rest of a group without the member over budget).
+    pub hold_until: Option<Timestamp>,
+    /// What the charge does to the lease's reservation.
+    pub reservation: Reservation,
+}
+
+/// A charge's part in a round's reservation. A reservation is recorded in the
+/// database, keyed by the conversation, the lease token and the day, so a round that
+/// never settles (its lease lost, a stop, a crash) gives it back at the next claim of
+/// the conversation ([`Store::claim_round`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reservation {
+    /// A plain charge: spent, nothing to give back.
+    None,
+    /// The most a round may spend, before the model is asked: recorded as the
+    /// lease's reservation (added to one recorded earlier under the same lease).
+    Reserve,
+    /// The round's reservation turned into what was spent: the charge is the
+    /// difference, and the lease's recorded reservation is forgotten.
+    Settle,
 }
 
 /// What a token charge did.
@@ -660,6 +701,9 @@ pub trait Store: Send + Sync + 'static {
     /// [`Store::claim_lease`]) and read, in the same transaction, what the round works
     /// on: the batch (as [`Store::collect`]) and the outbox rows owed (as
     /// [`Store::due_outbox`]). `None`: another process holds the lease.
+    /// Reservations of earlier leases on the conversation that were never settled
+    /// (their round abandoned: lease lost, stop, crash) are given back in the same
+    /// transaction, each on the day it was made.
     /// The timer's due time and the rows' creation times are on the caller's timeline
     /// (a backend that keeps time on its own clock translates them), so the round
     /// compares them with its own clock.
@@ -818,9 +862,13 @@ pub trait Store: Send + Sync + 'static {
     /// the lease like the final check (holder, token, expiry): every scope of
     /// `charge` is added to, or none is. A scope with a limit that the charge would
     /// pass (its positive tokens on top of what it used that day) refuses the whole
-    /// charge and holds the lease's conversation timer until `charge.hold_until`.
-    /// Totals change only by adding to them (never written back from a read), so
-    /// concurrent charges of several processes all count.
+    /// charge and, with `charge.hold_until`, holds the lease's conversation timer
+    /// until then. Totals change only by adding to them (never written back from a
+    /// read), so concurrent charges of several processes all count. The scopes' rows
+    /// are locked in one order (sorted by scope), whatever order `charge` names them
+    /// in, so concurrent charges queue and never deadlock. A
+    /// [`Reservation::Reserve`] that is charged is recorded under the lease's token
+    /// and `charge.day`; a [`Reservation::Settle`] forgets the lease's record.
     async fn charge_tokens(
         &self,
         lease: &Lease,

@@ -2,7 +2,7 @@
 //! conversations are ready and when to look again, how history rows group into
 //! exchanges, what an access-decision row means. Written once, so the backends differ only in their SQL.
 
-use super::{AccessRule, Exchange, StoreError, Subject};
+use super::{AccessRule, Exchange, ScopeCharge, StoreError, Subject};
 use crate::access::SubjectKind;
 use crate::domain::{ConversationId, Said, Timestamp};
 
@@ -101,4 +101,27 @@ pub(crate) fn access_rule(
         set_by,
         set_at: Timestamp(set_at),
     })
+}
+
+/// A charge's scopes in the one order every charge takes its budget rows in (by
+/// scope name), each scope once (a scope named twice is charged the sum, against the
+/// smaller limit): two charges naming the same scopes in different orders queue on
+/// the first row they share instead of deadlocking.
+pub(crate) fn sorted_scopes(scopes: &[ScopeCharge]) -> Vec<ScopeCharge> {
+    let mut sorted: Vec<ScopeCharge> = Vec::with_capacity(scopes.len());
+    let mut scopes = scopes.to_vec();
+    scopes.sort_by(|a, b| a.scope.cmp(&b.scope));
+    for scope in scopes {
+        match sorted.last_mut() {
+            Some(last) if last.scope == scope.scope => {
+                last.tokens += scope.tokens;
+                last.limit = match (last.limit, scope.limit) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+            }
+            _ => sorted.push(scope),
+        }
+    }
+    sorted
 }

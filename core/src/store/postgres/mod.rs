@@ -31,6 +31,10 @@
 //!   the lease over until this transaction ends), then the conversation row
 //!   `FOR UPDATE` (the final check reads a version no ingest can change before the
 //!   commit).
+//! - `charge_tokens`: the lease row `FOR UPDATE` (fencing), then every budget row of
+//!   the charge `FOR UPDATE` in one order (scope names sorted once, each once) before
+//!   any is written; `claim_round` gives abandoned reservations back in the same
+//!   order (day, then scope). Charges on the same budgets queue, never deadlock.
 //! - `renew_lease`, `release_lease`, `mark_sent`, `defer_outbox`, `fail_outbox`: one
 //!   conditional UPDATE each, atomic on its row.
 //! - `collect`, `due_work` and the other reads: READ COMMITTED reads (`collect` under
@@ -71,8 +75,8 @@ use super::shared::DueScan;
 use super::{
     AccessRule, Batch, Charged, Claimed, CommitOutcome, DueWork, Exchange, IngestOutcome,
     MessageEdit, NewMessage, NewNotice, NewReply, OutboxKind, OutboxRow, PartSent, PendingMessage,
-    RateHold, RateWindow, RecentConversation, Store, StoreError, TimerState, TokenCharge,
-    WorkQuery,
+    RateHold, RateWindow, RecentConversation, Reservation, Store, StoreError, TimerState,
+    TokenCharge, WorkQuery,
 };
 use crate::clock::{Clock, SystemClock};
 use crate::domain::{
@@ -972,6 +976,111 @@ async fn read_history(
 }
 
 /// Record which messages an outbox row (a reply, or a give-up notice) answers.
+/// The notices of a reply's held-out messages ([`NewReply::held_out`]), stored in the
+/// commit's transaction: each covers its messages still pending up to `v0` (after a
+/// forced commit, not those edited since) and not covered yet (no duplicate), so the
+/// `answered_version` the commit sets leaves none of them unanswered (no loss).
+async fn store_held_out(
+    tx: &Tx<'_>,
+    lease: &Lease,
+    conversation: &ConversationRef,
+    held_out: &[super::HeldOut],
+    v0: Version,
+    forced: bool,
+    now: Now,
+) -> Result<Vec<OutboxRow>, StoreError> {
+    let id = conversation_of(lease);
+    let mut notices = Vec::new();
+    for held in held_out {
+        let covered: Vec<(i64, String)> = query(
+            tx,
+            "SELECT m.id, m.platform_message_id FROM messages m
+             WHERE m.id = ANY($1) AND m.conversation_id = $2 AND ($4 OR m.version <= $3)
+               AND NOT EXISTS (SELECT 1 FROM reply_covers rc WHERE rc.message_id = m.id)
+             ORDER BY m.id",
+            &[&held.rows, &id.0, &v0.0, &!forced],
+            "reading held-out messages",
+        )
+        .await?
+        .into_iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+        if covered.is_empty() {
+            continue;
+        }
+        let outbox: i64 = query_one(
+            tx,
+            "INSERT INTO outbox (conversation_id, kind, text, reply_to, version, lease_token,
+                                 owner, created_at, next_attempt_at)
+             VALUES ($1, 'notice', $2, $3, $4, $5, $6, $7, $7)
+             RETURNING id",
+            &[
+                &id.0,
+                &held.text,
+                &held.reply_to,
+                &v0.0,
+                &lease.token.0,
+                &lease.holder.as_str(),
+                &now.db.0,
+            ],
+            "storing a held-out notice",
+        )
+        .await?
+        .get(0);
+        let rows: Vec<i64> = covered.iter().map(|(row, _)| *row).collect();
+        record_covers(tx, outbox, &rows).await?;
+        notices.push(OutboxRow {
+            id: OutboxId(outbox),
+            conversation: conversation.clone(),
+            kind: OutboxKind::Notice,
+            text: held.text.clone(),
+            reply_to: held.reply_to.clone(),
+            covers: covered.into_iter().map(|(_, id)| id).collect(),
+            parts_sent: 0,
+            attempts: 0,
+            created_at: now.to_caller(now.db),
+            stored_at: now.db,
+        });
+    }
+    Ok(notices)
+}
+
+/// Give back the reservations of the conversation's earlier leases (rounds abandoned
+/// before they settled: a lost lease, a stop, a crash), each on the day it counted
+/// for; budget rows are locked in the order every charge takes (day, then scope).
+async fn give_back_orphans(
+    tx: &Tx<'_>,
+    conversation: ConversationId,
+    token: LeaseToken,
+) -> Result<(), StoreError> {
+    let orphans = query(
+        tx,
+        "DELETE FROM token_reservations WHERE conversation_id = $1 AND lease_token < $2
+         RETURNING day, scope, tokens",
+        &[&conversation.0, &token.0],
+        "reading abandoned reservations",
+    )
+    .await?;
+    if orphans.is_empty() {
+        return Ok(());
+    }
+    let mut sums: std::collections::BTreeMap<(String, String), i64> = Default::default();
+    for r in orphans {
+        *sums.entry((r.get(0), r.get(1))).or_default() += r.get::<_, i64>(2);
+    }
+    for ((day, scope), tokens) in &sums {
+        execute(
+            tx,
+            "UPDATE token_usage SET tokens = GREATEST(tokens - $3::int8, 0) WHERE scope = $1 AND day = $2",
+            &[scope, day, tokens],
+            "giving back a reservation",
+        )
+        .await?;
+    }
+    tracing::info!(%conversation, scopes = sums.len(), "gave back the token reservation of an abandoned round");
+    Ok(())
+}
+
 async fn record_covers(tx: &Tx<'_>, outbox: i64, messages: &[i64]) -> Result<(), StoreError> {
     execute(
         tx,
@@ -1437,6 +1546,7 @@ impl Store for PostgresStore {
             let Some(lease) = claim(&tx, key.clone(), holder.clone(), &row, ttl, now).await? else {
                 return Ok(None);
             };
+            give_back_orphans(&tx, conversation, lease.token).await?;
             // What the round works on, read under the lease it just claimed.
             let batch = read_batch(&tx, conversation, history).await?;
             let (mut owed, held_back) = read_owed(&tx, conversation, now.db).await?;
@@ -1540,8 +1650,12 @@ impl Store for PostgresStore {
             .await?
             .get(0);
             record_covers(&tx, outbox, &covered).await?;
+            let notices =
+                store_held_out(&tx, lease, &batch.conversation, &reply.held_out, v0, forced, now)
+                    .await?;
             answer_through(&tx, conversation, v0, policy).await?;
             Ok(CommitOutcome::Committed {
+                notices,
                 outbox: OutboxRow {
                     id: OutboxId(outbox),
                     conversation: batch.conversation.clone(),
@@ -1958,19 +2072,16 @@ impl Store for PostgresStore {
         now: Timestamp,
     ) -> Result<Charged, StoreError> {
         let row = self.row(&lease.key, &lease.holder);
-        // Budget rows are locked in one order (by scope), so concurrent charges queue.
-        let mut limited: Vec<&super::ScopeCharge> = charge
-            .scopes
-            .iter()
-            .filter(|scope| scope.limit.is_some() && scope.tokens > 0)
-            .collect();
-        limited.sort_by(|a, b| a.scope.cmp(&b.scope));
+        // Budget rows are locked in one order, sorted once here (by scope, each
+        // scope once), every row of the charge before any is written: concurrent
+        // charges queue on the first row they share and never deadlock.
+        let scopes = super::shared::sorted_scopes(&charge.scopes);
+        let conversation = conversation_of(lease);
         transaction!(self, Operation::Other, "charging tokens", |tx| {
             async {
             let now = self.now(&tx, now).await?;
             ensure_lease(&tx, lease, &row, now).await?;
-            for scope in &limited {
-                let limit = scope.limit.unwrap_or(u64::MAX);
+            for scope in &scopes {
                 execute(
                     &tx,
                     "INSERT INTO token_usage (scope, day, tokens) VALUES ($1, $2, 0)
@@ -1989,9 +2100,14 @@ impl Store for PostgresStore {
                 )
                 .await?
                 .get(0);
+                let Some(limit) = scope.limit.filter(|_| scope.tokens > 0) else {
+                    continue;
+                };
                 let used = used.max(0) as u64;
                 if used.saturating_add(scope.tokens as u64) > limit {
-                    hold_timer(&tx, conversation_of(lease), now.to_db(charge.hold_until)).await?;
+                    if let Some(until) = charge.hold_until {
+                        hold_timer(&tx, conversation, now.to_db(until)).await?;
+                    }
                     return Ok(Charged::Over {
                         scope: scope.scope.clone(),
                         used,
@@ -1999,16 +2115,43 @@ impl Store for PostgresStore {
                     });
                 }
             }
-            for scope in &charge.scopes {
+            for scope in &scopes {
                 // Totals are only ever added to, never written back from a read.
                 execute(
                     &tx,
-                    "INSERT INTO token_usage (scope, day, tokens) VALUES ($1, $2, GREATEST($3::int8, 0))
-                     ON CONFLICT (scope, day) DO UPDATE SET tokens = GREATEST(token_usage.tokens + $3::int8, 0)",
+                    "UPDATE token_usage SET tokens = GREATEST(tokens + $3::int8, 0) WHERE scope = $1 AND day = $2",
                     &[&scope.scope, &charge.day, &scope.tokens],
                     "charging tokens",
                 )
                 .await?;
+            }
+            match charge.reservation {
+                Reservation::None => {}
+                Reservation::Reserve => {
+                    // Every reservation expires: recorded under the lease's token, it
+                    // is given back at the next claim unless settled.
+                    for scope in &scopes {
+                        execute(
+                            &tx,
+                            "INSERT INTO token_reservations (conversation_id, lease_token, day, scope, tokens)
+                             VALUES ($1, $2, $3, $4, $5)
+                             ON CONFLICT (conversation_id, lease_token, day, scope)
+                             DO UPDATE SET tokens = token_reservations.tokens + EXCLUDED.tokens",
+                            &[&conversation.0, &lease.token.0, &charge.day, &scope.scope, &scope.tokens],
+                            "recording a reservation",
+                        )
+                        .await?;
+                    }
+                }
+                Reservation::Settle => {
+                    execute(
+                        &tx,
+                        "DELETE FROM token_reservations WHERE conversation_id = $1 AND lease_token = $2",
+                        &[&conversation.0, &lease.token.0],
+                        "settling a reservation",
+                    )
+                    .await?;
+                }
             }
             Ok(Charged::Charged)
         }

@@ -10,7 +10,13 @@
 use tokio_postgres::Client;
 
 /// Every migration, oldest first; the schema version counts them.
-const ALL: &[&str] = &[V1_CORE, V2_WALLET, V3_MESSAGE_MEDIA, V4_EDITS];
+const ALL: &[&str] = &[
+    V1_CORE,
+    V2_WALLET,
+    V3_MESSAGE_MEDIA,
+    V4_EDITS,
+    V5_TOKEN_RESERVATIONS,
+];
 
 /// The schema version this build migrates to.
 pub const LATEST: i64 = ALL.len() as i64;
@@ -187,6 +193,20 @@ CREATE TABLE edits (
     edited_at  BIGINT NOT NULL
 );
 CREATE INDEX edits_by_user ON edits (user_id, edited_at);
+"#;
+
+/// SQLite's seventh migration: reservations of rounds not yet settled.
+const V5_TOKEN_RESERVATIONS: &str = r#"
+-- What a round reserved, per scope, until it settles; keyed by conversation, lease
+-- token and day. An unsettled one is given back at the conversation's next claim.
+CREATE TABLE token_reservations (
+    conversation_id BIGINT NOT NULL,
+    lease_token     BIGINT NOT NULL,
+    day             TEXT   NOT NULL,
+    scope           TEXT   NOT NULL,
+    tokens          BIGINT NOT NULL,
+    PRIMARY KEY (conversation_id, lease_token, day, scope)
+);
 "#;
 
 /// Bring the schema up to date: each missing migration in its own transaction under

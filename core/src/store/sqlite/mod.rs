@@ -31,8 +31,8 @@ use super::shared::DueScan;
 use super::{
     AccessRule, Batch, Charged, Claimed, CommitOutcome, DueWork, Exchange, IngestOutcome,
     MessageEdit, NewMessage, NewNotice, NewReply, OutboxKind, OutboxRow, PartSent, PendingMessage,
-    RateHold, RateWindow, RecentConversation, Store, StoreError, TimerState, TokenCharge,
-    WorkQuery,
+    RateHold, RateWindow, RecentConversation, Reservation, Store, StoreError, TimerState,
+    TokenCharge, WorkQuery,
 };
 use crate::domain::{
     ConversationId, ConversationRef, HolderId, Lease, LeaseKey, LeaseToken, OutboxId, Platform,
@@ -919,6 +919,7 @@ impl Store for SqliteStore {
             let Some(lease) = claim(tx, key, holder, &row, ttl, now)? else {
                 return Ok(None);
             };
+            give_back_orphans(tx, conversation, lease.token)?;
             // What the round works on, read under the lease it just claimed.
             let batch = read_batch(tx, conversation, history)?;
             let owed = read_owed(tx, conversation, now)?;
@@ -1016,8 +1017,10 @@ impl Store for SqliteStore {
                     |r| r.get(0),)
                 .ctx("storing a reply")?;
             record_covers(tx, outbox, &covered)?;
+            let notices = store_held_out(tx, &lease, &reference, &reply.held_out, v0, forced, now)?;
             answer_through(tx, conversation, v0, policy)?;
             Ok(CommitOutcome::Committed {
+                notices,
                 outbox: OutboxRow {
                     id: OutboxId(outbox),
                     conversation: reference,
@@ -1388,7 +1391,11 @@ impl Store for SqliteStore {
         self.write("charging tokens", move |tx| {
             // Budgets: charged under the lease, fenced like the final check.
             ensure_lease(tx, &lease, &row.resource, now)?;
-            for scope in &charge.scopes {
+            let conversation = conversation_of(&lease);
+            // One order for every charge (SQLite has one writer; PostgreSQL locks
+            // the rows in this order).
+            let scopes = super::shared::sorted_scopes(&charge.scopes);
+            for scope in &scopes {
                 let Some(limit) = scope.limit.filter(|_| scope.tokens > 0) else {
                     continue;
                 };
@@ -1400,7 +1407,9 @@ impl Store for SqliteStore {
                     .ctx("reading a token budget")?;
                 let used = used.max(0) as u64;
                 if used.saturating_add(scope.tokens as u64) > limit {
-                    hold_timer(tx, conversation_of(&lease), charge.hold_until)?;
+                    if let Some(until) = charge.hold_until {
+                        hold_timer(tx, conversation, until)?;
+                    }
                     return Ok(Charged::Over {
                         scope: scope.scope.clone(),
                         used,
@@ -1408,7 +1417,7 @@ impl Store for SqliteStore {
                     });
                 }
             }
-            for scope in &charge.scopes {
+            for scope in &scopes {
                 // Budgets: totals are only added to (never written back from a read),
                 // so concurrent charges all count; a give-back never goes below zero.
                 tx.prepare_cached("INSERT INTO token_usage (scope, day, tokens) VALUES (?1, ?2, CASE WHEN ?3 > 0 THEN ?3 ELSE 0 END)
@@ -1417,6 +1426,40 @@ impl Store for SqliteStore {
                     params![scope.scope, charge.day, scope.tokens],
                 )
                 .ctx("charging tokens")?;
+            }
+            match charge.reservation {
+                Reservation::None => {}
+                Reservation::Reserve => {
+                    // Budgets: every reservation expires: recorded under the lease's
+                    // token, it is given back at the next claim unless settled.
+                    let mut record = tx
+                        .prepare_cached(
+                            "INSERT INTO token_reservations (conversation_id, lease_token, day, scope, tokens)
+                             VALUES (?1, ?2, ?3, ?4, ?5)
+                             ON CONFLICT (conversation_id, lease_token, day, scope)
+                             DO UPDATE SET tokens = token_reservations.tokens + excluded.tokens",
+                        )
+                        .ctx("recording a reservation")?;
+                    for scope in &scopes {
+                        record
+                            .execute(params![
+                                conversation.0,
+                                lease.token.0,
+                                charge.day,
+                                scope.scope,
+                                scope.tokens
+                            ])
+                            .ctx("recording a reservation")?;
+                    }
+                }
+                Reservation::Settle => {
+                    tx.prepare_cached(
+                        "DELETE FROM token_reservations WHERE conversation_id = ?1 AND lease_token = ?2",
+                    )
+                    .ctx("preparing a statement")?
+                    .execute(params![conversation.0, lease.token.0])
+                    .ctx("settling a reservation")?;
+                }
             }
             Ok(Charged::Charged)
         })
@@ -1493,6 +1536,53 @@ impl Store for SqliteStore {
 }
 
 /// Hold a conversation's timer: not due before `until` (a later deadline is kept).
+/// Give back the reservations of the conversation's earlier leases (rounds abandoned
+/// before they settled: a lost lease, a stop, a crash), each on the day it counted
+/// for, in the lock order of every charge (day, then scope).
+fn give_back_orphans(
+    tx: &Connection,
+    conversation: ConversationId,
+    token: LeaseToken,
+) -> Result<(), StoreError> {
+    let orphans: Vec<(String, String, i64)> = {
+        let mut stmt = tx
+            .prepare_cached(
+                "SELECT day, scope, SUM(tokens) FROM token_reservations
+                 WHERE conversation_id = ?1 AND lease_token < ?2
+                 GROUP BY day, scope ORDER BY day, scope",
+            )
+            .ctx("reading abandoned reservations")?;
+        stmt.query_map(params![conversation.0, token.0], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })
+        .ctx("reading abandoned reservations")?
+        .collect::<Result<_, _>>()
+        .ctx("reading abandoned reservations")?
+    };
+    if orphans.is_empty() {
+        return Ok(());
+    }
+    let mut give_back = tx
+        .prepare_cached(
+            "UPDATE token_usage SET tokens = CASE WHEN tokens - ?3 > 0 THEN tokens - ?3 ELSE 0 END
+             WHERE scope = ?1 AND day = ?2",
+        )
+        .ctx("giving back a reservation")?;
+    for (day, scope, tokens) in &orphans {
+        give_back
+            .execute(params![scope, day, tokens])
+            .ctx("giving back a reservation")?;
+    }
+    tx.prepare_cached(
+        "DELETE FROM token_reservations WHERE conversation_id = ?1 AND lease_token < ?2",
+    )
+    .ctx("preparing a statement")?
+    .execute(params![conversation.0, token.0])
+    .ctx("giving back a reservation")?;
+    tracing::info!(%conversation, scopes = orphans.len(), "gave back the token reservation of an abandoned round");
+    Ok(())
+}
+
 fn hold_timer(
     tx: &Connection,
     conversation: ConversationId,
@@ -1787,6 +1877,88 @@ fn unchanged_since(tx: &Connection, rows: &[i64], v0: Version) -> Result<Vec<i64
         }
     }
     Ok(unchanged)
+}
+
+/// The notices of a reply's held-out messages ([`NewReply::held_out`]), stored in the
+/// commit's transaction: each covers its messages still pending up to `v0` (after a
+/// forced commit, not those edited since) and not covered yet (no duplicate), so the
+/// `answered_version` the commit sets leaves none of them unanswered (no loss).
+fn store_held_out(
+    tx: &Connection,
+    lease: &Lease,
+    conversation: &ConversationRef,
+    held_out: &[super::HeldOut],
+    v0: Version,
+    forced: bool,
+    now: Timestamp,
+) -> Result<Vec<OutboxRow>, StoreError> {
+    let id = conversation_of(lease);
+    let mut notices = Vec::new();
+    for held in held_out {
+        let rows = if forced {
+            unchanged_since(tx, &held.rows, v0)?
+        } else {
+            held.rows.clone()
+        };
+        let mut covered: Vec<(i64, String)> = Vec::new();
+        {
+            let mut stmt = tx
+                .prepare_cached(
+                    "SELECT platform_message_id FROM messages m
+                     WHERE id = ?1 AND conversation_id = ?2
+                       AND NOT EXISTS (SELECT 1 FROM reply_covers rc WHERE rc.message_id = m.id)",
+                )
+                .ctx("reading held-out messages")?;
+            for row in rows {
+                if let Some(message_id) = stmt
+                    .query_row(params![row, id.0], |r| r.get::<_, String>(0))
+                    .optional()
+                    .ctx("reading held-out messages")?
+                {
+                    covered.push((row, message_id));
+                }
+            }
+        }
+        if covered.is_empty() {
+            continue;
+        }
+        let outbox: i64 = tx
+            .prepare_cached(
+                "INSERT INTO outbox (conversation_id, kind, text, reply_to, version, lease_token,
+                                     owner, created_at, next_attempt_at)
+                 VALUES (?1, 'notice', ?2, ?3, ?4, ?5, ?6, ?7, ?7)
+                 RETURNING id",
+            )
+            .ctx("preparing a statement")?
+            .query_row(
+                params![
+                    id.0,
+                    &held.text,
+                    held.reply_to,
+                    v0.0,
+                    lease.token.0,
+                    lease.holder.as_str(),
+                    now.0
+                ],
+                |r| r.get(0),
+            )
+            .ctx("storing a held-out notice")?;
+        let rows: Vec<i64> = covered.iter().map(|(row, _)| *row).collect();
+        record_covers(tx, outbox, &rows)?;
+        notices.push(OutboxRow {
+            id: OutboxId(outbox),
+            conversation: conversation.clone(),
+            kind: OutboxKind::Notice,
+            text: held.text.clone(),
+            reply_to: held.reply_to.clone(),
+            covers: covered.into_iter().map(|(_, id)| id).collect(),
+            parts_sent: 0,
+            attempts: 0,
+            created_at: now,
+            stored_at: now,
+        });
+    }
+    Ok(notices)
 }
 
 /// Record which messages an outbox row (a reply, or a give-up notice) answers.

@@ -35,6 +35,25 @@ fn readme_queries() -> Vec<(String, String)> {
         .collect()
 }
 
+/// Every query of the Grafana dashboard (`deploy/grafana/lull.json`), with its panel.
+fn dashboard_queries() -> Vec<(String, String)> {
+    let dashboard: Value =
+        serde_json::from_str(include_str!("../../deploy/grafana/lull.json")).unwrap();
+    dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|panel| {
+            let title = panel["title"].as_str().unwrap().to_owned();
+            panel["targets"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(move |t| (title.clone(), t["expr"].as_str().unwrap().to_owned()))
+        })
+        .collect()
+}
+
 fn prometheus_binary() -> Option<PathBuf> {
     std::env::var_os("PATH")
         .into_iter()
@@ -200,6 +219,17 @@ async fn readme_queries_answer_on_a_real_prometheus() {
         ("messages per reply", 3.0),
         ("conversations waiting", 0.0),
     ];
+    // The dashboard's panels: each query evaluates and shows something after this
+    // traffic (limits held nothing, so only that series may be absent).
+    let panels = dashboard_queries();
+    assert!(panels.len() >= 10, "{panels:?}");
+    for (panel, query) in &panels {
+        let result = prometheus.query(query).await;
+        if !query.contains("lull_limited_total") {
+            assert!(!result.is_empty(), "panel {panel}: `{query}` shows nothing");
+        }
+    }
+    println!("the dashboard's {} queries answer", panels.len());
     for (question, query) in &queries {
         let result = prometheus.query(query).await;
         assert_eq!(result.len(), 1, "{question}: `{query}` gave {result:?}");
@@ -222,7 +252,8 @@ fn promtool_binary() -> Option<PathBuf> {
 
 /// The alert rules shipped in `deploy/prometheus/` load (`promtool check rules`) and
 /// behave as their unit tests say (`promtool test rules`): each alert fires on series
-/// that should raise it, with the labels and text an operator sees, and not before.
+/// that should raise it, with the labels and text an operator sees, and not before; the
+/// compose file's Prometheus configuration is valid and finds them.
 #[test]
 fn the_alert_rules_pass_promtool_check_and_their_unit_tests() {
     let Some(promtool) = promtool_binary() else {
@@ -237,6 +268,7 @@ fn the_alert_rules_pass_promtool_check_and_their_unit_tests() {
     for args in [
         ["check", "rules", "alerts.yml"],
         ["test", "rules", "alerts_test.yml"],
+        ["check", "config", "prometheus.yml"],
     ] {
         let out = Command::new(&promtool)
             .args(args)

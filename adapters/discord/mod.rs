@@ -209,6 +209,39 @@ impl Rest {
         Self::build_http(&self.token, &self.api_url, self.client.clone())
     }
 
+    /// A freshly signed URL for an attachment URL that expired, or `None` when Discord
+    /// gives none (the file is gone, the request fails; said at DEBUG, redacted).
+    /// Discord signs attachment URLs (`ex=`, `is=`, `hm=`) for about a day and answers
+    /// 404 after; `POST /attachments/refresh-urls` signs them again. A batch can be
+    /// held that long: a daily budget, a model down for a day.
+    pub(crate) async fn refresh_attachment_url(&self, url: &str) -> Option<String> {
+        let endpoint = format!(
+            "{}/api/v10/attachments/refresh-urls",
+            self.api_url.trim_end_matches('/')
+        );
+        let answer = self
+            .client
+            .post(endpoint)
+            .header(reqwest::header::AUTHORIZATION, self.http.token())
+            .json(&serde_json::json!({ "attachment_urls": [url] }))
+            .send()
+            .await
+            .and_then(reqwest::Response::error_for_status);
+        let body: serde_json::Value = match answer {
+            Ok(response) => response.json().await.ok()?,
+            Err(e) => {
+                tracing::debug!(error = %self.redactor.redact(e.without_url()), "refreshing an attachment URL failed");
+                return None;
+            }
+        };
+        body["refreshed_urls"]
+            .as_array()?
+            .iter()
+            .find(|r| r["original"].as_str() == Some(url))
+            .and_then(|r| r["refreshed"].as_str())
+            .map(str::to_owned)
+    }
+
     /// Build a raw request with serenity's routing and authorization. The error (a
     /// malformed `DISCORD_API_URL`) comes redacted.
     pub(crate) fn request(&self, request: Request<'_>) -> Result<reqwest::RequestBuilder, String> {

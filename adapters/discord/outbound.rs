@@ -169,14 +169,27 @@ impl Outbound for DiscordOutbound {
                 max: max_bytes,
             });
         }
-        crate::media::download(
-            &self.rest.client,
-            url,
-            max_bytes,
-            media.mime.as_deref(),
-            &self.rest.redactor,
-        )
-        .await
+        let download = |url: String| async move {
+            crate::media::download(
+                &self.rest.client,
+                &url,
+                max_bytes,
+                media.mime.as_deref(),
+                &self.rest.redactor,
+            )
+            .await
+        };
+        match download(url.to_owned()).await {
+            // Expired (Discord signs attachment URLs for about a day): signed again once.
+            Err(MediaError::Gone(why)) => match self.rest.refresh_attachment_url(url).await {
+                Some(fresh) if fresh != url => {
+                    tracing::debug!("an attachment URL had expired; fetching it freshly signed");
+                    download(fresh).await
+                }
+                _ => Err(MediaError::Gone(why)),
+            },
+            fetched => fetched,
+        }
     }
 
     async fn typing(&self, conversation: &ConversationRef) -> Result<(), SendError> {

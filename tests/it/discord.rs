@@ -192,6 +192,50 @@ async fn an_image_attachment_reaches_the_model_with_its_burst() {
     h.assert_token_kept_secret();
 }
 
+/// Discord signs attachment URLs for about a day; a batch held longer (a daily budget,
+/// a model down) finds its URL expired (404). Before: the image was dropped as gone and
+/// the model answered without it. Now the URL is signed again once
+/// (`POST /attachments/refresh-urls`) and the image reaches the model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_attachment_url_is_signed_again_and_the_image_reaches_the_model() {
+    let mut h = Harness::new().await;
+    let model = crate::support::openai_fake::FakeOpenAi::start().await;
+    let dm = h.fake.channel(ChannelKind::Dm);
+    h.start(
+        "lull",
+        &[
+            ("LULL_LLM", "openai"),
+            ("OPENAI_BASE_URL", &model.base_url),
+            ("OPENAI_API_KEY", "sk-discord-media"),
+        ],
+    )
+    .await;
+    h.fake.wait_connected(1, WAIT).await;
+    let image = b"\x89PNG\r\n\x1a\nan image held past its URL".to_vec();
+    h.fake
+        .say(Say::new(dm, ALICE, "and this one?").image(image.clone()));
+    h.fake.expire_attachment_urls();
+    let replies = h.fake.wait_sent(dm, 1, WAIT).await;
+    assert_eq!(replies[0].content, "[model] [image] and this one?");
+    use base64::Engine as _;
+    assert_eq!(
+        model.images(0),
+        [format!(
+            "data:image/png;base64,{}",
+            base64::engine::general_purpose::STANDARD.encode(&image)
+        )],
+        "the image reached the model"
+    );
+    let refreshed = h.fake.refreshed();
+    assert_eq!(refreshed.len(), 1, "signed again once: {refreshed:?}");
+    assert_eq!(
+        h.fake.downloads().len(),
+        2,
+        "the expired URL, then the fresh one"
+    );
+    h.assert_token_kept_secret();
+}
+
 /// Three quick DMs get one reply covering all three, in order, with "typing…" shown
 /// meanwhile; an edit of a pending message replaces its text; the send carries a
 /// nonce, `enforce_nonce` and no mentions; a DM reply quotes nothing.

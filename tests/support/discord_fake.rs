@@ -215,6 +215,11 @@ struct Inner {
     shard_overlaps: usize,
     /// Attachment id → bytes the CDN serves.
     files: HashMap<u64, Vec<u8>>,
+    /// The signature attachment URLs carry (`?ex=`): URLs with an older one answer
+    /// 404, as Discord's CDN does once a signed URL expired (about a day).
+    signature: u64,
+    /// URLs asked to be signed again (`POST /attachments/refresh-urls`).
+    refreshed: Vec<String>,
     /// `(attachment id, Authorization header)` of every CDN download.
     downloads: Vec<(u64, Option<String>)>,
 }
@@ -323,6 +328,7 @@ impl DiscordFake {
                 get(get_messages).post(post_message),
             )
             .route("/api/v10/channels/{id}/typing", post(post_typing))
+            .route("/api/v10/attachments/refresh-urls", post(refresh_urls))
             .layer(middleware::from_fn_with_state(shared.clone(), authorize))
             .route("/attachments/{id}/{name}", get(get_attachment))
             .with_state(shared.clone());
@@ -425,7 +431,10 @@ impl DiscordFake {
             mentions.push(r["author"].clone());
         }
         let attachments = if let Some(bytes) = &say.image {
-            let url = format!("{}/{id}/photo.png", self.shared.cdn_url);
+            let url = format!(
+                "{}/{id}/photo.png?ex={}",
+                self.shared.cdn_url, inner.signature
+            );
             let size = bytes.len();
             inner.files.insert(id, bytes.clone());
             vec![
@@ -464,6 +473,17 @@ impl DiscordFake {
     /// `(attachment id, Authorization header)` of every CDN download so far.
     pub fn downloads(&self) -> Vec<(u64, Option<String>)> {
         self.shared.lock().downloads.clone()
+    }
+
+    /// Every attachment URL given out so far expires: the CDN answers 404 to it until
+    /// it is signed again (`POST /attachments/refresh-urls`).
+    pub fn expire_attachment_urls(&self) {
+        self.shared.lock().signature += 1;
+    }
+
+    /// The URLs lull asked to have signed again, in order.
+    pub fn refreshed(&self) -> Vec<String> {
+        self.shared.lock().refreshed.clone()
     }
 
     /// A user edits a message (`MESSAGE_UPDATE`).
@@ -645,9 +665,30 @@ fn error(status: StatusCode, code: u32, message: &str) -> Response {
 }
 
 /// The CDN: an attachment's bytes, without authorization.
+/// `POST /attachments/refresh-urls`: each URL signed with the current signature.
+async fn refresh_urls(
+    State(shared): State<Arc<Shared>>,
+    axum::Json(body): axum::Json<Value>,
+) -> Response {
+    let mut inner = shared.lock();
+    let signature = inner.signature;
+    let mut refreshed = Vec::new();
+    for url in body["attachment_urls"].as_array().into_iter().flatten() {
+        let Some(original) = url.as_str() else {
+            return error(StatusCode::BAD_REQUEST, 50035, "Invalid Form Body");
+        };
+        inner.refreshed.push(original.to_owned());
+        let base = original.split_once('?').map_or(original, |(base, _)| base);
+        refreshed
+            .push(json!({"original": original, "refreshed": format!("{base}?ex={signature}")}));
+    }
+    axum::Json(json!({ "refreshed_urls": refreshed })).into_response()
+}
+
 async fn get_attachment(
     State(shared): State<Arc<Shared>>,
     Path((id, _name)): Path<(u64, String)>,
+    Query(query): Query<HashMap<String, String>>,
     headers: axum::http::HeaderMap,
 ) -> Response {
     let mut inner = shared.lock();
@@ -656,6 +697,13 @@ async fn get_attachment(
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     inner.downloads.push((id, authorization));
+    if query.get("ex") != Some(&inner.signature.to_string()) {
+        return (
+            StatusCode::NOT_FOUND,
+            "This content is no longer available.",
+        )
+            .into_response();
+    }
     match inner.files.get(&id).cloned() {
         Some(bytes) => ([(axum::http::header::CONTENT_TYPE, "image/png")], bytes).into_response(),
         None => StatusCode::NOT_FOUND.into_response(),

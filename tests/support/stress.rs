@@ -188,6 +188,10 @@ pub struct StressReport {
     pub kills_in_waits: usize,
     /// Times one process's path to the database went silent.
     pub path_freezes: usize,
+    /// The double deliveries, for the failure message: which reply, when.
+    pub doubled: Vec<String>,
+    /// The disruptions, when (for the failure message).
+    pub events: Vec<String>,
     /// The same reply POSTed again after a kill between the POST and recording it
     /// (receivers deduplicate on `reply_id`).
     pub redeliveries: usize,
@@ -242,6 +246,14 @@ impl fmt::Display for StressReport {
         )?;
         if self.path_freezes > 0 {
             write!(f, " path_freezes={}", self.path_freezes)?;
+        }
+        if !self.doubled.is_empty() {
+            write!(
+                f,
+                "\n  doubled: {}\n  events: {}",
+                self.doubled.join("; "),
+                self.events.join("; ")
+            )?;
         }
         if self.server_restarts > 0 {
             write!(
@@ -401,16 +413,45 @@ pub async fn run(plan: &StressPlan) -> StressReport {
 
     let acked = acked.lock().unwrap().clone();
     let mut report = check(&acked, &webhook, &db_path);
-    // A kill or a silent path between a reply's acceptance and its sent-mark is the
-    // window no holder can close (it cannot reach the database): counted apart.
-    let breaks: Vec<Instant> = disrupted
+    // A kill, or a path to the database gone silent, between a reply's acceptance and
+    // its sent-mark is the window no holder can close (it cannot reach the database):
+    // counted apart. A server restart is not such a break: the holder's lease outlives
+    // it, and the mark must be written once the server is back.
+    let breaks: Vec<(Instant, Instant)> = disrupted
         .kill_times
         .iter()
-        .copied()
-        .chain(disrupted.freeze_at)
+        .map(|&k| (k, k))
+        .chain(disrupted.frozen)
         .collect();
-    report.double_deliveries = double_deliveries(&webhook, &breaks);
-    report.path_freezes = usize::from(disrupted.freeze_at.is_some());
+    let doubled = double_deliveries(&webhook, &breaks);
+    report.double_deliveries = doubled.len();
+    let at = |t: Instant| t.duration_since(started).as_secs_f64();
+    report.doubled = doubled
+        .iter()
+        .map(|(reply, first, second)| {
+            format!(
+                "reply {reply} accepted at {:.2}s and {:.2}s",
+                at(*first),
+                at(*second)
+            )
+        })
+        .collect();
+    report.events = disrupted
+        .kill_times
+        .iter()
+        .map(|k| format!("kill at {:.2}s", at(*k)))
+        .chain(
+            disrupted
+                .frozen
+                .map(|(from, to)| format!("path frozen {:.2}s..{:.2}s", at(from), at(to))),
+        )
+        .chain(
+            disrupted
+                .outage
+                .map(|(from, to)| format!("server down {:.2}s..{:.2}s", at(from), at(to))),
+        )
+        .collect();
+    report.path_freezes = usize::from(disrupted.frozen.is_some());
     report.locks_after_accept = after_accept.locks.load(Ordering::SeqCst);
     report.kills_in_waits = disrupted.kills_in_waits;
     if let Some(model) = &model {
@@ -514,8 +555,8 @@ struct Disrupted {
     kills_in_waits: usize,
     /// When the database server was stopped and when it accepted connections again.
     outage: Option<(Instant, Instant)>,
-    /// When the first process's path to the database went silent.
-    freeze_at: Option<Instant>,
+    /// When the first process's path to the database went silent, and came back.
+    frozen: Option<(Instant, Instant)>,
 }
 
 /// What the receiver does right after accepting a reply, before answering it: the
@@ -596,7 +637,7 @@ async fn disrupt(
         kill_times: Vec::new(),
         kills_in_waits: 0,
         outage: None,
-        freeze_at: None,
+        frozen: None,
     };
     for event in 0..events {
         tokio::time::sleep(interval).await;
@@ -606,13 +647,14 @@ async fn disrupt(
             // While the first process holds a lease, if it does within a while.
             let holder = find_holder(&db_path, &processes[..1]).await;
             proxy.freeze();
-            done.freeze_at = Some(Instant::now());
+            let frozen_at = Instant::now();
             tracing_line(&format!(
                 "froze process 0's database path (holding a lease: {})",
                 holder.is_some()
             ));
             tokio::time::sleep(frozen_for).await;
             proxy.thaw();
+            done.frozen = Some((frozen_at, Instant::now()));
             continue;
         }
         if let (Some(at), Some(cluster)) = (restart_at, &plan.restart_server)
@@ -718,9 +760,13 @@ fn holder_of(db_path: &db::Location, key: &str) -> Option<u32> {
 }
 
 /// Replies lull saw accepted more than once (the webhook answered 2xx to a sender
-/// still waiting) with no kill in between: each such second acceptance is a delivery
-/// that was made and then forgotten.
-fn double_deliveries(webhook: &Webhook, kills: &[Instant]) -> usize {
+/// still waiting) with no break (a kill, a silent path: `breaks`, as intervals) between
+/// the two: each such second acceptance is a delivery that was made and then forgotten.
+/// (reply, first acceptance, second).
+fn double_deliveries(
+    webhook: &Webhook,
+    breaks: &[(Instant, Instant)],
+) -> Vec<(i64, Instant, Instant)> {
     let mut by_reply: BTreeMap<i64, Vec<Instant>> = BTreeMap::new();
     for answered in webhook.answered() {
         by_reply
@@ -729,10 +775,14 @@ fn double_deliveries(webhook: &Webhook, kills: &[Instant]) -> usize {
             .push(answered.at);
     }
     by_reply
-        .values()
-        .flat_map(|times| times.windows(2))
-        .filter(|pair| !kills.iter().any(|k| pair[0] <= *k && *k <= pair[1]))
-        .count()
+        .iter()
+        .flat_map(|(reply, times)| times.windows(2).map(move |pair| (*reply, pair[0], pair[1])))
+        .filter(|(_, first, second)| {
+            !breaks
+                .iter()
+                .any(|(from, to)| *from <= *second && *to >= *first)
+        })
+        .collect()
 }
 
 /// Around an outage from `stopped` to `back`: how many acknowledged messages were

@@ -21,6 +21,7 @@ mod llm;
 mod media;
 mod project;
 mod promql;
+mod quirks;
 mod shutdown;
 mod store;
 mod stress;

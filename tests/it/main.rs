@@ -22,6 +22,7 @@ mod media;
 mod project;
 mod promql;
 mod quirks;
+mod real_models;
 mod shutdown;
 mod store;
 mod stress;

@@ -6,6 +6,7 @@
 
 pub mod db;
 pub mod discord_fake;
+pub mod llama;
 pub mod openai_fake;
 pub mod postgres;
 pub mod process;

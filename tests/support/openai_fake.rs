@@ -179,7 +179,7 @@ impl Server {
                 "message": "This endpoint's maximum context length is 8192 tokens. However, you requested about 15023 tokens (15023 of text input). Please reduce the length of either one, or use the \"middle-out\" transform to compress your prompt automatically.",
                 "code": 400 } }),
             Server::LlamaCppPython => json!({ "error": {
-                "message": "Requested tokens (15023) exceed context window of 512",
+                "message": "This model's maximum context length is 512 tokens, however you requested 15023 tokens (15023 in your prompt; 0 for the completion). Please reduce your prompt; or completion length.",
                 "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded" } }),
         }
     }

@@ -634,6 +634,10 @@ mod tests {
             r#"{"error":{"message":"This model's maximum context length is 4096 tokens. However, your request has 9000 input tokens.","type":"BadRequestError","param":null,"code":400}}"#,
             // llama.cpp server
             r#"{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error","n_prompt_tokens":9000,"n_ctx":4096}}"#,
+            // llama-server b11434, as seen in the real-server tier
+            r#"{"error":{"code":400,"message":"request (650 tokens) exceeds the available context size (512 tokens), try increasing it","type":"exceed_context_size_error","n_prompt_tokens":650,"n_ctx":512}}"#,
+            // llama-cpp-python
+            r#"{"error":{"message":"This model's maximum context length is 512 tokens, however you requested 650 tokens (650 in your prompt; 0 for the completion). Please reduce your prompt; or completion length.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#,
             // Ollama
             r#"{"error":{"message":"the input length exceeds the context length","type":"api_error","param":null,"code":null}}"#,
             // OpenRouter
@@ -729,6 +733,38 @@ mod tests {
             503,
             "stream backend overloaded"
         )));
+    }
+
+    #[test]
+    fn an_answer_cut_at_the_token_limit_ends_with_the_note() {
+        let answer = |finish: &str| {
+            serde_json::from_value::<CreateChatCompletionResponse>(serde_json::json!({
+                "id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                "choices": [{ "index": 0, "finish_reason": finish,
+                              "message": { "role": "assistant", "content": "Once upon" } }]
+            }))
+            .unwrap()
+        };
+        assert_eq!(
+            whole_generation(answer("length")).unwrap().text,
+            format!("Once upon{CUT_NOTE}")
+        );
+        assert_eq!(whole_generation(answer("stop")).unwrap().text, "Once upon");
+    }
+
+    /// `llama-cpp-python`'s list, and llama-server's (which adds `models` beside `data`).
+    #[test]
+    fn a_model_list_is_read_for_its_ids_only() {
+        for body in [
+            r#"{"object":"list","data":[{"id":"a","object":"model","owned_by":"me","permissions":[]}]}"#,
+            r#"{"models":[{"name":"a"}],"object":"list","data":[{"id":"a","object":"model","created":1,"owned_by":"llamacpp","meta":{}}]}"#,
+        ] {
+            let list: ModelList = serde_json::from_str(body).unwrap();
+            assert_eq!(
+                list.data.into_iter().map(|m| m.id).collect::<Vec<_>>(),
+                ["a"]
+            );
+        }
     }
 
     #[test]

@@ -7,6 +7,10 @@ pub const REPLIES_SENT: &str = "lull_replies_sent_total";
 /// Replies given up (dead-lettered): refused by the platform, or still failing when
 /// their delivery deadline (`LULL_WEBHOOK_MAX_AGE` for the webhook) passed.
 pub const REPLIES_FAILED: &str = "lull_replies_failed_total";
+/// Model answers stopped at the token limit (`finish_reason: "length"`: the context or
+/// `LULL_MAX_TOKENS` ran out), each given a note saying so; counted when the answer
+/// arrives (a stale one dropped later still counts).
+pub const REPLIES_CUT: &str = "lull_replies_cut_total";
 pub const REPLIES_DROPPED_STALE: &str = "lull_replies_dropped_stale_total";
 pub const LEASE_CONTENDED: &str = "lull_lease_contended_total";
 /// Labelled `outcome`: `ok`, `error`, `timeout`, `empty`, `rate_limited`, `too_long`
@@ -47,6 +51,10 @@ pub fn describe() {
     describe_counter!(
         REPLIES_FAILED,
         "Replies given up: refused by the platform, or still failing at their delivery deadline."
+    );
+    describe_counter!(
+        REPLIES_CUT,
+        "Model answers stopped at the token limit (finish_reason length), each ending with a note saying so."
     );
     describe_counter!(
         REPLIES_DROPPED_STALE,

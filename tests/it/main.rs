@@ -22,6 +22,8 @@ mod llm;
 mod media;
 mod project;
 mod promql;
+mod quirks;
+mod real_models;
 mod shutdown;
 mod store;
 mod stress;

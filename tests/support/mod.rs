@@ -8,6 +8,7 @@
 pub mod db;
 pub mod discord_fake;
 pub mod freeze_proxy;
+pub mod llama;
 pub mod openai_fake;
 pub mod postgres;
 pub mod process;

@@ -16,6 +16,13 @@
 //! [`FakeOpenAi::refuse_images`] a request carrying an image part gets OpenAI's 400 for
 //! a model without vision.
 //!
+//! Real servers' quirks, as they were seen (README, "Models"): `llama-cpp-python`
+//! answers a too-long *streamed* prompt with 200 and an event stream that ends without
+//! a single event, while refusing the same prompt asked for whole with a 400
+//! ([`Behavior::EmptyStreamOver`]); its model list has no `created`
+//! ([`FakeOpenAi::models_without_created`]); every server ends an answer the token
+//! limit cut with `finish_reason: "length"` ([`Behavior::Cut`]).
+//!
 //! Transcriptions: `POST /v1/audio/transcriptions` (multipart `model` and `file`)
 //! answers `{"text": …}` with the transcript a test set for those bytes
 //! ([`FakeOpenAi::transcript`]; "transcript of N bytes" otherwise), after an optional
@@ -74,6 +81,14 @@ pub enum Behavior {
     Stream(Stream),
     /// 400 "stream is not supported" to a streamed request; else like `Answer`.
     RefuseStream,
+    /// `llama-cpp-python`'s answer to a prompt longer than `chars` characters: a
+    /// streamed request gets 200 `text/event-stream` with no event at all, a whole
+    /// one its 400 `context_length_exceeded`. A prompt that fits is answered like
+    /// `Answer`.
+    EmptyStreamOver { chars: usize },
+    /// This content, cut short by the token limit: `finish_reason: "length"` (in the
+    /// whole answer, or in the last chunk of a streamed one).
+    Cut(String),
 }
 
 /// The parameters of [`Behavior::Stream`].
@@ -142,6 +157,8 @@ pub enum Server {
     LlamaCpp,
     Ollama,
     OpenRouter,
+    /// `llama-cpp-python`'s server.
+    LlamaCppPython,
 }
 
 impl Server {
@@ -164,6 +181,9 @@ impl Server {
             Server::OpenRouter => json!({ "error": {
                 "message": "This endpoint's maximum context length is 8192 tokens. However, you requested about 15023 tokens (15023 of text input). Please reduce the length of either one, or use the \"middle-out\" transform to compress your prompt automatically.",
                 "code": 400 } }),
+            Server::LlamaCppPython => json!({ "error": {
+                "message": "This model's maximum context length is 512 tokens, however you requested 15023 tokens (15023 in your prompt; 0 for the completion). Please reduce your prompt; or completion length.",
+                "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded" } }),
         }
     }
 }
@@ -192,6 +212,8 @@ struct Inner {
     transcripts: Mutex<Vec<(Vec<u8>, String)>>,
     /// `(model, file bytes)` of every transcription request.
     transcriptions: Mutex<Vec<(String, Vec<u8>)>>,
+    /// The model list has no `created` (as `llama-cpp-python`'s).
+    models_without_created: std::sync::atomic::AtomicBool,
 }
 
 pub struct FakeOpenAi {
@@ -236,6 +258,14 @@ impl FakeOpenAi {
         self.inner
             .refuse_images
             .store(refuse, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// List the models without `created`, as `llama-cpp-python`'s server does (only
+    /// `id`, `object`, `owned_by`, `permissions`).
+    pub fn models_without_created(&self) {
+        self.inner
+            .models_without_created
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Answer the next transcription requests with these error statuses, in order.
@@ -318,6 +348,11 @@ impl FakeOpenAi {
 }
 
 fn completion(content: &str, body: &Value) -> Value {
+    finished(content, "stop", body)
+}
+
+/// A whole answer with this finish reason.
+fn finished(content: &str, finish_reason: &str, body: &Value) -> Value {
     let messages = body["messages"].as_array().map_or(0, Vec::len) as u32;
     json!({
         "id": "chatcmpl-fake",
@@ -327,7 +362,7 @@ fn completion(content: &str, body: &Value) -> Value {
         "choices": [{
             "index": 0,
             "message": { "role": "assistant", "content": content },
-            "finish_reason": "stop"
+            "finish_reason": finish_reason
         }],
         "usage": { "prompt_tokens": 10 * messages, "completion_tokens": 7, "total_tokens": 10 * messages + 7 }
     })
@@ -397,6 +432,17 @@ fn chunk(body: &Value, choices: Value, usage: Value) -> Value {
 /// A streamed answer: the pieces of the text, one every `every`, then the finish
 /// reason and the usage chunk (or a break, or a stall).
 fn stream(inner: &Arc<Inner>, body: &Value, text: String, spec: Stream) -> Response {
+    stream_finished(inner, body, text, spec, "stop")
+}
+
+/// A streamed answer whose finish chunk carries `finish_reason`.
+fn stream_finished(
+    inner: &Arc<Inner>,
+    body: &Value,
+    text: String,
+    spec: Stream,
+    finish_reason: &'static str,
+) -> Response {
     let request = inner.requests.lock().unwrap().len() - 1;
     let index = {
         let mut streams = inner.streams.lock().unwrap();
@@ -434,7 +480,7 @@ fn stream(inner: &Arc<Inner>, body: &Value, text: String, spec: Stream) -> Respo
             StreamEnd::Done => {
                 let finish = chunk(
                     &body,
-                    json!([{ "index": 0, "delta": {}, "finish_reason": "stop" }]),
+                    json!([{ "index": 0, "delta": {}, "finish_reason": finish_reason }]),
                     Value::Null,
                 );
                 let usage = chunk(
@@ -596,7 +642,27 @@ async fn respond(inner: &Arc<Inner>, headers: HeaderMap, body: axum::body::Bytes
             400,
             "stream is not supported by this server; set stream to false",
         ),
-        Behavior::Answer | Behavior::RefuseStream => {
+        Behavior::EmptyStreamOver { chars } if prompt_chars(&body) > chars => {
+            if streamed {
+                // The headers of a stream, then its end: not one event.
+                ([(header::CONTENT_TYPE, "text/event-stream")], "").into_response()
+            } else {
+                (
+                    StatusCode::BAD_REQUEST,
+                    axum::Json(Server::LlamaCppPython.context_length_body()),
+                )
+                    .into_response()
+            }
+        }
+        Behavior::Cut(content) if streamed => stream_finished(
+            inner,
+            &body,
+            content,
+            Stream::echo(3, Duration::ZERO),
+            "length",
+        ),
+        Behavior::Cut(content) => axum::Json(finished(&content, "length", &body)).into_response(),
+        Behavior::Answer | Behavior::RefuseStream | Behavior::EmptyStreamOver { .. } => {
             axum::Json(completion(&format!("[model] {last_user}"), &body)).into_response()
         }
         Behavior::Content(content) => axum::Json(completion(&content, &body)).into_response(),
@@ -694,7 +760,16 @@ async fn respond(inner: &Arc<Inner>, headers: HeaderMap, body: axum::body::Bytes
     }
 }
 
-async fn models() -> Result<axum::Json<Value>, Infallible> {
+async fn models(State(inner): State<Arc<Inner>>) -> Result<axum::Json<Value>, Infallible> {
+    if inner
+        .models_without_created
+        .load(std::sync::atomic::Ordering::SeqCst)
+    {
+        return Ok(axum::Json(json!({
+            "object": "list",
+            "data": [{ "id": "fake-model", "object": "model", "owned_by": "me", "permissions": [] }]
+        })));
+    }
     Ok(axum::Json(json!({
         "object": "list",
         "data": [{ "id": "fake-model", "object": "model", "created": 0, "owned_by": "fake" }]

@@ -16,7 +16,14 @@
 //! is a timeout), and a stream that breaks or ends before the model finished is a
 //! transient failure, retried. A server that does not stream is fine: a whole JSON
 //! answer to a streamed request is read as the reply, and a server that refuses
-//! `stream` is asked for whole answers from then on.
+//! `stream` is asked for whole answers from then on. A stream that ends without a
+//! single event (`llama-cpp-python`'s answer to a streamed prompt too long for its
+//! context) says nothing about the server: the same request is asked again once for
+//! a whole answer, whose reply or refusal decides.
+//!
+//! An answer the model stopped at its token limit (`finish_reason: "length"`: the
+//! context or `max_tokens` ran out) is a reply, but an unfinished one: it ends with
+//! [`CUT_NOTE`], so the user can tell, and is counted in `lull_replies_cut_total`.
 //!
 //! Invariant: no error built here carries the key. The key is registered for
 //! redaction when the responder is built, and every text quoting the server (a proxy
@@ -35,7 +42,7 @@ use async_openai::types::chat::{
     ChatCompletionRequestMessageContentPartText, ChatCompletionRequestSystemMessage,
     ChatCompletionRequestUserMessage, ChatCompletionRequestUserMessageContent,
     ChatCompletionRequestUserMessageContentPart, ChatCompletionStreamOptions,
-    CreateChatCompletionRequest, CreateChatCompletionResponse, ImageUrl,
+    CreateChatCompletionRequest, CreateChatCompletionResponse, FinishReason, ImageUrl,
 };
 use async_trait::async_trait;
 use futures_util::StreamExt;
@@ -43,6 +50,30 @@ use secrecy::{ExposeSecret, SecretString};
 
 use super::{Generation, HistoryBudget, LlmError, Partial, Prompt, Responder, merge_turn};
 use crate::domain::TokenUsage;
+use crate::metrics as names;
+
+/// Ends a reply the model stopped at its token limit, so the user can tell it is
+/// unfinished.
+pub const CUT_NOTE: &str = "\n\n[the model stopped here: the reply reached its length limit]";
+
+/// What a streamed request brought.
+enum Streamed {
+    Reply(Generation),
+    /// The stream ended without a single event: no answer, and no refusal either.
+    Nothing,
+}
+
+/// Only `id` of a listed model matters: servers differ in the rest
+/// (`llama-cpp-python` sends no `created`).
+#[derive(serde::Deserialize)]
+struct ModelList {
+    data: Vec<ListedModel>,
+}
+
+#[derive(serde::Deserialize)]
+struct ListedModel {
+    id: String,
+}
 
 /// How to reach the model and what to ask it.
 #[derive(Debug, Clone)]
@@ -177,14 +208,18 @@ fn refuses_streaming(error: &LlmError) -> bool {
 
 /// The reply in a whole answer; an empty one is a failure, never a reply.
 fn whole_generation(response: CreateChatCompletionResponse) -> Result<Generation, LlmError> {
-    let text = response
+    let (text, finish) = response
         .choices
         .into_iter()
         .next()
-        .and_then(|c| c.message.content)
+        .map(|c| (c.message.content, c.finish_reason))
         .unwrap_or_default();
+    let mut text = text.unwrap_or_default();
     if text.trim().is_empty() {
         return Err(LlmError::Empty);
+    }
+    if finish == Some(FinishReason::Length) {
+        text.push_str(cut_note());
     }
     Ok(Generation {
         text,
@@ -193,6 +228,12 @@ fn whole_generation(response: CreateChatCompletionResponse) -> Result<Generation
             completion: u64::from(u.completion_tokens),
         }),
     })
+}
+
+/// The note for a reply cut at the token limit, counted (`lull_replies_cut_total`).
+fn cut_note() -> &'static str {
+    metrics::counter!(names::REPLIES_CUT).increment(1);
+    CUT_NOTE
 }
 
 /// Whether a refusal says the account is out of credit: OpenAI's
@@ -332,7 +373,7 @@ impl OpenAiResponder {
     /// The server's model list (for `lull check`).
     pub async fn list_models(&self) -> Result<Vec<String>, LlmError> {
         let models = self.client.models();
-        let list = tokio::time::timeout(self.settings.timeout, models.list())
+        let list: ModelList = tokio::time::timeout(self.settings.timeout, models.list_byot())
             .await
             .map_err(|_| LlmError::Timeout(self.settings.timeout))?
             .map_err(|e| classify(e, self.settings.timeout))?;
@@ -383,7 +424,7 @@ impl OpenAiResponder {
         &self,
         mut request: CreateChatCompletionRequest,
         partial: &Partial,
-    ) -> Result<Generation, LlmError> {
+    ) -> Result<Streamed, LlmError> {
         let limit = self.settings.timeout;
         request.stream = Some(true);
         request.stream_options = Some(ChatCompletionStreamOptions {
@@ -403,17 +444,19 @@ impl OpenAiResponder {
                     .map_err(|e| LlmError::Malformed(lull_port::secrets::redact_error(&e)))?;
                 let generation = whole_generation(response)?;
                 partial.push(&generation.text);
-                return Ok(generation);
+                return Ok(Streamed::Reply(generation));
             }
             Err(e) => return Err(classify(e, limit)),
         };
-        let (mut text, mut usage, mut finished) = (String::new(), None, false);
+        let (mut text, mut usage, mut finished, mut cut) = (String::new(), None, false, false);
+        let mut events = 0usize;
         // The limit applies to every pause: a stream that stalls is a timeout.
         while let Some(chunk) = tokio::time::timeout(limit, chunks.next())
             .await
             .map_err(|_| LlmError::Timeout(limit))?
         {
             let chunk = chunk.map_err(|e| classify(e, limit))?;
+            events += 1;
             if let Some(u) = chunk.usage {
                 usage = Some(TokenUsage {
                     prompt: u64::from(u.prompt_tokens),
@@ -427,7 +470,11 @@ impl OpenAiResponder {
                     partial.push(&piece);
                 }
                 finished |= choice.finish_reason.is_some();
+                cut |= choice.finish_reason == Some(FinishReason::Length);
             }
+        }
+        if events == 0 {
+            return Ok(Streamed::Nothing);
         }
         // Every OpenAI-compatible server ends a complete answer with a finish reason;
         // without one the stream was cut (a proxy closing it cleanly, say).
@@ -439,7 +486,12 @@ impl OpenAiResponder {
         if text.trim().is_empty() {
             return Err(LlmError::Empty);
         }
-        Ok(Generation { text, usage })
+        if cut {
+            let note = cut_note();
+            partial.push(note);
+            text.push_str(note);
+        }
+        Ok(Streamed::Reply(Generation { text, usage }))
     }
 }
 
@@ -453,11 +505,19 @@ impl Responder for OpenAiResponder {
         let request = self.request(prompt);
         if partial.is_watched() && self.streams.load(Ordering::Relaxed) {
             match self.streamed(request.clone(), partial).await {
+                Ok(Streamed::Reply(generation)) => return Ok(generation),
+                // Asked once more, whole, within the same attempt: the answer or the
+                // refusal (a prompt too long, say) then decides. Later requests stream
+                // again: this is a reply to one prompt, not the server's way.
+                Ok(Streamed::Nothing) => tracing::warn!(
+                    conversation = %prompt.conversation,
+                    "the model server ended a streamed answer without a single event; asking again for a whole answer"
+                ),
                 Err(error) if refuses_streaming(&error) => {
                     self.streams.store(false, Ordering::Relaxed);
                     tracing::warn!(error = %error, "the model server refuses streamed answers; asking for whole answers from now on (live drafts show no text until the reply)");
                 }
-                other => return other,
+                Err(error) => return Err(error),
             }
         }
         self.whole(request).await
@@ -581,6 +641,10 @@ mod tests {
             r#"{"error":{"message":"This model's maximum context length is 4096 tokens. However, your request has 9000 input tokens.","type":"BadRequestError","param":null,"code":400}}"#,
             // llama.cpp server
             r#"{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error","n_prompt_tokens":9000,"n_ctx":4096}}"#,
+            // llama-server b11434, as seen in the real-server tier
+            r#"{"error":{"code":400,"message":"request (650 tokens) exceeds the available context size (512 tokens), try increasing it","type":"exceed_context_size_error","n_prompt_tokens":650,"n_ctx":512}}"#,
+            // llama-cpp-python
+            r#"{"error":{"message":"This model's maximum context length is 512 tokens, however you requested 650 tokens (650 in your prompt; 0 for the completion). Please reduce your prompt; or completion length.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#,
             // Ollama
             r#"{"error":{"message":"the input length exceeds the context length","type":"api_error","param":null,"code":null}}"#,
             // OpenRouter
@@ -676,6 +740,38 @@ mod tests {
             503,
             "stream backend overloaded"
         )));
+    }
+
+    #[test]
+    fn an_answer_cut_at_the_token_limit_ends_with_the_note() {
+        let answer = |finish: &str| {
+            serde_json::from_value::<CreateChatCompletionResponse>(serde_json::json!({
+                "id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                "choices": [{ "index": 0, "finish_reason": finish,
+                              "message": { "role": "assistant", "content": "Once upon" } }]
+            }))
+            .unwrap()
+        };
+        assert_eq!(
+            whole_generation(answer("length")).unwrap().text,
+            format!("Once upon{CUT_NOTE}")
+        );
+        assert_eq!(whole_generation(answer("stop")).unwrap().text, "Once upon");
+    }
+
+    /// `llama-cpp-python`'s list, and llama-server's (which adds `models` beside `data`).
+    #[test]
+    fn a_model_list_is_read_for_its_ids_only() {
+        for body in [
+            r#"{"object":"list","data":[{"id":"a","object":"model","owned_by":"me","permissions":[]}]}"#,
+            r#"{"models":[{"name":"a"}],"object":"list","data":[{"id":"a","object":"model","created":1,"owned_by":"llamacpp","meta":{}}]}"#,
+        ] {
+            let list: ModelList = serde_json::from_str(body).unwrap();
+            assert_eq!(
+                list.data.into_iter().map(|m| m.id).collect::<Vec<_>>(),
+                ["a"]
+            );
+        }
     }
 
     #[test]

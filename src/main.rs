@@ -21,9 +21,10 @@ fn main() -> ExitCode {
         && !e.not_found()
     {
         match e {
-            // dotenvy quotes the whole line, which may hold a secret.
-            dotenvy::Error::LineParse(_, at) => eprintln!(
-                "lull: cannot read .env: a line does not parse (at character {at}; not shown, it may hold a secret)"
+            // dotenvy quotes the whole line, which may hold a secret: only where it is.
+            dotenvy::Error::LineParse(line, at) => eprintln!(
+                "lull: cannot read .env: {} does not parse (at character {at}; not shown, it may hold a secret)",
+                env_line_number(&line).map_or_else(|| "a line".to_owned(), |n| format!("line {n}"))
             ),
             e => eprintln!("lull: cannot read .env: {e}"),
         }
@@ -117,6 +118,20 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The line number of `line` in the `.env` file dotenvy read (the first one in the
+/// current folder or above it), if it can be found again.
+fn env_line_number(line: &str) -> Option<usize> {
+    let path = std::env::current_dir()
+        .ok()?
+        .ancestors()
+        .map(|dir| dir.join(".env"))
+        .find(|path| path.is_file())?;
+    let text = std::fs::read_to_string(path).ok()?;
+    // A value spanning lines is reported whole: its first line is where it starts.
+    let wanted = line.lines().next()?.trim();
+    text.lines().position(|l| l.trim() == wanted).map(|i| i + 1)
 }
 
 async fn ctrl_c() {

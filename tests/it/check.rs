@@ -314,3 +314,25 @@ async fn check_inspects_a_postgres_database_read_only() {
     );
     assert!(!report.contains("hunter2"), "{report}");
 }
+
+/// A `.env` line that does not parse is named by its number, and never shown (it may
+/// hold a secret); lull exits 2 before doing anything.
+#[test]
+fn a_broken_env_file_is_named_by_line_and_never_shown() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join(".env"),
+        "OPENAI_MODEL=gpt-4.1-mini\n# a comment\n\nOPENAI_API_KEY=\"sk-never-shown\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(crate::support::process::binary())
+        .arg("check")
+        .current_dir(dir.path())
+        .env_remove("OPENAI_API_KEY")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("line 4 does not parse"), "{stderr}");
+    assert!(!stderr.contains("sk-never-shown"), "{stderr}");
+}

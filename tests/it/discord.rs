@@ -147,8 +147,9 @@ fn echoed(sent: &Sent) -> Vec<&str> {
 /// An image attachment, its caption and the line typed after it are one burst: the
 /// image is fetched from its CDN URL (without the bot token) when the reply is
 /// generated, and the model gets it as an image part with all the text.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_image_attachment_reaches_the_model_with_its_burst() {
+/// One `lull run` on the fake, answering with a fake model (which records images),
+/// connected; a DM channel.
+async fn with_a_model_in_a_dm() -> (Harness, crate::support::openai_fake::FakeOpenAi, u64) {
     let mut h = Harness::new().await;
     let model = crate::support::openai_fake::FakeOpenAi::start().await;
     let dm = h.fake.channel(ChannelKind::Dm);
@@ -162,6 +163,12 @@ async fn an_image_attachment_reaches_the_model_with_its_burst() {
     )
     .await;
     h.fake.wait_connected(1, WAIT).await;
+    (h, model, dm)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_attachment_reaches_the_model_with_its_burst() {
+    let (h, model, dm) = with_a_model_in_a_dm().await;
 
     let image = b"\x89PNG\r\n\x1a\nfake image bytes".to_vec();
     let id = h
@@ -198,19 +205,7 @@ async fn an_image_attachment_reaches_the_model_with_its_burst() {
 /// (`POST /attachments/refresh-urls`) and the image reaches the model.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_attachment_url_is_signed_again_and_the_image_reaches_the_model() {
-    let mut h = Harness::new().await;
-    let model = crate::support::openai_fake::FakeOpenAi::start().await;
-    let dm = h.fake.channel(ChannelKind::Dm);
-    h.start(
-        "lull",
-        &[
-            ("LULL_LLM", "openai"),
-            ("OPENAI_BASE_URL", &model.base_url),
-            ("OPENAI_API_KEY", "sk-discord-media"),
-        ],
-    )
-    .await;
-    h.fake.wait_connected(1, WAIT).await;
+    let (h, model, dm) = with_a_model_in_a_dm().await;
     let image = b"\x89PNG\r\n\x1a\nan image held past its URL".to_vec();
     h.fake
         .say(Say::new(dm, ALICE, "and this one?").image(image.clone()));

@@ -745,20 +745,7 @@ async fn holder_in_a_wait(
 
 /// The pid of the process holding the live lease of conversation `key`, if any.
 fn holder_of(db_path: &db::Location, key: &str) -> Option<u32> {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64;
-    db::rows(
-        db_path,
-        &format!(
-            "SELECT l.holder FROM leases l JOIN conversations c ON c.id = l.conversation_id \
-             WHERE c.key = '{key}' AND l.holder IS NOT NULL AND l.expires_at > {now}"
-        ),
-    )
-    .into_iter()
-    .next()
-    .and_then(|row| row[0].rsplit(':').nth(1).and_then(|pid| pid.parse().ok()))
+    live_holder_pids(db_path, Some(key)).into_iter().next()
 }
 
 /// Replies lull saw accepted more than once (the webhook answered 2xx to a sender
@@ -813,7 +800,7 @@ async fn find_holder(
 ) -> Option<usize> {
     let deadline = Instant::now() + Duration::from_secs(2);
     while Instant::now() < deadline {
-        let holders = live_holder_pids(db_path);
+        let holders = live_holder_pids(db_path, None);
         for (i, process) in processes.iter().enumerate() {
             if let Some(pid) = process.lock().await.pid()
                 && holders.contains(&pid)
@@ -826,16 +813,20 @@ async fn find_holder(
     None
 }
 
-/// Pids of processes holding a live conversation lease (holder ids are `host:pid:random`).
-fn live_holder_pids(db_path: &db::Location) -> BTreeSet<u32> {
+/// Pids of processes holding a live conversation lease (holder ids are
+/// `host:pid:random`); only conversation `key`'s, if given.
+fn live_holder_pids(db_path: &db::Location, key: Option<&str>) -> BTreeSet<u32> {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis() as i64;
+    let only = key.map_or_else(String::new, |key| {
+        format!(" AND conversation_id = (SELECT id FROM conversations WHERE key = '{key}')")
+    });
     db::rows(
         db_path,
         &format!(
-            "SELECT holder FROM leases WHERE holder IS NOT NULL AND expires_at > {now} AND conversation_id IS NOT NULL"
+            "SELECT holder FROM leases WHERE holder IS NOT NULL AND expires_at > {now} AND conversation_id IS NOT NULL{only}"
         ),
     )
     .into_iter()

@@ -31,8 +31,9 @@ pub const DEFAULT_OPENAI_MODEL: &str = "gpt-4.1-mini";
 /// About as many tokens as `LULL_MAX_REPLY_CHARS`' default holds characters of
 /// English, so the model is not asked for more than lull would send.
 pub const DEFAULT_MAX_TOKENS: u32 = 4096;
-pub const DEFAULT_SYSTEM_PROMPT: &str = "You are lull, a friendly and concise assistant in a chat. \
-Several messages from the user may arrive together: read them all and answer them in one reply.";
+/// The system prompt when `LULL_SYSTEM_PROMPT` is unset (a sentence to the model: with
+/// the others, in the core's `texts`).
+pub use lull_core::texts::DEFAULT_SYSTEM_PROMPT;
 
 /// lull: a self-hosted AI chat bot that waits for a lull in the conversation and answers once.
 #[derive(Debug, Parser)]

@@ -2,12 +2,19 @@
 //!
 //! - `ingest`: an inbound update is stored in one transaction (version bump, timer
 //!   armed), or answered at once (a command, a denial); nothing waits for the model.
+//! - `commands`: what each chat command does and answers, at ingest.
+//! - `notices`: the one builder of notices (ingest's and rounds'), stored at most
+//!   once per dedupe key.
 //! - `scheduler`: sleeps until the earliest deadline (woken at once for work this
 //!   process armed, polling for work other processes armed) and starts a round per
 //!   due conversation.
 //! - `round`: under the conversation's lease, collects the pending messages,
 //!   generates one reply while renewing the lease, and commits it only if the
-//!   conversation has not moved on (the final check); then delivers.
+//!   conversation has not moved on (the final check); then delivers. Its rooms:
+//!   `round::media` (transcripts, images), `round::budget` (who pays, reserve,
+//!   settle), `round::generate` (the prompt, the model call, its failure).
+//! - `interrupt`: why a step under the lease ended a round early (rounds and
+//!   delivery share it); `bounds`: the one cut of a reply and its draft.
 //! - `drafts`: shows a reply as a live draft while it is written (where the platform
 //!   has drafts), paced per conversation; a preview that decides nothing.
 //! - `delivery`: sends outbox rows in order, part by part, recording every attempt,
@@ -21,11 +28,15 @@
 //!
 //! [`Dispatcher`] holds what they share; it is also the adapters' [`lull_port::Intake`].
 
+mod bounds;
+mod commands;
 mod delivery;
 pub mod drafts;
 pub mod events;
 mod ingest;
+mod interrupt;
 mod lease_keeper;
+mod notices;
 mod round;
 mod scheduler;
 mod sessions;

@@ -1,6 +1,11 @@
 //! One round for one conversation: claim the lease, collect, generate once, final
 //! check, then deliver what the outbox holds. Every step after the claim runs under
 //! the lease; a lost lease abandons the round wherever it is.
+//!
+//! This file holds the round's flow and the final check; its steps have rooms of
+//! their own: `budget` (who pays, the reservation, the settle), `media` (voice
+//! messages transcribed, images fetched) and `generate` (the prompt, the model
+//! call shown as a draft or "typing…", what a failure leaves).
 
 mod budget;
 mod generate;

@@ -58,7 +58,7 @@ fn main() -> ExitCode {
         }
     };
     if command == Command::Healthcheck {
-        return match runtime.block_on(crate::check::healthcheck(cli.settings.http_addr)) {
+        return match runtime.block_on(crate::check::healthcheck(cli.settings.http.http_addr)) {
             Ok(body) => {
                 println!("{body}");
                 ExitCode::SUCCESS

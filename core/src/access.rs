@@ -50,22 +50,6 @@ impl AccessList {
         format!("{platform}:{user_id}")
     }
 
-    /// The message a user who is not admitted gets; in a group (`chat`, the widest
-    /// of the chats it came from), also how to admit the whole group.
-    pub fn denial_text(platform: Platform, user_id: &str, chat: Option<&str>) -> String {
-        let entry = Self::entry_for(platform, user_id);
-        let group = chat.map_or_else(String::new, |chat| {
-            format!(
-                " To admit everyone here, add `{}` to LULL_ALLOWED_CHATS.",
-                Self::entry_for(platform, chat)
-            )
-        });
-        format!(
-            "Sorry, this bot is private. Your {platform} user id is {user_id}. If you know the owner, \
-             ask them to add `{entry}` to LULL_ALLOWED_USERS (or an admin to send `/allow {entry}`).{group}"
-        )
-    }
-
     /// Parse a list, naming `variable` in errors.
     pub fn parse(s: &str, variable: &str) -> Result<Self, String> {
         let mut list = AccessList::default();
@@ -226,6 +210,17 @@ pub struct Sender<'a> {
     /// The chats the message came from, most specific first (a Discord channel,
     /// then its server); empty for private chats.
     pub chats: &'a [String],
+}
+
+impl<'a> Sender<'a> {
+    /// Who sent `incoming`.
+    pub fn of(incoming: &'a lull_port::Incoming) -> Self {
+        Sender {
+            platform: incoming.conversation.platform,
+            user_id: &incoming.user_id,
+            chats: &incoming.chats,
+        }
+    }
 }
 
 /// The access settings: the two lists and the admins.

@@ -17,9 +17,11 @@
 //! - [`llm`]: the responder seam (`echo`, `openai`; the reply shown as it is written,
 //!   images of the pending batch as image parts), retries, prompt fitting, and the
 //!   transcription of voice messages.
-//! - [`commands`], [`access`]: what the commands answer; who may talk to the bot and
-//!   who administers it (`LULL_ALLOWED_USERS`, `LULL_ALLOWED_CHATS`, `LULL_ADMINS`, and
-//!   admins' `/allow` and `/deny` kept in the store).
+//! - [`texts`]: every sentence the bot says to users or to the model (ready for
+//!   translation).
+//! - [`access`]: who may talk to the bot and who administers it (`LULL_ALLOWED_USERS`,
+//!   `LULL_ALLOWED_CHATS`, `LULL_ADMINS`, and admins' `/allow` and `/deny` kept in the
+//!   store).
 //! - [`limits`]: what the bot may spend (messages per minute per user, tokens per day
 //!   per user and in all), counted in the store so limits hold across restarts and
 //!   processes.
@@ -45,7 +47,6 @@
 
 pub mod access;
 pub mod clock;
-pub mod commands;
 pub mod dispatcher;
 pub mod domain;
 pub mod limits;
@@ -53,4 +54,5 @@ pub mod llm;
 pub mod metrics;
 pub mod store;
 mod switches;
+pub mod texts;
 pub mod timing;

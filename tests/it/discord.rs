@@ -330,13 +330,13 @@ async fn guild_messages_need_a_mention_and_threads_are_separate() {
     // A command after a mention; an attachment without text; a stranger.
     h.fake.say(Say::new(channel, ALICE, "/reset").mention());
     let replies = h.fake.wait_sent(channel, 3, WAIT).await;
-    assert_eq!(replies[2].content, lull_core::commands::RESET_TEXT);
+    assert_eq!(replies[2].content, lull_core::texts::RESET_TEXT);
     h.fake
         .say(Say::new(channel, ALICE, "").mention().attachment());
     let replies = h.fake.wait_sent(channel, 4, WAIT).await;
     assert_eq!(
         replies[3].content,
-        lull_core::commands::unsupported_text("attachment")
+        lull_core::texts::unsupported_text("attachment")
     );
     // Bots (lull's own messages come back over the gateway too) are never answered;
     // the notice that follows shows the bot's message was handled before it.

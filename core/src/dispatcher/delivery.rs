@@ -22,8 +22,8 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::interrupt::Interrupt;
 use super::lease_keeper::{FACT_BACKOFF, LeaseKeeper, loud};
-use super::round::Interrupt;
 use super::{Dispatcher, Event};
 use crate::domain::{ConversationId, Timestamp};
 use crate::metrics as names;

@@ -325,7 +325,7 @@ impl Drafter {
     /// cut as the reply will be.
     fn render(&self, text: &str) -> String {
         let text = lull_port::secrets::redact_growing(text);
-        super::round::cut(&text, self.max_chars).unwrap_or(text)
+        super::bounds::cut(&text, self.max_chars).unwrap_or(text)
     }
 }
 

@@ -1,18 +1,16 @@
 //! Ingest: every inbound update is stored in one short transaction, or answered at
-//! once (a command, a denial, a message lull cannot read). Nothing here waits for the
-//! model: the reply comes later, from a round.
+//! once (a command, see `commands`; a denial; a message lull cannot read). Nothing
+//! here waits for the model: the reply comes later, from a round.
 
 use lull_port::{Accepted, Command, Content, Incoming, IncomingKind, IngestError};
 
-use super::{Dispatcher, Event};
-use crate::access::{AccessList, AccessRule, Sender, Subject, SubjectKind};
-use crate::commands;
-use crate::domain::{ConversationId, Platform, Timestamp};
+use super::{Dispatcher, Event, commands, notices};
+use crate::access::Sender;
+use crate::domain::{ConversationId, Timestamp};
 use crate::limits;
 use crate::metrics as names;
-use crate::store::{
-    IngestOutcome, MessageEdit, NewMessage, NewNotice, RateHold, RateWindow, StoreError,
-};
+use crate::store::{IngestOutcome, MessageEdit, NewMessage, RateHold, RateWindow, StoreError};
+use crate::texts;
 
 /// Accept an inbound update: `Ok` once it is stored for good (or deliberately not
 /// stored), so the adapter may acknowledge it to its platform.
@@ -27,7 +25,7 @@ pub(super) async fn ingest(
     let settings = &dispatcher.settings;
     let now = dispatcher.clock.now();
     let rules = dispatcher.access_rules().await.map_err(not_stored)?;
-    if !settings.access.allows(sender(&incoming), &rules) {
+    if !settings.access.allows(Sender::of(&incoming), &rules) {
         metrics::counter!(names::LIMITED, "reason" => "denied").increment(1);
         if incoming.kind == IncomingKind::New {
             deny(dispatcher, &incoming, now).await.map_err(not_stored)?;
@@ -38,8 +36,8 @@ pub(super) async fn ingest(
         Content::Text(ref text) => text.clone(),
         Content::Unsupported(ref what) => {
             if incoming.kind == IncomingKind::New {
-                let text = commands::unsupported_text(what);
-                notify(dispatcher, &incoming, text, "unsupported", now)
+                let text = texts::unsupported_text(what);
+                notices::answer_message(dispatcher, &incoming, text, "unsupported", now)
                     .await
                     .map_err(not_stored)?;
             }
@@ -60,7 +58,7 @@ pub(super) async fn ingest(
         && incoming.media.is_empty()
         && let Some(command) = Command::parse(&text)
     {
-        answer_command(dispatcher, &incoming, command, &text, now)
+        commands::answer(dispatcher, &incoming, command, &text, now)
             .await
             .map_err(not_stored)?;
         return Ok(Accepted::Command(command));
@@ -77,7 +75,7 @@ pub(super) async fn ingest(
     // message does, so unlimited edits could keep every generation from being
     // answered.
     let rate_limited = (settings.limits.rate_per_min > 0
-        && !settings.access.is_admin(sender(&incoming)))
+        && !settings.access.is_admin(Sender::of(&incoming)))
     .then(|| incoming.clone());
     let outcome = match incoming.kind {
         IncomingKind::New => {
@@ -194,15 +192,6 @@ fn not_stored(error: StoreError) -> IngestError {
     IngestError::from(error)
 }
 
-/// Who sent `incoming`, as access decisions see it.
-fn sender(incoming: &Incoming) -> Sender<'_> {
-    Sender {
-        platform: incoming.conversation.platform,
-        user_id: &incoming.user_id,
-        chats: &incoming.chats,
-    }
-}
-
 /// A message was held by the rate limit: count it, and tell the user once per hold
 /// when their messages will be answered.
 async fn rate_held(
@@ -223,146 +212,12 @@ async fn rate_held(
         return Ok(());
     }
     let limits = &dispatcher.settings.limits;
-    let text = commands::rate_text(limits.rate_per_min, &limits.timezone.show(hold.until, now));
+    let text = texts::rate_text(limits.rate_per_min, &limits.timezone.show(hold.until, now));
     let dedupe_key = format!(
         "rate/{}/{}/{}",
         incoming.conversation, incoming.user_id, hold.until.0
     );
-    queue_notice(dispatcher, incoming, text, dedupe_key, now).await
-}
-
-/// Answer a command at once, without the model. `text` is the whole message (the
-/// arguments of `/usage`, `/allow`, `/deny`).
-async fn answer_command(
-    dispatcher: &Dispatcher,
-    incoming: &Incoming,
-    command: Command,
-    text: &str,
-    now: Timestamp,
-) -> Result<(), StoreError> {
-    let settings = &dispatcher.settings;
-    let admin = settings.access.is_admin(sender(incoming));
-    let args: Vec<&str> = text.split_whitespace().skip(1).collect();
-    let text = match command {
-        Command::Start | Command::Help => commands::HELP_TEXT.to_owned(),
-        // In a group only an admin resets; anyone resets their private chat.
-        Command::Reset if incoming.is_group && !admin => commands::admins_only("reset"),
-        Command::Reset => {
-            dispatcher
-                .store
-                .reset_context(
-                    &incoming.conversation,
-                    incoming.is_group,
-                    &dispatcher.holder,
-                    now,
-                )
-                .await?;
-            commands::RESET_TEXT.to_owned()
-        }
-        Command::Usage => usage(dispatcher, incoming, admin, &args, now).await?,
-        Command::Allow | Command::Deny if !admin => commands::admins_only(command.name()),
-        Command::Allow | Command::Deny => match subject(incoming, &args) {
-            Ok(subject) => {
-                let allowed = command == Command::Allow;
-                let rule = AccessRule {
-                    subject,
-                    allowed,
-                    set_by: AccessList::entry_for(
-                        incoming.conversation.platform,
-                        &incoming.user_id,
-                    ),
-                    set_at: now,
-                };
-                dispatcher.store.set_access(&rule).await?;
-                dispatcher.forget_access_rules();
-                tracing::info!(subject = %rule.subject, allowed, by = %rule.set_by, "access decision recorded");
-                commands::access_set_text(&rule.subject.to_string(), allowed)
-            }
-            Err(why) => why,
-        },
-    };
-    tracing::info!(conversation = %incoming.conversation, command = command.name(), "command");
-    notify(dispatcher, incoming, text, command.name(), now).await
-}
-
-/// Whom `/allow` or `/deny` names: `platform:user_id` (or a bare user id on this
-/// platform), or `chat` with `platform:chat_id` (or nothing, in a group: this group;
-/// on Discord, its server).
-fn subject(incoming: &Incoming, args: &[&str]) -> Result<Subject, String> {
-    let platform = incoming.conversation.platform;
-    let (kind, id) = match args {
-        ["chat"] => match incoming.chats.last() {
-            Some(chat) => (SubjectKind::Chat, chat.as_str()),
-            None => return Err(commands::ACCESS_USAGE_TEXT.to_owned()),
-        },
-        ["chat", id] => (SubjectKind::Chat, *id),
-        [id] => (SubjectKind::User, *id),
-        _ => return Err(commands::ACCESS_USAGE_TEXT.to_owned()),
-    };
-    let (platform, id) = match id.split_once(':') {
-        Some((p, id)) => (
-            p.parse::<Platform>()
-                .map_err(|e| format!("{e}. {}", commands::ACCESS_USAGE_TEXT))?,
-            id,
-        ),
-        None => (platform, id),
-    };
-    if id.is_empty() || id == "*" {
-        return Err(commands::ACCESS_USAGE_TEXT.to_owned());
-    }
-    Ok(Subject {
-        platform,
-        kind,
-        id: id.to_owned(),
-    })
-}
-
-/// What `/usage` answers: the sender's own use today and their limit; an admin also
-/// sees the whole bot's, and asks for a group's (in the group) or a user's (named).
-async fn usage(
-    dispatcher: &Dispatcher,
-    incoming: &Incoming,
-    admin: bool,
-    args: &[&str],
-    now: Timestamp,
-) -> Result<String, StoreError> {
-    let limits = &dispatcher.settings.limits;
-    let platform = incoming.conversation.platform;
-    let day = limits.timezone.day(now);
-    let resets = limits.timezone.show(limits.timezone.next_day(now), now);
-    let (label, scope, limit) = match (admin, args) {
-        (true, [who]) => {
-            let (p, id) = who
-                .split_once(':')
-                .and_then(|(p, id)| Some((p.parse::<Platform>().ok()?, id)))
-                .unwrap_or((platform, who));
-            (
-                format!("{p}:{id}"),
-                limits::user_scope(p, id),
-                limits.user_daily_tokens,
-            )
-        }
-        (true, []) if incoming.is_group => (
-            "this group".to_owned(),
-            limits::conversation_scope(&incoming.conversation),
-            0,
-        ),
-        _ => (
-            "you".to_owned(),
-            limits::user_scope(platform, &incoming.user_id),
-            if admin { 0 } else { limits.user_daily_tokens },
-        ),
-    };
-    let scopes = [scope, limits::BOT_SCOPE.to_owned()];
-    let used = dispatcher.store.token_usage(&day, &scopes).await?;
-    Ok(commands::usage_text(
-        &day,
-        &label,
-        used[0],
-        limit,
-        admin.then_some((used[1], limits.daily_tokens)),
-        &resets,
-    ))
+    notices::answer(dispatcher, incoming, text, dedupe_key, now).await
 }
 
 /// Tell a user who is not admitted how to get access: once per conversation, whatever
@@ -375,46 +230,7 @@ async fn deny(
     let platform = incoming.conversation.platform;
     tracing::info!(%platform, user = %incoming.user_id, chats = ?incoming.chats, "message from a user not admitted (LULL_ALLOWED_USERS, LULL_ALLOWED_CHATS, /allow)");
     let chat = incoming.chats.last().map(String::as_str);
-    let text = AccessList::denial_text(platform, &incoming.user_id, chat);
+    let text = texts::denial_text(platform, &incoming.user_id, chat);
     let dedupe_key = format!("denied/{}/{}", incoming.conversation, incoming.user_id);
-    queue_notice(dispatcher, incoming, text, dedupe_key, now).await
-}
-
-/// Queue a notice answering `incoming`, once per message (a redelivered command is not
-/// answered twice), and wake the scheduler to deliver it.
-async fn notify(
-    dispatcher: &Dispatcher,
-    incoming: &Incoming,
-    text: String,
-    what: &str,
-    now: Timestamp,
-) -> Result<(), StoreError> {
-    let dedupe_key = format!("{what}/{}/{}", incoming.conversation, incoming.message_id);
-    queue_notice(dispatcher, incoming, text, dedupe_key, now).await
-}
-
-/// Store a notice (at most once per dedupe key) and wake the scheduler to deliver it.
-async fn queue_notice(
-    dispatcher: &Dispatcher,
-    incoming: &Incoming,
-    text: String,
-    dedupe_key: String,
-    now: Timestamp,
-) -> Result<(), StoreError> {
-    let notice = NewNotice {
-        conversation: incoming.conversation.clone(),
-        is_group: incoming.is_group,
-        text,
-        reply_to: incoming.is_group.then(|| incoming.message_id.clone()),
-        dedupe_key,
-    };
-    if dispatcher
-        .store
-        .enqueue_notice(notice, &dispatcher.holder, now)
-        .await?
-        .is_some()
-    {
-        dispatcher.wake_by(now);
-    }
-    Ok(())
+    notices::answer(dispatcher, incoming, text, dedupe_key, now).await
 }

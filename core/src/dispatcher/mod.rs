@@ -2,12 +2,19 @@
 //!
 //! - `ingest`: an inbound update is stored in one transaction (version bump, timer
 //!   armed), or answered at once (a command, a denial); nothing waits for the model.
+//! - `commands`: what each chat command does and answers, at ingest.
+//! - `notices`: the one builder of notices (ingest's and rounds'), stored at most
+//!   once per dedupe key.
 //! - `scheduler`: sleeps until the earliest deadline (woken at once for work this
 //!   process armed, polling for work other processes armed) and starts a round per
 //!   due conversation.
 //! - `round`: under the conversation's lease, collects the pending messages,
 //!   generates one reply while renewing the lease, and commits it only if the
-//!   conversation has not moved on (the final check); then delivers.
+//!   conversation has not moved on (the final check); then delivers. Its rooms:
+//!   `round::media` (transcripts, images), `round::budget` (who pays, reserve,
+//!   settle), `round::generate` (the prompt, the model call, its failure).
+//! - `interrupt`: why a step under the lease ended a round early (rounds and
+//!   delivery share it); `bounds`: the one cut of a reply and its draft.
 //! - `drafts`: shows a reply as a live draft while it is written (where the platform
 //!   has drafts), paced per conversation; a preview that decides nothing.
 //! - `delivery`: sends outbox rows in order, part by part, recording every attempt,
@@ -21,11 +28,15 @@
 //!
 //! [`Dispatcher`] holds what they share; it is also the adapters' [`lull_port::Intake`].
 
+mod bounds;
+mod commands;
 mod delivery;
 pub mod drafts;
 pub mod events;
 mod ingest;
+mod interrupt;
 mod lease_keeper;
+mod notices;
 mod round;
 mod scheduler;
 mod sessions;
@@ -48,8 +59,8 @@ use crate::access::{Access, AccessRule};
 use crate::clock::Clock;
 use crate::domain::{HolderId, Platform, Timestamp};
 use crate::limits::Limits;
-use crate::llm::Responder;
 use crate::llm::transcribe::Transcriber;
+use crate::llm::{HistoryBudget, Responder};
 use crate::store::{Store, StoreError};
 use crate::timing::{LeaseTiming, TimerPolicy};
 
@@ -98,17 +109,21 @@ impl Default for DispatchSettings {
     fn default() -> Self {
         Self {
             timers: TimerPolicy::new(
-                Duration::from_millis(1500),
-                Duration::from_millis(10_000),
-                20,
+                Duration::from_millis(DEBOUNCE_MS),
+                Duration::from_millis(MAX_WAIT_MS),
+                MAX_BATCH,
             )
             .expect("default timer policy is valid"),
-            lease: LeaseTiming::with_ttl(Duration::from_secs(30))
+            lease: LeaseTiming::with_ttl(Duration::from_millis(LEASE_TTL_MS))
                 .expect("default lease timing is valid"),
-            poll_every: Duration::from_secs(1),
-            history: 10,
+            poll_every: Duration::from_millis(POLL_MS),
+            history: HistoryBudget {
+                messages: HISTORY_MESSAGES,
+                chars: HISTORY_CHARS,
+            }
+            .exchanges(),
             max_rounds: 32,
-            shutdown_grace: Duration::from_secs(10),
+            shutdown_grace: Duration::from_millis(SHUTDOWN_GRACE_MS),
             access: Access::default(),
             limits: Limits::default(),
             max_message_chars: MAX_MESSAGE_CHARS,
@@ -116,10 +131,42 @@ impl Default for DispatchSettings {
             drafts: true,
             vision: true,
             max_image_bytes: MAX_IMAGE_BYTES,
-            max_audio_seconds: 300,
+            max_audio_seconds: MAX_AUDIO_SECONDS,
         }
     }
 }
+
+// The contract's defaults, declared once: the binary's flags take them as their
+// default values and [`DispatchSettings::default`] builds from them, so the two
+// cannot drift.
+
+/// `LULL_DEBOUNCE_MS`: a reply waits this long after the last message.
+pub const DEBOUNCE_MS: u64 = 1500;
+
+/// `LULL_MAX_WAIT_MS`: the debounce's cap, from the oldest unanswered message.
+pub const MAX_WAIT_MS: u64 = 10_000;
+
+/// `LULL_MAX_BATCH`: answered at once when this many messages are pending.
+pub const MAX_BATCH: u32 = 20;
+
+/// `LULL_LEASE_TTL_MS`: a lease's lifetime, renewed every third of it.
+pub const LEASE_TTL_MS: u64 = 30_000;
+
+/// `LULL_POLL_MS`: how often to look for work armed by other processes.
+pub const POLL_MS: u64 = 1000;
+
+/// `LULL_HISTORY_MESSAGES`: earlier messages (user turns and replies) the model sees;
+/// read from the store as half as many exchanges.
+pub const HISTORY_MESSAGES: usize = 20;
+
+/// `LULL_HISTORY_CHARS`: the character budget of that history.
+pub const HISTORY_CHARS: usize = 16_000;
+
+/// `LULL_SHUTDOWN_GRACE_MS`: how long rounds in flight may finish on SIGTERM.
+pub const SHUTDOWN_GRACE_MS: u64 = 10_000;
+
+/// `LULL_MAX_AUDIO_SECONDS`: the longest voice message or audio file transcribed.
+pub const MAX_AUDIO_SECONDS: u32 = 300;
 
 /// The longest message lull accepts by default (Telegram's own limit is 4096, a
 /// Discord message with Nitro 4000); longer ones are refused, not cut.

@@ -40,16 +40,17 @@
 
 use lull_port::MediaKind;
 
+use super::notices::Notice;
 use super::{Dispatcher, Event};
-use crate::commands;
 use crate::domain::{ConversationRef, Lease, Timestamp};
 use crate::limits::{self, Limits};
 use crate::llm::{Generation, Prompt};
 use crate::metrics as names;
 use crate::store::{
-    Batch, Charged, HeldOut, NewNotice, OutboxRow, PendingMessage, Reservation, ScopeCharge,
-    StoreError, TokenCharge,
+    Batch, Charged, HeldOut, OutboxRow, PendingMessage, Reservation, ScopeCharge, StoreError,
+    TokenCharge,
 };
+use crate::texts;
 
 /// A group member left out of a batch: their budget cannot pay their share of the
 /// shortest reply.
@@ -73,7 +74,7 @@ impl MemberOver {
             .collect();
         HeldOut {
             rows: theirs.iter().map(|m| m.row).collect(),
-            text: commands::held_out_text(
+            text: texts::held_out_text(
                 &self.author,
                 self.used,
                 self.limit,
@@ -90,7 +91,7 @@ pub(super) fn refusal_text(d: &Dispatcher, over: &[MemberOver], now: Timestamp) 
     let tz = &d.settings.limits.timezone;
     let resets = tz.show(tz.next_day(now), now);
     over.iter()
-        .map(|m| commands::over_budget_text(&m.author, m.used, m.limit, &resets))
+        .map(|m| texts::over_budget_text(&m.author, m.used, m.limit, &resets))
         .collect::<Vec<_>>()
         .join("\n")
 }
@@ -364,22 +365,18 @@ pub(super) async fn reserve(
         reason,
         until,
     });
-    let notice = NewNotice {
-        conversation: batch.conversation.clone(),
-        is_group: batch.is_group,
-        text: commands::budget_text(
-            reason == "user_budget",
-            used,
-            limit,
-            &limits.timezone.show(until, now),
-        ),
-        reply_to: batch
-            .is_group
-            .then(|| batch.last_message_id().map(str::to_owned))
-            .flatten(),
-        dedupe_key: format!("budget/{scope}/{day}/{}", batch.conversation),
-    };
-    rows.extend(d.store.enqueue_notice(notice, &d.holder, now).await?);
+    let text = texts::budget_text(
+        reason == "user_budget",
+        used,
+        limit,
+        &limits.timezone.show(until, now),
+    );
+    let dedupe_key = format!("budget/{scope}/{day}/{}", batch.conversation);
+    rows.extend(
+        Notice::answering_batch(batch)
+            .queue(d, text, dedupe_key, now)
+            .await?,
+    );
     Ok(None)
 }
 

@@ -831,5 +831,5 @@ async fn a_crashed_round_gives_its_reservation_back_at_the_next_claim(
 
 crate::on_both_backends!(
     a_crashed_round_gives_its_reservation_back,
-    crate::wallet::a_crashed_round_gives_its_reservation_back_at_the_next_claim
+    crate::limits::a_crashed_round_gives_its_reservation_back_at_the_next_claim
 );

@@ -1,0 +1,146 @@
+//! Chat commands (`/help`, `/reset`, `/usage`, `/allow`, `/deny`): answered at once
+//! at ingest, without the model, bypassing the debounce; a command never joins a
+//! burst of messages. The answer is a notice, once per command message.
+
+use lull_port::{Command, Incoming};
+
+use super::{Dispatcher, notices};
+use crate::access::{AccessList, AccessRule, Sender, Subject, SubjectKind};
+use crate::domain::{Platform, Timestamp};
+use crate::limits;
+use crate::store::StoreError;
+use crate::texts;
+
+/// Answer a command at once, without the model. `text` is the whole message (the
+/// arguments of `/usage`, `/allow`, `/deny`).
+pub(super) async fn answer(
+    dispatcher: &Dispatcher,
+    incoming: &Incoming,
+    command: Command,
+    text: &str,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    let settings = &dispatcher.settings;
+    let admin = settings.access.is_admin(Sender::of(incoming));
+    let args: Vec<&str> = text.split_whitespace().skip(1).collect();
+    let text = match command {
+        Command::Start | Command::Help => texts::HELP_TEXT.to_owned(),
+        // In a group only an admin resets; anyone resets their private chat.
+        Command::Reset if incoming.is_group && !admin => texts::admins_only("reset"),
+        Command::Reset => {
+            dispatcher
+                .store
+                .reset_context(
+                    &incoming.conversation,
+                    incoming.is_group,
+                    &dispatcher.holder,
+                    now,
+                )
+                .await?;
+            texts::RESET_TEXT.to_owned()
+        }
+        Command::Usage => usage(dispatcher, incoming, admin, &args, now).await?,
+        Command::Allow | Command::Deny if !admin => texts::admins_only(command.name()),
+        Command::Allow | Command::Deny => match subject(incoming, &args) {
+            Ok(subject) => {
+                let allowed = command == Command::Allow;
+                let rule = AccessRule {
+                    subject,
+                    allowed,
+                    set_by: AccessList::entry_for(
+                        incoming.conversation.platform,
+                        &incoming.user_id,
+                    ),
+                    set_at: now,
+                };
+                dispatcher.store.set_access(&rule).await?;
+                dispatcher.forget_access_rules();
+                tracing::info!(subject = %rule.subject, allowed, by = %rule.set_by, "access decision recorded");
+                texts::access_set_text(&rule.subject.to_string(), allowed)
+            }
+            Err(why) => why,
+        },
+    };
+    tracing::info!(conversation = %incoming.conversation, command = command.name(), "command");
+    notices::answer_message(dispatcher, incoming, text, command.name(), now).await
+}
+
+/// Whom `/allow` or `/deny` names: `platform:user_id` (or a bare user id on this
+/// platform), or `chat` with `platform:chat_id` (or nothing, in a group: this group;
+/// on Discord, its server).
+fn subject(incoming: &Incoming, args: &[&str]) -> Result<Subject, String> {
+    let platform = incoming.conversation.platform;
+    let (kind, id) = match args {
+        ["chat"] => match incoming.chats.last() {
+            Some(chat) => (SubjectKind::Chat, chat.as_str()),
+            None => return Err(texts::ACCESS_USAGE_TEXT.to_owned()),
+        },
+        ["chat", id] => (SubjectKind::Chat, *id),
+        [id] => (SubjectKind::User, *id),
+        _ => return Err(texts::ACCESS_USAGE_TEXT.to_owned()),
+    };
+    let (platform, id) = match id.split_once(':') {
+        Some((p, id)) => (
+            p.parse::<Platform>()
+                .map_err(|e| format!("{e}. {}", texts::ACCESS_USAGE_TEXT))?,
+            id,
+        ),
+        None => (platform, id),
+    };
+    if id.is_empty() || id == "*" {
+        return Err(texts::ACCESS_USAGE_TEXT.to_owned());
+    }
+    Ok(Subject {
+        platform,
+        kind,
+        id: id.to_owned(),
+    })
+}
+
+/// What `/usage` answers: the sender's own use today and their limit; an admin also
+/// sees the whole bot's, and asks for a group's (in the group) or a user's (named).
+async fn usage(
+    dispatcher: &Dispatcher,
+    incoming: &Incoming,
+    admin: bool,
+    args: &[&str],
+    now: Timestamp,
+) -> Result<String, StoreError> {
+    let limits = &dispatcher.settings.limits;
+    let platform = incoming.conversation.platform;
+    let day = limits.timezone.day(now);
+    let resets = limits.timezone.show(limits.timezone.next_day(now), now);
+    let (label, scope, limit) = match (admin, args) {
+        (true, [who]) => {
+            let (p, id) = who
+                .split_once(':')
+                .and_then(|(p, id)| Some((p.parse::<Platform>().ok()?, id)))
+                .unwrap_or((platform, who));
+            (
+                format!("{p}:{id}"),
+                limits::user_scope(p, id),
+                limits.user_daily_tokens,
+            )
+        }
+        (true, []) if incoming.is_group => (
+            "this group".to_owned(),
+            limits::conversation_scope(&incoming.conversation),
+            0,
+        ),
+        _ => (
+            "you".to_owned(),
+            limits::user_scope(platform, &incoming.user_id),
+            if admin { 0 } else { limits.user_daily_tokens },
+        ),
+    };
+    let scopes = [scope, limits::BOT_SCOPE.to_owned()];
+    let used = dispatcher.store.token_usage(&day, &scopes).await?;
+    Ok(texts::usage_text(
+        &day,
+        &label,
+        used[0],
+        limit,
+        admin.then_some((used[1], limits.daily_tokens)),
+        &resets,
+    ))
+}

@@ -1,0 +1,89 @@
+//! The round's side of the budget: who pays before anything is read, a reservation
+//! before the model is asked, the settle after. The rules themselves (shares, the
+//! estimate, what a reservation holds) are the wallet's ([`crate::dispatcher::wallet`]);
+//! here they are applied under this round's lease.
+
+use super::{Interrupt, Round};
+use crate::dispatcher::wallet::{self, Reserved, Spent};
+use crate::domain::Timestamp;
+use crate::llm::Prompt;
+use crate::metrics as names;
+use crate::store::{Batch, HeldOut, OutboxRow};
+
+impl Round<'_> {
+    /// Who pays: in a group, a member whose budget cannot pay their share of a reply
+    /// is left out, and a notice answers their messages with the reply (see `wallet`);
+    /// what they sent is neither transcribed nor fetched. Returns the batch without
+    /// them and those notices; `None` when every member who wrote is over their
+    /// budget: then one notice ended the batch (it joins `rows`).
+    pub(super) async fn who_pays(
+        &self,
+        collected: Batch,
+        rows: &mut Vec<OutboxRow>,
+        now: Timestamp,
+    ) -> Result<Option<(Batch, Vec<HeldOut>)>, Interrupt> {
+        let d = self.dispatcher;
+        let over = wallet::members_over(
+            d,
+            &collected,
+            |messages| self.prompt_of(&collected, messages),
+            now,
+        )
+        .await?;
+        let held_out: Vec<_> = over
+            .iter()
+            .map(|member| member.held_out(d, &collected, now))
+            .collect();
+        let mut batch = collected.clone();
+        batch
+            .pending
+            .retain(|m| !over.iter().any(|o| o.user_id == m.user_id));
+        if batch.pending.is_empty() {
+            // Every member who wrote is over their budget: each is told, and the
+            // notice ends the batch, so the group is not held for them.
+            metrics::counter!(names::LIMITED, "reason" => "user_budget").increment(1);
+            let text = wallet::refusal_text(d, &over, now);
+            rows.extend(
+                d.store
+                    .give_up(&self.keeper.lease(), &collected, &text, d.clock.now())
+                    .await?,
+            );
+            return Ok(None);
+        }
+        Ok(Some((batch, held_out)))
+    }
+
+    /// Reserve the prompt and the most the reply may take, under the lease; `None`:
+    /// over a budget, the messages are held until it resets (a notice, if queued now,
+    /// joins `rows`).
+    pub(super) async fn reserve(
+        &self,
+        batch: &Batch,
+        prompt: &Prompt,
+        rows: &mut Vec<OutboxRow>,
+    ) -> Result<Option<Reserved>, Interrupt> {
+        let d = self.dispatcher;
+        let lease = self.keeper.lease();
+        Ok(wallet::reserve(d, &lease, batch, prompt, rows, d.clock.now()).await?)
+    }
+
+    /// Turn the reservation into what was spent, under the lease.
+    pub(super) async fn settle(
+        &self,
+        batch: &Batch,
+        reserved: &Reserved,
+        spent: Spent,
+    ) -> Result<(), Interrupt> {
+        let d = self.dispatcher;
+        wallet::settle(
+            d,
+            &self.keeper.lease(),
+            batch,
+            reserved,
+            spent,
+            d.clock.now(),
+        )
+        .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,172 @@
+//! Asking the model: the prompt of a batch, one generation shown as a live draft (or
+//! "typing…") while it is written, the reply bounded before it is committed, and
+//! what a failure leaves (the messages kept pending with a notice, or the batch
+//! ended when retrying cannot help).
+
+use super::{Interrupt, Round};
+use crate::dispatcher::Event;
+use crate::dispatcher::bounds;
+use crate::dispatcher::drafts::newer_message;
+use crate::domain::Said;
+use crate::llm::{FailureKind, Generation, LlmError, Partial, Prompt};
+use crate::store::{Batch, OutboxRow, PendingMessage};
+use crate::texts;
+use crate::timing::FAILURE_BACKOFF;
+
+impl Round<'_> {
+    /// The prompt for `batch`, without images yet.
+    pub(super) fn prompt(&self, batch: &Batch) -> Prompt {
+        self.prompt_of(batch, &batch.pending)
+    }
+
+    /// The prompt for `messages` of `batch`, without images yet.
+    pub(super) fn prompt_of(&self, batch: &Batch, messages: &[PendingMessage]) -> Prompt {
+        Prompt {
+            conversation: batch.conversation.clone(),
+            is_group: batch.is_group,
+            history: batch.history.clone(),
+            batch: messages
+                .iter()
+                .map(|m| Said::new(&m.author, m.said()))
+                .collect(),
+            note: None,
+            images: Vec::new(),
+            max_tokens: None,
+        }
+    }
+
+    /// Ask the model once, showing the reply as a live draft while it is written
+    /// where the platform has drafts, else "typing…".
+    pub(super) async fn generate(
+        &self,
+        batch: &Batch,
+        prompt: &Prompt,
+    ) -> Result<Generation, LlmError> {
+        let d = self.dispatcher;
+        let outbound = d.outbounds.get(&batch.conversation.platform).cloned();
+        let typing = async {
+            match outbound
+                .as_ref()
+                .and_then(|o| o.typing_every().map(|every| (o, every)))
+            {
+                Some((outbound, every)) => loop {
+                    if let Err(e) = outbound.typing(&batch.conversation).await {
+                        tracing::debug!(conversation = %batch.conversation, error = %e, "typing indicator failed");
+                    }
+                    tokio::time::sleep(every).await;
+                },
+                None => std::future::pending().await,
+            }
+        };
+        let (partial, drafting) = match d.drafts.outbound(&d.outbounds, &batch.conversation) {
+            Some(outbound) => {
+                let (partial, text) = Partial::watched();
+                let drafter = d.drafts.for_round(
+                    outbound,
+                    batch.conversation.clone(),
+                    batch.v0,
+                    d.settings.max_reply_chars,
+                );
+                // Subscribed before the model is asked: a message stored from now on
+                // stops the draft.
+                let newer = newer_message(d.subscribe(), self.conversation, batch.v0);
+                (partial, Some(async move { drafter.run(text, newer).await }))
+            }
+            None => (Partial::ignored(), None),
+        };
+        let shown = async {
+            if let Some(drafting) = drafting {
+                // Returns only if the platform refuses drafts.
+                drafting.await;
+            }
+            typing.await
+        };
+        tokio::select! {
+            generated = d.responder.respond(prompt, &partial) => generated,
+            never = shown => never,
+        }
+    }
+
+    /// A reply as it may be committed, whichever responder wrote it: without any
+    /// registered secret, and at most `max_reply_chars` long (cut at a paragraph, line
+    /// or word, with a note saying so).
+    pub(super) fn bounded(&self, text: String) -> String {
+        let conversation = self.conversation;
+        let text = lull_port::secrets::redact(text);
+        let max = self.dispatcher.settings.max_reply_chars;
+        match bounds::cut(&text, max) {
+            Some(cut) => {
+                tracing::warn!(
+                    %conversation,
+                    chars = lull_port::split::char_len(&text),
+                    max,
+                    "reply longer than LULL_MAX_REPLY_CHARS; cut"
+                );
+                cut
+            }
+            None => text,
+        }
+    }
+
+    /// The model cannot answer this batch: it is too long even when cut, or the server
+    /// refuses the request as configured. Tell the user once and end the batch (a
+    /// give-up notice covers its messages), so the conversation moves on instead of
+    /// retrying a request that fails the same way every time.
+    pub(super) async fn give_up(
+        &self,
+        batch: &Batch,
+        error: LlmError,
+    ) -> Result<Option<OutboxRow>, Interrupt> {
+        let d = self.dispatcher;
+        let conversation = self.conversation;
+        let text = if error.kind() == FailureKind::TooLong {
+            tracing::warn!(%conversation, batch = batch.pending.len(), error = %error, "the messages are too long for the model even when cut; telling the user and moving on (if short prompts are refused too, check {})", error.setting());
+            texts::TOO_LONG_TEXT
+        } else {
+            tracing::error!(%conversation, batch = batch.pending.len(), error = %error, "the model server refused the request; telling the user and moving on. Check {}", error.setting());
+            texts::REFUSED_TEXT
+        };
+        let given_up = d
+            .store
+            .give_up(&self.keeper.lease(), batch, text, d.clock.now())
+            .await?;
+        if let Some(outbox) = &given_up {
+            d.emit(Event::GaveUp {
+                conversation,
+                outbox: outbox.id,
+                batch: batch.pending.len(),
+                error: error.to_string(),
+            });
+        }
+        Ok(given_up)
+    }
+
+    /// The model failed: keep the messages pending, back off, tell the user once (the
+    /// notice, if queued now, is returned for delivery).
+    pub(super) async fn generation_failed(
+        &self,
+        batch: &Batch,
+        error: LlmError,
+    ) -> Result<Option<OutboxRow>, Interrupt> {
+        let d = self.dispatcher;
+        let conversation = self.conversation;
+        let attempts = batch.timer.map_or(0, |t| t.attempts) + 1;
+        let now = d.clock.now();
+        // Growing backoff, and never sooner than the server asked.
+        let wait = FAILURE_BACKOFF.delay_honouring(attempts, error.retry_after());
+        let retry_at = now.plus(wait);
+        let attempts = d
+            .store
+            .record_failure(&self.keeper.lease(), retry_at, now)
+            .await?;
+        tracing::warn!(%conversation, attempts, error = %error, retry_in_ms = now.until(retry_at).as_millis() as u64, "generation failed; messages stay pending");
+        d.emit(Event::GenerationFailed {
+            conversation,
+            attempts,
+            error: error.to_string(),
+        });
+        let first = batch.pending.first().map_or(0, |m| m.row);
+        let dedupe_key = format!("model-down/{}/{first}", batch.conversation);
+        self.notice(batch, texts::MODEL_DOWN_TEXT, dedupe_key).await
+    }
+}

@@ -1,0 +1,232 @@
+//! Every sentence lull says to its users or to the model, in one place: what the
+//! commands answer, the notices (the model is down, a budget is spent, an image is
+//! too large), and the notes the model reads after a batch. Ready for translation:
+//! the code that decides *when* to say something names the sentence from here and
+//! never spells it.
+//!
+//! Not here: error messages for operators (logs, `lull check`, configuration), which
+//! name settings and stay in English; the `echo` responder's report of what it was
+//! given (a diagnostic, not a sentence); and the cut marks inside a prompt.
+
+use crate::access::AccessList;
+use crate::domain::Platform;
+use crate::limits;
+
+/// The system prompt when `LULL_SYSTEM_PROMPT` is unset.
+pub const DEFAULT_SYSTEM_PROMPT: &str = "You are lull, a friendly and concise assistant in a chat. \
+Several messages from the user may arrive together: read them all and answer them in one reply.";
+
+// Commands.
+
+/// What `/help` and `/start` answer.
+pub const HELP_TEXT: &str = "Hi, I'm lull, an AI assistant. Write to me as you would to a person: \
+if you send several messages in a row, I wait until you pause and answer them together, once.\n\
+\n\
+Commands:\n\
+/reset: forget our conversation so far and start fresh (in a group: admins only)\n\
+/usage: how much you have used today, and your limit\n\
+/help: show this message";
+
+/// What `/reset` answers.
+pub const RESET_TEXT: &str = "Done: I've forgotten our conversation so far. What's next?";
+
+/// What a message lull cannot read gets.
+pub fn unsupported_text(what: &str) -> String {
+    format!("I can only read text, so I can't look at this {what}. Please describe it in words.")
+}
+
+/// What a non-admin gets for an admin's command.
+pub fn admins_only(command: &str) -> String {
+    format!("Sorry, only the bot's admins can use /{command} here.")
+}
+
+/// How `/allow` and `/deny` are used.
+pub const ACCESS_USAGE_TEXT: &str = "Usage: /allow platform:user_id (a user), \
+/allow chat platform:chat_id (every member of a group or server), or /allow chat in a group \
+(this group; on Discord, this server). /deny takes the same forms.";
+
+/// What `/allow` or `/deny` answers once recorded.
+pub fn access_set_text(subject: &str, allowed: bool) -> String {
+    if allowed {
+        format!("Allowed {subject}. Every process of this bot follows it from now on.")
+    } else {
+        format!("Denied {subject}. Every process of this bot follows it from now on.")
+    }
+}
+
+/// What a user over `LULL_RATE_PER_MIN` is told, once per hold.
+pub fn rate_text(per_min: u32, until: &str) -> String {
+    format!(
+        "You're sending messages faster than this bot allows ({per_min} a minute). \
+I've kept them and will answer them together at {until}."
+    )
+}
+
+/// What a user over a token budget is told, once a day per conversation: how much
+/// of which budget is used (`used` of `limit`, as the store counted when it refused),
+/// and when the kept messages are answered.
+pub fn budget_text(yours: bool, used: u64, limit: u64, resets: &str) -> String {
+    if yours {
+        format!(
+            "Not enough left of your tokens for a reply: {used} of {limit} used today. \
+I've kept your messages and will answer them when your budget resets, at {resets}."
+        )
+    } else {
+        format!(
+            "Not enough left of this bot's tokens for a reply: {used} of {limit} used today. \
+I've kept your messages and will answer them when its budget resets, at {resets}."
+        )
+    }
+}
+
+/// What a group member over their token budget is told when the rest of the group is
+/// answered without their messages: this notice answers those messages.
+pub fn held_out_text(author: &str, used: u64, limit: u64, resets: &str) -> String {
+    format!(
+        "{author}: not enough left of your tokens for a reply: {used} of {limit} used today, \
+so I answered the others without your messages. Your budget resets at {resets}; please ask again then."
+    )
+}
+
+/// What a group member over their token budget is told when nobody else in the batch
+/// could be answered either: this notice answers their messages.
+pub fn over_budget_text(author: &str, used: u64, limit: u64, resets: &str) -> String {
+    format!(
+        "{author}: not enough left of your tokens for a reply: {used} of {limit} used today, \
+so I can't answer this. Your budget resets at {resets}; please ask again then."
+    )
+}
+
+/// What `/usage` answers: `who` used `used` tokens on `day` of `limit` (0: none);
+/// with `bot`, the whole bot's use and limit too.
+pub fn usage_text(
+    day: &str,
+    who: &str,
+    used: u64,
+    limit: u64,
+    bot: Option<(u64, u64)>,
+    resets: &str,
+) -> String {
+    let of = |used: u64, limit: u64| {
+        if limit == 0 {
+            format!("{used} tokens (no limit)")
+        } else {
+            format!("{used} of {limit} tokens")
+        }
+    };
+    let mut text = format!("Today ({day}), {who}: {}.", of(used, limit));
+    if let Some((used, limit)) = bot {
+        text.push_str(&format!(" The whole bot: {}.", of(used, limit)));
+    }
+    text.push_str(&format!(" Budgets reset at {resets}."));
+    text
+}
+
+// Access.
+
+/// The message a user who is not admitted gets; in a group (`chat`, the widest of the
+/// chats it came from), also how to admit the whole group.
+pub fn denial_text(platform: Platform, user_id: &str, chat: Option<&str>) -> String {
+    let entry = AccessList::entry_for(platform, user_id);
+    let group = chat.map_or_else(String::new, |chat| {
+        format!(
+            " To admit everyone here, add `{}` to LULL_ALLOWED_CHATS.",
+            AccessList::entry_for(platform, chat)
+        )
+    });
+    format!(
+        "Sorry, this bot is private. Your {platform} user id is {user_id}. If you know the owner, \
+         ask them to add `{entry}` to LULL_ALLOWED_USERS (or an admin to send `/allow {entry}`).{group}"
+    )
+}
+
+// The model failing.
+
+/// What the failure notice says: once per pending batch, not once per attempt.
+pub const MODEL_DOWN_TEXT: &str = "Sorry, I can't reach the language model right now. \
+I've kept your messages and will answer as soon as it's back.";
+
+/// What a batch too long for the model gets, once; then the conversation moves on.
+pub const TOO_LONG_TEXT: &str = "Sorry, your messages were too long for the language model, \
+even after I shortened them, so I couldn't answer them. Please send a shorter version, \
+or split it into smaller parts.";
+
+/// What a batch gets when the model server refuses the request (a wrong key, model
+/// or URL): honest, without the server's words (they stay in the operator's log).
+pub const REFUSED_TEXT: &str = "Sorry, I couldn't answer: the language model service refused \
+the request. The bot's operator can find the reason in the logs; please try again later.";
+
+// Replies.
+
+/// The note at the end of a reply (or its draft) cut to `LULL_MAX_REPLY_CHARS`.
+pub fn reply_cut_note(max: usize) -> String {
+    format!("[… reply cut at {max} characters]")
+}
+
+// Images.
+
+/// What the user is told when the model refused the images of a batch: once per
+/// conversation.
+pub const NO_VISION_TEXT: &str = "Note: the language model I use cannot see images, \
+so I answered only the text of your messages.";
+
+/// What the model is told when it was sent no images although the user sent some.
+pub const NO_VISION_NOTE: &str = "[The user sent an image, but it could not be shown to you: \
+answer the text.]";
+pub const TOO_BIG_NOTE: &str =
+    "[An image the user sent was too large to read; they have been told.]";
+pub const GONE_NOTE: &str = "[An image the user sent could not be fetched.]";
+pub const TOO_MANY_NOTE: &str = "[The user sent more images than you can be shown at once; \
+only the first ones are attached, and the user has been told.]";
+
+/// What the user is told when a batch had more images than one reply reads
+/// ([`limits::MAX_IMAGES_PER_PROMPT`], [`limits::MAX_IMAGE_BYTES_PER_ROUND`]).
+pub fn too_many_images_text(shown: usize, left_out: usize) -> String {
+    format!(
+        "Note: I can look at {} images at once ({} MB in all), so I answered with the first {shown} \
+and left {left_out} out. Please send the others again if they matter.",
+        limits::MAX_IMAGES_PER_PROMPT,
+        limits::MAX_IMAGE_BYTES_PER_ROUND / (1024 * 1024)
+    )
+}
+
+/// What the user is told about an image larger than `LULL_MAX_IMAGE_BYTES`.
+pub fn too_big_text(size: u64, max: u64) -> String {
+    let mb = |b: u64| format!("{:.1} MB", b as f64 / (1024.0 * 1024.0));
+    format!(
+        "Sorry, your image is too large for me to look at ({}; the limit is {}). \
+I answered the rest of your messages; please send a smaller version if it matters.",
+        mb(size),
+        mb(max)
+    )
+}
+
+// Voice messages.
+
+pub const AUDIO_TOO_LONG_NOTE: &str =
+    "[A voice message was too long to transcribe; the user has been told.]";
+pub const AUDIO_MISSING_NOTE: &str = "[A voice message could not be transcribed.]";
+pub const AUDIO_NO_BUDGET_NOTE: &str =
+    "[A voice message was not transcribed: its sender's token budget for today is spent.]";
+
+/// What the user is told about a voice message longer than `LULL_MAX_AUDIO_SECONDS`.
+pub fn too_long_audio_text(secs: u32, max: u32) -> String {
+    let length = if secs > 0 {
+        format!("{secs} s; ")
+    } else {
+        String::new()
+    };
+    format!(
+        "Sorry, your voice message is too long for me to transcribe ({length}the limit is {max} s). \
+I answered the rest of your messages; please send it in shorter parts or as text."
+    )
+}
+
+/// The note at the end of a transcript cut to its longest.
+pub const TRANSCRIPT_CUT_NOTE: &str = "[transcript cut]";
+
+/// How a group reply quotes what was heard in a voice message (`quote`: the
+/// transcript, cut and on one line).
+pub fn transcript_quote(author: &str, quote: &str) -> String {
+    format!("> 🎤 {author}: {quote}")
+}

@@ -1,0 +1,396 @@
+//! Configuration: environment variables (and a `.env` file), each also a command-line
+//! flag. Defaults make `lull chat` work with nothing set.
+//!
+//! Parsing happens in two steps: clap reads every value into [`Settings`] (a value
+//! that does not parse stops the program with a message naming its variable), then
+//! [`Config::from_settings`] checks the values together (settings that cannot work,
+//! such as a debounce not shorter than its cap) and builds the typed [`Config`].
+//!
+//! One file per group of settings, each holding its flags (a clap group flattened
+//! into [`Settings`]), its checks and their tests: [`platforms`], [`model`],
+//! [`media`], [`timing`], [`http`], [`access`], [`limits`]. The core's defaults are
+//! named constants in [`lull_core::dispatcher`], read by the flags here and by
+//! [`DispatchSettings::default`] alike.
+
+mod access;
+#[cfg(test)]
+mod documentation;
+mod http;
+mod limits;
+mod media;
+mod model;
+mod platforms;
+mod timing;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use secrecy::SecretString;
+
+pub use lull_adapters::discord::Shards as DiscordShards;
+use lull_core::dispatcher::DispatchSettings;
+use lull_core::llm::HistoryBudget;
+use lull_core::llm::transcribe::TranscribeSettings;
+use lull_core::store::DatabaseUrl;
+
+pub use self::access::AccessArgs;
+pub use self::http::{HttpAdapterConfig, HttpArgs};
+pub use self::limits::LimitsArgs;
+pub use self::media::{MediaArgs, VisionMode};
+pub use self::model::{LlmConfig, ModelArgs, StreamMode};
+pub use self::platforms::PlatformArgs;
+pub use self::timing::TimingArgs;
+
+/// The system prompt when `LULL_SYSTEM_PROMPT` is unset (a sentence to the model: with
+/// the others, in the core's `texts`).
+pub use lull_core::texts::DEFAULT_SYSTEM_PROMPT;
+
+/// `DATABASE_URL`.
+const DEFAULT_DATABASE_URL: &str = "sqlite:lull.db";
+
+/// lull: a self-hosted AI chat bot that waits for a lull in the conversation and answers once.
+#[derive(Debug, Parser)]
+#[command(name = "lull", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub settings: Settings,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Subcommand)]
+pub enum Command {
+    /// Run the configured adapters, the scheduler and the HTTP server (the default).
+    Run,
+    /// Chat in the terminal: each input line is a message, replies go to stdout.
+    Chat,
+    /// Check the configuration and every connection it names; print a report.
+    Check,
+    /// Ask a running lull's /healthz (exit 0 when healthy), for container health checks.
+    Healthcheck,
+    /// Copy the SQLite database to PATH (a new file), consistently, while lull runs.
+    Backup {
+        /// Where to write the copy; an existing file is never overwritten.
+        path: std::path::PathBuf,
+    },
+}
+
+/// A secret setting's value parser: the value is wrapped at once, so no `Debug` of the
+/// settings shows it.
+fn secret(s: &str) -> Result<SecretString, std::convert::Infallible> {
+    Ok(SecretString::from(s))
+}
+
+/// Every setting, as read from flags and the environment: one group per file, and
+/// the database and logging, which stand alone.
+#[derive(Debug, Clone, Args)]
+pub struct Settings {
+    #[command(flatten)]
+    pub platforms: PlatformArgs,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub media: MediaArgs,
+    /// Database: `sqlite:PATH` (processes on one host), or `postgres://…` for replicas on several hosts.
+    #[arg(
+        long,
+        global = true,
+        env = "DATABASE_URL",
+        default_value = DEFAULT_DATABASE_URL
+    )]
+    pub database_url: String,
+    #[command(flatten)]
+    pub timing: TimingArgs,
+    #[command(flatten)]
+    pub http: HttpArgs,
+    #[command(flatten)]
+    pub access: AccessArgs,
+    #[command(flatten)]
+    pub limits: LimitsArgs,
+
+    /// Log format: `text` or `json`.
+    #[arg(long, global = true, env = "LOG_FORMAT", default_value = "text")]
+    pub log_format: LogFormat,
+    /// Log filter, tracing's EnvFilter syntax [default: info; warn for `lull chat`]
+    #[arg(long, global = true, env = "RUST_LOG")]
+    pub log_filter: Option<String>,
+}
+
+impl Settings {
+    /// Every secret among the settings, set or not, hidden aliases included. The
+    /// binary registers them for redaction ([`lull_port::secrets::register`]) before
+    /// anything logs. A new secret setting goes here too; the test
+    /// `every_hidden_value_is_a_registered_secret` fails until it does.
+    pub fn secrets(&self) -> impl Iterator<Item = &SecretString> {
+        let platforms = self.platforms.secrets();
+        let model = self.model.secrets();
+        let http = self.http.secrets();
+        platforms.into_iter().chain(model).chain(http).flatten()
+    }
+}
+
+/// `LOG_FORMAT`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// A configuration that cannot work. The message names the variable to fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+impl From<lull_core::timing::TimingError> for ConfigError {
+    fn from(e: lull_core::timing::TimingError) -> Self {
+        ConfigError(e.to_string())
+    }
+}
+
+/// A platform's connection settings (the adapters' own type).
+pub use lull_adapters::PlatformSettings as PlatformConfig;
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub telegram: Option<PlatformConfig>,
+    /// Webhook mode (`LULL_TELEGRAM_WEBHOOK_URL`): Telegram POSTs updates here; no
+    /// process polls.
+    pub telegram_webhook: Option<url::Url>,
+    pub discord: Option<PlatformConfig>,
+    pub discord_shards: DiscordShards,
+    pub llm: LlmConfig,
+    /// Voice messages and audio files: transcribed with these settings; `None` with
+    /// the echo responder (they reach it as their marker).
+    pub transcribe: Option<TranscribeSettings>,
+    /// The echo responder was chosen because neither `OPENAI_API_KEY` nor
+    /// `OPENAI_BASE_URL` is set (not by `LULL_LLM=echo`): `lull run` warns.
+    pub echo_by_default: bool,
+    pub llm_retries: u32,
+    /// How much earlier conversation the model sees (the responder trims to it).
+    pub history: HistoryBudget,
+    pub database: DatabaseUrl,
+    /// The core's settings, declared once in the core.
+    pub dispatch: DispatchSettings,
+    pub http_addr: SocketAddr,
+    pub http_adapter: Option<HttpAdapterConfig>,
+}
+
+/// An http(s) URL with a host, or an error naming the variable. Returned without a
+/// trailing slash, so paths can be appended.
+fn http_url(variable: &str, value: &str) -> Result<String, ConfigError> {
+    let value = value.trim();
+    let invalid = |why: &str| {
+        ConfigError(format!(
+            "{variable} must be an http:// or https:// URL with a host ({why}), got '{value}'"
+        ))
+    };
+    let parsed = url::Url::parse(value).map_err(|e| invalid(&e.to_string()))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(invalid("wrong scheme"));
+    }
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return Err(invalid("no host"));
+    }
+    Ok(value.trim_end_matches('/').to_owned())
+}
+
+/// `DATABASE_URL`: `sqlite:PATH` (also `sqlite://PATH`), or `postgres://…`
+/// (also `postgresql://…`); anything else fails naming the variable.
+pub fn database_url(url: &str) -> Result<DatabaseUrl, ConfigError> {
+    DatabaseUrl::parse(url).map_err(ConfigError)
+}
+
+fn positive(variable: &str, ms: u64) -> Result<Duration, ConfigError> {
+    if ms == 0 {
+        return Err(ConfigError(format!("{variable} must be greater than 0")));
+    }
+    Ok(Duration::from_millis(ms))
+}
+
+impl Config {
+    /// Check the settings together and build the configuration. Each group checks its
+    /// own; the order is the one errors have always been reported in.
+    pub fn from_settings(s: &Settings) -> Result<Config, ConfigError> {
+        let platforms = s.platforms.check(s.media.max_image_bytes)?;
+        let model = s.model.check()?;
+        let transcribe = s.media.transcribe(&model.llm)?;
+        let max_reply_chars = s.model.max_reply_chars()?;
+        let (timers, lease) = s.timing.check()?;
+        let http_adapter = s.http.check()?;
+        let limits = s.limits.limits(&model.llm, max_reply_chars)?;
+        Ok(Config {
+            telegram: platforms.telegram,
+            telegram_webhook: platforms.telegram_webhook,
+            discord: platforms.discord,
+            discord_shards: platforms.discord_shards,
+            transcribe,
+            llm: model.llm,
+            echo_by_default: model.echo_by_default,
+            llm_retries: s.model.llm_retries,
+            history: model.history,
+            database: database_url(&s.database_url)?,
+            dispatch: DispatchSettings {
+                timers,
+                lease,
+                poll_every: s.timing.poll_every()?,
+                history: model.history.exchanges(),
+                shutdown_grace: s.timing.shutdown_grace(),
+                access: s.access.access(),
+                limits,
+                max_reply_chars,
+                drafts: s.model.stream == StreamMode::Auto,
+                vision: s.media.vision == VisionMode::Auto,
+                max_image_bytes: s.media.max_image_bytes()?,
+                max_audio_seconds: s.media.max_audio_seconds,
+                ..DispatchSettings::default()
+            },
+            http_addr: s.http.http_addr,
+            http_adapter,
+        })
+    }
+}
+
+impl Cli {
+    /// Parse the command line and environment. A value that does not parse ends the
+    /// program with clap's message, prefixed with the variable it came from.
+    pub fn parse_or_exit() -> Cli {
+        use clap::CommandFactory;
+        use clap::error::{ContextKind, ContextValue, ErrorKind};
+        match Cli::try_parse() {
+            Ok(cli) => cli,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::ValueValidation | ErrorKind::InvalidValue
+                ) =>
+            {
+                let variable = match e.get(ContextKind::InvalidArg) {
+                    Some(ContextValue::String(arg)) => Cli::command()
+                        .get_arguments()
+                        .find(|a| {
+                            a.get_long().is_some_and(|l| {
+                                arg.starts_with(&format!("--{l} ")) || arg == &format!("--{l}")
+                            })
+                        })
+                        .and_then(|a| a.get_env().map(|v| v.to_string_lossy().into_owned())),
+                    _ => None,
+                };
+                match variable {
+                    Some(variable) => {
+                        eprintln!(
+                            "lull: invalid {variable}: {}",
+                            e.render()
+                                .to_string()
+                                .trim_start_matches("error: ")
+                                .trim_end()
+                        );
+                        std::process::exit(2);
+                    }
+                    None => e.exit(),
+                }
+            }
+            Err(e) => e.exit(),
+        }
+    }
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+
+    pub(crate) fn settings(args: &[&str]) -> Settings {
+        let mut argv = vec!["lull"];
+        argv.extend_from_slice(args);
+        Cli::try_parse_from(argv).expect("parses").settings
+    }
+
+    /// Each case's settings are refused with an error naming its variable.
+    pub(crate) fn assert_errors_name(cases: &[(&[&str], &str)]) {
+        for (args, variable) in cases {
+            let e = Config::from_settings(&settings(args)).unwrap_err().0;
+            assert!(e.contains(variable), "{args:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn defaults_give_echo_on_sqlite() {
+        let config = Config::from_settings(&settings(&[])).unwrap();
+        assert!(matches!(config.llm, LlmConfig::Echo(_)));
+        assert!(
+            matches!(&config.database, DatabaseUrl::Sqlite(path) if path == std::path::Path::new("lull.db"))
+        );
+        assert_eq!(
+            config.dispatch.timers.debounce(),
+            Duration::from_millis(1500)
+        );
+        assert_eq!(
+            config.dispatch.timers.max_wait(),
+            Duration::from_millis(10_000)
+        );
+        assert_eq!(config.dispatch.lease.ttl(), Duration::from_secs(30));
+        assert!(config.dispatch.drafts, "LULL_STREAM=auto");
+        assert!(
+            !Config::from_settings(&settings(&["--stream", "off"]))
+                .unwrap()
+                .dispatch
+                .drafts
+        );
+        assert!(
+            config.telegram.is_none() && config.discord.is_none() && config.http_adapter.is_none()
+        );
+    }
+
+    #[test]
+    fn every_hidden_value_is_a_registered_secret() {
+        use clap::CommandFactory;
+        let hidden: Vec<String> = Cli::command()
+            .get_arguments()
+            .filter(|a| a.is_hide_env_values_set())
+            .map(|a| a.get_long().expect("a flag").to_owned())
+            .collect();
+        assert!(hidden.len() >= 6, "{hidden:?}");
+        let mut args = Vec::new();
+        for (i, long) in hidden.iter().enumerate() {
+            args.push(format!("--{long}"));
+            args.push(format!("secret-value-{i}"));
+        }
+        let s = settings(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        use secrecy::ExposeSecret;
+        let registered: Vec<&str> = s.secrets().map(|s| s.expose_secret()).collect();
+        for (i, long) in hidden.iter().enumerate() {
+            assert!(
+                registered.contains(&format!("secret-value-{i}").as_str()),
+                "--{long} hides its value but is missing from Settings::secrets"
+            );
+        }
+    }
+
+    #[test]
+    fn the_flags_defaults_are_the_cores() {
+        let flags = Config::from_settings(&settings(&[])).unwrap().dispatch;
+        let core = DispatchSettings::default();
+        assert_eq!(flags.timers.debounce(), core.timers.debounce());
+        assert_eq!(flags.timers.max_wait(), core.timers.max_wait());
+        assert_eq!(flags.timers.max_batch(), core.timers.max_batch());
+        assert_eq!(flags.lease.ttl(), core.lease.ttl());
+        assert_eq!(flags.lease.renew_every(), core.lease.renew_every());
+        assert_eq!(flags.poll_every, core.poll_every);
+        assert_eq!(flags.history, core.history);
+        assert_eq!(flags.shutdown_grace, core.shutdown_grace);
+        assert_eq!(flags.max_reply_chars, core.max_reply_chars);
+        assert_eq!(flags.max_image_bytes, core.max_image_bytes);
+        assert_eq!(flags.max_audio_seconds, core.max_audio_seconds);
+        assert_eq!(flags.drafts, core.drafts);
+        assert_eq!(flags.vision, core.vision);
+    }
+
+    #[test]
+    fn errors_name_the_variable() {
+        assert_errors_name(&[
+            (&["--database-url", "mysql://x"], "DATABASE_URL"),
+            (&["--database-url", "postgres://"], "DATABASE_URL"),
+        ]);
+    }
+}

@@ -34,10 +34,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use support::openai_fake::FakeOpenAi;
+use support::fakes::openai::FakeOpenAi;
+use support::fakes::webhook::Webhook;
 use support::postgres::{Cluster, Durability};
 use support::process::{LullProcess, post_message};
-use support::webhook::Webhook;
 
 /// Sizes of one run.
 #[derive(Debug, Clone)]

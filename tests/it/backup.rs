@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use crate::http_api::start_with;
 use crate::support::db;
+use crate::support::fakes::webhook::Webhook;
 use crate::support::process::{LullProcess, binary, post_message};
-use crate::support::webhook::Webhook;
 
 /// Run `lull backup` with `database_url`; (exit code, stdout, stderr).
 fn lull_backup(database_url: &str, target: &std::path::Path) -> (Option<i32>, String, String) {

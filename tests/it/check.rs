@@ -4,11 +4,11 @@
 use std::process::Command;
 use std::time::Duration;
 
-use crate::support::discord_fake::DiscordFake;
-use crate::support::openai_fake::FakeOpenAi;
+use crate::support::fakes::discord::DiscordFake;
+use crate::support::fakes::openai::FakeOpenAi;
+use crate::support::fakes::telegram::{BOT_USERNAME, TelegramFake};
+use crate::support::fakes::webhook::Webhook;
 use crate::support::process::{LullProcess, free_port};
-use crate::support::telegram_fake::{BOT_USERNAME, TelegramFake};
-use crate::support::webhook::Webhook;
 
 const DISCORD_TOKEN: &str = "discord-secret-token";
 

@@ -1,5 +1,5 @@
 //! The Discord adapter end to end: the real `lull` binary against the fake Discord
-//! (`support::discord_fake`) on loopback, REST and gateway.
+//! (`support::fakes::discord`) on loopback, REST and gateway.
 //!
 //! Every test runs lull with `RUST_LOG=debug` and checks at the end that the bot
 //! token appears in no log line. Progress is observed through the fake (what the bot
@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::helpers::settings;
 use crate::support::db;
-use crate::support::discord_fake::{
+use crate::support::fakes::discord::{
     ChannelKind, DiscordFake, GUILD_ID, MAX_CONTENT, PostFault, Say, Sent, guild_on_shard,
 };
 use crate::support::process::LullProcess;
@@ -149,9 +149,9 @@ fn echoed(sent: &Sent) -> Vec<&str> {
 /// generated, and the model gets it as an image part with all the text.
 /// One `lull run` on the fake, answering with a fake model (which records images),
 /// connected; a DM channel.
-async fn with_a_model_in_a_dm() -> (Harness, crate::support::openai_fake::FakeOpenAi, u64) {
+async fn with_a_model_in_a_dm() -> (Harness, crate::support::fakes::openai::FakeOpenAi, u64) {
     let mut h = Harness::new().await;
-    let model = crate::support::openai_fake::FakeOpenAi::start().await;
+    let model = crate::support::fakes::openai::FakeOpenAi::start().await;
     let dm = h.fake.channel(ChannelKind::Dm);
     h.start(
         "lull",

@@ -1,5 +1,5 @@
 //! Live drafts end to end: the real `lull` binary against the loopback Bot API fake
-//! and a model server that streams (`support::openai_fake`'s SSE mode). A draft is a
+//! and a model server that streams (`support::fakes::openai`'s SSE mode). A draft is a
 //! preview, never a message: these tests check that drafts grow while the model
 //! writes, that the reply is still exactly one real message, that a reply made stale
 //! by a newer message leaves no message behind, and that drafts are paced.
@@ -8,9 +8,9 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::support::db;
-use crate::support::openai_fake::{Behavior, FakeOpenAi, Stream, StreamEnd};
+use crate::support::fakes::openai::{Behavior, FakeOpenAi, Stream, StreamEnd};
+use crate::support::fakes::telegram::{Fault, TelegramFake, mention, text_message};
 use crate::support::process::LullProcess;
-use crate::support::telegram_fake::{Fault, TelegramFake, mention, text_message};
 
 const SECS: fn(u64) -> Duration = Duration::from_secs;
 const MS: fn(u64) -> Duration = Duration::from_millis;

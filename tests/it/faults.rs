@@ -13,10 +13,10 @@ use serde_json::json;
 
 use crate::health::damage;
 use crate::support::db;
-use crate::support::openai_fake::{Behavior, FakeOpenAi, Server};
+use crate::support::fakes::openai::{Behavior, FakeOpenAi, Server};
+use crate::support::fakes::telegram::{TelegramFake, edited, mention, text_message};
+use crate::support::fakes::webhook::{Answer, Webhook};
 use crate::support::process::LullProcess;
-use crate::support::telegram_fake::{TelegramFake, edited, mention, text_message};
-use crate::support::webhook::{Answer, Webhook};
 
 const WAIT: Duration = Duration::from_secs(20);
 

@@ -9,8 +9,8 @@ use std::time::Duration;
 use rusqlite::Connection;
 
 use crate::support::db;
+use crate::support::fakes::webhook::Webhook;
 use crate::support::process::{LullProcess, post_message};
-use crate::support::webhook::Webhook;
 
 fn env(dir: &Path, webhook: &Webhook) -> Vec<(&'static str, String)> {
     vec![

@@ -7,8 +7,8 @@ use serde_json::{Value, json};
 
 use crate::helpers::{Backend, TestDb};
 use crate::support::db;
+use crate::support::fakes::webhook::Webhook;
 use crate::support::process::{LullProcess, free_port, post_message};
-use crate::support::webhook::Webhook;
 
 /// A `lull run` with the http adapter on, its webhook and database.
 pub(crate) struct Running {

@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use crate::http_api::start_with;
 use crate::support::db;
+use crate::support::fakes::telegram::{Fault, TelegramFake, text_message};
+use crate::support::fakes::webhook::Webhook;
 use crate::support::process::LullProcess;
-use crate::support::telegram_fake::{Fault, TelegramFake, text_message};
-use crate::support::webhook::Webhook;
 
 const SECS: fn(u64) -> Duration = Duration::from_secs;
 
@@ -160,7 +160,7 @@ async fn counter_test_a_kill_during_a_429_wait_with_deferred_marks_sends_twice()
 /// "seen accepted" counts only acceptances the sender saw.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_webhook_counts_an_answer_only_if_the_sender_still_waited() {
-    use crate::support::webhook::Answer;
+    use crate::support::fakes::webhook::Answer;
     let webhook = Webhook::start().await;
     webhook.script([Answer::Slow(Duration::from_millis(1500)), Answer::Ok]);
     let body = serde_json::json!({
@@ -192,8 +192,8 @@ async fn the_webhook_counts_an_answer_only_if_the_sender_still_waited() {
 /// receiver answers it slowly). B takes the conversation over once A's lease expired
 /// and delivers the reply. How many times a sender saw the reply accepted.
 async fn frozen_path_during_a_slow_send(unbounded: bool) -> Option<usize> {
+    use crate::support::fakes::webhook::Answer;
     use crate::support::freeze_proxy::FreezeProxy;
-    use crate::support::webhook::Answer;
     let database = crate::support::postgres::fresh_database()?;
     let proxy = FreezeProxy::for_postgres(&database);
     let webhook = Webhook::start().await;

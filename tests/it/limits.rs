@@ -8,10 +8,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::support::db;
-use crate::support::openai_fake::{Behavior, FakeOpenAi};
+use crate::support::fakes::openai::{Behavior, FakeOpenAi};
+use crate::support::fakes::telegram::{BOT_USERNAME, TelegramFake, mention, text_message};
+use crate::support::fakes::webhook::{Received, Webhook};
 use crate::support::process::LullProcess;
-use crate::support::telegram_fake::{BOT_USERNAME, TelegramFake, mention, text_message};
-use crate::support::webhook::{Received, Webhook};
 
 const SECS: fn(u64) -> Duration = Duration::from_secs;
 

@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::support::db;
-use crate::support::openai_fake::{Behavior, FakeOpenAi, Server};
+use crate::support::fakes::openai::{Behavior, FakeOpenAi, Server};
+use crate::support::fakes::telegram::{TelegramFake, text_message};
+use crate::support::fakes::webhook::{Received, Webhook};
 use crate::support::process::{LullProcess, post_message};
-use crate::support::telegram_fake::{TelegramFake, text_message};
-use crate::support::webhook::{Received, Webhook};
 
 const KEY: &str = "sk-test-very-secret-key";
 

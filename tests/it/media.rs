@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 
 use crate::support::db;
-use crate::support::openai_fake::FakeOpenAi;
-use crate::support::process::LullProcess;
-use crate::support::telegram_fake::{
+use crate::support::fakes::openai::FakeOpenAi;
+use crate::support::fakes::telegram::{
     BOT_USERNAME, Fault, TelegramFake, photo_message, text_message, voice_message,
 };
+use crate::support::process::LullProcess;
 
 const SECS: fn(u64) -> Duration = Duration::from_secs;
 
@@ -390,7 +390,7 @@ async fn a_failing_transcription_server_is_retried_and_the_voice_note_answered_o
 async fn a_crash_after_the_transcript_is_stored_does_not_transcribe_again() {
     let mut run = start(&[("LULL_LEASE_TTL_MS", "1500")]).await;
     run.model
-        .script([crate::support::openai_fake::Behavior::Slow(SECS(60))]);
+        .script([crate::support::fakes::openai::Behavior::Slow(SECS(60))]);
     let chat = 4606;
     let audio = b"OggS crash voice".to_vec();
     run.fake.add_file("v2", audio.clone());
@@ -541,7 +541,7 @@ async fn a_group_reply_to_a_voice_message_quotes_the_transcript() {
     run.fake.add_file("g1", audio.clone());
     run.model.transcript(&audio, "who wants pizza tonight");
     let mut voice = voice_message(chat, 21, "g1", audio.len(), 2);
-    voice["chat"] = crate::support::telegram_fake::chat(chat, false);
+    voice["chat"] = crate::support::fakes::telegram::chat(chat, false);
     voice["caption"] = serde_json::json!(format!("@{BOT_USERNAME} count me in"));
     voice["caption_entities"] =
         serde_json::json!([{"type": "mention", "offset": 0, "length": BOT_USERNAME.len() + 1}]);

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::support::fakes::webhook::Webhook;
 use crate::support::process::{LullProcess, free_port, post_message};
-use crate::support::webhook::Webhook;
 
 /// The queries of the README's "question | query" table, with their questions.
 fn readme_queries() -> Vec<(String, String)> {

@@ -14,10 +14,10 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::support::db;
-use crate::support::openai_fake::{Behavior, FakeOpenAi};
+use crate::support::fakes::openai::{Behavior, FakeOpenAi};
+use crate::support::fakes::telegram::{TelegramFake, text_message};
+use crate::support::fakes::webhook::Webhook;
 use crate::support::process::{LullProcess, post_message};
-use crate::support::telegram_fake::{TelegramFake, text_message};
-use crate::support::webhook::Webhook;
 
 const SECS: fn(u64) -> Duration = Duration::from_secs;
 
@@ -193,7 +193,7 @@ fn the_readme_says_what_lull_chat_exits_with_and_how_long_a_message_may_be() {
     let model = runtime.block_on(FakeOpenAi::start());
     model.fallback(Behavior::RefuseOver {
         chars: 10,
-        server: crate::support::openai_fake::Server::LlamaCpp,
+        server: crate::support::fakes::openai::Server::LlamaCpp,
     });
     let dir = tempfile::tempdir().unwrap();
     let out = chat(

@@ -14,10 +14,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::support::db;
+use crate::support::fakes::telegram::{TelegramFake, text_message};
+use crate::support::fakes::webhook::Webhook;
 use crate::support::llama::{self, LlamaServer};
 use crate::support::process::{LullProcess, post_message};
-use crate::support::telegram_fake::{TelegramFake, text_message};
-use crate::support::webhook::Webhook;
 
 const SECS: fn(u64) -> Duration = Duration::from_secs;
 

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 
 use crate::support::db;
+use crate::support::fakes::webhook::{Answer, Webhook};
 use crate::support::process::{LullProcess, post_message};
-use crate::support::webhook::{Answer, Webhook};
 
 /// What may pass between the end of the grace period and the exit: generous, a hang
 /// detector and not a performance assertion.

@@ -1,5 +1,5 @@
 //! The Telegram adapter end to end: the real `lull` binary against the loopback Bot
-//! API fake (`support::telegram_fake`), with the echo responder. Every test also
+//! API fake (`support::fakes::telegram`), with the echo responder. Every test also
 //! checks that the bot token never reached the process's logs (run at debug level).
 
 use std::path::PathBuf;
@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::support::db;
-use crate::support::process::{LullProcess, free_port};
-use crate::support::telegram_fake::{
+use crate::support::fakes::telegram::{
     self as fake, BOT_USERNAME, Fault, TelegramFake, edited, in_topic, mention, text_message,
 };
+use crate::support::process::{LullProcess, free_port};
 
 const SECS: fn(u64) -> Duration = Duration::from_secs;
 

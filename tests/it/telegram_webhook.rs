@@ -9,8 +9,8 @@ use std::time::Duration;
 use secrecy::{ExposeSecret, SecretString};
 
 use crate::support::db;
+use crate::support::fakes::telegram::{TelegramFake, text_message};
 use crate::support::process::{LullProcess, free_port};
-use crate::support::telegram_fake::{TelegramFake, text_message};
 use crate::telegram::{health, stored};
 
 const SECS: fn(u64) -> Duration = Duration::from_secs;

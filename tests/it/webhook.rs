@@ -9,7 +9,7 @@ use serde_json::json;
 
 use crate::http_api::{Running, refused_at_start, start_with};
 use crate::support::db;
-use crate::support::webhook::{Answer, Request, Webhook};
+use crate::support::fakes::webhook::{Answer, Request, Webhook};
 
 /// A Standard Webhooks secret (24 random bytes) and another one.
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";

@@ -32,11 +32,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::Mutex as AsyncMutex;
 
 use super::db;
+use super::fakes::openai::{Behavior, Chaos, FakeOpenAi};
+use super::fakes::webhook::{Answer, Webhook};
 use super::freeze_proxy::FreezeProxy;
-use super::openai_fake::{Behavior, Chaos, FakeOpenAi};
 use super::postgres::Cluster;
 use super::process::{LullProcess, post_message};
-use super::webhook::{Answer, Webhook};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -908,7 +908,7 @@ async fn wait_quiescent(
 
 /// The `(conversation, message id)` pairs `answers` cover.
 fn covered(
-    answers: impl IntoIterator<Item = super::webhook::Received>,
+    answers: impl IntoIterator<Item = super::fakes::webhook::Received>,
 ) -> BTreeSet<(String, String)> {
     answers
         .into_iter()
@@ -922,7 +922,7 @@ fn covered(
 
 /// What the webhook accepted that answers messages: replies, and notices that gave up
 /// on a batch (they cover what the model refused).
-fn answers(webhook: &Webhook) -> Vec<super::webhook::Received> {
+fn answers(webhook: &Webhook) -> Vec<super::fakes::webhook::Received> {
     webhook
         .received()
         .into_iter()
@@ -932,7 +932,7 @@ fn answers(webhook: &Webhook) -> Vec<super::webhook::Received> {
 
 fn check(acked: &[Acked], webhook: &Webhook, db_path: &db::Location) -> StressReport {
     let received = answers(webhook);
-    let mut distinct: BTreeMap<i64, &super::webhook::Received> = BTreeMap::new();
+    let mut distinct: BTreeMap<i64, &super::fakes::webhook::Received> = BTreeMap::new();
     for reply in &received {
         distinct.entry(reply.reply_id).or_insert(reply);
     }

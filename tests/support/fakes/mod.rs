@@ -1,0 +1,8 @@
+//! Loopback stand-ins for the services lull talks to, each recording what it was sent
+//! and able to fail on demand: the Telegram Bot API, Discord (REST, CDN and gateway),
+//! an OpenAI-compatible model server, and a receiver of the http adapter's webhooks.
+
+pub mod discord;
+pub mod openai;
+pub mod telegram;
+pub mod webhook;

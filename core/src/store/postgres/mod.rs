@@ -71,12 +71,12 @@ use super::condition::Condition;
 use super::faults::FaultPlan;
 use super::faults::Operation;
 use super::lease_rows::{LeaseRow, LeaseRows};
-use super::shared::DueScan;
+use super::rules::DueScan;
 use super::{
     AccessRule, Batch, Charged, Claimed, CommitOutcome, DueWork, Exchange, IngestOutcome,
-    MessageEdit, NewMessage, NewNotice, NewReply, OutboxKind, OutboxRow, PartSent, PendingMessage,
-    RateHold, RateWindow, RecentConversation, Reservation, Store, StoreError, TimerState,
-    TokenCharge, WorkQuery,
+    LeaseStore, LimitStore, MessageEdit, MessageStore, NewMessage, NewNotice, NewReply, OutboxKind,
+    OutboxRow, OutboxStore, PartSent, PendingMessage, RateHold, RateWindow, RecentConversation,
+    Reservation, RoundStore, StoreError, TimerState, TokenCharge, WorkQuery, WorkStore,
 };
 use crate::clock::{Clock, SystemClock};
 use crate::domain::{
@@ -152,7 +152,7 @@ impl Now {
     }
 }
 
-/// A [`Store`] on a PostgreSQL database.
+/// A [`Store`](super::Store) on a PostgreSQL database.
 pub struct PostgresStore {
     pool: Pool,
     /// The URL with its password hidden, for messages.
@@ -966,7 +966,7 @@ async fn read_history(
         "reading history",
     )
     .await?;
-    Ok(super::shared::exchanges(rows.into_iter().map(|row| {
+    Ok(super::rules::exchanges(rows.into_iter().map(|row| {
         let said = Said {
             author: row.get(2),
             text: super::said_text(row.get(3), row.get(4)),
@@ -1154,7 +1154,7 @@ const ACCESS_RULES: &str =
 fn access_rules_of(rows: Vec<Row>) -> Result<Vec<AccessRule>, StoreError> {
     rows.into_iter()
         .map(|r| {
-            super::shared::access_rule(r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5))
+            super::rules::access_rule(r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5))
         })
         .collect()
 }
@@ -1197,7 +1197,7 @@ fn conversation_of(lease: &Lease) -> ConversationId {
 }
 
 #[async_trait]
-impl Store for PostgresStore {
+impl MessageStore for PostgresStore {
     async fn ingest(
         &self,
         message: NewMessage,
@@ -1301,44 +1301,6 @@ impl Store for PostgresStore {
         })
     }
 
-    async fn enqueue_notice(
-        &self,
-        notice: NewNotice,
-        holder: &HolderId,
-        now: Timestamp,
-    ) -> Result<Option<OutboxRow>, StoreError> {
-        transaction!(self, Operation::Other, "queueing a notice", |tx| {
-            async {
-            let now = self.now(&tx, now).await?;
-            let conversation = upsert_conversation(&tx, &notice.conversation, notice.is_group, now.db).await?;
-            // At most one notice per dedupe key.
-            let id = query_opt(
-                &tx,
-                "INSERT INTO outbox (conversation_id, kind, text, reply_to, dedupe_key, owner, created_at, next_attempt_at)
-                 VALUES ($1, 'notice', $2, $3, $4, $5, $6, $6)
-                 ON CONFLICT (dedupe_key) DO NOTHING
-                 RETURNING id",
-                &[&conversation.0, &notice.text, &notice.reply_to, &notice.dedupe_key, &holder.as_str(), &now.db.0],
-                "queueing a notice",
-            )
-            .await?;
-            Ok(id.map(|r| OutboxRow {
-                id: OutboxId(r.get(0)),
-                conversation: notice.conversation.clone(),
-                kind: OutboxKind::Notice,
-                text: notice.text.clone(),
-                reply_to: notice.reply_to.clone(),
-                covers: Vec::new(),
-                parts_sent: 0,
-                attempts: 0,
-                created_at: now.to_caller(now.db),
-                stored_at: now.db,
-            }))
-        }
-        .await
-        })
-    }
-
     async fn reset_context(
         &self,
         conversation: &ConversationRef,
@@ -1373,78 +1335,54 @@ impl Store for PostgresStore {
         })
     }
 
-    async fn due_work(&self, work: &WorkQuery, now: Timestamp) -> Result<DueWork, StoreError> {
-        if work.platforms.is_empty() {
-            return Ok(DueWork::default());
-        }
-        let names: Vec<&str> = work.platforms.iter().map(|p| p.as_str()).collect();
-        let handoff = crate::domain::millis(work.handoff);
-        transaction!(self, Operation::Read, "finding due work", |tx| async {
-            let now = self.now(&tx, now).await?;
-            // Every part is a range scan or a seek on an index over what is due by now,
-            // never a walk over every conversation or future timer. Work armed or owned
-            // by another process is due here a hand-off later (its owner is woken
-            // in-process). $1 now, $2 this holder, $3 hand-off, $4 platforms.
-            let candidates = query(
+    async fn recent_conversations(
+        &self,
+        platform: Platform,
+        since: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<RecentConversation>, StoreError> {
+        transaction!(
+            self,
+            Operation::Read,
+            "finding recent conversations",
+            |tx| {
+                async {
+            let now = self.now(&tx, SystemClock.now()).await?;
+            let since = match self.time {
+                TimeSource::Database => now.to_db(since),
+                TimeSource::Caller => since,
+            };
+            // No loss: catch-up resumes after the message stored last (the highest row
+            // id), never after one that merely has a larger platform id.
+            let rows = query(
                 &tx,
-                "SELECT g.conversation_id, g.at, l.holder, l.expires_at FROM (
-                     SELECT conversation_id, MIN(at) AS at FROM (
-                         SELECT conversation_id,
-                                due_at + CASE WHEN armed_by = $2 THEN 0 ELSE $3::int8 END AS at
-                         FROM timers WHERE platform = ANY($4) AND due_at <= $1
-                         UNION ALL
-                         SELECT o.conversation_id,
-                                o.next_attempt_at + CASE WHEN o.owner = $2 THEN 0 ELSE $3::int8 END
-                         FROM outbox o JOIN conversations c ON c.id = o.conversation_id
-                         WHERE o.sent_at IS NULL AND o.failed_at IS NULL
-                           AND o.next_attempt_at <= $1 AND c.platform = ANY($4)
-                           AND NOT EXISTS (SELECT 1 FROM outbox p
-                                           WHERE p.conversation_id = o.conversation_id
-                                             AND p.id < o.id
-                                             AND p.sent_at IS NULL AND p.failed_at IS NULL)) d
-                     GROUP BY conversation_id) g
-                 LEFT JOIN leases l ON l.conversation_id = g.conversation_id",
-                &[&now.db.0, &work.holder.as_str(), &handoff, &names],
-                "finding due work",
+                "SELECT c.key, c.is_group, m.platform_message_id
+                 FROM conversations c
+                 JOIN messages m ON m.id = (SELECT MAX(id) FROM messages WHERE conversation_id = c.id)
+                 WHERE c.platform = $1 AND m.received_at >= $2
+                 ORDER BY m.received_at DESC, m.id DESC
+                 LIMIT $3",
+                &[&platform.as_str(), &since.0, &(limit as i64)],
+                "finding recent conversations",
             )
             .await?;
-            let mut scan = DueScan::new(now.db.0);
-            for row in candidates {
-                let conversation = ConversationId(row.get(0));
-                let at: i64 = row.get(1);
-                let holder: Option<String> = row.get(2);
-                let expires_at: Option<i64> = row.get(3);
-                scan.candidate(conversation, at, holder.is_some(), expires_at);
-            }
-            // The earliest future timer (one index seek per platform: a seek cannot
-            // span several platforms of the (platform, due_at) index) and outbox
-            // retry (one seek).
-            let future = query_one(
-                &tx,
-                "SELECT LEAST(
-                     (SELECT MIN(t.due_at) FROM unnest($2::text[]) AS p (platform)
-                      CROSS JOIN LATERAL (SELECT due_at FROM timers
-                                          WHERE platform = p.platform AND due_at > $1
-                                          ORDER BY due_at LIMIT 1) t),
-                     (SELECT MIN(next_attempt_at) FROM outbox
-                      WHERE sent_at IS NULL AND failed_at IS NULL AND next_attempt_at > $1))",
-                &[&now.db.0, &names],
-                "finding the next deadline",
-            )
-            .await?;
-            if let Some(at) = future.get::<_, Option<i64>>(0) {
-                scan.sooner(at);
-            }
-            let (ready, next_at) = scan.finish(work.limit);
-            Ok(DueWork {
-                ready,
-                // On the caller's timeline: when its scheduler should look again.
-                next_at: next_at.map(|at| now.to_caller(Timestamp(at))),
-            })
+            Ok(rows
+                .into_iter()
+                .map(|r| RecentConversation {
+                    conversation: ConversationRef::new(platform, r.get::<_, String>(0)),
+                    is_group: r.get(1),
+                    last_message_id: r.get(2),
+                })
+                .collect())
         }
-        .await)
+        .await
+            }
+        )
     }
+}
 
+#[async_trait]
+impl LeaseStore for PostgresStore {
     async fn claim_lease(
         &self,
         key: &LeaseKey,
@@ -1530,7 +1468,10 @@ impl Store for PostgresStore {
         .await
         })
     }
+}
 
+#[async_trait]
+impl RoundStore for PostgresStore {
     async fn claim_round(
         &self,
         conversation: ConversationId,
@@ -1833,6 +1774,47 @@ impl Store for PostgresStore {
             }
         )
     }
+}
+
+#[async_trait]
+impl OutboxStore for PostgresStore {
+    async fn enqueue_notice(
+        &self,
+        notice: NewNotice,
+        holder: &HolderId,
+        now: Timestamp,
+    ) -> Result<Option<OutboxRow>, StoreError> {
+        transaction!(self, Operation::Other, "queueing a notice", |tx| {
+            async {
+            let now = self.now(&tx, now).await?;
+            let conversation = upsert_conversation(&tx, &notice.conversation, notice.is_group, now.db).await?;
+            // At most one notice per dedupe key.
+            let id = query_opt(
+                &tx,
+                "INSERT INTO outbox (conversation_id, kind, text, reply_to, dedupe_key, owner, created_at, next_attempt_at)
+                 VALUES ($1, 'notice', $2, $3, $4, $5, $6, $6)
+                 ON CONFLICT (dedupe_key) DO NOTHING
+                 RETURNING id",
+                &[&conversation.0, &notice.text, &notice.reply_to, &notice.dedupe_key, &holder.as_str(), &now.db.0],
+                "queueing a notice",
+            )
+            .await?;
+            Ok(id.map(|r| OutboxRow {
+                id: OutboxId(r.get(0)),
+                conversation: notice.conversation.clone(),
+                kind: OutboxKind::Notice,
+                text: notice.text.clone(),
+                reply_to: notice.reply_to.clone(),
+                covers: Vec::new(),
+                parts_sent: 0,
+                attempts: 0,
+                created_at: now.to_caller(now.db),
+                stored_at: now.db,
+            }))
+        }
+        .await
+        })
+    }
 
     async fn due_outbox(
         &self,
@@ -1917,6 +1899,81 @@ impl Store for PostgresStore {
         }
         .await)
     }
+}
+
+#[async_trait]
+impl WorkStore for PostgresStore {
+    async fn due_work(&self, work: &WorkQuery, now: Timestamp) -> Result<DueWork, StoreError> {
+        if work.platforms.is_empty() {
+            return Ok(DueWork::default());
+        }
+        let names: Vec<&str> = work.platforms.iter().map(|p| p.as_str()).collect();
+        let handoff = crate::domain::millis(work.handoff);
+        transaction!(self, Operation::Read, "finding due work", |tx| async {
+            let now = self.now(&tx, now).await?;
+            // Every part is a range scan or a seek on an index over what is due by now,
+            // never a walk over every conversation or future timer. Work armed or owned
+            // by another process is due here a hand-off later (its owner is woken
+            // in-process). $1 now, $2 this holder, $3 hand-off, $4 platforms.
+            let candidates = query(
+                &tx,
+                "SELECT g.conversation_id, g.at, l.holder, l.expires_at FROM (
+                     SELECT conversation_id, MIN(at) AS at FROM (
+                         SELECT conversation_id,
+                                due_at + CASE WHEN armed_by = $2 THEN 0 ELSE $3::int8 END AS at
+                         FROM timers WHERE platform = ANY($4) AND due_at <= $1
+                         UNION ALL
+                         SELECT o.conversation_id,
+                                o.next_attempt_at + CASE WHEN o.owner = $2 THEN 0 ELSE $3::int8 END
+                         FROM outbox o JOIN conversations c ON c.id = o.conversation_id
+                         WHERE o.sent_at IS NULL AND o.failed_at IS NULL
+                           AND o.next_attempt_at <= $1 AND c.platform = ANY($4)
+                           AND NOT EXISTS (SELECT 1 FROM outbox p
+                                           WHERE p.conversation_id = o.conversation_id
+                                             AND p.id < o.id
+                                             AND p.sent_at IS NULL AND p.failed_at IS NULL)) d
+                     GROUP BY conversation_id) g
+                 LEFT JOIN leases l ON l.conversation_id = g.conversation_id",
+                &[&now.db.0, &work.holder.as_str(), &handoff, &names],
+                "finding due work",
+            )
+            .await?;
+            let mut scan = DueScan::new(now.db.0);
+            for row in candidates {
+                let conversation = ConversationId(row.get(0));
+                let at: i64 = row.get(1);
+                let holder: Option<String> = row.get(2);
+                let expires_at: Option<i64> = row.get(3);
+                scan.candidate(conversation, at, holder.is_some(), expires_at);
+            }
+            // The earliest future timer (one index seek per platform: a seek cannot
+            // span several platforms of the (platform, due_at) index) and outbox
+            // retry (one seek).
+            let future = query_one(
+                &tx,
+                "SELECT LEAST(
+                     (SELECT MIN(t.due_at) FROM unnest($2::text[]) AS p (platform)
+                      CROSS JOIN LATERAL (SELECT due_at FROM timers
+                                          WHERE platform = p.platform AND due_at > $1
+                                          ORDER BY due_at LIMIT 1) t),
+                     (SELECT MIN(next_attempt_at) FROM outbox
+                      WHERE sent_at IS NULL AND failed_at IS NULL AND next_attempt_at > $1))",
+                &[&now.db.0, &names],
+                "finding the next deadline",
+            )
+            .await?;
+            if let Some(at) = future.get::<_, Option<i64>>(0) {
+                scan.sooner(at);
+            }
+            let (ready, next_at) = scan.finish(work.limit);
+            Ok(DueWork {
+                ready,
+                // On the caller's timeline: when its scheduler should look again.
+                next_at: next_at.map(|at| now.to_caller(Timestamp(at))),
+            })
+        }
+        .await)
+    }
 
     async fn is_settled(&self, conversation: &ConversationRef) -> Result<Option<bool>, StoreError> {
         transaction!(
@@ -1941,51 +1998,6 @@ impl Store for PostgresStore {
         )
     }
 
-    async fn recent_conversations(
-        &self,
-        platform: Platform,
-        since: Timestamp,
-        limit: usize,
-    ) -> Result<Vec<RecentConversation>, StoreError> {
-        transaction!(
-            self,
-            Operation::Read,
-            "finding recent conversations",
-            |tx| {
-                async {
-            let now = self.now(&tx, SystemClock.now()).await?;
-            let since = match self.time {
-                TimeSource::Database => now.to_db(since),
-                TimeSource::Caller => since,
-            };
-            // No loss: catch-up resumes after the message stored last (the highest row
-            // id), never after one that merely has a larger platform id.
-            let rows = query(
-                &tx,
-                "SELECT c.key, c.is_group, m.platform_message_id
-                 FROM conversations c
-                 JOIN messages m ON m.id = (SELECT MAX(id) FROM messages WHERE conversation_id = c.id)
-                 WHERE c.platform = $1 AND m.received_at >= $2
-                 ORDER BY m.received_at DESC, m.id DESC
-                 LIMIT $3",
-                &[&platform.as_str(), &since.0, &(limit as i64)],
-                "finding recent conversations",
-            )
-            .await?;
-            Ok(rows
-                .into_iter()
-                .map(|r| RecentConversation {
-                    conversation: ConversationRef::new(platform, r.get::<_, String>(0)),
-                    is_group: r.get(1),
-                    last_message_id: r.get(2),
-                })
-                .collect())
-        }
-        .await
-            }
-        )
-    }
-
     async fn pending_conversations(&self) -> Result<u64, StoreError> {
         transaction!(
             self,
@@ -2006,6 +2018,29 @@ impl Store for PostgresStore {
         )
     }
 
+    async fn ping(&self) -> Result<(), StoreError> {
+        // A read that reaches the tables, not just the connection.
+        transaction!(self, Operation::Read, "reading the database", |tx| async {
+            query(
+                &tx,
+                "SELECT 1 FROM conversations LIMIT 1",
+                &[],
+                "reading the database",
+            )
+            .await?;
+            Ok(())
+        }
+        .await)?;
+        self.condition.check()
+    }
+
+    fn wake_ups(&self) -> Option<Arc<tokio::sync::Notify>> {
+        Some(self.armed.clone())
+    }
+}
+
+#[async_trait]
+impl LimitStore for PostgresStore {
     async fn hold_over_rate(
         &self,
         conversation: ConversationId,
@@ -2075,7 +2110,7 @@ impl Store for PostgresStore {
         // Budget rows are locked in one order, sorted once here (by scope, each
         // scope once), every row of the charge before any is written: concurrent
         // charges queue on the first row they share and never deadlock.
-        let scopes = super::shared::sorted_scopes(&charge.scopes);
+        let scopes = super::rules::sorted_scopes(&charge.scopes);
         let conversation = conversation_of(lease);
         transaction!(self, Operation::Other, "charging tokens", |tx| {
             async {
@@ -2217,25 +2252,5 @@ impl Store for PostgresStore {
             }
             .await
         })
-    }
-
-    async fn ping(&self) -> Result<(), StoreError> {
-        // A read that reaches the tables, not just the connection.
-        transaction!(self, Operation::Read, "reading the database", |tx| async {
-            query(
-                &tx,
-                "SELECT 1 FROM conversations LIMIT 1",
-                &[],
-                "reading the database",
-            )
-            .await?;
-            Ok(())
-        }
-        .await)?;
-        self.condition.check()
-    }
-
-    fn wake_ups(&self) -> Option<Arc<tokio::sync::Notify>> {
-        Some(self.armed.clone())
     }
 }

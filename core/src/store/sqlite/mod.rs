@@ -27,12 +27,12 @@ use super::condition::Condition;
 use super::faults::FaultPlan;
 use super::faults::Operation;
 use super::lease_rows::{LeaseRow, LeaseRows};
-use super::shared::DueScan;
+use super::rules::DueScan;
 use super::{
     AccessRule, Batch, Charged, Claimed, CommitOutcome, DueWork, Exchange, IngestOutcome,
-    MessageEdit, NewMessage, NewNotice, NewReply, OutboxKind, OutboxRow, PartSent, PendingMessage,
-    RateHold, RateWindow, RecentConversation, Reservation, Store, StoreError, TimerState,
-    TokenCharge, WorkQuery,
+    LeaseStore, LimitStore, MessageEdit, MessageStore, NewMessage, NewNotice, NewReply, OutboxKind,
+    OutboxRow, OutboxStore, PartSent, PendingMessage, RateHold, RateWindow, RecentConversation,
+    Reservation, RoundStore, StoreError, TimerState, TokenCharge, WorkQuery, WorkStore,
 };
 use crate::domain::{
     ConversationId, ConversationRef, HolderId, Lease, LeaseKey, LeaseToken, OutboxId, Platform,
@@ -55,7 +55,7 @@ const STATEMENT_CACHE: usize = 96;
 /// short, and rounds mostly wait on the model, not the database.
 const READERS: u32 = 4;
 
-/// A [`Store`] on one SQLite file.
+/// A [`Store`](super::Store) on one SQLite file.
 #[derive(Clone)]
 pub struct SqliteStore {
     /// Connections for reads (WAL: readers never wait for the writer).
@@ -612,7 +612,7 @@ fn placeholders(first: usize, count: usize) -> String {
 }
 
 #[async_trait]
-impl Store for SqliteStore {
+impl MessageStore for SqliteStore {
     async fn ingest(
         &self,
         message: NewMessage,
@@ -699,42 +699,6 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn enqueue_notice(
-        &self,
-        notice: NewNotice,
-        holder: &HolderId,
-        now: Timestamp,
-    ) -> Result<Option<OutboxRow>, StoreError> {
-        let holder = holder.clone();
-        self.write("queueing a notice", move |tx| {
-            let conversation = upsert_conversation(tx, &notice.conversation, notice.is_group, now)?;
-            // At most one notice per dedupe key.
-            let id: Option<i64> = tx.prepare_cached("INSERT INTO outbox (conversation_id, kind, text, reply_to, dedupe_key, owner, created_at, next_attempt_at)
-                     VALUES (?1, 'notice', ?2, ?3, ?4, ?5, ?6, ?6)
-                     ON CONFLICT (dedupe_key) DO NOTHING
-                     RETURNING id")
-        .ctx("preparing a statement")?
-        .query_row(params![conversation.0, notice.text, notice.reply_to, notice.dedupe_key, holder.as_str(), now.0],
-                    |r| r.get(0),)
-                .optional()
-                .ctx("queueing a notice")?;
-            let _ = conversation;
-            Ok(id.map(|id| OutboxRow {
-                id: OutboxId(id),
-                conversation: notice.conversation,
-                kind: OutboxKind::Notice,
-                text: notice.text,
-                reply_to: notice.reply_to,
-                covers: Vec::new(),
-                parts_sent: 0,
-                attempts: 0,
-                created_at: now,
-                stored_at: now,
-            }))
-        })
-        .await
-    }
-
     async fn reset_context(
         &self,
         conversation: &ConversationRef,
@@ -765,67 +729,42 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn due_work(&self, query: &WorkQuery, now: Timestamp) -> Result<DueWork, StoreError> {
-        if query.platforms.is_empty() {
-            return Ok(DueWork::default());
-        }
-        let names: Vec<&'static str> = query.platforms.iter().map(|p| p.as_str()).collect();
-        let holder = query.holder.as_str().to_owned();
-        let handoff = crate::domain::millis(query.handoff);
-        let limit = query.limit as i64;
+    async fn recent_conversations(
+        &self,
+        platform: Platform,
+        since: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<RecentConversation>, StoreError> {
         self.with_conn(move |conn| {
-            // Every part is a range scan or a seek on an index over what is due by now
-            // (work ready or in progress), never a walk over every conversation or
-            // future timer, so a pass costs the same whatever the database holds.
-            // Parameters: ?1 now, ?2 (unused), ?3 this holder, ?4 hand-off, ?5… platforms.
-            let list = placeholders(5, names.len());
-            // Due by now (index timers_due; index outbox_due for outbox heads, rows
-            // with no undelivered row before them: delivery keeps outbox order). Work
-            // armed or owned by another process is due here a hand-off later: that
-            // process is woken in-process, this one takes over only if it does not.
-            let candidates = due_candidates_sql(&list);
-            let future = next_deadline_sql(&list);
-            let mut values: Vec<rusqlite::types::Value> =
-                vec![now.0.into(), 0i64.into(), holder.into(), handoff.into()];
-            values.extend(
-                names
-                    .iter()
-                    .map(|n| rusqlite::types::Value::from(n.to_string())),
-            );
-            let mut scan = DueScan::new(now.0);
-            {
-                let mut stmt = conn.prepare_cached(&candidates).ctx("finding due work")?;
-                let mut rows = stmt
-                    .query(rusqlite::params_from_iter(values.iter()))
-                    .ctx("finding due work")?;
-                while let Some(row) = rows.next().ctx("finding due work")? {
-                    let conversation = ConversationId(row.get(0).ctx("finding due work")?);
-                    let at: i64 = row.get(1).ctx("finding due work")?;
-                    let holder: Option<String> = row.get(2).ctx("finding due work")?;
-                    let expires_at: Option<i64> = row.get(3).ctx("finding due work")?;
-                    scan.candidate(conversation, at, holder.is_some(), expires_at);
-                }
-            }
+            // No loss: catch-up resumes after the message stored last (the highest row
+            // id), never after one that merely has a larger platform id.
             let mut stmt = conn
-                .prepare_cached(&future)
-                .ctx("finding the next deadline")?;
-            if let Some(at) = stmt
-                .query_row(rusqlite::params_from_iter(values.iter()), |r| {
-                    r.get::<_, Option<i64>>(0)
+                .prepare_cached(
+                    "SELECT c.key, c.is_group, m.platform_message_id
+                     FROM conversations c
+                     JOIN messages m ON m.id = (SELECT MAX(id) FROM messages WHERE conversation_id = c.id)
+                     WHERE c.platform = ?1 AND m.received_at >= ?2
+                     ORDER BY m.received_at DESC, m.id DESC
+                     LIMIT ?3",
+                )
+                .ctx("finding recent conversations")?;
+            stmt.query_map(params![platform.as_str(), since.0, limit as i64], |r| {
+                Ok(RecentConversation {
+                    conversation: ConversationRef::new(platform, r.get::<_, String>(0)?),
+                    is_group: r.get(1)?,
+                    last_message_id: r.get(2)?,
                 })
-                .ctx("finding the next deadline")?
-            {
-                scan.sooner(at);
-            }
-            let (ready, next_at) = scan.finish(limit as usize);
-            Ok(DueWork {
-                ready,
-                next_at: next_at.map(Timestamp),
             })
+            .ctx("finding recent conversations")?
+            .collect::<Result<Vec<_>, _>>()
+            .ctx("finding recent conversations")
         })
         .await
     }
+}
 
+#[async_trait]
+impl LeaseStore for SqliteStore {
     async fn claim_lease(
         &self,
         key: &LeaseKey,
@@ -903,7 +842,10 @@ impl Store for SqliteStore {
         })
         .await
     }
+}
 
+#[async_trait]
+impl RoundStore for SqliteStore {
     async fn claim_round(
         &self,
         conversation: ConversationId,
@@ -1188,6 +1130,45 @@ impl Store for SqliteStore {
         })
         .await
     }
+}
+
+#[async_trait]
+impl OutboxStore for SqliteStore {
+    async fn enqueue_notice(
+        &self,
+        notice: NewNotice,
+        holder: &HolderId,
+        now: Timestamp,
+    ) -> Result<Option<OutboxRow>, StoreError> {
+        let holder = holder.clone();
+        self.write("queueing a notice", move |tx| {
+            let conversation = upsert_conversation(tx, &notice.conversation, notice.is_group, now)?;
+            // At most one notice per dedupe key.
+            let id: Option<i64> = tx.prepare_cached("INSERT INTO outbox (conversation_id, kind, text, reply_to, dedupe_key, owner, created_at, next_attempt_at)
+                     VALUES (?1, 'notice', ?2, ?3, ?4, ?5, ?6, ?6)
+                     ON CONFLICT (dedupe_key) DO NOTHING
+                     RETURNING id")
+        .ctx("preparing a statement")?
+        .query_row(params![conversation.0, notice.text, notice.reply_to, notice.dedupe_key, holder.as_str(), now.0],
+                    |r| r.get(0),)
+                .optional()
+                .ctx("queueing a notice")?;
+            let _ = conversation;
+            Ok(id.map(|id| OutboxRow {
+                id: OutboxId(id),
+                conversation: notice.conversation,
+                kind: OutboxKind::Notice,
+                text: notice.text,
+                reply_to: notice.reply_to,
+                covers: Vec::new(),
+                parts_sent: 0,
+                attempts: 0,
+                created_at: now,
+                stored_at: now,
+            }))
+        })
+        .await
+    }
 
     async fn due_outbox(
         &self,
@@ -1258,6 +1239,70 @@ impl Store for SqliteStore {
         })
         .await
     }
+}
+
+#[async_trait]
+impl WorkStore for SqliteStore {
+    async fn due_work(&self, query: &WorkQuery, now: Timestamp) -> Result<DueWork, StoreError> {
+        if query.platforms.is_empty() {
+            return Ok(DueWork::default());
+        }
+        let names: Vec<&'static str> = query.platforms.iter().map(|p| p.as_str()).collect();
+        let holder = query.holder.as_str().to_owned();
+        let handoff = crate::domain::millis(query.handoff);
+        let limit = query.limit as i64;
+        self.with_conn(move |conn| {
+            // Every part is a range scan or a seek on an index over what is due by now
+            // (work ready or in progress), never a walk over every conversation or
+            // future timer, so a pass costs the same whatever the database holds.
+            // Parameters: ?1 now, ?2 (unused), ?3 this holder, ?4 hand-off, ?5… platforms.
+            let list = placeholders(5, names.len());
+            // Due by now (index timers_due; index outbox_due for outbox heads, rows
+            // with no undelivered row before them: delivery keeps outbox order). Work
+            // armed or owned by another process is due here a hand-off later: that
+            // process is woken in-process, this one takes over only if it does not.
+            let candidates = due_candidates_sql(&list);
+            let future = next_deadline_sql(&list);
+            let mut values: Vec<rusqlite::types::Value> =
+                vec![now.0.into(), 0i64.into(), holder.into(), handoff.into()];
+            values.extend(
+                names
+                    .iter()
+                    .map(|n| rusqlite::types::Value::from(n.to_string())),
+            );
+            let mut scan = DueScan::new(now.0);
+            {
+                let mut stmt = conn.prepare_cached(&candidates).ctx("finding due work")?;
+                let mut rows = stmt
+                    .query(rusqlite::params_from_iter(values.iter()))
+                    .ctx("finding due work")?;
+                while let Some(row) = rows.next().ctx("finding due work")? {
+                    let conversation = ConversationId(row.get(0).ctx("finding due work")?);
+                    let at: i64 = row.get(1).ctx("finding due work")?;
+                    let holder: Option<String> = row.get(2).ctx("finding due work")?;
+                    let expires_at: Option<i64> = row.get(3).ctx("finding due work")?;
+                    scan.candidate(conversation, at, holder.is_some(), expires_at);
+                }
+            }
+            let mut stmt = conn
+                .prepare_cached(&future)
+                .ctx("finding the next deadline")?;
+            if let Some(at) = stmt
+                .query_row(rusqlite::params_from_iter(values.iter()), |r| {
+                    r.get::<_, Option<i64>>(0)
+                })
+                .ctx("finding the next deadline")?
+            {
+                scan.sooner(at);
+            }
+            let (ready, next_at) = scan.finish(limit as usize);
+            Ok(DueWork {
+                ready,
+                next_at: next_at.map(Timestamp),
+            })
+        })
+        .await
+    }
 
     async fn is_settled(&self, conversation: &ConversationRef) -> Result<Option<bool>, StoreError> {
         let conversation = conversation.clone();
@@ -1280,39 +1325,6 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn recent_conversations(
-        &self,
-        platform: Platform,
-        since: Timestamp,
-        limit: usize,
-    ) -> Result<Vec<RecentConversation>, StoreError> {
-        self.with_conn(move |conn| {
-            // No loss: catch-up resumes after the message stored last (the highest row
-            // id), never after one that merely has a larger platform id.
-            let mut stmt = conn
-                .prepare_cached(
-                    "SELECT c.key, c.is_group, m.platform_message_id
-                     FROM conversations c
-                     JOIN messages m ON m.id = (SELECT MAX(id) FROM messages WHERE conversation_id = c.id)
-                     WHERE c.platform = ?1 AND m.received_at >= ?2
-                     ORDER BY m.received_at DESC, m.id DESC
-                     LIMIT ?3",
-                )
-                .ctx("finding recent conversations")?;
-            stmt.query_map(params![platform.as_str(), since.0, limit as i64], |r| {
-                Ok(RecentConversation {
-                    conversation: ConversationRef::new(platform, r.get::<_, String>(0)?),
-                    is_group: r.get(1)?,
-                    last_message_id: r.get(2)?,
-                })
-            })
-            .ctx("finding recent conversations")?
-            .collect::<Result<Vec<_>, _>>()
-            .ctx("finding recent conversations")
-        })
-        .await
-    }
-
     async fn pending_conversations(&self) -> Result<u64, StoreError> {
         self.with_conn(|conn| {
             // Kept by triggers on timers: one row, whatever the number of conversations.
@@ -1325,6 +1337,30 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn ping(&self) -> Result<(), StoreError> {
+        // A read that reaches the file's tables, not just the connection.
+        self.with_conn(|conn| {
+            conn.prepare_cached(
+                "SELECT (SELECT COUNT(*) FROM (SELECT 1 FROM conversations LIMIT 1))
+                      + (SELECT COUNT(*) FROM (SELECT 1 FROM timers LIMIT 1))",
+            )
+            .ctx("preparing a statement")?
+            .query_row([], |r| r.get::<_, i64>(0))
+            .map(drop)
+            .ctx("reading the database")
+        })
+        .await?;
+        self.condition.check()
+    }
+
+    async fn checkpoint(&self) -> Result<(), StoreError> {
+        // Through the writer's queue: after every write queued before it.
+        self.writer.checkpoint().await
+    }
+}
+
+#[async_trait]
+impl LimitStore for SqliteStore {
     async fn hold_over_rate(
         &self,
         conversation: ConversationId,
@@ -1394,7 +1430,7 @@ impl Store for SqliteStore {
             let conversation = conversation_of(&lease);
             // One order for every charge (SQLite has one writer; PostgreSQL locks
             // the rows in this order).
-            let scopes = super::shared::sorted_scopes(&charge.scopes);
+            let scopes = super::rules::sorted_scopes(&charge.scopes);
             for scope in &scopes {
                 let Some(limit) = scope.limit.filter(|_| scope.tokens > 0) else {
                     continue;
@@ -1512,27 +1548,6 @@ impl Store for SqliteStore {
     async fn access_rules(&self) -> Result<Vec<AccessRule>, StoreError> {
         self.with_conn(|conn| read_access_rules(conn)).await
     }
-
-    async fn ping(&self) -> Result<(), StoreError> {
-        // A read that reaches the file's tables, not just the connection.
-        self.with_conn(|conn| {
-            conn.prepare_cached(
-                "SELECT (SELECT COUNT(*) FROM (SELECT 1 FROM conversations LIMIT 1))
-                      + (SELECT COUNT(*) FROM (SELECT 1 FROM timers LIMIT 1))",
-            )
-            .ctx("preparing a statement")?
-            .query_row([], |r| r.get::<_, i64>(0))
-            .map(drop)
-            .ctx("reading the database")
-        })
-        .await?;
-        self.condition.check()
-    }
-
-    async fn checkpoint(&self) -> Result<(), StoreError> {
-        // Through the writer's queue: after every write queued before it.
-        self.writer.checkpoint().await
-    }
 }
 
 /// Hold a conversation's timer: not due before `until` (a later deadline is kept).
@@ -1624,7 +1639,7 @@ pub(super) fn read_access_rules(conn: &Connection) -> Result<Vec<AccessRule>, St
         .ctx("reading access decisions")?;
     rows.into_iter()
         .map(|(platform, kind, id, allowed, set_by, set_at)| {
-            super::shared::access_rule(&platform, &kind, id, allowed, set_by, set_at)
+            super::rules::access_rule(&platform, &kind, id, allowed, set_by, set_at)
         })
         .collect()
 }
@@ -2075,7 +2090,7 @@ fn read_history(
             said,
         ));
     }
-    Ok(super::shared::exchanges(read))
+    Ok(super::rules::exchanges(read))
 }
 
 #[cfg(test)]

@@ -2,6 +2,8 @@
 //! conversations are ready and when to look again, how history rows group into
 //! exchanges, what an access-decision row means. Written once, so the backends differ only in their SQL.
 
+use lull_port::{Media, MediaKind};
+
 use super::{AccessRule, Exchange, ScopeCharge, StoreError, Subject};
 use crate::access::SubjectKind;
 use crate::domain::{ConversationId, Said, Timestamp};
@@ -124,4 +126,65 @@ pub(crate) fn sorted_scopes(scopes: &[ScopeCharge]) -> Vec<ScopeCharge> {
         }
     }
     sorted
+}
+
+/// A message's text as prompts and history show it: `[voice message]: <transcript>`
+/// once transcribed, else the stored text.
+pub fn said_text(text: &str, transcript: Option<&str>) -> String {
+    match transcript {
+        Some(transcript) => format!("{text}: {transcript}"),
+        None => text.to_owned(),
+    }
+}
+
+/// Media references as every backend stores them: one nullable text column holding a
+/// JSON array (`NULL` for a message without media), so the schema change is one column
+/// in any backend.
+pub fn encode_media(media: &[Media]) -> Option<String> {
+    if media.is_empty() {
+        return None;
+    }
+    let items: Vec<serde_json::Value> = media
+        .iter()
+        .map(|m| {
+            serde_json::json!({
+                "kind": m.kind.as_str(),
+                "ref": m.reference,
+                "size": m.size,
+                "mime": m.mime,
+                "secs": m.duration_secs,
+            })
+        })
+        .collect();
+    Some(serde_json::Value::Array(items).to_string())
+}
+
+/// The media references [`encode_media`] stored.
+pub fn decode_media(stored: Option<&str>) -> Result<Vec<Media>, StoreError> {
+    let Some(stored) = stored else {
+        return Ok(Vec::new());
+    };
+    let corrupt = |why: &str| StoreError::Corrupt(format!("media of a message: {why}"));
+    let items: Vec<serde_json::Value> =
+        serde_json::from_str(stored).map_err(|e| corrupt(&e.to_string()))?;
+    items
+        .iter()
+        .map(|item| {
+            let kind = item["kind"]
+                .as_str()
+                .and_then(MediaKind::parse)
+                .ok_or_else(|| corrupt("unknown kind"))?;
+            let reference = item["ref"]
+                .as_str()
+                .ok_or_else(|| corrupt("no reference"))?
+                .to_owned();
+            Ok(Media {
+                kind,
+                reference,
+                size: item["size"].as_u64(),
+                mime: item["mime"].as_str().map(str::to_owned),
+                duration_secs: item["secs"].as_u64().map(|s| s as u32),
+            })
+        })
+        .collect()
 }

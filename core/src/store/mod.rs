@@ -45,7 +45,6 @@ mod contract;
 mod error;
 mod faults;
 mod lease_rows;
-mod migrations;
 mod open;
 mod postgres;
 mod rules;

@@ -13,9 +13,11 @@
 //!   their sum. A backend is opened with the deployment's
 //!   [`TimerPolicy`](crate::timing::TimerPolicy) and reports failures as a
 //!   backend-neutral [`StoreError`] (`error.rs`).
-//! - `rules`: what both backends decide the same way once their rows are read (due-work
-//!   folding, history grouping, access rows, the order scopes are locked in, the media
-//!   codec), written once. A backend holds the SQL and its bindings.
+//! - `rules`: each decision both backends make once their rows are read, written once
+//!   (the final check's verdict, the outbox rows of a reply, a notice and a give-up,
+//!   the rate hold's and the budget's verdicts, due-work folding, history grouping,
+//!   access rows, the order budget rows are locked in, the media codec). A backend
+//!   holds the SQL and its bindings.
 //! - `conformance` (feature `conformance`): the contract as one test body every
 //!   backend runs, split by the same areas.
 //! - `FaultPlan` (feature `test-switches`): faults a test injects into a real backend.

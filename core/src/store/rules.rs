@@ -1,12 +1,162 @@
-//! What both backends decide the same way once their rows are read: which due
-//! conversations are ready and when to look again, how history rows group into
-//! exchanges, what an access-decision row means. Written once, so the backends differ only in their SQL.
+//! What both backends decide the same way once their rows are read, written once so
+//! the backends differ only in their SQL: the final check's verdict, the outbox rows a
+//! commit, a notice and a give-up hand back, the rate hold's and the budget's
+//! verdicts, which due conversations are ready and when to look again, how history
+//! rows group into exchanges, what an access-decision row means, the order budget
+//! rows are locked in, and the media codec. The conformance suite pins each through
+//! both backends.
 
 use lull_port::{Media, MediaKind};
 
-use super::{AccessRule, Exchange, ScopeCharge, StoreError, Subject};
+use super::{
+    AccessRule, Charged, Exchange, OutboxKind, OutboxRow, ScopeCharge, StoreError, Subject,
+};
 use crate::access::SubjectKind;
-use crate::domain::{ConversationId, Said, Timestamp};
+use crate::domain::{ConversationId, ConversationRef, OutboxId, Said, Timestamp, Version};
+use crate::timing::TimerPolicy;
+
+/// The final check's verdict on the version read under the lease: `None` when the
+/// reply is stale, `Some(forced)` when it may be committed (`forced`: newer messages
+/// arrived, but the oldest pending message, at `oldest`, has waited the cap).
+pub(crate) fn commit_verdict(
+    policy: TimerPolicy,
+    version: i64,
+    v0: Version,
+    oldest: Timestamp,
+    now: Timestamp,
+) -> Option<bool> {
+    // Fresh: a reply is committed only if no message arrived since it was
+    // collected, unless the cap forces it out.
+    let forced = version != v0.0;
+    (!forced || policy.cap_reached(now, oldest)).then_some(forced)
+}
+
+/// When an outbox row was stored, as [`OutboxRow`] reports it: `created_at` on the
+/// caller's timeline, `stored_at` as stored (on SQLite both are the caller's `now`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StoredAt {
+    pub(crate) created_at: Timestamp,
+    pub(crate) stored_at: Timestamp,
+}
+
+/// The row of a reply just committed: nothing delivered, no attempt yet.
+pub(crate) fn reply_row(
+    id: i64,
+    conversation: ConversationRef,
+    text: String,
+    reply_to: Option<String>,
+    covers: Vec<String>,
+    at: StoredAt,
+) -> OutboxRow {
+    new_row(
+        OutboxKind::Reply,
+        id,
+        conversation,
+        text,
+        reply_to,
+        covers,
+        at,
+    )
+}
+
+/// The row of a notice just queued (a command's answer, a held-out notice, or a
+/// give-up, which covers the messages it ended): nothing delivered, no attempt yet.
+pub(crate) fn notice_row(
+    id: i64,
+    conversation: ConversationRef,
+    text: String,
+    reply_to: Option<String>,
+    covers: Vec<String>,
+    at: StoredAt,
+) -> OutboxRow {
+    new_row(
+        OutboxKind::Notice,
+        id,
+        conversation,
+        text,
+        reply_to,
+        covers,
+        at,
+    )
+}
+
+fn new_row(
+    kind: OutboxKind,
+    id: i64,
+    conversation: ConversationRef,
+    text: String,
+    reply_to: Option<String>,
+    covers: Vec<String>,
+    at: StoredAt,
+) -> OutboxRow {
+    OutboxRow {
+        id: OutboxId(id),
+        conversation,
+        kind,
+        text,
+        reply_to,
+        covers,
+        parts_sent: 0,
+        attempts: 0,
+        created_at: at.created_at,
+        stored_at: at.stored_at,
+    }
+}
+
+/// The platform ids of the collected messages (row, platform id) a reply covers.
+pub(crate) fn covered_ids<'a>(
+    collected: impl IntoIterator<Item = (i64, &'a str)>,
+    covered: &[i64],
+) -> Vec<String> {
+    collected
+        .into_iter()
+        .filter(|(row, _)| covered.contains(row))
+        .map(|(_, id)| id.to_owned())
+        .collect()
+}
+
+/// The rate hold's verdict on the conversation's timer, on the timeline the store
+/// compares on: `held_until` is the timer's hold (`None`: no timer, the messages were
+/// answered), `until` when the window has room again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RateVerdict {
+    /// Answered already: nothing left to hold.
+    Nothing,
+    /// A hold in force (until then) is kept, not extended.
+    Kept(Timestamp),
+    /// Hold the timer until then: this call begins the hold.
+    Begin(Timestamp),
+}
+
+pub(crate) fn rate_verdict(
+    held_until: Option<i64>,
+    until: Timestamp,
+    now: Timestamp,
+) -> RateVerdict {
+    match held_until {
+        None => RateVerdict::Nothing,
+        Some(held_until) if held_until > now.0 => RateVerdict::Kept(Timestamp(held_until)),
+        Some(_) => RateVerdict::Begin(until),
+    }
+}
+
+/// Whether a scope's part of a charge is checked against a budget: it has a limit and
+/// spends (a give-back never passes a budget).
+pub(crate) fn budgeted(scope: &ScopeCharge) -> bool {
+    scope.limit.is_some() && scope.tokens > 0
+}
+
+/// The budget's verdict on a scope that used `used` tokens that day: `Some(Over)` when
+/// the charge's positive tokens on top of it would pass the scope's limit.
+pub(crate) fn over_budget(scope: &ScopeCharge, used: i64) -> Option<Charged> {
+    let limit = scope.limit.filter(|_| scope.tokens > 0)?;
+    let used = used.max(0) as u64;
+    (used.saturating_add(scope.tokens as u64) > limit).then(|| Charged::Over {
+        scope: scope.scope.clone(),
+        used,
+        limit,
+    })
+}
 
 /// Sorting `due_work` candidates (one per conversation with work due by `now`) into
 /// conversations ready now and the earliest future moment something becomes due.
@@ -187,4 +337,70 @@ pub fn decode_media(stored: Option<&str>) -> Result<Vec<Media>, StoreError> {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn a_newer_version_is_stale_until_the_cap_forces_it() {
+        let policy =
+            TimerPolicy::new(Duration::from_millis(100), Duration::from_millis(1000), 20).unwrap();
+        let (v0, oldest) = (Version(3), Timestamp(10_000));
+        assert_eq!(
+            commit_verdict(policy, 3, v0, oldest, Timestamp(10_500)),
+            Some(false)
+        );
+        assert_eq!(
+            commit_verdict(policy, 4, v0, oldest, Timestamp(10_999)),
+            None
+        );
+        assert_eq!(
+            commit_verdict(policy, 4, v0, oldest, Timestamp(11_000)),
+            Some(true)
+        );
+    }
+
+    #[test]
+    fn a_rate_hold_in_force_is_kept_not_extended() {
+        let (until, now) = (Timestamp(5_000), Timestamp(1_000));
+        assert_eq!(rate_verdict(None, until, now), RateVerdict::Nothing);
+        assert_eq!(
+            rate_verdict(Some(2_000), until, now),
+            RateVerdict::Kept(Timestamp(2_000))
+        );
+        assert_eq!(
+            rate_verdict(Some(1_000), until, now),
+            RateVerdict::Begin(until)
+        );
+        assert_eq!(rate_verdict(Some(0), until, now), RateVerdict::Begin(until));
+    }
+
+    #[test]
+    fn only_spending_past_a_limit_is_over_budget() {
+        let scope = |tokens, limit| ScopeCharge {
+            scope: "bot".into(),
+            tokens,
+            limit,
+        };
+        assert!(over_budget(&scope(10, Some(100)), 90).is_none());
+        assert_eq!(
+            over_budget(&scope(11, Some(100)), 90),
+            Some(Charged::Over {
+                scope: "bot".into(),
+                used: 90,
+                limit: 100
+            })
+        );
+        // A give-back, or a scope with no limit, never passes a budget.
+        assert!(over_budget(&scope(-50, Some(100)), 500).is_none());
+        assert!(over_budget(&scope(50, None), 500).is_none());
+        assert!(!budgeted(&scope(-50, Some(100))) && !budgeted(&scope(50, None)));
+        assert!(budgeted(&scope(1, Some(100))));
+        // A negative total (never stored, but read defensively) counts as nothing used.
+        assert!(over_budget(&scope(100, Some(100)), -5).is_none());
+    }
 }

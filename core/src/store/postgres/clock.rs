@@ -4,6 +4,7 @@
 use super::PostgresStore;
 use super::sql::{Tx, query_one};
 use crate::domain::Timestamp;
+use crate::store::rules::StoredAt;
 use crate::store::{OutboxRow, StoreError};
 
 /// The database's clock in milliseconds since the Unix epoch, as SQL.
@@ -39,6 +40,14 @@ impl Now {
     /// A time of the caller's (a retry deadline) on the database's timeline.
     pub(super) fn to_db(self, t: Timestamp) -> Timestamp {
         Timestamp(t.0.saturating_add(self.offset))
+    }
+
+    /// When a row stored in this transaction was stored, as the caller is told.
+    pub(super) fn stored(self) -> StoredAt {
+        StoredAt {
+            created_at: self.to_caller(self.db),
+            stored_at: self.db,
+        }
     }
 
     /// A time of the database's (a timer's due time) on the caller's timeline.

@@ -9,6 +9,7 @@ use super::messages::lock_conversation;
 use super::sql::{Tx, execute, query, query_one, query_opt};
 use crate::domain::{ConversationId, Lease, Timestamp};
 use crate::store::faults::Operation;
+use crate::store::rules::{self, RateVerdict};
 use crate::store::{
     AccessRule, Charged, LimitStore, RateHold, RateWindow, Reservation, StoreError, TokenCharge,
 };
@@ -55,13 +56,13 @@ impl LimitStore for PostgresStore {
                 "reading the timer",
             )
             .await?;
-            match held.map(|r| r.get::<_, i64>(0)) {
-                None => Ok(None),
-                Some(held_until) if held_until > now.db.0 => Ok(Some(RateHold {
-                    until: now.to_caller(Timestamp(held_until)),
+            match rules::rate_verdict(held.map(|r| r.get::<_, i64>(0)), until, now.db) {
+                RateVerdict::Nothing => Ok(None),
+                RateVerdict::Kept(held_until) => Ok(Some(RateHold {
+                    until: now.to_caller(held_until),
                     began: false,
                 })),
-                Some(_) => {
+                RateVerdict::Begin(until) => {
                     hold_timer(&tx, conversation, until).await?;
                     Ok(Some(RateHold {
                         until: now.to_caller(until),
@@ -109,19 +110,11 @@ impl LimitStore for PostgresStore {
                 )
                 .await?
                 .get(0);
-                let Some(limit) = scope.limit.filter(|_| scope.tokens > 0) else {
-                    continue;
-                };
-                let used = used.max(0) as u64;
-                if used.saturating_add(scope.tokens as u64) > limit {
+                if let Some(over) = rules::over_budget(scope, used) {
                     if let Some(until) = charge.hold_until {
                         hold_timer(&tx, conversation, now.to_db(until)).await?;
                     }
-                    return Ok(Charged::Over {
-                        scope: scope.scope.clone(),
-                        used,
-                        limit,
-                    });
+                    return Ok(over);
                 }
             }
             for scope in &scopes {

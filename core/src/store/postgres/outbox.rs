@@ -9,6 +9,7 @@ use super::sql::{Tx, execute, query, query_opt};
 use crate::clock::{Clock, SystemClock};
 use crate::domain::{ConversationId, ConversationRef, HolderId, OutboxId, Timestamp};
 use crate::store::faults::Operation;
+use crate::store::rules;
 use crate::store::{NewNotice, OutboxKind, OutboxRow, OutboxStore, PartSent, StoreError};
 
 #[async_trait]
@@ -34,17 +35,9 @@ impl OutboxStore for PostgresStore {
                 "queueing a notice",
             )
             .await?;
-            Ok(id.map(|r| OutboxRow {
-                id: OutboxId(r.get(0)),
-                conversation: notice.conversation.clone(),
-                kind: OutboxKind::Notice,
-                text: notice.text.clone(),
-                reply_to: notice.reply_to.clone(),
-                covers: Vec::new(),
-                parts_sent: 0,
-                attempts: 0,
-                created_at: now.to_caller(now.db),
-                stored_at: now.db,
+            Ok(id.map(|r| {
+                let (conversation, text) = (notice.conversation.clone(), notice.text.clone());
+                rules::notice_row(r.get(0), conversation, text, notice.reply_to.clone(), Vec::new(), now.stored())
             }))
         }
         .await

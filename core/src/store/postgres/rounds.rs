@@ -11,13 +11,14 @@ use super::messages::{lock_conversation, pending_after};
 use super::outbox::read_owed;
 use super::sql::{Tx, execute, query, query_one, query_opt};
 use crate::domain::{
-    ConversationId, ConversationRef, HolderId, Lease, LeaseKey, LeaseToken, OutboxId, Platform,
-    Said, Timestamp, Version,
+    ConversationId, ConversationRef, HolderId, Lease, LeaseKey, LeaseToken, Platform, Said,
+    Timestamp, Version,
 };
 use crate::store::faults::Operation;
+use crate::store::rules;
 use crate::store::{
-    Batch, Claimed, CommitOutcome, Exchange, NewReply, OutboxKind, OutboxRow, PendingMessage,
-    RoundStore, StoreError, TimerState,
+    Batch, Claimed, CommitOutcome, Exchange, NewReply, OutboxRow, PendingMessage, RoundStore,
+    StoreError, TimerState,
 };
 use crate::timing::TimerPolicy;
 
@@ -86,15 +87,13 @@ impl RoundStore for PostgresStore {
             let now = self.now(&tx, now).await?;
             ensure_lease(&tx, lease, &row, now).await?;
             let version = lock_conversation(&tx, conversation).await?;
-            // Fresh: a reply is committed only if no message arrived since it was
-            // collected, unless the cap forces it out.
-            let forced = version != v0.0;
             let oldest = batch.oldest_pending_at().unwrap_or(now.db);
-            if forced && !policy.cap_reached(now.db, oldest) {
+            // Fresh: stale unless the cap forces it out (`rules::commit_verdict`).
+            let Some(forced) = rules::commit_verdict(policy, version, v0, oldest, now.db) else {
                 return Ok(CommitOutcome::Stale {
                     version: Version(version),
                 });
-            }
+            };
             let collected: Vec<i64> = batch.pending.iter().map(|m| m.row).collect();
             // No duplicate: a message edited since it was collected is pending again
             // (its version is past v0), so the reply covers only what is unchanged.
@@ -146,25 +145,15 @@ impl RoundStore for PostgresStore {
                 store_held_out(&tx, lease, &batch.conversation, &reply.held_out, v0, forced, now)
                     .await?;
             answer_through(&tx, conversation, v0, policy).await?;
+            let covers = rules::covered_ids(
+                batch.pending.iter().map(|m| (m.row, m.message_id.as_str())),
+                &covered,
+            );
+            let conversation = batch.conversation.clone();
+            let text = reply.text.clone();
             Ok(CommitOutcome::Committed {
                 notices,
-                outbox: OutboxRow {
-                    id: OutboxId(outbox),
-                    conversation: batch.conversation.clone(),
-                    kind: OutboxKind::Reply,
-                    text: reply.text.clone(),
-                    reply_to: reply_to.clone(),
-                    covers: batch
-                        .pending
-                        .iter()
-                        .filter(|m| covered.contains(&m.row))
-                        .map(|m| m.message_id.clone())
-                        .collect(),
-                    parts_sent: 0,
-                    attempts: 0,
-                    created_at: now.to_caller(now.db),
-                    stored_at: now.db,
-                },
+                outbox: rules::reply_row(outbox, conversation, text, reply_to.clone(), covers, now.stored()),
                 forced,
             })
         }
@@ -221,18 +210,10 @@ impl RoundStore for PostgresStore {
             let rows: Vec<i64> = covered.iter().map(|(row, _)| *row).collect();
             record_covers(&tx, outbox, &rows).await?;
             answer_through(&tx, conversation, v0, policy).await?;
-            Ok(Some(OutboxRow {
-                id: OutboxId(outbox),
-                conversation: batch.conversation.clone(),
-                kind: OutboxKind::Notice,
-                text: notice.to_owned(),
-                reply_to: reply_to.clone(),
-                covers: covered.into_iter().map(|(_, id)| id).collect(),
-                parts_sent: 0,
-                attempts: 0,
-                created_at: now.to_caller(now.db),
-                stored_at: now.db,
-            }))
+            let covers = covered.into_iter().map(|(_, id)| id).collect();
+            let conversation = batch.conversation.clone();
+            let text = notice.to_owned();
+            Ok(Some(rules::notice_row(outbox, conversation, text, reply_to.clone(), covers, now.stored())))
         }
         .await
         })
@@ -492,18 +473,15 @@ async fn store_held_out(
         .get(0);
         let rows: Vec<i64> = covered.iter().map(|(row, _)| *row).collect();
         record_covers(tx, outbox, &rows).await?;
-        notices.push(OutboxRow {
-            id: OutboxId(outbox),
-            conversation: conversation.clone(),
-            kind: OutboxKind::Notice,
-            text: held.text.clone(),
-            reply_to: held.reply_to.clone(),
-            covers: covered.into_iter().map(|(_, id)| id).collect(),
-            parts_sent: 0,
-            attempts: 0,
-            created_at: now.to_caller(now.db),
-            stored_at: now.db,
-        });
+        let covers = covered.into_iter().map(|(_, id)| id).collect();
+        notices.push(rules::notice_row(
+            outbox,
+            conversation.clone(),
+            held.text.clone(),
+            held.reply_to.clone(),
+            covers,
+            now.stored(),
+        ));
     }
     Ok(notices)
 }

@@ -7,6 +7,7 @@ use super::SqliteStore;
 use super::leases::{conversation_of, ensure_lease};
 use super::sql::Context;
 use crate::domain::{ConversationId, Lease, Timestamp};
+use crate::store::rules::{self, RateVerdict};
 use crate::store::{
     AccessRule, Charged, LimitStore, RateHold, RateWindow, Reservation, StoreError, TokenCharge,
 };
@@ -50,15 +51,10 @@ impl LimitStore for SqliteStore {
                 )
                 .optional()
                 .ctx("reading the timer")?;
-            match held {
-                // Answered already: nothing left to hold.
-                None => Ok(None),
-                // A hold in force is kept, not extended.
-                Some(held_until) if held_until > now.0 => Ok(Some(RateHold {
-                    until: Timestamp(held_until),
-                    began: false,
-                })),
-                Some(_) => {
+            match rules::rate_verdict(held, until, now) {
+                RateVerdict::Nothing => Ok(None),
+                RateVerdict::Kept(until) => Ok(Some(RateHold { until, began: false })),
+                RateVerdict::Begin(until) => {
                     hold_timer(tx, conversation, until)?;
                     Ok(Some(RateHold { until, began: true }))
                 }
@@ -84,25 +80,20 @@ impl LimitStore for SqliteStore {
             // the rows in this order).
             let scopes = crate::store::rules::sorted_scopes(&charge.scopes);
             for scope in &scopes {
-                let Some(limit) = scope.limit.filter(|_| scope.tokens > 0) else {
+                if !rules::budgeted(scope) {
                     continue;
-                };
+                }
                 let used: i64 = tx
                     .prepare_cached("SELECT COALESCE((SELECT tokens FROM token_usage WHERE scope = ?1 AND day = ?2), 0)").ctx("preparing a statement")?.query_row(
                         params![scope.scope, charge.day],
                         |r| r.get(0),
                     )
                     .ctx("reading a token budget")?;
-                let used = used.max(0) as u64;
-                if used.saturating_add(scope.tokens as u64) > limit {
+                if let Some(over) = rules::over_budget(scope, used) {
                     if let Some(until) = charge.hold_until {
                         hold_timer(tx, conversation, until)?;
                     }
-                    return Ok(Charged::Over {
-                        scope: scope.scope.clone(),
-                        used,
-                        limit,
-                    });
+                    return Ok(over);
                 }
             }
             for scope in &scopes {

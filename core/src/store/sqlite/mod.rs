@@ -61,6 +61,15 @@ const STATEMENT_CACHE: usize = 96;
 /// short, and rounds mostly wait on the model, not the database.
 const READERS: u32 = 4;
 
+/// When a row stored at the caller's `now` was stored: one host, one clock, so both
+/// times are that `now`.
+fn stored_at(now: crate::domain::Timestamp) -> super::rules::StoredAt {
+    super::rules::StoredAt {
+        created_at: now,
+        stored_at: now,
+    }
+}
+
 /// A [`Store`](super::Store) on one SQLite file.
 #[derive(Clone)]
 pub struct SqliteStore {

@@ -3,10 +3,11 @@
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::SqliteStore;
 use super::messages::upsert_conversation;
 use super::sql::Context;
+use super::{SqliteStore, stored_at};
 use crate::domain::{ConversationId, ConversationRef, HolderId, OutboxId, Timestamp};
+use crate::store::rules;
 use crate::store::{NewNotice, OutboxKind, OutboxRow, OutboxStore, PartSent, StoreError};
 
 #[async_trait]
@@ -31,17 +32,9 @@ impl OutboxStore for SqliteStore {
                 .optional()
                 .ctx("queueing a notice")?;
             let _ = conversation;
-            Ok(id.map(|id| OutboxRow {
-                id: OutboxId(id),
-                conversation: notice.conversation,
-                kind: OutboxKind::Notice,
-                text: notice.text,
-                reply_to: notice.reply_to,
-                covers: Vec::new(),
-                parts_sent: 0,
-                attempts: 0,
-                created_at: now,
-                stored_at: now,
+            Ok(id.map(|id| {
+                let at = stored_at(now);
+                rules::notice_row(id, notice.conversation, notice.text, notice.reply_to, Vec::new(), at)
             }))
         })
         .await

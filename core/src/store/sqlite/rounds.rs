@@ -5,18 +5,19 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
-use super::SqliteStore;
 use super::leases::{claim, conversation_of, ensure_lease};
 use super::messages::pending_after;
 use super::outbox::read_owed;
 use super::sql::Context;
+use super::{SqliteStore, stored_at};
 use crate::domain::{
-    ConversationId, ConversationRef, HolderId, Lease, LeaseKey, LeaseToken, OutboxId, Platform,
-    Said, Timestamp, Version,
+    ConversationId, ConversationRef, HolderId, Lease, LeaseKey, LeaseToken, Platform, Said,
+    Timestamp, Version,
 };
+use crate::store::rules;
 use crate::store::{
-    Batch, Claimed, CommitOutcome, Exchange, NewReply, OutboxKind, OutboxRow, PendingMessage,
-    RoundStore, StoreError, TimerState,
+    Batch, Claimed, CommitOutcome, Exchange, NewReply, OutboxRow, PendingMessage, RoundStore,
+    StoreError, TimerState,
 };
 use crate::timing::TimerPolicy;
 
@@ -93,14 +94,12 @@ impl RoundStore for SqliteStore {
         .ctx("preparing a statement")?
         .query_row([conversation.0], |r| r.get(0))
                 .ctx("reading the version")?;
-            // Fresh: a reply is committed only if no message arrived since it was
-            // collected, unless the cap forces it out.
-            let forced = version != v0.0;
-            if forced && !policy.cap_reached(now, oldest) {
+            // Fresh: stale unless the cap forces it out (`rules::commit_verdict`).
+            let Some(forced) = rules::commit_verdict(policy, version, v0, oldest, now) else {
                 return Ok(CommitOutcome::Stale {
                     version: Version(version),
                 });
-            }
+            };
             // No duplicate: a message edited since it was collected is pending again
             // (its version is past v0), so the reply covers only what is unchanged.
             let covered = if forced {
@@ -137,24 +136,13 @@ impl RoundStore for SqliteStore {
             record_covers(tx, outbox, &covered)?;
             let notices = store_held_out(tx, &lease, &reference, &reply.held_out, v0, forced, now)?;
             answer_through(tx, conversation, v0, policy)?;
+            let covers = rules::covered_ids(
+                message_ids.iter().map(|(row, id)| (*row, id.as_str())),
+                &covered,
+            );
             Ok(CommitOutcome::Committed {
                 notices,
-                outbox: OutboxRow {
-                    id: OutboxId(outbox),
-                    conversation: reference,
-                    kind: OutboxKind::Reply,
-                    text: reply.text,
-                    reply_to,
-                    covers: message_ids
-                        .into_iter()
-                        .filter(|(row, _)| covered.contains(row))
-                        .map(|(_, id)| id)
-                        .collect(),
-                    parts_sent: 0,
-                    attempts: 0,
-                    created_at: now,
-                    stored_at: now,
-                },
+                outbox: rules::reply_row(outbox, reference, reply.text, reply_to, covers, stored_at(now)),
                 forced,
             })
         })
@@ -217,18 +205,8 @@ impl RoundStore for SqliteStore {
             let rows: Vec<i64> = covered.iter().map(|(row, _)| *row).collect();
             record_covers(tx, outbox, &rows)?;
             answer_through(tx, conversation, v0, policy)?;
-            Ok(Some(OutboxRow {
-                id: OutboxId(outbox),
-                conversation: reference,
-                kind: OutboxKind::Notice,
-                text: notice,
-                reply_to,
-                covers: covered.into_iter().map(|(_, id)| id).collect(),
-                parts_sent: 0,
-                attempts: 0,
-                created_at: now,
-                stored_at: now,
-            }))
+            let covers = covered.into_iter().map(|(_, id)| id).collect();
+            Ok(Some(rules::notice_row(outbox, reference, notice, reply_to, covers, stored_at(now))))
         })
         .await
     }
@@ -532,18 +510,15 @@ fn store_held_out(
             .ctx("storing a held-out notice")?;
         let rows: Vec<i64> = covered.iter().map(|(row, _)| *row).collect();
         record_covers(tx, outbox, &rows)?;
-        notices.push(OutboxRow {
-            id: OutboxId(outbox),
-            conversation: conversation.clone(),
-            kind: OutboxKind::Notice,
-            text: held.text.clone(),
-            reply_to: held.reply_to.clone(),
-            covers: covered.into_iter().map(|(_, id)| id).collect(),
-            parts_sent: 0,
-            attempts: 0,
-            created_at: now,
-            stored_at: now,
-        });
+        let covers = covered.into_iter().map(|(_, id)| id).collect();
+        notices.push(rules::notice_row(
+            outbox,
+            conversation.clone(),
+            held.text.clone(),
+            held.reply_to.clone(),
+            covers,
+            stored_at(now),
+        ));
     }
     Ok(notices)
 }

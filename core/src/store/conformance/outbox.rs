@@ -51,7 +51,7 @@ pub async fn the_outbox_is_delivered_in_order(store: &dyn Store) {
     let (first, second) = (rows[0].id, rows[1].id);
 
     store
-        .defer_outbox(first, at(1000), "timed out")
+        .defer_outbox(first, at(1000), "timed out", at(20))
         .await
         .unwrap();
     assert!(
@@ -67,7 +67,10 @@ pub async fn the_outbox_is_delivered_in_order(store: &dyn Store) {
     let rows = store.due_outbox(id, at(1001)).await.unwrap();
     assert_eq!(rows[0].parts_sent, 2, "parts sent never go backwards");
     store.mark_sent(first, 3, true, at(1002)).await.unwrap();
-    store.defer_outbox(first, at(9000), "late").await.unwrap();
+    store
+        .defer_outbox(first, at(9000), "late", at(1002))
+        .await
+        .unwrap();
     store.fail_outbox(first, "late", at(1003)).await.unwrap();
     let rows = store.due_outbox(id, at(1003)).await.unwrap();
     assert_eq!(texts(&rows), ["second"], "a sent row is done");
@@ -76,7 +79,10 @@ pub async fn the_outbox_is_delivered_in_order(store: &dyn Store) {
         .fail_outbox(second, "refused", at(1004))
         .await
         .unwrap();
-    store.defer_outbox(second, at(1005), "again").await.unwrap();
+    store
+        .defer_outbox(second, at(1005), "again", at(1004))
+        .await
+        .unwrap();
     assert!(
         store.due_outbox(id, at(10_000)).await.unwrap().is_empty(),
         "a given-up row is never tried again"
@@ -110,9 +116,9 @@ pub async fn an_outbox_row_is_stored_at_one_time_in_every_read(store: &dyn Store
         rows.into_iter().next().unwrap()
     };
     reads.push(("due_outbox", due_outbox(at(1000)).await));
-    // A failed attempt; the retry reads the row again.
+    // A failed attempt (its retry due at once); the retry reads the row again.
     store
-        .defer_outbox(reads[0].1.id, at(3000), "timed out")
+        .defer_outbox(reads[0].1.id, at(3000), "timed out", at(3000))
         .await
         .unwrap();
     reads.push(("due_outbox after a retry", due_outbox(at(3000)).await));

@@ -262,7 +262,7 @@ pub async fn a_round_is_claimed_with_what_it_works_on(store: &dyn Store) {
     let (id, lease, batch) = round(store, &c1, &a, &["m1"], at(1000)).await;
     let (reply, _) = committed(store, &lease, &batch, "first answer", at(1000)).await;
     store
-        .defer_outbox(reply, at(5000), "timed out")
+        .defer_outbox(reply, at(5000), "timed out", at(1000))
         .await
         .unwrap();
     store.release_lease(&lease, None, at(1000)).await.unwrap();

@@ -79,12 +79,14 @@ pub trait OutboxStore: Send + Sync + 'static {
 
     /// A delivery attempt failed: count it and keep its error, and try again at
     /// `retry_at` (not before). Recorded before the next attempt, so a crash forgets no
-    /// attempt. A sent or given-up row is left alone.
+    /// attempt. A sent or given-up row is left alone. `retry_at` is on the timeline of
+    /// the caller's `now`, as every time a method is given.
     async fn defer_outbox(
         &self,
         id: OutboxId,
         retry_at: Timestamp,
         error: &str,
+        now: Timestamp,
     ) -> Result<(), StoreError>;
 
     /// A delivery attempt failed and the row is given up (dead-lettered: the platform

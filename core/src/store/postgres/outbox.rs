@@ -3,10 +3,9 @@
 use async_trait::async_trait;
 
 use super::PostgresStore;
-use super::clock::{TimeSource, on_caller_timeline};
+use super::clock::on_caller_timeline;
 use super::messages::upsert_conversation;
 use super::sql::{Tx, execute, query, query_opt};
-use crate::clock::{Clock, SystemClock};
 use crate::domain::{ConversationId, ConversationRef, HolderId, OutboxId, Timestamp};
 use crate::store::faults::Operation;
 use crate::store::rules;
@@ -82,15 +81,13 @@ impl OutboxStore for PostgresStore {
         id: OutboxId,
         retry_at: Timestamp,
         error: &str,
+        now: Timestamp,
     ) -> Result<(), StoreError> {
         transaction!(self, Operation::Other, "deferring a delivery", |tx| async {
-            // The caller's deadline, moved onto the database's timeline (this call
-            // carries no `now`: the caller's clock is the system clock).
-            let now = self.now(&tx, SystemClock.now()).await?;
-            let retry_at = match self.time {
-                TimeSource::Database => now.to_db(retry_at),
-                TimeSource::Caller => retry_at,
-            };
+            // The caller's deadline, moved onto the database's timeline by the
+            // offset of the caller's `now` (none when the caller is the clock).
+            let now = self.now(&tx, now).await?;
+            let retry_at = now.to_db(retry_at);
             // No loss: a failed attempt only postpones a row that is still undelivered.
             execute(
                 &tx,

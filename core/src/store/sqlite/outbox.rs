@@ -72,6 +72,9 @@ impl OutboxStore for SqliteStore {
         id: OutboxId,
         retry_at: Timestamp,
         error: &str,
+        // One host, one clock: `retry_at` is already on the timeline deadlines are
+        // compared on.
+        _now: Timestamp,
     ) -> Result<(), StoreError> {
         let error = error.to_owned();
         self.write("deferring a delivery", move |tx| {

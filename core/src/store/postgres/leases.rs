@@ -47,30 +47,30 @@ impl LeaseStore for PostgresStore {
         let ttl = crate::domain::millis(ttl);
         transaction!(self, Operation::Other, "renewing a lease", |tx| {
             async {
-            let now = self.now(&tx, now).await?;
-            // Exclusive: only the live holder with this fencing token extends the
-            // lease, on the database's clock.
-            let renewed = query_opt(
-                &tx,
-                concat!(
-                    "WITH clock AS (SELECT COALESCE($5::int8, ", db_now!(), ") AS t)
-                     UPDATE leases SET expires_at = (SELECT t FROM clock) + $4
-                     WHERE resource = $1 AND holder = $2 AND token = $3 AND expires_at > (SELECT t FROM clock)
-                     RETURNING expires_at"
-                ),
-                &[&row.resource, &lease.holder.as_str(), &lease.token.0, &ttl, &now.fixed],
-                "renewing a lease",
-            )
-            .await?;
-            match renewed {
-                Some(r) => Ok(Lease {
-                    expires_at: Timestamp(r.get(0)),
-                    ..lease.clone()
-                }),
-                None => Err(StoreError::LeaseLost(lease.key.clone())),
+                let now = self.now(&tx, now).await?;
+                // Exclusive: only the live holder with this fencing token extends the
+                // lease, on the database's clock.
+                let renewed = query_opt(
+                    &tx,
+                    concat!(
+                        "WITH clock AS (SELECT COALESCE($5::int8, ", db_now!(), ") AS t)
+                         UPDATE leases SET expires_at = (SELECT t FROM clock) + $4
+                         WHERE resource = $1 AND holder = $2 AND token = $3 AND expires_at > (SELECT t FROM clock)
+                         RETURNING expires_at"
+                    ),
+                    &[&row.resource, &lease.holder.as_str(), &lease.token.0, &ttl, &now.fixed],
+                    "renewing a lease",
+                )
+                .await?;
+                match renewed {
+                    Some(r) => Ok(Lease {
+                        expires_at: Timestamp(r.get(0)),
+                        ..lease.clone()
+                    }),
+                    None => Err(StoreError::LeaseLost(lease.key.clone())),
+                }
             }
-        }
-        .await
+            .await
         })
     }
 
@@ -83,21 +83,21 @@ impl LeaseStore for PostgresStore {
         let row = self.row(&lease.key, &lease.holder);
         transaction!(self, Operation::Other, "releasing a lease", |tx| {
             async {
-            let now = self.now(&tx, now).await?;
-            if let Some(sent) = last_sent {
-                mark_part_sent(&tx, sent, now.db).await?;
+                let now = self.now(&tx, now).await?;
+                if let Some(sent) = last_sent {
+                    mark_part_sent(&tx, sent, now.db).await?;
+                }
+                // Only our own claim is released: a lease taken over since stays with its holder.
+                execute(
+                    &tx,
+                    "UPDATE leases SET holder = NULL WHERE resource = $1 AND holder = $2 AND token = $3",
+                    &[&row.resource, &lease.holder.as_str(), &lease.token.0],
+                    "releasing a lease",
+                )
+                .await?;
+                Ok(())
             }
-            // Only our own claim is released: a lease taken over since stays with its holder.
-            execute(
-                &tx,
-                "UPDATE leases SET holder = NULL WHERE resource = $1 AND holder = $2 AND token = $3",
-                &[&row.resource, &lease.holder.as_str(), &lease.token.0],
-                "releasing a lease",
-            )
-            .await?;
-            Ok(())
-        }
-        .await
+            .await
         })
     }
 }

@@ -26,52 +26,52 @@ impl LimitStore for PostgresStore {
         let window = crate::domain::millis(rate.window);
         transaction!(self, Operation::Other, "applying the rate limit", |tx| {
             async {
-            let now = self.now(&tx, now).await?;
-            // The conversation's writers queue here (the lock order: conversation,
-            // then timer), so a hold is decided on the timer as it is.
-            lock_conversation(&tx, conversation).await?;
-            let past_limit = query_opt(
-                &tx,
-                "SELECT at FROM (
-                     SELECT m.received_at AS at FROM messages m JOIN conversations c ON c.id = m.conversation_id
-                     WHERE m.user_id = $1 AND m.received_at > $3
-                       AND c.platform = (SELECT platform FROM conversations WHERE id = $2)
-                     UNION ALL
-                     SELECT e.edited_at FROM edits e
-                     WHERE e.user_id = $1 AND e.edited_at > $3
-                       AND e.platform = (SELECT platform FROM conversations WHERE id = $2)) recent
-                 ORDER BY at DESC LIMIT 1 OFFSET $4",
-                &[&user_id, &conversation.0, &(now.db.0 - window), &i64::from(rate.max)],
-                "counting a user's recent messages",
-            )
-            .await?;
-            let Some(past_limit) = past_limit.map(|r| r.get::<_, i64>(0)) else {
-                return Ok(None);
-            };
-            let until = Timestamp(past_limit).plus(rate.window);
-            let held = query_opt(
-                &tx,
-                "SELECT held_until FROM timers WHERE conversation_id = $1 FOR UPDATE",
-                &[&conversation.0],
-                "reading the timer",
-            )
-            .await?;
-            match rules::rate_verdict(held.map(|r| r.get::<_, i64>(0)), until, now.db) {
-                RateVerdict::Nothing => Ok(None),
-                RateVerdict::Kept(held_until) => Ok(Some(RateHold {
-                    until: now.to_caller(held_until),
-                    began: false,
-                })),
-                RateVerdict::Begin(until) => {
-                    hold_timer(&tx, conversation, until).await?;
-                    Ok(Some(RateHold {
-                        until: now.to_caller(until),
-                        began: true,
-                    }))
+                let now = self.now(&tx, now).await?;
+                // The conversation's writers queue here (the lock order: conversation,
+                // then timer), so a hold is decided on the timer as it is.
+                lock_conversation(&tx, conversation).await?;
+                let past_limit = query_opt(
+                    &tx,
+                    "SELECT at FROM (
+                         SELECT m.received_at AS at FROM messages m JOIN conversations c ON c.id = m.conversation_id
+                         WHERE m.user_id = $1 AND m.received_at > $3
+                           AND c.platform = (SELECT platform FROM conversations WHERE id = $2)
+                         UNION ALL
+                         SELECT e.edited_at FROM edits e
+                         WHERE e.user_id = $1 AND e.edited_at > $3
+                           AND e.platform = (SELECT platform FROM conversations WHERE id = $2)) recent
+                     ORDER BY at DESC LIMIT 1 OFFSET $4",
+                    &[&user_id, &conversation.0, &(now.db.0 - window), &i64::from(rate.max)],
+                    "counting a user's recent messages",
+                )
+                .await?;
+                let Some(past_limit) = past_limit.map(|r| r.get::<_, i64>(0)) else {
+                    return Ok(None);
+                };
+                let until = Timestamp(past_limit).plus(rate.window);
+                let held = query_opt(
+                    &tx,
+                    "SELECT held_until FROM timers WHERE conversation_id = $1 FOR UPDATE",
+                    &[&conversation.0],
+                    "reading the timer",
+                )
+                .await?;
+                match rules::rate_verdict(held.map(|r| r.get::<_, i64>(0)), until, now.db) {
+                    RateVerdict::Nothing => Ok(None),
+                    RateVerdict::Kept(held_until) => Ok(Some(RateHold {
+                        until: now.to_caller(held_until),
+                        began: false,
+                    })),
+                    RateVerdict::Begin(until) => {
+                        hold_timer(&tx, conversation, until).await?;
+                        Ok(Some(RateHold {
+                            until: now.to_caller(until),
+                            began: true,
+                        }))
+                    }
                 }
             }
-        }
-        .await
+            .await
         })
     }
 
@@ -89,75 +89,75 @@ impl LimitStore for PostgresStore {
         let conversation = conversation_of(lease);
         transaction!(self, Operation::Other, "charging tokens", |tx| {
             async {
-            let now = self.now(&tx, now).await?;
-            ensure_lease(&tx, lease, &row, now).await?;
-            for scope in &scopes {
-                execute(
-                    &tx,
-                    "INSERT INTO token_usage (scope, day, tokens) VALUES ($1, $2, 0)
-                     ON CONFLICT (scope, day) DO NOTHING",
-                    &[&scope.scope, &charge.day],
-                    "reading a token budget",
-                )
-                .await?;
-                // Budgets: what a scope used is read under its row lock, so two
-                // charges never both fit the same remainder.
-                let used: i64 = query_one(
-                    &tx,
-                    "SELECT tokens FROM token_usage WHERE scope = $1 AND day = $2 FOR UPDATE",
-                    &[&scope.scope, &charge.day],
-                    "reading a token budget",
-                )
-                .await?
-                .get(0);
-                if let Some(over) = rules::over_budget(scope, used) {
-                    if let Some(until) = charge.hold_until {
-                        hold_timer(&tx, conversation, now.to_db(until)).await?;
+                let now = self.now(&tx, now).await?;
+                ensure_lease(&tx, lease, &row, now).await?;
+                for scope in &scopes {
+                    execute(
+                        &tx,
+                        "INSERT INTO token_usage (scope, day, tokens) VALUES ($1, $2, 0)
+                         ON CONFLICT (scope, day) DO NOTHING",
+                        &[&scope.scope, &charge.day],
+                        "reading a token budget",
+                    )
+                    .await?;
+                    // Budgets: what a scope used is read under its row lock, so two
+                    // charges never both fit the same remainder.
+                    let used: i64 = query_one(
+                        &tx,
+                        "SELECT tokens FROM token_usage WHERE scope = $1 AND day = $2 FOR UPDATE",
+                        &[&scope.scope, &charge.day],
+                        "reading a token budget",
+                    )
+                    .await?
+                    .get(0);
+                    if let Some(over) = rules::over_budget(scope, used) {
+                        if let Some(until) = charge.hold_until {
+                            hold_timer(&tx, conversation, now.to_db(until)).await?;
+                        }
+                        return Ok(over);
                     }
-                    return Ok(over);
                 }
-            }
-            for scope in &scopes {
-                // Totals are only ever added to, never written back from a read.
-                execute(
-                    &tx,
-                    "UPDATE token_usage SET tokens = GREATEST(tokens + $3::int8, 0) WHERE scope = $1 AND day = $2",
-                    &[&scope.scope, &charge.day, &scope.tokens],
-                    "charging tokens",
-                )
-                .await?;
-            }
-            match charge.reservation {
-                Reservation::None => {}
-                Reservation::Reserve => {
-                    // Every reservation expires: recorded under the lease's token, it
-                    // is given back at the next claim unless settled.
-                    for scope in &scopes {
+                for scope in &scopes {
+                    // Totals are only ever added to, never written back from a read.
+                    execute(
+                        &tx,
+                        "UPDATE token_usage SET tokens = GREATEST(tokens + $3::int8, 0) WHERE scope = $1 AND day = $2",
+                        &[&scope.scope, &charge.day, &scope.tokens],
+                        "charging tokens",
+                    )
+                    .await?;
+                }
+                match charge.reservation {
+                    Reservation::None => {}
+                    Reservation::Reserve => {
+                        // Every reservation expires: recorded under the lease's token, it
+                        // is given back at the next claim unless settled.
+                        for scope in &scopes {
+                            execute(
+                                &tx,
+                                "INSERT INTO token_reservations (conversation_id, lease_token, day, scope, tokens)
+                                 VALUES ($1, $2, $3, $4, $5)
+                                 ON CONFLICT (conversation_id, lease_token, day, scope)
+                                 DO UPDATE SET tokens = token_reservations.tokens + EXCLUDED.tokens",
+                                &[&conversation.0, &lease.token.0, &charge.day, &scope.scope, &scope.tokens],
+                                "recording a reservation",
+                            )
+                            .await?;
+                        }
+                    }
+                    Reservation::Settle => {
                         execute(
                             &tx,
-                            "INSERT INTO token_reservations (conversation_id, lease_token, day, scope, tokens)
-                             VALUES ($1, $2, $3, $4, $5)
-                             ON CONFLICT (conversation_id, lease_token, day, scope)
-                             DO UPDATE SET tokens = token_reservations.tokens + EXCLUDED.tokens",
-                            &[&conversation.0, &lease.token.0, &charge.day, &scope.scope, &scope.tokens],
-                            "recording a reservation",
+                            "DELETE FROM token_reservations WHERE conversation_id = $1 AND lease_token = $2",
+                            &[&conversation.0, &lease.token.0],
+                            "settling a reservation",
                         )
                         .await?;
                     }
                 }
-                Reservation::Settle => {
-                    execute(
-                        &tx,
-                        "DELETE FROM token_reservations WHERE conversation_id = $1 AND lease_token = $2",
-                        &[&conversation.0, &lease.token.0],
-                        "settling a reservation",
-                    )
-                    .await?;
-                }
+                Ok(Charged::Charged)
             }
-            Ok(Charged::Charged)
-        }
-        .await
+            .await
         })
     }
 
@@ -188,26 +188,26 @@ impl LimitStore for PostgresStore {
             "recording an access decision",
             |tx| {
                 async {
-            execute(
-                &tx,
-                "INSERT INTO access_rules (platform, kind, subject, allowed, set_by, set_at)
-                 VALUES ($1, $2, $3, $4, $5, $6)
-                 ON CONFLICT (platform, kind, subject) DO UPDATE SET
-                     allowed = excluded.allowed, set_by = excluded.set_by, set_at = excluded.set_at",
-                &[
-                    &rule.subject.platform.as_str(),
-                    &rule.subject.kind.as_str(),
-                    &rule.subject.id,
-                    &rule.allowed,
-                    &rule.set_by,
-                    &rule.set_at.0,
-                ],
-                "recording an access decision",
-            )
-            .await?;
-            Ok(())
-        }
-        .await
+                    execute(
+                        &tx,
+                        "INSERT INTO access_rules (platform, kind, subject, allowed, set_by, set_at)
+                         VALUES ($1, $2, $3, $4, $5, $6)
+                         ON CONFLICT (platform, kind, subject) DO UPDATE SET
+                             allowed = excluded.allowed, set_by = excluded.set_by, set_at = excluded.set_at",
+                        &[
+                            &rule.subject.platform.as_str(),
+                            &rule.subject.kind.as_str(),
+                            &rule.subject.id,
+                            &rule.allowed,
+                            &rule.set_by,
+                            &rule.set_at.0,
+                        ],
+                        "recording an access decision",
+                    )
+                    .await?;
+                    Ok(())
+                }
+                .await
             }
         )
     }

@@ -25,40 +25,40 @@ impl MessageStore for PostgresStore {
         let media = crate::store::encode_media(&message.media);
         transaction!(self, Operation::Intake, "storing a message", |tx| {
             async {
-            let now = self.now(&tx, now).await?;
-            let conversation = upsert_conversation(&tx, &message.conversation, message.is_group, now.db).await?;
-            // No duplicate: a redelivered platform message is stored once.
-            let inserted = execute(
-                &tx,
-                "INSERT INTO messages
-                     (conversation_id, platform_message_id, user_id, author, text, version, received_at, media)
-                 SELECT $1, $2::text, $3::text, $4::text, $5::text, version + 1, $6::int8, $7::text
-                 FROM conversations WHERE id = $1
-                 ON CONFLICT (conversation_id, platform_message_id) DO NOTHING",
-                &[
-                    &conversation.0,
-                    &message.message_id,
-                    &message.user_id,
-                    &message.author,
-                    &message.text,
-                    &now.db.0,
-                    &media,
-                ],
-                "storing a message",
-            )
-            .await?;
-            if inserted == 0 {
-                return Ok(IngestOutcome::Duplicate { conversation });
+                let now = self.now(&tx, now).await?;
+                let conversation = upsert_conversation(&tx, &message.conversation, message.is_group, now.db).await?;
+                // No duplicate: a redelivered platform message is stored once.
+                let inserted = execute(
+                    &tx,
+                    "INSERT INTO messages
+                         (conversation_id, platform_message_id, user_id, author, text, version, received_at, media)
+                     SELECT $1, $2::text, $3::text, $4::text, $5::text, version + 1, $6::int8, $7::text
+                     FROM conversations WHERE id = $1
+                     ON CONFLICT (conversation_id, platform_message_id) DO NOTHING",
+                    &[
+                        &conversation.0,
+                        &message.message_id,
+                        &message.user_id,
+                        &message.author,
+                        &message.text,
+                        &now.db.0,
+                        &media,
+                    ],
+                    "storing a message",
+                )
+                .await?;
+                if inserted == 0 {
+                    return Ok(IngestOutcome::Duplicate { conversation });
+                }
+                let (version, due_at) =
+                    bump_and_arm(&tx, conversation, message.conversation.platform, policy, holder, now.db).await?;
+                Ok(IngestOutcome::Stored {
+                    conversation,
+                    version,
+                    due_at: now.to_caller(due_at),
+                })
             }
-            let (version, due_at) =
-                bump_and_arm(&tx, conversation, message.conversation.platform, policy, holder, now.db).await?;
-            Ok(IngestOutcome::Stored {
-                conversation,
-                version,
-                due_at: now.to_caller(due_at),
-            })
-        }
-        .await
+            .await
         })
     }
 
@@ -71,50 +71,50 @@ impl MessageStore for PostgresStore {
         let policy = self.timers;
         transaction!(self, Operation::Intake, "editing a message", |tx| {
             async {
-            let now = self.now(&tx, now).await?;
-            let found = query_opt(
-                &tx,
-                "SELECT id, answered_version FROM conversations WHERE platform = $1 AND key = $2 FOR UPDATE",
-                &[&edit.conversation.platform.as_str(), &edit.conversation.key],
-                "finding a conversation",
-            )
-            .await?;
-            let Some(found) = found else {
-                return Ok(IngestOutcome::EditIgnored);
-            };
-            let (id, answered): (i64, i64) = (found.get(0), found.get(1));
-            // Edits: only a still-pending message changes, and it counts as new.
-            let changed = execute(
-                &tx,
-                "UPDATE messages
-                 SET text = $1, version = (SELECT version + 1 FROM conversations WHERE id = $2)
-                 WHERE conversation_id = $2 AND platform_message_id = $3 AND version > $4 AND text <> $1",
-                &[&edit.text, &id, &edit.message_id, &answered],
-                "editing a message",
-            )
-            .await?;
-            if changed == 0 {
-                return Ok(IngestOutcome::EditIgnored);
+                let now = self.now(&tx, now).await?;
+                let found = query_opt(
+                    &tx,
+                    "SELECT id, answered_version FROM conversations WHERE platform = $1 AND key = $2 FOR UPDATE",
+                    &[&edit.conversation.platform.as_str(), &edit.conversation.key],
+                    "finding a conversation",
+                )
+                .await?;
+                let Some(found) = found else {
+                    return Ok(IngestOutcome::EditIgnored);
+                };
+                let (id, answered): (i64, i64) = (found.get(0), found.get(1));
+                // Edits: only a still-pending message changes, and it counts as new.
+                let changed = execute(
+                    &tx,
+                    "UPDATE messages
+                     SET text = $1, version = (SELECT version + 1 FROM conversations WHERE id = $2)
+                     WHERE conversation_id = $2 AND platform_message_id = $3 AND version > $4 AND text <> $1",
+                    &[&edit.text, &id, &edit.message_id, &answered],
+                    "editing a message",
+                )
+                .await?;
+                if changed == 0 {
+                    return Ok(IngestOutcome::EditIgnored);
+                }
+                // Rate limit: an applied edit counts in its author's window, as a message.
+                execute(
+                    &tx,
+                    "INSERT INTO edits (message_id, user_id, platform, edited_at)
+                     SELECT id, user_id, $3, $4 FROM messages WHERE conversation_id = $1 AND platform_message_id = $2",
+                    &[&id, &edit.message_id, &edit.conversation.platform.as_str(), &now.db.0],
+                    "recording an edit",
+                )
+                .await?;
+                let conversation = ConversationId(id);
+                let (version, due_at) =
+                    bump_and_arm(&tx, conversation, edit.conversation.platform, policy, holder, now.db).await?;
+                Ok(IngestOutcome::Stored {
+                    conversation,
+                    version,
+                    due_at: now.to_caller(due_at),
+                })
             }
-            // Rate limit: an applied edit counts in its author's window, as a message.
-            execute(
-                &tx,
-                "INSERT INTO edits (message_id, user_id, platform, edited_at)
-                 SELECT id, user_id, $3, $4 FROM messages WHERE conversation_id = $1 AND platform_message_id = $2",
-                &[&id, &edit.message_id, &edit.conversation.platform.as_str(), &now.db.0],
-                "recording an edit",
-            )
-            .await?;
-            let conversation = ConversationId(id);
-            let (version, due_at) =
-                bump_and_arm(&tx, conversation, edit.conversation.platform, policy, holder, now.db).await?;
-            Ok(IngestOutcome::Stored {
-                conversation,
-                version,
-                due_at: now.to_caller(due_at),
-            })
-        }
-        .await
+            .await
         })
     }
 
@@ -164,35 +164,35 @@ impl MessageStore for PostgresStore {
             "finding recent conversations",
             |tx| {
                 async {
-            let now = self.now(&tx, SystemClock.now()).await?;
-            let since = match self.time {
-                TimeSource::Database => now.to_db(since),
-                TimeSource::Caller => since,
-            };
-            // No loss: catch-up resumes after the message stored last (the highest row
-            // id), never after one that merely has a larger platform id.
-            let rows = query(
-                &tx,
-                "SELECT c.key, c.is_group, m.platform_message_id
-                 FROM conversations c
-                 JOIN messages m ON m.id = (SELECT MAX(id) FROM messages WHERE conversation_id = c.id)
-                 WHERE c.platform = $1 AND m.received_at >= $2
-                 ORDER BY m.received_at DESC, m.id DESC
-                 LIMIT $3",
-                &[&platform.as_str(), &since.0, &(limit as i64)],
-                "finding recent conversations",
-            )
-            .await?;
-            Ok(rows
-                .into_iter()
-                .map(|r| RecentConversation {
-                    conversation: ConversationRef::new(platform, r.get::<_, String>(0)),
-                    is_group: r.get(1),
-                    last_message_id: r.get(2),
-                })
-                .collect())
-        }
-        .await
+                    let now = self.now(&tx, SystemClock.now()).await?;
+                    let since = match self.time {
+                        TimeSource::Database => now.to_db(since),
+                        TimeSource::Caller => since,
+                    };
+                    // No loss: catch-up resumes after the message stored last (the highest row
+                    // id), never after one that merely has a larger platform id.
+                    let rows = query(
+                        &tx,
+                        "SELECT c.key, c.is_group, m.platform_message_id
+                         FROM conversations c
+                         JOIN messages m ON m.id = (SELECT MAX(id) FROM messages WHERE conversation_id = c.id)
+                         WHERE c.platform = $1 AND m.received_at >= $2
+                         ORDER BY m.received_at DESC, m.id DESC
+                         LIMIT $3",
+                        &[&platform.as_str(), &since.0, &(limit as i64)],
+                        "finding recent conversations",
+                    )
+                    .await?;
+                    Ok(rows
+                        .into_iter()
+                        .map(|r| RecentConversation {
+                            conversation: ConversationRef::new(platform, r.get::<_, String>(0)),
+                            is_group: r.get(1),
+                            last_message_id: r.get(2),
+                        })
+                        .collect())
+                }
+                .await
             }
         )
     }

@@ -21,25 +21,25 @@ impl OutboxStore for PostgresStore {
     ) -> Result<Option<OutboxRow>, StoreError> {
         transaction!(self, Operation::Other, "queueing a notice", |tx| {
             async {
-            let now = self.now(&tx, now).await?;
-            let conversation = upsert_conversation(&tx, &notice.conversation, notice.is_group, now.db).await?;
-            // At most one notice per dedupe key.
-            let id = query_opt(
-                &tx,
-                "INSERT INTO outbox (conversation_id, kind, text, reply_to, dedupe_key, owner, created_at, next_attempt_at)
-                 VALUES ($1, 'notice', $2, $3, $4, $5, $6, $6)
-                 ON CONFLICT (dedupe_key) DO NOTHING
-                 RETURNING id",
-                &[&conversation.0, &notice.text, &notice.reply_to, &notice.dedupe_key, &holder.as_str(), &now.db.0],
-                "queueing a notice",
-            )
-            .await?;
-            Ok(id.map(|r| {
-                let (conversation, text) = (notice.conversation.clone(), notice.text.clone());
-                rules::notice_row(r.get(0), conversation, text, notice.reply_to.clone(), Vec::new(), now.stored())
-            }))
-        }
-        .await
+                let now = self.now(&tx, now).await?;
+                let conversation = upsert_conversation(&tx, &notice.conversation, notice.is_group, now.db).await?;
+                // At most one notice per dedupe key.
+                let id = query_opt(
+                    &tx,
+                    "INSERT INTO outbox (conversation_id, kind, text, reply_to, dedupe_key, owner, created_at, next_attempt_at)
+                     VALUES ($1, 'notice', $2, $3, $4, $5, $6, $6)
+                     ON CONFLICT (dedupe_key) DO NOTHING
+                     RETURNING id",
+                    &[&conversation.0, &notice.text, &notice.reply_to, &notice.dedupe_key, &holder.as_str(), &now.db.0],
+                    "queueing a notice",
+                )
+                .await?;
+                Ok(id.map(|r| {
+                    let (conversation, text) = (notice.conversation.clone(), notice.text.clone());
+                    rules::notice_row(r.get(0), conversation, text, notice.reply_to.clone(), Vec::new(), now.stored())
+                }))
+            }
+            .await
         })
     }
 

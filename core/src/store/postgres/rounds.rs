@@ -84,80 +84,80 @@ impl RoundStore for PostgresStore {
         let policy = self.timers;
         transaction!(self, Operation::Other, "committing a reply", |tx| {
             async {
-            let now = self.now(&tx, now).await?;
-            ensure_lease(&tx, lease, &row, now).await?;
-            let version = lock_conversation(&tx, conversation).await?;
-            let oldest = batch.oldest_pending_at().unwrap_or(now.db);
-            // Fresh: stale unless the cap forces it out (`rules::commit_verdict`).
-            let Some(forced) = rules::commit_verdict(policy, version, v0, oldest, now.db) else {
-                return Ok(CommitOutcome::Stale {
-                    version: Version(version),
-                });
-            };
-            let collected: Vec<i64> = batch.pending.iter().map(|m| m.row).collect();
-            // No duplicate: a message edited since it was collected is pending again
-            // (its version is past v0), so the reply covers only what is unchanged.
-            let covered: Vec<i64> = if forced {
-                query(
+                let now = self.now(&tx, now).await?;
+                ensure_lease(&tx, lease, &row, now).await?;
+                let version = lock_conversation(&tx, conversation).await?;
+                let oldest = batch.oldest_pending_at().unwrap_or(now.db);
+                // Fresh: stale unless the cap forces it out (`rules::commit_verdict`).
+                let Some(forced) = rules::commit_verdict(policy, version, v0, oldest, now.db) else {
+                    return Ok(CommitOutcome::Stale {
+                        version: Version(version),
+                    });
+                };
+                let collected: Vec<i64> = batch.pending.iter().map(|m| m.row).collect();
+                // No duplicate: a message edited since it was collected is pending again
+                // (its version is past v0), so the reply covers only what is unchanged.
+                let covered: Vec<i64> = if forced {
+                    query(
+                        &tx,
+                        "SELECT id FROM messages WHERE id = ANY($1) AND version <= $2",
+                        &[&collected, &v0.0],
+                        "checking for edits",
+                    )
+                    .await?
+                    .into_iter()
+                    .map(|r| r.get(0))
+                    .collect()
+                } else {
+                    collected
+                };
+                if covered.is_empty() {
+                    return Ok(CommitOutcome::Stale {
+                        version: Version(version),
+                    });
+                }
+                let usage = reply.usage.unwrap_or_default();
+                let outbox: i64 = query_one(
                     &tx,
-                    "SELECT id FROM messages WHERE id = ANY($1) AND version <= $2",
-                    &[&collected, &v0.0],
-                    "checking for edits",
+                    "INSERT INTO outbox (conversation_id, kind, text, reply_to, version, lease_token, forced,
+                                         prompt_tokens, completion_tokens, llm_ms, owner, created_at, next_attempt_at)
+                     VALUES ($1, 'reply', $2, $3, $4, $5, $6, $7, $8, $9, $11, $10, $10)
+                     RETURNING id",
+                    &[
+                        &conversation.0,
+                        &reply.text,
+                        &reply_to,
+                        &v0.0,
+                        &lease.token.0,
+                        &forced,
+                        &reply.usage.map(|_| usage.prompt as i64),
+                        &reply.usage.map(|_| usage.completion as i64),
+                        &(reply.llm_ms as i64),
+                        &now.db.0,
+                        &lease.holder.as_str(),
+                    ],
+                    "storing a reply",
                 )
                 .await?
-                .into_iter()
-                .map(|r| r.get(0))
-                .collect()
-            } else {
-                collected
-            };
-            if covered.is_empty() {
-                return Ok(CommitOutcome::Stale {
-                    version: Version(version),
-                });
+                .get(0);
+                record_covers(&tx, outbox, &covered).await?;
+                let notices =
+                    store_held_out(&tx, lease, &batch.conversation, &reply.held_out, v0, forced, now)
+                        .await?;
+                answer_through(&tx, conversation, v0, policy).await?;
+                let covers = rules::covered_ids(
+                    batch.pending.iter().map(|m| (m.row, m.message_id.as_str())),
+                    &covered,
+                );
+                let conversation = batch.conversation.clone();
+                let text = reply.text.clone();
+                Ok(CommitOutcome::Committed {
+                    notices,
+                    outbox: rules::reply_row(outbox, conversation, text, reply_to.clone(), covers, now.stored()),
+                    forced,
+                })
             }
-            let usage = reply.usage.unwrap_or_default();
-            let outbox: i64 = query_one(
-                &tx,
-                "INSERT INTO outbox (conversation_id, kind, text, reply_to, version, lease_token, forced,
-                                     prompt_tokens, completion_tokens, llm_ms, owner, created_at, next_attempt_at)
-                 VALUES ($1, 'reply', $2, $3, $4, $5, $6, $7, $8, $9, $11, $10, $10)
-                 RETURNING id",
-                &[
-                    &conversation.0,
-                    &reply.text,
-                    &reply_to,
-                    &v0.0,
-                    &lease.token.0,
-                    &forced,
-                    &reply.usage.map(|_| usage.prompt as i64),
-                    &reply.usage.map(|_| usage.completion as i64),
-                    &(reply.llm_ms as i64),
-                    &now.db.0,
-                    &lease.holder.as_str(),
-                ],
-                "storing a reply",
-            )
-            .await?
-            .get(0);
-            record_covers(&tx, outbox, &covered).await?;
-            let notices =
-                store_held_out(&tx, lease, &batch.conversation, &reply.held_out, v0, forced, now)
-                    .await?;
-            answer_through(&tx, conversation, v0, policy).await?;
-            let covers = rules::covered_ids(
-                batch.pending.iter().map(|m| (m.row, m.message_id.as_str())),
-                &covered,
-            );
-            let conversation = batch.conversation.clone();
-            let text = reply.text.clone();
-            Ok(CommitOutcome::Committed {
-                notices,
-                outbox: rules::reply_row(outbox, conversation, text, reply_to.clone(), covers, now.stored()),
-                forced,
-            })
-        }
-        .await
+            .await
         })
     }
 
@@ -175,47 +175,47 @@ impl RoundStore for PostgresStore {
         let policy = self.timers;
         transaction!(self, Operation::Other, "giving up on a batch", |tx| {
             async {
-            let now = self.now(&tx, now).await?;
-            ensure_lease(&tx, lease, &row, now).await?;
-            lock_conversation(&tx, conversation).await?;
-            // What this give-up ends: messages still pending up to v0. No duplicate: a
-            // message already covered is never covered again.
-            let covered: Vec<(i64, String)> = query(
-                &tx,
-                "SELECT m.id, m.platform_message_id FROM messages m JOIN conversations c ON c.id = m.conversation_id
-                 WHERE c.id = $1 AND m.version > c.answered_version AND m.version <= $2
-                   AND NOT EXISTS (SELECT 1 FROM reply_covers rc WHERE rc.message_id = m.id)
-                 ORDER BY m.id",
-                &[&conversation.0, &v0.0],
-                "finding the messages given up on",
-            )
-            .await?
-            .into_iter()
-            .map(|r| (r.get(0), r.get(1)))
-            .collect();
-            if covered.is_empty() {
-                return Ok(None);
+                let now = self.now(&tx, now).await?;
+                ensure_lease(&tx, lease, &row, now).await?;
+                lock_conversation(&tx, conversation).await?;
+                // What this give-up ends: messages still pending up to v0. No duplicate: a
+                // message already covered is never covered again.
+                let covered: Vec<(i64, String)> = query(
+                    &tx,
+                    "SELECT m.id, m.platform_message_id FROM messages m JOIN conversations c ON c.id = m.conversation_id
+                     WHERE c.id = $1 AND m.version > c.answered_version AND m.version <= $2
+                       AND NOT EXISTS (SELECT 1 FROM reply_covers rc WHERE rc.message_id = m.id)
+                     ORDER BY m.id",
+                    &[&conversation.0, &v0.0],
+                    "finding the messages given up on",
+                )
+                .await?
+                .into_iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect();
+                if covered.is_empty() {
+                    return Ok(None);
+                }
+                let outbox: i64 = query_one(
+                    &tx,
+                    "INSERT INTO outbox (conversation_id, kind, text, reply_to, version, lease_token,
+                                         owner, created_at, next_attempt_at)
+                     VALUES ($1, 'notice', $2, $3, $4, $5, $6, $7, $7)
+                     RETURNING id",
+                    &[&conversation.0, &notice, &reply_to, &v0.0, &lease.token.0, &lease.holder.as_str(), &now.db.0],
+                    "storing a give-up notice",
+                )
+                .await?
+                .get(0);
+                let rows: Vec<i64> = covered.iter().map(|(row, _)| *row).collect();
+                record_covers(&tx, outbox, &rows).await?;
+                answer_through(&tx, conversation, v0, policy).await?;
+                let covers = covered.into_iter().map(|(_, id)| id).collect();
+                let conversation = batch.conversation.clone();
+                let text = notice.to_owned();
+                Ok(Some(rules::notice_row(outbox, conversation, text, reply_to.clone(), covers, now.stored())))
             }
-            let outbox: i64 = query_one(
-                &tx,
-                "INSERT INTO outbox (conversation_id, kind, text, reply_to, version, lease_token,
-                                     owner, created_at, next_attempt_at)
-                 VALUES ($1, 'notice', $2, $3, $4, $5, $6, $7, $7)
-                 RETURNING id",
-                &[&conversation.0, &notice, &reply_to, &v0.0, &lease.token.0, &lease.holder.as_str(), &now.db.0],
-                "storing a give-up notice",
-            )
-            .await?
-            .get(0);
-            let rows: Vec<i64> = covered.iter().map(|(row, _)| *row).collect();
-            record_covers(&tx, outbox, &rows).await?;
-            answer_through(&tx, conversation, v0, policy).await?;
-            let covers = covered.into_iter().map(|(_, id)| id).collect();
-            let conversation = batch.conversation.clone();
-            let text = notice.to_owned();
-            Ok(Some(rules::notice_row(outbox, conversation, text, reply_to.clone(), covers, now.stored())))
-        }
-        .await
+            .await
         })
     }
 
@@ -255,22 +255,22 @@ impl RoundStore for PostgresStore {
         let conversation = conversation_of(lease);
         transaction!(self, Operation::Other, "disarming an idle timer", |tx| {
             async {
-            let now = self.now(&tx, now).await?;
-            ensure_lease(&tx, lease, &row, now).await?;
-            lock_conversation(&tx, conversation).await?;
-            // No loss: a timer with messages pending is never disarmed.
-            execute(
-                &tx,
-                "DELETE FROM timers WHERE conversation_id = $1 AND armed_version <= $2
-                   AND NOT EXISTS (SELECT 1 FROM messages m JOIN conversations c ON c.id = m.conversation_id
-                                   WHERE c.id = $1 AND m.version > c.answered_version)",
-                &[&conversation.0, &v0.0],
-                "disarming an idle timer",
-            )
-            .await?;
-            Ok(())
-        }
-        .await
+                let now = self.now(&tx, now).await?;
+                ensure_lease(&tx, lease, &row, now).await?;
+                lock_conversation(&tx, conversation).await?;
+                // No loss: a timer with messages pending is never disarmed.
+                execute(
+                    &tx,
+                    "DELETE FROM timers WHERE conversation_id = $1 AND armed_version <= $2
+                       AND NOT EXISTS (SELECT 1 FROM messages m JOIN conversations c ON c.id = m.conversation_id
+                                       WHERE c.id = $1 AND m.version > c.answered_version)",
+                    &[&conversation.0, &v0.0],
+                    "disarming an idle timer",
+                )
+                .await?;
+                Ok(())
+            }
+            .await
         })
     }
 
@@ -288,21 +288,21 @@ impl RoundStore for PostgresStore {
             "recording a failed generation",
             |tx| {
                 async {
-            let now = self.now(&tx, now).await?;
-            ensure_lease(&tx, lease, &row, now).await?;
-            lock_conversation(&tx, conversation).await?;
-            let retry_at = now.to_db(retry_at);
-            let attempts = query_opt(
-                &tx,
-                "UPDATE timers SET attempts = attempts + 1, retry_at = $2, due_at = GREATEST(due_at, $2)
-                 WHERE conversation_id = $1 RETURNING attempts",
-                &[&conversation.0, &retry_at.0],
-                "recording a failed generation",
-            )
-            .await?;
-            Ok(attempts.map_or(0, |r| r.get::<_, i32>(0) as u32))
-        }
-        .await
+                    let now = self.now(&tx, now).await?;
+                    ensure_lease(&tx, lease, &row, now).await?;
+                    lock_conversation(&tx, conversation).await?;
+                    let retry_at = now.to_db(retry_at);
+                    let attempts = query_opt(
+                        &tx,
+                        "UPDATE timers SET attempts = attempts + 1, retry_at = $2, due_at = GREATEST(due_at, $2)
+                         WHERE conversation_id = $1 RETURNING attempts",
+                        &[&conversation.0, &retry_at.0],
+                        "recording a failed generation",
+                    )
+                    .await?;
+                    Ok(attempts.map_or(0, |r| r.get::<_, i32>(0) as u32))
+                }
+                .await
             }
         )
     }

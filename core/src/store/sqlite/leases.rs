@@ -83,9 +83,11 @@ impl LeaseStore for SqliteStore {
                 mark_part_sent(tx, sent, now)?;
             }
             // Only our own claim is released: a lease taken over since stays with its holder.
-            tx.prepare_cached("UPDATE leases SET holder = NULL WHERE resource = ?1 AND holder = ?2 AND token = ?3")
-        .ctx("preparing a statement")?
-        .execute(params![row.resource, lease.holder.as_str(), lease.token.0],)
+            tx.prepare_cached(
+                "UPDATE leases SET holder = NULL WHERE resource = ?1 AND holder = ?2 AND token = ?3",
+            )
+            .ctx("preparing a statement")?
+            .execute(params![row.resource, lease.holder.as_str(), lease.token.0])
             .ctx("releasing a lease")?;
             Ok(())
         })

@@ -26,7 +26,8 @@ impl LimitStore for SqliteStore {
             // Rate limit: the newest message or edit past the limit within the
             // window, if any; the window has room again once it has left.
             let past_limit: Option<i64> = tx
-                .prepare_cached("SELECT at FROM (
+                .prepare_cached(
+                    "SELECT at FROM (
                          SELECT m.received_at AS at FROM messages m JOIN conversations c ON c.id = m.conversation_id
                          WHERE m.user_id = ?1 AND m.received_at > ?3
                            AND c.platform = (SELECT platform FROM conversations WHERE id = ?2)
@@ -34,8 +35,16 @@ impl LimitStore for SqliteStore {
                          SELECT e.edited_at FROM edits e
                          WHERE e.user_id = ?1 AND e.edited_at > ?3
                            AND e.platform = (SELECT platform FROM conversations WHERE id = ?2))
-                     ORDER BY at DESC LIMIT 1 OFFSET ?4").ctx("preparing a statement")?.query_row(
-                    params![user_id, conversation.0, now.0 - crate::domain::millis(rate.window), rate.max],
+                     ORDER BY at DESC LIMIT 1 OFFSET ?4",
+                )
+                .ctx("preparing a statement")?
+                .query_row(
+                    params![
+                        user_id,
+                        conversation.0,
+                        now.0 - crate::domain::millis(rate.window),
+                        rate.max,
+                    ],
                     |r| r.get(0),
                 )
                 .optional()
@@ -45,10 +54,9 @@ impl LimitStore for SqliteStore {
             };
             let until = Timestamp(past_limit).plus(rate.window);
             let held: Option<i64> = tx
-                .prepare_cached("SELECT held_until FROM timers WHERE conversation_id = ?1").ctx("preparing a statement")?.query_row(
-                    [conversation.0],
-                    |r| r.get(0),
-                )
+                .prepare_cached("SELECT held_until FROM timers WHERE conversation_id = ?1")
+                .ctx("preparing a statement")?
+                .query_row([conversation.0], |r| r.get(0))
                 .optional()
                 .ctx("reading the timer")?;
             match rules::rate_verdict(held, until, now) {
@@ -84,10 +92,11 @@ impl LimitStore for SqliteStore {
                     continue;
                 }
                 let used: i64 = tx
-                    .prepare_cached("SELECT COALESCE((SELECT tokens FROM token_usage WHERE scope = ?1 AND day = ?2), 0)").ctx("preparing a statement")?.query_row(
-                        params![scope.scope, charge.day],
-                        |r| r.get(0),
+                    .prepare_cached(
+                        "SELECT COALESCE((SELECT tokens FROM token_usage WHERE scope = ?1 AND day = ?2), 0)",
                     )
+                    .ctx("preparing a statement")?
+                    .query_row(params![scope.scope, charge.day], |r| r.get(0))
                     .ctx("reading a token budget")?;
                 if let Some(over) = rules::over_budget(scope, used) {
                     if let Some(until) = charge.hold_until {
@@ -99,11 +108,13 @@ impl LimitStore for SqliteStore {
             for scope in &scopes {
                 // Budgets: totals are only added to (never written back from a read),
                 // so concurrent charges all count; a give-back never goes below zero.
-                tx.prepare_cached("INSERT INTO token_usage (scope, day, tokens) VALUES (?1, ?2, CASE WHEN ?3 > 0 THEN ?3 ELSE 0 END)
+                tx.prepare_cached(
+                    "INSERT INTO token_usage (scope, day, tokens) VALUES (?1, ?2, CASE WHEN ?3 > 0 THEN ?3 ELSE 0 END)
                      ON CONFLICT (scope, day) DO UPDATE SET tokens =
-                         CASE WHEN token_usage.tokens + ?3 > 0 THEN token_usage.tokens + ?3 ELSE 0 END").ctx("preparing a statement")?.execute(
-                    params![scope.scope, charge.day, scope.tokens],
+                         CASE WHEN token_usage.tokens + ?3 > 0 THEN token_usage.tokens + ?3 ELSE 0 END",
                 )
+                .ctx("preparing a statement")?
+                .execute(params![scope.scope, charge.day, scope.tokens])
                 .ctx("charging tokens")?;
             }
             match charge.reservation {
@@ -169,17 +180,21 @@ impl LimitStore for SqliteStore {
         let rule = rule.clone();
         self.write("recording an access decision", move |tx| {
             // One decision per subject: the latest replaces the earlier one.
-            tx.prepare_cached("INSERT INTO access_rules (platform, kind, subject, allowed, set_by, set_at)
+            tx.prepare_cached(
+                "INSERT INTO access_rules (platform, kind, subject, allowed, set_by, set_at)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6)
                  ON CONFLICT (platform, kind, subject) DO UPDATE SET
-                     allowed = excluded.allowed, set_by = excluded.set_by, set_at = excluded.set_at").ctx("preparing a statement")?.execute(
+                     allowed = excluded.allowed, set_by = excluded.set_by, set_at = excluded.set_at",
+            )
+            .ctx("preparing a statement")?
+            .execute(
                 params![
                     rule.subject.platform.as_str(),
                     rule.subject.kind.as_str(),
                     rule.subject.id,
                     rule.allowed,
                     rule.set_by,
-                    rule.set_at.0
+                    rule.set_at.0,
                 ],
             )
             .ctx("recording an access decision")?;

@@ -25,20 +25,25 @@ impl MessageStore for SqliteStore {
         self.write_as(Operation::Intake, "storing a message", move |tx| {
             let conversation = upsert_conversation(tx, &message.conversation, message.is_group, now)?;
             // No duplicate: a redelivered platform message is stored once.
-            let inserted = tx.prepare_cached("INSERT INTO messages
+            let inserted = tx
+                .prepare_cached(
+                    "INSERT INTO messages
                          (conversation_id, platform_message_id, user_id, author, text, version, received_at, media)
                      SELECT ?1, ?2, ?3, ?4, ?5, version + 1, ?6, ?7 FROM conversations WHERE id = ?1
-                     ON CONFLICT (conversation_id, platform_message_id) DO NOTHING")
-        .ctx("preparing a statement")?
-        .execute(params![
+                     ON CONFLICT (conversation_id, platform_message_id) DO NOTHING",
+                )
+                .ctx("preparing a statement")?
+                .execute(
+                    params![
                         conversation.0,
                         message.message_id,
                         message.user_id,
                         message.author,
                         message.text,
                         now.0,
-                        crate::store::encode_media(&message.media)
-                    ],)
+                        crate::store::encode_media(&message.media),
+                    ],
+                )
                 .ctx("storing a message")?;
             if inserted == 0 {
                 return Ok(IngestOutcome::Duplicate { conversation });
@@ -63,32 +68,42 @@ impl MessageStore for SqliteStore {
         let holder = holder.clone();
         let policy = self.timers;
         self.write_as(Operation::Intake, "editing a message", move |tx| {
-            let found: Option<(i64, i64)> = tx.prepare_cached("SELECT id, answered_version FROM conversations WHERE platform = ?1 AND key = ?2")
-        .ctx("preparing a statement")?
-        .query_row(params![edit.conversation.platform.as_str(), edit.conversation.key],
-                    |r| Ok((r.get(0)?, r.get(1)?)),)
+            let found: Option<(i64, i64)> = tx
+                .prepare_cached(
+                    "SELECT id, answered_version FROM conversations WHERE platform = ?1 AND key = ?2",
+                )
+                .ctx("preparing a statement")?
+                .query_row(
+                    params![edit.conversation.platform.as_str(), edit.conversation.key],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
                 .optional()
                 .ctx("finding a conversation")?;
             let Some((id, answered)) = found else {
                 return Ok(IngestOutcome::EditIgnored);
             };
             // Edits: only a still-pending message changes, and it counts as new.
-            let changed = tx.prepare_cached("UPDATE messages
+            let changed = tx
+                .prepare_cached(
+                    "UPDATE messages
                      SET text = ?1, version = (SELECT version + 1 FROM conversations WHERE id = ?2)
                      WHERE conversation_id = ?2 AND platform_message_id = ?3
-                       AND version > ?4 AND text <> ?1")
-        .ctx("preparing a statement")?
-        .execute(params![edit.text, id, edit.message_id, answered],)
+                       AND version > ?4 AND text <> ?1",
+                )
+                .ctx("preparing a statement")?
+                .execute(params![edit.text, id, edit.message_id, answered])
                 .ctx("editing a message")?;
             if changed == 0 {
                 return Ok(IngestOutcome::EditIgnored);
             }
             // Rate limit: an applied edit counts in its author's window, as a message.
-            tx.prepare_cached("INSERT INTO edits (message_id, user_id, platform, edited_at)
-                     SELECT id, user_id, ?3, ?4 FROM messages WHERE conversation_id = ?1 AND platform_message_id = ?2")
-        .ctx("preparing a statement")?
-        .execute(params![id, edit.message_id, edit.conversation.platform.as_str(), now.0])
-                .ctx("recording an edit")?;
+            tx.prepare_cached(
+                "INSERT INTO edits (message_id, user_id, platform, edited_at)
+                 SELECT id, user_id, ?3, ?4 FROM messages WHERE conversation_id = ?1 AND platform_message_id = ?2",
+            )
+            .ctx("preparing a statement")?
+            .execute(params![id, edit.message_id, edit.conversation.platform.as_str(), now.0])
+            .ctx("recording an edit")?;
             let conversation = ConversationId(id);
             let (version, due_at) = bump_and_arm(tx, conversation, edit.conversation.platform, policy, &holder, now)?;
             Ok(IngestOutcome::Stored {
@@ -173,17 +188,16 @@ pub(super) fn upsert_conversation(
     is_group: bool,
     now: Timestamp,
 ) -> Result<ConversationId, StoreError> {
-    tx.prepare_cached("INSERT INTO conversations (platform, key, is_group, created_at) VALUES (?1, ?2, ?3, ?4)
+    tx.prepare_cached(
+        "INSERT INTO conversations (platform, key, is_group, created_at) VALUES (?1, ?2, ?3, ?4)
          ON CONFLICT (platform, key) DO UPDATE SET is_group = conversations.is_group OR excluded.is_group
-         RETURNING id")
-        .ctx("preparing a statement")?
-        .query_row(params![
-            conversation.platform.as_str(),
-            conversation.key,
-            is_group,
-            now.0
-        ],
-        |r| r.get(0),)
+         RETURNING id",
+    )
+    .ctx("preparing a statement")?
+    .query_row(
+        params![conversation.platform.as_str(), conversation.key, is_group, now.0],
+        |r| r.get(0),
+    )
     .map(ConversationId)
     .ctx("finding a conversation")
 }
@@ -212,24 +226,22 @@ fn bump_and_arm(
     // Capped debounce: every message re-arms the timer, never past the cap, and never
     // sooner than a failed generation's backoff (`retry_at`) or a limit's hold
     // (`held_until`).
-    let due_at: i64 = tx.prepare_cached("INSERT INTO timers (conversation_id, platform, due_at, armed_version, armed_at, armed_by)
+    let due_at: i64 = tx
+        .prepare_cached(
+            "INSERT INTO timers (conversation_id, platform, due_at, armed_version, armed_at, armed_by)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6)
              ON CONFLICT (conversation_id) DO UPDATE SET
                  due_at = MAX(excluded.due_at, timers.retry_at, timers.held_until),
                  armed_version = excluded.armed_version,
                  armed_at = excluded.armed_at,
                  armed_by = excluded.armed_by
-             RETURNING due_at")
+             RETURNING due_at",
+        )
         .ctx("preparing a statement")?
-        .query_row(params![
-                conversation.0,
-                platform.as_str(),
-                due_at.0,
-                version,
-                now.0,
-                holder.as_str()
-            ],
-            |r| r.get(0),)
+        .query_row(
+            params![conversation.0, platform.as_str(), due_at.0, version, now.0, holder.as_str()],
+            |r| r.get(0),
+        )
         .ctx("arming the timer")?;
     let due_at = Timestamp(due_at);
     Ok((Version(version), due_at))

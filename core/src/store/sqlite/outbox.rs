@@ -22,13 +22,25 @@ impl OutboxStore for SqliteStore {
         self.write("queueing a notice", move |tx| {
             let conversation = upsert_conversation(tx, &notice.conversation, notice.is_group, now)?;
             // At most one notice per dedupe key.
-            let id: Option<i64> = tx.prepare_cached("INSERT INTO outbox (conversation_id, kind, text, reply_to, dedupe_key, owner, created_at, next_attempt_at)
+            let id: Option<i64> = tx
+                .prepare_cached(
+                    "INSERT INTO outbox (conversation_id, kind, text, reply_to, dedupe_key, owner, created_at, next_attempt_at)
                      VALUES (?1, 'notice', ?2, ?3, ?4, ?5, ?6, ?6)
                      ON CONFLICT (dedupe_key) DO NOTHING
-                     RETURNING id")
-        .ctx("preparing a statement")?
-        .query_row(params![conversation.0, notice.text, notice.reply_to, notice.dedupe_key, holder.as_str(), now.0],
-                    |r| r.get(0),)
+                     RETURNING id",
+                )
+                .ctx("preparing a statement")?
+                .query_row(
+                    params![
+                        conversation.0,
+                        notice.text,
+                        notice.reply_to,
+                        notice.dedupe_key,
+                        holder.as_str(),
+                        now.0,
+                    ],
+                    |r| r.get(0),
+                )
                 .optional()
                 .ctx("queueing a notice")?;
             let _ = conversation;
@@ -149,10 +161,10 @@ pub(super) struct Owed {
 /// does not). `INDEXED BY` and `CROSS JOIN` fix that plan (a test checks it).
 pub(super) const READ_OWED_SQL: &str =
     "SELECT o.id, c.platform, c.key, o.kind, o.text, o.reply_to, o.parts_sent,
-        o.attempts, o.next_attempt_at, o.created_at
- FROM outbox o INDEXED BY outbox_undelivered CROSS JOIN conversations c ON c.id = o.conversation_id
- WHERE o.conversation_id = ?1 AND o.sent_at IS NULL AND o.failed_at IS NULL
- ORDER BY o.id";
+            o.attempts, o.next_attempt_at, o.created_at
+     FROM outbox o INDEXED BY outbox_undelivered CROSS JOIN conversations c ON c.id = o.conversation_id
+     WHERE o.conversation_id = ?1 AND o.sent_at IS NULL AND o.failed_at IS NULL
+     ORDER BY o.id";
 
 /// A conversation's undelivered outbox rows that are due, oldest first, read on
 /// `conn`. Delivery keeps the outbox order: a row waiting for its retry holds back the

@@ -90,9 +90,10 @@ impl RoundStore for SqliteStore {
         let policy = self.timers;
         self.write("committing a reply", move |tx| {
             ensure_lease(tx, &lease, &row.resource, now)?;
-            let version: i64 = tx.prepare_cached("SELECT version FROM conversations WHERE id = ?1")
-        .ctx("preparing a statement")?
-        .query_row([conversation.0], |r| r.get(0))
+            let version: i64 = tx
+                .prepare_cached("SELECT version FROM conversations WHERE id = ?1")
+                .ctx("preparing a statement")?
+                .query_row([conversation.0], |r| r.get(0))
                 .ctx("reading the version")?;
             // Fresh: stale unless the cap forces it out (`rules::commit_verdict`).
             let Some(forced) = rules::commit_verdict(policy, version, v0, oldest, now) else {
@@ -113,12 +114,16 @@ impl RoundStore for SqliteStore {
                 });
             }
             let usage = reply.usage.unwrap_or_default();
-            let outbox: i64 = tx.prepare_cached("INSERT INTO outbox (conversation_id, kind, text, reply_to, version, lease_token, forced,
+            let outbox: i64 = tx
+                .prepare_cached(
+                    "INSERT INTO outbox (conversation_id, kind, text, reply_to, version, lease_token, forced,
                                          prompt_tokens, completion_tokens, llm_ms, owner, created_at, next_attempt_at)
                      VALUES (?1, 'reply', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?11, ?10, ?10)
-                     RETURNING id")
-        .ctx("preparing a statement")?
-        .query_row(params![
+                     RETURNING id",
+                )
+                .ctx("preparing a statement")?
+                .query_row(
+                    params![
                         conversation.0,
                         &reply.text,
                         reply_to,
@@ -129,9 +134,10 @@ impl RoundStore for SqliteStore {
                         reply.usage.map(|_| usage.completion as i64),
                         reply.llm_ms as i64,
                         now.0,
-                        lease.holder.as_str()
+                        lease.holder.as_str(),
                     ],
-                    |r| r.get(0),)
+                    |r| r.get(0),
+                )
                 .ctx("storing a reply")?;
             record_covers(tx, outbox, &covered)?;
             let notices = store_held_out(tx, &lease, &reference, &reply.held_out, v0, forced, now)?;
@@ -186,21 +192,26 @@ impl RoundStore for SqliteStore {
             if covered.is_empty() {
                 return Ok(None);
             }
-            let outbox: i64 = tx.prepare_cached("INSERT INTO outbox (conversation_id, kind, text, reply_to, version, lease_token,
+            let outbox: i64 = tx
+                .prepare_cached(
+                    "INSERT INTO outbox (conversation_id, kind, text, reply_to, version, lease_token,
                                          owner, created_at, next_attempt_at)
                      VALUES (?1, 'notice', ?2, ?3, ?4, ?5, ?6, ?7, ?7)
-                     RETURNING id")
-        .ctx("preparing a statement")?
-        .query_row(params![
+                     RETURNING id",
+                )
+                .ctx("preparing a statement")?
+                .query_row(
+                    params![
                         conversation.0,
                         &notice,
                         reply_to,
                         v0.0,
                         lease.token.0,
                         lease.holder.as_str(),
-                        now.0
+                        now.0,
                     ],
-                    |r| r.get(0),)
+                    |r| r.get(0),
+                )
                 .ctx("storing a give-up notice")?;
             let rows: Vec<i64> = covered.iter().map(|(row, _)| *row).collect();
             record_covers(tx, outbox, &rows)?;
@@ -248,11 +259,13 @@ impl RoundStore for SqliteStore {
         self.write("disarming an idle timer", move |tx| {
             ensure_lease(tx, &lease, &row.resource, now)?;
             let conversation = conversation_of(&lease);
-            tx.prepare_cached("DELETE FROM timers WHERE conversation_id = ?1 AND armed_version <= ?2
-                   AND NOT EXISTS (SELECT 1 FROM messages m JOIN conversations c ON c.id = m.conversation_id
-                                   WHERE c.id = ?1 AND m.version > c.answered_version)")
-        .ctx("preparing a statement")?
-        .execute(params![conversation.0, v0.0],)
+            tx.prepare_cached(
+                "DELETE FROM timers WHERE conversation_id = ?1 AND armed_version <= ?2
+                 AND NOT EXISTS (SELECT 1 FROM messages m JOIN conversations c ON c.id = m.conversation_id
+                                 WHERE c.id = ?1 AND m.version > c.answered_version)",
+            )
+            .ctx("preparing a statement")?
+            .execute(params![conversation.0, v0.0])
             .ctx("disarming an idle timer")?;
             Ok(())
         })

@@ -9,11 +9,22 @@
 use lull_port::{Media, MediaKind};
 
 use super::{
-    AccessRule, Charged, Exchange, OutboxKind, OutboxRow, ScopeCharge, StoreError, Subject,
+    AccessRule, Charged, Exchange, HeldOut, OutboxKind, OutboxRow, ScopeCharge, StoreError, Subject,
 };
 use crate::access::SubjectKind;
-use crate::domain::{ConversationId, ConversationRef, OutboxId, Said, Timestamp, Version};
+use crate::domain::{ConversationId, ConversationRef, Lease, OutboxId, Said, Timestamp, Version};
 use crate::timing::TimerPolicy;
+
+/// The conversation a conversation's lease is on. A poller lease is never used for
+/// conversation work: that would be a bug, not a condition of the database.
+pub(crate) fn conversation_of(lease: &Lease) -> ConversationId {
+    lease.key.conversation().unwrap_or_else(|| {
+        panic!(
+            "a poller lease ({}) was used for conversation work",
+            lease.key
+        )
+    })
+}
 
 /// The final check's verdict on the version read under the lease: `None` when the
 /// reply is stale, `Some(forced)` when it may be committed (`forced`: newer messages
@@ -39,48 +50,10 @@ pub(crate) struct StoredAt {
     pub(crate) stored_at: Timestamp,
 }
 
-/// The row of a reply just committed: nothing delivered, no attempt yet.
-pub(crate) fn reply_row(
-    id: i64,
-    conversation: ConversationRef,
-    text: String,
-    reply_to: Option<String>,
-    covers: Vec<String>,
-    at: StoredAt,
-) -> OutboxRow {
-    new_row(
-        OutboxKind::Reply,
-        id,
-        conversation,
-        text,
-        reply_to,
-        covers,
-        at,
-    )
-}
-
-/// The row of a notice just queued (a command's answer, a held-out notice, or a
-/// give-up, which covers the messages it ended): nothing delivered, no attempt yet.
-pub(crate) fn notice_row(
-    id: i64,
-    conversation: ConversationRef,
-    text: String,
-    reply_to: Option<String>,
-    covers: Vec<String>,
-    at: StoredAt,
-) -> OutboxRow {
-    new_row(
-        OutboxKind::Notice,
-        id,
-        conversation,
-        text,
-        reply_to,
-        covers,
-        at,
-    )
-}
-
-fn new_row(
+/// The row of a reply just committed, or of a notice just queued (a command's answer,
+/// a held-out notice, or a give-up, which covers the messages it ended): nothing
+/// delivered, no attempt yet.
+pub(crate) fn outbox_row(
     kind: OutboxKind,
     id: i64,
     conversation: ConversationRef,
@@ -101,6 +74,28 @@ fn new_row(
         created_at: at.created_at,
         stored_at: at.stored_at,
     }
+}
+
+/// The notice row of messages a reply left out ([`HeldOut`]), just stored with the
+/// reply: it covers `covered` (row, platform id), the held-out messages still unedited.
+pub(crate) fn held_out_row(
+    id: i64,
+    conversation: &ConversationRef,
+    held: &HeldOut,
+    covered: Vec<(i64, String)>,
+    at: StoredAt,
+) -> OutboxRow {
+    let covers = covered.into_iter().map(|(_, id)| id).collect();
+    let (text, reply_to) = (held.text.clone(), held.reply_to.clone());
+    outbox_row(
+        OutboxKind::Notice,
+        id,
+        conversation.clone(),
+        text,
+        reply_to,
+        covers,
+        at,
+    )
 }
 
 /// The platform ids of the collected messages (row, platform id) a reply covers.

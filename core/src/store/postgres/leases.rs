@@ -8,7 +8,7 @@ use super::PostgresStore;
 use super::clock::Now;
 use super::outbox::mark_part_sent;
 use super::sql::{Tx, execute, query_opt};
-use crate::domain::{ConversationId, HolderId, Lease, LeaseKey, LeaseToken, Timestamp};
+use crate::domain::{HolderId, Lease, LeaseKey, LeaseToken, Timestamp};
 use crate::store::faults::Operation;
 use crate::store::lease_rows::LeaseRow;
 use crate::store::{LeaseStore, PartSent, StoreError};
@@ -174,13 +174,4 @@ pub(super) async fn claim(
         token: LeaseToken(r.get(0)),
         expires_at: Timestamp(r.get(1)),
     }))
-}
-
-pub(super) fn conversation_of(lease: &Lease) -> ConversationId {
-    lease.key.conversation().unwrap_or_else(|| {
-        panic!(
-            "a poller lease ({}) was used for conversation work",
-            lease.key
-        )
-    })
 }

@@ -4,12 +4,12 @@ use async_trait::async_trait;
 use tokio_postgres::Row;
 
 use super::PostgresStore;
-use super::leases::{conversation_of, ensure_lease};
+use super::leases::ensure_lease;
 use super::messages::lock_conversation;
 use super::sql::{Tx, execute, query, query_one, query_opt};
 use crate::domain::{ConversationId, Lease, Timestamp};
 use crate::store::faults::Operation;
-use crate::store::rules::{self, RateVerdict};
+use crate::store::rules::{self, RateVerdict, conversation_of};
 use crate::store::{
     AccessRule, Charged, LimitStore, RateHold, RateWindow, Reservation, StoreError, TokenCharge,
 };

@@ -36,7 +36,7 @@ impl OutboxStore for PostgresStore {
                 .await?;
                 Ok(id.map(|r| {
                     let (conversation, text) = (notice.conversation.clone(), notice.text.clone());
-                    rules::notice_row(r.get(0), conversation, text, notice.reply_to.clone(), Vec::new(), now.stored())
+                    rules::outbox_row(OutboxKind::Notice, r.get(0), conversation, text, notice.reply_to.clone(), Vec::new(), now.stored())
                 }))
             }
             .await

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 
 use super::PostgresStore;
 use super::clock::{Now, on_caller_timeline};
-use super::leases::{claim, conversation_of, ensure_lease};
+use super::leases::{claim, ensure_lease};
 use super::messages::{lock_conversation, pending_after};
 use super::outbox::read_owed;
 use super::sql::{Tx, execute, query, query_one, query_opt};
@@ -15,10 +15,10 @@ use crate::domain::{
     Timestamp, Version,
 };
 use crate::store::faults::Operation;
-use crate::store::rules;
+use crate::store::rules::{self, conversation_of};
 use crate::store::{
-    Batch, Claimed, CommitOutcome, Exchange, NewReply, OutboxRow, PendingMessage, RoundStore,
-    StoreError, TimerState,
+    Batch, Claimed, CommitOutcome, Exchange, NewReply, OutboxKind, OutboxRow, PendingMessage,
+    RoundStore, StoreError, TimerState,
 };
 use crate::timing::TimerPolicy;
 
@@ -153,7 +153,7 @@ impl RoundStore for PostgresStore {
                 let text = reply.text.clone();
                 Ok(CommitOutcome::Committed {
                     notices,
-                    outbox: rules::reply_row(outbox, conversation, text, reply_to.clone(), covers, now.stored()),
+                    outbox: rules::outbox_row(OutboxKind::Reply, outbox, conversation, text, reply_to.clone(), covers, now.stored()),
                     forced,
                 })
             }
@@ -213,7 +213,7 @@ impl RoundStore for PostgresStore {
                 let covers = covered.into_iter().map(|(_, id)| id).collect();
                 let conversation = batch.conversation.clone();
                 let text = notice.to_owned();
-                Ok(Some(rules::notice_row(outbox, conversation, text, reply_to.clone(), covers, now.stored())))
+                Ok(Some(rules::outbox_row(OutboxKind::Notice, outbox, conversation, text, reply_to.clone(), covers, now.stored())))
             }
             .await
         })
@@ -473,15 +473,8 @@ async fn store_held_out(
         .get(0);
         let rows: Vec<i64> = covered.iter().map(|(row, _)| *row).collect();
         record_covers(tx, outbox, &rows).await?;
-        let covers = covered.into_iter().map(|(_, id)| id).collect();
-        notices.push(rules::notice_row(
-            outbox,
-            conversation.clone(),
-            held.text.clone(),
-            held.reply_to.clone(),
-            covers,
-            now.stored(),
-        ));
+        let at = now.stored();
+        notices.push(rules::held_out_row(outbox, conversation, held, covered, at));
     }
     Ok(notices)
 }

@@ -8,7 +8,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::SqliteStore;
 use super::outbox::mark_part_sent;
 use super::sql::Context;
-use crate::domain::{ConversationId, HolderId, Lease, LeaseKey, LeaseToken, Timestamp};
+use crate::domain::{HolderId, Lease, LeaseKey, LeaseToken, Timestamp};
 use crate::store::lease_rows::LeaseRow;
 use crate::store::{LeaseStore, PartSent, StoreError};
 
@@ -119,15 +119,6 @@ pub(super) fn ensure_lease(
     } else {
         Err(StoreError::LeaseLost(lease.key.clone()))
     }
-}
-
-pub(super) fn conversation_of(lease: &Lease) -> ConversationId {
-    lease.key.conversation().unwrap_or_else(|| {
-        panic!(
-            "a poller lease ({}) was used for conversation work",
-            lease.key
-        )
-    })
 }
 
 /// The compare-and-swap claim of `row`: succeeds only if the lease is free or expired,

@@ -4,10 +4,10 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::SqliteStore;
-use super::leases::{conversation_of, ensure_lease};
+use super::leases::ensure_lease;
 use super::sql::Context;
 use crate::domain::{ConversationId, Lease, Timestamp};
-use crate::store::rules::{self, RateVerdict};
+use crate::store::rules::{self, RateVerdict, conversation_of};
 use crate::store::{
     AccessRule, Charged, LimitStore, RateHold, RateWindow, Reservation, StoreError, TokenCharge,
 };

@@ -46,7 +46,7 @@ impl OutboxStore for SqliteStore {
             let _ = conversation;
             Ok(id.map(|id| {
                 let at = stored_at(now);
-                rules::notice_row(id, notice.conversation, notice.text, notice.reply_to, Vec::new(), at)
+                rules::outbox_row(OutboxKind::Notice, id, notice.conversation, notice.text, notice.reply_to, Vec::new(), at)
             }))
         })
         .await

@@ -5,7 +5,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
-use super::leases::{claim, conversation_of, ensure_lease};
+use super::leases::{claim, ensure_lease};
 use super::messages::pending_after;
 use super::outbox::read_owed;
 use super::sql::Context;
@@ -14,10 +14,10 @@ use crate::domain::{
     ConversationId, ConversationRef, HolderId, Lease, LeaseKey, LeaseToken, Platform, Said,
     Timestamp, Version,
 };
-use crate::store::rules;
+use crate::store::rules::{self, conversation_of};
 use crate::store::{
-    Batch, Claimed, CommitOutcome, Exchange, NewReply, OutboxRow, PendingMessage, RoundStore,
-    StoreError, TimerState,
+    Batch, Claimed, CommitOutcome, Exchange, NewReply, OutboxKind, OutboxRow, PendingMessage,
+    RoundStore, StoreError, TimerState,
 };
 use crate::timing::TimerPolicy;
 
@@ -148,7 +148,7 @@ impl RoundStore for SqliteStore {
             );
             Ok(CommitOutcome::Committed {
                 notices,
-                outbox: rules::reply_row(outbox, reference, reply.text, reply_to, covers, stored_at(now)),
+                outbox: rules::outbox_row(OutboxKind::Reply, outbox, reference, reply.text, reply_to, covers, stored_at(now)),
                 forced,
             })
         })
@@ -217,7 +217,7 @@ impl RoundStore for SqliteStore {
             record_covers(tx, outbox, &rows)?;
             answer_through(tx, conversation, v0, policy)?;
             let covers = covered.into_iter().map(|(_, id)| id).collect();
-            Ok(Some(rules::notice_row(outbox, reference, notice, reply_to, covers, stored_at(now))))
+            Ok(Some(rules::outbox_row(OutboxKind::Notice, outbox, reference, notice, reply_to, covers, stored_at(now))))
         })
         .await
     }
@@ -523,15 +523,8 @@ fn store_held_out(
             .ctx("storing a held-out notice")?;
         let rows: Vec<i64> = covered.iter().map(|(row, _)| *row).collect();
         record_covers(tx, outbox, &rows)?;
-        let covers = covered.into_iter().map(|(_, id)| id).collect();
-        notices.push(rules::notice_row(
-            outbox,
-            conversation.clone(),
-            held.text.clone(),
-            held.reply_to.clone(),
-            covers,
-            stored_at(now),
-        ));
+        let at = stored_at(now);
+        notices.push(rules::held_out_row(outbox, conversation, held, covered, at));
     }
     Ok(notices)
 }

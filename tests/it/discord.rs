@@ -15,7 +15,7 @@ use lull_core::clock::SystemClock;
 use lull_core::dispatcher::Dispatcher;
 use lull_core::domain::{ConversationRef, HolderId, OutboxId, Platform, Timestamp};
 use lull_core::llm::echo::EchoResponder;
-use lull_core::store::{FaultPlan, NewMessage, OutboxKind, SqliteStore, Store};
+use lull_core::store::{FaultPlan, NewMessage, OutboxKind, SqliteStore, Store, prelude::*};
 use lull_core::timing::TimerPolicy;
 use lull_port::health::Health;
 use lull_port::{Inbound, Outbound, OutgoingPart, SendError};

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use lull_core::dispatcher::{Accepted, Event};
 use lull_core::domain::{ConversationRef, HolderId, LeaseKey, Platform};
 use lull_core::store::{
-    FaultPlan, MessageEdit, NewMessage, NewReply, SqliteStore, Store, StoreError,
+    FaultPlan, MessageEdit, NewMessage, NewReply, SqliteStore, StoreError, prelude::*,
 };
 use lull_core::timing::TimerPolicy;
 use lull_port::SendError;

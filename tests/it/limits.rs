@@ -717,7 +717,7 @@ impl lull_core::llm::Responder for PastMidnight {
 async fn a_settle_after_midnight_lands_on_the_day_of_the_reservation() {
     use crate::helpers;
     use lull_core::limits::{Limits, TimeZone};
-    use lull_core::store::Store as _;
+    use lull_core::store::prelude::*;
     let db = helpers::temp_db();
     let now = lull_core::clock::Clock::now(&lull_core::clock::SystemClock).0;
     let midnight = TimeZone::utc()

@@ -55,7 +55,7 @@ async fn postgres_announces_armed_timers_to_other_processes() {
 
     use lull_core::clock::{Clock, SystemClock};
     use lull_core::domain::HolderId;
-    use lull_core::store::{IngestOutcome, Store};
+    use lull_core::store::{IngestOutcome, prelude::*};
 
     let Some(url) = crate::support::postgres::fresh_database() else {
         return;
@@ -114,7 +114,7 @@ async fn postgres_deadlines_are_on_the_database_clock_whatever_a_replica_clock_s
 
     use lull_core::clock::{Clock, SystemClock};
     use lull_core::domain::{HolderId, LeaseKey, Platform};
-    use lull_core::store::{IngestOutcome, PostgresStore, Store, TimeSource, WorkQuery};
+    use lull_core::store::{IngestOutcome, PostgresStore, TimeSource, WorkQuery, prelude::*};
 
     /// Whether the skewed replica (a) took the held lease, (b) found the timer due.
     async fn skewed_replica(url: &str, time: TimeSource) -> (bool, bool) {
@@ -220,7 +220,7 @@ async fn postgres_a_call_through_a_frozen_path_fails_in_bounded_time() {
 
     use lull_core::clock::{Clock, SystemClock};
     use lull_core::domain::{HolderId, LeaseKey};
-    use lull_core::store::{IngestOutcome, Store};
+    use lull_core::store::{IngestOutcome, prelude::*};
 
     use crate::support::freeze_proxy::FreezeProxy;
 
@@ -277,7 +277,7 @@ async fn postgres_a_call_through_a_frozen_path_fails_in_bounded_time() {
 async fn postgres_failures_map_to_store_errors_and_health() {
     use lull_core::clock::{Clock, SystemClock};
     use lull_core::domain::HolderId;
-    use lull_core::store::{IngestOutcome, Store, StoreError};
+    use lull_core::store::{IngestOutcome, StoreError, prelude::*};
 
     use crate::support::db::{self, Postgres};
 
@@ -424,7 +424,7 @@ async fn postgres_a_lock_held_too_long_is_busy() {
 
     use lull_core::clock::{Clock, SystemClock};
     use lull_core::domain::HolderId;
-    use lull_core::store::{Store, StoreError};
+    use lull_core::store::{StoreError, prelude::*};
 
     use crate::support::db::{self, Postgres};
 
@@ -493,7 +493,7 @@ async fn postgres_due_work_and_the_gauge_scan_no_table() {
 
     use lull_core::clock::{Clock, SystemClock};
     use lull_core::domain::{HolderId, Platform};
-    use lull_core::store::{Store, WorkQuery};
+    use lull_core::store::{WorkQuery, prelude::*};
 
     use crate::support::db::{self, Postgres};
 

@@ -293,6 +293,7 @@ impl<'a> Delivery<'a> {
                     row.id,
                     retry_at,
                     &lull_port::secrets::redact(error.to_string()),
+                    now,
                 )
                 .await?;
             let wait = now.until(retry_at);

@@ -3,7 +3,7 @@
 //! own (`lull_migrations`), so replicas starting at once on an empty database apply
 //! each migration exactly once (the others wait on the lock, then find it applied).
 //!
-//! The schema mirrors SQLite's (`store::migrations`) table for table: times are
+//! The schema mirrors SQLite's (`store::sqlite::schema`) table for table: times are
 //! integer milliseconds since the Unix epoch, ids are identity columns, flags are
 //! booleans. Only appended to: an applied migration is never edited.
 

@@ -40,7 +40,7 @@ use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
-use super::{Context, classify};
+use super::sql::{Context, classify};
 use crate::store::StoreError;
 
 /// Writes waiting for the writer, at most. Beyond this the store is overloaded and

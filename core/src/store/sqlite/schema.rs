@@ -4,6 +4,9 @@
 //! Times are integer milliseconds since the Unix epoch. SQL stays portable where it
 //! costs nothing (no SQLite-only types), so a Postgres schema can mirror it.
 
+use std::time::Duration;
+
+use rusqlite::Connection;
 use rusqlite_migration::{M, Migrations};
 
 const V1_CORE: &str = r#"
@@ -215,11 +218,30 @@ const ALL: &[&str] = &[
 ];
 
 /// The schema version this build migrates to.
-pub const LATEST: i64 = ALL.len() as i64;
+pub(super) const LATEST: i64 = ALL.len() as i64;
 
 /// All migrations, oldest first.
-pub fn migrations() -> Migrations<'static> {
+pub(super) fn migrations() -> Migrations<'static> {
     Migrations::new(ALL.iter().map(|sql| M::up(sql)).collect())
+}
+
+/// Bring the schema up to date. Several processes starting on a fresh file race
+/// here: the loser's migration fails (the tables exist by then) and it tries again,
+/// finding the schema current.
+pub(super) fn migrate(conn: &mut Connection) -> Result<(), rusqlite_migration::Error> {
+    let migrations = migrations();
+    let mut attempt = 0;
+    loop {
+        match migrations.to_latest(conn) {
+            Ok(()) => return Ok(()),
+            Err(e) if attempt < 10 => {
+                attempt += 1;
+                tracing::debug!(error = %e, attempt, "schema migration raced another process; retrying");
+                std::thread::sleep(Duration::from_millis(50 * attempt));
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 #[cfg(test)]

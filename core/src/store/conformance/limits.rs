@@ -1,0 +1,621 @@
+//! Conformance of the limits area: the rate hold, the token wallet (charges that never
+//! deadlock, reservations kept in the database, notices for members over budget), and
+//! access decisions.
+
+use std::time::Duration;
+
+use super::{
+    TTL, at, claimed, collect, due, holder, http, lost, message, ms, pending_ids, query, reply,
+    round, stored,
+};
+use crate::access::SubjectKind;
+use crate::domain::{ConversationRef, OutboxId, Platform, Timestamp};
+use crate::store::{
+    AccessRule, Batch, Charged, CommitOutcome, HeldOut, IngestOutcome, MessageEdit, NewMessage,
+    NewReply, OutboxKind, RateHold, RateWindow, Reservation, ScopeCharge, Store, Subject,
+    TokenCharge,
+};
+
+/// Rate limit: past `max` messages of one user within the window (across their
+/// conversations on the platform; other users and platforms apart), the
+/// conversation's timer is held until the oldest message past the limit leaves the
+/// window; a hold in force is kept, later messages do not arm the timer sooner, and
+/// the held messages stay pending; `/reset` does not end the hold.
+pub async fn a_rate_limit_holds_the_conversation_until_the_window_has_room(store: &dyn Store) {
+    let a = holder("a");
+    let rate = RateWindow {
+        max: 2,
+        window: ms(60_000),
+    };
+    let (c1, c2) = (http("c1"), http("c2"));
+    let (id1, _, _) = stored(store, message(c1.clone(), "m1"), &a, at(0)).await;
+    assert_eq!(
+        store.hold_over_rate(id1, "u1", rate, at(0)).await.unwrap(),
+        None
+    );
+    let (id2, _, _) = stored(store, message(c2.clone(), "m2"), &a, at(1000)).await;
+    assert_eq!(
+        store
+            .hold_over_rate(id2, "u1", rate, at(1000))
+            .await
+            .unwrap(),
+        None,
+        "two messages are within a limit of two"
+    );
+    let mut other = message(c1.clone(), "m-other");
+    other.user_id = "u2".into();
+    stored(store, other, &a, at(1500)).await;
+    assert_eq!(
+        store
+            .hold_over_rate(id1, "u2", rate, at(1500))
+            .await
+            .unwrap(),
+        None,
+        "another user counts apart"
+    );
+    let (_, _, _) = stored(store, message(c1.clone(), "m3"), &a, at(2000)).await;
+    let hold = store
+        .hold_over_rate(id1, "u1", rate, at(2000))
+        .await
+        .unwrap();
+    assert_eq!(
+        hold,
+        Some(RateHold {
+            until: at(60_000),
+            began: true
+        }),
+        "the third message holds until the first leaves the window"
+    );
+    let timer = collect(store, id1).await.timer.expect("armed");
+    assert_eq!(timer.due_at, at(60_000));
+    let (_, _, due_at) = stored(store, message(c1.clone(), "m4"), &a, at(3000)).await;
+    assert_eq!(
+        due_at,
+        at(60_000),
+        "a later message does not cut the hold short"
+    );
+    assert_eq!(
+        store
+            .hold_over_rate(id1, "u1", rate, at(3000))
+            .await
+            .unwrap(),
+        Some(RateHold {
+            until: at(60_000),
+            began: false
+        }),
+        "the hold in force is kept, not extended"
+    );
+    assert_eq!(
+        pending_ids(&collect(store, id1).await),
+        ["m1", "m-other", "m3", "m4"]
+    );
+    store.reset_context(&c1, false, &a, at(3500)).await.unwrap();
+    let timer = collect(store, id1).await.timer.expect("armed");
+    assert_eq!(timer.due_at, at(60_000), "/reset is no way around a hold");
+    let query = query(&a, 10);
+    assert!(
+        !due(store, &query, at(59_999)).await.ready.contains(&id1),
+        "held"
+    );
+    assert!(due(store, &query, at(60_000)).await.ready.contains(&id1));
+    let mut telegram = message(ConversationRef::new(Platform::Telegram, "t1"), "m5");
+    telegram.is_group = false;
+    let (id3, _, _) = stored(store, telegram, &a, at(4000)).await;
+    assert_eq!(
+        store
+            .hold_over_rate(id3, "u1", rate, at(4000))
+            .await
+            .unwrap(),
+        None,
+        "the same user id on another platform counts apart"
+    );
+}
+
+/// An applied edit counts in its author's rate window as a message does (it makes a
+/// generation in flight stale just the same): one message edited twice is three in
+/// the window. An edit that is ignored (the text unchanged) counts for nothing.
+pub async fn edits_count_in_the_rate_window(store: &dyn Store) {
+    let a = holder("a");
+    let rate = RateWindow {
+        max: 2,
+        window: ms(60_000),
+    };
+    let c1 = http("c1");
+    let (id, _, _) = stored(store, message(c1.clone(), "m1"), &a, at(0)).await;
+    let edit = |text: &str| MessageEdit {
+        conversation: c1.clone(),
+        message_id: "m1".into(),
+        text: text.into(),
+    };
+    let hold = async |now: Timestamp| store.hold_over_rate(id, "u1", rate, now).await.unwrap();
+    assert!(matches!(
+        store.edit(edit("first edit"), &a, at(100)).await.unwrap(),
+        IngestOutcome::Stored { .. }
+    ));
+    assert_eq!(hold(at(100)).await, None, "a message and an edit: two");
+    assert_eq!(
+        store.edit(edit("first edit"), &a, at(150)).await.unwrap(),
+        IngestOutcome::EditIgnored
+    );
+    assert_eq!(
+        hold(at(150)).await,
+        None,
+        "an ignored edit counts for nothing"
+    );
+    assert!(matches!(
+        store.edit(edit("second edit"), &a, at(200)).await.unwrap(),
+        IngestOutcome::Stored { .. }
+    ));
+    assert_eq!(
+        hold(at(200)).await,
+        Some(RateHold {
+            until: at(60_000),
+            began: true
+        }),
+        "the second edit is the third in the window: held until the message leaves it"
+    );
+    assert_eq!(
+        collect(store, id).await.timer.expect("armed").due_at,
+        at(60_000)
+    );
+}
+
+fn scope(name: &str, tokens: i64, limit: Option<u64>) -> ScopeCharge {
+    ScopeCharge {
+        scope: name.into(),
+        tokens,
+        limit,
+    }
+}
+
+fn charge(scopes: Vec<ScopeCharge>) -> TokenCharge {
+    TokenCharge {
+        day: "2026-12-01".into(),
+        scopes,
+        hold_until: Some(at(86_400_000)),
+        reservation: Reservation::None,
+    }
+}
+
+pub(super) async fn usage(store: &dyn Store, day: &str, scopes: &[&str]) -> Vec<u64> {
+    let scopes: Vec<String> = scopes.iter().map(|s| (*s).to_owned()).collect();
+    store
+        .token_usage(day, &scopes)
+        .await
+        .expect("reading usage")
+}
+
+/// Budgets: a charge adds to every scope or to none; one that would pass a scope's
+/// limit charges nothing and holds the conversation until `hold_until`; a give-back
+/// is not checked and never goes below zero; days count apart; a charge under a lost
+/// lease is refused (fenced like the final check).
+pub async fn a_token_charge_is_all_or_nothing_and_fenced(store: &dyn Store) {
+    let (a, b) = (holder("a"), holder("b"));
+    let c1 = http("c1");
+    let (id, lease, _) = round(store, &c1, &a, &["m1"], at(1000)).await;
+    let first = charge(vec![
+        scope("user:http:u1", 600, Some(1000)),
+        scope("bot", 600, Some(5000)),
+    ]);
+    assert_eq!(
+        store.charge_tokens(&lease, &first, at(1000)).await.unwrap(),
+        Charged::Charged
+    );
+    assert_eq!(
+        usage(store, "2026-12-01", &["user:http:u1", "bot", "nobody"]).await,
+        [600, 600, 0]
+    );
+    let over = charge(vec![
+        scope("bot", 500, Some(5000)),
+        scope("user:http:u1", 500, Some(1000)),
+    ]);
+    assert_eq!(
+        store.charge_tokens(&lease, &over, at(1100)).await.unwrap(),
+        Charged::Over {
+            scope: "user:http:u1".into(),
+            used: 600,
+            limit: 1000
+        }
+    );
+    assert_eq!(
+        usage(store, "2026-12-01", &["user:http:u1", "bot"]).await,
+        [600, 600],
+        "nothing of a refused charge is added"
+    );
+    let timer = collect(store, id).await.timer.expect("armed");
+    assert_eq!(timer.due_at, at(86_400_000), "held until the budget resets");
+    let give_back = charge(vec![scope("user:http:u1", -700, Some(1000))]);
+    assert_eq!(
+        store
+            .charge_tokens(&lease, &give_back, at(1200))
+            .await
+            .unwrap(),
+        Charged::Charged
+    );
+    assert_eq!(usage(store, "2026-12-01", &["user:http:u1"]).await, [0]);
+    assert_eq!(
+        usage(store, "2026-12-02", &["bot"]).await,
+        [0],
+        "days count apart"
+    );
+
+    let taker = claimed(store, id, &b, lease.expires_at).await;
+    lost(
+        store
+            .charge_tokens(&lease, &first, lease.expires_at.plus(ms(1)))
+            .await,
+        "a charge of the replaced holder",
+    );
+    assert_eq!(usage(store, "2026-12-01", &["bot"]).await, [600]);
+    let _ = taker;
+}
+
+/// Budgets: charges of several holders at once (each under its own conversation's
+/// lease) never take a shared scope past its limit together, and none is lost.
+pub async fn concurrent_token_charges_never_pass_a_budget(store: &dyn Store) {
+    let mut leases = Vec::new();
+    for n in 0..6 {
+        let by = holder(&format!("h{n}"));
+        let (_, lease, _) = round(store, &http(&format!("c{n}")), &by, &["m1"], at(1000)).await;
+        leases.push(lease);
+    }
+    let each = charge(vec![
+        scope("user:http:u1", 400, Some(1000)),
+        scope("bot", 400, None),
+    ]);
+    let results = futures_util::future::join_all(
+        leases
+            .iter()
+            .map(|lease| store.charge_tokens(lease, &each, at(1500))),
+    )
+    .await;
+    let charged = results
+        .into_iter()
+        .filter(|r| matches!(r, Ok(Charged::Charged)))
+        .count();
+    assert_eq!(charged, 2, "two charges of 400 fit a budget of 1000");
+    assert_eq!(
+        usage(store, "2026-12-01", &["user:http:u1", "bot"]).await,
+        [800, 800]
+    );
+}
+
+/// Access decisions: one per subject, the latest replacing the earlier; users and
+/// chats with the same id are different subjects.
+pub async fn an_access_decision_replaces_the_earlier_one(store: &dyn Store) {
+    assert!(store.access_rules().await.unwrap().is_empty());
+    let rule = |kind, allowed, set_at| AccessRule {
+        subject: Subject {
+            platform: Platform::Telegram,
+            kind,
+            id: "42".into(),
+        },
+        allowed,
+        set_by: "telegram:1".into(),
+        set_at,
+    };
+    store
+        .set_access(&rule(SubjectKind::User, true, at(0)))
+        .await
+        .unwrap();
+    store
+        .set_access(&rule(SubjectKind::Chat, true, at(10)))
+        .await
+        .unwrap();
+    store
+        .set_access(&rule(SubjectKind::User, false, at(20)))
+        .await
+        .unwrap();
+    let rules = store.access_rules().await.unwrap();
+    assert_eq!(
+        rules,
+        [
+            rule(SubjectKind::Chat, true, at(10)),
+            rule(SubjectKind::User, false, at(20))
+        ]
+    );
+}
+
+/// A group message of `user` in `conversation`.
+fn group_message(conversation: &ConversationRef, id: &str, user: &str) -> NewMessage {
+    NewMessage {
+        is_group: true,
+        user_id: user.into(),
+        author: format!("Name of {user}"),
+        ..message(conversation.clone(), id)
+    }
+}
+
+/// A charge that is part of a round's reservation.
+fn reservation(scopes: Vec<ScopeCharge>, reservation: Reservation) -> TokenCharge {
+    TokenCharge {
+        reservation,
+        ..charge(scopes)
+    }
+}
+
+/// Budgets: charges of several holders at once that name the same scopes in
+/// different orders (a reservation checks the user's and the bot's budgets, a settle
+/// checks none) all go through, and none waits for a deadlock to be detected: the
+/// rows are locked in one order.
+pub async fn charges_naming_their_scopes_in_any_order_never_deadlock(store: &dyn Store) {
+    let mut leases = Vec::new();
+    for n in 0..8 {
+        let by = holder(&format!("h{n}"));
+        let (_, lease, _) = round(store, &http(&format!("d{n}")), &by, &["m1"], at(1000)).await;
+        leases.push(lease);
+    }
+    let reserve = charge(vec![
+        scope("user:http:u1", 10, Some(1_000_000)),
+        scope("conversation:http:d", 10, None),
+        scope("bot", 10, Some(1_000_000)),
+    ]);
+    let settle = TokenCharge {
+        hold_until: None,
+        ..charge(vec![
+            scope("user:http:u1", 10, None),
+            scope("conversation:http:d", 10, None),
+            scope("bot", 10, None),
+        ])
+    };
+    let mut slowest = Duration::ZERO;
+    for _ in 0..5 {
+        let started = std::time::Instant::now();
+        let results =
+            futures_util::future::join_all(leases.iter().enumerate().map(|(n, lease)| {
+                let charge = if n % 2 == 0 { &reserve } else { &settle };
+                store.charge_tokens(lease, charge, at(1500))
+            }))
+            .await;
+        slowest = slowest.max(started.elapsed());
+        for result in results {
+            assert_eq!(result.expect("no charge fails"), Charged::Charged);
+        }
+    }
+    assert!(
+        slowest < Duration::from_millis(900),
+        "a round of charges took {slowest:?}: one waited for deadlock detection (1 s)"
+    );
+    assert_eq!(
+        usage(
+            store,
+            "2026-12-01",
+            &["user:http:u1", "conversation:http:d", "bot"]
+        )
+        .await,
+        [400, 400, 400]
+    );
+}
+
+/// Budgets: a refused charge without `hold_until` charges nothing and leaves the
+/// conversation's timer as it was (the round answers the rest of a group).
+pub async fn a_refused_charge_without_a_hold_holds_nothing(store: &dyn Store) {
+    let a = holder("a");
+    let (id, lease, batch) = round(store, &http("c1"), &a, &["m1"], at(1000)).await;
+    let before = batch.timer.expect("armed");
+    let over = TokenCharge {
+        hold_until: None,
+        ..charge(vec![scope("user:http:u1", 500, Some(100))])
+    };
+    assert_eq!(
+        store.charge_tokens(&lease, &over, at(1100)).await.unwrap(),
+        Charged::Over {
+            scope: "user:http:u1".into(),
+            used: 0,
+            limit: 100
+        }
+    );
+    assert_eq!(collect(store, id).await.timer, Some(before), "not held");
+    assert_eq!(usage(store, "2026-12-01", &["user:http:u1"]).await, [0]);
+}
+
+/// Budgets: every reservation expires. A reservation whose round never settled (its
+/// lease lost, a stop, a crash) is given back when the conversation is next claimed,
+/// on the day it was made, whatever day the claim falls on; what was spent apart
+/// from it stays, and nothing is given back twice.
+pub async fn an_abandoned_reservation_is_given_back_at_the_next_claim_on_its_day(
+    store: &dyn Store,
+) {
+    let (a, b, c) = (holder("a"), holder("b"), holder("c"));
+    let (id, lease, _) = round(store, &http("c1"), &a, &["m1"], at(1000)).await;
+    let spent = charge(vec![
+        scope("user:http:u1", 100, None),
+        scope("bot", 100, None),
+    ]);
+    store.charge_tokens(&lease, &spent, at(1000)).await.unwrap();
+    let reserved = reservation(
+        vec![
+            scope("user:http:u1", 500, Some(1000)),
+            scope("bot", 500, Some(5000)),
+        ],
+        Reservation::Reserve,
+    );
+    assert_eq!(
+        store
+            .charge_tokens(&lease, &reserved, at(1100))
+            .await
+            .unwrap(),
+        Charged::Charged
+    );
+    let next_day = TokenCharge {
+        day: "2026-12-02".into(),
+        ..charge(vec![scope("bot", 50, None)])
+    };
+    store
+        .charge_tokens(&lease, &next_day, at(1100))
+        .await
+        .unwrap();
+    assert_eq!(
+        usage(store, "2026-12-01", &["user:http:u1", "bot"]).await,
+        [600, 600]
+    );
+
+    // The holder is gone; the next claim (a day later) gives the reservation back.
+    let later = lease.expires_at.plus(Duration::from_secs(86_400));
+    let claimed = store
+        .claim_round(id, &b, TTL, 10, later)
+        .await
+        .unwrap()
+        .expect("the lease expired");
+    assert_eq!(
+        usage(store, "2026-12-01", &["user:http:u1", "bot"]).await,
+        [100, 100],
+        "given back on the day it was reserved for"
+    );
+    assert_eq!(usage(store, "2026-12-02", &["bot"]).await, [50]);
+
+    store
+        .release_lease(&claimed.lease, None, later)
+        .await
+        .unwrap();
+    store
+        .claim_round(id, &c, TTL, 10, later)
+        .await
+        .unwrap()
+        .expect("released");
+    assert_eq!(
+        usage(store, "2026-12-01", &["user:http:u1", "bot"]).await,
+        [100, 100],
+        "nothing is given back twice"
+    );
+}
+
+/// Budgets: a settled reservation is what was spent; the next claim gives nothing
+/// back.
+pub async fn a_settled_reservation_is_not_given_back(store: &dyn Store) {
+    let (a, b) = (holder("a"), holder("b"));
+    let (id, lease, _) = round(store, &http("c1"), &a, &["m1"], at(1000)).await;
+    let reserved = reservation(
+        vec![scope("user:http:u1", 500, Some(1000))],
+        Reservation::Reserve,
+    );
+    store
+        .charge_tokens(&lease, &reserved, at(1100))
+        .await
+        .unwrap();
+    let settled = reservation(vec![scope("user:http:u1", -300, None)], Reservation::Settle);
+    store
+        .charge_tokens(&lease, &settled, at(1200))
+        .await
+        .unwrap();
+    assert_eq!(usage(store, "2026-12-01", &["user:http:u1"]).await, [200]);
+    store
+        .claim_round(id, &b, TTL, 10, lease.expires_at)
+        .await
+        .unwrap()
+        .expect("the lease expired");
+    assert_eq!(usage(store, "2026-12-01", &["user:http:u1"]).await, [200]);
+}
+
+/// The batch of `batch` without the messages of `user`, and the notice that answers
+/// those instead.
+fn without(batch: &Batch, user: &str) -> (Batch, HeldOut) {
+    let (theirs, rest): (Vec<_>, Vec<_>) = batch
+        .pending
+        .iter()
+        .cloned()
+        .partition(|m| m.user_id == user);
+    let held = HeldOut {
+        rows: theirs.iter().map(|m| m.row).collect(),
+        text: format!("{user}: not enough left"),
+        reply_to: theirs.last().map(|m| m.message_id.clone()),
+    };
+    (
+        Batch {
+            pending: rest,
+            ..batch.clone()
+        },
+        held,
+    )
+}
+
+/// No loss, no duplicate, one member over budget: a reply that leaves a member's
+/// messages out stores, in its transaction, the notice that covers them; the batch is
+/// answered, every message covered once, and the notice follows the reply.
+pub async fn held_out_messages_are_covered_by_their_notice_with_the_reply(store: &dyn Store) {
+    let a = holder("a");
+    let group = http("g1");
+    let mut id = None;
+    for (n, (message_id, user)) in (0..).zip([("m1", "u1"), ("m2", "u2"), ("m3", "u1")]) {
+        let message = group_message(&group, message_id, user);
+        id = Some(stored(store, message, &a, at(100 * n)).await.0);
+    }
+    let id = id.unwrap();
+    let lease = claimed(store, id, &a, at(1100)).await;
+    let batch = collect(store, id).await;
+    let (answered, held) = without(&batch, "u1");
+    let outcome = store
+        .commit_reply(
+            &lease,
+            &answered,
+            NewReply {
+                held_out: vec![held],
+                ..reply("answer to u2")
+            },
+            at(1200),
+        )
+        .await
+        .unwrap();
+    let CommitOutcome::Committed {
+        outbox, notices, ..
+    } = outcome
+    else {
+        panic!("committed: {outcome:?}");
+    };
+    assert_eq!(outbox.covers, ["m2"]);
+    assert_eq!(notices.len(), 1);
+    assert_eq!(
+        (
+            notices[0].kind,
+            notices[0].text.as_str(),
+            notices[0].reply_to.as_deref()
+        ),
+        (OutboxKind::Notice, "u1: not enough left", Some("m3"))
+    );
+    assert_eq!(notices[0].covers, ["m1", "m3"]);
+    let rows = store.due_outbox(id, at(1200)).await.unwrap();
+    let ids: Vec<OutboxId> = rows.iter().map(|r| r.id).collect();
+    assert_eq!(
+        ids,
+        [outbox.id, notices[0].id],
+        "the notice follows the reply"
+    );
+    let next = collect(store, id).await;
+    assert!(pending_ids(&next).is_empty(), "every message is answered");
+    assert_eq!(next.timer, None);
+}
+
+/// A stale reply stores none of its held-out notices: the member's messages stay
+/// pending with the rest, for the next round to decide again.
+pub async fn a_stale_reply_stores_no_held_out_notice(store: &dyn Store) {
+    let a = holder("a");
+    let group = http("g1");
+    let mut id = None;
+    for (n, (message_id, user)) in (0..).zip([("m1", "u1"), ("m2", "u2")]) {
+        let message = group_message(&group, message_id, user);
+        id = Some(stored(store, message, &a, at(100 * n)).await.0);
+    }
+    let id = id.unwrap();
+    let lease = claimed(store, id, &a, at(1100)).await;
+    let batch = collect(store, id).await;
+    stored(store, group_message(&group, "m3", "u2"), &a, at(1150)).await;
+    let (answered, held) = without(&batch, "u1");
+    let outcome = store
+        .commit_reply(
+            &lease,
+            &answered,
+            NewReply {
+                held_out: vec![held],
+                ..reply("stale")
+            },
+            at(1200),
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcome, CommitOutcome::Stale { .. }),
+        "{outcome:?}"
+    );
+    assert!(store.due_outbox(id, at(1200)).await.unwrap().is_empty());
+    assert_eq!(pending_ids(&collect(store, id).await), ["m1", "m2", "m3"]);
+}

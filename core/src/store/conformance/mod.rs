@@ -1,0 +1,301 @@
+//! One test body for every [`Store`] backend: the contract checked from the outside,
+//! through the trait alone, so SQLite and PostgreSQL answer to the same checks.
+//!
+//! A backend's tests run every check with [`store_conformance!`](crate::store_conformance),
+//! given an async function that opens a fresh, empty store with the timer policy it is
+//! handed ([`policy`]):
+//!
+//! ```ignore
+//! async fn open(timers: TimerPolicy) -> Box<dyn Store> { /* a fresh database */ }
+//! lull_core::store_conformance!(open);
+//! ```
+//!
+//! Time is an argument of every store call, so the checks use their own timeline
+//! ([`at`]) and never sleep. Exists only in builds with the `conformance` feature.
+
+mod leases;
+mod limits;
+mod messages;
+mod outbox;
+mod rounds;
+mod work;
+
+pub use leases::*;
+pub use limits::*;
+pub use messages::*;
+pub use outbox::*;
+pub use rounds::*;
+pub use work::*;
+
+use super::{
+    Batch, CommitOutcome, DueWork, IngestOutcome, NewMessage, NewReply, Store, StoreError,
+    WorkQuery,
+};
+use crate::domain::{
+    ConversationId, ConversationRef, HolderId, Lease, LeaseKey, OutboxId, Platform, Timestamp,
+    Version,
+};
+use crate::timing::TimerPolicy;
+use std::time::Duration;
+
+/// Runs every conformance check as its own `#[tokio::test]`, each on a fresh store
+/// opened by `$open`: a path to an `async fn(TimerPolicy) -> S` where `S`
+/// dereferences to a [`Store`] (a `Box`, an `Arc`, or a guard that also keeps a
+/// temporary folder alive). The calling crate depends on tokio.
+#[macro_export]
+macro_rules! store_conformance {
+    ($open:path) => {
+        $crate::store_conformance!(@checks $open, each);
+    };
+    // `$open` returns an `Option`: `None` skips the check (a backend whose server is
+    // not installed here).
+    (optional $open:path) => {
+        $crate::store_conformance!(@checks $open, each_optional);
+    };
+    (@checks $open:path, $each:ident) => {
+        $crate::store_conformance!(@$each $open;
+            ingest_is_idempotent,
+            media_are_stored_with_their_message,
+            a_transcript_is_stored_once_under_the_lease,
+            ingest_bumps_the_version_and_arms_the_capped_timer,
+            edits_change_only_pending_messages,
+            a_lease_is_claimed_by_compare_and_swap,
+            a_lease_is_renewed_and_released,
+            fencing_refuses_a_replaced_holder,
+            fencing_refuses_an_earlier_claim_of_the_same_holder,
+            a_commit_answers_the_batch,
+            a_newer_message_makes_the_reply_stale,
+            the_cap_forces_a_stale_reply_out,
+            a_forced_reply_leaves_an_edited_message_pending,
+            giving_up_covers_each_message_once,
+            a_timer_with_pending_messages_is_never_disarmed,
+            the_outbox_is_delivered_in_order,
+            failures_back_off_and_reset_starts_afresh,
+            due_work_hands_timers_off_between_holders,
+            due_work_leaves_leased_conversations_alone,
+            due_work_includes_undelivered_outbox_rows,
+            recent_conversations_resume_after_the_last_stored_message,
+            settled_and_pending_conversations,
+            ping_answers_on_a_sound_store,
+            a_round_is_claimed_with_what_it_works_on,
+            an_outbox_row_is_stored_at_one_time_in_every_read,
+            the_last_part_is_recorded_with_the_release,
+            a_rate_limit_holds_the_conversation_until_the_window_has_room,
+            edits_count_in_the_rate_window,
+            a_token_charge_is_all_or_nothing_and_fenced,
+            concurrent_token_charges_never_pass_a_budget,
+            charges_naming_their_scopes_in_any_order_never_deadlock,
+            a_refused_charge_without_a_hold_holds_nothing,
+            an_abandoned_reservation_is_given_back_at_the_next_claim_on_its_day,
+            a_settled_reservation_is_not_given_back,
+            held_out_messages_are_covered_by_their_notice_with_the_reply,
+            a_stale_reply_stores_no_held_out_notice,
+            an_access_decision_replaces_the_earlier_one,
+        );
+    };
+    (@each $open:path; $($check:ident),* $(,)?) => {
+        $(
+            #[::tokio::test]
+            async fn $check() {
+                let store = $open($crate::store::conformance::policy()).await;
+                $crate::store::conformance::$check(&*store).await;
+            }
+        )*
+    };
+    (@each_optional $open:path; $($check:ident),* $(,)?) => {
+        $(
+            #[::tokio::test]
+            async fn $check() {
+                let Some(store) = $open($crate::store::conformance::policy()).await else {
+                    return;
+                };
+                $crate::store::conformance::$check(&*store).await;
+            }
+        )*
+    };
+}
+
+/// The timer policy every check assumes: a 1 s debounce, a 4 s cap, a batch of 4.
+pub fn policy() -> TimerPolicy {
+    TimerPolicy::new(ms(1000), ms(4000), 4).expect("the conformance policy is valid")
+}
+
+/// The lease lifetime the checks claim with.
+const TTL: Duration = Duration::from_secs(10);
+
+/// The checks' timeline: `n` milliseconds after their epoch.
+pub fn at(n: u64) -> Timestamp {
+    Timestamp(1_700_000_000_000).plus(ms(n))
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn holder(name: &str) -> HolderId {
+    HolderId::new(name)
+}
+
+fn http(key: &str) -> ConversationRef {
+    ConversationRef::new(Platform::Http, key)
+}
+
+fn message(conversation: ConversationRef, id: &str) -> NewMessage {
+    NewMessage {
+        conversation,
+        is_group: false,
+        message_id: id.into(),
+        user_id: "u1".into(),
+        author: "Ann".into(),
+        text: format!("text of {id}"),
+        media: Vec::new(),
+    }
+}
+
+fn reply(text: &str) -> NewReply {
+    NewReply {
+        text: text.into(),
+        usage: None,
+        llm_ms: 1,
+        held_out: Vec::new(),
+    }
+}
+
+/// Ingest a message that must be stored: its conversation, version and timer deadline.
+async fn stored(
+    store: &dyn Store,
+    message: NewMessage,
+    by: &HolderId,
+    now: Timestamp,
+) -> (ConversationId, Version, Timestamp) {
+    let id = message.message_id.clone();
+    match store.ingest(message, by, now).await {
+        Ok(IngestOutcome::Stored {
+            conversation,
+            version,
+            due_at,
+        }) => (conversation, version, due_at),
+        other => panic!("message {id} was not stored: {other:?}"),
+    }
+}
+
+async fn claim(store: &dyn Store, key: &LeaseKey, by: &HolderId, now: Timestamp) -> Option<Lease> {
+    store
+        .claim_lease(key, by, TTL, now)
+        .await
+        .expect("claiming a lease")
+}
+
+async fn claimed(
+    store: &dyn Store,
+    conversation: ConversationId,
+    by: &HolderId,
+    now: Timestamp,
+) -> Lease {
+    claim(store, &LeaseKey::Conversation(conversation), by, now)
+        .await
+        .unwrap_or_else(|| panic!("the lease on {conversation} is free at {now:?}"))
+}
+
+async fn collect(store: &dyn Store, conversation: ConversationId) -> Batch {
+    store
+        .collect(conversation, 10)
+        .await
+        .expect("collecting a batch")
+}
+
+/// A round about to generate: the messages `ids` stored in `conversation` by `by`,
+/// 100 ms apart from 0, then the lease claimed by `by` at `claim_at` and the batch
+/// collected.
+async fn round(
+    store: &dyn Store,
+    conversation: &ConversationRef,
+    by: &HolderId,
+    ids: &[&str],
+    claim_at: Timestamp,
+) -> (ConversationId, Lease, Batch) {
+    let mut id = None;
+    for (n, message_id) in (0..).zip(ids) {
+        let message = message(conversation.clone(), message_id);
+        id = Some(stored(store, message, by, at(100 * n)).await.0);
+    }
+    let id = id.expect("a round has messages");
+    let lease = claimed(store, id, by, claim_at).await;
+    (id, lease, collect(store, id).await)
+}
+
+fn pending_ids(batch: &Batch) -> Vec<&str> {
+    batch
+        .pending
+        .iter()
+        .map(|m| m.message_id.as_str())
+        .collect()
+}
+
+async fn committed(
+    store: &dyn Store,
+    lease: &Lease,
+    batch: &Batch,
+    text: &str,
+    now: Timestamp,
+) -> (OutboxId, bool) {
+    match store.commit_reply(lease, batch, reply(text), now).await {
+        Ok(CommitOutcome::Committed { outbox, forced, .. }) => (outbox.id, forced),
+        other => panic!("the reply {text:?} was not committed: {other:?}"),
+    }
+}
+
+/// Commit a reply that must be refused as stale: the version the conversation is at.
+async fn stale(store: &dyn Store, lease: &Lease, batch: &Batch, now: Timestamp) -> Version {
+    match store.commit_reply(lease, batch, reply("stale"), now).await {
+        Ok(CommitOutcome::Stale { version }) => version,
+        other => panic!("the reply was not stale: {other:?}"),
+    }
+}
+
+fn lost<T: std::fmt::Debug>(result: Result<T, StoreError>, what: &str) {
+    assert!(
+        matches!(result, Err(StoreError::LeaseLost(_))),
+        "{what}: expected LeaseLost, got {result:?}"
+    );
+}
+
+fn query(by: &HolderId, limit: usize) -> WorkQuery {
+    WorkQuery {
+        platforms: vec![Platform::Http],
+        holder: by.clone(),
+        handoff: ms(500),
+        limit,
+    }
+}
+
+async fn due(store: &dyn Store, query: &WorkQuery, now: Timestamp) -> DueWork {
+    store.due_work(query, now).await.expect("finding due work")
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every check is run: each `pub async fn` of the area files is named in
+    /// `store_conformance!`, the only place that runs them.
+    #[test]
+    fn the_macro_runs_every_check() {
+        let (macro_body, _) = include_str!("mod.rs")
+            .split_once("/// The timer policy every check assumes")
+            .expect("the macro comes first");
+        let checks = concat!(
+            include_str!("messages.rs"),
+            include_str!("leases.rs"),
+            include_str!("rounds.rs"),
+            include_str!("outbox.rs"),
+            include_str!("work.rs"),
+            include_str!("limits.rs"),
+        );
+        let missing: Vec<&str> = checks
+            .split("\npub async fn ")
+            .skip(1)
+            .filter_map(|rest| rest.split_once('(').map(|(name, _)| name))
+            .filter(|name| !macro_body.contains(&format!("{name},")))
+            .collect();
+        assert!(missing.is_empty(), "checks never run: {missing:?}");
+    }
+}

@@ -1,0 +1,129 @@
+//! The limits area of the contract: the rate hold, the token wallet, access decisions.
+
+use async_trait::async_trait;
+
+use crate::domain::{ConversationId, Lease, Timestamp};
+use crate::store::{AccessRule, StoreError};
+/// A rate limit as [`LimitStore::hold_over_rate`] applies it: at most `max` messages of one
+/// user per `window`, across every conversation on the platform.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateWindow {
+    pub max: u32,
+    pub window: std::time::Duration,
+}
+
+/// A conversation held by a rate limit: its timer is not due before `until`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateHold {
+    /// When the window has room again and the held messages are answered together.
+    pub until: Timestamp,
+    /// Whether this call began the hold (tell the user once, then).
+    pub began: bool,
+}
+
+/// One scope's part of a token charge ([`LimitStore::charge_tokens`]). A scope names who
+/// spent: `user:<platform>:<id>`, `conversation:<id>`, `bot`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScopeCharge {
+    pub scope: String,
+    /// Tokens to add (negative: give back part of a reservation).
+    pub tokens: i64,
+    /// The scope's budget for the day, if it has one and this charge must fit it.
+    pub limit: Option<u64>,
+}
+
+/// A token charge: what several scopes spend on one day, all or nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenCharge {
+    /// The day the tokens count for, as the deployment's time zone names it
+    /// (`2026-12-01`). A settle names the day of its reservation, whenever it runs.
+    pub day: String,
+    pub scopes: Vec<ScopeCharge>,
+    /// When a budget would be exceeded: the moment it resets (the next day), until
+    /// which the conversation's timer is held; `None`: a refused charge holds nothing
+    /// (the round answers the rest of a group without the member over budget).
+    pub hold_until: Option<Timestamp>,
+    /// What the charge does to the lease's reservation.
+    pub reservation: Reservation,
+}
+
+/// A charge's part in a round's reservation. A reservation is recorded in the
+/// database, keyed by the conversation, the lease token and the day, so a round that
+/// never settles (its lease lost, a stop, a crash) gives it back at the next claim of
+/// the conversation ([`RoundStore::claim_round`](crate::store::RoundStore::claim_round)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reservation {
+    /// A plain charge: spent, nothing to give back.
+    None,
+    /// The most a round may spend, before the model is asked: recorded as the
+    /// lease's reservation (added to one recorded earlier under the same lease).
+    Reserve,
+    /// The round's reservation turned into what was spent: the charge is the
+    /// difference, and the lease's recorded reservation is forgotten.
+    Settle,
+}
+
+/// What a token charge did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Charged {
+    /// Every scope was charged.
+    Charged,
+    /// `scope` would pass its `limit` (it has `used` today): nothing was charged and
+    /// the conversation's timer is held until the charge's `hold_until`.
+    Over {
+        scope: String,
+        used: u64,
+        limit: u64,
+    },
+}
+
+/// Limits: the rate hold, the token wallet (charges, reservations, usage) and the run-time
+/// access decisions.
+#[async_trait]
+pub trait LimitStore: Send + Sync + 'static {
+    /// Rate limit, right after a message of `user_id` was stored (or edited) in
+    /// `conversation`: count the user's messages and applied edits on the
+    /// conversation's platform within the `rate` window before `now` (the one just
+    /// stored included; an edit counts as a message, since it makes the batch stale as
+    /// a new message does), and if there are more than
+    /// `rate.max`, hold the conversation's timer until the window has room again (the
+    /// oldest message past the limit leaves it). A hold already in force is kept, not
+    /// extended, so held messages are answered together when it ends; later messages,
+    /// `/reset` and a forced commit re-arm the timer no sooner. One transaction; `None`
+    /// when the user is within the limit (or nothing is pending any more).
+    async fn hold_over_rate(
+        &self,
+        conversation: ConversationId,
+        user_id: &str,
+        rate: RateWindow,
+        now: Timestamp,
+    ) -> Result<Option<RateHold>, StoreError>;
+
+    /// Charge tokens under a conversation's lease, in one transaction that checks
+    /// the lease like the final check (holder, token, expiry): every scope of
+    /// `charge` is added to, or none is. A scope with a limit that the charge would
+    /// pass (its positive tokens on top of what it used that day) refuses the whole
+    /// charge and, with `charge.hold_until`, holds the lease's conversation timer
+    /// until then. Totals change only by adding to them (never written back from a
+    /// read), so concurrent charges of several processes all count. The scopes' rows
+    /// are locked in one order (sorted by scope), whatever order `charge` names them
+    /// in, so concurrent charges queue and never deadlock. A
+    /// [`Reservation::Reserve`] that is charged is recorded under the lease's token
+    /// and `charge.day`; a [`Reservation::Settle`] forgets the lease's record.
+    async fn charge_tokens(
+        &self,
+        lease: &Lease,
+        charge: &TokenCharge,
+        now: Timestamp,
+    ) -> Result<Charged, StoreError>;
+
+    /// Tokens each of `scopes` used on `day` (0 for a scope with none), in order.
+    async fn token_usage(&self, day: &str, scopes: &[String]) -> Result<Vec<u64>, StoreError>;
+
+    /// Record an admin's run-time access decision (`/allow`, `/deny`), replacing any
+    /// earlier one for the same subject. Every process sees it on its next read.
+    async fn set_access(&self, rule: &AccessRule) -> Result<(), StoreError>;
+
+    /// Every run-time access decision, oldest first.
+    async fn access_rules(&self) -> Result<Vec<AccessRule>, StoreError>;
+}

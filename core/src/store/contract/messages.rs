@@ -1,0 +1,96 @@
+//! The messages area of the contract: what ingest stores and adapters read back.
+
+use async_trait::async_trait;
+use lull_port::Media;
+
+use crate::domain::{ConversationId, ConversationRef, HolderId, Platform, Timestamp, Version};
+use crate::store::{RecentConversation, StoreError};
+/// A new message as the store keeps it.
+#[derive(Debug, Clone)]
+pub struct NewMessage {
+    pub conversation: ConversationRef,
+    pub is_group: bool,
+    /// The platform's message id; a second message with the same id in the same
+    /// conversation is a redelivery and is not stored again.
+    pub message_id: String,
+    pub user_id: String,
+    pub author: String,
+    /// The text as prompts and history show it: for media, the caption after its
+    /// marker (`[image] what is this?`).
+    pub text: String,
+    /// Media references sent with the message, stored with it in the same
+    /// transaction (no loss: a crash before the reply keeps them).
+    pub media: Vec<Media>,
+}
+
+/// An edit of a message by its platform id.
+#[derive(Debug, Clone)]
+pub struct MessageEdit {
+    pub conversation: ConversationRef,
+    pub message_id: String,
+    pub text: String,
+}
+
+/// What ingest did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IngestOutcome {
+    /// Stored (or, for an edit, applied): the version was bumped and the timer armed.
+    Stored {
+        conversation: ConversationId,
+        version: Version,
+        due_at: Timestamp,
+    },
+    /// Already stored earlier (a redelivered update): nothing changed.
+    Duplicate { conversation: ConversationId },
+    /// An edit of a message that is unknown, unchanged or already answered: ignored.
+    EditIgnored,
+}
+
+/// Messages: what ingest stores (messages, edits, a fresh context) and what adapters read
+/// back to catch up.
+#[async_trait]
+pub trait MessageStore: Send + Sync + 'static {
+    /// Store a message, bump the conversation's version and arm its timer, in one
+    /// transaction. Idempotent on the platform message id.
+    async fn ingest(
+        &self,
+        message: NewMessage,
+        holder: &HolderId,
+        now: Timestamp,
+    ) -> Result<IngestOutcome, StoreError>;
+
+    /// Replace the text of a still-pending message; counts as a new message (version
+    /// bump, timer re-armed, and in its author's rate window: see
+    /// [`LimitStore::hold_over_rate`](crate::store::LimitStore::hold_over_rate)). Edits of answered or unknown messages, and edits
+    /// that change nothing, are ignored (and not counted).
+    async fn edit(
+        &self,
+        edit: MessageEdit,
+        holder: &HolderId,
+        now: Timestamp,
+    ) -> Result<IngestOutcome, StoreError>;
+
+    /// Start a fresh context: earlier exchanges are kept but no longer offered as
+    /// history. Pending messages are kept and answered in the fresh context, at once:
+    /// the timer's failure backoff is cleared and it is due now for `holder` (the
+    /// process that took the command), so `/reset` always unsticks a conversation;
+    /// but not before a limit's hold ends ([`LimitStore::hold_over_rate`](crate::store::LimitStore::hold_over_rate),
+    /// [`LimitStore::charge_tokens`](crate::store::LimitStore::charge_tokens)): it is no way around a limit.
+    async fn reset_context(
+        &self,
+        conversation: &ConversationRef,
+        is_group: bool,
+        holder: &HolderId,
+        now: Timestamp,
+    ) -> Result<(), StoreError>;
+
+    /// Conversations of `platform` whose last stored message arrived at or after
+    /// `since`, most recently active first, at most `limit`. Each carries the platform
+    /// id of the message stored last, so an adapter can read back what it missed.
+    async fn recent_conversations(
+        &self,
+        platform: Platform,
+        since: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<RecentConversation>, StoreError>;
+}

@@ -1,0 +1,10 @@
+//! The contract, one file per area, each with its row types and its trait; the
+//! backends implement each area in a file of the same name (`sqlite/<area>.rs`,
+//! `postgres/<area>.rs`) and the conformance suite checks it in one too.
+
+pub mod leases;
+pub mod limits;
+pub mod messages;
+pub mod outbox;
+pub mod rounds;
+pub mod work;

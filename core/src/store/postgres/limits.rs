@@ -1,0 +1,262 @@
+//! The limits area on PostgreSQL: the rate hold, the token wallet, access decisions.
+
+use async_trait::async_trait;
+use tokio_postgres::Row;
+
+use super::PostgresStore;
+use super::leases::ensure_lease;
+use super::messages::lock_conversation;
+use super::sql::{Tx, execute, query, query_one, query_opt};
+use crate::domain::{ConversationId, Lease, Timestamp};
+use crate::store::faults::Operation;
+use crate::store::rules::{self, RateVerdict, conversation_of};
+use crate::store::{
+    AccessRule, Charged, LimitStore, RateHold, RateWindow, Reservation, StoreError, TokenCharge,
+};
+
+#[async_trait]
+impl LimitStore for PostgresStore {
+    async fn hold_over_rate(
+        &self,
+        conversation: ConversationId,
+        user_id: &str,
+        rate: RateWindow,
+        now: Timestamp,
+    ) -> Result<Option<RateHold>, StoreError> {
+        let window = crate::domain::millis(rate.window);
+        transaction!(self, Operation::Other, "applying the rate limit", |tx| {
+            async {
+                let now = self.now(&tx, now).await?;
+                // The conversation's writers queue here (the lock order: conversation,
+                // then timer), so a hold is decided on the timer as it is.
+                lock_conversation(&tx, conversation).await?;
+                let past_limit = query_opt(
+                    &tx,
+                    "SELECT at FROM (
+                         SELECT m.received_at AS at FROM messages m JOIN conversations c ON c.id = m.conversation_id
+                         WHERE m.user_id = $1 AND m.received_at > $3
+                           AND c.platform = (SELECT platform FROM conversations WHERE id = $2)
+                         UNION ALL
+                         SELECT e.edited_at FROM edits e
+                         WHERE e.user_id = $1 AND e.edited_at > $3
+                           AND e.platform = (SELECT platform FROM conversations WHERE id = $2)) recent
+                     ORDER BY at DESC LIMIT 1 OFFSET $4",
+                    &[&user_id, &conversation.0, &(now.db.0 - window), &i64::from(rate.max)],
+                    "counting a user's recent messages",
+                )
+                .await?;
+                let Some(past_limit) = past_limit.map(|r| r.get::<_, i64>(0)) else {
+                    return Ok(None);
+                };
+                let until = Timestamp(past_limit).plus(rate.window);
+                let held = query_opt(
+                    &tx,
+                    "SELECT held_until FROM timers WHERE conversation_id = $1 FOR UPDATE",
+                    &[&conversation.0],
+                    "reading the timer",
+                )
+                .await?;
+                match rules::rate_verdict(held.map(|r| r.get::<_, i64>(0)), until, now.db) {
+                    RateVerdict::Nothing => Ok(None),
+                    RateVerdict::Kept(held_until) => Ok(Some(RateHold {
+                        until: now.to_caller(held_until),
+                        began: false,
+                    })),
+                    RateVerdict::Begin(until) => {
+                        hold_timer(&tx, conversation, until).await?;
+                        Ok(Some(RateHold {
+                            until: now.to_caller(until),
+                            began: true,
+                        }))
+                    }
+                }
+            }
+            .await
+        })
+    }
+
+    async fn charge_tokens(
+        &self,
+        lease: &Lease,
+        charge: &TokenCharge,
+        now: Timestamp,
+    ) -> Result<Charged, StoreError> {
+        let row = self.row(&lease.key, &lease.holder);
+        // Budget rows are locked in one order, sorted once here (by scope, each
+        // scope once), every row of the charge before any is written: concurrent
+        // charges queue on the first row they share and never deadlock.
+        let scopes = crate::store::rules::sorted_scopes(&charge.scopes);
+        let conversation = conversation_of(lease);
+        transaction!(self, Operation::Other, "charging tokens", |tx| {
+            async {
+                let now = self.now(&tx, now).await?;
+                ensure_lease(&tx, lease, &row, now).await?;
+                for scope in &scopes {
+                    execute(
+                        &tx,
+                        "INSERT INTO token_usage (scope, day, tokens) VALUES ($1, $2, 0)
+                         ON CONFLICT (scope, day) DO NOTHING",
+                        &[&scope.scope, &charge.day],
+                        "reading a token budget",
+                    )
+                    .await?;
+                    // Budgets: what a scope used is read under its row lock, so two
+                    // charges never both fit the same remainder.
+                    let used: i64 = query_one(
+                        &tx,
+                        "SELECT tokens FROM token_usage WHERE scope = $1 AND day = $2 FOR UPDATE",
+                        &[&scope.scope, &charge.day],
+                        "reading a token budget",
+                    )
+                    .await?
+                    .get(0);
+                    if let Some(over) = rules::over_budget(scope, used) {
+                        if let Some(until) = charge.hold_until {
+                            hold_timer(&tx, conversation, now.to_db(until)).await?;
+                        }
+                        return Ok(over);
+                    }
+                }
+                for scope in &scopes {
+                    // Totals are only ever added to, never written back from a read.
+                    execute(
+                        &tx,
+                        "UPDATE token_usage SET tokens = GREATEST(tokens + $3::int8, 0) WHERE scope = $1 AND day = $2",
+                        &[&scope.scope, &charge.day, &scope.tokens],
+                        "charging tokens",
+                    )
+                    .await?;
+                }
+                match charge.reservation {
+                    Reservation::None => {}
+                    Reservation::Reserve => {
+                        // Every reservation expires: recorded under the lease's token, it
+                        // is given back at the next claim unless settled.
+                        for scope in &scopes {
+                            execute(
+                                &tx,
+                                "INSERT INTO token_reservations (conversation_id, lease_token, day, scope, tokens)
+                                 VALUES ($1, $2, $3, $4, $5)
+                                 ON CONFLICT (conversation_id, lease_token, day, scope)
+                                 DO UPDATE SET tokens = token_reservations.tokens + EXCLUDED.tokens",
+                                &[&conversation.0, &lease.token.0, &charge.day, &scope.scope, &scope.tokens],
+                                "recording a reservation",
+                            )
+                            .await?;
+                        }
+                    }
+                    Reservation::Settle => {
+                        execute(
+                            &tx,
+                            "DELETE FROM token_reservations WHERE conversation_id = $1 AND lease_token = $2",
+                            &[&conversation.0, &lease.token.0],
+                            "settling a reservation",
+                        )
+                        .await?;
+                    }
+                }
+                Ok(Charged::Charged)
+            }
+            .await
+        })
+    }
+
+    async fn token_usage(&self, day: &str, scopes: &[String]) -> Result<Vec<u64>, StoreError> {
+        transaction!(self, Operation::Read, "reading token usage", |tx| async {
+            let rows = query(
+                &tx,
+                "SELECT s.scope, COALESCE(u.tokens, 0) FROM unnest($2::text[]) AS s (scope)
+                 LEFT JOIN token_usage u ON u.scope = s.scope AND u.day = $1",
+                &[&day, &scopes],
+                "reading token usage",
+            )
+            .await?;
+            let used: std::collections::HashMap<String, i64> =
+                rows.into_iter().map(|r| (r.get(0), r.get(1))).collect();
+            Ok(scopes
+                .iter()
+                .map(|scope| used.get(scope).copied().unwrap_or(0).max(0) as u64)
+                .collect())
+        }
+        .await)
+    }
+
+    async fn set_access(&self, rule: &AccessRule) -> Result<(), StoreError> {
+        transaction!(
+            self,
+            Operation::Other,
+            "recording an access decision",
+            |tx| {
+                async {
+                    execute(
+                        &tx,
+                        "INSERT INTO access_rules (platform, kind, subject, allowed, set_by, set_at)
+                         VALUES ($1, $2, $3, $4, $5, $6)
+                         ON CONFLICT (platform, kind, subject) DO UPDATE SET
+                             allowed = excluded.allowed, set_by = excluded.set_by, set_at = excluded.set_at",
+                        &[
+                            &rule.subject.platform.as_str(),
+                            &rule.subject.kind.as_str(),
+                            &rule.subject.id,
+                            &rule.allowed,
+                            &rule.set_by,
+                            &rule.set_at.0,
+                        ],
+                        "recording an access decision",
+                    )
+                    .await?;
+                    Ok(())
+                }
+                .await
+            }
+        )
+    }
+
+    async fn access_rules(&self) -> Result<Vec<AccessRule>, StoreError> {
+        transaction!(self, Operation::Read, "reading access decisions", |tx| {
+            async {
+                access_rules_of(query(&tx, ACCESS_RULES, &[], "reading access decisions").await?)
+            }
+            .await
+        })
+    }
+}
+
+/// Every run-time access decision, oldest first.
+pub(super) const ACCESS_RULES: &str =
+    "SELECT platform, kind, subject, allowed, set_by, set_at FROM access_rules ORDER BY set_at, id";
+
+/// Access decisions from the rows of [`ACCESS_RULES`].
+pub(super) fn access_rules_of(rows: Vec<Row>) -> Result<Vec<AccessRule>, StoreError> {
+    rows.into_iter()
+        .map(|r| {
+            crate::store::rules::access_rule(
+                r.get(0),
+                r.get(1),
+                r.get(2),
+                r.get(3),
+                r.get(4),
+                r.get(5),
+            )
+        })
+        .collect()
+}
+
+/// Hold a conversation's timer: not due before `until` (a later deadline is kept).
+async fn hold_timer(
+    tx: &Tx<'_>,
+    conversation: ConversationId,
+    until: Timestamp,
+) -> Result<(), StoreError> {
+    // Limits: a held conversation's messages wait (stored, pending) until `until`;
+    // later messages, /reset and a forced commit re-arm the timer no sooner.
+    execute(
+        tx,
+        "UPDATE timers SET held_until = GREATEST(held_until, $2), due_at = GREATEST(due_at, $2)
+         WHERE conversation_id = $1",
+        &[&conversation.0, &until.0],
+        "holding a timer",
+    )
+    .await?;
+    Ok(())
+}

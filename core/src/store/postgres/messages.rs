@@ -1,0 +1,312 @@
+//! The messages area on PostgreSQL: ingest, edits, a fresh context, catch-up reads.
+
+use async_trait::async_trait;
+
+use super::clock::TimeSource;
+use super::sql::{Tx, execute, query, query_one, query_opt};
+use super::{CHANNEL, PostgresStore};
+use crate::clock::{Clock, SystemClock};
+use crate::domain::{ConversationId, ConversationRef, HolderId, Platform, Timestamp, Version};
+use crate::store::faults::Operation;
+use crate::store::{
+    IngestOutcome, MessageEdit, MessageStore, NewMessage, RecentConversation, StoreError,
+};
+use crate::timing::TimerPolicy;
+
+#[async_trait]
+impl MessageStore for PostgresStore {
+    async fn ingest(
+        &self,
+        message: NewMessage,
+        holder: &HolderId,
+        now: Timestamp,
+    ) -> Result<IngestOutcome, StoreError> {
+        let policy = self.timers;
+        let media = crate::store::encode_media(&message.media);
+        transaction!(self, Operation::Intake, "storing a message", |tx| {
+            async {
+                let now = self.now(&tx, now).await?;
+                let conversation = upsert_conversation(&tx, &message.conversation, message.is_group, now.db).await?;
+                // No duplicate: a redelivered platform message is stored once.
+                let inserted = execute(
+                    &tx,
+                    "INSERT INTO messages
+                         (conversation_id, platform_message_id, user_id, author, text, version, received_at, media)
+                     SELECT $1, $2::text, $3::text, $4::text, $5::text, version + 1, $6::int8, $7::text
+                     FROM conversations WHERE id = $1
+                     ON CONFLICT (conversation_id, platform_message_id) DO NOTHING",
+                    &[
+                        &conversation.0,
+                        &message.message_id,
+                        &message.user_id,
+                        &message.author,
+                        &message.text,
+                        &now.db.0,
+                        &media,
+                    ],
+                    "storing a message",
+                )
+                .await?;
+                if inserted == 0 {
+                    return Ok(IngestOutcome::Duplicate { conversation });
+                }
+                let (version, due_at) =
+                    bump_and_arm(&tx, conversation, message.conversation.platform, policy, holder, now.db).await?;
+                Ok(IngestOutcome::Stored {
+                    conversation,
+                    version,
+                    due_at: now.to_caller(due_at),
+                })
+            }
+            .await
+        })
+    }
+
+    async fn edit(
+        &self,
+        edit: MessageEdit,
+        holder: &HolderId,
+        now: Timestamp,
+    ) -> Result<IngestOutcome, StoreError> {
+        let policy = self.timers;
+        transaction!(self, Operation::Intake, "editing a message", |tx| {
+            async {
+                let now = self.now(&tx, now).await?;
+                let found = query_opt(
+                    &tx,
+                    "SELECT id, answered_version FROM conversations WHERE platform = $1 AND key = $2 FOR UPDATE",
+                    &[&edit.conversation.platform.as_str(), &edit.conversation.key],
+                    "finding a conversation",
+                )
+                .await?;
+                let Some(found) = found else {
+                    return Ok(IngestOutcome::EditIgnored);
+                };
+                let (id, answered): (i64, i64) = (found.get(0), found.get(1));
+                // Edits: only a still-pending message changes, and it counts as new.
+                let changed = execute(
+                    &tx,
+                    "UPDATE messages
+                     SET text = $1, version = (SELECT version + 1 FROM conversations WHERE id = $2)
+                     WHERE conversation_id = $2 AND platform_message_id = $3 AND version > $4 AND text <> $1",
+                    &[&edit.text, &id, &edit.message_id, &answered],
+                    "editing a message",
+                )
+                .await?;
+                if changed == 0 {
+                    return Ok(IngestOutcome::EditIgnored);
+                }
+                // Rate limit: an applied edit counts in its author's window, as a message.
+                execute(
+                    &tx,
+                    "INSERT INTO edits (message_id, user_id, platform, edited_at)
+                     SELECT id, user_id, $3, $4 FROM messages WHERE conversation_id = $1 AND platform_message_id = $2",
+                    &[&id, &edit.message_id, &edit.conversation.platform.as_str(), &now.db.0],
+                    "recording an edit",
+                )
+                .await?;
+                let conversation = ConversationId(id);
+                let (version, due_at) =
+                    bump_and_arm(&tx, conversation, edit.conversation.platform, policy, holder, now.db).await?;
+                Ok(IngestOutcome::Stored {
+                    conversation,
+                    version,
+                    due_at: now.to_caller(due_at),
+                })
+            }
+            .await
+        })
+    }
+
+    async fn reset_context(
+        &self,
+        conversation: &ConversationRef,
+        is_group: bool,
+        holder: &HolderId,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        transaction!(self, Operation::Other, "resetting the context", |tx| {
+            async {
+                let now = self.now(&tx, now).await?;
+                let id = upsert_conversation(&tx, conversation, is_group, now.db).await?;
+                execute(
+                    &tx,
+                    "UPDATE conversations SET context_version = version WHERE id = $1",
+                    &[&id.0],
+                    "resetting the context",
+                )
+                .await?;
+                // /reset unsticks: pending messages are tried again now, without the backoff.
+                execute(
+                    &tx,
+                    "UPDATE timers SET attempts = 0, retry_at = 0, armed_by = $3,
+                     due_at = GREATEST(LEAST(due_at, $2), held_until)
+                 WHERE conversation_id = $1",
+                    &[&id.0, &now.db.0, &holder.as_str()],
+                    "clearing the failure backoff",
+                )
+                .await?;
+                Ok(())
+            }
+            .await
+        })
+    }
+
+    async fn recent_conversations(
+        &self,
+        platform: Platform,
+        since: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<RecentConversation>, StoreError> {
+        transaction!(
+            self,
+            Operation::Read,
+            "finding recent conversations",
+            |tx| {
+                async {
+                    let now = self.now(&tx, SystemClock.now()).await?;
+                    let since = match self.time {
+                        TimeSource::Database => now.to_db(since),
+                        TimeSource::Caller => since,
+                    };
+                    // No loss: catch-up resumes after the message stored last (the highest row
+                    // id), never after one that merely has a larger platform id.
+                    let rows = query(
+                        &tx,
+                        "SELECT c.key, c.is_group, m.platform_message_id
+                         FROM conversations c
+                         JOIN messages m ON m.id = (SELECT MAX(id) FROM messages WHERE conversation_id = c.id)
+                         WHERE c.platform = $1 AND m.received_at >= $2
+                         ORDER BY m.received_at DESC, m.id DESC
+                         LIMIT $3",
+                        &[&platform.as_str(), &since.0, &(limit as i64)],
+                        "finding recent conversations",
+                    )
+                    .await?;
+                    Ok(rows
+                        .into_iter()
+                        .map(|r| RecentConversation {
+                            conversation: ConversationRef::new(platform, r.get::<_, String>(0)),
+                            is_group: r.get(1),
+                            last_message_id: r.get(2),
+                        })
+                        .collect())
+                }
+                .await
+            }
+        )
+    }
+}
+
+/// Find or create a conversation row and lock it for the rest of the transaction
+/// (the upsert's `DO UPDATE` locks the row): every writer of a conversation queues
+/// here. A group stays a group.
+pub(super) async fn upsert_conversation(
+    tx: &Tx<'_>,
+    conversation: &ConversationRef,
+    is_group: bool,
+    now: Timestamp,
+) -> Result<ConversationId, StoreError> {
+    let row = query_one(
+        tx,
+        "INSERT INTO conversations (platform, key, is_group, created_at) VALUES ($1, $2, $3, $4)
+         ON CONFLICT (platform, key) DO UPDATE SET is_group = conversations.is_group OR excluded.is_group
+         RETURNING id",
+        &[&conversation.platform.as_str(), &conversation.key, &is_group, &now.0],
+        "finding a conversation",
+    )
+    .await?;
+    Ok(ConversationId(row.get(0)))
+}
+
+/// How many messages are pending after `answered` and when the oldest arrived.
+pub(super) async fn pending_after(
+    tx: &Tx<'_>,
+    conversation: ConversationId,
+    answered: i64,
+) -> Result<(u32, Option<Timestamp>), StoreError> {
+    let row = query_one(
+        tx,
+        "SELECT COUNT(*), MIN(received_at) FROM messages WHERE conversation_id = $1 AND version > $2",
+        &[&conversation.0, &answered],
+        "counting pending messages",
+    )
+    .await?;
+    Ok((
+        row.get::<_, i64>(0) as u32,
+        row.get::<_, Option<i64>>(1).map(Timestamp),
+    ))
+}
+
+/// Bump the version of a conversation that just got a message (or an edit), arm its
+/// timer and announce it. Must run in the transaction that stored the message, with
+/// the conversation row locked.
+async fn bump_and_arm(
+    tx: &Tx<'_>,
+    conversation: ConversationId,
+    platform: Platform,
+    policy: TimerPolicy,
+    holder: &HolderId,
+    now: Timestamp,
+) -> Result<(Version, Timestamp), StoreError> {
+    // Version counter: bumped in the same transaction that stores the message.
+    let row = query_one(
+        tx,
+        "UPDATE conversations SET version = version + 1 WHERE id = $1 RETURNING version, answered_version",
+        &[&conversation.0],
+        "bumping the version",
+    )
+    .await?;
+    let (version, answered): (i64, i64) = (row.get(0), row.get(1));
+    let (pending, first_pending) = pending_after(tx, conversation, answered).await?;
+    let due_at = policy.due_at(now, first_pending.unwrap_or(now), pending);
+    // Capped debounce: every message re-arms the timer, never past the cap, and never
+    // sooner than a failed generation's backoff (`retry_at`).
+    let row = query_one(
+        tx,
+        "INSERT INTO timers (conversation_id, platform, due_at, armed_version, armed_at, armed_by)
+         VALUES ($1, $2, $3, $4, $5, $6)
+         ON CONFLICT (conversation_id) DO UPDATE SET
+             due_at = GREATEST(excluded.due_at, timers.retry_at, timers.held_until),
+             armed_version = excluded.armed_version,
+             armed_at = excluded.armed_at,
+             armed_by = excluded.armed_by
+         RETURNING due_at",
+        &[
+            &conversation.0,
+            &platform.as_str(),
+            &due_at.0,
+            &version,
+            &now.0,
+            &holder.as_str(),
+        ],
+        "arming the timer",
+    )
+    .await?;
+    // Wake-ups: sent at commit, so only a timer that exists wakes other replicas.
+    query(
+        tx,
+        "SELECT pg_notify($1, $2)",
+        &[&CHANNEL, &platform.as_str()],
+        "announcing the timer",
+    )
+    .await?;
+    Ok((Version(version), Timestamp(row.get(0))))
+}
+
+/// Lock a conversation row for the rest of the transaction (after its lease row, in
+/// the one lock order), returning its version.
+pub(super) async fn lock_conversation(
+    tx: &Tx<'_>,
+    conversation: ConversationId,
+) -> Result<i64, StoreError> {
+    let row = query_opt(
+        tx,
+        "SELECT version FROM conversations WHERE id = $1 FOR UPDATE",
+        &[&conversation.0],
+        "reading the version",
+    )
+    .await?;
+    row.map(|r| r.get(0))
+        .ok_or(StoreError::NoConversation(conversation))
+}

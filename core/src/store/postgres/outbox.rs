@@ -1,0 +1,216 @@
+//! The outbox area on PostgreSQL: rows owed, and the facts of their delivery.
+
+use async_trait::async_trait;
+
+use super::PostgresStore;
+use super::clock::on_caller_timeline;
+use super::messages::upsert_conversation;
+use super::sql::{Tx, execute, query, query_opt};
+use crate::domain::{ConversationId, ConversationRef, HolderId, OutboxId, Timestamp};
+use crate::store::faults::Operation;
+use crate::store::rules;
+use crate::store::{NewNotice, OutboxKind, OutboxRow, OutboxStore, PartSent, StoreError};
+
+#[async_trait]
+impl OutboxStore for PostgresStore {
+    async fn enqueue_notice(
+        &self,
+        notice: NewNotice,
+        holder: &HolderId,
+        now: Timestamp,
+    ) -> Result<Option<OutboxRow>, StoreError> {
+        transaction!(self, Operation::Other, "queueing a notice", |tx| {
+            async {
+                let now = self.now(&tx, now).await?;
+                let conversation = upsert_conversation(&tx, &notice.conversation, notice.is_group, now.db).await?;
+                // At most one notice per dedupe key.
+                let id = query_opt(
+                    &tx,
+                    "INSERT INTO outbox (conversation_id, kind, text, reply_to, dedupe_key, owner, created_at, next_attempt_at)
+                     VALUES ($1, 'notice', $2, $3, $4, $5, $6, $6)
+                     ON CONFLICT (dedupe_key) DO NOTHING
+                     RETURNING id",
+                    &[&conversation.0, &notice.text, &notice.reply_to, &notice.dedupe_key, &holder.as_str(), &now.db.0],
+                    "queueing a notice",
+                )
+                .await?;
+                Ok(id.map(|r| {
+                    let (conversation, text) = (notice.conversation.clone(), notice.text.clone());
+                    rules::outbox_row(OutboxKind::Notice, r.get(0), conversation, text, notice.reply_to.clone(), Vec::new(), now.stored())
+                }))
+            }
+            .await
+        })
+    }
+
+    async fn due_outbox(
+        &self,
+        conversation: ConversationId,
+        now: Timestamp,
+    ) -> Result<Vec<OutboxRow>, StoreError> {
+        transaction!(self, Operation::Read, "reading the outbox", |tx| async {
+            let now = self.now(&tx, now).await?;
+            let mut owed = read_owed(&tx, conversation, now.db).await?.0;
+            on_caller_timeline(&mut owed, now);
+            Ok(owed)
+        }
+        .await)
+    }
+
+    async fn mark_sent(
+        &self,
+        id: OutboxId,
+        parts_sent: u32,
+        done: bool,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let sent = PartSent {
+            outbox: id,
+            parts_sent,
+            done,
+        };
+        transaction!(self, Operation::Other, "marking a reply sent", |tx| async {
+            let now = self.now(&tx, now).await?;
+            mark_part_sent(&tx, sent, now.db).await
+        }
+        .await)
+    }
+
+    async fn defer_outbox(
+        &self,
+        id: OutboxId,
+        retry_at: Timestamp,
+        error: &str,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        transaction!(self, Operation::Other, "deferring a delivery", |tx| async {
+            // The caller's deadline, moved onto the database's timeline by the
+            // offset of the caller's `now` (none when the caller is the clock).
+            let now = self.now(&tx, now).await?;
+            let retry_at = now.to_db(retry_at);
+            // No loss: a failed attempt only postpones a row that is still undelivered.
+            execute(
+                &tx,
+                "UPDATE outbox SET attempts = attempts + 1, next_attempt_at = $2, error = $3
+                 WHERE id = $1 AND sent_at IS NULL AND failed_at IS NULL",
+                &[&id.0, &retry_at.0, &error],
+                "deferring a delivery",
+            )
+            .await?;
+            Ok(())
+        }
+        .await)
+    }
+
+    async fn fail_outbox(
+        &self,
+        id: OutboxId,
+        error: &str,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        transaction!(self, Operation::Other, "giving up a delivery", |tx| async {
+            let now = self.now(&tx, now).await?;
+            // No duplicate: a row given up is never sent again; a sent row is never
+            // marked failed.
+            execute(
+                &tx,
+                "UPDATE outbox SET attempts = attempts + 1, failed_at = $2, error = $3
+                 WHERE id = $1 AND sent_at IS NULL AND failed_at IS NULL",
+                &[&id.0, &now.db.0, &error],
+                "giving up a delivery",
+            )
+            .await?;
+            Ok(())
+        }
+        .await)
+    }
+}
+
+/// Record that the first `parts_sent` parts of a row were delivered (and, when
+/// `done`, that it is sent). A fact, not a decision: never fenced, never backwards.
+pub(super) async fn mark_part_sent(
+    tx: &Tx<'_>,
+    sent: PartSent,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    execute(
+        tx,
+        "UPDATE outbox SET
+             parts_sent = GREATEST(parts_sent, $2),
+             sent_at = CASE WHEN $3 AND sent_at IS NULL THEN $4 ELSE sent_at END
+         WHERE id = $1",
+        &[
+            &sent.outbox.0,
+            &(sent.parts_sent as i32),
+            &sent.done,
+            &now.0,
+        ],
+        "marking a reply sent",
+    )
+    .await?;
+    Ok(())
+}
+
+/// A conversation's undelivered outbox rows that are due, oldest first, and whether a
+/// row behind them waits for its retry (delivery keeps the outbox order).
+pub(super) async fn read_owed(
+    tx: &Tx<'_>,
+    conversation: ConversationId,
+    now: Timestamp,
+) -> Result<(Vec<OutboxRow>, bool), StoreError> {
+    let found = query(
+        tx,
+        "SELECT o.id, c.platform, c.key, o.kind, o.text, o.reply_to, o.parts_sent,
+                o.attempts, o.next_attempt_at, o.created_at
+         FROM outbox o JOIN conversations c ON c.id = o.conversation_id
+         WHERE o.conversation_id = $1 AND o.sent_at IS NULL AND o.failed_at IS NULL
+         ORDER BY o.id",
+        &[&conversation.0],
+        "reading the outbox",
+    )
+    .await?;
+    let mut rows = Vec::new();
+    let mut held_back = false;
+    for r in found {
+        // Delivery keeps the outbox order: a row waiting for its retry holds back the
+        // rows behind it.
+        if r.get::<_, i64>(8) > now.0 {
+            held_back = true;
+            break;
+        }
+        let platform: String = r.get(1);
+        rows.push(OutboxRow {
+            id: OutboxId(r.get(0)),
+            conversation: ConversationRef::new(
+                platform.parse().map_err(StoreError::Corrupt)?,
+                r.get::<_, String>(2),
+            ),
+            kind: if r.get::<_, &str>(3) == "reply" {
+                OutboxKind::Reply
+            } else {
+                OutboxKind::Notice
+            },
+            text: r.get(4),
+            reply_to: r.get(5),
+            covers: Vec::new(),
+            parts_sent: r.get::<_, i32>(6) as u32,
+            attempts: r.get::<_, i32>(7) as u32,
+            created_at: Timestamp(r.get(9)),
+            stored_at: Timestamp(r.get(9)),
+        });
+    }
+    for row in &mut rows {
+        row.covers = query(
+            tx,
+            "SELECT m.platform_message_id FROM reply_covers rc JOIN messages m ON m.id = rc.message_id
+             WHERE rc.outbox_id = $1 ORDER BY m.id",
+            &[&row.id.0],
+            "reading covered messages",
+        )
+        .await?
+        .into_iter()
+        .map(|r| r.get(0))
+        .collect();
+    }
+    Ok((rows, held_back))
+}

@@ -1,0 +1,581 @@
+//! The rounds area on PostgreSQL: a conversation's round under its lease.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::PostgresStore;
+use super::clock::{Now, on_caller_timeline};
+use super::leases::{claim, ensure_lease};
+use super::messages::{lock_conversation, pending_after};
+use super::outbox::read_owed;
+use super::sql::{Tx, execute, query, query_one, query_opt};
+use crate::domain::{
+    ConversationId, ConversationRef, HolderId, Lease, LeaseKey, LeaseToken, Platform, Said,
+    Timestamp, Version,
+};
+use crate::store::faults::Operation;
+use crate::store::rules::{self, conversation_of};
+use crate::store::{
+    Batch, Claimed, CommitOutcome, Exchange, NewReply, OutboxKind, OutboxRow, PendingMessage,
+    RoundStore, StoreError, TimerState,
+};
+use crate::timing::TimerPolicy;
+
+#[async_trait]
+impl RoundStore for PostgresStore {
+    async fn claim_round(
+        &self,
+        conversation: ConversationId,
+        holder: &HolderId,
+        ttl: Duration,
+        history: usize,
+        now: Timestamp,
+    ) -> Result<Option<Claimed>, StoreError> {
+        let key = LeaseKey::Conversation(conversation);
+        let row = self.row(&key, holder);
+        transaction!(self, Operation::Other, "claiming a round", |tx| async {
+            let now = self.now(&tx, now).await?;
+            let Some(lease) = claim(&tx, key.clone(), holder.clone(), &row, ttl, now).await? else {
+                return Ok(None);
+            };
+            give_back_orphans(&tx, conversation, lease.token).await?;
+            // What the round works on, read under the lease it just claimed.
+            let batch = read_batch(&tx, conversation, history).await?;
+            let (mut owed, held_back) = read_owed(&tx, conversation, now.db).await?;
+            // On the caller's timeline: its deadlines are counted on its own clock.
+            let mut batch = batch;
+            if let Some(timer) = batch.timer.as_mut() {
+                timer.due_at = now.to_caller(timer.due_at);
+            }
+            on_caller_timeline(&mut owed, now);
+            Ok(Some(Claimed {
+                lease,
+                batch,
+                owed,
+                held_back,
+            }))
+        }
+        .await)
+    }
+
+    async fn collect(
+        &self,
+        conversation: ConversationId,
+        history: usize,
+    ) -> Result<Batch, StoreError> {
+        transaction!(self, Operation::Read, "collecting a batch", |tx| async {
+            read_batch(&tx, conversation, history).await
+        }
+        .await)
+    }
+
+    async fn commit_reply(
+        &self,
+        lease: &Lease,
+        batch: &Batch,
+        reply: NewReply,
+        now: Timestamp,
+    ) -> Result<CommitOutcome, StoreError> {
+        let conversation = batch.conversation_id;
+        let v0 = batch.v0;
+        let reply_to = batch.last_message_id().map(str::to_owned);
+        let row = self.row(&lease.key, &lease.holder);
+        let policy = self.timers;
+        transaction!(self, Operation::Other, "committing a reply", |tx| {
+            async {
+                let now = self.now(&tx, now).await?;
+                ensure_lease(&tx, lease, &row, now).await?;
+                let version = lock_conversation(&tx, conversation).await?;
+                let oldest = batch.oldest_pending_at().unwrap_or(now.db);
+                // Fresh: stale unless the cap forces it out (`rules::commit_verdict`).
+                let Some(forced) = rules::commit_verdict(policy, version, v0, oldest, now.db) else {
+                    return Ok(CommitOutcome::Stale {
+                        version: Version(version),
+                    });
+                };
+                let collected: Vec<i64> = batch.pending.iter().map(|m| m.row).collect();
+                // No duplicate: a message edited since it was collected is pending again
+                // (its version is past v0), so the reply covers only what is unchanged.
+                let covered: Vec<i64> = if forced {
+                    query(
+                        &tx,
+                        "SELECT id FROM messages WHERE id = ANY($1) AND version <= $2",
+                        &[&collected, &v0.0],
+                        "checking for edits",
+                    )
+                    .await?
+                    .into_iter()
+                    .map(|r| r.get(0))
+                    .collect()
+                } else {
+                    collected
+                };
+                if covered.is_empty() {
+                    return Ok(CommitOutcome::Stale {
+                        version: Version(version),
+                    });
+                }
+                let usage = reply.usage.unwrap_or_default();
+                let outbox: i64 = query_one(
+                    &tx,
+                    "INSERT INTO outbox (conversation_id, kind, text, reply_to, version, lease_token, forced,
+                                         prompt_tokens, completion_tokens, llm_ms, owner, created_at, next_attempt_at)
+                     VALUES ($1, 'reply', $2, $3, $4, $5, $6, $7, $8, $9, $11, $10, $10)
+                     RETURNING id",
+                    &[
+                        &conversation.0,
+                        &reply.text,
+                        &reply_to,
+                        &v0.0,
+                        &lease.token.0,
+                        &forced,
+                        &reply.usage.map(|_| usage.prompt as i64),
+                        &reply.usage.map(|_| usage.completion as i64),
+                        &(reply.llm_ms as i64),
+                        &now.db.0,
+                        &lease.holder.as_str(),
+                    ],
+                    "storing a reply",
+                )
+                .await?
+                .get(0);
+                record_covers(&tx, outbox, &covered).await?;
+                let notices =
+                    store_held_out(&tx, lease, &batch.conversation, &reply.held_out, v0, forced, now)
+                        .await?;
+                answer_through(&tx, conversation, v0, policy).await?;
+                let covers = rules::covered_ids(
+                    batch.pending.iter().map(|m| (m.row, m.message_id.as_str())),
+                    &covered,
+                );
+                let conversation = batch.conversation.clone();
+                let text = reply.text.clone();
+                Ok(CommitOutcome::Committed {
+                    notices,
+                    outbox: rules::outbox_row(OutboxKind::Reply, outbox, conversation, text, reply_to.clone(), covers, now.stored()),
+                    forced,
+                })
+            }
+            .await
+        })
+    }
+
+    async fn give_up(
+        &self,
+        lease: &Lease,
+        batch: &Batch,
+        notice: &str,
+        now: Timestamp,
+    ) -> Result<Option<OutboxRow>, StoreError> {
+        let conversation = batch.conversation_id;
+        let v0 = batch.v0;
+        let reply_to = batch.last_message_id().map(str::to_owned);
+        let row = self.row(&lease.key, &lease.holder);
+        let policy = self.timers;
+        transaction!(self, Operation::Other, "giving up on a batch", |tx| {
+            async {
+                let now = self.now(&tx, now).await?;
+                ensure_lease(&tx, lease, &row, now).await?;
+                lock_conversation(&tx, conversation).await?;
+                // What this give-up ends: messages still pending up to v0. No duplicate: a
+                // message already covered is never covered again.
+                let covered: Vec<(i64, String)> = query(
+                    &tx,
+                    "SELECT m.id, m.platform_message_id FROM messages m JOIN conversations c ON c.id = m.conversation_id
+                     WHERE c.id = $1 AND m.version > c.answered_version AND m.version <= $2
+                       AND NOT EXISTS (SELECT 1 FROM reply_covers rc WHERE rc.message_id = m.id)
+                     ORDER BY m.id",
+                    &[&conversation.0, &v0.0],
+                    "finding the messages given up on",
+                )
+                .await?
+                .into_iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect();
+                if covered.is_empty() {
+                    return Ok(None);
+                }
+                let outbox: i64 = query_one(
+                    &tx,
+                    "INSERT INTO outbox (conversation_id, kind, text, reply_to, version, lease_token,
+                                         owner, created_at, next_attempt_at)
+                     VALUES ($1, 'notice', $2, $3, $4, $5, $6, $7, $7)
+                     RETURNING id",
+                    &[&conversation.0, &notice, &reply_to, &v0.0, &lease.token.0, &lease.holder.as_str(), &now.db.0],
+                    "storing a give-up notice",
+                )
+                .await?
+                .get(0);
+                let rows: Vec<i64> = covered.iter().map(|(row, _)| *row).collect();
+                record_covers(&tx, outbox, &rows).await?;
+                answer_through(&tx, conversation, v0, policy).await?;
+                let covers = covered.into_iter().map(|(_, id)| id).collect();
+                let conversation = batch.conversation.clone();
+                let text = notice.to_owned();
+                Ok(Some(rules::outbox_row(OutboxKind::Notice, outbox, conversation, text, reply_to.clone(), covers, now.stored())))
+            }
+            .await
+        })
+    }
+
+    async fn store_transcript(
+        &self,
+        lease: &Lease,
+        message: i64,
+        transcript: &str,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        let row = self.row(&lease.key, &lease.holder);
+        let conversation = conversation_of(lease);
+        transaction!(self, Operation::Other, "storing a transcript", |tx| async {
+            let now = self.now(&tx, now).await?;
+            ensure_lease(&tx, lease, &row, now).await?;
+            // Transcribed once: a transcript already stored is never replaced.
+            let stored = execute(
+                &tx,
+                "UPDATE messages SET transcript = $3
+                 WHERE id = $1 AND conversation_id = $2 AND transcript IS NULL",
+                &[&message, &conversation.0, &transcript],
+                "storing a transcript",
+            )
+            .await?;
+            Ok(stored == 1)
+        }
+        .await)
+    }
+
+    async fn disarm_idle_timer(
+        &self,
+        lease: &Lease,
+        v0: Version,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let row = self.row(&lease.key, &lease.holder);
+        let conversation = conversation_of(lease);
+        transaction!(self, Operation::Other, "disarming an idle timer", |tx| {
+            async {
+                let now = self.now(&tx, now).await?;
+                ensure_lease(&tx, lease, &row, now).await?;
+                lock_conversation(&tx, conversation).await?;
+                // No loss: a timer with messages pending is never disarmed.
+                execute(
+                    &tx,
+                    "DELETE FROM timers WHERE conversation_id = $1 AND armed_version <= $2
+                       AND NOT EXISTS (SELECT 1 FROM messages m JOIN conversations c ON c.id = m.conversation_id
+                                       WHERE c.id = $1 AND m.version > c.answered_version)",
+                    &[&conversation.0, &v0.0],
+                    "disarming an idle timer",
+                )
+                .await?;
+                Ok(())
+            }
+            .await
+        })
+    }
+
+    async fn record_failure(
+        &self,
+        lease: &Lease,
+        retry_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<u32, StoreError> {
+        let row = self.row(&lease.key, &lease.holder);
+        let conversation = conversation_of(lease);
+        transaction!(
+            self,
+            Operation::Other,
+            "recording a failed generation",
+            |tx| {
+                async {
+                    let now = self.now(&tx, now).await?;
+                    ensure_lease(&tx, lease, &row, now).await?;
+                    lock_conversation(&tx, conversation).await?;
+                    let retry_at = now.to_db(retry_at);
+                    let attempts = query_opt(
+                        &tx,
+                        "UPDATE timers SET attempts = attempts + 1, retry_at = $2, due_at = GREATEST(due_at, $2)
+                         WHERE conversation_id = $1 RETURNING attempts",
+                        &[&conversation.0, &retry_at.0],
+                        "recording a failed generation",
+                    )
+                    .await?;
+                    Ok(attempts.map_or(0, |r| r.get::<_, i32>(0) as u32))
+                }
+                .await
+            }
+        )
+    }
+}
+
+/// The batch of a conversation: version, pending messages, recent history and timer,
+/// read under a `FOR SHARE` lock of the conversation row, so no ingest commits between
+/// the reads and they agree.
+async fn read_batch(
+    tx: &Tx<'_>,
+    conversation: ConversationId,
+    history: usize,
+) -> Result<Batch, StoreError> {
+    let row = query_opt(
+        tx,
+        "SELECT platform, key, is_group, version, answered_version, context_version
+         FROM conversations WHERE id = $1 FOR SHARE",
+        &[&conversation.0],
+        "reading a conversation",
+    )
+    .await?;
+    let Some(row) = row else {
+        return Err(StoreError::NoConversation(conversation));
+    };
+    let platform: Platform = row
+        .get::<_, String>(0)
+        .parse()
+        .map_err(StoreError::Corrupt)?;
+    let (key, is_group, version, answered, context_version): (String, bool, i64, i64, i64) =
+        (row.get(1), row.get(2), row.get(3), row.get(4), row.get(5));
+    let pending = query(
+        tx,
+        "SELECT id, platform_message_id, user_id, author, text, version, received_at, media, transcript
+         FROM messages WHERE conversation_id = $1 AND version > $2 ORDER BY id",
+        &[&conversation.0, &answered],
+        "reading pending messages",
+    )
+    .await?
+    .into_iter()
+    .map(|r| {
+        Ok(PendingMessage {
+            row: r.get(0),
+            message_id: r.get(1),
+            user_id: r.get(2),
+            author: r.get(3),
+            text: r.get(4),
+            version: Version(r.get(5)),
+            received_at: Timestamp(r.get(6)),
+            media: crate::store::decode_media(r.get(7))?,
+            transcript: r.get(8),
+        })
+    })
+    .collect::<Result<Vec<_>, StoreError>>()?;
+    let timer = query_opt(
+        tx,
+        "SELECT due_at, attempts FROM timers WHERE conversation_id = $1",
+        &[&conversation.0],
+        "reading the timer",
+    )
+    .await?
+    .map(|r| TimerState {
+        due_at: Timestamp(r.get(0)),
+        attempts: r.get::<_, i32>(1) as u32,
+    });
+    // Nothing to answer (a round that only delivers): no history needed.
+    let history = if pending.is_empty() {
+        Vec::new()
+    } else {
+        read_history(tx, conversation, context_version, history).await?
+    };
+    Ok(Batch {
+        conversation_id: conversation,
+        conversation: ConversationRef::new(platform, key),
+        is_group,
+        v0: Version(version),
+        pending,
+        history,
+        timer,
+    })
+}
+
+/// The last `limit` replies since the context was reset, with the messages each
+/// covered, oldest first.
+async fn read_history(
+    tx: &Tx<'_>,
+    conversation: ConversationId,
+    context_version: i64,
+    limit: usize,
+) -> Result<Vec<Exchange>, StoreError> {
+    if limit == 0 {
+        return Ok(Vec::new());
+    }
+    let rows = query(
+        tx,
+        "SELECT o.id, o.text, m.author, m.text, m.transcript
+         FROM (SELECT id, text FROM outbox
+               WHERE conversation_id = $1 AND kind = 'reply' AND failed_at IS NULL AND version > $2
+               ORDER BY id DESC LIMIT $3) o
+         JOIN reply_covers rc ON rc.outbox_id = o.id
+         JOIN messages m ON m.id = rc.message_id
+         ORDER BY o.id, m.id",
+        &[&conversation.0, &context_version, &(limit as i64)],
+        "reading history",
+    )
+    .await?;
+    Ok(crate::store::rules::exchanges(rows.into_iter().map(
+        |row| {
+            let said = Said {
+                author: row.get(2),
+                text: crate::store::said_text(row.get(3), row.get(4)),
+            };
+            (row.get(0), row.get(1), said)
+        },
+    )))
+}
+
+/// Record which messages an outbox row (a reply, or a give-up notice) answers.
+/// The notices of a reply's held-out messages ([`NewReply::held_out`]), stored in the
+/// commit's transaction: each covers its messages still pending up to `v0` (after a
+/// forced commit, not those edited since) and not covered yet (no duplicate), so the
+/// `answered_version` the commit sets leaves none of them unanswered (no loss).
+async fn store_held_out(
+    tx: &Tx<'_>,
+    lease: &Lease,
+    conversation: &ConversationRef,
+    held_out: &[crate::store::HeldOut],
+    v0: Version,
+    forced: bool,
+    now: Now,
+) -> Result<Vec<OutboxRow>, StoreError> {
+    let id = conversation_of(lease);
+    let mut notices = Vec::new();
+    for held in held_out {
+        let covered: Vec<(i64, String)> = query(
+            tx,
+            "SELECT m.id, m.platform_message_id FROM messages m
+             WHERE m.id = ANY($1) AND m.conversation_id = $2 AND ($4 OR m.version <= $3)
+               AND NOT EXISTS (SELECT 1 FROM reply_covers rc WHERE rc.message_id = m.id)
+             ORDER BY m.id",
+            &[&held.rows, &id.0, &v0.0, &!forced],
+            "reading held-out messages",
+        )
+        .await?
+        .into_iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+        if covered.is_empty() {
+            continue;
+        }
+        let outbox: i64 = query_one(
+            tx,
+            "INSERT INTO outbox (conversation_id, kind, text, reply_to, version, lease_token,
+                                 owner, created_at, next_attempt_at)
+             VALUES ($1, 'notice', $2, $3, $4, $5, $6, $7, $7)
+             RETURNING id",
+            &[
+                &id.0,
+                &held.text,
+                &held.reply_to,
+                &v0.0,
+                &lease.token.0,
+                &lease.holder.as_str(),
+                &now.db.0,
+            ],
+            "storing a held-out notice",
+        )
+        .await?
+        .get(0);
+        let rows: Vec<i64> = covered.iter().map(|(row, _)| *row).collect();
+        record_covers(tx, outbox, &rows).await?;
+        let at = now.stored();
+        notices.push(rules::held_out_row(outbox, conversation, held, covered, at));
+    }
+    Ok(notices)
+}
+
+/// Give back the reservations of the conversation's earlier leases (rounds abandoned
+/// before they settled: a lost lease, a stop, a crash), each on the day it counted
+/// for; budget rows are locked in the order every charge takes (day, then scope).
+async fn give_back_orphans(
+    tx: &Tx<'_>,
+    conversation: ConversationId,
+    token: LeaseToken,
+) -> Result<(), StoreError> {
+    let orphans = query(
+        tx,
+        "DELETE FROM token_reservations WHERE conversation_id = $1 AND lease_token < $2
+         RETURNING day, scope, tokens",
+        &[&conversation.0, &token.0],
+        "reading abandoned reservations",
+    )
+    .await?;
+    if orphans.is_empty() {
+        return Ok(());
+    }
+    let mut sums: std::collections::BTreeMap<(String, String), i64> = Default::default();
+    for r in orphans {
+        *sums.entry((r.get(0), r.get(1))).or_default() += r.get::<_, i64>(2);
+    }
+    for ((day, scope), tokens) in &sums {
+        execute(
+            tx,
+            "UPDATE token_usage SET tokens = GREATEST(tokens - $3::int8, 0) WHERE scope = $1 AND day = $2",
+            &[scope, day, tokens],
+            "giving back a reservation",
+        )
+        .await?;
+    }
+    tracing::info!(%conversation, scopes = sums.len(), "gave back the token reservation of an abandoned round");
+    Ok(())
+}
+
+async fn record_covers(tx: &Tx<'_>, outbox: i64, messages: &[i64]) -> Result<(), StoreError> {
+    execute(
+        tx,
+        "INSERT INTO reply_covers (outbox_id, message_id) SELECT $1::int8, unnest($2::int8[])",
+        &[&outbox, &messages],
+        "recording covered messages",
+    )
+    .await?;
+    Ok(())
+}
+
+/// Mark everything up to `v0` answered, after a reply or a give-up was stored in the
+/// same transaction: the timer goes unless a newer message armed it, and then it is
+/// re-armed for the messages still pending (its cap counting from the oldest of them).
+async fn answer_through(
+    tx: &Tx<'_>,
+    conversation: ConversationId,
+    v0: Version,
+    policy: TimerPolicy,
+) -> Result<(), StoreError> {
+    // The answered version only grows.
+    execute(
+        tx,
+        "UPDATE conversations SET answered_version = $2 WHERE id = $1 AND answered_version < $2",
+        &[&conversation.0, &v0.0],
+        "marking the batch answered",
+    )
+    .await?;
+    // The timer goes only if nothing newer than v0 armed it.
+    let deleted = execute(
+        tx,
+        "DELETE FROM timers WHERE conversation_id = $1 AND armed_version <= $2",
+        &[&conversation.0, &v0.0],
+        "deleting the timer",
+    )
+    .await?;
+    if deleted > 0 {
+        return Ok(());
+    }
+    let (pending, first_pending) = pending_after(tx, conversation, v0.0).await?;
+    let Some(first_pending) = first_pending else {
+        return Ok(());
+    };
+    let armed_at = query_opt(
+        tx,
+        "SELECT armed_at FROM timers WHERE conversation_id = $1",
+        &[&conversation.0],
+        "reading the timer",
+    )
+    .await?;
+    let Some(armed_at) = armed_at.map(|r| r.get::<_, i64>(0)) else {
+        return Ok(());
+    };
+    let due_at = policy.due_at(Timestamp(armed_at), first_pending, pending);
+    execute(
+        tx,
+        "UPDATE timers SET due_at = GREATEST($2, held_until), attempts = 0, retry_at = 0
+         WHERE conversation_id = $1",
+        &[&conversation.0, &due_at.0],
+        "re-arming the timer",
+    )
+    .await?;
+    Ok(())
+}

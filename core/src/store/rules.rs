@@ -1,0 +1,401 @@
+//! What both backends decide the same way once their rows are read, written once so
+//! the backends differ only in their SQL: the final check's verdict, the outbox rows a
+//! commit, a notice and a give-up hand back, the rate hold's and the budget's
+//! verdicts, which due conversations are ready and when to look again, how history
+//! rows group into exchanges, what an access-decision row means, the order budget
+//! rows are locked in, and the media codec. The conformance suite pins each through
+//! both backends.
+
+use lull_port::{Media, MediaKind};
+
+use super::{
+    AccessRule, Charged, Exchange, HeldOut, OutboxKind, OutboxRow, ScopeCharge, StoreError, Subject,
+};
+use crate::access::SubjectKind;
+use crate::domain::{ConversationId, ConversationRef, Lease, OutboxId, Said, Timestamp, Version};
+use crate::timing::TimerPolicy;
+
+/// The conversation a conversation's lease is on. A poller lease is never used for
+/// conversation work: that would be a bug, not a condition of the database.
+pub(crate) fn conversation_of(lease: &Lease) -> ConversationId {
+    lease.key.conversation().unwrap_or_else(|| {
+        panic!(
+            "a poller lease ({}) was used for conversation work",
+            lease.key
+        )
+    })
+}
+
+/// The final check's verdict on the version read under the lease: `None` when the
+/// reply is stale, `Some(forced)` when it may be committed (`forced`: newer messages
+/// arrived, but the oldest pending message, at `oldest`, has waited the cap).
+pub(crate) fn commit_verdict(
+    policy: TimerPolicy,
+    version: i64,
+    v0: Version,
+    oldest: Timestamp,
+    now: Timestamp,
+) -> Option<bool> {
+    // Fresh: a reply is committed only if no message arrived since it was
+    // collected, unless the cap forces it out.
+    let forced = version != v0.0;
+    (!forced || policy.cap_reached(now, oldest)).then_some(forced)
+}
+
+/// When an outbox row was stored, as [`OutboxRow`] reports it: `created_at` on the
+/// caller's timeline, `stored_at` as stored (on SQLite both are the caller's `now`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StoredAt {
+    pub(crate) created_at: Timestamp,
+    pub(crate) stored_at: Timestamp,
+}
+
+/// The row of a reply just committed, or of a notice just queued (a command's answer,
+/// a held-out notice, or a give-up, which covers the messages it ended): nothing
+/// delivered, no attempt yet.
+pub(crate) fn outbox_row(
+    kind: OutboxKind,
+    id: i64,
+    conversation: ConversationRef,
+    text: String,
+    reply_to: Option<String>,
+    covers: Vec<String>,
+    at: StoredAt,
+) -> OutboxRow {
+    OutboxRow {
+        id: OutboxId(id),
+        conversation,
+        kind,
+        text,
+        reply_to,
+        covers,
+        parts_sent: 0,
+        attempts: 0,
+        created_at: at.created_at,
+        stored_at: at.stored_at,
+    }
+}
+
+/// The notice row of messages a reply left out ([`HeldOut`]), just stored with the
+/// reply: it covers `covered` (row, platform id), the held-out messages still unedited.
+pub(crate) fn held_out_row(
+    id: i64,
+    conversation: &ConversationRef,
+    held: &HeldOut,
+    covered: Vec<(i64, String)>,
+    at: StoredAt,
+) -> OutboxRow {
+    let covers = covered.into_iter().map(|(_, id)| id).collect();
+    let (text, reply_to) = (held.text.clone(), held.reply_to.clone());
+    outbox_row(
+        OutboxKind::Notice,
+        id,
+        conversation.clone(),
+        text,
+        reply_to,
+        covers,
+        at,
+    )
+}
+
+/// The platform ids of the collected messages (row, platform id) a reply covers.
+pub(crate) fn covered_ids<'a>(
+    collected: impl IntoIterator<Item = (i64, &'a str)>,
+    covered: &[i64],
+) -> Vec<String> {
+    collected
+        .into_iter()
+        .filter(|(row, _)| covered.contains(row))
+        .map(|(_, id)| id.to_owned())
+        .collect()
+}
+
+/// The rate hold's verdict on the conversation's timer, on the timeline the store
+/// compares on: `held_until` is the timer's hold (`None`: no timer, the messages were
+/// answered), `until` when the window has room again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RateVerdict {
+    /// Answered already: nothing left to hold.
+    Nothing,
+    /// A hold in force (until then) is kept, not extended.
+    Kept(Timestamp),
+    /// Hold the timer until then: this call begins the hold.
+    Begin(Timestamp),
+}
+
+pub(crate) fn rate_verdict(
+    held_until: Option<i64>,
+    until: Timestamp,
+    now: Timestamp,
+) -> RateVerdict {
+    match held_until {
+        None => RateVerdict::Nothing,
+        Some(held_until) if held_until > now.0 => RateVerdict::Kept(Timestamp(held_until)),
+        Some(_) => RateVerdict::Begin(until),
+    }
+}
+
+/// Whether a scope's part of a charge is checked against a budget: it has a limit and
+/// spends (a give-back never passes a budget).
+pub(crate) fn budgeted(scope: &ScopeCharge) -> bool {
+    scope.limit.is_some() && scope.tokens > 0
+}
+
+/// The budget's verdict on a scope that used `used` tokens that day: `Some(Over)` when
+/// the charge's positive tokens on top of it would pass the scope's limit.
+pub(crate) fn over_budget(scope: &ScopeCharge, used: i64) -> Option<Charged> {
+    let limit = scope.limit.filter(|_| scope.tokens > 0)?;
+    let used = used.max(0) as u64;
+    (used.saturating_add(scope.tokens as u64) > limit).then(|| Charged::Over {
+        scope: scope.scope.clone(),
+        used,
+        limit,
+    })
+}
+
+/// Sorting `due_work` candidates (one per conversation with work due by `now`) into
+/// conversations ready now and the earliest future moment something becomes due.
+#[derive(Debug)]
+pub(crate) struct DueScan {
+    now: i64,
+    ready: Vec<(i64, ConversationId)>,
+    next_at: Option<i64>,
+}
+
+impl DueScan {
+    pub(crate) fn new(now: i64) -> Self {
+        Self {
+            now,
+            ready: Vec::new(),
+            next_at: None,
+        }
+    }
+
+    /// A conversation whose work is due here at `at`, under the lease row it joined
+    /// (`held`: the row names a holder; `expires_at`: its expiry).
+    pub(crate) fn candidate(
+        &mut self,
+        conversation: ConversationId,
+        at: i64,
+        held: bool,
+        expires_at: Option<i64>,
+    ) {
+        // Exclusive: a conversation under a live lease is left to its holder until the
+        // lease expires (or is released).
+        let leased_until = expires_at.filter(|e| held && *e > self.now);
+        match leased_until {
+            _ if at > self.now => self.sooner(at.max(leased_until.unwrap_or(at))),
+            Some(expiry) => self.sooner(expiry),
+            None => self.ready.push((at, conversation)),
+        }
+    }
+
+    /// Something else becomes due at `at`.
+    pub(crate) fn sooner(&mut self, at: i64) {
+        self.next_at = Some(self.next_at.map_or(at, |n| n.min(at)));
+    }
+
+    /// At most `limit` ready conversations, the longest due first, and the next
+    /// deadline.
+    pub(crate) fn finish(mut self, limit: usize) -> (Vec<ConversationId>, Option<i64>) {
+        self.ready.sort();
+        let ready = self.ready.into_iter().take(limit).map(|(_, c)| c).collect();
+        (ready, self.next_at)
+    }
+}
+
+/// History rows (reply id, reply text, author, message text), ordered by reply and
+/// message, as exchanges: the messages each reply covered, then the reply.
+pub(crate) fn exchanges(rows: impl IntoIterator<Item = (i64, String, Said)>) -> Vec<Exchange> {
+    let mut history: Vec<(i64, Exchange)> = Vec::new();
+    for (id, reply, said) in rows {
+        match history.last_mut() {
+            Some((last, exchange)) if *last == id => exchange.user.push(said),
+            _ => history.push((
+                id,
+                Exchange {
+                    user: vec![said],
+                    reply,
+                },
+            )),
+        }
+    }
+    history.into_iter().map(|(_, exchange)| exchange).collect()
+}
+
+/// An access decision from its stored columns (platform, kind, subject, allowed,
+/// set by, set at).
+pub(crate) fn access_rule(
+    platform: &str,
+    kind: &str,
+    id: String,
+    allowed: bool,
+    set_by: String,
+    set_at: i64,
+) -> Result<AccessRule, StoreError> {
+    let kind = match kind {
+        "user" => SubjectKind::User,
+        "chat" => SubjectKind::Chat,
+        other => return Err(StoreError::Corrupt(format!("access kind '{other}'"))),
+    };
+    Ok(AccessRule {
+        subject: Subject {
+            platform: platform.parse().map_err(StoreError::Corrupt)?,
+            kind,
+            id,
+        },
+        allowed,
+        set_by,
+        set_at: Timestamp(set_at),
+    })
+}
+
+/// A charge's scopes in the one order every charge takes its budget rows in (by
+/// scope name), each scope once (a scope named twice is charged the sum, against the
+/// smaller limit): two charges naming the same scopes in different orders queue on
+/// the first row they share instead of deadlocking.
+pub(crate) fn sorted_scopes(scopes: &[ScopeCharge]) -> Vec<ScopeCharge> {
+    let mut sorted: Vec<ScopeCharge> = Vec::with_capacity(scopes.len());
+    let mut scopes = scopes.to_vec();
+    scopes.sort_by(|a, b| a.scope.cmp(&b.scope));
+    for scope in scopes {
+        match sorted.last_mut() {
+            Some(last) if last.scope == scope.scope => {
+                last.tokens += scope.tokens;
+                last.limit = match (last.limit, scope.limit) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+            }
+            _ => sorted.push(scope),
+        }
+    }
+    sorted
+}
+
+/// A message's text as prompts and history show it: `[voice message]: <transcript>`
+/// once transcribed, else the stored text.
+pub fn said_text(text: &str, transcript: Option<&str>) -> String {
+    match transcript {
+        Some(transcript) => format!("{text}: {transcript}"),
+        None => text.to_owned(),
+    }
+}
+
+/// Media references as every backend stores them: one nullable text column holding a
+/// JSON array (`NULL` for a message without media), so the schema change is one column
+/// in any backend.
+pub fn encode_media(media: &[Media]) -> Option<String> {
+    if media.is_empty() {
+        return None;
+    }
+    let items: Vec<serde_json::Value> = media
+        .iter()
+        .map(|m| {
+            serde_json::json!({
+                "kind": m.kind.as_str(),
+                "ref": m.reference,
+                "size": m.size,
+                "mime": m.mime,
+                "secs": m.duration_secs,
+            })
+        })
+        .collect();
+    Some(serde_json::Value::Array(items).to_string())
+}
+
+/// The media references [`encode_media`] stored.
+pub fn decode_media(stored: Option<&str>) -> Result<Vec<Media>, StoreError> {
+    let Some(stored) = stored else {
+        return Ok(Vec::new());
+    };
+    let corrupt = |why: &str| StoreError::Corrupt(format!("media of a message: {why}"));
+    let items: Vec<serde_json::Value> =
+        serde_json::from_str(stored).map_err(|e| corrupt(&e.to_string()))?;
+    items
+        .iter()
+        .map(|item| {
+            let kind = item["kind"]
+                .as_str()
+                .and_then(MediaKind::parse)
+                .ok_or_else(|| corrupt("unknown kind"))?;
+            let reference = item["ref"]
+                .as_str()
+                .ok_or_else(|| corrupt("no reference"))?
+                .to_owned();
+            Ok(Media {
+                kind,
+                reference,
+                size: item["size"].as_u64(),
+                mime: item["mime"].as_str().map(str::to_owned),
+                duration_secs: item["secs"].as_u64().map(|s| s as u32),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn a_newer_version_is_stale_until_the_cap_forces_it() {
+        let policy =
+            TimerPolicy::new(Duration::from_millis(100), Duration::from_millis(1000), 20).unwrap();
+        let (v0, oldest) = (Version(3), Timestamp(10_000));
+        assert_eq!(
+            commit_verdict(policy, 3, v0, oldest, Timestamp(10_500)),
+            Some(false)
+        );
+        assert_eq!(
+            commit_verdict(policy, 4, v0, oldest, Timestamp(10_999)),
+            None
+        );
+        assert_eq!(
+            commit_verdict(policy, 4, v0, oldest, Timestamp(11_000)),
+            Some(true)
+        );
+    }
+
+    #[test]
+    fn a_rate_hold_in_force_is_kept_not_extended() {
+        let (until, now) = (Timestamp(5_000), Timestamp(1_000));
+        assert_eq!(rate_verdict(None, until, now), RateVerdict::Nothing);
+        assert_eq!(
+            rate_verdict(Some(2_000), until, now),
+            RateVerdict::Kept(Timestamp(2_000))
+        );
+        assert_eq!(
+            rate_verdict(Some(1_000), until, now),
+            RateVerdict::Begin(until)
+        );
+        assert_eq!(rate_verdict(Some(0), until, now), RateVerdict::Begin(until));
+    }
+
+    #[test]
+    fn only_spending_past_a_limit_is_over_budget() {
+        let scope = |tokens, limit| ScopeCharge {
+            scope: "bot".into(),
+            tokens,
+            limit,
+        };
+        assert!(over_budget(&scope(10, Some(100)), 90).is_none());
+        assert_eq!(
+            over_budget(&scope(11, Some(100)), 90),
+            Some(Charged::Over {
+                scope: "bot".into(),
+                used: 90,
+                limit: 100
+            })
+        );
+        // A give-back, or a scope with no limit, never passes a budget.
+        assert!(over_budget(&scope(-50, Some(100)), 500).is_none());
+        assert!(over_budget(&scope(50, None), 500).is_none());
+        assert!(!budgeted(&scope(-50, Some(100))) && !budgeted(&scope(50, None)));
+        assert!(budgeted(&scope(1, Some(100))));
+        // A negative total (never stored, but read defensively) counts as nothing used.
+        assert!(over_budget(&scope(100, Some(100)), -5).is_none());
+    }
+}

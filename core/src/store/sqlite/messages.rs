@@ -1,0 +1,268 @@
+//! The messages area on SQLite: ingest, edits, a fresh context, catch-up reads.
+
+use async_trait::async_trait;
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::SqliteStore;
+use super::sql::Context;
+use crate::domain::{ConversationId, ConversationRef, HolderId, Platform, Timestamp, Version};
+use crate::store::faults::Operation;
+use crate::store::{
+    IngestOutcome, MessageEdit, MessageStore, NewMessage, RecentConversation, StoreError,
+};
+use crate::timing::TimerPolicy;
+
+#[async_trait]
+impl MessageStore for SqliteStore {
+    async fn ingest(
+        &self,
+        message: NewMessage,
+        holder: &HolderId,
+        now: Timestamp,
+    ) -> Result<IngestOutcome, StoreError> {
+        let holder = holder.clone();
+        let policy = self.timers;
+        self.write_as(Operation::Intake, "storing a message", move |tx| {
+            let conversation = upsert_conversation(tx, &message.conversation, message.is_group, now)?;
+            // No duplicate: a redelivered platform message is stored once.
+            let inserted = tx
+                .prepare_cached(
+                    "INSERT INTO messages
+                         (conversation_id, platform_message_id, user_id, author, text, version, received_at, media)
+                     SELECT ?1, ?2, ?3, ?4, ?5, version + 1, ?6, ?7 FROM conversations WHERE id = ?1
+                     ON CONFLICT (conversation_id, platform_message_id) DO NOTHING",
+                )
+                .ctx("preparing a statement")?
+                .execute(
+                    params![
+                        conversation.0,
+                        message.message_id,
+                        message.user_id,
+                        message.author,
+                        message.text,
+                        now.0,
+                        crate::store::encode_media(&message.media),
+                    ],
+                )
+                .ctx("storing a message")?;
+            if inserted == 0 {
+                return Ok(IngestOutcome::Duplicate { conversation });
+            }
+            let (version, due_at) =
+                bump_and_arm(tx, conversation, message.conversation.platform, policy, &holder, now)?;
+            Ok(IngestOutcome::Stored {
+                conversation,
+                version,
+                due_at,
+            })
+        })
+        .await
+    }
+
+    async fn edit(
+        &self,
+        edit: MessageEdit,
+        holder: &HolderId,
+        now: Timestamp,
+    ) -> Result<IngestOutcome, StoreError> {
+        let holder = holder.clone();
+        let policy = self.timers;
+        self.write_as(Operation::Intake, "editing a message", move |tx| {
+            let found: Option<(i64, i64)> = tx
+                .prepare_cached(
+                    "SELECT id, answered_version FROM conversations WHERE platform = ?1 AND key = ?2",
+                )
+                .ctx("preparing a statement")?
+                .query_row(
+                    params![edit.conversation.platform.as_str(), edit.conversation.key],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()
+                .ctx("finding a conversation")?;
+            let Some((id, answered)) = found else {
+                return Ok(IngestOutcome::EditIgnored);
+            };
+            // Edits: only a still-pending message changes, and it counts as new.
+            let changed = tx
+                .prepare_cached(
+                    "UPDATE messages
+                     SET text = ?1, version = (SELECT version + 1 FROM conversations WHERE id = ?2)
+                     WHERE conversation_id = ?2 AND platform_message_id = ?3
+                       AND version > ?4 AND text <> ?1",
+                )
+                .ctx("preparing a statement")?
+                .execute(params![edit.text, id, edit.message_id, answered])
+                .ctx("editing a message")?;
+            if changed == 0 {
+                return Ok(IngestOutcome::EditIgnored);
+            }
+            // Rate limit: an applied edit counts in its author's window, as a message.
+            tx.prepare_cached(
+                "INSERT INTO edits (message_id, user_id, platform, edited_at)
+                 SELECT id, user_id, ?3, ?4 FROM messages WHERE conversation_id = ?1 AND platform_message_id = ?2",
+            )
+            .ctx("preparing a statement")?
+            .execute(params![id, edit.message_id, edit.conversation.platform.as_str(), now.0])
+            .ctx("recording an edit")?;
+            let conversation = ConversationId(id);
+            let (version, due_at) = bump_and_arm(tx, conversation, edit.conversation.platform, policy, &holder, now)?;
+            Ok(IngestOutcome::Stored {
+                conversation,
+                version,
+                due_at,
+            })
+        })
+        .await
+    }
+
+    async fn reset_context(
+        &self,
+        conversation: &ConversationRef,
+        is_group: bool,
+        holder: &HolderId,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let conversation = conversation.clone();
+        let holder = holder.clone();
+        self.write("resetting the context", move |tx| {
+            let id = upsert_conversation(tx, &conversation, is_group, now)?;
+            tx.prepare_cached("UPDATE conversations SET context_version = version WHERE id = ?1")
+                .ctx("preparing a statement")?
+                .execute([id.0])
+                .ctx("resetting the context")?;
+            // /reset unsticks: pending messages are tried again now, without the
+            // backoff, but not before a limit's hold ends (limits: not a way around them).
+            tx.prepare_cached(
+                "UPDATE timers SET attempts = 0, retry_at = 0, armed_by = ?3,
+                     due_at = MAX(CASE WHEN due_at > ?2 THEN ?2 ELSE due_at END, held_until)
+                 WHERE conversation_id = ?1",
+            )
+            .ctx("preparing a statement")?
+            .execute(params![id.0, now.0, holder.as_str()])
+            .ctx("clearing the failure backoff")?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn recent_conversations(
+        &self,
+        platform: Platform,
+        since: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<RecentConversation>, StoreError> {
+        self.with_conn(move |conn| {
+            // No loss: catch-up resumes after the message stored last (the highest row
+            // id), never after one that merely has a larger platform id.
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT c.key, c.is_group, m.platform_message_id
+                     FROM conversations c
+                     JOIN messages m ON m.id = (SELECT MAX(id) FROM messages WHERE conversation_id = c.id)
+                     WHERE c.platform = ?1 AND m.received_at >= ?2
+                     ORDER BY m.received_at DESC, m.id DESC
+                     LIMIT ?3",
+                )
+                .ctx("finding recent conversations")?;
+            stmt.query_map(params![platform.as_str(), since.0, limit as i64], |r| {
+                Ok(RecentConversation {
+                    conversation: ConversationRef::new(platform, r.get::<_, String>(0)?),
+                    is_group: r.get(1)?,
+                    last_message_id: r.get(2)?,
+                })
+            })
+            .ctx("finding recent conversations")?
+            .collect::<Result<Vec<_>, _>>()
+            .ctx("finding recent conversations")
+        })
+        .await
+    }
+}
+
+/// Find or create a conversation row; returns its id. A conversation seen once as a
+/// group stays a group: no platform turns a group into a private chat, so an update
+/// that does not say (a command, a notice) can never make one private.
+pub(super) fn upsert_conversation(
+    tx: &Connection,
+    conversation: &ConversationRef,
+    is_group: bool,
+    now: Timestamp,
+) -> Result<ConversationId, StoreError> {
+    tx.prepare_cached(
+        "INSERT INTO conversations (platform, key, is_group, created_at) VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT (platform, key) DO UPDATE SET is_group = conversations.is_group OR excluded.is_group
+         RETURNING id",
+    )
+    .ctx("preparing a statement")?
+    .query_row(
+        params![conversation.platform.as_str(), conversation.key, is_group, now.0],
+        |r| r.get(0),
+    )
+    .map(ConversationId)
+    .ctx("finding a conversation")
+}
+
+/// Bump the version of a conversation that just got a message (or an edit) and arm
+/// its timer. Must run in the transaction that stored the message.
+fn bump_and_arm(
+    tx: &Connection,
+    conversation: ConversationId,
+    platform: Platform,
+    policy: TimerPolicy,
+    holder: &HolderId,
+    now: Timestamp,
+) -> Result<(Version, Timestamp), StoreError> {
+    // Version counter: bumped in the same transaction that stores the message.
+    let (version, answered): (i64, i64) = tx
+        .prepare_cached(
+            "UPDATE conversations SET version = version + 1 WHERE id = ?1
+             RETURNING version, answered_version",
+        )
+        .ctx("preparing a statement")?
+        .query_row([conversation.0], |r| Ok((r.get(0)?, r.get(1)?)))
+        .ctx("bumping the version")?;
+    let (pending, first_pending) = pending_after(tx, conversation, answered)?;
+    let due_at = policy.due_at(now, first_pending.unwrap_or(now), pending);
+    // Capped debounce: every message re-arms the timer, never past the cap, and never
+    // sooner than a failed generation's backoff (`retry_at`) or a limit's hold
+    // (`held_until`).
+    let due_at: i64 = tx
+        .prepare_cached(
+            "INSERT INTO timers (conversation_id, platform, due_at, armed_version, armed_at, armed_by)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+             ON CONFLICT (conversation_id) DO UPDATE SET
+                 due_at = MAX(excluded.due_at, timers.retry_at, timers.held_until),
+                 armed_version = excluded.armed_version,
+                 armed_at = excluded.armed_at,
+                 armed_by = excluded.armed_by
+             RETURNING due_at",
+        )
+        .ctx("preparing a statement")?
+        .query_row(
+            params![conversation.0, platform.as_str(), due_at.0, version, now.0, holder.as_str()],
+            |r| r.get(0),
+        )
+        .ctx("arming the timer")?;
+    let due_at = Timestamp(due_at);
+    Ok((Version(version), due_at))
+}
+
+/// How many messages are pending after `answered` and when the oldest arrived.
+pub(super) fn pending_after(
+    tx: &Connection,
+    conversation: ConversationId,
+    answered: i64,
+) -> Result<(u32, Option<Timestamp>), StoreError> {
+    tx.prepare_cached(
+        "SELECT COUNT(*), MIN(received_at) FROM messages
+         WHERE conversation_id = ?1 AND version > ?2",
+    )
+    .ctx("preparing a statement")?
+    .query_row(params![conversation.0, answered], |r| {
+        Ok((
+            r.get::<_, i64>(0)? as u32,
+            r.get::<_, Option<i64>>(1)?.map(Timestamp),
+        ))
+    })
+    .ctx("counting pending messages")
+}

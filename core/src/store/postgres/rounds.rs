@@ -196,19 +196,8 @@ impl RoundStore for PostgresStore {
                 if covered.is_empty() {
                     return Ok(None);
                 }
-                let outbox: i64 = query_one(
-                    &tx,
-                    "INSERT INTO outbox (conversation_id, kind, text, reply_to, version, lease_token,
-                                         owner, created_at, next_attempt_at)
-                     VALUES ($1, 'notice', $2, $3, $4, $5, $6, $7, $7)
-                     RETURNING id",
-                    &[&conversation.0, &notice, &reply_to, &v0.0, &lease.token.0, &lease.holder.as_str(), &now.db.0],
-                    "storing a give-up notice",
-                )
-                .await?
-                .get(0);
-                let rows: Vec<i64> = covered.iter().map(|(row, _)| *row).collect();
-                record_covers(&tx, outbox, &rows).await?;
+                let notice_row = CoveringNotice { text: notice, reply_to: &reply_to, v0, lease, now: &now };
+                let outbox = notice_row.store(&tx, conversation, &covered, "storing a give-up notice").await?;
                 answer_through(&tx, conversation, v0, policy).await?;
                 let covers = covered.into_iter().map(|(_, id)| id).collect();
                 let conversation = batch.conversation.clone();
@@ -419,7 +408,51 @@ async fn read_history(
     )))
 }
 
-/// Record which messages an outbox row (a reply, or a give-up notice) answers.
+/// A notice that answers messages (a give-up, or the notice of messages a reply left
+/// out), stored under the lease at `v0`.
+struct CoveringNotice<'a> {
+    text: &'a str,
+    reply_to: &'a Option<String>,
+    v0: Version,
+    lease: &'a Lease,
+    now: &'a Now,
+}
+
+impl CoveringNotice<'_> {
+    /// Store it as an outbox row covering `covered` (message row, platform id), with its
+    /// `reply_covers`, in the caller's transaction; the row's id.
+    async fn store(
+        &self,
+        tx: &Tx<'_>,
+        conversation: ConversationId,
+        covered: &[(i64, String)],
+        context: &'static str,
+    ) -> Result<i64, StoreError> {
+        let outbox: i64 = query_one(
+            tx,
+            "INSERT INTO outbox (conversation_id, kind, text, reply_to, version, lease_token,
+                                 owner, created_at, next_attempt_at)
+             VALUES ($1, 'notice', $2, $3, $4, $5, $6, $7, $7)
+             RETURNING id",
+            &[
+                &conversation.0,
+                &self.text,
+                self.reply_to,
+                &self.v0.0,
+                &self.lease.token.0,
+                &self.lease.holder.as_str(),
+                &self.now.db.0,
+            ],
+            context,
+        )
+        .await?
+        .get(0);
+        let rows: Vec<i64> = covered.iter().map(|(row, _)| *row).collect();
+        record_covers(tx, outbox, &rows).await?;
+        Ok(outbox)
+    }
+}
+
 /// The notices of a reply's held-out messages ([`NewReply::held_out`]), stored in the
 /// commit's transaction: each covers its messages still pending up to `v0` (after a
 /// forced commit, not those edited since) and not covered yet (no duplicate), so the
@@ -452,27 +485,16 @@ async fn store_held_out(
         if covered.is_empty() {
             continue;
         }
-        let outbox: i64 = query_one(
-            tx,
-            "INSERT INTO outbox (conversation_id, kind, text, reply_to, version, lease_token,
-                                 owner, created_at, next_attempt_at)
-             VALUES ($1, 'notice', $2, $3, $4, $5, $6, $7, $7)
-             RETURNING id",
-            &[
-                &id.0,
-                &held.text,
-                &held.reply_to,
-                &v0.0,
-                &lease.token.0,
-                &lease.holder.as_str(),
-                &now.db.0,
-            ],
-            "storing a held-out notice",
-        )
-        .await?
-        .get(0);
-        let rows: Vec<i64> = covered.iter().map(|(row, _)| *row).collect();
-        record_covers(tx, outbox, &rows).await?;
+        let notice = CoveringNotice {
+            text: &held.text,
+            reply_to: &held.reply_to,
+            v0,
+            lease,
+            now: &now,
+        };
+        let outbox = notice
+            .store(tx, id, &covered, "storing a held-out notice")
+            .await?;
         let at = now.stored();
         notices.push(rules::held_out_row(outbox, conversation, held, covered, at));
     }

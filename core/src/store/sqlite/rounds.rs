@@ -192,29 +192,8 @@ impl RoundStore for SqliteStore {
             if covered.is_empty() {
                 return Ok(None);
             }
-            let outbox: i64 = tx
-                .prepare_cached(
-                    "INSERT INTO outbox (conversation_id, kind, text, reply_to, version, lease_token,
-                                         owner, created_at, next_attempt_at)
-                     VALUES (?1, 'notice', ?2, ?3, ?4, ?5, ?6, ?7, ?7)
-                     RETURNING id",
-                )
-                .ctx("preparing a statement")?
-                .query_row(
-                    params![
-                        conversation.0,
-                        &notice,
-                        reply_to,
-                        v0.0,
-                        lease.token.0,
-                        lease.holder.as_str(),
-                        now.0,
-                    ],
-                    |r| r.get(0),
-                )
-                .ctx("storing a give-up notice")?;
-            let rows: Vec<i64> = covered.iter().map(|(row, _)| *row).collect();
-            record_covers(tx, outbox, &rows)?;
+            let notice_row = CoveringNotice { text: &notice, reply_to: &reply_to, v0, lease: &lease, now };
+            let outbox = notice_row.store(tx, conversation, &covered, "storing a give-up notice")?;
             answer_through(tx, conversation, v0, policy)?;
             let covers = covered.into_iter().map(|(_, id)| id).collect();
             Ok(Some(rules::outbox_row(OutboxKind::Notice, outbox, reference, notice, reply_to, covers, stored_at(now))))
@@ -500,6 +479,40 @@ fn store_held_out(
         if covered.is_empty() {
             continue;
         }
+        let notice = CoveringNotice {
+            text: &held.text,
+            reply_to: &held.reply_to,
+            v0,
+            lease,
+            now,
+        };
+        let outbox = notice.store(tx, id, &covered, "storing a held-out notice")?;
+        let at = stored_at(now);
+        notices.push(rules::held_out_row(outbox, conversation, held, covered, at));
+    }
+    Ok(notices)
+}
+
+/// A notice that answers messages (a give-up, or the notice of messages a reply left
+/// out), stored under the lease at `v0`.
+struct CoveringNotice<'a> {
+    text: &'a str,
+    reply_to: &'a Option<String>,
+    v0: Version,
+    lease: &'a Lease,
+    now: Timestamp,
+}
+
+impl CoveringNotice<'_> {
+    /// Store it as an outbox row covering `covered` (message row, platform id), with its
+    /// `reply_covers`, in the caller's transaction; the row's id.
+    fn store(
+        &self,
+        tx: &Connection,
+        conversation: ConversationId,
+        covered: &[(i64, String)],
+        context: &'static str,
+    ) -> Result<i64, StoreError> {
         let outbox: i64 = tx
             .prepare_cached(
                 "INSERT INTO outbox (conversation_id, kind, text, reply_to, version, lease_token,
@@ -510,23 +523,21 @@ fn store_held_out(
             .ctx("preparing a statement")?
             .query_row(
                 params![
-                    id.0,
-                    &held.text,
-                    held.reply_to,
-                    v0.0,
-                    lease.token.0,
-                    lease.holder.as_str(),
-                    now.0
+                    conversation.0,
+                    self.text,
+                    self.reply_to,
+                    self.v0.0,
+                    self.lease.token.0,
+                    self.lease.holder.as_str(),
+                    self.now.0
                 ],
                 |r| r.get(0),
             )
-            .ctx("storing a held-out notice")?;
+            .ctx(context)?;
         let rows: Vec<i64> = covered.iter().map(|(row, _)| *row).collect();
         record_covers(tx, outbox, &rows)?;
-        let at = stored_at(now);
-        notices.push(rules::held_out_row(outbox, conversation, held, covered, at));
+        Ok(outbox)
     }
-    Ok(notices)
 }
 
 /// Record which messages an outbox row (a reply, or a give-up notice) answers.

@@ -25,6 +25,8 @@
 //! - [`limits`]: what the bot may spend (messages per minute per user, tokens per day
 //!   per user and in all), counted in the store so limits hold across restarts and
 //!   processes.
+//! - [`tools`]: the tools seam (MCP servers), whose calls that act the dispatcher
+//!   reserves in the store's journal before they run.
 //! - [`metrics`]: metric names, a contract with users' dashboards.
 //!
 //! # Invariants
@@ -56,3 +58,4 @@ pub mod store;
 mod switches;
 pub mod texts;
 pub mod timing;
+pub mod tools;

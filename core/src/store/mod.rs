@@ -56,7 +56,7 @@ pub use crate::access::{AccessRule, Subject};
 pub use crate::domain::{Exchange, OutboxKind, TokenUsage};
 pub use lull_port::RecentConversation;
 
-pub use contract::{leases::*, limits::*, messages::*, outbox::*, rounds::*, work::*};
+pub use contract::{actions::*, leases::*, limits::*, messages::*, outbox::*, rounds::*, work::*};
 pub use error::StoreError;
 #[cfg(feature = "test-switches")]
 pub use faults::FaultPlan;
@@ -72,12 +72,12 @@ pub use sqlite::{Inspection, SqliteStore};
 /// (`sqlite/<area>.rs`, `postgres/<area>.rs`) and is a `Store` by the blanket impl.
 /// See the module docs for the rules every method keeps.
 pub trait Store:
-    MessageStore + LeaseStore + RoundStore + OutboxStore + WorkStore + LimitStore
+    MessageStore + LeaseStore + RoundStore + OutboxStore + WorkStore + LimitStore + ActionStore
 {
 }
 
 impl<T> Store for T where
-    T: MessageStore + LeaseStore + RoundStore + OutboxStore + WorkStore + LimitStore
+    T: MessageStore + LeaseStore + RoundStore + OutboxStore + WorkStore + LimitStore + ActionStore
 {
 }
 
@@ -86,7 +86,7 @@ impl<T> Store for T where
 /// `Store` alone does on `dyn Store`.
 pub mod prelude {
     pub use super::{
-        LeaseStore as _, LimitStore as _, MessageStore as _, OutboxStore as _, RoundStore as _,
-        Store, WorkStore as _,
+        ActionStore as _, LeaseStore as _, LimitStore as _, MessageStore as _, OutboxStore as _,
+        RoundStore as _, Store, WorkStore as _,
     };
 }

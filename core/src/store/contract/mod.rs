@@ -2,6 +2,7 @@
 //! backends implement each area in a file of the same name (`sqlite/<area>.rs`,
 //! `postgres/<area>.rs`) and the conformance suite checks it in one too.
 
+pub mod actions;
 pub mod leases;
 pub mod limits;
 pub mod messages;

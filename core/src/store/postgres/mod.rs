@@ -65,6 +65,7 @@ mod clock;
 #[macro_use]
 mod sql;
 
+mod actions;
 mod leases;
 mod limits;
 mod listen;

@@ -17,6 +17,7 @@
 //! `work.rs`, `limits.rs`. `sql.rs` holds the statement helpers (errors with their
 //! context), `schema.rs` the migrations.
 
+mod actions;
 mod leases;
 mod limits;
 mod messages;

@@ -1,0 +1,269 @@
+//! The actions area of the contract: the journal of tool calls that act (DESIGN.md,
+//! "Actions: act once").
+//!
+//! A call that is not read-only is **reserved before it runs**, in one transaction
+//! under the conversation's lease, fenced by its token, and only while the
+//! conversation is still at the round's `v0` (the final check, moved in front of the
+//! side effect). Its row is keyed by an [`ActionKey`] (the conversation, the batch it
+//! serves, the tool and its canonical arguments): a later round of the same batch
+//! (after a stale drop, a lost lease, a crash, on any replica) that asks for the same
+//! call reads the row instead of running the call again.
+//!
+//! States, and the only moves between them:
+//! - `reserved` → `done` ([`ActionStore::finish_action`], by the reserving token);
+//! - `reserved` → `unknown` (its reservation expired without a result, found by a
+//!   later round; a tool declared idempotent is reserved again instead);
+//! - `awaiting` → `approved` | `refused` ([`ActionStore::decide_action`], once;
+//!   `awaiting` past its expiry → `refused` when found);
+//! - `approved` → `reserved` (the next round's reservation of it).
+//!
+//! `done`, `unknown` and `refused` are facts: nothing moves them again, except that a
+//! late result of the reserving token turns `unknown` into `done` (the call did run).
+
+use async_trait::async_trait;
+
+use crate::domain::{ConversationId, Lease, LeaseToken, Timestamp, Version};
+use crate::store::StoreError;
+
+/// The idempotency key of an action: a hash of the conversation, the batch it
+/// serves, the tool and its canonical arguments ([`ActionKey::of`]). Passed to the
+/// tool's server in the request's `_meta`, so servers that deduplicate can.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ActionKey(pub String);
+
+impl ActionKey {
+    /// The key of calling `tool` with `arguments` (canonical JSON: see
+    /// [`canonical_json`]) for the batch that starts at message row `batch` of
+    /// `conversation`.
+    pub fn of(conversation: ConversationId, batch: i64, tool: &str, arguments: &str) -> Self {
+        use sha2::Digest as _;
+        let mut hash = sha2::Sha256::new();
+        for part in [
+            conversation.0.to_string().as_str(),
+            batch.to_string().as_str(),
+            tool,
+            arguments,
+        ] {
+            hash.update((part.len() as u64).to_be_bytes());
+            hash.update(part.as_bytes());
+        }
+        ActionKey(format!("act_{}", hex_of(&hash.finalize()[..16])))
+    }
+}
+
+fn hex_of(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The canonical text of a JSON value: object keys sorted, no insignificant spaces,
+/// so the same arguments always give the same [`ActionKey`].
+pub fn canonical_json(value: &serde_json::Value) -> String {
+    fn sorted(value: &serde_json::Value) -> serde_json::Value {
+        match value {
+            serde_json::Value::Object(map) => {
+                let mut keys: Vec<_> = map.keys().collect();
+                keys.sort();
+                let mut out = serde_json::Map::new();
+                for key in keys {
+                    out.insert(key.clone(), sorted(&map[key]));
+                }
+                serde_json::Value::Object(out)
+            }
+            serde_json::Value::Array(items) => {
+                serde_json::Value::Array(items.iter().map(sorted).collect())
+            }
+            other => other.clone(),
+        }
+    }
+    // serde_json keeps insertion order only with `preserve_order`; without it maps
+    // are sorted already. Sorting here makes it independent of that feature.
+    sorted(value).to_string()
+}
+
+/// Where an action stands ([module docs](self) list the moves).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActionState {
+    /// Reserved by a round's lease; the call may be running.
+    Reserved,
+    /// Ran; its result is stored.
+    Done,
+    /// Its reservation expired without a result: it may or may not have happened.
+    Unknown,
+    /// A destructive call waiting for the person's yes.
+    Awaiting,
+    /// The person said yes; the next round runs it.
+    Approved,
+    /// Said no, or the question expired: never run.
+    Refused,
+}
+
+impl ActionState {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ActionState::Reserved => "reserved",
+            ActionState::Done => "done",
+            ActionState::Unknown => "unknown",
+            ActionState::Awaiting => "awaiting",
+            ActionState::Approved => "approved",
+            ActionState::Refused => "refused",
+        }
+    }
+
+    /// The state of a stored name.
+    pub fn parse(name: &str) -> Result<Self, StoreError> {
+        Ok(match name {
+            "reserved" => ActionState::Reserved,
+            "done" => ActionState::Done,
+            "unknown" => ActionState::Unknown,
+            "awaiting" => ActionState::Awaiting,
+            "approved" => ActionState::Approved,
+            "refused" => ActionState::Refused,
+            other => {
+                return Err(StoreError::Corrupt(format!(
+                    "unknown action state {other:?}"
+                )));
+            }
+        })
+    }
+}
+
+/// One row of the journal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActionRow {
+    pub id: i64,
+    pub key: ActionKey,
+    pub conversation_id: ConversationId,
+    /// The first pending message row of the batch the call serves (a batch keeps its
+    /// first row until a reply covers it, however many messages join it).
+    pub batch: i64,
+    /// The tool as the model names it (`SERVER__TOOL`).
+    pub tool: String,
+    /// Canonical JSON ([`canonical_json`]).
+    pub arguments: String,
+    pub state: ActionState,
+    /// The tool's result text, once done.
+    pub result: Option<String>,
+    /// The result is the tool's report of a failure (MCP `isError`).
+    pub is_error: bool,
+    /// The lease token of the round that reserved it last (0 before any reservation:
+    /// an approval not yet run).
+    pub token: LeaseToken,
+    /// For a reservation: when, without a result, it counts as abandoned. For an
+    /// approval: when the question expires. On the caller's timeline.
+    pub expires_at: Timestamp,
+    /// The user whose message led to the call (who may approve it, besides admins).
+    pub requested_by: Option<String>,
+    pub created_at: Timestamp,
+}
+
+/// A call to reserve ([`ActionStore::reserve_action`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewAction {
+    pub key: ActionKey,
+    pub batch: i64,
+    pub tool: String,
+    pub arguments: String,
+    /// The tool declares that running it twice does what running it once does
+    /// (`idempotentHint`): an abandoned reservation is reserved again, not `unknown`.
+    pub idempotent: bool,
+    /// A destructive call: stored `awaiting` the person's yes instead of reserved.
+    pub needs_approval: bool,
+    pub requested_by: Option<String>,
+    /// The reservation's expiry (or the question's, for an approval).
+    pub expires_at: Timestamp,
+}
+
+/// What a reservation found ([`ActionStore::reserve_action`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ActionReservation {
+    /// Reserved now for the caller's lease (new, approved before, or an idempotent
+    /// call whose earlier reservation was abandoned): run the call, then
+    /// [`ActionStore::finish_action`].
+    Reserved(ActionRow),
+    /// Ran already: use the stored result, never run it again.
+    Done(ActionRow),
+    /// Reserved by an earlier lease, no result yet, not expired: its holder may still
+    /// be running it. Ask again after `until`.
+    InFlight { until: Timestamp },
+    /// An earlier reservation expired without a result (now stored `unknown`, a fact)
+    /// or was found so: never run again automatically.
+    Unknown(ActionRow),
+    /// Waiting for the person's yes; `asked_now` when stored by this call (the round
+    /// asks the question once).
+    Awaiting { row: ActionRow, asked_now: bool },
+    /// Refused by the person, or the question expired (stored so when found): not run.
+    Refused(ActionRow),
+    /// The conversation moved past `v0`: nothing was reserved or stored.
+    Stale { version: Version },
+}
+
+/// What deciding an approval did ([`ActionStore::decide_action`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Decided now (the row after the decision).
+    Decided(ActionRow),
+    /// Decided before (a double tap, another replica): nothing changed.
+    AlreadyDecided(ActionRow),
+    /// The question expired before the answer (stored `refused`).
+    Expired(ActionRow),
+    /// No such action awaiting in this conversation.
+    NotFound,
+}
+
+/// The journal of actions (tool calls that act).
+#[async_trait]
+pub trait ActionStore: Send + Sync + 'static {
+    /// Reserve `action` for `lease`, in one transaction: the lease must still be the
+    /// caller's (else [`StoreError::LeaseLost`]) and the conversation still at `v0`
+    /// (else [`ActionReservation::Stale`], nothing written); then the row with the same key
+    /// decides ([`ActionReservation`]); without one, a new row is stored `reserved` (or
+    /// `awaiting` when it needs approval) with the lease's token.
+    async fn reserve_action(
+        &self,
+        lease: &Lease,
+        v0: Version,
+        action: NewAction,
+        now: Timestamp,
+    ) -> Result<ActionReservation, StoreError>;
+
+    /// Store the result of a call reserved by `token`: `reserved` (or `unknown`: the
+    /// call did run after all) → `done`. Not fenced by the lease: an action that ran
+    /// is a fact even when the lease was lost meanwhile. `false`: no row of that key
+    /// reserved by that token (nothing changed).
+    async fn finish_action(
+        &self,
+        key: &ActionKey,
+        token: LeaseToken,
+        result: &str,
+        is_error: bool,
+        now: Timestamp,
+    ) -> Result<bool, StoreError>;
+
+    /// Every action of the batch starting at row `batch`, in the order stored.
+    async fn actions_of_batch(
+        &self,
+        conversation: ConversationId,
+        batch: i64,
+    ) -> Result<Vec<ActionRow>, StoreError>;
+
+    /// The conversation's approvals: rows `awaiting` (not yet expired at `now`) and
+    /// `approved` (not yet run), oldest first.
+    async fn open_approvals(
+        &self,
+        conversation: ConversationId,
+        now: Timestamp,
+    ) -> Result<Vec<ActionRow>, StoreError>;
+
+    /// Answer the approval `id` of `conversation`: `awaiting` → `approved` (or
+    /// `refused`), once, by compare-and-swap (a double tap or two replicas: one
+    /// decides, the other is told [`Decision::AlreadyDecided`]). Who may answer is the
+    /// caller's check (the row's `requested_by`, or an admin).
+    async fn decide_action(
+        &self,
+        conversation: ConversationId,
+        id: i64,
+        approve: bool,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError>;
+}

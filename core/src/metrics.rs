@@ -39,6 +39,14 @@ pub const DATABASE_UP: &str = "lull_database_up";
 /// shard of it), 0 while it stands by, starts or is down; set at every scrape. Summed
 /// over the replicas, 0 means no process is connected.
 pub const PLATFORM_CONNECTED: &str = "lull_platform_connected";
+/// Labelled `server`, `tool`, `outcome`: `ok`, `error`, `timeout` (the call ran),
+/// `reused` (an action already taken for the batch: its stored result, not run
+/// again), `unknown` (an earlier attempt was interrupted: not run again), `refused`
+/// (not offered, not approved), `stale` (a newer message arrived before an action:
+/// not run). One per call the model asked for.
+pub const TOOL_CALLS: &str = "lull_tool_calls_total";
+/// Labelled `server`, `tool`: how long each call that ran took.
+pub const TOOL_CALL_SECONDS: &str = "lull_tool_call_duration_seconds";
 
 /// Register descriptions with the installed recorder (call once, after installing it).
 pub fn describe() {
@@ -90,5 +98,14 @@ pub fn describe() {
     describe_gauge!(
         PLATFORM_CONNECTED,
         "1 while this process holds the platform's connection, 0 while it stands by or is down."
+    );
+    describe_counter!(
+        TOOL_CALLS,
+        "Tool calls the model asked for, by server, tool and outcome (ok, error, timeout, reused, unknown, refused, stale)."
+    );
+    describe_histogram!(
+        TOOL_CALL_SECONDS,
+        metrics::Unit::Seconds,
+        "Time each tool call that ran took."
     );
 }

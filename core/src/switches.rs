@@ -19,6 +19,14 @@ pub(crate) fn unbounded_sends() -> bool {
     *ON.get_or_init(|| on("LULL_TEST_UNBOUNDED_SENDS"))
 }
 
+/// `LULL_TEST_NO_JOURNAL=1`: tool calls that act run without a reservation in the
+/// journal, like read-only ones (the behaviour of bots without one: a retried round
+/// acts again).
+pub(crate) fn no_journal() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| on("LULL_TEST_NO_JOURNAL"))
+}
+
 /// `LULL_TEST_BUSY_TIMEOUT_MS=N`: SQLite's busy timeout is `N` ms instead of `default`
 /// (not a protection: a shorter timeout lets a test's lock outlast it quickly).
 pub(crate) fn busy_timeout(default: std::time::Duration) -> std::time::Duration {

@@ -230,3 +230,85 @@ pub const TRANSCRIPT_CUT_NOTE: &str = "[transcript cut]";
 pub fn transcript_quote(author: &str, quote: &str) -> String {
     format!("> 🎤 {author}: {quote}")
 }
+
+// Tools: what the model is told as a call's result when the call did not simply run,
+// and what the user is told about actions.
+
+/// A call of a tool that is not offered (made up, or of an admins-only server).
+pub fn unknown_tool_result(name: &str) -> String {
+    format!("Error: there is no tool named {name:?} available here.")
+}
+
+/// A call whose arguments are not a JSON object.
+pub fn bad_arguments_result(error: &str) -> String {
+    format!(
+        "Error: the arguments are not a JSON object ({error}). Call the tool again with valid JSON arguments."
+    )
+}
+
+/// A call that acts, already taken for these messages: its stored result is reused.
+pub fn reused_result(result: &str) -> String {
+    format!(
+        "[This action was already taken for these messages; it was not run again. Its result:]\n{result}"
+    )
+}
+
+/// An earlier attempt of the call was interrupted before its result was stored.
+pub const OUTCOME_UNKNOWN_RESULT: &str = "Outcome unknown: an earlier attempt to run this action was \
+interrupted before its result was recorded. It may or may not have happened; it will not be run again \
+automatically. Tell the user the outcome is unknown.";
+
+/// A destructive call waits for the person's yes.
+pub fn awaiting_approval_result(id: i64) -> String {
+    format!(
+        "Not run yet: this action needs the user's approval, and they have been asked (approval {id}). \
+Tell the user it will run once they approve it with /approve {id}."
+    )
+}
+
+/// A destructive call the person refused, or whose question expired.
+pub const REFUSED_ACTION_RESULT: &str =
+    "Not run: the user did not approve this action (refused, or the approval expired).";
+
+/// Tools of an admins-only server called for someone who is not an admin.
+pub const ADMINS_ONLY_TOOL_RESULT: &str = "Error: only the bot's admins may use this tool.";
+
+/// The question asking the person to approve a destructive call.
+pub fn approval_question(id: i64, tool: &str, arguments: &str, ttl: &str) -> String {
+    format!(
+        "I'd like to run {tool} with {arguments}. It can't be undone. \
+Answer /approve {id} to run it or /cancel {id} to refuse (within {ttl})."
+    )
+}
+
+/// Told to the model in a later round: the actions already taken for these messages.
+pub fn actions_taken_note(lines: &[String]) -> String {
+    format!(
+        "[Actions already taken for these messages (never repeat them; a repeated call returns the stored result):\n{}]",
+        lines.join("\n")
+    )
+}
+
+/// The line that ends a reply which acted, so the user always knows what was done.
+pub fn actions_report(lines: &[String]) -> String {
+    format!("\n\nActions: {}", lines.join("; "))
+}
+
+/// An approval answer naming no open question.
+pub fn no_open_approval_result(id: i64) -> String {
+    format!(
+        "There is no approval {id} waiting (it was answered already, it expired, or it never existed); nothing was run."
+    )
+}
+
+/// `/approve` without an id while several questions are open (or none).
+pub const WHICH_APPROVAL_RESULT: &str = "The user answered an approval without saying which one, \
+and there is not exactly one waiting; nothing was run. Ask them to answer with its number, as in /approve 3.";
+
+/// An approval answered by someone other than the person who asked, or an admin.
+pub const NOT_YOURS_TO_APPROVE_RESULT: &str = "Not run: only the person whose message asked for this \
+action, or an admin, may approve it.";
+
+/// An approval answered after its question expired.
+pub const APPROVAL_EXPIRED_RESULT: &str =
+    "Not run: the approval came after the question expired. Ask again if it is still wanted.";

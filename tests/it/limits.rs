@@ -707,6 +707,7 @@ impl lull_core::llm::Responder for PastMidnight {
                 prompt: 30,
                 completion: 5,
             }),
+            tool_calls: Vec::new(),
         })
     }
 }

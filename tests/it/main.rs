@@ -30,4 +30,5 @@ mod store;
 mod stress;
 mod telegram;
 mod telegram_webhook;
+mod tools;
 mod webhook;

@@ -65,6 +65,16 @@ pub enum Event {
         reason: &'static str,
         until: Timestamp,
     },
+    /// A call that acts was reserved and starts running (`action`: its journal row).
+    ActionStarted {
+        conversation: ConversationId,
+        action: i64,
+    },
+    /// A destructive call's question was queued (`action`: its journal row).
+    ApprovalAsked {
+        conversation: ConversationId,
+        action: i64,
+    },
     /// A round ended (whatever happened in it).
     RoundEnded { conversation: ConversationId },
 }
@@ -83,6 +93,8 @@ impl Event {
             | Event::GenerationFailed { conversation, .. }
             | Event::GaveUp { conversation, .. }
             | Event::Limited { conversation, .. }
+            | Event::ActionStarted { conversation, .. }
+            | Event::ApprovalAsked { conversation, .. }
             | Event::RoundEnded { conversation } => *conversation,
         }
     }

@@ -103,6 +103,8 @@ pub struct DispatchSettings {
     /// `LULL_MAX_AUDIO_SECONDS`: the longest voice note or audio file transcribed; a
     /// longer one is not, and the user is told.
     pub max_audio_seconds: u32,
+    /// How rounds use tools, when a toolbox is set ([`Dispatcher::set_toolbox`]).
+    pub tools: crate::tools::ToolSettings,
 }
 
 impl Default for DispatchSettings {
@@ -132,6 +134,7 @@ impl Default for DispatchSettings {
             vision: true,
             max_image_bytes: MAX_IMAGE_BYTES,
             max_audio_seconds: MAX_AUDIO_SECONDS,
+            tools: crate::tools::ToolSettings::default(),
         }
     }
 }
@@ -201,6 +204,11 @@ pub struct Dispatcher {
     /// of this process send it no images (a restart, perhaps with another model,
     /// tries again).
     images_refused: std::sync::atomic::AtomicBool,
+    /// The tools rounds offer the model; unset, none.
+    toolbox: std::sync::OnceLock<Arc<dyn crate::tools::Toolbox>>,
+    /// Set once the model refused `tools` (a model without tool support): later
+    /// rounds of this process offer none (logged once).
+    tools_refused: std::sync::atomic::AtomicBool,
     outbounds: HashMap<Platform, Arc<dyn Outbound>>,
     settings: DispatchSettings,
     clock: Arc<dyn Clock>,
@@ -240,6 +248,8 @@ impl Dispatcher {
             responder,
             transcriber: std::sync::OnceLock::new(),
             images_refused: std::sync::atomic::AtomicBool::new(false),
+            toolbox: std::sync::OnceLock::new(),
+            tools_refused: std::sync::atomic::AtomicBool::new(false),
             outbounds: outbounds.into_iter().map(|o| (o.platform(), o)).collect(),
             settings,
             clock,
@@ -257,6 +267,17 @@ impl Dispatcher {
     /// [`Dispatcher::run`]; a second call is ignored).
     pub fn set_transcriber(&self, transcriber: Arc<dyn Transcriber>) {
         let _ = self.transcriber.set(transcriber);
+    }
+
+    /// Offer the tools of `toolbox` to the model (set once, before
+    /// [`Dispatcher::run`]; a second call is ignored).
+    pub fn set_toolbox(&self, toolbox: Arc<dyn crate::tools::Toolbox>) {
+        let _ = self.toolbox.set(toolbox);
+    }
+
+    /// The toolbox, if one is set.
+    pub fn toolbox(&self) -> Option<&Arc<dyn crate::tools::Toolbox>> {
+        self.toolbox.get()
     }
 
     /// The run-time access decisions, at most `poll_every` old.

@@ -124,6 +124,15 @@ pub(super) struct Spent {
     estimated: u64,
 }
 
+impl std::ops::AddAssign for Spent {
+    /// A round of several model turns (tool calls) spends what each turn spent.
+    fn add_assign(&mut self, other: Spent) {
+        self.prompt += other.prompt;
+        self.completion += other.completion;
+        self.estimated += other.estimated;
+    }
+}
+
 impl Spent {
     /// What `generation` spent: the model's reported usage, else an estimate from the
     /// prompt and the reply's text.

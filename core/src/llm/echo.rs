@@ -86,7 +86,7 @@ impl Responder for EchoResponder {
         } else {
             tokio::time::sleep(delay).await;
         }
-        Ok(Generation { text, usage: None })
+        Ok(Generation::text(text, None))
     }
 }
 
@@ -119,6 +119,8 @@ mod tests {
             note: None,
             images: Vec::new(),
             max_tokens: None,
+            tools: Vec::new().into(),
+            turns: Vec::new(),
         };
         let echo = EchoResponder::new(EchoDelay::fixed(500));
         let (partial, mut text) = Partial::watched();

@@ -186,6 +186,8 @@ mod tests {
             note: None,
             images: Vec::new(),
             max_tokens: None,
+            tools: Vec::new().into(),
+            turns: Vec::new(),
         }
     }
 

@@ -34,6 +34,7 @@ use tokio::sync::watch;
 
 use crate::domain::ConversationRef;
 use crate::domain::{Exchange, Said, TokenUsage};
+use crate::tools::ToolSpec;
 
 /// What the model is asked: the recent history, then every pending message merged
 /// into one user turn.
@@ -55,6 +56,33 @@ pub struct Prompt {
     /// `LULL_MAX_TOKENS` (the request's `max_tokens` is the smaller): what the round
     /// reserved for it, so a reply never costs more than its budget had left.
     pub max_tokens: Option<u64>,
+    /// The tools the model may call this round (empty: none are offered, and the
+    /// request carries no `tools`).
+    pub tools: Arc<[ToolSpec]>,
+    /// The tool turns of this round so far, in order: each the model's calls and
+    /// their results, sent after the user turn.
+    pub turns: Vec<ToolTurn>,
+}
+
+/// A call the model asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolCall {
+    /// The model's id of the call, which its result must name.
+    pub id: String,
+    /// A [`ToolSpec::name`] (or a name the model made up: the round answers that
+    /// with an error result).
+    pub name: String,
+    /// The arguments as the model wrote them (JSON text, not checked).
+    pub arguments: String,
+}
+
+/// One tool turn of a round: what the model said with its calls, the calls, and
+/// one result per call, in the calls' order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolTurn {
+    pub text: String,
+    pub calls: Vec<ToolCall>,
+    pub results: Vec<String>,
 }
 
 /// An image of the pending batch, fetched at generation.
@@ -111,11 +139,25 @@ pub fn merge_turn<'a>(
         .join("\n")
 }
 
-/// A reply from the model.
+/// A reply from the model: text, or calls of the offered tools (then `text` is what
+/// the model said alongside, often empty, and the round answers the calls and asks
+/// again).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Generation {
     pub text: String,
     pub usage: Option<TokenUsage>,
+    pub tool_calls: Vec<ToolCall>,
+}
+
+impl Generation {
+    /// A reply of text alone.
+    pub fn text(text: impl Into<String>, usage: Option<TokenUsage>) -> Self {
+        Generation {
+            text: text.into(),
+            usage,
+            tool_calls: Vec::new(),
+        }
+    }
 }
 
 /// Why the model gave no reply. Texts quoting the server are redacted when built

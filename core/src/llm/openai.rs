@@ -37,18 +37,24 @@ use async_openai::config::OpenAIConfig;
 use async_openai::error::OpenAIError;
 use async_openai::middleware::HttpRequestFactory;
 use async_openai::types::chat::{
-    ChatCompletionRequestAssistantMessage, ChatCompletionRequestAssistantMessageContent,
-    ChatCompletionRequestMessage, ChatCompletionRequestMessageContentPartImage,
-    ChatCompletionRequestMessageContentPartText, ChatCompletionRequestSystemMessage,
-    ChatCompletionRequestUserMessage, ChatCompletionRequestUserMessageContent,
-    ChatCompletionRequestUserMessageContentPart, ChatCompletionStreamOptions,
-    CreateChatCompletionRequest, CreateChatCompletionResponse, FinishReason, ImageUrl,
+    ChatCompletionMessageToolCall, ChatCompletionMessageToolCallChunk,
+    ChatCompletionMessageToolCalls, ChatCompletionRequestAssistantMessage,
+    ChatCompletionRequestAssistantMessageContent, ChatCompletionRequestMessage,
+    ChatCompletionRequestMessageContentPartImage, ChatCompletionRequestMessageContentPartText,
+    ChatCompletionRequestSystemMessage, ChatCompletionRequestToolMessage,
+    ChatCompletionRequestToolMessageContent, ChatCompletionRequestUserMessage,
+    ChatCompletionRequestUserMessageContent, ChatCompletionRequestUserMessageContentPart,
+    ChatCompletionStreamOptions, ChatCompletionTool, ChatCompletionTools,
+    CreateChatCompletionRequest, CreateChatCompletionResponse, FinishReason, FunctionCall,
+    FunctionObject, ImageUrl,
 };
 use async_trait::async_trait;
 use futures_util::StreamExt;
 use secrecy::{ExposeSecret, SecretString};
 
-use super::{Generation, HistoryBudget, LlmError, Partial, Prompt, Responder, merge_turn};
+use super::{
+    Generation, HistoryBudget, LlmError, Partial, Prompt, Responder, ToolCall, merge_turn,
+};
 use crate::domain::TokenUsage;
 use crate::metrics as names;
 
@@ -61,6 +67,48 @@ enum Streamed {
     Reply(Generation),
     /// The stream ended without a single event: no answer, and no refusal either.
     Nothing,
+}
+
+/// Tool calls as a stream brings them: pieces by index, the id and name in the
+/// first, the arguments' JSON text spread over the rest.
+#[derive(Default)]
+struct StreamedCalls {
+    calls: std::collections::BTreeMap<u32, ToolCall>,
+}
+
+impl StreamedCalls {
+    fn add(&mut self, chunk: ChatCompletionMessageToolCallChunk) {
+        let call = self.calls.entry(chunk.index).or_insert_with(|| ToolCall {
+            id: String::new(),
+            name: String::new(),
+            arguments: String::new(),
+        });
+        if let Some(id) = chunk.id.filter(|id| !id.is_empty()) {
+            call.id = id;
+        }
+        if let Some(function) = chunk.function {
+            if let Some(name) = function.name {
+                call.name.push_str(&name);
+            }
+            if let Some(arguments) = function.arguments {
+                call.arguments.push_str(&arguments);
+            }
+        }
+    }
+
+    /// The calls in index order; a call the server gave no id gets one, so its
+    /// result can name it.
+    fn finish(self) -> Vec<ToolCall> {
+        self.calls
+            .into_iter()
+            .map(|(index, mut call)| {
+                if call.id.is_empty() {
+                    call.id = format!("call_{index}");
+                }
+                call
+            })
+            .collect()
+    }
 }
 
 /// Only `id` of a listed model matters: servers differ in the rest
@@ -208,17 +256,29 @@ fn refuses_streaming(error: &LlmError) -> bool {
 
 /// The reply in a whole answer; an empty one is a failure, never a reply.
 fn whole_generation(response: CreateChatCompletionResponse) -> Result<Generation, LlmError> {
-    let (text, finish) = response
+    let (text, calls, finish) = response
         .choices
         .into_iter()
         .next()
-        .map(|c| (c.message.content, c.finish_reason))
+        .map(|c| (c.message.content, c.message.tool_calls, c.finish_reason))
         .unwrap_or_default();
     let mut text = text.unwrap_or_default();
-    if text.trim().is_empty() {
+    let tool_calls: Vec<ToolCall> = calls
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|call| match call {
+            ChatCompletionMessageToolCalls::Function(call) => Some(ToolCall {
+                id: call.id,
+                name: call.function.name,
+                arguments: call.function.arguments,
+            }),
+            ChatCompletionMessageToolCalls::Custom(_) => None,
+        })
+        .collect();
+    if text.trim().is_empty() && tool_calls.is_empty() {
         return Err(LlmError::Empty);
     }
-    if finish == Some(FinishReason::Length) {
+    if finish == Some(FinishReason::Length) && tool_calls.is_empty() {
         text.push_str(cut_note());
     }
     Ok(Generation {
@@ -227,6 +287,7 @@ fn whole_generation(response: CreateChatCompletionResponse) -> Result<Generation
             prompt: u64::from(u.prompt_tokens),
             completion: u64::from(u.completion_tokens),
         }),
+        tool_calls,
     })
 }
 
@@ -367,7 +428,62 @@ impl OpenAiResponder {
             );
         }
         messages.push(user_turn(prompt).into());
+        for turn in &prompt.turns {
+            let calls = turn
+                .calls
+                .iter()
+                .map(|call| {
+                    ChatCompletionMessageToolCalls::Function(ChatCompletionMessageToolCall {
+                        id: call.id.clone(),
+                        function: FunctionCall {
+                            name: call.name.clone(),
+                            arguments: call.arguments.clone(),
+                        },
+                    })
+                })
+                .collect();
+            messages.push(
+                ChatCompletionRequestAssistantMessage {
+                    content: (!turn.text.is_empty()).then(|| {
+                        ChatCompletionRequestAssistantMessageContent::from(turn.text.as_str())
+                    }),
+                    tool_calls: Some(calls),
+                    ..Default::default()
+                }
+                .into(),
+            );
+            for (call, result) in turn.calls.iter().zip(&turn.results) {
+                messages.push(
+                    ChatCompletionRequestToolMessage {
+                        content: ChatCompletionRequestToolMessageContent::Text(result.clone()),
+                        tool_call_id: call.id.clone(),
+                    }
+                    .into(),
+                );
+            }
+        }
         messages
+    }
+
+    /// The offered tools as OpenAI function definitions (`None` when none are).
+    fn tools(prompt: &Prompt) -> Option<Vec<ChatCompletionTools>> {
+        (!prompt.tools.is_empty()).then(|| {
+            prompt
+                .tools
+                .iter()
+                .map(|tool| {
+                    ChatCompletionTools::Function(ChatCompletionTool {
+                        function: FunctionObject {
+                            name: tool.name.clone(),
+                            description: (!tool.description.is_empty())
+                                .then(|| tool.description.clone()),
+                            parameters: Some(tool.parameters.clone()),
+                            strict: None,
+                        },
+                    })
+                })
+                .collect()
+        })
     }
 
     /// The server's model list (for `lull check`).
@@ -404,6 +520,7 @@ impl OpenAiResponder {
             temperature: self.settings.temperature,
             max_tokens: (!openai).then_some(max_tokens),
             max_completion_tokens: openai.then_some(max_tokens),
+            tools: Self::tools(prompt),
             ..Default::default()
         }
     }
@@ -449,6 +566,7 @@ impl OpenAiResponder {
             Err(e) => return Err(classify(e, limit)),
         };
         let (mut text, mut usage, mut finished, mut cut) = (String::new(), None, false, false);
+        let mut calls = StreamedCalls::default();
         let mut events = 0usize;
         // The limit applies to every pause: a stream that stalls is a timeout.
         while let Some(chunk) = tokio::time::timeout(limit, chunks.next())
@@ -469,6 +587,9 @@ impl OpenAiResponder {
                     text.push_str(&piece);
                     partial.push(&piece);
                 }
+                for chunk in choice.delta.tool_calls.into_iter().flatten() {
+                    calls.add(chunk);
+                }
                 finished |= choice.finish_reason.is_some();
                 cut |= choice.finish_reason == Some(FinishReason::Length);
             }
@@ -483,15 +604,20 @@ impl OpenAiResponder {
                 "the streamed answer ended before the model finished".into(),
             ));
         }
-        if text.trim().is_empty() {
+        let tool_calls = calls.finish();
+        if text.trim().is_empty() && tool_calls.is_empty() {
             return Err(LlmError::Empty);
         }
-        if cut {
+        if cut && tool_calls.is_empty() {
             let note = cut_note();
             partial.push(note);
             text.push_str(note);
         }
-        Ok(Streamed::Reply(Generation { text, usage }))
+        Ok(Streamed::Reply(Generation {
+            text,
+            usage,
+            tool_calls,
+        }))
     }
 }
 
@@ -757,6 +883,66 @@ mod tests {
             format!("Once upon{CUT_NOTE}")
         );
         assert_eq!(whole_generation(answer("stop")).unwrap().text, "Once upon");
+    }
+
+    /// A whole answer calling tools, with no content: the calls, not an empty reply.
+    #[test]
+    fn a_whole_answer_with_tool_calls_is_read_as_calls() {
+        let response = serde_json::from_value::<CreateChatCompletionResponse>(serde_json::json!({
+            "id": "x", "object": "chat.completion", "created": 0, "model": "m",
+            "choices": [{ "index": 0, "finish_reason": "tool_calls",
+                          "message": { "role": "assistant", "content": null, "tool_calls": [
+                              { "id": "call_1", "type": "function",
+                                "function": { "name": "notes__append", "arguments": "{\"text\":\"milk\"}" } }] } }]
+        }))
+        .unwrap();
+        let generation = whole_generation(response).unwrap();
+        assert_eq!(generation.text, "");
+        assert_eq!(
+            generation.tool_calls,
+            [ToolCall {
+                id: "call_1".into(),
+                name: "notes__append".into(),
+                arguments: r#"{"text":"milk"}"#.into(),
+            }]
+        );
+    }
+
+    /// Streamed calls arrive in pieces by index: the id and name first, the arguments
+    /// spread over later chunks; a call without an id gets one.
+    #[test]
+    fn streamed_tool_calls_are_put_together_by_index() {
+        let chunk = |value: serde_json::Value| {
+            serde_json::from_value::<ChatCompletionMessageToolCallChunk>(value).unwrap()
+        };
+        let mut calls = StreamedCalls::default();
+        calls.add(chunk(
+            serde_json::json!({ "index": 0, "id": "a", "type": "function",
+            "function": { "name": "x__y", "arguments": "" } }),
+        ));
+        calls.add(chunk(
+            serde_json::json!({ "index": 1, "function": { "name": "x__z" } }),
+        ));
+        calls.add(chunk(
+            serde_json::json!({ "index": 0, "function": { "arguments": "{\"q\":" } }),
+        ));
+        calls.add(chunk(
+            serde_json::json!({ "index": 0, "function": { "arguments": "1}" } }),
+        ));
+        let calls = calls.finish();
+        assert_eq!(calls.len(), 2);
+        assert_eq!(
+            (
+                calls[0].id.as_str(),
+                calls[0].name.as_str(),
+                calls[0].arguments.as_str()
+            ),
+            ("a", "x__y", r#"{"q":1}"#)
+        );
+        assert_eq!(
+            (calls[1].id.as_str(), calls[1].name.as_str()),
+            ("call_1", "x__z")
+        );
     }
 
     /// `llama-cpp-python`'s list, and llama-server's (which adds `models` beside `data`).

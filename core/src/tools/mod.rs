@@ -133,3 +133,34 @@ pub trait Toolbox: Send + Sync + 'static {
     /// Stop every server lull started (stdio children), at shutdown.
     async fn shutdown(&self);
 }
+
+/// How the dispatcher uses tools (`LULL_TOOL_STEPS`, `LULL_TOOL_TIMEOUT_MS`,
+/// `LULL_APPROVAL_TTL`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ToolSettings {
+    /// The most model turns of one round (the last is asked without tools, so it
+    /// answers).
+    pub steps: u32,
+    /// A call's deadline (the toolbox's); a reservation of a call that acts expires
+    /// after it and a margin, so a later round can tell an abandoned call.
+    pub call_timeout: std::time::Duration,
+    /// How long a destructive call waits for the person's yes.
+    pub approval_ttl: std::time::Duration,
+}
+
+/// `LULL_TOOL_STEPS`'s default.
+pub const TOOL_STEPS: u32 = 8;
+/// `LULL_TOOL_TIMEOUT_MS`'s default.
+pub const TOOL_TIMEOUT_MS: u64 = 30_000;
+/// `LULL_APPROVAL_TTL`'s default, in seconds.
+pub const APPROVAL_TTL_SECS: u64 = 600;
+
+impl Default for ToolSettings {
+    fn default() -> Self {
+        ToolSettings {
+            steps: TOOL_STEPS,
+            call_timeout: std::time::Duration::from_millis(TOOL_TIMEOUT_MS),
+            approval_ttl: std::time::Duration::from_secs(APPROVAL_TTL_SECS),
+        }
+    }
+}

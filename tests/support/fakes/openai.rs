@@ -89,6 +89,39 @@ pub enum Behavior {
     /// This content, cut short by the token limit: `finish_reason: "length"` (in the
     /// whole answer, or in the last chunk of a streamed one).
     Cut(String),
+    /// A model that uses tools ([`Agent`]).
+    Agent(Agent),
+    /// 400 "tools are not supported" to a request that offers tools; else like
+    /// `Answer` (a model without tool support).
+    RefuseTools,
+}
+
+/// A model that uses tools, deterministically: asked with tools offered and no tool
+/// result after the last user turn, it calls each of `calls` (those offered) at once,
+/// after `think`; asked after tool results (or with none of its tools offered), it
+/// answers `[model] <last user message> | <each tool result>` after `answer_after`.
+/// So every round asks for the same calls until it has their results: what the
+/// journal decides is what the test sees.
+#[derive(Debug, Clone, Default)]
+pub struct Agent {
+    /// `(name, arguments)` of each call.
+    pub calls: Vec<(String, Value)>,
+    pub think: Duration,
+    pub answer_after: Duration,
+    /// Set this argument of every call to the first line of the last user turn (the
+    /// batch's first message: the same for every round of the batch), so calls differ
+    /// by conversation.
+    pub user_field: Option<&'static str>,
+}
+
+impl Agent {
+    /// An agent that calls `name` with `arguments`.
+    pub fn calling(name: &str, arguments: Value) -> Agent {
+        Agent {
+            calls: vec![(name.to_owned(), arguments)],
+            ..Agent::default()
+        }
+    }
 }
 
 /// The parameters of [`Behavior::Stream`].
@@ -626,6 +659,13 @@ async fn respond(inner: &Arc<Inner>, headers: HeaderMap, body: axum::body::Bytes
         );
     }
     match behavior {
+        Behavior::RefuseTools if body.get("tools").is_some_and(|t| !t.is_null()) => {
+            error(400, "tools are not supported by this model")
+        }
+        Behavior::RefuseTools => {
+            axum::Json(completion(&format!("[model] {last_user}"), &body)).into_response()
+        }
+        Behavior::Agent(agent) => agent_turn(inner, &body, &last_user, agent, streamed).await,
         Behavior::Stream(spec) => {
             let text = spec
                 .text
@@ -758,6 +798,119 @@ async fn respond(inner: &Arc<Inner>, headers: HeaderMap, body: axum::body::Bytes
                 .into_response()
         }
     }
+}
+
+/// One turn of a [`Agent`].
+async fn agent_turn(
+    inner: &Arc<Inner>,
+    body: &Value,
+    last_user: &str,
+    agent: Agent,
+    streamed: bool,
+) -> Response {
+    let messages = body["messages"].as_array().cloned().unwrap_or_default();
+    let after_user: Vec<&Value> = messages
+        .iter()
+        .rev()
+        .take_while(|m| m["role"] != "user")
+        .collect();
+    let offered: Vec<String> = body["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
+        .collect();
+    let first_line = last_user.lines().next().unwrap_or_default().to_owned();
+    let calls: Vec<(String, Value)> = agent
+        .calls
+        .iter()
+        .filter(|(name, _)| offered.contains(name))
+        .cloned()
+        .map(|(name, mut arguments)| {
+            if let Some(field) = agent.user_field {
+                arguments[field] = Value::String(first_line.clone());
+            }
+            (name, arguments)
+        })
+        .collect();
+    if after_user.is_empty() && !calls.is_empty() {
+        tokio::time::sleep(agent.think).await;
+        let calls: Vec<Value> = calls
+            .iter()
+            .enumerate()
+            .map(|(i, (name, arguments))| {
+                json!({ "id": format!("call_{i}"), "type": "function",
+                        "function": { "name": name, "arguments": arguments.to_string() } })
+            })
+            .collect();
+        if streamed {
+            return stream_tool_calls(inner, body, calls);
+        }
+        let mut answer = finished("", "tool_calls", body);
+        answer["choices"][0]["message"] =
+            json!({ "role": "assistant", "content": null, "tool_calls": calls });
+        return axum::Json(answer).into_response();
+    }
+    tokio::time::sleep(agent.answer_after).await;
+    let results: Vec<String> = after_user
+        .iter()
+        .rev()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| content_text(&m["content"]))
+        .collect();
+    let content = if results.is_empty() {
+        format!("[model] {last_user}")
+    } else {
+        format!("[model] {last_user} | {}", results.join(" | "))
+    };
+    if streamed {
+        return stream(inner, body, content, Stream::echo(2, Duration::ZERO));
+    }
+    axum::Json(completion(&content, body)).into_response()
+}
+
+/// Tool calls as a stream brings them: the id and name first, the arguments in two
+/// pieces, then `finish_reason: "tool_calls"` and the usage.
+fn stream_tool_calls(inner: &Arc<Inner>, body: &Value, calls: Vec<Value>) -> Response {
+    let request = inner.requests.lock().unwrap().len() - 1;
+    inner.streams.lock().unwrap().push(Streamed {
+        request,
+        pieces: Vec::new(),
+        ended: Some(Instant::now()),
+    });
+    let mut events = Vec::new();
+    for (index, call) in calls.iter().enumerate() {
+        let arguments = call["function"]["arguments"].as_str().unwrap_or_default();
+        let cut = arguments.len() / 2;
+        let cut = (0..=cut)
+            .rev()
+            .find(|i| arguments.is_char_boundary(*i))
+            .unwrap_or(0);
+        events.push(json!([{ "index": 0, "delta": { "role": "assistant", "tool_calls": [
+            { "index": index, "id": call["id"], "type": "function",
+              "function": { "name": call["function"]["name"], "arguments": "" } }] }, "finish_reason": null }]));
+        for piece in [&arguments[..cut], &arguments[cut..]] {
+            events.push(json!([{ "index": 0, "delta": { "tool_calls": [
+                { "index": index, "function": { "arguments": piece } }] }, "finish_reason": null }]));
+        }
+    }
+    events.push(json!([{ "index": 0, "delta": {}, "finish_reason": "tool_calls" }]));
+    let messages = body["messages"].as_array().map_or(0, Vec::len) as u32;
+    let mut data: Vec<Result<String, std::io::Error>> = events
+        .into_iter()
+        .map(|choices| Ok(sse(&chunk(body, choices, Value::Null))))
+        .collect();
+    data.push(Ok(sse(&chunk(
+        body,
+        json!([]),
+        json!({ "prompt_tokens": 10 * messages, "completion_tokens": 7, "total_tokens": 10 * messages + 7 }),
+    ))));
+    data.push(Ok("data: [DONE]\n\n".to_owned()));
+    (
+        [(header::CONTENT_TYPE, "text/event-stream")],
+        Body::from_stream(futures_util::stream::iter(data)),
+    )
+        .into_response()
 }
 
 async fn models(State(inner): State<Arc<Inner>>) -> Result<axum::Json<Value>, Infallible> {

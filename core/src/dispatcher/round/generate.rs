@@ -32,6 +32,8 @@ impl Round<'_> {
             note: None,
             images: Vec::new(),
             max_tokens: None,
+            tools: Vec::new().into(),
+            turns: Vec::new(),
         }
     }
 
@@ -90,10 +92,17 @@ impl Round<'_> {
     /// A reply as it may be committed, whichever responder wrote it: without any
     /// registered secret, and at most `max_reply_chars` long (cut at a paragraph, line
     /// or word, with a note saying so).
-    pub(super) fn bounded(&self, text: String) -> String {
+    /// Room is left for `reserve` more characters (a report of the actions taken,
+    /// which is never cut).
+    pub(super) fn bounded_leaving(&self, text: String, reserve: usize) -> String {
         let conversation = self.conversation;
         let text = lull_port::secrets::redact(text);
-        let max = self.dispatcher.settings.max_reply_chars;
+        let max = self
+            .dispatcher
+            .settings
+            .max_reply_chars
+            .saturating_sub(reserve)
+            .max(1);
         match bounds::cut(&text, max) {
             Some(cut) => {
                 tracing::warn!(

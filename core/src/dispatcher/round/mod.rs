@@ -7,9 +7,11 @@
 //! messages transcribed, images fetched) and `generate` (the prompt, the model
 //! call shown as a draft or "typing…", what a failure leaves).
 
+mod approvals;
 mod budget;
 mod generate;
 mod media;
+mod tools;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -27,6 +29,7 @@ use crate::llm::{FailureKind, Prompt};
 use crate::metrics as names;
 use crate::store::{Batch, Claimed, CommitOutcome, NewReply, OutboxRow, StoreError};
 use crate::texts;
+use tools::Generated;
 
 /// Add `note` to what the model is told after the batch (each note once).
 fn add_note(prompt: &mut Prompt, note: &str) {
@@ -227,35 +230,38 @@ impl Round<'_> {
         // The reply may take no more than was reserved for it.
         prompt.max_tokens = reserved.max_tokens();
         let started = Instant::now();
-        let mut generated = tokio::select! {
-            generated = self.generate(&batch, &prompt) => generated,
-            () = self.keeper.lost() => return Err(Interrupt::LeaseLost),
-            () = self.stop.cancelled() => return Err(Interrupt::Stopped),
+        // Approvals the batch answers are decided (and the approved calls run) first.
+        let decided = match self.take_approvals(&batch, &mut prompt).await? {
+            Ok(decided) => decided,
+            Err(version) => {
+                self.settle(&batch, &reserved, Spent::default()).await?;
+                self.stopped_stale(&batch, version);
+                return Ok(());
+            }
         };
-        if let Err(error) = &generated
+        let mut generated = self.generate_acting(&batch, &mut prompt, rows).await?;
+        if let Generated::Failed { error, spent } = &generated
             && error.kind() == FailureKind::Refused
             && !prompt.images.is_empty()
         {
             // A model without vision refuses image parts (4xx): answer the text, and
             // tell the user once per conversation that this model cannot see images.
             tracing::warn!(%conversation, error = %error, "the model refused the images; answering the text without them (set LULL_VISION=off for a model without vision)");
+            let spent_before = *spent;
             d.images_refused
                 .store(true, std::sync::atomic::Ordering::Relaxed);
             prompt.images.clear();
             add_note(&mut prompt, texts::NO_VISION_NOTE);
             rows.extend(self.no_vision_notice(&batch).await?);
-            generated = tokio::select! {
-                generated = self.generate(&batch, &prompt) => generated,
-                () = self.keeper.lost() => return Err(Interrupt::LeaseLost),
-                () = self.stop.cancelled() => return Err(Interrupt::Stopped),
-            };
+            generated = self.generate_acting(&batch, &mut prompt, rows).await?;
+            generated.add_spent(spent_before);
         }
         let llm_time = started.elapsed();
-        let generation = match generated {
-            Ok(generation) => generation,
-            Err(error) => {
-                // Nothing was spent that any server reported: give the reservation back.
-                self.settle(&batch, &reserved, Spent::default()).await?;
+        let (generation, spent) = match generated {
+            Generated::Reply { generation, spent } => (generation, spent),
+            Generated::Failed { error, spent } => {
+                // Only what a server reported (earlier tool turns) was spent.
+                self.settle(&batch, &reserved, spent).await?;
                 if error.kind() == FailureKind::Transient {
                     rows.extend(self.generation_failed(&batch, error).await?);
                 } else {
@@ -263,13 +269,23 @@ impl Round<'_> {
                 }
                 return Ok(());
             }
+            Generated::Stale { version, spent } => {
+                self.settle(&batch, &reserved, spent).await?;
+                self.stopped_stale(&batch, version);
+                return Ok(());
+            }
         };
         // Spent whether or not the reply is committed: charged before the final check.
-        let spent = Spent::of(&d.settings.limits, &prompt, &generation);
         self.settle(&batch, &reserved, spent).await?;
 
+        // A reply that acted says what it did, whatever the model wrote.
+        let report = self.actions_report(&batch, &decided).await?;
+        let text = self.bounded_leaving(
+            media::quote_transcripts(&batch, generation.text),
+            lull_port::split::char_len(&report),
+        );
         let reply = NewReply {
-            text: self.bounded(media::quote_transcripts(&batch, generation.text)),
+            text: text + &lull_port::secrets::redact(report),
             usage: generation.usage,
             llm_ms: llm_time.as_millis() as u64,
             held_out,
@@ -320,6 +336,19 @@ impl Round<'_> {
             }
         }
         Ok(())
+    }
+
+    /// The round stopped before an action because a newer message arrived: nothing
+    /// acted on the old picture, and the next round covers everything.
+    fn stopped_stale(&self, batch: &Batch, version: crate::domain::Version) {
+        let conversation = self.conversation;
+        metrics::counter!(names::REPLIES_DROPPED_STALE).increment(1);
+        tracing::debug!(%conversation, v0 = batch.v0.0, version = version.0, "round stopped before an action: a newer message arrived");
+        self.dispatcher.emit(Event::DroppedStale {
+            conversation,
+            v0: batch.v0,
+            version,
+        });
     }
 
     /// Queue a notice for this batch's conversation, at most once per `dedupe_key`;

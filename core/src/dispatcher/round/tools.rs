@@ -1,0 +1,518 @@
+//! The round's tool loop: the model asks for calls, the round answers them and asks
+//! again, at most `LULL_TOOL_STEPS` model turns (the last is asked without tools, so
+//! it answers).
+//!
+//! A call that acts is **reserved before it runs** (DESIGN.md, "Actions: act once"):
+//! [`ActionStore::reserve_action`](crate::store::ActionStore::reserve_action) checks,
+//! under the lease, that the conversation is still at the round's `v0` — the final
+//! check moved in front of the side effect — and reads the journal: a call already
+//! taken for this batch is answered with its stored result, never run again; one
+//! whose earlier attempt was interrupted is reported as of unknown outcome (run again
+//! only when the tool declares itself idempotent); a destructive one waits for the
+//! person's `/approve`. Read-only calls run freely.
+//!
+//! Once a call that acts has started, it is not abandoned when the lease is lost (its
+//! result is a fact to record); only the hard stop of shutdown leaves it, and then its
+//! reservation expires into "outcome unknown".
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::{Interrupt, Round, add_note};
+use crate::dispatcher::Event;
+use crate::dispatcher::notices::Notice;
+use crate::dispatcher::wallet::Spent;
+use crate::domain::{LeaseToken, Version};
+use crate::llm::{FailureKind, Generation, LlmError, Prompt, ToolCall, ToolTurn};
+use crate::metrics as names;
+use crate::store::{
+    ActionKey, ActionReservation, ActionRow, ActionState, Batch, NewAction, OutboxRow,
+    canonical_json,
+};
+use crate::texts;
+use crate::tools::{CallOutcome, Effect, ToolSpec, Toolbox, Users};
+
+/// How a round's generation ended.
+pub(super) enum Generated {
+    /// The model's reply; `spent` counts every turn.
+    Reply {
+        generation: Generation,
+        spent: Spent,
+    },
+    /// The model failed; `spent`: what earlier turns of the loop spent.
+    Failed { error: LlmError, spent: Spent },
+    /// A newer message arrived before a call that acts: nothing acted; the round
+    /// ends without a reply (the next round, covering everything, decides again).
+    Stale { version: Version, spent: Spent },
+}
+
+impl Generated {
+    /// Count `earlier` (turns before this generation was asked again) in its spend.
+    pub(super) fn add_spent(&mut self, earlier: Spent) {
+        match self {
+            Generated::Reply { spent, .. }
+            | Generated::Failed { spent, .. }
+            | Generated::Stale { spent, .. } => *spent += earlier,
+        }
+    }
+}
+
+/// What the round tells the model a call gave, or that the round must stop.
+enum Answer {
+    Result(String),
+    Stale(Version),
+}
+
+/// A reservation of a call that acts expires this long after its call's deadline:
+/// a holder still recording its result is not taken for dead.
+pub(super) const RESERVATION_MARGIN: Duration = Duration::from_secs(5);
+
+/// Tries of recording a call's result after the hard stop (before it, until it lands).
+const RECORD_TRIES_AFTER_STOP: u32 = 3;
+
+impl Round<'_> {
+    /// Generate the reply to `prompt`, answering the model's tool calls in between.
+    /// The notices it queues (an approval's question) join `rows`.
+    pub(super) async fn generate_acting(
+        &self,
+        batch: &Batch,
+        prompt: &mut Prompt,
+        rows: &mut Vec<OutboxRow>,
+    ) -> Result<Generated, Interrupt> {
+        let d = self.dispatcher;
+        let toolbox = d.toolbox().cloned();
+        let offered = match &toolbox {
+            Some(toolbox) if !d.tools_refused.load(std::sync::atomic::Ordering::Relaxed) => {
+                self.offered(toolbox.as_ref(), batch)
+            }
+            _ => Vec::new(),
+        };
+        if let Some(first) = batch.pending.first()
+            && toolbox.is_some()
+        {
+            let taken = d
+                .store
+                .actions_of_batch(self.conversation, first.row)
+                .await?;
+            let lines = action_lines(&taken);
+            if !lines.is_empty() {
+                add_note(prompt, &texts::actions_taken_note(&lines));
+            }
+        }
+        prompt.tools = offered.into();
+        let steps = d.settings.tools.steps.max(1);
+        let mut spent = Spent::default();
+        let mut turn = 0;
+        loop {
+            turn += 1;
+            if turn >= steps {
+                // The last turn answers: no more calls.
+                prompt.tools = Vec::new().into();
+            }
+            let generated = self.generate_once(batch, prompt).await?;
+            let generation = match generated {
+                Ok(generation) => generation,
+                Err(error)
+                    if error.kind() == FailureKind::Refused
+                        && !prompt.tools.is_empty()
+                        && !matches!(error, LlmError::OutOfCredit { .. }) =>
+                {
+                    // A model without tool support refuses `tools` (4xx): ask again
+                    // without them; if that is answered, offer none from now on.
+                    let tools = std::mem::replace(&mut prompt.tools, Vec::new().into());
+                    match self.generate_once(batch, prompt).await? {
+                        Ok(generation) => {
+                            if !d
+                                .tools_refused
+                                .swap(true, std::sync::atomic::Ordering::Relaxed)
+                            {
+                                tracing::warn!(conversation = %self.conversation, error = %error, tools = tools.len(), "the model refused the tools; answering without them from now on (set LULL_TOOLS=off for a model without tool support)");
+                            }
+                            generation
+                        }
+                        Err(error) => return Ok(Generated::Failed { error, spent }),
+                    }
+                }
+                Err(error) => return Ok(Generated::Failed { error, spent }),
+            };
+            spent += Spent::of(&d.settings.limits, prompt, &generation);
+            if generation.tool_calls.is_empty() {
+                return Ok(Generated::Reply { generation, spent });
+            }
+            let toolbox = match &toolbox {
+                Some(toolbox) => toolbox.clone(),
+                // Calls no tool was offered for: answered as unknown below.
+                None => Arc::new(NoTools) as Arc<dyn Toolbox>,
+            };
+            let mut results = Vec::with_capacity(generation.tool_calls.len());
+            for call in &generation.tool_calls {
+                match self
+                    .answer_call(toolbox.as_ref(), &prompt.tools, batch, call, rows)
+                    .await?
+                {
+                    Answer::Result(text) => results.push(text),
+                    Answer::Stale(version) => {
+                        return Ok(Generated::Stale { version, spent });
+                    }
+                }
+            }
+            prompt.turns.push(ToolTurn {
+                text: generation.text,
+                calls: generation.tool_calls,
+                results,
+            });
+        }
+    }
+
+    /// One model turn, abandoned when the lease is lost or lull stops.
+    async fn generate_once(
+        &self,
+        batch: &Batch,
+        prompt: &Prompt,
+    ) -> Result<Result<Generation, LlmError>, Interrupt> {
+        tokio::select! {
+            generated = self.generate(batch, prompt) => Ok(generated),
+            () = self.keeper.lost() => Err(Interrupt::LeaseLost),
+            () = self.stop.cancelled() => Err(Interrupt::Stopped),
+        }
+    }
+
+    /// The tools offered for `batch`: all of the toolbox's, but an admins-only
+    /// server's only when everyone who wrote in the batch is an admin.
+    fn offered(&self, toolbox: &dyn Toolbox, batch: &Batch) -> Vec<ToolSpec> {
+        let admins = &self.dispatcher.settings.access.admins;
+        let platform = batch.conversation.platform;
+        let all_admins = batch
+            .pending
+            .iter()
+            .all(|m| admins.contains(platform, &m.user_id));
+        toolbox
+            .tools()
+            .into_iter()
+            .filter(|tool| tool.users == Users::Allowed || all_admins)
+            .collect()
+    }
+
+    /// Answer one call: run it (read-only), or reserve it and run it once (acting).
+    async fn answer_call(
+        &self,
+        toolbox: &dyn Toolbox,
+        offered: &[ToolSpec],
+        batch: &Batch,
+        call: &ToolCall,
+        rows: &mut Vec<OutboxRow>,
+    ) -> Result<Answer, Interrupt> {
+        let Some(spec) = offered.iter().find(|t| t.name == call.name) else {
+            count(&call.name, "", "refused");
+            tracing::info!(conversation = %self.conversation, tool = %call.name, "the model called a tool that is not offered");
+            return Ok(Answer::Result(texts::unknown_tool_result(&call.name)));
+        };
+        let arguments = match parse_arguments(&call.arguments) {
+            Ok(arguments) => arguments,
+            Err(error) => {
+                count(&spec.server, &spec.tool, "error");
+                return Ok(Answer::Result(texts::bad_arguments_result(&error)));
+            }
+        };
+        let (idempotent, destructive) = match spec.effect {
+            Effect::ReadOnly => {
+                let output = tokio::select! {
+                    output = toolbox.call(&spec.name, arguments, None) => output,
+                    () = self.keeper.lost() => return Err(Interrupt::LeaseLost),
+                    () = self.stop.cancelled() => return Err(Interrupt::Stopped),
+                };
+                count(&spec.server, &spec.tool, output.outcome.label());
+                return Ok(Answer::Result(result_text(&output.text, output.is_error)));
+            }
+            Effect::Acts { idempotent } => (idempotent, false),
+            Effect::Destructive { idempotent } => (idempotent, true),
+        };
+        if crate::switches::no_journal() {
+            // Counter-test build: the journal bypassed, every call simply runs.
+            let output = toolbox.call(&spec.name, arguments, None).await;
+            count(&spec.server, &spec.tool, output.outcome.label());
+            return Ok(Answer::Result(result_text(&output.text, output.is_error)));
+        }
+        let d = self.dispatcher;
+        let Some(first) = batch.pending.first() else {
+            return Ok(Answer::Result(texts::unknown_tool_result(&call.name)));
+        };
+        let canonical = canonical_json(&serde_json::Value::Object(arguments.clone()));
+        let key = ActionKey::of(self.conversation, first.row, &spec.name, &canonical);
+        let settings = d.settings.tools;
+        loop {
+            let now = d.clock.now();
+            let expires_at = if destructive {
+                now.plus(settings.approval_ttl)
+            } else {
+                now.plus(settings.call_timeout + RESERVATION_MARGIN)
+            };
+            let action = NewAction {
+                key: key.clone(),
+                batch: first.row,
+                tool: spec.name.clone(),
+                arguments: canonical.clone(),
+                idempotent,
+                needs_approval: destructive,
+                requested_by: batch.pending.last().map(|m| m.user_id.clone()),
+                expires_at,
+            };
+            let lease = self.keeper.lease();
+            let reservation = d
+                .store
+                .reserve_action(&lease, batch.v0, action, now)
+                .await?;
+            match reservation {
+                ActionReservation::Reserved(row) => {
+                    let result = self.run_reserved(toolbox, spec, arguments, &row).await?;
+                    return Ok(Answer::Result(result));
+                }
+                ActionReservation::Done(row) => {
+                    count(&spec.server, &spec.tool, "reused");
+                    tracing::info!(conversation = %self.conversation, tool = %spec.name, action = row.id, "action already taken for this batch; its result reused");
+                    let result = row.result.unwrap_or_default();
+                    return Ok(Answer::Result(texts::reused_result(&result_text(
+                        &result,
+                        row.is_error,
+                    ))));
+                }
+                ActionReservation::InFlight { until } => {
+                    // An earlier holder may still be running it: wait for its result
+                    // or its reservation's expiry, then ask again.
+                    let wait = d.clock.now().until(until).max(Duration::from_millis(50));
+                    tracing::info!(conversation = %self.conversation, tool = %spec.name, wait_ms = wait.as_millis() as u64, "action reserved by an earlier round; waiting for its result or expiry");
+                    tokio::select! {
+                        () = tokio::time::sleep(wait.min(Duration::from_millis(500))) => {}
+                        () = self.keeper.lost() => return Err(Interrupt::LeaseLost),
+                        () = self.stop.cancelled() => return Err(Interrupt::Stopped),
+                    }
+                }
+                ActionReservation::Unknown(row) => {
+                    count(&spec.server, &spec.tool, "unknown");
+                    tracing::warn!(conversation = %self.conversation, tool = %spec.name, action = row.id, "an earlier attempt of this action was interrupted; outcome unknown, not run again");
+                    return Ok(Answer::Result(texts::OUTCOME_UNKNOWN_RESULT.to_owned()));
+                }
+                ActionReservation::Awaiting { row, asked_now } => {
+                    if asked_now {
+                        let ttl = humantime::format_duration(settings.approval_ttl).to_string();
+                        let question =
+                            texts::approval_question(row.id, &spec.name, &row.arguments, &ttl);
+                        let key = format!("approval/{}/{}", self.conversation, row.id);
+                        rows.extend(
+                            Notice::to_batch(batch)
+                                .queue(d, question, key, d.clock.now())
+                                .await?,
+                        );
+                        d.emit(Event::ApprovalAsked {
+                            conversation: self.conversation,
+                            action: row.id,
+                        });
+                    }
+                    return Ok(Answer::Result(texts::awaiting_approval_result(row.id)));
+                }
+                ActionReservation::Refused(_) => {
+                    count(&spec.server, &spec.tool, "refused");
+                    return Ok(Answer::Result(texts::REFUSED_ACTION_RESULT.to_owned()));
+                }
+                ActionReservation::Stale { version } => {
+                    count(&spec.server, &spec.tool, "stale");
+                    tracing::debug!(conversation = %self.conversation, tool = %spec.name, v0 = batch.v0.0, version = version.0, "a newer message arrived before an action; not acting on the old picture");
+                    return Ok(Answer::Stale(version));
+                }
+            }
+        }
+    }
+
+    /// Run a call reserved for this round, and record its result (a fact, recorded
+    /// even if the lease was lost meanwhile).
+    pub(super) async fn run_reserved(
+        &self,
+        toolbox: &dyn Toolbox,
+        spec: &ToolSpec,
+        arguments: serde_json::Map<String, serde_json::Value>,
+        row: &ActionRow,
+    ) -> Result<String, Interrupt> {
+        let d = self.dispatcher;
+        tracing::info!(conversation = %self.conversation, tool = %spec.name, action = row.id, "running an action (reserved)");
+        d.emit(Event::ActionStarted {
+            conversation: self.conversation,
+            action: row.id,
+        });
+        let started = Instant::now();
+        let output = tokio::select! {
+            output = toolbox.call(&spec.name, arguments, Some(&row.key.0)) => output,
+            // Only the hard stop leaves a running call: its reservation expires into
+            // "outcome unknown".
+            () = self.stop.cancelled() => return Err(Interrupt::Stopped),
+        };
+        metrics::histogram!(names::TOOL_CALL_SECONDS, "server" => spec.server.clone(), "tool" => spec.tool.clone())
+            .record(started.elapsed().as_secs_f64());
+        count(&spec.server, &spec.tool, output.outcome.label());
+        self.record(&row.key, row.token, &output.text, output.is_error)
+            .await;
+        if output.outcome == CallOutcome::Timeout {
+            tracing::warn!(conversation = %self.conversation, tool = %spec.name, "an action timed out");
+        }
+        // The result is recorded; the round goes on only under its lease.
+        if self.keeper.is_lost() {
+            return Err(Interrupt::LeaseLost);
+        }
+        Ok(result_text(&output.text, output.is_error))
+    }
+
+    /// Record a call's result, retried until it lands (a finished action is a fact;
+    /// after the hard stop, a few more tries, then one error line).
+    async fn record(&self, key: &ActionKey, token: LeaseToken, text: &str, is_error: bool) {
+        let d = self.dispatcher;
+        let mut tries_after_stop = 0;
+        let mut attempt = 0u32;
+        loop {
+            match d
+                .store
+                .finish_action(key, token, text, is_error, d.clock.now())
+                .await
+            {
+                Ok(true) => return,
+                Ok(false) => {
+                    tracing::warn!(conversation = %self.conversation, action = %key.0, "an action's result found its reservation taken over; not recorded");
+                    return;
+                }
+                Err(e) => {
+                    if self.stop.is_cancelled() {
+                        tries_after_stop += 1;
+                        if tries_after_stop > RECORD_TRIES_AFTER_STOP {
+                            tracing::error!(conversation = %self.conversation, action = %key.0, error = %e, "could not record an action's result before stopping; a later round will report its outcome as unknown");
+                            return;
+                        }
+                    }
+                    attempt += 1;
+                    let wait = Duration::from_millis((25u64 << attempt.min(3)).min(200));
+                    tracing::warn!(conversation = %self.conversation, action = %key.0, error = %e, "could not record an action's result; retrying");
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        }
+    }
+
+    /// The report of the actions of `batch` and of the approvals `decided` in this
+    /// round, to end its reply with (empty: none).
+    pub(super) async fn actions_report(
+        &self,
+        batch: &Batch,
+        decided: &[ActionRow],
+    ) -> Result<String, Interrupt> {
+        let d = self.dispatcher;
+        let Some(first) = batch.pending.first() else {
+            return Ok(String::new());
+        };
+        if d.toolbox().is_none() {
+            return Ok(String::new());
+        }
+        let mut taken = d
+            .store
+            .actions_of_batch(self.conversation, first.row)
+            .await?;
+        taken.extend(decided.iter().cloned());
+        let lines = action_lines(&taken);
+        Ok(if lines.is_empty() {
+            String::new()
+        } else {
+            texts::actions_report(&lines)
+        })
+    }
+}
+
+/// One line per action of the journal, as the user and the model are told them.
+fn action_lines(rows: &[ActionRow]) -> Vec<String> {
+    rows.iter()
+        .map(|row| {
+            let call = format!("{} {}", row.tool, row.arguments);
+            match row.state {
+                ActionState::Done if row.is_error => format!("✗ {call} failed"),
+                ActionState::Done => format!("✓ {call}"),
+                ActionState::Unknown | ActionState::Reserved => {
+                    format!("⚠ {call}: outcome unknown")
+                }
+                ActionState::Awaiting => format!("⏳ {call}: waiting for /approve {}", row.id),
+                ActionState::Approved => format!("⏳ {call}: approved, about to run"),
+                ActionState::Refused => format!("✗ {call}: not approved, not run"),
+            }
+        })
+        .collect()
+}
+
+/// The model's arguments as a JSON object (empty text: no arguments).
+fn parse_arguments(text: &str) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    if text.trim().is_empty() {
+        return Ok(serde_json::Map::new());
+    }
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(serde_json::Value::Object(map)) => Ok(map),
+        Ok(other) => Err(format!("got {}", json_kind(&other))),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn json_kind(value: &serde_json::Value) -> &'static str {
+    match value {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+/// A tool's output as the model reads it: a failure says so.
+fn result_text(text: &str, is_error: bool) -> String {
+    if is_error {
+        format!("Error: {text}")
+    } else {
+        text.to_owned()
+    }
+}
+
+/// Count a call in `lull_tool_calls_total`.
+fn count(server: &str, tool: &str, outcome: &'static str) {
+    metrics::counter!(names::TOOL_CALLS, "server" => server.to_owned(), "tool" => tool.to_owned(), "outcome" => outcome)
+        .increment(1);
+}
+
+/// The toolbox of a round whose dispatcher has none: every call is unknown.
+struct NoTools;
+
+#[async_trait::async_trait]
+impl Toolbox for NoTools {
+    fn tools(&self) -> Vec<ToolSpec> {
+        Vec::new()
+    }
+
+    async fn call(
+        &self,
+        name: &str,
+        _arguments: serde_json::Map<String, serde_json::Value>,
+        _key: Option<&str>,
+    ) -> crate::tools::ToolOutput {
+        crate::tools::ToolOutput::error(texts::unknown_tool_result(name), CallOutcome::Error)
+    }
+
+    fn servers(&self) -> Vec<crate::tools::ServerState> {
+        Vec::new()
+    }
+
+    async fn shutdown(&self) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arguments_are_a_json_object_or_nothing() {
+        assert!(parse_arguments("").unwrap().is_empty());
+        assert_eq!(parse_arguments(r#"{"a":1}"#).unwrap()["a"], 1);
+        assert_eq!(parse_arguments("[1]").unwrap_err(), "got an array");
+        assert!(parse_arguments("{").is_err());
+    }
+}

@@ -1,0 +1,786 @@
+//! Tools through the real binary: a small stdio MCP server of the test support
+//! (`tests/support/mcp_server.py`, counting each execution in a file) and the OpenAI
+//! fake scripted as a model that calls tools ([`Agent`]). Each test counts what the
+//! server executed and what the user saw: actions act once, never on an old picture
+//! of the conversation, and an interrupted one is reported as of unknown outcome.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::support::db;
+use crate::support::fakes::openai::{Agent, Behavior, FakeOpenAi};
+use crate::support::fakes::webhook::{Received, Webhook};
+use crate::support::process::{LullProcess, post_message};
+
+/// The test support's MCP server.
+fn server_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/mcp_server.py")
+}
+
+/// A lull process (or several, on one database) with the counting MCP server and a
+/// tool-calling model.
+struct ToolBot {
+    dir: tempfile::TempDir,
+    lulls: Vec<LullProcess>,
+    webhook: Webhook,
+    model: FakeOpenAi,
+    client: reqwest::Client,
+}
+
+/// How to start a [`ToolBot`].
+struct Setup<'a> {
+    agent: Agent,
+    processes: usize,
+    extra: &'a [(&'a str, &'a str)],
+    /// Extra server settings merged into the `counter` server's config.
+    server: Value,
+    /// More servers, `(name, config)`.
+    more_servers: Vec<(&'a str, Value)>,
+}
+
+impl Default for Setup<'_> {
+    fn default() -> Self {
+        Setup {
+            agent: Agent::default(),
+            processes: 1,
+            extra: &[],
+            server: json!({}),
+            more_servers: Vec::new(),
+        }
+    }
+}
+
+impl ToolBot {
+    async fn start(setup: Setup<'_>) -> ToolBot {
+        let dir = tempfile::tempdir().unwrap();
+        let webhook = Webhook::start().await;
+        let model = FakeOpenAi::start().await;
+        model.fallback(Behavior::Agent(setup.agent));
+        let counter_env = |dir: &Path| {
+            json!({
+                "MCP_COUNT_FILE": dir.join("executions.jsonl").display().to_string(),
+                "MCP_NOTES_FILE": dir.join("notes.txt").display().to_string(),
+                "MCP_SLOW_MS": "4000",
+            })
+        };
+        let mut counter = json!({
+            "command": "python3",
+            "args": [server_script().display().to_string()],
+            "env": counter_env(dir.path()),
+        });
+        for (k, v) in setup.server.as_object().unwrap() {
+            counter[k] = v.clone();
+        }
+        let mut servers = json!({ "counter": counter });
+        for (name, mut config) in setup.more_servers {
+            config["command"] = json!("python3");
+            config["args"] = json!([server_script().display().to_string()]);
+            config["env"] = counter_env(dir.path());
+            servers[name] = config;
+        }
+        let config = dir.path().join("mcp.json");
+        std::fs::write(
+            &config,
+            serde_json::to_vec_pretty(&json!({ "mcpServers": servers })).unwrap(),
+        )
+        .unwrap();
+        let mut env = vec![
+            (
+                "DATABASE_URL",
+                format!("sqlite:{}", dir.path().join("lull.db").display()),
+            ),
+            ("LULL_WEBHOOK_URL", webhook.url.clone()),
+            ("OPENAI_BASE_URL", model.base_url.clone()),
+            ("OPENAI_API_KEY", "sk-tools-test-secret".into()),
+            ("OPENAI_MODEL", "fake-model".into()),
+            ("LULL_MCP_CONFIG", config.display().to_string()),
+            ("LULL_TOOL_TIMEOUT_MS", "3000".into()),
+            ("LULL_DEBOUNCE_MS", "200".into()),
+            ("LULL_MAX_WAIT_MS", "20000".into()),
+            ("LULL_LEASE_TTL_MS", "3000".into()),
+            ("RUST_LOG", "info,lull_core=debug".into()),
+        ];
+        env.extend(setup.extra.iter().map(|(k, v)| (*k, v.to_string())));
+        let mut lulls = Vec::new();
+        for n in 0..setup.processes {
+            let mut lull = LullProcess::start(dir.path(), &format!("lull{n}"), &["run"], &env);
+            lull.wait_healthy(Duration::from_secs(30)).await;
+            lulls.push(lull);
+        }
+        ToolBot {
+            dir,
+            lulls,
+            webhook,
+            model,
+            client: reqwest::Client::new(),
+        }
+    }
+
+    async fn say(&self, conversation: &str, id: &str, text: &str) {
+        self.say_to(0, conversation, id, text).await;
+    }
+
+    async fn say_to(&self, process: usize, conversation: &str, id: &str, text: &str) {
+        let r = post_message(
+            &self.client,
+            &self.lulls[process].base_url(),
+            conversation,
+            id,
+            text,
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status().as_u16(), 202);
+    }
+
+    async fn say_in_group(&self, conversation: &str, id: &str, user: &str, text: &str) {
+        let r = self
+            .client
+            .post(format!("{}/api/messages", self.lulls[0].base_url()))
+            .json(
+                &json!({ "conversation": conversation, "user": user, "name": user,
+                           "text": text, "id": id, "group": true }),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 202);
+    }
+
+    /// Every execution the server logged, in order: `(tool, line)`.
+    fn executions(&self) -> Vec<Value> {
+        executions(self.dir.path())
+    }
+
+    /// How many times `tool` was executed (started).
+    fn executed(&self, tool: &str) -> usize {
+        self.executions()
+            .iter()
+            .filter(|e| e["tool"] == tool && e["phase"] != "end")
+            .count()
+    }
+
+    /// Wait until `tool` was executed `n` times; panics after `limit`.
+    async fn wait_executed(&self, tool: &str, n: usize, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while self.executed(tool) < n {
+            assert!(
+                Instant::now() < deadline,
+                "{tool} not executed {n} time(s) within {limit:?}: {:#?}\n{}",
+                self.executions(),
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn notices(&self) -> Vec<Received> {
+        self.webhook
+            .received()
+            .into_iter()
+            .filter(|r| r.kind == "notice")
+            .collect()
+    }
+
+    async fn wait_notices(&self, n: usize, limit: Duration) -> Vec<Received> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let notices = self.notices();
+            if notices.len() >= n {
+                return notices;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "expected {n} notices within {limit:?}, got {notices:#?}\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn logs(&self) -> String {
+        self.lulls
+            .iter()
+            .map(|l| l.logs())
+            .collect::<Vec<_>>()
+            .join("\n---\n")
+    }
+
+    /// The database's verdict once nothing is pending or undelivered.
+    async fn verdict(&self) -> db::Verdict {
+        db::settled(&self.dir.path().join("lull.db"), Duration::from_secs(30)).await
+    }
+
+    async fn assert_invariants(&self, replies: usize) {
+        let v = self.verdict().await;
+        assert_eq!(
+            (v.replies, v.duplicates, v.lost, v.stale),
+            (replies, 0, 0, 0),
+            "{v:?}"
+        );
+    }
+
+    /// Wait until the model was asked `n` times.
+    async fn wait_requests(&self, n: usize, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while self.model.requests().len() < n {
+            assert!(
+                Instant::now() < deadline,
+                "the model was not asked {n} time(s) within {limit:?}\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+fn executions(dir: &Path) -> Vec<Value> {
+    std::fs::read_to_string(dir.join("executions.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+fn append(text: &str) -> (String, Value) {
+    ("counter__append".into(), json!({ "text": text }))
+}
+
+const LONG: Duration = Duration::from_secs(40);
+
+/// A burst of three messages: one reply after the tool turn, the read-only lookup and
+/// the append each executed once, the reply saying what was done; the model's
+/// request carried the tools (named `SERVER__TOOL`) and the idempotency key reached
+/// the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_gets_one_reply_after_the_tool_turn_and_acts_once() {
+    let bot = ToolBot::start(Setup {
+        agent: Agent {
+            calls: vec![
+                ("counter__lookup".into(), json!({ "query": "milk" })),
+                append("milk"),
+            ],
+            ..Agent::default()
+        },
+        ..Setup::default()
+    })
+    .await;
+    for (id, text) in [("1", "buy"), ("2", "some"), ("3", "milk")] {
+        bot.say("c1", id, text).await;
+    }
+    let replies = bot.webhook.wait_replies(1, LONG).await;
+    let reply = &replies[0];
+    assert!(
+        reply.text.starts_with("[model] buy\nsome\nmilk | "),
+        "{reply:?}"
+    );
+    assert!(reply.text.contains("appended"), "{reply:?}");
+    assert!(
+        reply
+            .text
+            .contains("Actions: ✓ counter__append {\"text\":\"milk\"}"),
+        "the reply reports the action: {reply:?}"
+    );
+    bot.assert_invariants(1).await;
+    assert_eq!(bot.executed("append"), 1, "{:#?}", bot.executions());
+    assert_eq!(bot.executed("lookup"), 1);
+    let first = &bot.model.requests()[0].body;
+    let names: Vec<&str> = first["tools"]
+        .as_array()
+        .expect("tools offered")
+        .iter()
+        .filter_map(|t| t["function"]["name"].as_str())
+        .collect();
+    assert!(
+        names.contains(&"counter__append") && names.contains(&"counter__lookup"),
+        "{names:?}"
+    );
+    assert_eq!(bot.model.requests().len(), 2, "one tool turn, one answer");
+    let append = bot
+        .executions()
+        .into_iter()
+        .find(|e| e["tool"] == "append")
+        .unwrap();
+    assert!(
+        append["meta"]["idempotencyKey"]
+            .as_str()
+            .is_some_and(|k| k.starts_with("act_")),
+        "the idempotency key reaches the server: {append}"
+    );
+    // The lookup is read-only: never journaled, so not in the report.
+    assert!(!reply.text.contains("counter__lookup {"), "{reply:?}");
+}
+
+/// A new message while the model decides on the append: the stale batch does not act;
+/// the next round, covering both messages, appends once, and one reply covers both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_before_the_call_keeps_the_stale_batch_from_acting() {
+    let bot = ToolBot::start(Setup {
+        agent: Agent {
+            calls: vec![append("milk")],
+            think: Duration::from_millis(1500),
+            ..Agent::default()
+        },
+        ..Setup::default()
+    })
+    .await;
+    bot.say("c1", "1", "buy milk").await;
+    bot.wait_requests(1, LONG).await;
+    bot.say("c1", "2", "and bread").await;
+    let replies = bot.webhook.wait_replies(1, LONG).await;
+    assert!(
+        replies[0]
+            .text
+            .starts_with("[model] buy milk\nand bread | appended"),
+        "{:?}",
+        replies[0]
+    );
+    bot.assert_invariants(1).await;
+    assert_eq!(bot.executed("append"), 1, "{:#?}", bot.executions());
+    assert!(
+        bot.logs().contains("round stopped before an action"),
+        "the first round stopped before acting"
+    );
+}
+
+/// The append ran, then a new message arrived while the model wrote its answer: the
+/// answer is dropped as stale, the next round's same call reuses the stored result
+/// (not run again), and the one reply reports the action.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_after_the_append_does_not_repeat_it() {
+    let bot = ToolBot::start(Setup {
+        agent: Agent {
+            calls: vec![append("milk")],
+            answer_after: Duration::from_millis(1500),
+            ..Agent::default()
+        },
+        ..Setup::default()
+    })
+    .await;
+    bot.say("c1", "1", "buy milk").await;
+    bot.wait_executed("append", 1, LONG).await;
+    bot.say("c1", "2", "thanks").await;
+    let replies = bot.webhook.wait_replies(1, LONG).await;
+    let reply = &replies[0];
+    assert!(
+        reply.text.starts_with("[model] buy milk\nthanks | "),
+        "{reply:?}"
+    );
+    assert!(
+        reply.text.contains("already taken"),
+        "the model was told it was reused: {reply:?}"
+    );
+    assert!(
+        reply.text.contains("Actions: ✓ counter__append"),
+        "{reply:?}"
+    );
+    bot.assert_invariants(1).await;
+    assert_eq!(bot.executed("append"), 1, "{:#?}", bot.executions());
+}
+
+/// The counter-test of the two above: with the journal bypassed
+/// (`LULL_TEST_NO_JOURNAL=1`), the dropped round's append is run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counter_test_without_the_journal_the_append_is_doubled() {
+    let bot = ToolBot::start(Setup {
+        agent: Agent {
+            calls: vec![append("milk")],
+            answer_after: Duration::from_millis(1500),
+            ..Agent::default()
+        },
+        extra: &[("LULL_TEST_NO_JOURNAL", "1")],
+        ..Setup::default()
+    })
+    .await;
+    bot.say("c1", "1", "buy milk").await;
+    bot.wait_executed("append", 1, LONG).await;
+    bot.say("c1", "2", "thanks").await;
+    bot.webhook.wait_replies(1, LONG).await;
+    bot.assert_invariants(1).await;
+    assert_eq!(
+        bot.executed("append"),
+        2,
+        "without the journal the checker must see the append doubled: {:#?}",
+        bot.executions()
+    );
+}
+
+/// `kill -9` after the append, before the reply: after a restart no second append,
+/// and one reply that reports it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_the_append_does_not_repeat_it() {
+    let mut bot = ToolBot::start(Setup {
+        agent: Agent {
+            calls: vec![append("milk")],
+            answer_after: Duration::from_millis(2500),
+            ..Agent::default()
+        },
+        ..Setup::default()
+    })
+    .await;
+    bot.say("c1", "1", "buy milk").await;
+    bot.wait_executed("append", 1, LONG).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    bot.lulls[0].kill9();
+    assert!(bot.webhook.replies().is_empty(), "killed before the reply");
+    bot.lulls[0].restart();
+    bot.lulls[0].wait_healthy(Duration::from_secs(30)).await;
+    let replies = bot.webhook.wait_replies(1, LONG).await;
+    assert!(
+        replies[0].text.contains("Actions: ✓ counter__append"),
+        "{:?}",
+        replies[0]
+    );
+    bot.assert_invariants(1).await;
+    assert_eq!(bot.executed("append"), 1, "{:#?}", bot.executions());
+}
+
+/// `kill -9` during a slow append: after a restart it is not run again; the model and
+/// the user are told the outcome is unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_during_a_slow_append_reports_the_outcome_unknown() {
+    let mut bot = ToolBot::start(Setup {
+        agent: Agent {
+            calls: vec![("counter__slow_append".into(), json!({ "text": "milk" }))],
+            ..Agent::default()
+        },
+        ..Setup::default()
+    })
+    .await;
+    bot.say("c1", "1", "buy milk").await;
+    bot.wait_executed("slow_append", 1, LONG).await;
+    bot.lulls[0].kill9();
+    bot.lulls[0].restart();
+    bot.lulls[0].wait_healthy(Duration::from_secs(30)).await;
+    let replies = bot.webhook.wait_replies(1, Duration::from_secs(60)).await;
+    let reply = &replies[0];
+    assert!(
+        reply.text.contains("Outcome unknown"),
+        "the model was told: {reply:?}"
+    );
+    assert!(
+        reply
+            .text
+            .contains("⚠ counter__slow_append {\"text\":\"milk\"}: outcome unknown"),
+        "the user is told: {reply:?}"
+    );
+    bot.assert_invariants(1).await;
+    assert_eq!(
+        bot.executed("slow_append"),
+        1,
+        "not run again: {:#?}",
+        bot.executions()
+    );
+}
+
+/// The same with a tool that declares `idempotentHint`: it is run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_during_an_idempotent_call_runs_it_again() {
+    let mut bot = ToolBot::start(Setup {
+        agent: Agent {
+            calls: vec![(
+                "counter__idempotent_append".into(),
+                json!({ "text": "milk" }),
+            )],
+            ..Agent::default()
+        },
+        ..Setup::default()
+    })
+    .await;
+    bot.say("c1", "1", "buy milk").await;
+    bot.wait_executed("idempotent_append", 1, LONG).await;
+    bot.lulls[0].kill9();
+    bot.lulls[0].restart();
+    bot.lulls[0].wait_healthy(Duration::from_secs(30)).await;
+    let replies = bot.webhook.wait_replies(1, Duration::from_secs(60)).await;
+    assert!(
+        replies[0].text.contains("✓ counter__idempotent_append"),
+        "{:?}",
+        replies[0]
+    );
+    bot.assert_invariants(1).await;
+    assert_eq!(
+        bot.executed("idempotent_append"),
+        2,
+        "{:#?}",
+        bot.executions()
+    );
+}
+
+/// Two processes on one database, bursts to many conversations arriving at both while
+/// calls run: each conversation's append is executed exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_act_once_per_batch() {
+    let bot = ToolBot::start(Setup {
+        agent: Agent {
+            calls: vec![append("")],
+            think: Duration::from_millis(300),
+            answer_after: Duration::from_millis(300),
+            user_field: Some("text"),
+        },
+        processes: 2,
+        ..Setup::default()
+    })
+    .await;
+    let conversations = 8;
+    for c in 0..conversations {
+        bot.say_to(c % 2, &format!("c{c}"), "1", &format!("note {c}"))
+            .await;
+    }
+    // More messages while the first rounds decide and act, to both processes.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    for c in 0..conversations {
+        bot.say_to((c + 1) % 2, &format!("c{c}"), "2", "more").await;
+    }
+    bot.webhook
+        .wait_replies(conversations, Duration::from_secs(60))
+        .await;
+    bot.assert_invariants(conversations).await;
+    for c in 0..conversations {
+        let text = format!("note {c}");
+        let n = bot
+            .executions()
+            .iter()
+            .filter(|e| e["tool"] == "append" && e["arguments"]["text"] == text.as_str())
+            .count();
+        assert_eq!(n, 1, "conversation c{c}: {:#?}", bot.executions());
+    }
+}
+
+/// A destructive call waits for the person's yes: asked once in the chat; approved
+/// after a restart, it runs once; a second approval runs nothing more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_destructive_call_runs_once_after_approval_across_a_restart() {
+    let mut bot = ToolBot::start(Setup {
+        agent: Agent {
+            calls: vec![("counter__delete".into(), json!({ "path": "notes.txt" }))],
+            ..Agent::default()
+        },
+        ..Setup::default()
+    })
+    .await;
+    bot.say("c1", "1", "delete my notes").await;
+    let notices = bot.wait_notices(1, LONG).await;
+    let question = &notices[0].text;
+    assert!(
+        question.contains("counter__delete") && question.contains("/approve"),
+        "{question}"
+    );
+    let id: String = question
+        .split("/approve ")
+        .nth(1)
+        .unwrap()
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    let replies = bot.webhook.wait_replies(1, LONG).await;
+    assert!(
+        replies[0].text.contains("needs the user's approval"),
+        "{:?}",
+        replies[0]
+    );
+    assert!(
+        replies[0].text.contains("⏳ counter__delete"),
+        "{:?}",
+        replies[0]
+    );
+    assert_eq!(bot.executed("delete"), 0, "not before the yes");
+
+    bot.lulls[0].restart();
+    bot.lulls[0].wait_healthy(Duration::from_secs(30)).await;
+    bot.say("c1", "2", &format!("/approve {id}")).await;
+    bot.say("c1", "3", &format!("/approve {id}")).await;
+    let replies = bot.webhook.wait_replies(2, LONG).await;
+    assert!(replies[1].text.contains("deleted"), "{:?}", replies[1]);
+    assert!(
+        replies[1].text.contains("✓ counter__delete"),
+        "{:?}",
+        replies[1]
+    );
+    bot.say("c1", "4", &format!("/approve {id}")).await;
+    let replies = bot.webhook.wait_replies(3, LONG).await;
+    assert!(replies[2].text.contains("no approval"), "{:?}", replies[2]);
+    bot.assert_invariants(3).await;
+    assert_eq!(bot.executed("delete"), 1, "{:#?}", bot.executions());
+}
+
+/// An approval after the question expired is refused; an approval by someone else
+/// (not the asker, not an admin) is refused; the asker's runs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_or_foreign_approvals_are_refused() {
+    let bot = ToolBot::start(Setup {
+        agent: Agent {
+            calls: vec![("counter__delete".into(), json!({ "path": "notes.txt" }))],
+            ..Agent::default()
+        },
+        extra: &[("LULL_APPROVAL_TTL", "3s")],
+        ..Setup::default()
+    })
+    .await;
+    // Expired.
+    bot.say("c1", "1", "delete my notes").await;
+    let notices = bot.wait_notices(1, LONG).await;
+    let id = approval_id(&notices[0].text);
+    bot.webhook.wait_replies(1, LONG).await;
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    bot.say("c1", "2", &format!("/approve {id}")).await;
+    let replies = bot.webhook.wait_replies(2, LONG).await;
+    assert!(
+        replies[1].text.contains("no approval") || replies[1].text.contains("expired"),
+        "{:?}",
+        replies[1]
+    );
+    assert_eq!(bot.executed("delete"), 0);
+
+    // Someone else's, in a group.
+    bot.say_in_group("g1", "1", "ann", "delete the notes").await;
+    let notices = bot.wait_notices(2, LONG).await;
+    let id = approval_id(&notices[1].text);
+    bot.webhook.wait_replies(3, LONG).await;
+    bot.say_in_group("g1", "2", "bob", &format!("/approve {id}"))
+        .await;
+    let replies = bot.webhook.wait_replies(4, LONG).await;
+    assert!(
+        replies[3].text.contains("only the person"),
+        "{:?}",
+        replies[3]
+    );
+    assert_eq!(bot.executed("delete"), 0);
+    bot.say_in_group("g1", "3", "ann", &format!("/approve {id}"))
+        .await;
+    let replies = bot.webhook.wait_replies(5, LONG).await;
+    assert!(
+        replies[4].text.contains("✓ counter__delete"),
+        "{:?}",
+        replies[4]
+    );
+    assert_eq!(bot.executed("delete"), 1);
+    bot.assert_invariants(5).await;
+}
+
+fn approval_id(question: &str) -> String {
+    question
+        .split("/approve ")
+        .nth(1)
+        .unwrap()
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect()
+}
+
+/// A server that dies, hangs or answers 5 MB: a clear tool error (or a cut result)
+/// reaches the model, and the reply still arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_tool_becomes_an_error_result_and_the_reply_arrives() {
+    for (tool, expect) in [
+        ("counter__hang", "Error:"),
+        ("counter__huge", "cut"),
+        ("counter__fail", "Error:"),
+        ("counter__die", "Error:"),
+    ] {
+        let bot = ToolBot::start(Setup {
+            agent: Agent::calling(tool, json!({})),
+            server: json!({ "readOnly": ["hang", "huge", "fail", "die"] }),
+            ..Setup::default()
+        })
+        .await;
+        bot.say("c1", "1", "try it").await;
+        let replies = bot.webhook.wait_replies(1, LONG).await;
+        assert!(
+            replies[0].text.starts_with("[model] try it | "),
+            "{tool}: {:?}",
+            replies[0]
+        );
+        assert!(replies[0].text.contains(expect), "{tool}: {:?}", replies[0]);
+        assert!(
+            replies[0].text.len() < 40_000,
+            "{tool}: the result is capped"
+        );
+        bot.assert_invariants(1).await;
+    }
+}
+
+/// A model that refuses `tools` is asked again without them, and answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_without_tool_support_still_answers() {
+    let bot = ToolBot::start(Setup::default()).await;
+    bot.model.fallback(Behavior::RefuseTools);
+    bot.say("c1", "1", "hello").await;
+    let replies = bot.webhook.wait_replies(1, LONG).await;
+    assert_eq!(replies[0].text, "[model] hello");
+    bot.say("c2", "1", "again").await;
+    bot.webhook.wait_replies(2, LONG).await;
+    let requests = bot.model.requests();
+    assert!(requests[0].body.get("tools").is_some_and(|t| t.is_array()));
+    assert!(requests[1].body.get("tools").is_none_or(|t| t.is_null()));
+    assert!(
+        requests[2].body.get("tools").is_none_or(|t| t.is_null()),
+        "tools are not offered again after a refusal"
+    );
+    assert_eq!(
+        bot.logs().matches("the model refused the tools").count(),
+        1,
+        "logged once"
+    );
+    bot.assert_invariants(2).await;
+}
+
+/// An admins-only server's tools are offered only when everyone who wrote is an
+/// admin; the stdio server's environment holds no secret of lull's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admins_only_tools_and_a_narrow_environment() {
+    let env_file = tempfile::NamedTempFile::new().unwrap();
+    let bot = ToolBot::start(Setup {
+        agent: Agent::calling(
+            "counter__env_dump",
+            json!({ "path": env_file.path().display().to_string() }),
+        ),
+        more_servers: vec![("vault", json!({ "users": "admins" }))],
+        extra: &[
+            ("LULL_ADMINS", "http:boss"),
+            ("TELEGRAM_BOT_TOKEN", "123456:secret-bot-token"),
+        ],
+        ..Setup::default()
+    })
+    .await;
+    bot.say_in_group("g1", "1", "ann", "dump").await;
+    bot.webhook.wait_replies(1, LONG).await;
+    let offered = |n: usize| -> Vec<String> {
+        bot.model.requests()[n].body["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
+            .collect()
+    };
+    assert!(
+        !offered(0).iter().any(|n| n.starts_with("vault__")),
+        "{:?}",
+        offered(0)
+    );
+    bot.say_in_group("g2", "1", "boss", "dump").await;
+    bot.webhook.wait_replies(2, LONG).await;
+    let n = bot.model.requests().len();
+    assert!(
+        (0..n).any(|i| offered(i).iter().any(|n| n.starts_with("vault__"))),
+        "an admin is offered the admins-only server's tools"
+    );
+    let dumped = std::fs::read_to_string(env_file.path()).unwrap();
+    for secret in [
+        "sk-tools-test-secret",
+        "secret-bot-token",
+        "DATABASE_URL",
+        "OPENAI_API_KEY",
+    ] {
+        assert!(
+            !dumped.contains(secret),
+            "{secret} reached the MCP server: {dumped}"
+        );
+    }
+    assert!(
+        dumped.contains("MCP_COUNT_FILE"),
+        "its own env is there: {dumped}"
+    );
+}

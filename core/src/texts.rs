@@ -312,3 +312,8 @@ action, or an admin, may approve it.";
 /// An approval answered after its question expired.
 pub const APPROVAL_EXPIRED_RESULT: &str =
     "Not run: the approval came after the question expired. Ask again if it is still wanted.";
+
+/// What a live draft shows while a tool runs (never committed).
+pub fn tool_running_draft(tool: &str) -> String {
+    format!("🔧 {tool} …")
+}

@@ -152,7 +152,7 @@ impl Round<'_> {
                     Some(spec) => {
                         let arguments =
                             serde_json::from_str(&reserved.arguments).unwrap_or_default();
-                        self.run_reserved(toolbox.as_ref(), &spec, arguments, &reserved)
+                        self.run_reserved(batch, toolbox.as_ref(), &spec, arguments, &reserved)
                             .await?
                     }
                     None => texts::unknown_tool_result(&row.tool),

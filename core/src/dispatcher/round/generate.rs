@@ -44,6 +44,21 @@ impl Round<'_> {
         batch: &Batch,
         prompt: &Prompt,
     ) -> Result<Generation, LlmError> {
+        let responder = &self.dispatcher.responder;
+        self.showing(batch, |partial| async move {
+            responder.respond(prompt, &partial).await
+        })
+        .await
+    }
+
+    /// Do `work` while the conversation shows it: `work` writes what to show into the
+    /// [`Partial`] it is handed, which becomes a live draft where the platform has
+    /// drafts (never committed: only the reply is), else "typing…" is shown.
+    pub(super) async fn showing<T, F, Fut>(&self, batch: &Batch, work: F) -> T
+    where
+        F: FnOnce(Partial) -> Fut,
+        Fut: std::future::Future<Output = T>,
+    {
         let d = self.dispatcher;
         let outbound = d.outbounds.get(&batch.conversation.platform).cloned();
         let typing = async {
@@ -69,7 +84,7 @@ impl Round<'_> {
                     batch.v0,
                     d.settings.max_reply_chars,
                 );
-                // Subscribed before the model is asked: a message stored from now on
+                // Subscribed before the work starts: a message stored from now on
                 // stops the draft.
                 let newer = newer_message(d.subscribe(), self.conversation, batch.v0);
                 (partial, Some(async move { drafter.run(text, newer).await }))
@@ -84,7 +99,7 @@ impl Round<'_> {
             typing.await
         };
         tokio::select! {
-            generated = d.responder.respond(prompt, &partial) => generated,
+            done = work(partial) => done,
             never = shown => never,
         }
     }

@@ -217,7 +217,7 @@ impl Round<'_> {
         let (idempotent, destructive) = match spec.effect {
             Effect::ReadOnly => {
                 let output = tokio::select! {
-                    output = toolbox.call(&spec.name, arguments, None) => output,
+                    output = self.calling(batch, toolbox, spec, arguments, None) => output,
                     () = self.keeper.lost() => return Err(Interrupt::LeaseLost),
                     () = self.stop.cancelled() => return Err(Interrupt::Stopped),
                 };
@@ -264,7 +264,9 @@ impl Round<'_> {
                 .await?;
             match reservation {
                 ActionReservation::Reserved(row) => {
-                    let result = self.run_reserved(toolbox, spec, arguments, &row).await?;
+                    let result = self
+                        .run_reserved(batch, toolbox, spec, arguments, &row)
+                        .await?;
                     return Ok(Answer::Result(result));
                 }
                 ActionReservation::Done(row) => {
@@ -327,6 +329,7 @@ impl Round<'_> {
     /// even if the lease was lost meanwhile).
     pub(super) async fn run_reserved(
         &self,
+        batch: &Batch,
         toolbox: &dyn Toolbox,
         spec: &ToolSpec,
         arguments: serde_json::Map<String, serde_json::Value>,
@@ -340,7 +343,7 @@ impl Round<'_> {
         });
         let started = Instant::now();
         let output = tokio::select! {
-            output = toolbox.call(&spec.name, arguments, Some(&row.key.0)) => output,
+            output = self.calling(batch, toolbox, spec, arguments, Some(&row.key.0)) => output,
             // Only the hard stop leaves a running call: its reservation expires into
             // "outcome unknown".
             () = self.stop.cancelled() => return Err(Interrupt::Stopped),
@@ -358,6 +361,23 @@ impl Round<'_> {
             return Err(Interrupt::LeaseLost);
         }
         Ok(result_text(&output.text, output.is_error))
+    }
+
+    /// Run one call, the draft (where the platform has drafts) saying which tool
+    /// runs; never committed, the reply replaces it.
+    async fn calling(
+        &self,
+        batch: &Batch,
+        toolbox: &dyn Toolbox,
+        spec: &ToolSpec,
+        arguments: serde_json::Map<String, serde_json::Value>,
+        key: Option<&str>,
+    ) -> crate::tools::ToolOutput {
+        self.showing(batch, |partial| async move {
+            partial.push(&texts::tool_running_draft(&spec.name));
+            toolbox.call(&spec.name, arguments, key).await
+        })
+        .await
     }
 
     /// Record a call's result, retried until it lands (a finished action is a fact;

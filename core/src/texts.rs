@@ -23,9 +23,14 @@ pub const HELP_TEXT: &str = "Hi, I'm lull, an AI assistant. Write to me as you w
 if you send several messages in a row, I wait until you pause and answer them together, once.\n\
 \n\
 Commands:\n\
-/reset: forget our conversation so far and start fresh (in a group: admins only)\n\
+/new (or /reset): forget our conversation so far and start fresh (in a group: admins only)\n\
 /usage: how much you have used today, and your limit\n\
 /help: show this message";
+
+/// What an unknown `/command` gets: the help, never the model.
+pub fn unknown_command_text(word: &str) -> String {
+    format!("I don't know the command {word}.\n\n{HELP_TEXT}")
+}
 
 /// What `/reset` answers.
 pub const RESET_TEXT: &str = "Done: I've forgotten our conversation so far. What's next?";

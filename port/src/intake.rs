@@ -120,23 +120,40 @@ pub enum Command {
     Allow,
     /// `/deny <platform:user_id>` or `/deny chat [platform:chat_id]` (admins).
     Deny,
+    /// `/new`: the same as `/reset` (the name users of other bots know).
+    New,
+    /// Any other `/word`: answered with the help, never sent to the model. Not
+    /// `/approve` and `/cancel`: those answer a question about a tool call and are
+    /// stored as messages, so a round decides them under the conversation's lease.
+    Unknown,
 }
 
 impl Command {
     /// Parse a message text as a command. Adapters strip platform decorations first
     /// (Telegram's `/cmd@botname`, a leading mention); anything after the command
     /// word is ignored.
+    ///
+    /// A command word is `/` and a name of ASCII letters, digits and `_` (optionally
+    /// `@botname`); anything else (`/usr/bin`, `/ shrug`) is a message.
     pub fn parse(text: &str) -> Option<Command> {
         let word = text.split_whitespace().next()?;
         let name = word.strip_prefix('/')?;
+        let name = name.split_once('@').map_or(name, |(name, _)| name);
+        let is_name = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !is_name {
+            return None;
+        }
         match name.to_ascii_lowercase().as_str() {
             "start" => Some(Command::Start),
             "help" => Some(Command::Help),
             "reset" => Some(Command::Reset),
+            "new" => Some(Command::New),
             "usage" => Some(Command::Usage),
             "allow" => Some(Command::Allow),
             "deny" => Some(Command::Deny),
-            _ => None,
+            "approve" | "cancel" => None,
+            _ => Some(Command::Unknown),
         }
     }
 
@@ -148,6 +165,8 @@ impl Command {
             Command::Usage => "usage",
             Command::Allow => "allow",
             Command::Deny => "deny",
+            Command::New => "new",
+            Command::Unknown => "unknown",
         }
     }
 }
@@ -185,7 +204,17 @@ mod tests {
         assert_eq!(Command::parse("/usage"), Some(Command::Usage));
         assert_eq!(Command::parse("/allow telegram:1"), Some(Command::Allow));
         assert_eq!(Command::parse("/deny chat"), Some(Command::Deny));
-        assert_eq!(Command::parse("/unknown"), None);
+        assert_eq!(Command::parse("/unknown"), Some(Command::Unknown));
+        assert_eq!(Command::parse("/model gpt"), Some(Command::Unknown));
+        assert_eq!(Command::parse("/new"), Some(Command::New));
+        assert_eq!(Command::parse("/help@lull_bot"), Some(Command::Help));
+        // Answers to a tool's approval question are messages, decided by a round.
+        assert_eq!(Command::parse("/approve 3"), None);
+        assert_eq!(Command::parse("/cancel 3"), None);
+        // Not command words: a path, a lone slash, an emoticon.
+        assert_eq!(Command::parse("/usr/bin is a folder"), None);
+        assert_eq!(Command::parse("/ shrug"), None);
+        assert_eq!(Command::parse("/_/"), None);
         assert_eq!(Command::parse("help"), None);
         assert_eq!(Command::parse(""), None);
         assert_eq!(Command::parse("what does /help do?"), None);

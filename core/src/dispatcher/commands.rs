@@ -25,9 +25,14 @@ pub(super) async fn answer(
     let args: Vec<&str> = text.split_whitespace().skip(1).collect();
     let text = match command {
         Command::Start | Command::Help => texts::HELP_TEXT.to_owned(),
+        Command::Unknown => {
+            texts::unknown_command_text(text.split_whitespace().next().unwrap_or(""))
+        }
         // In a group only an admin resets; anyone resets their private chat.
-        Command::Reset if incoming.is_group && !admin => texts::admins_only("reset"),
-        Command::Reset => {
+        Command::Reset | Command::New if incoming.is_group && !admin => {
+            texts::admins_only(command.name())
+        }
+        Command::Reset | Command::New => {
             dispatcher
                 .store
                 .reset_context(

@@ -3,16 +3,20 @@
 //! commit, a notice and a give-up hand back, the rate hold's and the budget's
 //! verdicts, which due conversations are ready and when to look again, how history
 //! rows group into exchanges, what an access-decision row means, the order budget
-//! rows are locked in, and the media codec. The conformance suite pins each through
-//! both backends.
+//! rows are locked in, the media codec, and what reserving an action and deciding an
+//! approval write given the journal row they found. The conformance suite pins each
+//! through both backends.
 
 use lull_port::{Media, MediaKind};
 
 use super::{
-    AccessRule, Charged, Exchange, HeldOut, OutboxKind, OutboxRow, ScopeCharge, StoreError, Subject,
+    AccessRule, ActionReservation, ActionRow, ActionState, Charged, Decision, Exchange, HeldOut,
+    NewAction, OutboxKind, OutboxRow, ScopeCharge, StoreError, Subject,
 };
 use crate::access::SubjectKind;
-use crate::domain::{ConversationId, ConversationRef, Lease, OutboxId, Said, Timestamp, Version};
+use crate::domain::{
+    ConversationId, ConversationRef, Lease, LeaseToken, OutboxId, Said, Timestamp, Version,
+};
 use crate::timing::TimerPolicy;
 
 /// The conversation a conversation's lease is on. A poller lease is never used for
@@ -271,6 +275,154 @@ pub(crate) fn sorted_scopes(scopes: &[ScopeCharge]) -> Vec<ScopeCharge> {
         }
     }
     sorted
+}
+
+/// What a journal row is set to (a new row, or a move of one found): its state, the
+/// token of the reservation it records (0 for an approval not yet run), its expiry, on
+/// the caller's timeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ActionWrite {
+    pub(crate) state: ActionState,
+    pub(crate) token: LeaseToken,
+    pub(crate) expires_at: Timestamp,
+}
+
+/// What a journal call does once it has read the row it decides on, written once for
+/// both backends ([`reserve_step`], [`decide_step`]): answer from the row as it stands,
+/// or write a row and answer from the row written (`answer` turns it into the reply).
+/// A backend only runs the one statement the step names, in the same transaction.
+#[derive(Debug)]
+pub(crate) enum ActionStep<A> {
+    /// Nothing to write.
+    Answer(A),
+    /// Store `action` as a new row of the lease's conversation, set to `write`.
+    Insert {
+        action: NewAction,
+        write: ActionWrite,
+        answer: fn(ActionRow) -> A,
+    },
+    /// Move the row `id` to `write` (a move the module docs of `contract::actions`
+    /// allow: nothing else is ever written to a journal row).
+    Update {
+        id: i64,
+        write: ActionWrite,
+        answer: fn(ActionRow) -> A,
+    },
+}
+
+/// What reserving `action` for the lease with `token` does, in the transaction that
+/// fenced the lease and read the conversation's `version` and the row with the
+/// action's key (`found`), at `now` (the timeline `found`'s times are on):
+/// - the conversation moved past `v0`: stale, nothing written;
+/// - no row: a new one, `reserved` by `token` until `action.expires_at`, or `awaiting`
+///   (token 0, until the question expires) when it needs approval;
+/// - `done`: its result; `unknown`, `refused`: so told; `reserved` by `token`: the same
+///   round asking again, reserved still;
+/// - `reserved` by another token: in flight until its expiry; after it, abandoned:
+///   reserved again for `token` when the tool is idempotent, else stored `unknown`;
+/// - `awaiting`: still awaiting until it expires, then stored `refused`;
+/// - `approved`: reserved for `token` (the approved call runs once, in this round).
+pub(crate) fn reserve_step(
+    version: i64,
+    v0: Version,
+    found: Option<ActionRow>,
+    action: NewAction,
+    token: LeaseToken,
+    now: Timestamp,
+) -> ActionStep<ActionReservation> {
+    use ActionReservation as R;
+    // Never act on an old picture: the final check, in front of the side effect.
+    if version != v0.0 {
+        return ActionStep::Answer(R::Stale {
+            version: Version(version),
+        });
+    }
+    let reserve = ActionWrite {
+        state: ActionState::Reserved,
+        token,
+        expires_at: action.expires_at,
+    };
+    let Some(row) = found else {
+        if action.needs_approval {
+            let write = ActionWrite {
+                state: ActionState::Awaiting,
+                token: LeaseToken(0),
+                ..reserve
+            };
+            return ActionStep::Insert {
+                action,
+                write,
+                answer: |row| R::Awaiting {
+                    row,
+                    asked_now: true,
+                },
+            };
+        }
+        return ActionStep::Insert {
+            action,
+            write: reserve,
+            answer: R::Reserved,
+        };
+    };
+    let (id, live) = (row.id, row.expires_at > now);
+    let mark = |state| ActionWrite {
+        state,
+        token: row.token,
+        expires_at: row.expires_at,
+    };
+    let update = |write, answer| ActionStep::Update { id, write, answer };
+    match row.state {
+        ActionState::Done => ActionStep::Answer(R::Done(row)),
+        ActionState::Reserved if row.token == token => ActionStep::Answer(R::Reserved(row)),
+        ActionState::Reserved if live => ActionStep::Answer(R::InFlight {
+            until: row.expires_at,
+        }),
+        // Abandoned: its holder died mid-call (or lost its lease). Unknown is told, not
+        // guessed, unless running it twice does what running it once does.
+        ActionState::Reserved if action.idempotent => update(reserve, R::Reserved),
+        ActionState::Reserved => update(mark(ActionState::Unknown), R::Unknown),
+        ActionState::Unknown => ActionStep::Answer(R::Unknown(row)),
+        ActionState::Awaiting if live => ActionStep::Answer(R::Awaiting {
+            row,
+            asked_now: false,
+        }),
+        ActionState::Awaiting => update(mark(ActionState::Refused), R::Refused),
+        ActionState::Approved => update(reserve, R::Reserved),
+        ActionState::Refused => ActionStep::Answer(R::Refused(row)),
+    }
+}
+
+/// What answering the approval `found` (the row of that id in the conversation, read
+/// in the deciding transaction and locked or written there alone) does at `now`: only
+/// an `awaiting` row moves, once: to `approved` (or `refused`) while its question is
+/// open, to `refused` (told [`Decision::Expired`]) once it has expired.
+pub(crate) fn decide_step(
+    found: Option<ActionRow>,
+    approve: bool,
+    now: Timestamp,
+) -> ActionStep<Decision> {
+    let Some(row) = found else {
+        return ActionStep::Answer(Decision::NotFound);
+    };
+    if row.state != ActionState::Awaiting {
+        return ActionStep::Answer(Decision::AlreadyDecided(row));
+    }
+    let (state, answer): (_, fn(ActionRow) -> Decision) = if row.expires_at <= now {
+        (ActionState::Refused, Decision::Expired)
+    } else if approve {
+        (ActionState::Approved, Decision::Decided)
+    } else {
+        (ActionState::Refused, Decision::Decided)
+    };
+    ActionStep::Update {
+        id: row.id,
+        write: ActionWrite {
+            state,
+            token: row.token,
+            expires_at: row.expires_at,
+        },
+        answer,
+    }
 }
 
 /// A message's text as prompts and history show it: `[voice message]: <transcript>`

@@ -550,4 +550,162 @@ mod tests {
         // A negative total (never stored, but read defensively) counts as nothing used.
         assert!(over_budget(&scope(100, Some(100)), -5).is_none());
     }
+
+    fn journal_row(state: ActionState, token: i64, expires_at: i64) -> ActionRow {
+        ActionRow {
+            id: 5,
+            key: crate::store::ActionKey("act_k".into()),
+            conversation_id: ConversationId(1),
+            batch: 1,
+            tool: "t__x".into(),
+            arguments: "{}".into(),
+            state,
+            result: None,
+            is_error: false,
+            token: LeaseToken(token),
+            expires_at: Timestamp(expires_at),
+            requested_by: None,
+            created_at: Timestamp(0),
+        }
+    }
+
+    fn asked_for(idempotent: bool, needs_approval: bool) -> NewAction {
+        NewAction {
+            key: crate::store::ActionKey("act_k".into()),
+            batch: 1,
+            tool: "t__x".into(),
+            arguments: "{}".into(),
+            idempotent,
+            needs_approval,
+            requested_by: None,
+            expires_at: Timestamp(9_000),
+        }
+    }
+
+    /// The write a step names and the answer it gives from `row` written so.
+    fn written<A>(step: ActionStep<A>) -> (ActionWrite, A) {
+        match step {
+            ActionStep::Insert { write, answer, .. } | ActionStep::Update { write, answer, .. } => {
+                let row = journal_row(write.state, write.token.0, write.expires_at.0);
+                (write, answer(row))
+            }
+            ActionStep::Answer(_) => panic!("nothing written"),
+        }
+    }
+
+    #[test]
+    fn a_reservation_writes_only_the_moves_the_journal_allows() {
+        use ActionReservation as R;
+        use ActionState as S;
+        let (ours, now) = (LeaseToken(3), Timestamp(1_000));
+        let step = |found, idempotent, approval| {
+            reserve_step(
+                7,
+                Version(7),
+                found,
+                asked_for(idempotent, approval),
+                ours,
+                now,
+            )
+        };
+        assert!(matches!(
+            reserve_step(8, Version(7), None, asked_for(false, false), ours, now),
+            ActionStep::Answer(R::Stale {
+                version: Version(8)
+            })
+        ));
+        let (write, answer) = written(step(None, false, false));
+        assert_eq!(
+            (write.state, write.token, write.expires_at),
+            (S::Reserved, ours, Timestamp(9_000))
+        );
+        assert!(matches!(answer, R::Reserved(_)));
+        let (write, answer) = written(step(None, false, true));
+        assert_eq!((write.state, write.token), (S::Awaiting, LeaseToken(0)));
+        assert!(matches!(
+            answer,
+            R::Awaiting {
+                asked_now: true,
+                ..
+            }
+        ));
+        // Another round's live reservation, then its expiry (at `now`: expired).
+        assert!(matches!(
+            step(Some(journal_row(S::Reserved, 2, 1_001)), false, false),
+            ActionStep::Answer(R::InFlight {
+                until: Timestamp(1_001)
+            })
+        ));
+        let (write, answer) = written(step(Some(journal_row(S::Reserved, 2, 1_000)), false, false));
+        assert_eq!(
+            (write.state, write.token, write.expires_at),
+            (S::Unknown, LeaseToken(2), Timestamp(1_000))
+        );
+        assert!(matches!(answer, R::Unknown(_)));
+        let (write, answer) = written(step(Some(journal_row(S::Reserved, 2, 1_000)), true, false));
+        assert_eq!(
+            (write.state, write.token, write.expires_at),
+            (S::Reserved, ours, Timestamp(9_000))
+        );
+        assert!(matches!(answer, R::Reserved(_)));
+        assert!(matches!(
+            step(Some(journal_row(S::Reserved, 3, 0)), false, false),
+            ActionStep::Answer(R::Reserved(_))
+        ));
+        // Questions: open, expired, approved.
+        assert!(matches!(
+            step(Some(journal_row(S::Awaiting, 0, 1_001)), false, true),
+            ActionStep::Answer(R::Awaiting {
+                asked_now: false,
+                ..
+            })
+        ));
+        let (write, answer) = written(step(Some(journal_row(S::Awaiting, 0, 1_000)), false, true));
+        assert_eq!(write.state, S::Refused);
+        assert!(matches!(answer, R::Refused(_)));
+        let (write, answer) = written(step(Some(journal_row(S::Approved, 0, 5_000)), false, true));
+        assert_eq!((write.state, write.token), (S::Reserved, ours));
+        assert!(matches!(answer, R::Reserved(_)));
+        // Facts stay, told as they are.
+        for state in [S::Done, S::Unknown, S::Refused] {
+            let row = journal_row(state, 2, 0);
+            let ActionStep::Answer(answer) = step(Some(row.clone()), true, false) else {
+                panic!("{state:?} is a fact: nothing written");
+            };
+            let told = match state {
+                S::Done => R::Done(row),
+                S::Unknown => R::Unknown(row),
+                _ => R::Refused(row),
+            };
+            assert_eq!(answer, told);
+        }
+    }
+
+    #[test]
+    fn an_approval_is_decided_only_while_its_question_is_open() {
+        let now = Timestamp(1_000);
+        assert!(matches!(
+            decide_step(None, true, now),
+            ActionStep::Answer(Decision::NotFound)
+        ));
+        let open = || Some(journal_row(ActionState::Awaiting, 0, 1_001));
+        let (write, answer) = written(decide_step(open(), true, now));
+        assert_eq!(write.state, ActionState::Approved);
+        assert!(matches!(answer, Decision::Decided(_)));
+        let (write, answer) = written(decide_step(open(), false, now));
+        assert_eq!(write.state, ActionState::Refused);
+        assert!(matches!(answer, Decision::Decided(_)));
+        let expired = Some(journal_row(ActionState::Awaiting, 0, 1_000));
+        let (write, answer) = written(decide_step(expired, true, now));
+        assert_eq!(write.state, ActionState::Refused);
+        assert!(matches!(answer, Decision::Expired(_)));
+        assert!(matches!(
+            decide_step(
+                Some(journal_row(ActionState::Approved, 0, 1_001)),
+                false,
+                now
+            ),
+            ActionStep::Answer(Decision::AlreadyDecided(_))
+        ));
+    }
 }

@@ -74,9 +74,10 @@ impl ActionStore for PostgresStore {
                 concat!(
                     "SELECT ",
                     action_columns!(),
-                    " FROM actions WHERE key = $1 FOR UPDATE"
+                    // The conversation's own (a key of another's is refused at insert).
+                    " FROM actions WHERE key = $1 AND conversation_id = $2 FOR UPDATE"
                 ),
-                &[&action.key.0],
+                &[&action.key.0, &conversation.0],
                 "reading an action",
             )
             .await?

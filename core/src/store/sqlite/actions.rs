@@ -54,10 +54,12 @@ impl ActionStore for SqliteStore {
                 .prepare_cached(concat!(
                     "SELECT ",
                     action_columns!(),
-                    " FROM actions WHERE key = ?1"
+                    // The conversation's own: a key of another's is never read here
+                    // (its insert is refused by the key's uniqueness instead).
+                    " FROM actions WHERE key = ?1 AND conversation_id = ?2"
                 ))
                 .ctx("preparing a statement")?
-                .query_row([&action.key.0], action_row)
+                .query_row(params![action.key.0, conversation.0], action_row)
                 .optional()
                 .ctx("reading an action")?
                 .transpose()?;

@@ -554,3 +554,98 @@ async fn postgres_due_work_and_the_gauge_scan_no_table() {
         "sequential scans: {sequential:?} of {rows:?}"
     );
 }
+
+/// The journal on the database's clock: a caller an hour behind it reserves a question
+/// for a minute on its own timeline; the database keeps it open that minute (not an
+/// hour less), every caller is handed its expiry on its own timeline, and once the
+/// database's clock passes it, it is expired for every caller however skewed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_action_expiries_are_translated_between_timelines() {
+    use std::time::Duration;
+
+    use lull_core::clock::{Clock, SystemClock};
+    use lull_core::domain::{HolderId, Timestamp};
+    use lull_core::store::{
+        ActionKey, ActionReservation, Decision, IngestOutcome, NewAction, prelude::*,
+    };
+
+    let Some(url) = crate::support::postgres::fresh_database() else {
+        return;
+    };
+    let store = open_on_database_clock(&url).await;
+    let hour = 3_600_000;
+    let behind = || Timestamp(SystemClock.now().0 - hour);
+    let ahead = || Timestamp(SystemClock.now().0 + hour);
+    let holder = HolderId::new("a");
+    let IngestOutcome::Stored { conversation, .. } = store
+        .ingest(message("m1"), &holder, behind())
+        .await
+        .unwrap()
+    else {
+        panic!("stored");
+    };
+    let claimed = store
+        .claim_round(conversation, &holder, Duration::from_secs(30), 5, behind())
+        .await
+        .unwrap()
+        .expect("the round is free");
+    let batch = claimed.batch;
+    let ask = |tool: &str, expires_at: Timestamp| NewAction {
+        key: ActionKey::of(conversation, batch.pending[0].row, tool, "{}"),
+        batch: batch.pending[0].row,
+        tool: tool.into(),
+        arguments: "{}".into(),
+        idempotent: false,
+        needs_approval: true,
+        requested_by: None,
+        expires_at,
+    };
+    let now = behind();
+    let minute = Timestamp(now.0 + 60_000);
+    let ActionReservation::Awaiting { row, .. } = store
+        .reserve_action(&claimed.lease, batch.v0, ask("t__minute", minute), now)
+        .await
+        .unwrap()
+    else {
+        panic!("awaiting");
+    };
+    assert_eq!(
+        row.expires_at, minute,
+        "handed back on the caller's timeline"
+    );
+    assert!((row.created_at.0 - now.0).abs() < 2_000, "{row:?}");
+    let seen_ahead = store.open_approvals(conversation, ahead()).await.unwrap();
+    assert_eq!(
+        seen_ahead.len(),
+        1,
+        "open for a minute of the database's clock"
+    );
+    assert!(
+        (seen_ahead[0].expires_at.0 - (minute.0 + 2 * hour)).abs() < 2_000,
+        "on the reader's timeline: {seen_ahead:?}"
+    );
+    // A short question: expired once the database's clock passes it.
+    let now = behind();
+    let ActionReservation::Awaiting { row: brief, .. } = store
+        .reserve_action(
+            &claimed.lease,
+            batch.v0,
+            ask("t__brief", Timestamp(now.0 + 300)),
+            now,
+        )
+        .await
+        .unwrap()
+    else {
+        panic!("awaiting");
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let open = store.open_approvals(conversation, behind()).await.unwrap();
+    assert_eq!(open.iter().map(|r| r.id).collect::<Vec<_>>(), [row.id]);
+    assert!(matches!(
+        store
+            .decide_action(conversation, brief.id, true, behind())
+            .await
+            .unwrap(),
+        Decision::Expired(_)
+    ));
+}

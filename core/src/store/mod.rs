@@ -9,15 +9,16 @@
 //!
 //! - The contract is spelled once, by area, in `contract/` (one file per area, each
 //!   with its row types and its trait): [`MessageStore`], [`LeaseStore`],
-//!   [`RoundStore`], [`OutboxStore`], [`WorkStore`] and [`LimitStore`]; [`Store`] is
-//!   their sum. A backend is opened with the deployment's
+//!   [`RoundStore`], [`OutboxStore`], [`WorkStore`], [`LimitStore`] and
+//!   [`ActionStore`]; [`Store`] is their sum. A backend is opened with the deployment's
 //!   [`TimerPolicy`](crate::timing::TimerPolicy) and reports failures as a
 //!   backend-neutral [`StoreError`] (`error.rs`).
 //! - `rules`: each decision both backends make once their rows are read, written once
 //!   (the final check's verdict, the outbox rows of a reply, a notice and a give-up,
 //!   the rate hold's and the budget's verdicts, due-work folding, history grouping,
-//!   access rows, the order budget rows are locked in, the media codec). A backend
-//!   holds the SQL and its bindings.
+//!   access rows, the order budget rows are locked in, the media codec, what a
+//!   reservation of an action and an approval's answer write). A backend holds the SQL
+//!   and its bindings.
 //! - `conformance` (feature `conformance`): the contract as one test body every
 //!   backend runs, split by the same areas.
 //! - `FaultPlan` (feature `test-switches`): faults a test injects into a real backend.
@@ -38,6 +39,15 @@
 //! decides ([`TimeSource::Database`]): the caller's `now` only moves the times it
 //! passes in and gets back between its timeline and the database's. Tests that drive
 //! time themselves (the conformance checks) open it with [`TimeSource::Caller`].
+
+/// The journal's columns an `ActionRow` is read from, in the order both backends'
+/// `action_row` reads them (a macro, so statements are `concat!`ed at compile time).
+macro_rules! action_columns {
+    () => {
+        "id, key, conversation_id, batch, tool, arguments, state, result, is_error, token, \
+         expires_at, requested_by, created_at"
+    };
+}
 
 pub mod backup;
 mod condition;
@@ -67,7 +77,7 @@ pub const POSTGRES_SCHEMA: i64 = postgres::schema::LATEST;
 pub use rules::{decode_media, encode_media, said_text};
 pub use sqlite::{Inspection, SqliteStore};
 
-/// The shared state lull runs on: the sum of the six areas, so the dispatcher holds one
+/// The shared state lull runs on: the sum of the seven areas, so the dispatcher holds one
 /// `Arc<dyn Store>` and calls every method on it. A backend implements each area
 /// (`sqlite/<area>.rs`, `postgres/<area>.rs`) and is a `Store` by the blanket impl.
 /// See the module docs for the rules every method keeps.
@@ -81,7 +91,7 @@ impl<T> Store for T where
 {
 }
 
-/// The six area traits, imported unnamed: `use lull_core::store::prelude::*` makes every
+/// The seven area traits, imported unnamed: `use lull_core::store::prelude::*` makes every
 /// store method callable on a concrete backend (`SqliteStore`, `PostgresStore`), as
 /// `Store` alone does on `dyn Store`.
 pub mod prelude {

@@ -3,16 +3,20 @@
 //! commit, a notice and a give-up hand back, the rate hold's and the budget's
 //! verdicts, which due conversations are ready and when to look again, how history
 //! rows group into exchanges, what an access-decision row means, the order budget
-//! rows are locked in, and the media codec. The conformance suite pins each through
-//! both backends.
+//! rows are locked in, the media codec, and what reserving an action and deciding an
+//! approval write given the journal row they found. The conformance suite pins each
+//! through both backends.
 
 use lull_port::{Media, MediaKind};
 
 use super::{
-    AccessRule, Charged, Exchange, HeldOut, OutboxKind, OutboxRow, ScopeCharge, StoreError, Subject,
+    AccessRule, ActionReservation, ActionRow, ActionState, Charged, Decision, Exchange, HeldOut,
+    NewAction, OutboxKind, OutboxRow, ScopeCharge, StoreError, Subject,
 };
 use crate::access::SubjectKind;
-use crate::domain::{ConversationId, ConversationRef, Lease, OutboxId, Said, Timestamp, Version};
+use crate::domain::{
+    ConversationId, ConversationRef, Lease, LeaseToken, OutboxId, Said, Timestamp, Version,
+};
 use crate::timing::TimerPolicy;
 
 /// The conversation a conversation's lease is on. A poller lease is never used for
@@ -273,6 +277,154 @@ pub(crate) fn sorted_scopes(scopes: &[ScopeCharge]) -> Vec<ScopeCharge> {
     sorted
 }
 
+/// What a journal row is set to (a new row, or a move of one found): its state, the
+/// token of the reservation it records (0 for an approval not yet run), its expiry, on
+/// the caller's timeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ActionWrite {
+    pub(crate) state: ActionState,
+    pub(crate) token: LeaseToken,
+    pub(crate) expires_at: Timestamp,
+}
+
+/// What a journal call does once it has read the row it decides on, written once for
+/// both backends ([`reserve_step`], [`decide_step`]): answer from the row as it stands,
+/// or write a row and answer from the row written (`answer` turns it into the reply).
+/// A backend only runs the one statement the step names, in the same transaction.
+#[derive(Debug)]
+pub(crate) enum ActionStep<A> {
+    /// Nothing to write.
+    Answer(A),
+    /// Store `action` as a new row of the lease's conversation, set to `write`.
+    Insert {
+        action: NewAction,
+        write: ActionWrite,
+        answer: fn(ActionRow) -> A,
+    },
+    /// Move the row `id` to `write` (a move the module docs of `contract::actions`
+    /// allow: nothing else is ever written to a journal row).
+    Update {
+        id: i64,
+        write: ActionWrite,
+        answer: fn(ActionRow) -> A,
+    },
+}
+
+/// What reserving `action` for the lease with `token` does, in the transaction that
+/// fenced the lease and read the conversation's `version` and the row with the
+/// action's key (`found`), at `now` (the timeline `found`'s times are on):
+/// - the conversation moved past `v0`: stale, nothing written;
+/// - no row: a new one, `reserved` by `token` until `action.expires_at`, or `awaiting`
+///   (token 0, until the question expires) when it needs approval;
+/// - `done`: its result; `unknown`, `refused`: so told; `reserved` by `token`: the same
+///   round asking again, reserved still;
+/// - `reserved` by another token: in flight until its expiry; after it, abandoned:
+///   reserved again for `token` when the tool is idempotent, else stored `unknown`;
+/// - `awaiting`: still awaiting until it expires, then stored `refused`;
+/// - `approved`: reserved for `token` (the approved call runs once, in this round).
+pub(crate) fn reserve_step(
+    version: i64,
+    v0: Version,
+    found: Option<ActionRow>,
+    action: NewAction,
+    token: LeaseToken,
+    now: Timestamp,
+) -> ActionStep<ActionReservation> {
+    use ActionReservation as R;
+    // Never act on an old picture: the final check, in front of the side effect.
+    if version != v0.0 {
+        return ActionStep::Answer(R::Stale {
+            version: Version(version),
+        });
+    }
+    let reserve = ActionWrite {
+        state: ActionState::Reserved,
+        token,
+        expires_at: action.expires_at,
+    };
+    let Some(row) = found else {
+        if action.needs_approval {
+            let write = ActionWrite {
+                state: ActionState::Awaiting,
+                token: LeaseToken(0),
+                ..reserve
+            };
+            return ActionStep::Insert {
+                action,
+                write,
+                answer: |row| R::Awaiting {
+                    row,
+                    asked_now: true,
+                },
+            };
+        }
+        return ActionStep::Insert {
+            action,
+            write: reserve,
+            answer: R::Reserved,
+        };
+    };
+    let (id, live) = (row.id, row.expires_at > now);
+    let mark = |state| ActionWrite {
+        state,
+        token: row.token,
+        expires_at: row.expires_at,
+    };
+    let update = |write, answer| ActionStep::Update { id, write, answer };
+    match row.state {
+        ActionState::Done => ActionStep::Answer(R::Done(row)),
+        ActionState::Reserved if row.token == token => ActionStep::Answer(R::Reserved(row)),
+        ActionState::Reserved if live => ActionStep::Answer(R::InFlight {
+            until: row.expires_at,
+        }),
+        // Abandoned: its holder died mid-call (or lost its lease). Unknown is told, not
+        // guessed, unless running it twice does what running it once does.
+        ActionState::Reserved if action.idempotent => update(reserve, R::Reserved),
+        ActionState::Reserved => update(mark(ActionState::Unknown), R::Unknown),
+        ActionState::Unknown => ActionStep::Answer(R::Unknown(row)),
+        ActionState::Awaiting if live => ActionStep::Answer(R::Awaiting {
+            row,
+            asked_now: false,
+        }),
+        ActionState::Awaiting => update(mark(ActionState::Refused), R::Refused),
+        ActionState::Approved => update(reserve, R::Reserved),
+        ActionState::Refused => ActionStep::Answer(R::Refused(row)),
+    }
+}
+
+/// What answering the approval `found` (the row of that id in the conversation, read
+/// in the deciding transaction and locked or written there alone) does at `now`: only
+/// an `awaiting` row moves, once: to `approved` (or `refused`) while its question is
+/// open, to `refused` (told [`Decision::Expired`]) once it has expired.
+pub(crate) fn decide_step(
+    found: Option<ActionRow>,
+    approve: bool,
+    now: Timestamp,
+) -> ActionStep<Decision> {
+    let Some(row) = found else {
+        return ActionStep::Answer(Decision::NotFound);
+    };
+    if row.state != ActionState::Awaiting {
+        return ActionStep::Answer(Decision::AlreadyDecided(row));
+    }
+    let (state, answer): (_, fn(ActionRow) -> Decision) = if row.expires_at <= now {
+        (ActionState::Refused, Decision::Expired)
+    } else if approve {
+        (ActionState::Approved, Decision::Decided)
+    } else {
+        (ActionState::Refused, Decision::Decided)
+    };
+    ActionStep::Update {
+        id: row.id,
+        write: ActionWrite {
+            state,
+            token: row.token,
+            expires_at: row.expires_at,
+        },
+        answer,
+    }
+}
+
 /// A message's text as prompts and history show it: `[voice message]: <transcript>`
 /// once transcribed, else the stored text.
 pub fn said_text(text: &str, transcript: Option<&str>) -> String {
@@ -397,5 +549,163 @@ mod tests {
         assert!(budgeted(&scope(1, Some(100))));
         // A negative total (never stored, but read defensively) counts as nothing used.
         assert!(over_budget(&scope(100, Some(100)), -5).is_none());
+    }
+
+    fn journal_row(state: ActionState, token: i64, expires_at: i64) -> ActionRow {
+        ActionRow {
+            id: 5,
+            key: crate::store::ActionKey("act_k".into()),
+            conversation_id: ConversationId(1),
+            batch: 1,
+            tool: "t__x".into(),
+            arguments: "{}".into(),
+            state,
+            result: None,
+            is_error: false,
+            token: LeaseToken(token),
+            expires_at: Timestamp(expires_at),
+            requested_by: None,
+            created_at: Timestamp(0),
+        }
+    }
+
+    fn asked_for(idempotent: bool, needs_approval: bool) -> NewAction {
+        NewAction {
+            key: crate::store::ActionKey("act_k".into()),
+            batch: 1,
+            tool: "t__x".into(),
+            arguments: "{}".into(),
+            idempotent,
+            needs_approval,
+            requested_by: None,
+            expires_at: Timestamp(9_000),
+        }
+    }
+
+    /// The write a step names and the answer it gives from `row` written so.
+    fn written<A>(step: ActionStep<A>) -> (ActionWrite, A) {
+        match step {
+            ActionStep::Insert { write, answer, .. } | ActionStep::Update { write, answer, .. } => {
+                let row = journal_row(write.state, write.token.0, write.expires_at.0);
+                (write, answer(row))
+            }
+            ActionStep::Answer(_) => panic!("nothing written"),
+        }
+    }
+
+    #[test]
+    fn a_reservation_writes_only_the_moves_the_journal_allows() {
+        use ActionReservation as R;
+        use ActionState as S;
+        let (ours, now) = (LeaseToken(3), Timestamp(1_000));
+        let step = |found, idempotent, approval| {
+            reserve_step(
+                7,
+                Version(7),
+                found,
+                asked_for(idempotent, approval),
+                ours,
+                now,
+            )
+        };
+        assert!(matches!(
+            reserve_step(8, Version(7), None, asked_for(false, false), ours, now),
+            ActionStep::Answer(R::Stale {
+                version: Version(8)
+            })
+        ));
+        let (write, answer) = written(step(None, false, false));
+        assert_eq!(
+            (write.state, write.token, write.expires_at),
+            (S::Reserved, ours, Timestamp(9_000))
+        );
+        assert!(matches!(answer, R::Reserved(_)));
+        let (write, answer) = written(step(None, false, true));
+        assert_eq!((write.state, write.token), (S::Awaiting, LeaseToken(0)));
+        assert!(matches!(
+            answer,
+            R::Awaiting {
+                asked_now: true,
+                ..
+            }
+        ));
+        // Another round's live reservation, then its expiry (at `now`: expired).
+        assert!(matches!(
+            step(Some(journal_row(S::Reserved, 2, 1_001)), false, false),
+            ActionStep::Answer(R::InFlight {
+                until: Timestamp(1_001)
+            })
+        ));
+        let (write, answer) = written(step(Some(journal_row(S::Reserved, 2, 1_000)), false, false));
+        assert_eq!(
+            (write.state, write.token, write.expires_at),
+            (S::Unknown, LeaseToken(2), Timestamp(1_000))
+        );
+        assert!(matches!(answer, R::Unknown(_)));
+        let (write, answer) = written(step(Some(journal_row(S::Reserved, 2, 1_000)), true, false));
+        assert_eq!(
+            (write.state, write.token, write.expires_at),
+            (S::Reserved, ours, Timestamp(9_000))
+        );
+        assert!(matches!(answer, R::Reserved(_)));
+        assert!(matches!(
+            step(Some(journal_row(S::Reserved, 3, 0)), false, false),
+            ActionStep::Answer(R::Reserved(_))
+        ));
+        // Questions: open, expired, approved.
+        assert!(matches!(
+            step(Some(journal_row(S::Awaiting, 0, 1_001)), false, true),
+            ActionStep::Answer(R::Awaiting {
+                asked_now: false,
+                ..
+            })
+        ));
+        let (write, answer) = written(step(Some(journal_row(S::Awaiting, 0, 1_000)), false, true));
+        assert_eq!(write.state, S::Refused);
+        assert!(matches!(answer, R::Refused(_)));
+        let (write, answer) = written(step(Some(journal_row(S::Approved, 0, 5_000)), false, true));
+        assert_eq!((write.state, write.token), (S::Reserved, ours));
+        assert!(matches!(answer, R::Reserved(_)));
+        // Facts stay, told as they are.
+        for state in [S::Done, S::Unknown, S::Refused] {
+            let row = journal_row(state, 2, 0);
+            let ActionStep::Answer(answer) = step(Some(row.clone()), true, false) else {
+                panic!("{state:?} is a fact: nothing written");
+            };
+            let told = match state {
+                S::Done => R::Done(row),
+                S::Unknown => R::Unknown(row),
+                _ => R::Refused(row),
+            };
+            assert_eq!(answer, told);
+        }
+    }
+
+    #[test]
+    fn an_approval_is_decided_only_while_its_question_is_open() {
+        let now = Timestamp(1_000);
+        assert!(matches!(
+            decide_step(None, true, now),
+            ActionStep::Answer(Decision::NotFound)
+        ));
+        let open = || Some(journal_row(ActionState::Awaiting, 0, 1_001));
+        let (write, answer) = written(decide_step(open(), true, now));
+        assert_eq!(write.state, ActionState::Approved);
+        assert!(matches!(answer, Decision::Decided(_)));
+        let (write, answer) = written(decide_step(open(), false, now));
+        assert_eq!(write.state, ActionState::Refused);
+        assert!(matches!(answer, Decision::Decided(_)));
+        let expired = Some(journal_row(ActionState::Awaiting, 0, 1_000));
+        let (write, answer) = written(decide_step(expired, true, now));
+        assert_eq!(write.state, ActionState::Refused);
+        assert!(matches!(answer, Decision::Expired(_)));
+        assert!(matches!(
+            decide_step(
+                Some(journal_row(ActionState::Approved, 0, 1_001)),
+                false,
+                now
+            ),
+            ActionStep::Answer(Decision::AlreadyDecided(_))
+        ));
     }
 }

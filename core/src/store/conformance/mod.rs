@@ -13,6 +13,7 @@
 //! Time is an argument of every store call, so the checks use their own timeline
 //! ([`at`]) and never sleep. Exists only in builds with the `conformance` feature.
 
+mod actions;
 mod leases;
 mod limits;
 mod messages;
@@ -20,6 +21,7 @@ mod outbox;
 mod rounds;
 mod work;
 
+pub use actions::*;
 pub use leases::*;
 pub use limits::*;
 pub use messages::*;
@@ -91,6 +93,15 @@ macro_rules! store_conformance {
             held_out_messages_are_covered_by_their_notice_with_the_reply,
             a_stale_reply_stores_no_held_out_notice,
             an_access_decision_replaces_the_earlier_one,
+            a_reservation_is_stored_once_and_finished_once,
+            a_stale_or_unfenced_reservation_stores_nothing,
+            an_abandoned_reservation_is_in_flight_then_unknown,
+            an_abandoned_idempotent_reservation_is_reserved_again,
+            an_approval_is_asked_once_and_decided_once,
+            an_expired_approval_is_refused,
+            a_batch_lists_its_actions_and_open_approvals_only_open_ones,
+            concurrent_decisions_decide_once,
+            concurrent_reservations_of_one_key_store_one_row,
         );
     };
     (@each $open:path; $($check:ident),* $(,)?) => {
@@ -289,6 +300,7 @@ mod tests {
             include_str!("outbox.rs"),
             include_str!("work.rs"),
             include_str!("limits.rs"),
+            include_str!("actions.rs"),
         );
         let missing: Vec<&str> = checks
             .split("\npub async fn ")

@@ -80,7 +80,11 @@ pub fn canonical_json(value: &serde_json::Value) -> String {
     sorted(value).to_string()
 }
 
-/// Where an action stands ([module docs](self) list the moves).
+/// Where an action stands. The only moves: `reserved` → `done`
+/// ([`ActionStore::finish_action`]) or `unknown` (abandoned, found by a later round);
+/// `awaiting` → `approved` | `refused` ([`ActionStore::decide_action`], or `refused`
+/// when found expired); `approved` → `reserved` ([`ActionStore::reserve_action`]);
+/// `unknown` → `done` (a late result of the reserving token). Nothing else moves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ActionState {
     /// Reserved by a round's lease; the call may be running.
@@ -203,11 +207,12 @@ pub enum ActionReservation {
 pub enum Decision {
     /// Decided now (the row after the decision).
     Decided(ActionRow),
-    /// Decided before (a double tap, another replica): nothing changed.
+    /// Decided before (a double tap, another replica), or not an approval at all:
+    /// nothing changed (the row as it stands).
     AlreadyDecided(ActionRow),
-    /// The question expired before the answer (stored `refused`).
+    /// The question expired before the answer (stored `refused` now: the row after).
     Expired(ActionRow),
-    /// No such action awaiting in this conversation.
+    /// No action of that id in this conversation.
     NotFound,
 }
 
@@ -240,7 +245,11 @@ pub trait ActionStore: Send + Sync + 'static {
         now: Timestamp,
     ) -> Result<bool, StoreError>;
 
-    /// Every action of the batch starting at row `batch`, in the order stored.
+    /// Every action of the batch starting at row `batch`, in the order stored. Given no
+    /// `now`, its rows' times are as stored: the caller's timeline on SQLite and when
+    /// the caller drives time, the database's on PostgreSQL in production (the rows
+    /// are read for their states and results; deadlines come from
+    /// [`ActionStore::reserve_action`] and [`ActionStore::open_approvals`]).
     async fn actions_of_batch(
         &self,
         conversation: ConversationId,
@@ -266,4 +275,67 @@ pub trait ActionStore: Send + Sync + 'static {
         approve: bool,
         now: Timestamp,
     ) -> Result<Decision, StoreError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canonical_json_sorts_keys_at_every_depth_and_drops_spaces() {
+        let one: serde_json::Value = serde_json::from_str(
+            r#"{ "b": 1, "a": { "y": [ 2, { "d": 0, "c": 1 } ], "x": null } }"#,
+        )
+        .unwrap();
+        let other: serde_json::Value =
+            serde_json::from_str(r#"{"a":{"x":null,"y":[2,{"c":1,"d":0}]},"b":1}"#).unwrap();
+        assert_eq!(
+            canonical_json(&one),
+            r#"{"a":{"x":null,"y":[2,{"c":1,"d":0}]},"b":1}"#
+        );
+        assert_eq!(canonical_json(&one), canonical_json(&other));
+        // Arrays keep their order: it means something.
+        assert_ne!(
+            canonical_json(&serde_json::json!([1, 2])),
+            canonical_json(&serde_json::json!([2, 1]))
+        );
+    }
+
+    #[test]
+    fn an_action_key_is_stable_and_names_every_part() {
+        let args = canonical_json(&serde_json::json!({ "to": "ann", "body": "hi" }));
+        let key = ActionKey::of(ConversationId(7), 42, "mail__send", &args);
+        assert_eq!(
+            key,
+            ActionKey::of(ConversationId(7), 42, "mail__send", &args)
+        );
+        assert!(
+            key.0.starts_with("act_") && key.0.len() == 4 + 32,
+            "{key:?}"
+        );
+        assert!(key.0[4..].bytes().all(|b| b.is_ascii_hexdigit()));
+        // The same value written in another key order is the same call.
+        let reordered =
+            canonical_json(&serde_json::from_str(r#"{"body":"hi","to":"ann"}"#).unwrap());
+        assert_eq!(
+            key,
+            ActionKey::of(ConversationId(7), 42, "mail__send", &reordered)
+        );
+        for other in [
+            ActionKey::of(ConversationId(8), 42, "mail__send", &args),
+            ActionKey::of(ConversationId(7), 43, "mail__send", &args),
+            ActionKey::of(ConversationId(7), 42, "mail__draft", &args),
+            ActionKey::of(ConversationId(7), 42, "mail__send", "{}"),
+            // Parts are length-prefixed: moving a boundary changes the key.
+            ActionKey::of(ConversationId(7), 42, "mail__sen", &format!("d{args}")),
+        ] {
+            assert_ne!(key, other);
+        }
+        // Pinned: servers deduplicate on the key, so it never changes between
+        // versions (the SHA-256 of the length-prefixed parts, its first 16 bytes).
+        assert_eq!(
+            ActionKey::of(ConversationId(1), 2, "t", "{}").0,
+            "act_9ddbce96a77940b959d05f2b398c784b"
+        );
+    }
 }

@@ -14,8 +14,8 @@
 //!
 //! # Isolation, per method
 //! Every write runs at READ COMMITTED with row locks where a read decides a write, in
-//! one lock order (lease row, then conversation row, then timer row), so transactions
-//! queue instead of deadlocking:
+//! one lock order (lease row, then conversation row, then timer or journal row), so
+//! transactions queue instead of deadlocking:
 //! - `ingest`, `edit`, `enqueue_notice`, `reset_context` lock the conversation row
 //!   first (the upsert's `ON CONFLICT DO UPDATE`, or `FOR UPDATE`): the version bump,
 //!   the pending count and the timer arm are then decided with no other writer of the
@@ -35,8 +35,13 @@
 //!   the charge `FOR UPDATE` in one order (scope names sorted once, each once) before
 //!   any is written; `claim_round` gives abandoned reservations back in the same
 //!   order (day, then scope). Charges on the same budgets queue, never deadlock.
-//! - `renew_lease`, `release_lease`, `mark_sent`, `defer_outbox`, `fail_outbox`: one
-//!   conditional UPDATE each, atomic on its row.
+//! - `reserve_action`: the lease row `FOR UPDATE` (fencing), then the conversation row
+//!   `FOR UPDATE` (the final check at `v0`; reservations of one conversation queue
+//!   there, so two of one key never both insert), then the journal row of its key
+//!   `FOR UPDATE`. `decide_action`: the journal row alone `FOR UPDATE` (of two
+//!   deciders, the second reads what the first left).
+//! - `renew_lease`, `release_lease`, `mark_sent`, `defer_outbox`, `fail_outbox`,
+//!   `finish_action`: one conditional UPDATE each, atomic on its row.
 //! - `collect`, `due_work` and the other reads: READ COMMITTED reads (`collect` under
 //!   the same `FOR SHARE` lock as `claim_round`); `due_work` only proposes work, the
 //!   claim decides.
@@ -56,7 +61,7 @@
 //! This file opens the pool, migrates and inspects the database (`lull check`). The
 //! contract's areas are one file each, named as in the SQLite backend and the
 //! conformance suite: `messages.rs`, `leases.rs`, `rounds.rs`, `outbox.rs`, `work.rs`,
-//! `limits.rs`. `clock.rs` holds the clock translation (`Now`, `db_now!`), `sql.rs` the
+//! `limits.rs`, `actions.rs`. `clock.rs` holds the clock translation (`Now`, `db_now!`), `sql.rs` the
 //! statement helpers (errors with their context, `query`/`execute`, `transaction!`),
 //! `schema.rs` the migrations, `listen.rs` the wake-ups.
 

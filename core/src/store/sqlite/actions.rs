@@ -1,67 +1,255 @@
-//! The actions area on sqlite: the journal of tool calls that act (a placeholder
-//! until the journal's tables land; every call fails plainly).
+//! The actions area on SQLite: the journal of tool calls that act. Every write goes
+//! through the one writer, so a reservation's fence, final check, read of the row
+//! with its key and write are one transaction no other write interleaves with; what
+//! each call writes is decided in `rules` (`reserve_step`, `decide_step`).
 
 use async_trait::async_trait;
+use rusqlite::{Connection, OptionalExtension, params};
 
 use super::SqliteStore;
+use super::leases::ensure_lease;
+use super::sql::Context;
 use crate::domain::{ConversationId, Lease, LeaseToken, Timestamp, Version};
+use crate::store::rules::{self, ActionStep, conversation_of};
 use crate::store::{
-    ActionKey, ActionReservation, ActionRow, ActionStore, Decision, NewAction, StoreError,
+    ActionKey, ActionReservation, ActionRow, ActionState, ActionStore, Decision, NewAction,
+    StoreError,
 };
 
-fn not_built() -> StoreError {
-    StoreError::Backend {
-        context: "using the action journal",
-        message: "not built yet".into(),
-    }
-}
+/// A batch's actions, in the order stored (index `actions_batch`).
+pub(super) const ACTIONS_OF_BATCH_SQL: &str = concat!(
+    "SELECT ",
+    action_columns!(),
+    " FROM actions WHERE conversation_id = ?1 AND batch = ?2 ORDER BY id"
+);
+
+/// A conversation's open approvals, oldest first (index `actions_open`).
+pub(super) const OPEN_APPROVALS_SQL: &str = concat!(
+    "SELECT ",
+    action_columns!(),
+    " FROM actions WHERE conversation_id = ?1 AND state IN ('awaiting', 'approved')
+        AND (state = 'approved' OR expires_at > ?2) ORDER BY id"
+);
 
 #[async_trait]
 impl ActionStore for SqliteStore {
     async fn reserve_action(
         &self,
-        _lease: &Lease,
-        _v0: Version,
-        _action: NewAction,
-        _now: Timestamp,
+        lease: &Lease,
+        v0: Version,
+        action: NewAction,
+        now: Timestamp,
     ) -> Result<ActionReservation, StoreError> {
-        Err(not_built())
+        let lease = lease.clone();
+        let row = self.lease_rows.row(&lease.key, &lease.holder);
+        self.write("reserving an action", move |tx| {
+            ensure_lease(tx, &lease, &row.resource, now)?;
+            let conversation = conversation_of(&lease);
+            let version: i64 = tx
+                .prepare_cached("SELECT version FROM conversations WHERE id = ?1")
+                .ctx("preparing a statement")?
+                .query_row([conversation.0], |r| r.get(0))
+                .ctx("reading the version")?;
+            let found = tx
+                .prepare_cached(concat!(
+                    "SELECT ",
+                    action_columns!(),
+                    // The conversation's own: a key of another's is never read here
+                    // (its insert is refused by the key's uniqueness instead).
+                    " FROM actions WHERE key = ?1 AND conversation_id = ?2"
+                ))
+                .ctx("preparing a statement")?
+                .query_row(params![action.key.0, conversation.0], action_row)
+                .optional()
+                .ctx("reading an action")?
+                .transpose()?;
+            let step = rules::reserve_step(version, v0, found, action, lease.token, now);
+            apply(tx, conversation, step, now)
+        })
+        .await
     }
 
     async fn finish_action(
         &self,
-        _key: &ActionKey,
-        _token: LeaseToken,
-        _result: &str,
-        _is_error: bool,
-        _now: Timestamp,
+        key: &ActionKey,
+        token: LeaseToken,
+        result: &str,
+        is_error: bool,
+        now: Timestamp,
     ) -> Result<bool, StoreError> {
-        Err(not_built())
+        let key = key.clone();
+        let result = result.to_owned();
+        self.write("storing an action's result", move |tx| {
+            // A finished action is a fact: recorded by its reserving token, lease or not.
+            let changed = tx
+                .prepare_cached(
+                    "UPDATE actions SET state = 'done', result = ?3, is_error = ?4, updated_at = ?5
+                     WHERE key = ?1 AND token = ?2 AND state IN ('reserved', 'unknown')",
+                )
+                .ctx("preparing a statement")?
+                .execute(params![key.0, token.0, result, is_error, now.0])
+                .ctx("storing an action's result")?;
+            Ok(changed == 1)
+        })
+        .await
     }
 
     async fn actions_of_batch(
         &self,
-        _conversation: ConversationId,
-        _batch: i64,
+        conversation: ConversationId,
+        batch: i64,
     ) -> Result<Vec<ActionRow>, StoreError> {
-        Err(not_built())
+        self.with_conn(move |conn| {
+            read_rows(conn, ACTIONS_OF_BATCH_SQL, params![conversation.0, batch])
+        })
+        .await
     }
 
     async fn open_approvals(
         &self,
-        _conversation: ConversationId,
-        _now: Timestamp,
+        conversation: ConversationId,
+        now: Timestamp,
     ) -> Result<Vec<ActionRow>, StoreError> {
-        Err(not_built())
+        self.with_conn(move |conn| {
+            read_rows(conn, OPEN_APPROVALS_SQL, params![conversation.0, now.0])
+        })
+        .await
     }
 
     async fn decide_action(
         &self,
-        _conversation: ConversationId,
-        _id: i64,
-        _approve: bool,
-        _now: Timestamp,
+        conversation: ConversationId,
+        id: i64,
+        approve: bool,
+        now: Timestamp,
     ) -> Result<Decision, StoreError> {
-        Err(not_built())
+        self.write("deciding an approval", move |tx| {
+            // Once: the writer runs one decision at a time, so the row read here is
+            // the row the compare-and-swap moves.
+            let found = tx
+                .prepare_cached(concat!(
+                    "SELECT ",
+                    action_columns!(),
+                    " FROM actions WHERE id = ?1 AND conversation_id = ?2"
+                ))
+                .ctx("preparing a statement")?
+                .query_row(params![id, conversation.0], action_row)
+                .optional()
+                .ctx("reading an approval")?
+                .transpose()?;
+            apply(
+                tx,
+                conversation,
+                rules::decide_step(found, approve, now),
+                now,
+            )
+        })
+        .await
     }
+}
+
+/// Write what `step` names (in the caller's transaction) and answer from the row
+/// written, or answer as it says.
+fn apply<A>(
+    tx: &Connection,
+    conversation: ConversationId,
+    step: ActionStep<A>,
+    now: Timestamp,
+) -> Result<A, StoreError> {
+    let written = match step {
+        ActionStep::Answer(answer) => return Ok(answer),
+        ActionStep::Insert {
+            action,
+            write,
+            answer,
+        } => {
+            let row = tx
+                .prepare_cached(concat!(
+                    "INSERT INTO actions (key, conversation_id, batch, tool, arguments, state, token,
+                                          expires_at, requested_by, created_at, updated_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10)
+                     RETURNING ",
+                    action_columns!()
+                ))
+                .ctx("preparing a statement")?
+                .query_row(
+                    params![
+                        action.key.0,
+                        conversation.0,
+                        action.batch,
+                        action.tool,
+                        action.arguments,
+                        write.state.as_str(),
+                        write.token.0,
+                        write.expires_at.0,
+                        action.requested_by,
+                        now.0,
+                    ],
+                    action_row,
+                )
+                .ctx("storing an action")??;
+            answer(row)
+        }
+        ActionStep::Update { id, write, answer } => {
+            let row = tx
+                .prepare_cached(concat!(
+                    "UPDATE actions SET state = ?2, token = ?3, expires_at = ?4, updated_at = ?5
+                     WHERE id = ?1 RETURNING ",
+                    action_columns!()
+                ))
+                .ctx("preparing a statement")?
+                .query_row(
+                    params![
+                        id,
+                        write.state.as_str(),
+                        write.token.0,
+                        write.expires_at.0,
+                        now.0
+                    ],
+                    action_row,
+                )
+                .ctx("moving an action")??;
+            answer(row)
+        }
+    };
+    Ok(written)
+}
+
+/// The rows `sql` finds, in its order.
+fn read_rows(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> Result<Vec<ActionRow>, StoreError> {
+    let mut stmt = conn.prepare_cached(sql).ctx("reading actions")?;
+    let rows = stmt
+        .query_map(params, action_row)
+        .ctx("reading actions")?
+        .collect::<Result<Vec<_>, _>>()
+        .ctx("reading actions")?;
+    rows.into_iter().collect()
+}
+
+/// An [`ActionRow`] from the columns of `action_columns!`; a state the schema does not know
+/// is corruption (the inner error).
+fn action_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Result<ActionRow, StoreError>> {
+    let state = match ActionState::parse(&r.get::<_, String>(6)?) {
+        Ok(state) => state,
+        Err(corrupt) => return Ok(Err(corrupt)),
+    };
+    Ok(Ok(ActionRow {
+        id: r.get(0)?,
+        key: ActionKey(r.get(1)?),
+        conversation_id: ConversationId(r.get(2)?),
+        batch: r.get(3)?,
+        tool: r.get(4)?,
+        arguments: r.get(5)?,
+        state,
+        result: r.get(7)?,
+        is_error: r.get(8)?,
+        token: LeaseToken(r.get(9)?),
+        expires_at: Timestamp(r.get(10)?),
+        requested_by: r.get(11)?,
+        created_at: Timestamp(r.get(12)?),
+    }))
 }

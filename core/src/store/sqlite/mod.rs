@@ -14,7 +14,7 @@
 //! connections; every write goes through the one writer (`writer.rs`, group commit).
 //! The contract's areas are one file each, named as in the PostgreSQL backend and
 //! the conformance suite: `messages.rs`, `leases.rs`, `rounds.rs`, `outbox.rs`,
-//! `work.rs`, `limits.rs`. `sql.rs` holds the statement helpers (errors with their
+//! `work.rs`, `limits.rs`, `actions.rs`. `sql.rs` holds the statement helpers (errors with their
 //! context), `schema.rs` the migrations.
 
 mod actions;
@@ -405,6 +405,7 @@ fn retry_busy<T>(mut f: impl FnMut() -> rusqlite::Result<T>) -> rusqlite::Result
 
 #[cfg(test)]
 mod tests {
+    use super::actions::{ACTIONS_OF_BATCH_SQL, OPEN_APPROVALS_SQL};
     use super::outbox::READ_OWED_SQL;
     use super::sql::placeholders;
     use super::work::{due_candidates_sql, next_deadline_sql};
@@ -429,12 +430,8 @@ mod tests {
         ));
     }
 
-    /// The scheduler's queries read what is due, never every conversation or timer:
-    /// each table they name is reached by a search on an index (a `SCAN` is allowed
-    /// only over their own small intermediate results), so an idle pass costs the same
-    /// with ten thousand conversations as with none.
-    #[test]
-    fn due_work_searches_indexes_and_walks_no_table() {
+    /// A connection to a fresh database file at the latest schema, with its folder.
+    fn migrated() -> (tempfile::TempDir, Connection) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("plan.db");
         let policy = TimerPolicy::new(
@@ -444,7 +441,16 @@ mod tests {
         )
         .unwrap();
         drop(SqliteStore::open(&path, policy).unwrap());
-        let conn = Connection::open(&path).unwrap();
+        (dir, Connection::open(&path).unwrap())
+    }
+
+    /// The scheduler's queries read what is due, never every conversation or timer:
+    /// each table they name is reached by a search on an index (a `SCAN` is allowed
+    /// only over their own small intermediate results), so an idle pass costs the same
+    /// with ten thousand conversations as with none.
+    #[test]
+    fn due_work_searches_indexes_and_walks_no_table() {
+        let (_dir, conn) = migrated();
         let list = placeholders(5, 2);
         // And a claim's read of what a conversation owes (`read_owed`), on the writer
         // thread every ingest waits for: one conversation's rows, not every one's.
@@ -493,6 +499,33 @@ mod tests {
                     "{step}\nin the plan {plan:#?}\nof {sql}"
                 );
             }
+        }
+    }
+
+    /// The journal's reads search their indexes: a batch's actions by
+    /// (conversation, batch), open approvals by the partial index of open questions,
+    /// already in id order (no table walk, no sort).
+    #[test]
+    fn the_journal_reads_search_their_indexes() {
+        let (_dir, conn) = migrated();
+        for (sql, search) in [
+            (
+                ACTIONS_OF_BATCH_SQL,
+                "SEARCH actions USING INDEX actions_batch (conversation_id=? AND batch=?)",
+            ),
+            (
+                OPEN_APPROVALS_SQL,
+                "SEARCH actions USING INDEX actions_open (conversation_id=?)",
+            ),
+        ] {
+            let plan: Vec<String> = conn
+                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .unwrap()
+                .query_map([0i64, 0i64], |r| r.get::<_, String>(3))
+                .unwrap()
+                .map(Result::unwrap)
+                .collect();
+            assert_eq!(plan, [search], "{sql}");
         }
     }
 }

@@ -164,7 +164,7 @@ impl ToolBot {
     fn executed(&self, tool: &str) -> usize {
         self.executions()
             .iter()
-            .filter(|e| e["tool"] == tool && e["phase"] != "end")
+            .filter(|e| e["tool"] == tool && e["at"] != "end")
             .count()
     }
 
@@ -575,7 +575,7 @@ async fn two_processes_act_once(postgres: Option<String>) {
 async fn a_destructive_call_runs_once_after_approval_across_a_restart() {
     let mut bot = ToolBot::start(Setup {
         agent: Agent {
-            calls: vec![("counter__delete".into(), json!({ "path": "notes.txt" }))],
+            calls: vec![("counter__delete".into(), json!({ "what": "notes" }))],
             ..Agent::default()
         },
         ..Setup::default()
@@ -632,7 +632,7 @@ async fn a_destructive_call_runs_once_after_approval_across_a_restart() {
 async fn expired_or_foreign_approvals_are_refused() {
     let bot = ToolBot::start(Setup {
         agent: Agent {
-            calls: vec![("counter__delete".into(), json!({ "path": "notes.txt" }))],
+            calls: vec![("counter__delete".into(), json!({ "what": "notes" }))],
             ..Agent::default()
         },
         extra: &[("LULL_APPROVAL_TTL", "3s")],

@@ -146,6 +146,18 @@ impl ModelArgs {
             } else {
                 LlmKind::Echo
             });
+        // Checked whichever responder answers: a setting that cannot work is an error
+        // before the model is switched on, not after.
+        if let Some(t) = s.temperature
+            && !(0.0..=2.0).contains(&t)
+        {
+            return Err(ConfigError(format!(
+                "LULL_TEMPERATURE must be between 0 and 2, got {t}"
+            )));
+        }
+        if s.max_tokens == 0 {
+            return Err(ConfigError("LULL_MAX_TOKENS must be at least 1".into()));
+        }
         let llm = match kind {
             LlmKind::Echo => LlmConfig::Echo(s.echo_delay_ms),
             LlmKind::Openai => {
@@ -160,16 +172,6 @@ impl ModelArgs {
                 }
                 if s.openai_model.trim().is_empty() {
                     return Err(ConfigError("OPENAI_MODEL must not be empty".into()));
-                }
-                if let Some(t) = s.temperature
-                    && !(0.0..=2.0).contains(&t)
-                {
-                    return Err(ConfigError(format!(
-                        "LULL_TEMPERATURE must be between 0 and 2, got {t}"
-                    )));
-                }
-                if s.max_tokens == 0 {
-                    return Err(ConfigError("LULL_MAX_TOKENS must be at least 1".into()));
                 }
                 LlmConfig::OpenAi(OpenAiSettings {
                     base_url,
@@ -243,6 +245,8 @@ mod tests {
     fn errors_name_the_variable() {
         assert_errors_name(&[
             (&["--llm", "openai"], "OPENAI_API_KEY"),
+            // With the echo responder too: the setting is wrong before a model is set.
+            (&["--temperature", "3"], "LULL_TEMPERATURE"),
             (&["--max-reply-chars", "10"], "LULL_MAX_REPLY_CHARS"),
             (
                 &[

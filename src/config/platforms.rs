@@ -49,6 +49,30 @@ pub struct Platforms {
     pub discord_shards: DiscordShards,
 }
 
+/// A Telegram bot token has the shape `<bot id>:<secret>` (digits, a colon, then
+/// letters, digits, `_` and `-`), as @BotFather gives it. A token of another shape
+/// (quotes or spaces pasted with it, a `bot` prefix from a URL, half of it) is refused
+/// at start, naming the variable and never the token.
+fn telegram_token_shape(token: &SecretString) -> Result<(), ConfigError> {
+    use secrecy::ExposeSecret as _;
+    let token = token.expose_secret();
+    let shaped = token.split_once(':').is_some_and(|(id, secret)| {
+        !id.is_empty()
+            && id.chars().all(|c| c.is_ascii_digit())
+            && secret.len() >= 20
+            && secret
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    });
+    if shaped {
+        Ok(())
+    } else {
+        Err(ConfigError(
+            "TELEGRAM_BOT_TOKEN does not look like a bot token (digits, a colon, then at least 20 letters, digits, _ or -, as @BotFather gives it): check for quotes, spaces or a \"bot\" prefix".into(),
+        ))
+    }
+}
+
 impl PlatformArgs {
     /// The platforms' settings; `max_image_bytes` is the largest image an adapter
     /// reads (`LULL_MAX_IMAGE_BYTES`).
@@ -59,6 +83,7 @@ impl PlatformArgs {
             .clone()
             .or_else(|| s.teloxide_token.clone())
             .map(|token| {
+                telegram_token_shape(&token)?;
                 Ok::<_, ConfigError>(PlatformConfig {
                     token,
                     api_url: http_url("TELEGRAM_API_URL", &s.telegram_api_url)?,
@@ -163,7 +188,7 @@ mod tests {
         let with = |url: &str| {
             Config::from_settings(&settings(&[
                 "--telegram-bot-token",
-                "123:abc",
+                "123:abcdefghijklmnopqrstuvwxyz",
                 "--telegram-webhook-url",
                 url,
             ]))
@@ -214,14 +239,37 @@ mod tests {
 
     #[test]
     fn errors_name_the_variable() {
-        assert_errors_name(&[(
-            &[
-                "--telegram-bot-token",
-                "t",
-                "--telegram-api-url",
-                "not a url",
-            ],
-            "TELEGRAM_API_URL",
-        )]);
+        assert_errors_name(&[
+            (
+                &[
+                    "--telegram-bot-token",
+                    "123:abcdefghijklmnopqrstuvwxyz",
+                    "--telegram-api-url",
+                    "not a url",
+                ],
+                "TELEGRAM_API_URL",
+            ),
+            (&["--telegram-bot-token", "t"], "TELEGRAM_BOT_TOKEN"),
+        ]);
+    }
+
+    /// A token shaped as @BotFather gives it passes; pasted wrong, it is refused, and
+    /// the error never quotes it.
+    #[test]
+    fn a_telegram_token_must_look_like_one() {
+        let good = "110201543:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw";
+        assert!(telegram_token_shape(&SecretString::from(good)).is_ok());
+        for bad in [
+            "bot110201543:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw",
+            "\"110201543:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw\"",
+            "110201543:AAHdqTcvCH1vGWJ xfSeofSAs0K5PALDsaw",
+            "110201543",
+            "110201543:short",
+            ":AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw",
+        ] {
+            let e = telegram_token_shape(&SecretString::from(bad)).unwrap_err();
+            assert!(e.0.contains("TELEGRAM_BOT_TOKEN"), "{bad}: {e}");
+            assert!(!e.0.contains("AAHdq"), "the token is never quoted: {e}");
+        }
     }
 }

@@ -277,3 +277,46 @@ async fn after_sigterm_the_database_file_alone_has_every_message() {
         "and every delivered reply"
     );
 }
+
+/// A receiver that keeps failing (503) when the stop begins: the round in flight does
+/// not sit out its retry waits (before: up to three more attempts, a second and more
+/// of the grace), it leaves the reply in the outbox for the next start and exits at
+/// once; the restarted process delivers it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_receiver_is_not_retried_once_the_stop_begins() {
+    let dir = tempfile::tempdir().unwrap();
+    let db_path = dir.path().join("lull.db");
+    let webhook = Webhook::start().await;
+    webhook.otherwise(Answer::Status(503));
+    let mut a = start(dir.path(), "a", &webhook, &[]).await;
+    post(&a, "1", "hello").await;
+    webhook.wait_requests(1, Duration::from_secs(15)).await;
+    a.signal("TERM");
+    let at_signal = webhook.requests();
+    assert_eq!(
+        a.wait_exit(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        a.logs()
+    );
+    assert_eq!(
+        webhook.requests(),
+        at_signal,
+        "no delivery attempt after the stop began:\n{}",
+        a.logs()
+    );
+    assert_eq!(
+        db::count(
+            &db_path,
+            "SELECT COUNT(*) FROM outbox WHERE kind = 'reply' AND sent_at IS NULL AND failed_at IS NULL"
+        ),
+        1,
+        "the reply stays in the outbox"
+    );
+    webhook.otherwise(Answer::Ok);
+    let _b = start(dir.path(), "b", &webhook, &[]).await;
+    let replies = webhook.wait_replies(1, Duration::from_secs(15)).await;
+    assert_eq!(replies[0].covers, ["1"]);
+    let verdict = db::settled(&db_path, Duration::from_secs(10)).await;
+    assert_eq!((verdict.duplicates, verdict.lost), (0, 0), "{verdict:?}");
+}

@@ -305,11 +305,14 @@ impl<'a> Delivery<'a> {
                 retry_in_ms = wait.as_millis() as u64,
                 "delivery attempt failed"
             );
-            if attempt == SEND_ATTEMPTS || wait > MAX_INLINE_WAIT {
+            // Stopping: no inline wait; the row is delivered after the next start (or
+            // by another process).
+            if attempt == SEND_ATTEMPTS || wait > MAX_INLINE_WAIT || d.draining.is_cancelled() {
                 return Ok(PartResult::Deferred);
             }
             tokio::select! {
                 () = tokio::time::sleep(wait) => {}
+                () = d.draining.cancelled() => return Ok(PartResult::Deferred),
                 () = keeper.lost() => return Err(Interrupt::LeaseLost),
                 () = stop.cancelled() => return Err(Interrupt::Stopped),
             }

@@ -204,6 +204,10 @@ pub struct Dispatcher {
     /// of this process send it no images (a restart, perhaps with another model,
     /// tries again).
     images_refused: std::sync::atomic::AtomicBool,
+    /// Set when shutdown begins: rounds in flight finish what they can without
+    /// waiting to retry a failed send (the row stays in the outbox for the next
+    /// start), so an unreachable receiver does not hold the stop for the whole grace.
+    draining: CancellationToken,
     /// The tools rounds offer the model; unset, none.
     toolbox: std::sync::OnceLock<Arc<dyn crate::tools::Toolbox>>,
     /// Set once the model refused `tools` (a model without tool support): later
@@ -248,6 +252,7 @@ impl Dispatcher {
             responder,
             transcriber: std::sync::OnceLock::new(),
             images_refused: std::sync::atomic::AtomicBool::new(false),
+            draining: CancellationToken::new(),
             toolbox: std::sync::OnceLock::new(),
             tools_refused: std::sync::atomic::AtomicBool::new(false),
             outbounds: outbounds.into_iter().map(|o| (o.platform(), o)).collect(),

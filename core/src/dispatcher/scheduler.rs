@@ -134,6 +134,7 @@ impl Scheduler {
             }
             dispatcher.sleeping_until.store(i64::MAX, Ordering::SeqCst);
         }
+        dispatcher.draining.cancel();
         rounds.close();
         let in_flight = rounds.len();
         if in_flight > 0 {

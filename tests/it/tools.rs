@@ -824,3 +824,143 @@ async fn admins_only_tools_and_a_narrow_environment() {
         "its own env is there: {dumped}"
     );
 }
+
+/// The tool loop in one process, with a toolbox of the test's own (no MCP server):
+/// the round offers its tools, reserves the acting call, runs it once, answers after
+/// the tool turn, and reports the action.
+mod in_process {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use async_trait::async_trait;
+    use lull_core::llm::HistoryBudget;
+    use lull_core::llm::openai::{OpenAiResponder, OpenAiSettings};
+    use lull_core::tools::{
+        CallOutcome, Effect, ServerState, ToolOutput, ToolSpec, Toolbox, Users,
+    };
+    use serde_json::{Map, Value, json};
+
+    use crate::helpers::{Leases, Node, settings, temp_db};
+    use crate::support::fakes::openai::{Agent, Behavior, FakeOpenAi};
+
+    /// A toolbox with a read-only `notes__read` and an acting `notes__add`, counting
+    /// what it runs and the keys it is handed.
+    #[derive(Default)]
+    struct Notes {
+        added: AtomicUsize,
+        read: AtomicUsize,
+        keys: std::sync::Mutex<Vec<Option<String>>>,
+    }
+
+    #[async_trait]
+    impl Toolbox for Notes {
+        fn tools(&self) -> Vec<ToolSpec> {
+            let spec = |tool: &str, effect| ToolSpec {
+                name: format!("notes__{tool}"),
+                server: "notes".into(),
+                tool: tool.into(),
+                description: format!("{tool} a note"),
+                parameters: json!({ "type": "object", "properties": { "text": { "type": "string" } } }),
+                effect,
+                users: Users::Allowed,
+            };
+            vec![
+                spec("read", Effect::ReadOnly),
+                spec("add", Effect::Acts { idempotent: false }),
+            ]
+        }
+
+        async fn call(
+            &self,
+            name: &str,
+            _arguments: Map<String, Value>,
+            key: Option<&str>,
+        ) -> ToolOutput {
+            self.keys.lock().unwrap().push(key.map(str::to_owned));
+            let text = match name {
+                "notes__add" => {
+                    self.added.fetch_add(1, Ordering::SeqCst);
+                    "added"
+                }
+                _ => {
+                    self.read.fetch_add(1, Ordering::SeqCst);
+                    "no notes yet"
+                }
+            };
+            ToolOutput {
+                text: text.into(),
+                is_error: false,
+                outcome: CallOutcome::Ok,
+            }
+        }
+
+        fn servers(&self) -> Vec<ServerState> {
+            Vec::new()
+        }
+
+        async fn shutdown(&self) {}
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_process_runs_the_tool_turn_and_acts_once() {
+        let db = temp_db();
+        let model = FakeOpenAi::start().await;
+        model.fallback(Behavior::Agent(Agent {
+            calls: vec![
+                ("notes__read".into(), json!({})),
+                ("notes__add".into(), json!({ "text": "milk" })),
+            ],
+            ..Agent::default()
+        }));
+        let responder = OpenAiResponder::new(OpenAiSettings {
+            base_url: model.base_url.clone(),
+            api_key: None,
+            model: "fake-model".into(),
+            system_prompt: "be brief".into(),
+            temperature: None,
+            max_tokens: 100,
+            history: HistoryBudget {
+                messages: 10,
+                chars: 10_000,
+            },
+            timeout: Duration::from_secs(10),
+        })
+        .unwrap();
+        let node = Node::start(
+            &db.path,
+            settings(100, 5000, 3000),
+            Arc::new(responder),
+            Leases::Enforced,
+        );
+        let notes = Arc::new(Notes::default());
+        node.dispatcher.set_toolbox(notes.clone());
+        node.send("c", "1", "remember").await;
+        node.send("c", "2", "milk").await;
+        let replies = node.outbound.wait_replies(1, Duration::from_secs(20)).await;
+        assert_eq!(
+            replies[0].text,
+            "[model] remember\nmilk | no notes yet | added\n\nActions: ✓ notes__add {\"text\":\"milk\"}"
+        );
+        assert_eq!(notes.added.load(Ordering::SeqCst), 1);
+        assert_eq!(notes.read.load(Ordering::SeqCst), 1);
+        let keys = notes.keys.lock().unwrap().clone();
+        assert_eq!(keys[0], None, "a read-only call carries no key");
+        assert!(
+            keys[1].as_deref().is_some_and(|k| k.starts_with("act_")),
+            "{keys:?}"
+        );
+        let requests = model.requests();
+        assert_eq!(requests.len(), 2);
+        let second = &requests[1].body["messages"];
+        let roles: Vec<&str> = second
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["role"].as_str().unwrap())
+            .collect();
+        assert_eq!(roles, ["system", "user", "assistant", "tool", "tool"]);
+        assert_eq!(second[2]["tool_calls"][1]["function"]["name"], "notes__add");
+        assert_eq!(second[4]["tool_call_id"], second[2]["tool_calls"][1]["id"]);
+    }
+}

@@ -446,7 +446,7 @@ impl Round<'_> {
 fn action_lines(rows: &[ActionRow]) -> Vec<String> {
     rows.iter()
         .map(|row| {
-            let call = format!("{} {}", row.tool, row.arguments);
+            let call = format!("{} {}", row.tool, shortened(&row.arguments));
             match row.state {
                 ActionState::Done if row.is_error => format!("✗ {call} failed"),
                 ActionState::Done => format!("✓ {call}"),
@@ -459,6 +459,19 @@ fn action_lines(rows: &[ActionRow]) -> Vec<String> {
             }
         })
         .collect()
+}
+
+/// The longest arguments a report shows, in characters.
+const REPORTED_ARGUMENTS_CHARS: usize = 200;
+
+/// `arguments` as a report shows them: cut with `…` past
+/// [`REPORTED_ARGUMENTS_CHARS`].
+fn shortened(arguments: &str) -> String {
+    if arguments.chars().count() <= REPORTED_ARGUMENTS_CHARS {
+        return arguments.to_owned();
+    }
+    let cut: String = arguments.chars().take(REPORTED_ARGUMENTS_CHARS).collect();
+    format!("{cut}…")
 }
 
 /// The model's arguments as a JSON object (empty text: no arguments).
@@ -527,6 +540,15 @@ impl Toolbox for NoTools {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_report_shows_long_arguments_cut() {
+        assert_eq!(shortened(r#"{"a":1}"#), r#"{"a":1}"#);
+        let long = format!(r#"{{"text":"{}"}}"#, "x".repeat(500));
+        let shown = shortened(&long);
+        assert_eq!(shown.chars().count(), REPORTED_ARGUMENTS_CHARS + 1);
+        assert!(shown.ends_with('…'));
+    }
 
     #[test]
     fn arguments_are_a_json_object_or_nothing() {

@@ -39,6 +39,15 @@ pub const DATABASE_UP: &str = "lull_database_up";
 /// shard of it), 0 while it stands by, starts or is down; set at every scrape. Summed
 /// over the replicas, 0 means no process is connected.
 pub const PLATFORM_CONNECTED: &str = "lull_platform_connected";
+/// Labelled `server`, `tool`, `outcome`: `ok`, `error`, `timeout` (the toolbox's
+/// [`crate::tools::CallOutcome`]), and the journal's `reused` (a finished action's
+/// stored result), `unknown` (its holder died mid-call), `refused` (not approved, or
+/// not allowed), `stale` (the conversation moved on before it was reserved); counted
+/// by the dispatcher.
+pub const TOOL_CALLS: &str = "lull_tool_calls_total";
+/// Labelled `server`, `tool`: the time a `tools/call` took (to its answer, error or
+/// deadline), recorded by the toolbox.
+pub const TOOL_CALL_SECONDS: &str = "lull_tool_call_duration_seconds";
 
 /// Register descriptions with the installed recorder (call once, after installing it).
 pub fn describe() {
@@ -77,6 +86,15 @@ pub fn describe() {
     describe_counter!(
         LIMITED,
         "Messages or batches held back by access or spending limits, by reason."
+    );
+    describe_counter!(
+        TOOL_CALLS,
+        "Tool calls the model asked for, by server, tool and outcome."
+    );
+    describe_histogram!(
+        TOOL_CALL_SECONDS,
+        metrics::Unit::Seconds,
+        "Time a tool call took on its MCP server."
     );
     describe_histogram!(BATCH_MESSAGES, "Messages covered by each committed reply.");
     describe_gauge!(

@@ -63,6 +63,7 @@ use crate::llm::transcribe::Transcriber;
 use crate::llm::{HistoryBudget, Responder};
 use crate::store::{Store, StoreError};
 use crate::timing::{LeaseTiming, TimerPolicy};
+use crate::tools::{ToolSettings, Toolbox};
 
 /// The dispatcher's settings, validated before they get here. The one declaration of
 /// the core's settings: the binary fills it from the environment, tests from
@@ -103,6 +104,8 @@ pub struct DispatchSettings {
     /// `LULL_MAX_AUDIO_SECONDS`: the longest voice note or audio file transcribed; a
     /// longer one is not, and the user is told.
     pub max_audio_seconds: u32,
+    /// How rounds run tools (`LULL_TOOL_STEPS`, `LULL_APPROVAL_TTL`).
+    pub tools: ToolSettings,
 }
 
 impl Default for DispatchSettings {
@@ -132,6 +135,7 @@ impl Default for DispatchSettings {
             vision: true,
             max_image_bytes: MAX_IMAGE_BYTES,
             max_audio_seconds: MAX_AUDIO_SECONDS,
+            tools: ToolSettings::default(),
         }
     }
 }
@@ -197,6 +201,8 @@ pub struct Dispatcher {
     /// Transcribes voice notes and audio at the start of a round; unset (the `echo`
     /// responder), they reach the model as their marker only.
     transcriber: std::sync::OnceLock<Arc<dyn Transcriber>>,
+    /// The tools the model may call (MCP servers); unset, rounds offer none.
+    toolbox: std::sync::OnceLock<Arc<dyn Toolbox>>,
     /// Set once the model refused image parts (a model without vision): later rounds
     /// of this process send it no images (a restart, perhaps with another model,
     /// tries again).
@@ -239,6 +245,7 @@ impl Dispatcher {
             store,
             responder,
             transcriber: std::sync::OnceLock::new(),
+            toolbox: std::sync::OnceLock::new(),
             images_refused: std::sync::atomic::AtomicBool::new(false),
             outbounds: outbounds.into_iter().map(|o| (o.platform(), o)).collect(),
             settings,
@@ -257,6 +264,17 @@ impl Dispatcher {
     /// [`Dispatcher::run`]; a second call is ignored).
     pub fn set_transcriber(&self, transcriber: Arc<dyn Transcriber>) {
         let _ = self.transcriber.set(transcriber);
+    }
+
+    /// Offer the tools of `toolbox` to the model (set once, before
+    /// [`Dispatcher::run`]; a second call is ignored).
+    pub fn set_toolbox(&self, toolbox: Arc<dyn Toolbox>) {
+        let _ = self.toolbox.set(toolbox);
+    }
+
+    /// The toolbox, when tools are on.
+    pub fn toolbox(&self) -> Option<&Arc<dyn Toolbox>> {
+        self.toolbox.get()
     }
 
     /// The run-time access decisions, at most `poll_every` old.

@@ -12,7 +12,35 @@
 //! [`mcp`] implements it on MCP servers (stdio and Streamable HTTP, through `rmcp`),
 //! configured in Claude Desktop's `mcpServers` JSON ([`config`]).
 
+use std::time::Duration;
+
 use async_trait::async_trait;
+
+pub mod config;
+pub mod mcp;
+
+/// How the dispatcher runs tools in a round (`LULL_TOOL_STEPS`, `LULL_APPROVAL_TTL`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ToolSettings {
+    /// Model turns per round at most (each may call tools); the last one answers.
+    pub steps: u32,
+    /// How long a destructive call waits for the person's `/approve`.
+    pub approval_ttl: Duration,
+}
+
+/// `LULL_TOOL_STEPS`.
+pub const TOOL_STEPS: u32 = 8;
+/// `LULL_APPROVAL_TTL`: ten minutes.
+pub const APPROVAL_TTL: Duration = Duration::from_secs(600);
+
+impl Default for ToolSettings {
+    fn default() -> Self {
+        ToolSettings {
+            steps: TOOL_STEPS,
+            approval_ttl: APPROVAL_TTL,
+        }
+    }
+}
 
 /// What running a tool does to the world, from its MCP annotations (`readOnlyHint`,
 /// `destructiveHint`, `idempotentHint`) or the server's `readOnly`/`confirm` lists in

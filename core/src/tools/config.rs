@@ -277,8 +277,9 @@ fn register(value: &SecretString) {
     }
 }
 
-/// `value` with each `${VAR}` replaced by `lookup(VAR)`, and whether any was. A
-/// missing variable, or an unclosed `${`, is an error naming it.
+/// `value` with each `${VAR}` replaced by `lookup(VAR)` (each registered for
+/// redaction), and whether any was. A missing variable, or an unclosed `${`, is an
+/// error naming it.
 fn substitute(
     value: &str,
     lookup: &impl Fn(&str) -> Option<String>,
@@ -302,6 +303,8 @@ fn substitute(
             ));
         };
         out.push_str(&found);
+        // The variable's value on its own too: an error may quote just that.
+        lull_port::secrets::register(&SecretString::from(found));
         substituted = true;
         rest = &after[end + 1..];
     }

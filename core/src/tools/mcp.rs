@@ -659,7 +659,7 @@ mod tests {
         );
         assert_eq!(names[0], "srv__read_file");
         assert_eq!(names[1], "srv__read_file_2");
-        assert_eq!(names[2], "srv_____");
+        assert_eq!(names[2], "srv___n_");
         for name in &names {
             assert!(name.len() <= MAX_TOOL_NAME, "{name}");
             assert!(

@@ -457,3 +457,117 @@ async fn server_everything_over_streamable_http() {
     let _ = server.kill();
     let _ = server.wait();
 }
+
+// The binary: `lull check`, `/healthz` and a clean stop with MCP servers configured.
+
+/// A config file in `dir` with the test server `t` (its count file in `dir`) and a
+/// server `broken` that cannot start.
+fn config_file(dir: &Path) -> PathBuf {
+    let path = dir.join("mcp.json");
+    let text = json!({"mcpServers": {
+        "t": {"command": python(), "args": [script()],
+              "env": {"MCP_COUNT_FILE": dir.join("count.jsonl"), "MCP_TOOLS": "lookup,append"}},
+        "broken": {"command": "/nonexistent/mcp-server"},
+    }});
+    std::fs::write(&path, text.to_string()).unwrap();
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lull_check_lists_each_servers_tools_and_names_a_broken_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(dir.path());
+    let database = format!("sqlite:{}", dir.path().join("lull.db").display());
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(crate::support::process::binary())
+            .arg("check")
+            .env_clear()
+            .env("DATABASE_URL", database)
+            .env("LULL_MCP_CONFIG", &config)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    assert!(
+        report.contains("ok    mcp           t: 2 tools (lookup, append)"),
+        "{report}"
+    );
+    let broken = report
+        .lines()
+        .find(|l| l.starts_with("FAIL  mcp") && l.contains("broken"))
+        .unwrap_or_else(|| panic!("{report}"));
+    assert!(
+        broken.contains("mcp.json") && broken.contains("/nonexistent/mcp-server"),
+        "{broken}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_shows_each_server_and_a_clean_stop_ends_the_children() {
+    let dir = tempfile::tempdir().unwrap();
+    let webhook = crate::support::fakes::webhook::Webhook::start().await;
+    let config = config_file(dir.path());
+    let mut lull = crate::support::process::LullProcess::start(
+        dir.path(),
+        "lull",
+        &["run"],
+        &[
+            (
+                "DATABASE_URL",
+                format!("sqlite:{}", dir.path().join("lull.db").display()),
+            ),
+            ("LULL_WEBHOOK_URL", webhook.url.clone()),
+            ("LULL_MCP_CONFIG", config.display().to_string()),
+            ("RUST_LOG", "info".into()),
+        ],
+    );
+    lull.wait_healthy(Duration::from_secs(30)).await;
+    let body: Value = reqwest::get(format!("{}/healthz", lull.base_url()))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let mcp = body["mcp"].as_array().unwrap_or_else(|| panic!("{body}"));
+    assert_eq!(mcp[0]["name"], "broken");
+    assert_eq!(mcp[0]["state"], "failed", "{body}");
+    assert!(
+        mcp[0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("/nonexistent/mcp-server")
+    );
+    assert_eq!(mcp[1]["name"], "t");
+    assert_eq!(mcp[1]["state"], "ready", "{body}");
+    assert_eq!(mcp[1]["tools"], 2);
+    assert_eq!(body["status"], "ok", "a tool server down leaves lull healthy");
+    // The child is lull's: gone after a clean stop.
+    let child = children_of(lull.pid().unwrap());
+    assert_eq!(child.len(), 1, "{child:?}");
+    lull.signal("TERM");
+    assert_eq!(lull.wait_exit(Duration::from_secs(20)), Some(0), "{}", lull.logs());
+    assert!(
+        !Path::new(&format!("/proc/{}", child[0])).exists(),
+        "the MCP server outlived lull"
+    );
+}
+
+/// The process ids whose parent is `pid` (from /proc).
+fn children_of(pid: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    let after = stat.rsplit_once(')')?.1;
+                    after.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect()
+}

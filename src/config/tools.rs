@@ -83,7 +83,9 @@ impl ToolsArgs {
         }
         let approval_ttl: Duration = self.approval_ttl.into();
         if approval_ttl.is_zero() {
-            return Err(ConfigError("LULL_APPROVAL_TTL must be longer than 0".into()));
+            return Err(ConfigError(
+                "LULL_APPROVAL_TTL must be longer than 0".into(),
+            ));
         }
         Ok(ToolSettings {
             steps: self.tool_steps,
@@ -100,7 +102,10 @@ impl ToolsArgs {
                 self.tool_result_chars
             )));
         }
-        let Some(path) = self.mcp_config.as_ref().filter(|_| self.tools == ToolsMode::Auto)
+        let Some(path) = self
+            .mcp_config
+            .as_ref()
+            .filter(|_| self.tools == ToolsMode::Auto)
         else {
             return Ok(None);
         };
@@ -126,8 +131,8 @@ impl ToolsConfig {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{assert_errors_name, settings};
     use super::super::Config;
+    use super::super::tests::{assert_errors_name, settings};
     use super::*;
 
     #[test]
@@ -182,7 +187,10 @@ mod tests {
             (&["--approval-ttl", "0s"], "LULL_APPROVAL_TTL"),
             (&["--tool-timeout-ms", "0"], "LULL_TOOL_TIMEOUT_MS"),
             (&["--tool-result-chars", "10"], "LULL_TOOL_RESULT_CHARS"),
-            (&["--mcp-config", "/nonexistent/mcp.json"], "LULL_MCP_CONFIG"),
+            (
+                &["--mcp-config", "/nonexistent/mcp.json"],
+                "LULL_MCP_CONFIG",
+            ),
             (&["--mcp-config", bad], "LULL_MCP_CONFIG"),
         ]);
         let e = Config::from_settings(&settings(&["--mcp-config", bad]))

@@ -70,7 +70,12 @@ impl Fixture {
             "{:?}",
             toolbox.servers()
         );
-        assert_eq!(toolbox.servers()[0].state, "ready", "{:?}", toolbox.servers());
+        assert_eq!(
+            toolbox.servers()[0].state,
+            "ready",
+            "{:?}",
+            toolbox.servers()
+        );
         Fixture { dir, toolbox }
     }
 
@@ -113,11 +118,21 @@ async fn tools_are_listed_over_pages_named_and_given_their_effects() {
         effect("t__idempotent_append"),
         Effect::Acts { idempotent: true }
     );
-    assert_eq!(effect("t__delete"), Effect::Destructive { idempotent: false });
+    assert_eq!(
+        effect("t__delete"),
+        Effect::Destructive { idempotent: false }
+    );
     assert_eq!(effect("t__plain"), Effect::Acts { idempotent: false });
-    assert_eq!(effect("t__env_dump"), Effect::ReadOnly, "the readOnly override");
+    assert_eq!(
+        effect("t__env_dump"),
+        Effect::ReadOnly,
+        "the readOnly override"
+    );
     let lookup = tools.iter().find(|t| t.name == "t__lookup").unwrap();
-    assert_eq!((lookup.server.as_str(), lookup.tool.as_str()), ("t", "lookup"));
+    assert_eq!(
+        (lookup.server.as_str(), lookup.tool.as_str()),
+        ("t", "lookup")
+    );
     assert_eq!(lookup.parameters["properties"]["query"]["type"], "string");
     assert_eq!(f.toolbox.servers()[0].tools, 11);
     f.toolbox.shutdown().await;
@@ -157,7 +172,10 @@ async fn a_call_returns_text_and_carries_the_idempotency_key() {
         .toolbox
         .call("t__append", args(json!({"text": "hello"})), Some("key-123"))
         .await;
-    assert_eq!((out.text.as_str(), out.outcome), ("appended", CallOutcome::Ok));
+    assert_eq!(
+        (out.text.as_str(), out.outcome),
+        ("appended", CallOutcome::Ok)
+    );
     let runs = f.executions();
     assert_eq!(runs.len(), 2, "{runs:?}");
     assert_eq!(runs[1]["tool"], "append");
@@ -209,7 +227,10 @@ async fn a_server_that_dies_is_an_error_then_restarted() {
     let started = Instant::now();
     let out = f.toolbox.call("t__die", Map::new(), None).await;
     assert_eq!(out.outcome, CallOutcome::Error, "{out:?}");
-    assert!(started.elapsed() < Duration::from_secs(2), "no wait for the deadline");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "no wait for the deadline"
+    );
     // Down: its tools are not offered, a call says so.
     assert!(
         f.toolbox
@@ -251,9 +272,17 @@ async fn a_huge_answer_is_cut_with_a_note_without_a_stall() {
     let out = f.toolbox.call("t__huge", Map::new(), None).await;
     assert!(started.elapsed() < Duration::from_secs(10));
     assert_eq!(out.outcome, CallOutcome::Ok);
-    assert!(out.text.starts_with(&"y".repeat(1000)), "{}", &out.text[..50]);
+    assert!(
+        out.text.starts_with(&"y".repeat(1000)),
+        "{}",
+        &out.text[..50]
+    );
     assert!(out.text.len() < 1200, "{}", out.text.len());
-    assert!(out.text.contains("5242880 characters"), "{}", &out.text[1000..]);
+    assert!(
+        out.text.contains("5242880 characters"),
+        "{}",
+        &out.text[1000..]
+    );
     f.toolbox.shutdown().await;
 }
 
@@ -304,7 +333,12 @@ async fn a_stdio_server_sees_only_path_home_and_its_configured_env() {
             "{name} reached the child: {env:?}"
         );
     }
-    for secret in ["OPENAI_API_KEY", "TELEGRAM_BOT_TOKEN", "DATABASE_URL", "FILES_TOKEN"] {
+    for secret in [
+        "OPENAI_API_KEY",
+        "TELEGRAM_BOT_TOKEN",
+        "DATABASE_URL",
+        "FILES_TOKEN",
+    ] {
         assert!(!env.contains_key(secret), "{secret} reached the child");
     }
     // The substituted value is a registered secret.
@@ -325,7 +359,11 @@ async fn a_server_that_cannot_start_is_failed_with_a_reason_and_lull_goes_on() {
     let states = toolbox.servers();
     assert_eq!(states[0].state, "failed");
     assert!(
-        states[0].error.as_deref().unwrap().contains("/nonexistent/mcp-server"),
+        states[0]
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("/nonexistent/mcp-server"),
         "{states:?}"
     );
     assert_eq!(states[1].state, "failed");
@@ -429,7 +467,10 @@ async fn server_everything_over_streamable_http() {
     let url = format!("http://127.0.0.1:{port}/mcp");
     let deadline = Instant::now() + Duration::from_secs(20);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "server-everything did not listen");
+        assert!(
+            Instant::now() < deadline,
+            "server-everything did not listen"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let text = json!({"mcpServers": {"everything": {
@@ -439,7 +480,10 @@ async fn server_everything_over_streamable_http() {
     let config = config::parse(&text, "test.json", |_| None).unwrap();
     let f = Fixture::with_config(dir, config, fast()).await;
     assert!(
-        f.toolbox.tools().iter().any(|t| t.name == "everything__echo"),
+        f.toolbox
+            .tools()
+            .iter()
+            .any(|t| t.name == "everything__echo"),
         "{:?}",
         f.toolbox.tools()
     );
@@ -543,12 +587,20 @@ async fn healthz_shows_each_server_and_a_clean_stop_ends_the_children() {
     assert_eq!(mcp[1]["name"], "t");
     assert_eq!(mcp[1]["state"], "ready", "{body}");
     assert_eq!(mcp[1]["tools"], 2);
-    assert_eq!(body["status"], "ok", "a tool server down leaves lull healthy");
+    assert_eq!(
+        body["status"], "ok",
+        "a tool server down leaves lull healthy"
+    );
     // The child is lull's: gone after a clean stop.
     let child = children_of(lull.pid().unwrap());
     assert_eq!(child.len(), 1, "{child:?}");
     lull.signal("TERM");
-    assert_eq!(lull.wait_exit(Duration::from_secs(20)), Some(0), "{}", lull.logs());
+    assert_eq!(
+        lull.wait_exit(Duration::from_secs(20)),
+        Some(0),
+        "{}",
+        lull.logs()
+    );
     assert!(
         !Path::new(&format!("/proc/{}", child[0])).exists(),
         "the MCP server outlived lull"

@@ -184,7 +184,9 @@ fn server_config(
         }
         (None, Some(url)) => {
             if !raw.env.is_empty() || !raw.args.is_empty() {
-                return Err(fail("\"args\" and \"env\" need a \"command\" server".into()));
+                return Err(fail(
+                    "\"args\" and \"env\" need a \"command\" server".into(),
+                ));
             }
             if let Some(kind) = &raw.kind
                 && !matches!(kind.as_str(), "http" | "streamable-http" | "streamableHttp")
@@ -193,8 +195,8 @@ fn server_config(
                     "\"type\": \"{kind}\" is not Streamable HTTP (\"http\")"
                 )));
             }
-            let parsed = url::Url::parse(&url)
-                .map_err(|e| fail(format!("\"url\" is not a URL ({e})")))?;
+            let parsed =
+                url::Url::parse(&url).map_err(|e| fail(format!("\"url\" is not a URL ({e})")))?;
             if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
                 return Err(fail("\"url\" must be an http:// or https:// URL".into()));
             }
@@ -243,7 +245,9 @@ fn check_name(name: &str) -> Result<(), &'static str> {
         return Err("a server name may only hold letters, digits, '_' and '-'");
     }
     if name.contains("__") || name.ends_with('_') {
-        return Err("a server name may not hold \"__\" or end with '_' (tools are named SERVER__TOOL)");
+        return Err(
+            "a server name may not hold \"__\" or end with '_' (tools are named SERVER__TOOL)",
+        );
     }
     Ok(())
 }
@@ -258,8 +262,8 @@ fn substitute_all(
 ) -> Result<Vec<(String, SecretString)>, String> {
     let mut out = Vec::new();
     for (key, value) in map {
-        let (value, substituted) = substitute(value, lookup)
-            .map_err(|why| format!("\"{what}\" key \"{key}\": {why}"))?;
+        let (value, substituted) =
+            substitute(value, lookup).map_err(|why| format!("\"{what}\" key \"{key}\": {why}"))?;
         if all_secret || substituted {
             register(&value);
         }
@@ -298,9 +302,7 @@ fn substitute(
             return Err("an empty \"${}\"".into());
         }
         let Some(found) = lookup(variable) else {
-            return Err(format!(
-                "the environment variable {variable} is not set"
-            ));
+            return Err(format!("the environment variable {variable} is not set"));
         };
         out.push_str(&found);
         // The variable's value on its own too: an error may quote just that.
@@ -425,7 +427,9 @@ mod tests {
             }
         }
         let long = "x".repeat(MAX_SERVER_NAME + 1);
-        let e = parse_err(&format!(r#"{{"mcpServers": {{"{long}": {{"command": "x"}}}}}}"#));
+        let e = parse_err(&format!(
+            r#"{{"mcpServers": {{"{long}": {{"command": "x"}}}}}}"#
+        ));
         assert!(e.contains("32"), "{e}");
     }
 

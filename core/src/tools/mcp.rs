@@ -189,11 +189,7 @@ impl McpToolbox {
     /// The ready server offering `name`, its peer and the tool.
     fn find(&self, name: &str) -> Result<(Arc<Server>, Peer<RoleClient>, ToolSpec), String> {
         let server_name = name.split_once("__").map_or(name, |(server, _)| server);
-        let Some(server) = self
-            .servers
-            .iter()
-            .find(|s| s.config.name == server_name)
-        else {
+        let Some(server) = self.servers.iter().find(|s| s.config.name == server_name) else {
             return Err(format!("there is no tool named {name}"));
         };
         let live = server.live.read().expect("not poisoned");
@@ -573,7 +569,10 @@ pub fn tool_names(server: &str, tools: &[&str]) -> Vec<String> {
             let mut n = 2;
             while !used.insert(name.clone()) {
                 let suffix = format!("_{n}");
-                name = format!("{}{suffix}", &base[..base.len().min(MAX_TOOL_NAME - suffix.len())]);
+                name = format!(
+                    "{}{suffix}",
+                    &base[..base.len().min(MAX_TOOL_NAME - suffix.len())]
+                );
                 n += 1;
             }
             name
@@ -655,7 +654,13 @@ mod tests {
         let long = "t".repeat(80);
         let names = tool_names(
             "srv",
-            &["read file", "read_file", "ünï", long.as_str(), long.as_str()],
+            &[
+                "read file",
+                "read_file",
+                "ünï",
+                long.as_str(),
+                long.as_str(),
+            ],
         );
         assert_eq!(names[0], "srv__read_file");
         assert_eq!(names[1], "srv__read_file_2");

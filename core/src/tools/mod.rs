@@ -130,8 +130,10 @@ impl ToolOutput {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ServerState {
     pub name: String,
-    /// `starting`, `ready`, `restarting` (a stdio server that died, started again
-    /// with backoff) or `failed` (the last attempt failed; `error` says why).
+    /// `starting`, `ready`, `restarting` (a server whose connection ended, a stdio
+    /// child that died, connected again with backoff), `failed` (the last attempt
+    /// failed; `error` says why; tried again with backoff) or `stopped` (after
+    /// [`Toolbox::shutdown`]).
     pub state: &'static str,
     pub tools: usize,
     /// Redacted: never a header or env value.

@@ -374,6 +374,28 @@ async fn a_server_that_cannot_start_is_failed_with_a_reason_and_lull_goes_on() {
 }
 
 #[tokio::test]
+async fn an_unreachable_http_server_is_failed_without_showing_its_header() {
+    let port = crate::support::process::free_port();
+    let text = json!({"mcpServers": {"web": {
+        "url": format!("http://127.0.0.1:{port}/mcp"),
+        "headers": {"Authorization": "Bearer ${WEB_KEY}"},
+    }}})
+    .to_string();
+    let config = config::parse(&text, "test.json", |v| {
+        (v == "WEB_KEY").then(|| "web-key-that-is-secret".to_owned())
+    })
+    .unwrap();
+    let toolbox = McpToolbox::start(config, fast());
+    assert!(toolbox.wait_settled(Duration::from_secs(10)).await);
+    let state = &toolbox.servers()[0];
+    assert_eq!(state.state, "failed", "{state:?}");
+    let error = state.error.as_deref().unwrap();
+    assert!(error.contains(&format!("127.0.0.1:{port}")), "{error}");
+    assert!(!error.contains("web-key"), "{error}");
+    toolbox.shutdown().await;
+}
+
+#[tokio::test]
 async fn shutdown_stops_the_children() {
     let f = Fixture::start(json!({}), fast()).await;
     let started = Instant::now();

@@ -87,7 +87,50 @@ async fn dispatcher(
         lull_core::clock::for_process(),
     );
     transcriber(config, &dispatcher)?;
+    toolbox(config, &dispatcher).await;
     Ok(dispatcher)
+}
+
+/// How long the start waits for the MCP servers' first connection, so the first
+/// rounds see their tools; a server not ready by then is offered once it is.
+const TOOLS_START_WAIT: Duration = Duration::from_secs(10);
+
+/// The tools of `LULL_MCP_CONFIG`'s servers, offered to the model (none with tools
+/// off). The servers start in the background; the start waits for them at most
+/// [`TOOLS_START_WAIT`].
+async fn toolbox(config: &Config, dispatcher: &Dispatcher) {
+    use lull_core::tools::Toolbox;
+    let Some(tools) = &config.tools else {
+        return;
+    };
+    let toolbox = tools.start();
+    toolbox.wait_settled(TOOLS_START_WAIT).await;
+    for server in toolbox.servers() {
+        if server.state == "ready" {
+            tracing::info!(server = %server.name, tools = server.tools, "MCP server ready");
+        } else {
+            tracing::warn!(
+                server = %server.name,
+                state = server.state,
+                error = server.error.as_deref().unwrap_or("none yet"),
+                config = %tools.mcp.source,
+                "MCP server not ready: its tools are offered once it is"
+            );
+        }
+    }
+    dispatcher.set_toolbox(toolbox);
+}
+
+/// Stop the MCP servers lull started, by `deadline` at the latest (a child left then
+/// is killed as its handle drops).
+async fn stop_tools(dispatcher: &Dispatcher, deadline: tokio::time::Instant) {
+    if let Some(toolbox) = dispatcher.toolbox()
+        && tokio::time::timeout_at(deadline, toolbox.shutdown())
+            .await
+            .is_err()
+    {
+        tracing::warn!("MCP servers did not stop in time: killing them");
+    }
 }
 
 /// Voice messages and audio files are transcribed by the configured server (none
@@ -155,6 +198,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         lull_core::clock::for_process(),
     );
     transcriber(&config, &dispatcher)?;
+    toolbox(&config, &dispatcher).await;
     let api = config
         .http_adapter
         .as_ref()
@@ -171,6 +215,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
             store,
             health: health.clone(),
             metrics: Some(metrics.clone()),
+            tools: dispatcher.toolbox().cloned(),
         },
         api,
     );
@@ -266,6 +311,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         server.abort();
     }
     upkeep.abort();
+    stop_tools(&dispatcher, deadline).await;
     checkpoint(dispatcher.store(), deadline).await;
     tracing::info!("stopped");
     match failure {
@@ -320,11 +366,9 @@ pub async fn chat(config: Config, interrupt: impl Future<Output = ()>) -> anyhow
     };
     stop.cancel();
     scheduler.await.context("the scheduler task failed")?;
-    checkpoint(
-        dispatcher.store(),
-        tokio::time::Instant::now() + SHUTDOWN_MARGIN,
-    )
-    .await;
+    let deadline = tokio::time::Instant::now() + SHUTDOWN_MARGIN;
+    stop_tools(&dispatcher, deadline).await;
+    checkpoint(dispatcher.store(), deadline).await;
     // A draft still shown (interrupted mid-reply) goes, and the terminal's line
     // wrapping with it.
     console.end_draft();

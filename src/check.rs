@@ -88,6 +88,55 @@ pub async fn run(config: &Config) -> Vec<Finding> {
         ));
     }
     findings.push(model(config).await);
+    if let Some(tools) = &config.tools {
+        findings.extend(mcp(tools).await);
+    }
+    findings
+}
+
+/// Connect to every MCP server of `LULL_MCP_CONFIG` and list its tools; one line a
+/// server, a failure naming the server and the file.
+async fn mcp(tools: &crate::config::ToolsConfig) -> Vec<Finding> {
+    use lull_core::tools::Toolbox;
+    let toolbox = tools.start();
+    toolbox
+        .wait_settled(tools.settings.connect_timeout + Duration::from_secs(1))
+        .await;
+    let offered = toolbox.tools();
+    let findings = toolbox
+        .servers()
+        .into_iter()
+        .map(|server| {
+            if server.state == "ready" {
+                let names: Vec<&str> = offered
+                    .iter()
+                    .filter(|t| t.server == server.name)
+                    .map(|t| t.tool.as_str())
+                    .collect();
+                ok(
+                    "mcp",
+                    format!(
+                        "{}: {} tools ({})",
+                        server.name,
+                        server.tools,
+                        names.join(", ")
+                    ),
+                )
+            } else {
+                fail(
+                    "mcp",
+                    format!(
+                        "{} (LULL_MCP_CONFIG {}): {}: {}",
+                        server.name,
+                        tools.mcp.source,
+                        server.state,
+                        server.error.as_deref().unwrap_or("no answer yet")
+                    ),
+                )
+            }
+        })
+        .collect();
+    toolbox.shutdown().await;
     findings
 }
 
@@ -119,6 +168,14 @@ fn describe(config: &Config) -> String {
     } else {
         "images off (LULL_VISION=off)".to_owned()
     };
+    let tools = match &config.tools {
+        Some(tools) => format!(
+            "tools from {} MCP server(s) in {}",
+            tools.mcp.servers.len(),
+            tools.mcp.source
+        ),
+        None => "no tools".to_owned(),
+    };
     let voice = match &config.transcribe {
         Some(t) => format!(
             "voice transcribed by {} up to {} s",
@@ -127,7 +184,7 @@ fn describe(config: &Config) -> String {
         None => "voice not transcribed (echo)".to_owned(),
     };
     format!(
-        "adapters: {}; debounce {} ms, cap {} ms, lease {} ms; {vision}; {voice}",
+        "adapters: {}; debounce {} ms, cap {} ms, lease {} ms; {vision}; {voice}; {tools}",
         if adapters.is_empty() {
             "none (only `lull chat` will work)".to_owned()
         } else {

@@ -14,6 +14,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
 
 use lull_core::store::Store;
+use lull_core::tools::Toolbox;
 use lull_port::health::Health;
 
 /// What the health and metrics endpoints read.
@@ -23,6 +24,8 @@ pub struct HttpState {
     pub health: Health,
     /// `None` when no recorder is installed (tests of the router alone).
     pub metrics: Option<PrometheusHandle>,
+    /// The MCP servers' states for `/healthz` (`None`: tools off).
+    pub tools: Option<Arc<dyn Toolbox>>,
 }
 
 /// The router: health, metrics, and `extra` routes (the http adapter) if given.
@@ -38,12 +41,14 @@ pub fn app(state: HttpState, extra: Option<Router>) -> Router {
 }
 
 /// 200 when the database answers and every configured adapter is up (or standing
-/// by), 503 otherwise; the body says which part is unwell.
+/// by), 503 otherwise; the body says which part is unwell. With tools on, `mcp` lists
+/// each MCP server's state; a server that is down does not make lull unhealthy (it
+/// still answers, without that server's tools).
 async fn healthz(State(state): State<HttpState>) -> Response {
     let database = state.store.ping().await;
     let adapters = state.health.snapshot();
     let healthy = database.is_ok() && adapters.values().all(|a| a.is_healthy());
-    let body = json!({
+    let mut body = json!({
         "status": if healthy { "ok" } else { "unavailable" },
         "database": match &database {
             Ok(()) => "ok".to_owned(),
@@ -54,6 +59,9 @@ async fn healthz(State(state): State<HttpState>) -> Response {
             .map(|(platform, state)| (platform.as_str().to_owned(), state.describe().into()))
             .collect::<serde_json::Map<_, _>>(),
     });
+    if let Some(tools) = &state.tools {
+        body["mcp"] = json!(tools.servers());
+    }
     let status = if healthy {
         StatusCode::OK
     } else {
@@ -122,6 +130,7 @@ mod tests {
                 store,
                 health: health.clone(),
                 metrics: None,
+                tools: None,
             },
             None,
         );

@@ -19,6 +19,12 @@ pub fn install() -> Result<metrics_exporter_prometheus::PrometheusHandle, String
                 &[1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 50.0],
             )
         })
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                Matcher::Full(TOOL_CALL_SECONDS.into()),
+                &[0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0],
+            )
+        })
         .map_err(|e| e.to_string())?
         .install_recorder()
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;

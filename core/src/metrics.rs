@@ -39,13 +39,14 @@ pub const DATABASE_UP: &str = "lull_database_up";
 /// shard of it), 0 while it stands by, starts or is down; set at every scrape. Summed
 /// over the replicas, 0 means no process is connected.
 pub const PLATFORM_CONNECTED: &str = "lull_platform_connected";
-/// Labelled `server`, `tool`, `outcome`: `ok`, `error`, `timeout` (the call ran),
-/// `reused` (an action already taken for the batch: its stored result, not run
-/// again), `unknown` (an earlier attempt was interrupted: not run again), `refused`
-/// (not offered, not approved), `stale` (a newer message arrived before an action:
-/// not run). One per call the model asked for.
+/// Labelled `server`, `tool`, `outcome`: `ok`, `error`, `timeout` (the toolbox's
+/// [`crate::tools::CallOutcome`]), and the journal's `reused` (a finished action's
+/// stored result), `unknown` (its holder died mid-call), `refused` (not approved, or
+/// not allowed), `stale` (the conversation moved on before it was reserved); counted
+/// by the dispatcher.
 pub const TOOL_CALLS: &str = "lull_tool_calls_total";
-/// Labelled `server`, `tool`: how long each call that ran took.
+/// Labelled `server`, `tool`: the time a `tools/call` took (to its answer, error or
+/// deadline), recorded by the toolbox.
 pub const TOOL_CALL_SECONDS: &str = "lull_tool_call_duration_seconds";
 
 /// Register descriptions with the installed recorder (call once, after installing it).
@@ -106,6 +107,6 @@ pub fn describe() {
     describe_histogram!(
         TOOL_CALL_SECONDS,
         metrics::Unit::Seconds,
-        "Time each tool call that ran took."
+        "Time a tool call took on its MCP server (to its answer, error or deadline)."
     );
 }

@@ -8,7 +8,7 @@
 //!
 //! One file per group of settings, each holding its flags (a clap group flattened
 //! into [`Settings`]), its checks and their tests: [`platforms`], [`model`],
-//! [`media`], [`timing`], [`http`], [`access`], [`limits`]. The core's defaults are
+//! [`media`], [`timing`], [`http`], [`access`], [`limits`], [`tools`]. The core's defaults are
 //! named constants in [`lull_core::dispatcher`], read by the flags here and by
 //! [`DispatchSettings::default`] alike.
 
@@ -21,6 +21,7 @@ mod media;
 mod model;
 mod platforms;
 mod timing;
+mod tools;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -41,6 +42,7 @@ pub use self::media::{MediaArgs, VisionMode};
 pub use self::model::{LlmConfig, ModelArgs, StreamMode};
 pub use self::platforms::PlatformArgs;
 pub use self::timing::TimingArgs;
+pub use self::tools::{ToolsArgs, ToolsConfig};
 
 /// The system prompt when `LULL_SYSTEM_PROMPT` is unset (a sentence to the model: with
 /// the others, in the core's `texts`).
@@ -108,6 +110,8 @@ pub struct Settings {
     pub access: AccessArgs,
     #[command(flatten)]
     pub limits: LimitsArgs,
+    #[command(flatten)]
+    pub tools: ToolsArgs,
 
     /// Log format: `text` or `json`.
     #[arg(long, global = true, env = "LOG_FORMAT", default_value = "text")]
@@ -175,6 +179,8 @@ pub struct Config {
     pub dispatch: DispatchSettings,
     pub http_addr: SocketAddr,
     pub http_adapter: Option<HttpAdapterConfig>,
+    /// The MCP servers whose tools the model may call (`None`: tools off).
+    pub tools: Option<ToolsConfig>,
 }
 
 /// An http(s) URL with a host, or an error naming the variable. Returned without a
@@ -220,6 +226,8 @@ impl Config {
         let (timers, lease) = s.timing.check()?;
         let http_adapter = s.http.check()?;
         let limits = s.limits.limits(&model.llm, max_reply_chars)?;
+        let tool_settings = s.tools.settings()?;
+        let tools = s.tools.check()?;
         Ok(Config {
             telegram: platforms.telegram,
             telegram_webhook: platforms.telegram_webhook,
@@ -244,10 +252,12 @@ impl Config {
                 vision: s.media.vision == VisionMode::Auto,
                 max_image_bytes: s.media.max_image_bytes()?,
                 max_audio_seconds: s.media.max_audio_seconds,
+                tools: tool_settings,
                 ..DispatchSettings::default()
             },
             http_addr: s.http.http_addr,
             http_adapter,
+            tools,
         })
     }
 }
@@ -384,6 +394,7 @@ pub(super) mod tests {
         assert_eq!(flags.max_audio_seconds, core.max_audio_seconds);
         assert_eq!(flags.drafts, core.drafts);
         assert_eq!(flags.vision, core.vision);
+        assert_eq!(flags.tools, core.tools);
     }
 
     #[test]

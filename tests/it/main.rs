@@ -20,6 +20,7 @@ mod ingest;
 mod last_step;
 mod limits;
 mod llm;
+mod mcp;
 mod media;
 mod project;
 mod promql;

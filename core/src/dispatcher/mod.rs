@@ -63,6 +63,7 @@ use crate::llm::transcribe::Transcriber;
 use crate::llm::{HistoryBudget, Responder};
 use crate::store::{Store, StoreError};
 use crate::timing::{LeaseTiming, TimerPolicy};
+use crate::tools::{ToolSettings, Toolbox};
 
 /// The dispatcher's settings, validated before they get here. The one declaration of
 /// the core's settings: the binary fills it from the environment, tests from
@@ -103,8 +104,9 @@ pub struct DispatchSettings {
     /// `LULL_MAX_AUDIO_SECONDS`: the longest voice note or audio file transcribed; a
     /// longer one is not, and the user is told.
     pub max_audio_seconds: u32,
-    /// How rounds use tools, when a toolbox is set ([`Dispatcher::set_toolbox`]).
-    pub tools: crate::tools::ToolSettings,
+    /// How rounds run tools (`LULL_TOOL_STEPS`, `LULL_TOOL_TIMEOUT_MS`,
+    /// `LULL_APPROVAL_TTL`), when a toolbox is set ([`Dispatcher::set_toolbox`]).
+    pub tools: ToolSettings,
 }
 
 impl Default for DispatchSettings {
@@ -134,7 +136,7 @@ impl Default for DispatchSettings {
             vision: true,
             max_image_bytes: MAX_IMAGE_BYTES,
             max_audio_seconds: MAX_AUDIO_SECONDS,
-            tools: crate::tools::ToolSettings::default(),
+            tools: ToolSettings::default(),
         }
     }
 }
@@ -200,6 +202,8 @@ pub struct Dispatcher {
     /// Transcribes voice notes and audio at the start of a round; unset (the `echo`
     /// responder), they reach the model as their marker only.
     transcriber: std::sync::OnceLock<Arc<dyn Transcriber>>,
+    /// The tools the model may call (MCP servers); unset, rounds offer none.
+    toolbox: std::sync::OnceLock<Arc<dyn Toolbox>>,
     /// Set once the model refused image parts (a model without vision): later rounds
     /// of this process send it no images (a restart, perhaps with another model,
     /// tries again).
@@ -208,8 +212,6 @@ pub struct Dispatcher {
     /// waiting to retry a failed send (the row stays in the outbox for the next
     /// start), so an unreachable receiver does not hold the stop for the whole grace.
     draining: CancellationToken,
-    /// The tools rounds offer the model; unset, none.
-    toolbox: std::sync::OnceLock<Arc<dyn crate::tools::Toolbox>>,
     /// Set once the model refused `tools` (a model without tool support): later
     /// rounds of this process offer none (logged once).
     tools_refused: std::sync::atomic::AtomicBool,
@@ -276,12 +278,12 @@ impl Dispatcher {
 
     /// Offer the tools of `toolbox` to the model (set once, before
     /// [`Dispatcher::run`]; a second call is ignored).
-    pub fn set_toolbox(&self, toolbox: Arc<dyn crate::tools::Toolbox>) {
+    pub fn set_toolbox(&self, toolbox: Arc<dyn Toolbox>) {
         let _ = self.toolbox.set(toolbox);
     }
 
-    /// The toolbox, if one is set.
-    pub fn toolbox(&self) -> Option<&Arc<dyn crate::tools::Toolbox>> {
+    /// The toolbox, when tools are on.
+    pub fn toolbox(&self) -> Option<&Arc<dyn Toolbox>> {
         self.toolbox.get()
     }
 

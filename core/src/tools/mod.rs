@@ -12,7 +12,41 @@
 //! [`mcp`] implements it on MCP servers (stdio and Streamable HTTP, through `rmcp`),
 //! configured in Claude Desktop's `mcpServers` JSON ([`config`]).
 
+use std::time::Duration;
+
 use async_trait::async_trait;
+
+pub mod config;
+pub mod mcp;
+
+/// How the dispatcher runs tools in a round (`LULL_TOOL_STEPS`, `LULL_TOOL_TIMEOUT_MS`,
+/// `LULL_APPROVAL_TTL`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ToolSettings {
+    /// Model turns per round at most (each may call tools); the last one answers.
+    pub steps: u32,
+    /// A call's deadline (the toolbox's, [`mcp::McpSettings::call_timeout`]): the
+    /// reservation of a call that acts expires after it and a margin, so a later round
+    /// can tell an abandoned call from one still running.
+    pub call_timeout: Duration,
+    /// How long a destructive call waits for the person's `/approve`.
+    pub approval_ttl: Duration,
+}
+
+/// `LULL_TOOL_STEPS`.
+pub const TOOL_STEPS: u32 = 8;
+/// `LULL_APPROVAL_TTL`: ten minutes.
+pub const APPROVAL_TTL: Duration = Duration::from_secs(600);
+
+impl Default for ToolSettings {
+    fn default() -> Self {
+        ToolSettings {
+            steps: TOOL_STEPS,
+            call_timeout: Duration::from_millis(mcp::CALL_TIMEOUT_MS),
+            approval_ttl: APPROVAL_TTL,
+        }
+    }
+}
 
 /// What running a tool does to the world, from its MCP annotations (`readOnlyHint`,
 /// `destructiveHint`, `idempotentHint`) or the server's `readOnly`/`confirm` lists in
@@ -102,8 +136,10 @@ impl ToolOutput {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ServerState {
     pub name: String,
-    /// `starting`, `ready`, `restarting` (a stdio server that died, started again
-    /// with backoff) or `failed` (the last attempt failed; `error` says why).
+    /// `starting`, `ready`, `restarting` (a server whose connection ended, a stdio
+    /// child that died, connected again with backoff), `failed` (the last attempt
+    /// failed; `error` says why; tried again with backoff) or `stopped` (after
+    /// [`Toolbox::shutdown`]).
     pub state: &'static str,
     pub tools: usize,
     /// Redacted: never a header or env value.
@@ -132,35 +168,4 @@ pub trait Toolbox: Send + Sync + 'static {
 
     /// Stop every server lull started (stdio children), at shutdown.
     async fn shutdown(&self);
-}
-
-/// How the dispatcher uses tools (`LULL_TOOL_STEPS`, `LULL_TOOL_TIMEOUT_MS`,
-/// `LULL_APPROVAL_TTL`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ToolSettings {
-    /// The most model turns of one round (the last is asked without tools, so it
-    /// answers).
-    pub steps: u32,
-    /// A call's deadline (the toolbox's); a reservation of a call that acts expires
-    /// after it and a margin, so a later round can tell an abandoned call.
-    pub call_timeout: std::time::Duration,
-    /// How long a destructive call waits for the person's yes.
-    pub approval_ttl: std::time::Duration,
-}
-
-/// `LULL_TOOL_STEPS`'s default.
-pub const TOOL_STEPS: u32 = 8;
-/// `LULL_TOOL_TIMEOUT_MS`'s default.
-pub const TOOL_TIMEOUT_MS: u64 = 30_000;
-/// `LULL_APPROVAL_TTL`'s default, in seconds.
-pub const APPROVAL_TTL_SECS: u64 = 600;
-
-impl Default for ToolSettings {
-    fn default() -> Self {
-        ToolSettings {
-            steps: TOOL_STEPS,
-            call_timeout: std::time::Duration::from_millis(TOOL_TIMEOUT_MS),
-            approval_ttl: std::time::Duration::from_secs(APPROVAL_TTL_SECS),
-        }
-    }
 }

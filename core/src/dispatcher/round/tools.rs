@@ -16,7 +16,7 @@
 //! reservation expires into "outcome unknown".
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::{Interrupt, Round, add_note};
 use crate::dispatcher::Event;
@@ -341,15 +341,12 @@ impl Round<'_> {
             conversation: self.conversation,
             action: row.id,
         });
-        let started = Instant::now();
         let output = tokio::select! {
             output = self.calling(batch, toolbox, spec, arguments, Some(&row.key.0)) => output,
             // Only the hard stop leaves a running call: its reservation expires into
             // "outcome unknown".
             () = self.stop.cancelled() => return Err(Interrupt::Stopped),
         };
-        metrics::histogram!(names::TOOL_CALL_SECONDS, "server" => spec.server.clone(), "tool" => spec.tool.clone())
-            .record(started.elapsed().as_secs_f64());
         count(&spec.server, &spec.tool, output.outcome.label());
         self.record(&row.key, row.token, &output.text, output.is_error)
             .await;

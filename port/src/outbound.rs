@@ -35,6 +35,25 @@ pub struct OutgoingPart<'a> {
     pub reply_to: Option<&'a str>,
     /// Platform message ids the reply covers (empty for notices).
     pub covers: &'a [String],
+    /// Answers the user may send with one tap, shown as buttons under this part
+    /// (empty for most parts). Only an offer: the text itself says how to answer,
+    /// so an adapter that cannot show buttons ignores them.
+    pub quick_replies: &'a [QuickReply],
+}
+
+/// A reply the user may send with one tap (a button under a message).
+///
+/// The invariant every adapter keeps: a quick reply, when tapped, arrives at the
+/// core as a *new message* from the user who tapped it, whose text is exactly
+/// [`QuickReply::text`]. It takes the same path as typing that text (stored,
+/// deduplicated by its message id, access checked by its user, answered by a round),
+/// so a button grants nothing that typing would not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuickReply {
+    /// What the button shows ("Approve").
+    pub label: String,
+    /// The message a tap sends ("/approve 12").
+    pub text: String,
 }
 
 /// Why a send failed, as far as retrying is concerned.

@@ -860,6 +860,7 @@ async fn sends_quote_in_guilds_only_and_map_errors() {
         text: "hi",
         reply_to: Some("1234"),
         covers: &[],
+        quick_replies: &[],
     };
     let conversation = |id: u64| {
         &*Box::leak(Box::new(ConversationRef::new(

@@ -437,4 +437,12 @@ mod tests {
         // Only the answer the text names.
         assert_eq!(pairs("say /cancel 4."), owned(&[("Cancel", "/cancel 4")]));
     }
+
+    #[test]
+    fn every_button_is_one_the_adapters_take_back() {
+        let question = approval_question(12, "t", "{}", "10m");
+        for reply in quick_replies(&question) {
+            assert!(lull_port::QuickReply::could_be(&reply.text), "{reply:?}");
+        }
+    }
 }

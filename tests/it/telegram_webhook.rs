@@ -85,7 +85,13 @@ async fn webhook_mode_answers_a_burst_once_and_never_polls() {
     assert_eq!(set.secret_token.as_deref(), Some(expected.expose_secret()));
     assert_eq!(
         set.allowed_updates.as_deref(),
-        Some(&["message".to_owned(), "edited_message".to_owned()][..])
+        Some(
+            &[
+                "message".to_owned(),
+                "edited_message".to_owned(),
+                "callback_query".to_owned()
+            ][..]
+        )
     );
     assert!(!set.drop_pending_updates, "pending updates are kept");
 

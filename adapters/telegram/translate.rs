@@ -92,14 +92,7 @@ impl Translator {
             return None;
         }
         let (user_id, author) = sender(msg)?;
-        let key = ChatKey {
-            chat: msg.chat.id.0,
-            topic: if msg.is_topic_message {
-                msg.thread_id.map(|t| t.0.0)
-            } else {
-                None
-            },
-        };
+        let key = chat_key(msg);
         let is_group = !msg.chat.is_private();
         let (text, entities) = match (msg.text(), msg.caption()) {
             (Some(text), _) => (Some(text), msg.parse_entities().unwrap_or_default()),
@@ -355,6 +348,19 @@ fn incoming(
     }
 }
 
+/// The conversation of a message: its chat, or its forum topic (a topic message
+/// carries the topic's thread id; the General topic carries none).
+fn chat_key(msg: &Message) -> ChatKey {
+    ChatKey {
+        chat: msg.chat.id.0,
+        topic: if msg.is_topic_message {
+            msg.thread_id.map(|t| t.0.0)
+        } else {
+            None
+        },
+    }
+}
+
 /// The callback query of an update, which must be answered whether or not its tap
 /// is taken.
 pub fn callback_query(update: &Update) -> Option<&CallbackQuery> {
@@ -381,14 +387,7 @@ fn tapped(query: &CallbackQuery) -> Option<Incoming> {
     if msg.chat.is_channel() {
         return None;
     }
-    let key = ChatKey {
-        chat: msg.chat.id.0,
-        topic: if msg.is_topic_message {
-            msg.thread_id.map(|t| t.0.0)
-        } else {
-            None
-        },
-    };
+    let key = chat_key(msg);
     let is_group = !msg.chat.is_private();
     Some(Incoming {
         message_id: format!("cb:{}", query.id.0),

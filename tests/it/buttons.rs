@@ -68,6 +68,53 @@ fn part<'a>(
     }
 }
 
+/// The core offers buttons under a notice that asks an approval question (its last
+/// part), never under a reply: a notice queued for a conversation is delivered by
+/// its next round with the answers its text names as quick replies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notice_asking_for_approval_is_delivered_with_its_answers() {
+    use lull_core::store::{NewNotice, SqliteStore, prelude::*};
+    let db = crate::helpers::temp_db();
+    let settings = crate::helpers::settings(200, 3000, 3000);
+    let store = std::sync::Arc::new(SqliteStore::open(&db.path, settings.timers).unwrap());
+    let node = crate::helpers::Node::start_with_store(
+        store.clone(),
+        settings,
+        crate::helpers::CountingEcho::new(0),
+    );
+    node.send("c1", "m1", "hello").await;
+    node.outbound.wait_replies(1, SECS(10)).await;
+    let question = lull_core::texts::approval_question(12, "counter__delete", "{}", "10m");
+    store
+        .enqueue_notice(
+            NewNotice {
+                conversation: ConversationRef::new(Platform::Http, "c1"),
+                is_group: false,
+                text: question.clone(),
+                reply_to: None,
+                dedupe_key: "buttons-test-q12".into(),
+            },
+            &lull_core::domain::HolderId::generate(),
+            lull_core::domain::Timestamp::now(),
+        )
+        .await
+        .unwrap();
+    node.send("c1", "m2", "and now?").await;
+    node.outbound.wait_replies(2, SECS(10)).await;
+    let all = node.outbound.all();
+    let notice = all
+        .iter()
+        .find(|d| d.kind == OutboxKind::Notice)
+        .expect("the notice delivered");
+    assert_eq!(notice.text, question);
+    assert_eq!(notice.quick_replies, ["/approve 12", "/cancel 12"]);
+    assert!(
+        all.iter()
+            .filter(|d| d.kind == OutboxKind::Reply)
+            .all(|d| d.quick_replies.is_empty())
+    );
+}
+
 /// A tapped button (a `callback_query`) is stored as a message from the tapping user
 /// with the button's data and answered once, though Telegram delivers it twice;
 /// `answerCallbackQuery` is called for it (its first call failing with a 500 delays

@@ -257,6 +257,7 @@ mod tests {
             text,
             reply_to: None,
             covers: &[],
+            quick_replies: &[],
         }
     }
 

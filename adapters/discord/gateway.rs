@@ -24,6 +24,13 @@
 //!   retried with backoff, never skipped, because a later message stored in its place
 //!   would move the catch-up point past it. Whatever is still queued when the session
 //!   ends (a crash, a lost lease) is read back by the next session's catch-up.
+//! - **A button click is an interaction** (`INTERACTION_CREATE`, type 3), sent to one
+//!   connection only (the shard of its guild, DMs on shard 0), to be answered within
+//!   3 s or the user sees "This interaction failed". The handler answers it at once
+//!   with `DEFERRED_UPDATE_MESSAGE` (type 6: nothing changes on screen) on a task of
+//!   its own, before and apart from storing, so a slow database never makes Discord
+//!   time out and a failed answer never holds the click back; the click itself is
+//!   queued like a message and stored as the message its button spells.
 //! - serenity resumes or re-identifies after a dropped connection by itself (waiting
 //!   five seconds between IDENTIFYs, as Discord requires).
 
@@ -32,9 +39,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serenity::all::{
-    ChannelId, ClientBuilder, Context, EventHandler, GatewayError, Message, MessageId,
-    MessagePagination, MessageUpdateEvent, Ready, ResumedEvent, ShardManager,
+    ChannelId, ClientBuilder, ComponentInteraction, Context, EventHandler, GatewayError,
+    Interaction, InteractionId, Message, MessageId, MessagePagination, MessageUpdateEvent, Ready,
+    ResumedEvent, ShardManager,
 };
+use serenity::http::{LightMethod, Request, Route};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -151,6 +160,7 @@ impl DiscordInbound {
         let retired = CancellationToken::new();
         let manager = Arc::new(OnceLock::new());
         let handler = Handler {
+            rest: self.rest.clone(),
             events,
             retired: retired.clone(),
             manager: manager.clone(),
@@ -274,6 +284,8 @@ enum GatewayEvent {
     Resumed,
     Message(Box<Message>),
     Edit(Box<MessageUpdateEvent>),
+    /// A button clicked (already answered to Discord).
+    Tap(Box<ComponentInteraction>),
 }
 
 impl GatewayEvent {
@@ -284,6 +296,7 @@ impl GatewayEvent {
             GatewayEvent::Ready | GatewayEvent::Resumed => (0, 0, 0),
             GatewayEvent::Message(m) => (1, m.id.get(), 0),
             GatewayEvent::Edit(e) => (1, e.id.get(), 1),
+            GatewayEvent::Tap(i) => (1, i.id.get(), 0),
         }
     }
 }
@@ -291,6 +304,8 @@ impl GatewayEvent {
 /// serenity's event handler: queues events and returns. serenity calls it from a task
 /// per event, concurrently, so ordering and storing happen in [`Feeder`].
 struct Handler {
+    /// Answers clicks.
+    rest: Rest,
     events: mpsc::UnboundedSender<GatewayEvent>,
     /// Set when the session ended: a shard that reconnects afterwards is stopped.
     retired: CancellationToken,
@@ -345,6 +360,50 @@ impl EventHandler for Handler {
     ) {
         self.queue(GatewayEvent::Edit(Box::new(event)));
     }
+
+    /// Button clicks: answered at once (Discord waits 3 s), then queued. Other
+    /// interactions (lull registers no commands) are not lull's.
+    async fn interaction_create(&self, _ctx: Context, interaction: Interaction) {
+        let Interaction::Component(click) = interaction else {
+            return;
+        };
+        if self.retired.is_cancelled() {
+            // No session stores it: let Discord tell the user it failed.
+            self.retire();
+            return;
+        }
+        acknowledge(&self.rest, click.id, &click.token);
+        self.queue(GatewayEvent::Tap(Box::new(click)));
+    }
+}
+
+/// Answer a click with `DEFERRED_UPDATE_MESSAGE` (`POST
+/// /interactions/{id}/{token}/callback`, type 6), on a task of its own: never awaited
+/// by the gateway or the intake. A failure is logged once; the click is stored
+/// anyway (Discord then shows the user "This interaction failed", and the answer to
+/// it still comes). The token is in the URL: no error carries the URL.
+fn acknowledge(rest: &Rest, id: InteractionId, token: &str) {
+    let request = Request::new(
+        Route::InteractionResponse {
+            interaction_id: id,
+            token,
+        },
+        LightMethod::Post,
+    )
+    .body(Some(br#"{"type":6}"#.to_vec()));
+    let built = rest.request(request);
+    let redactor = rest.redactor.clone();
+    tokio::spawn(async move {
+        let outcome = match built {
+            Ok(request) => match request.send().await {
+                Ok(response) if response.status().is_success() => return,
+                Ok(response) => format!("Discord answered HTTP {}", response.status().as_u16()),
+                Err(e) => format!("Discord unreachable: {}", redactor.redact(e.without_url())),
+            },
+            Err(e) => e,
+        };
+        tracing::warn!(interaction = id.get(), error = %outcome, "could not answer a button click (interaction callback); the click is taken anyway");
+    });
 }
 
 /// Hands gateway events to the core one at a time, in order, each until it is stored.
@@ -425,6 +484,20 @@ impl Feeder<'_> {
             GatewayEvent::Edit(event) => {
                 if let Some(incoming) = translate::edit(&event, &self.bot) {
                     self.store(incoming).await;
+                }
+            }
+            GatewayEvent::Tap(click) => {
+                let place = match click.guild_id {
+                    Some(guild) => Place::Guild(Some(guild)),
+                    None => Place::Dm,
+                };
+                self.channels.remember(click.channel_id, place);
+                match translate::tapped(&click, &self.bot) {
+                    Some(incoming) => self.store(incoming).await,
+                    None => tracing::debug!(
+                        interaction = click.id.get(),
+                        "a button click that is no quick reply of lull's; ignored"
+                    ),
                 }
             }
         }
@@ -532,9 +605,11 @@ impl Feeder<'_> {
     /// Returns how many messages were handed to the core.
     async fn catch_up_channel(&self, recent: &RecentConversation) -> usize {
         let key = &recent.conversation.key;
-        let (Some(channel), Ok(mut after)) =
-            (channel_of(key), recent.last_message_id.parse::<u64>())
-        else {
+        // The last stored may be a click (`interaction:<id>`): its snowflake is as good.
+        let (Some(channel), Some(mut after)) = (
+            channel_of(key),
+            translate::snowflake(&recent.last_message_id),
+        ) else {
             tracing::warn!(conversation = %recent.conversation, "not a Discord channel and message id; skipping catch-up");
             return 0;
         };

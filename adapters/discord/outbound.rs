@@ -6,6 +6,11 @@
 //! So a part sent, then retried because the process crashed before recording it,
 //! appears once. (After more than a few minutes the window has closed; the core's
 //! recovery runs within a lease TTL, well inside it.)
+//!
+//! A part with quick replies carries them as buttons (`components`: action rows of
+//! at most 5 buttons, at most 5 rows), each with the reply's text as its `custom_id`
+//! (at most 100 characters; a longer reply gets no button, the text still says how to
+//! answer). A click arrives on the gateway as an interaction (see `gateway`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,12 +22,19 @@ use serenity::http::{LightMethod, Request, Route};
 
 use super::{ChannelKinds, MAX_MESSAGE_CHARS, Rest, channel_of};
 use lull_port::domain::{ConversationRef, OutboxId, Platform};
-use lull_port::{Media, MediaBytes, MediaError, Outbound, OutgoingPart, SendError};
+use lull_port::{Media, MediaBytes, MediaError, Outbound, OutgoingPart, QuickReply, SendError};
 
 /// Discord's typing indicator lasts about 10 seconds; refresh it before it lapses.
 const TYPING_EVERY: Duration = Duration::from_secs(8);
 /// Discord accepts nonces of at most 25 characters.
 const MAX_NONCE_CHARS: usize = 25;
+/// A button's `custom_id`: 1 to 100 characters.
+pub const MAX_CUSTOM_ID_CHARS: usize = 100;
+/// A button's label: at most 80 characters.
+const MAX_LABEL_CHARS: usize = 80;
+/// Buttons per action row, and action rows per message.
+const PER_ROW: usize = 5;
+const MAX_ROWS: usize = 5;
 
 /// The sending half of the Discord adapter.
 pub struct DiscordOutbound {
@@ -67,6 +79,30 @@ pub fn nonce(
     nonce
 }
 
+/// The `components` of a message offering `replies`: action rows (type 1) of
+/// secondary buttons (type 2, style 2) whose `custom_id` is exactly the reply's text,
+/// so a click sends what typing it would. Replies with an empty or too long text get
+/// no button, and at most 25 fit; `None` when no button is left.
+pub fn components(replies: &[QuickReply]) -> Option<serde_json::Value> {
+    let buttons: Vec<serde_json::Value> = replies
+        .iter()
+        .filter(|r| (1..=MAX_CUSTOM_ID_CHARS).contains(&r.text.chars().count()))
+        .take(PER_ROW * MAX_ROWS)
+        .map(|r| {
+            let label: String = r.label.chars().take(MAX_LABEL_CHARS).collect();
+            json!({"type": 2, "style": 2, "label": label, "custom_id": r.text})
+        })
+        .collect();
+    if buttons.is_empty() {
+        return None;
+    }
+    let rows: Vec<serde_json::Value> = buttons
+        .chunks(PER_ROW)
+        .map(|row| json!({"type": 1, "components": row}))
+        .collect();
+    Some(serde_json::Value::Array(rows))
+}
+
 /// FNV-1a, 64 bits: stable across Rust releases and processes (unlike `std`'s
 /// hasher), which a nonce must be.
 fn fnv1a(parts: &[&[u8]]) -> u64 {
@@ -100,7 +136,12 @@ impl Outbound for DiscordOutbound {
             // model wrote.
             "allowed_mentions": { "parse": [] },
         });
+        if let Some(components) = components(part.quick_replies) {
+            body["components"] = components;
+        }
+        // A tapped button (`interaction:<id>`) is no message to quote.
         if let (0, Some(reply_to)) = (part.index, part.reply_to)
+            && reply_to.parse::<u64>().is_ok()
             && self.channels.in_guild(&self.rest, channel).await
         {
             // In a busy channel, show which message is answered; if it was deleted
@@ -290,6 +331,37 @@ mod tests {
         );
         assert!(matches!(classify(404, None, ""), SendError::Permanent(_)));
         assert!(matches!(classify(400, None, ""), SendError::Permanent(_)));
+    }
+
+    #[test]
+    fn quick_replies_are_buttons_in_rows_of_five() {
+        let reply = |label: &str, text: &str| QuickReply {
+            label: label.into(),
+            text: text.into(),
+        };
+        assert!(components(&[]).is_none());
+        let long = format!("/approve {}", "9".repeat(100));
+        assert_eq!(
+            components(&[
+                reply("Approve", "/approve 12"),
+                reply("Too long", &long),
+                reply("Cancel", "/cancel 12"),
+            ]),
+            Some(json!([{"type": 1, "components": [
+                {"type": 2, "style": 2, "label": "Approve", "custom_id": "/approve 12"},
+                {"type": 2, "style": 2, "label": "Cancel", "custom_id": "/cancel 12"},
+            ]}]))
+        );
+        let many: Vec<QuickReply> = (0..30)
+            .map(|i| reply("A", &format!("/approve {i}")))
+            .collect();
+        let rows = components(&many).unwrap();
+        let rows = rows.as_array().unwrap();
+        assert_eq!(rows.len(), 5);
+        assert!(
+            rows.iter()
+                .all(|r| r["components"].as_array().unwrap().len() == 5)
+        );
     }
 
     #[test]

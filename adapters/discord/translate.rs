@@ -12,13 +12,20 @@
 //!   (the attachment's id and CDN URL), fetched only when the reply is generated; the
 //!   text is the caption. Other attachments or stickers without text become
 //!   [`Content::Unsupported`], which the core answers with a short "text only" notice.
+//! - A click on one of lull's buttons (an `INTERACTION_CREATE` of type 3, message
+//!   component) becomes the message its `custom_id` spells (see [`tapped`]).
 
 use serenity::all::{
-    Attachment, ChannelId, GuildId, Message, MessageType, MessageUpdateEvent, UserId,
+    Attachment, ChannelId, ComponentInteraction, ComponentInteractionDataKind, GuildId, Message,
+    MessageType, MessageUpdateEvent, UserId,
 };
 
 use lull_port::domain::{ConversationRef, Platform};
-use lull_port::{Content, Incoming, IncomingKind, Media, MediaKind};
+use lull_port::{Content, Incoming, IncomingKind, Media, MediaKind, QuickReply};
+
+/// How the message id of a tapped button starts: `interaction:<interaction id>`.
+/// Interaction ids are snowflakes like message ids, but never equal to one.
+pub const TAP_PREFIX: &str = "interaction:";
 
 /// Who lull is on Discord (from `GET /users/@me`), to recognise mentions and replies.
 #[derive(Debug, Clone)]
@@ -131,6 +138,53 @@ pub fn edit(event: &MessageUpdateEvent, bot: &BotIdentity) -> Option<Incoming> {
         media,
         kind: IncomingKind::Edit,
     })
+}
+
+/// A click on a button (a message component interaction) as the message it stands
+/// for: a new message from the user who clicked (`member.user` in a guild, `user` in
+/// a DM; serenity fills `user` from the member), in the interaction's channel, with
+/// its guild for the access checks as a `MESSAGE_CREATE` has, whose text is exactly
+/// the button's `custom_id` and whose id is `interaction:<interaction id>` (so a
+/// redelivery is stored once, and a click never shares an id with a message). No
+/// mention check: the button is on lull's own message. `None` for other components
+/// (select menus), clicks by bots, and a `custom_id` lull could not have sent (see
+/// [`QuickReply::could_be`]; any client can send any).
+pub fn tapped(interaction: &ComponentInteraction, bot: &BotIdentity) -> Option<Incoming> {
+    if !matches!(interaction.data.kind, ComponentInteractionDataKind::Button) {
+        return None;
+    }
+    let text = interaction.data.custom_id.as_str();
+    let user = &interaction.user;
+    if !QuickReply::could_be(text) || user.bot || user.id == bot.id {
+        return None;
+    }
+    let author = interaction
+        .member
+        .as_ref()
+        .and_then(|m| m.nick.clone())
+        .or_else(|| user.global_name.clone())
+        .unwrap_or_else(|| user.name.clone());
+    Some(Incoming {
+        conversation: ConversationRef::new(Platform::Discord, interaction.channel_id.to_string()),
+        is_group: interaction.guild_id.is_some(),
+        user_id: user.id.to_string(),
+        chats: chats(interaction.channel_id, interaction.guild_id),
+        author,
+        message_id: format!("{TAP_PREFIX}{}", interaction.id),
+        content: Content::Text(text.to_owned()),
+        media: Vec::new(),
+        kind: IncomingKind::New,
+    })
+}
+
+/// The snowflake of a stored message id: a message's own, or the interaction's of a
+/// tapped button (both grow with time, so history read after it is what came later).
+pub fn snowflake(message_id: &str) -> Option<u64> {
+    message_id
+        .strip_prefix(TAP_PREFIX)
+        .unwrap_or(message_id)
+        .parse()
+        .ok()
 }
 
 /// What `LULL_ALLOWED_CHATS` may name to admit a server message: its channel, then
@@ -301,6 +355,75 @@ mod tests {
             new_message(&m, &bot(), false).unwrap().content,
             Content::Unsupported("attachment".into())
         );
+    }
+
+    /// A button click as the gateway sends it (`INTERACTION_CREATE`, type 3).
+    fn click(extra: Value, custom_id: &str) -> ComponentInteraction {
+        let mut i = json!({
+            "id": "5000", "application_id": BOT.to_string(), "type": 3, "token": "tok",
+            "version": 1, "channel_id": "77", "locale": "en-US", "entitlements": [],
+            "attachment_size_limit": 10_485_760,
+            "data": {"custom_id": custom_id, "component_type": 2},
+            "message": message(json!({"id": "1002", "author": user(BOT, true)})),
+            "user": user(5, false),
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            i[k] = v.clone();
+        }
+        serde_json::from_value(i).unwrap()
+    }
+
+    #[test]
+    fn a_click_is_a_new_message_from_the_clicking_user() {
+        let dm = tapped(&click(json!({}), "/approve 7"), &bot()).unwrap();
+        assert_eq!(dm.conversation.key, "77");
+        assert_eq!(dm.content, Content::Text("/approve 7".into()));
+        assert_eq!(
+            (dm.user_id.as_str(), dm.message_id.as_str()),
+            ("5", "interaction:5000")
+        );
+        assert_eq!(dm.kind, IncomingKind::New);
+        assert!(!dm.is_group && dm.chats.is_empty());
+
+        // In a guild the clicking member comes as `member` (no `user`).
+        let mut raw = json!({
+            "id": "5000", "application_id": BOT.to_string(), "type": 3, "token": "tok",
+            "version": 1, "channel_id": "77", "locale": "en-US", "entitlements": [],
+            "attachment_size_limit": 10_485_760, "guild_id": "3",
+            "data": {"custom_id": "/cancel 7", "component_type": 2},
+            "member": {"user": user(6, false), "nick": "Six", "roles": [],
+                "joined_at": "2026-01-01T00:00:00+00:00", "deaf": false, "mute": false, "flags": 0},
+        });
+        raw["message"] = serde_json::to_value(message(json!({"author": user(BOT, true)}))).unwrap();
+        let member: ComponentInteraction = serde_json::from_value(raw).unwrap();
+        let i = tapped(&member, &bot()).unwrap();
+        assert_eq!(
+            (i.user_id.as_str(), i.author.as_str()),
+            ("6", "Six"),
+            "the member who clicked"
+        );
+        assert!(i.is_group);
+        assert_eq!(i.chats, ["77", "3"]);
+        assert_eq!(snowflake(&i.message_id), Some(5000));
+        assert_eq!(snowflake("1001"), Some(1001));
+        assert_eq!(snowflake("x"), None);
+    }
+
+    #[test]
+    fn clicks_lull_could_not_have_offered_are_ignored() {
+        for custom_id in ["/reset", "approve 7", "/approve 7 and more"] {
+            assert!(
+                tapped(&click(json!({}), custom_id), &bot()).is_none(),
+                "{custom_id}"
+            );
+        }
+        let by_bot = click(json!({"user": user(8, true)}), "/approve 7");
+        assert!(tapped(&by_bot, &bot()).is_none());
+        let select = click(
+            json!({"data": {"custom_id": "/approve 7", "component_type": 3, "values": ["a"]}}),
+            "",
+        );
+        assert!(tapped(&select, &bot()).is_none());
     }
 
     #[test]

@@ -283,6 +283,7 @@ mod tests {
             text: "hi",
             reply_to: None,
             covers: &[],
+            quick_replies: &[],
         };
         let (first, retry) = (
             webhook_id(&attempt(1_764_000_000_120)),

@@ -25,11 +25,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use teloxide::payloads::{DeleteWebhookSetters, GetUpdatesSetters};
 use teloxide::requests::{Request, Requester};
-use teloxide::types::{AllowedUpdate, Update};
+use teloxide::types::Update;
 use teloxide::{ApiError, Bot, RequestError};
 
 use super::translate::{BotIdentity, Translator};
-use super::{BACKOFF, Redactor, request_error};
+use super::{ALLOWED_UPDATES, BACKOFF, Redactor, answer_tap, request_error};
 use lull_port::domain::{Platform, Timestamp};
 use lull_port::health::AdapterState;
 use lull_port::{Accepted, Inbound, IngestError, Intake, Session, SessionEnd};
@@ -136,7 +136,7 @@ impl TelegramInbound {
                 .bot
                 .get_updates()
                 .timeout(timeout)
-                .allowed_updates([AllowedUpdate::Message, AllowedUpdate::EditedMessage]);
+                .allowed_updates(ALLOWED_UPDATES);
             if let Some(offset) = offset {
                 request = request.offset(offset);
             }
@@ -227,6 +227,7 @@ impl TelegramInbound {
             let next = update.id.0 as i32 + 1;
             let Some(incoming) = translator.translate(&update) else {
                 tracing::debug!(update = update.id.0, "update ignored");
+                answer_tap(&self.bot, &self.redactor, &update);
                 *offset = Some(next);
                 continue;
             };
@@ -245,6 +246,7 @@ impl TelegramInbound {
                 }
                 Err(e @ IngestError::NotStored(_)) => return Err(Unstored::Retry(e.to_string())),
             }
+            answer_tap(&self.bot, &self.redactor, &update);
             *offset = Some(next);
         }
         Ok(())

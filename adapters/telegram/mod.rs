@@ -10,7 +10,8 @@
 //!   poller runs. An update is answered 200 only once the intake stored it.
 //! - `translate`: Telegram messages to [`lull_port::Incoming`]: which group
 //!   messages are addressed to the bot, conversation keys for chats and forum topics,
-//!   captions as text, non-text messages named.
+//!   captions as text, non-text messages named; taps on quick reply buttons
+//!   (`callback_query`) as the messages they stand for.
 //! - `outbound`: replies as Telegram HTML (`html`), split to 4096 characters,
 //!   quoting in groups, "typing…", and Telegram's errors mapped to retry decisions.
 //! - [`Redactor`]: the bot token is part of every Bot API URL (`/bot<TOKEN>/Method`),
@@ -32,6 +33,7 @@ use secrecy::ExposeSecret;
 use teloxide::Bot;
 use teloxide::RequestError;
 use teloxide::requests::{Request, Requester};
+use teloxide::types::{AllowedUpdate, Update};
 
 use crate::PlatformSettings as PlatformConfig;
 
@@ -166,6 +168,35 @@ impl fmt::Display for ChatKey {
             None => write!(f, "{}", self.chat),
         }
     }
+}
+
+/// The update types lull reads, for `getUpdates` and `setWebhook` alike (Telegram
+/// remembers the last list it was given; a type left out is never delivered).
+const ALLOWED_UPDATES: [AllowedUpdate; 3] = [
+    AllowedUpdate::Message,
+    AllowedUpdate::EditedMessage,
+    AllowedUpdate::CallbackQuery,
+];
+
+/// Answer the callback query of `update`, if it is one (a tapped button), so the
+/// client stops its spinner; the tap itself is the update's message, stored by the
+/// caller. Called once the update was taken (stored, or deliberately not), so an
+/// update delivered again after a failed store is answered then. Runs on its own
+/// task: it never delays storing or the next update, and a failure (the query too
+/// old, the Bot API down) is logged once and not retried, as the spinner ends by
+/// itself.
+fn answer_tap(bot: &Bot, redactor: &Redactor, update: &Update) {
+    let Some(query) = translate::callback_query(update) else {
+        return;
+    };
+    let request = bot.answer_callback_query(query.id.clone());
+    let redactor = redactor.clone();
+    let update_id = update.id.0;
+    tokio::spawn(async move {
+        if let Err(e) = request.send().await {
+            tracing::warn!(update = update_id, error = %request_error(&redactor, e), "could not answer a tapped button (answerCallbackQuery); its spinner stops by itself");
+        }
+    });
 }
 
 /// Pauses between failed Bot API requests of the poller: 0.5 s doubling to 30 s.

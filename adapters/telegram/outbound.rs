@@ -22,6 +22,11 @@
 //!   request, on the same client, API URL, error mapping and token redaction. A Bot
 //!   API server that does not know it answers 404 "Not Found": drafts then stay off
 //!   in this process.
+//! - A part with quick replies carries them as an inline keyboard (`reply_markup`),
+//!   one callback button per reply whose `callback_data` is the reply's text. The Bot
+//!   API takes 1–64 bytes of `callback_data`: a reply that does not fit gets no button
+//!   (the text still says how to answer). A tap arrives as a `callback_query` update
+//!   (see `translate`).
 //!
 //! There is no idempotency key in the Bot API: a part sent just before a crash, and
 //! not yet marked sent, is sent again on recovery. The core marks each part
@@ -35,14 +40,20 @@ use serde::Serialize;
 use teloxide::payloads::{SendChatActionSetters, SendMessageSetters};
 use teloxide::requests::{JsonRequest, Payload, Request, Requester};
 use teloxide::types::{
-    ChatAction, ChatId, FileId, MessageId, ParseMode, ReplyParameters, ThreadId, True,
+    ChatAction, ChatId, FileId, InlineKeyboardButton, InlineKeyboardMarkup, MessageId, ParseMode,
+    ReplyParameters, ThreadId, True,
 };
 use teloxide::{ApiError, Bot, RequestError};
 
 use super::html::markdown_to_html;
 use super::{ChatKey, MAX_MESSAGE_CHARS, Redactor, request_error};
 use lull_port::domain::{ConversationRef, DraftId, Platform};
-use lull_port::{Media, MediaBytes, MediaError, Outbound, OutgoingPart, SendError};
+use lull_port::{Media, MediaBytes, MediaError, Outbound, OutgoingPart, QuickReply, SendError};
+
+/// The most bytes of `callback_data` a button may carry (Bot API: 1–64 bytes).
+pub const MAX_CALLBACK_DATA_BYTES: usize = 64;
+/// Buttons per keyboard row: an answer and its alternative side by side.
+const BUTTONS_PER_ROW: usize = 2;
 
 /// What a draft shows before the first words: Telegram shows a placeholder for an
 /// empty text only in newer Bot API versions, and refuses it in others.
@@ -115,15 +126,19 @@ impl TelegramOutbound {
         })
     }
 
-    /// One sendMessage request.
+    /// One sendMessage request, with the buttons of `keyboard` under it if any.
     async fn send_message(
         &self,
         key: ChatKey,
         text: String,
         html: bool,
         quote: Option<MessageId>,
+        keyboard: Option<&InlineKeyboardMarkup>,
     ) -> Result<(), RequestError> {
         let mut request = self.bot.send_message(ChatId(key.chat), text);
+        if let Some(keyboard) = keyboard {
+            request = request.reply_markup(keyboard.clone());
+        }
         if html {
             request = request.parse_mode(ParseMode::Html);
         }
@@ -176,6 +191,33 @@ fn classify_description(description: &str) -> SendError {
     }
 }
 
+/// The inline keyboard for `replies`: one callback button per reply, whose
+/// `callback_data` is exactly the reply's text, so a tap sends what typing it would.
+/// Replies whose text is empty or over [`MAX_CALLBACK_DATA_BYTES`] get no button
+/// (Telegram would refuse the whole message); `None` when no button is left.
+pub fn keyboard(replies: &[QuickReply]) -> Option<InlineKeyboardMarkup> {
+    let buttons: Vec<InlineKeyboardButton> = replies
+        .iter()
+        .filter(|r| {
+            let fits = (1..=MAX_CALLBACK_DATA_BYTES).contains(&r.text.len());
+            if !fits {
+                tracing::debug!(
+                    bytes = r.text.len(),
+                    "a quick reply too long for Telegram's callback_data; no button for it"
+                );
+            }
+            fits
+        })
+        .map(|r| InlineKeyboardButton::callback(r.label.clone(), r.text.clone()))
+        .collect();
+    if buttons.is_empty() {
+        return None;
+    }
+    Some(InlineKeyboardMarkup::new(
+        buttons.chunks(BUTTONS_PER_ROW).map(<[_]>::to_vec),
+    ))
+}
+
 /// Split to Telegram's limit. Telegram counts text in UTF-16 code units, so a part
 /// full of characters outside the Basic Multilingual Plane (emoji) is split again
 /// at half the limit. Deterministic, as delivery resumes by part index.
@@ -211,11 +253,13 @@ impl Outbound for TelegramOutbound {
             .filter(|_| key.is_group() && part.index == 0)
             .and_then(|id| id.parse().ok())
             .map(MessageId);
+        let keyboard = keyboard(part.quick_replies);
+        let keyboard = keyboard.as_ref();
         let html = markdown_to_html(part.text);
-        let result = match self.send_message(key, html, true, quote).await {
+        let result = match self.send_message(key, html, true, quote, keyboard).await {
             Err(RequestError::Api(ApiError::CantParseEntities(reason))) => {
                 tracing::warn!(conversation = %part.conversation, reason = %self.redactor.redact(&reason), "Telegram refused the HTML; sending the part as plain text");
-                self.send_message(key, part.text.to_owned(), false, quote)
+                self.send_message(key, part.text.to_owned(), false, quote, keyboard)
                     .await
             }
             other => other,
@@ -223,7 +267,7 @@ impl Outbound for TelegramOutbound {
         let result = match result {
             Err(RequestError::Api(ApiError::MessageToReplyNotFound)) => {
                 tracing::debug!(conversation = %part.conversation, "the quoted message is gone; sending without the quote");
-                self.send_message(key, markdown_to_html(part.text), true, None)
+                self.send_message(key, markdown_to_html(part.text), true, None, keyboard)
                     .await
             }
             other => other,
@@ -388,6 +432,31 @@ mod tests {
             serde_json::json!({"chat_id": 42, "draft_id": 7, "text": "<b>hi</b>", "parse_mode": "HTML"})
         );
         assert_eq!(<SendMessageDraft as Payload>::NAME, "SendMessageDraft");
+    }
+
+    #[test]
+    fn quick_replies_are_callback_buttons_that_fit() {
+        let reply = |label: &str, text: &str| QuickReply {
+            label: label.into(),
+            text: text.into(),
+        };
+        assert!(keyboard(&[]).is_none());
+        let long = format!("/approve {}", "9".repeat(60));
+        let markup = keyboard(&[
+            reply("Approve", "/approve 12"),
+            reply("Cancel", "/cancel 12"),
+            reply("Too long", &long),
+            reply("Empty", ""),
+        ])
+        .unwrap();
+        assert_eq!(
+            serde_json::to_value(&markup).unwrap(),
+            serde_json::json!({"inline_keyboard": [[
+                {"text": "Approve", "callback_data": "/approve 12"},
+                {"text": "Cancel", "callback_data": "/cancel 12"},
+            ]]})
+        );
+        assert!(keyboard(&[reply("Too long", &long)]).is_none());
     }
 
     #[test]

@@ -17,18 +17,25 @@
 //!   simply join the same burst; the translator only has to keep group filtering
 //!   from dropping the parts that do not themselves mention the bot. That memory is
 //!   per process: after a poller takeover a part may be judged on its own.
+//! - A tap on an inline keyboard button arrives as a `callback_query` update: `from`
+//!   is the user who tapped (in a group, anyone who sees the message may tap),
+//!   `message` the bot's message the button is on (absent for inline-mode messages,
+//!   "inaccessible" once it is too old), `data` the button's `callback_data`, which
+//!   any client can set to anything, and `id` is unique per tap (an update delivered
+//!   again carries the same one). The query must be answered (`answerCallbackQuery`)
+//!   or the client shows a spinner for a while; that is the receiving halves' job.
 
 use std::collections::{HashMap, VecDeque};
 
 use teloxide::types::{
-    Message, MessageEntityKind, MessageEntityRef, MessageKind, MessageOrigin, Update, UpdateKind,
-    User,
+    CallbackQuery, Message, MessageEntityKind, MessageEntityRef, MessageKind, MessageOrigin,
+    Update, UpdateKind, User,
 };
 
 use super::ChatKey;
 use lull_port::Command;
 use lull_port::domain::{ConversationRef, Platform};
-use lull_port::{Content, Incoming, IncomingKind, Media, MediaKind};
+use lull_port::{Content, Incoming, IncomingKind, Media, MediaKind, QuickReply};
 
 /// The bot as `getMe` described it.
 #[derive(Debug, Clone)]
@@ -75,6 +82,7 @@ impl Translator {
         match &update.kind {
             UpdateKind::Message(m) => self.message(m, IncomingKind::New),
             UpdateKind::EditedMessage(m) => self.message(m, IncomingKind::Edit),
+            UpdateKind::CallbackQuery(q) => tapped(q),
             _ => None,
         }
     }
@@ -84,14 +92,7 @@ impl Translator {
             return None;
         }
         let (user_id, author) = sender(msg)?;
-        let key = ChatKey {
-            chat: msg.chat.id.0,
-            topic: if msg.is_topic_message {
-                msg.thread_id.map(|t| t.0.0)
-            } else {
-                None
-            },
-        };
+        let key = chat_key(msg);
         let is_group = !msg.chat.is_private();
         let (text, entities) = match (msg.text(), msg.caption()) {
             (Some(text), _) => (Some(text), msg.parse_entities().unwrap_or_default()),
@@ -345,6 +346,61 @@ fn incoming(
         media: Vec::new(),
         kind,
     }
+}
+
+/// The conversation of a message: its chat, or its forum topic (a topic message
+/// carries the topic's thread id; the General topic carries none).
+fn chat_key(msg: &Message) -> ChatKey {
+    ChatKey {
+        chat: msg.chat.id.0,
+        topic: if msg.is_topic_message {
+            msg.thread_id.map(|t| t.0.0)
+        } else {
+            None
+        },
+    }
+}
+
+/// The callback query of an update, which must be answered whether or not its tap
+/// is taken.
+pub fn callback_query(update: &Update) -> Option<&CallbackQuery> {
+    match &update.kind {
+        UpdateKind::CallbackQuery(q) => Some(q),
+        _ => None,
+    }
+}
+
+/// A tap on one of lull's quick reply buttons, as the message it stands for: a new
+/// message from the user who tapped, in the conversation of the message the button is
+/// on, whose text is exactly the button's `callback_data` and whose id is
+/// `cb:<callback query id>` (so a redelivered update is stored once, and a tap never
+/// shares an id with a message). `None` for data lull could not have sent (see
+/// [`QuickReply::could_be`]), taps by bots, buttons on inline-mode or inaccessible
+/// messages (approvals expire long before a message becomes inaccessible), channels.
+/// Group messages need no addressing check: the button is on the bot's own message.
+fn tapped(query: &CallbackQuery) -> Option<Incoming> {
+    let data = query.data.as_deref()?;
+    if !QuickReply::could_be(data) || query.from.is_bot {
+        return None;
+    }
+    let msg = query.regular_message()?;
+    if msg.chat.is_channel() {
+        return None;
+    }
+    let key = chat_key(msg);
+    let is_group = !msg.chat.is_private();
+    Some(Incoming {
+        message_id: format!("cb:{}", query.id.0),
+        ..incoming(
+            key,
+            is_group,
+            query.from.id.0.to_string(),
+            display_name(&query.from),
+            msg,
+            Content::Text(data.to_owned()),
+            IncomingKind::New,
+        )
+    })
 }
 
 /// The sender's id (what `LULL_ALLOWED_USERS` lists) and display name. Messages
@@ -701,6 +757,86 @@ mod tests {
         // Much later, a forward alone is not addressed to the bot.
         fwd["date"] = json!(1_700_000_100);
         assert!(take(&mut t, fwd).is_none());
+    }
+
+    /// A callback query on the bot's message `on` (as Telegram sends it).
+    fn callback(id: &str, from: Value, on: Value, data: &str) -> Update {
+        update(
+            "callback_query",
+            json!({"id": id, "from": from, "message": on, "chat_instance": "ci", "data": data}),
+        )
+    }
+
+    fn bots_message(chat: Value) -> Value {
+        json!({
+            "message_id": 50, "date": 1_700_000_000, "chat": chat,
+            "from": {"id": BOT, "is_bot": true, "first_name": "lull", "username": "lull_bot"},
+            "text": "I'd like to run t. Answer /approve 7 or /cancel 7.",
+        })
+    }
+
+    #[test]
+    fn a_tapped_quick_reply_is_a_new_message_from_the_tapping_user() {
+        let mut t = translator();
+        let chat = json!({"id": 42, "type": "private", "first_name": "Ann"});
+        let tap = callback("4711", user(42, "Ann"), bots_message(chat), "/approve 7");
+        let i = t.translate(&tap).unwrap();
+        assert_eq!(i.conversation.key, "42");
+        assert_eq!(text(&i), "/approve 7");
+        assert_eq!(
+            (i.user_id.as_str(), i.author.as_str(), i.message_id.as_str()),
+            ("42", "Ann", "cb:4711")
+        );
+        assert_eq!(i.kind, IncomingKind::New);
+        assert!(!i.is_group && i.chats.is_empty());
+        assert!(callback_query(&tap).is_some());
+        assert!(callback_query(&update("message", private("hi"))).is_none());
+
+        // In a forum topic, by another member than the one asked: the core decides
+        // who may answer, from the user id.
+        let mut on = bots_message(
+            json!({"id": -100123, "type": "supergroup", "title": "G", "is_forum": true}),
+        );
+        on["message_thread_id"] = json!(99);
+        on["is_topic_message"] = json!(true);
+        let i = t
+            .translate(&callback("4712", user(5, "Bo"), on, "/cancel 7"))
+            .unwrap();
+        assert_eq!(i.conversation.key, "-100123:99");
+        assert!(i.is_group);
+        assert_eq!(i.chats, ["-100123"]);
+        assert_eq!((i.user_id.as_str(), text(&i)), ("5", "/cancel 7"));
+    }
+
+    #[test]
+    fn taps_lull_could_not_have_offered_are_ignored() {
+        let mut t = translator();
+        let chat = json!({"id": 42, "type": "private", "first_name": "Ann"});
+        for data in ["/reset", "hello", "/approve 7; rm -rf", "/approve"] {
+            let tap = callback("1", user(42, "Ann"), bots_message(chat.clone()), data);
+            assert!(t.translate(&tap).is_none(), "{data}");
+            assert!(callback_query(&tap).is_some(), "still answered");
+        }
+        let by_bot = callback(
+            "2",
+            json!({"id": 8, "is_bot": true, "first_name": "b"}),
+            bots_message(chat.clone()),
+            "/approve 7",
+        );
+        assert!(t.translate(&by_bot).is_none());
+        // An inaccessible message (Telegram sends date 0).
+        let mut old = bots_message(chat);
+        old["date"] = json!(0);
+        assert!(
+            t.translate(&callback("3", user(42, "Ann"), old, "/approve 7"))
+                .is_none()
+        );
+        let inline: Update = update(
+            "callback_query",
+            json!({"id": "4", "from": user(42, "Ann"), "inline_message_id": "im",
+                   "chat_instance": "ci", "data": "/approve 7"}),
+        );
+        assert!(t.translate(&inline).is_none());
     }
 
     #[test]

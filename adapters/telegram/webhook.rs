@@ -32,12 +32,12 @@ use secrecy::{ExposeSecret, SecretString};
 use sha2::Sha256;
 use teloxide::payloads::SetWebhookSetters;
 use teloxide::requests::{Request, Requester};
-use teloxide::types::{AllowedUpdate, Update};
+use teloxide::types::Update;
 use teloxide::{ApiError, Bot, RequestError};
 use tokio_util::sync::CancellationToken;
 
 use super::translate::{BotIdentity, Translator};
-use super::{BACKOFF, Redactor, request_error};
+use super::{ALLOWED_UPDATES, BACKOFF, Redactor, answer_tap, request_error};
 use lull_port::domain::Platform;
 use lull_port::health::{AdapterState, Health};
 use lull_port::{Accepted, IngestError, Intake};
@@ -69,6 +69,10 @@ pub struct TelegramWebhook {
 
 /// What the route needs to take an update.
 struct Receiver {
+    /// Answers tapped buttons (`answerCallbackQuery`). Never printed: its `Debug`
+    /// shows the token.
+    bot: Bot,
+    redactor: Redactor,
     secret: SecretString,
     /// `LULL_MAX_IMAGE_BYTES`: which size of a photo is kept.
     max_image_bytes: u64,
@@ -92,16 +96,19 @@ impl TelegramWebhook {
         max_image_bytes: u64,
     ) -> Self {
         lull_port::secrets::register(&secret);
+        let receiver = Arc::new(Receiver {
+            bot: bot.clone(),
+            redactor: redactor.clone(),
+            secret,
+            max_image_bytes,
+            me: OnceLock::new(),
+            translator: Mutex::new(None),
+        });
         Self {
             bot,
             redactor,
             url,
-            receiver: Arc::new(Receiver {
-                secret,
-                max_image_bytes,
-                me: OnceLock::new(),
-                translator: Mutex::new(None),
-            }),
+            receiver,
         }
     }
 
@@ -190,7 +197,7 @@ impl TelegramWebhook {
         self.bot
             .set_webhook(self.url.clone())
             .secret_token(self.receiver.secret.expose_secret())
-            .allowed_updates([AllowedUpdate::Message, AllowedUpdate::EditedMessage])
+            .allowed_updates(ALLOWED_UPDATES)
             .drop_pending_updates(false)
             .send()
             .await?;
@@ -229,8 +236,11 @@ async fn receive(
             .as_mut()
             .and_then(|translator| translator.translate(&update))
     };
+    // A tapped button is answered once its update is taken (answered 200).
+    let taken = || answer_tap(&receiver.bot, &receiver.redactor, &update);
     let Some(incoming) = incoming else {
         tracing::debug!(update = update.id.0, "update ignored");
+        taken();
         return StatusCode::OK.into_response();
     };
     let conversation = incoming.conversation.clone();
@@ -239,10 +249,12 @@ async fn receive(
             if accepted == Accepted::Denied {
                 tracing::debug!(%conversation, "message from a user not allowed");
             }
+            taken();
             StatusCode::OK.into_response()
         }
         Err(e @ (IngestError::Empty | IngestError::TooLong { .. })) => {
             tracing::info!(%conversation, error = %e, "message refused");
+            taken();
             StatusCode::OK.into_response()
         }
         Err(e @ IngestError::NotStored(_)) => {

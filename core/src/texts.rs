@@ -322,3 +322,137 @@ pub const APPROVAL_EXPIRED_RESULT: &str =
 pub fn tool_running_draft(tool: &str) -> String {
     format!("🔧 {tool} …")
 }
+
+/// The label of the button that sends `/approve N`.
+pub const APPROVE_BUTTON: &str = "Approve";
+/// The label of the button that sends `/cancel N`.
+pub const CANCEL_BUTTON: &str = "Cancel";
+
+/// The buttons to show under a notice: one "Approve" (sending `/approve N`) and one
+/// "Cancel" (sending `/cancel N`) for every approval answer the text names, in the
+/// order the questions appear (see [`approval_question`]). Pure: it only reads the
+/// text, so a button never offers an answer the text does not spell out; a text
+/// naming no answer gets none. With several questions in one text, labels carry
+/// their number ("Approve 12"), so the buttons can be told apart.
+pub fn quick_replies(text: &str) -> Vec<lull_port::QuickReply> {
+    const COMMANDS: [(&str, &str); 2] = [("/approve", APPROVE_BUTTON), ("/cancel", CANCEL_BUTTON)];
+    // (where, id, which command), every answer the text spells out as a word of its
+    // own: `/approve 12.` counts, `x/approve 12` and `/approve 12a` do not.
+    let mut found: Vec<(usize, u64, usize)> = Vec::new();
+    for (which, (command, _)) in COMMANDS.iter().enumerate() {
+        for (at, _) in text.match_indices(command) {
+            let before = text[..at].chars().next_back();
+            if before.is_some_and(|c| c.is_alphanumeric() || c == '/' || c == '_') {
+                continue;
+            }
+            let Some(rest) = text[at + command.len()..].strip_prefix(' ') else {
+                continue;
+            };
+            let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+            let after = rest[digits..].chars().next();
+            if digits == 0 || after.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+                continue;
+            }
+            if let Ok(id) = rest[..digits].parse::<u64>() {
+                found.push((at, id, which));
+            }
+        }
+    }
+    found.sort_unstable();
+    let mut ids: Vec<u64> = Vec::new();
+    for &(_, id, _) in &found {
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    let numbered = ids.len() > 1;
+    let mut replies = Vec::new();
+    for id in ids {
+        for (which, (command, label)) in COMMANDS.iter().enumerate() {
+            if found.iter().any(|&(_, i, w)| (i, w) == (id, which)) {
+                replies.push(lull_port::QuickReply {
+                    label: if numbered {
+                        format!("{label} {id}")
+                    } else {
+                        (*label).to_owned()
+                    },
+                    text: format!("{command} {id}"),
+                });
+            }
+        }
+    }
+    replies
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pairs(text: &str) -> Vec<(String, String)> {
+        quick_replies(text)
+            .into_iter()
+            .map(|r| (r.label, r.text))
+            .collect()
+    }
+
+    fn owned(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn an_approval_question_gets_approve_and_cancel() {
+        let question = approval_question(12, "delete_file", r#"{"path":"a"}"#, "10m");
+        assert_eq!(
+            pairs(&question),
+            owned(&[("Approve", "/approve 12"), ("Cancel", "/cancel 12")])
+        );
+    }
+
+    #[test]
+    fn several_questions_get_numbered_buttons_in_their_order() {
+        let text = format!(
+            "{}\n\n{}",
+            approval_question(9, "a", "{}", "10m"),
+            approval_question(3, "b", "{}", "10m")
+        );
+        assert_eq!(
+            pairs(&text),
+            owned(&[
+                ("Approve 9", "/approve 9"),
+                ("Cancel 9", "/cancel 9"),
+                ("Approve 3", "/approve 3"),
+                ("Cancel 3", "/cancel 3"),
+            ])
+        );
+    }
+
+    #[test]
+    fn texts_without_an_answer_get_none() {
+        for text in [
+            "",
+            "The model is down; try again later.",
+            "/approve without a number",
+            "/approve 12abc",
+            "x/approve 12",
+            "//approve 12",
+            "/approved 12",
+            "/approve  12",
+            "/approve -3",
+        ] {
+            assert!(pairs(text).is_empty(), "{text}");
+        }
+        // Only the answer the text names.
+        assert_eq!(pairs("say /cancel 4."), owned(&[("Cancel", "/cancel 4")]));
+    }
+
+    #[test]
+    fn every_button_is_one_the_adapters_take_back() {
+        let question = approval_question(12, "t", "{}", "10m");
+        for reply in quick_replies(&question) {
+            assert!(lull_port::QuickReply::could_be(&reply.text), "{reply:?}");
+        }
+    }
+}

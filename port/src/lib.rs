@@ -36,6 +36,6 @@ pub use intake::{
     Accepted, Command, Content, Incoming, IncomingKind, IngestError, Intake, RecentConversation,
 };
 pub use media::{Media, MediaBytes, MediaError, MediaKind};
-pub use outbound::{Outbound, OutgoingPart, SendError};
+pub use outbound::{Outbound, OutgoingPart, QuickReply, SendError};
 pub use retry::Backoff;
 pub use session::{Inbound, Session, SessionEnd, Shard};

@@ -35,6 +35,70 @@ pub struct OutgoingPart<'a> {
     pub reply_to: Option<&'a str>,
     /// Platform message ids the reply covers (empty for notices).
     pub covers: &'a [String],
+    /// Answers the user may send with one tap, shown as buttons under this part
+    /// (empty for most parts). Only an offer: the text itself says how to answer,
+    /// so an adapter that cannot show buttons ignores them.
+    pub quick_replies: &'a [QuickReply],
+}
+
+/// A reply the user may send with one tap (a button under a message).
+///
+/// The invariant every adapter keeps: a quick reply, when tapped, arrives at the
+/// core as a *new message* from the user who tapped it, whose text is exactly
+/// [`QuickReply::text`]. It takes the same path as typing that text (stored,
+/// deduplicated by its message id, access checked by its user, answered by a round),
+/// so a button grants nothing that typing would not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuickReply {
+    /// What the button shows ("Approve").
+    pub label: String,
+    /// The message a tap sends ("/approve 12").
+    pub text: String,
+}
+
+impl QuickReply {
+    /// The commands a quick reply may send, each followed by a space and a number:
+    /// the answers to an approval question (`/approve 12`, `/cancel 12`).
+    pub const COMMANDS: [&'static str; 2] = ["/approve", "/cancel"];
+
+    /// Whether `text` is a quick reply lull could have offered (one of
+    /// [`QuickReply::COMMANDS`], a space, digits, nothing else). A platform lets any
+    /// client send any button data (a Telegram `callback_data`, a Discord
+    /// `custom_id`): adapters take a tap only when it passes this, so a forged tap
+    /// can at most say what the user could have typed.
+    pub fn could_be(text: &str) -> bool {
+        Self::COMMANDS.iter().any(|command| {
+            text.strip_prefix(command)
+                .and_then(|rest| rest.strip_prefix(' '))
+                .is_some_and(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::QuickReply;
+
+    #[test]
+    fn only_approval_answers_could_be_quick_replies() {
+        for yes in ["/approve 12", "/cancel 7", "/approve 0"] {
+            assert!(QuickReply::could_be(yes), "{yes}");
+        }
+        for no in [
+            "",
+            "/approve",
+            "/approve ",
+            "/approve 12 now",
+            "/approve x",
+            "/approve  1",
+            "/reset",
+            "hello",
+            " /cancel 1",
+            "/cancelled 1",
+        ] {
+            assert!(!QuickReply::could_be(no), "{no}");
+        }
+    }
 }
 
 /// Why a send failed, as far as retrying is concerned.

@@ -30,21 +30,21 @@ use crate::support::fakes::discord::{
 };
 use crate::support::process::LullProcess;
 
-const TOKEN: &str = "MTEwMDAwMDAwMDAwMDAwMDAwMQ.GzXy1a.s3cr3t-t0ken-never-logged";
-const ALICE: u64 = 3_000_000_000_000_000_001;
-const BOB: u64 = 3_000_000_000_000_000_002;
+pub(crate) const TOKEN: &str = "MTEwMDAwMDAwMDAwMDAwMDAwMQ.GzXy1a.s3cr3t-t0ken-never-logged";
+pub(crate) const ALICE: u64 = 3_000_000_000_000_000_001;
+pub(crate) const BOB: u64 = 3_000_000_000_000_000_002;
 const CAROL: u64 = 3_000_000_000_000_000_003;
-const WAIT: Duration = Duration::from_secs(20);
+pub(crate) const WAIT: Duration = Duration::from_secs(20);
 
 /// A test's fake Discord, database folder and lull processes.
-struct Harness {
+pub(crate) struct Harness {
     dir: tempfile::TempDir,
-    fake: DiscordFake,
+    pub(crate) fake: DiscordFake,
     processes: Vec<LullProcess>,
 }
 
 impl Harness {
-    async fn new() -> Harness {
+    pub(crate) async fn new() -> Harness {
         Harness {
             dir: tempfile::tempdir().unwrap(),
             fake: DiscordFake::start(TOKEN).await,
@@ -52,7 +52,7 @@ impl Harness {
         }
     }
 
-    fn db(&self) -> PathBuf {
+    pub(crate) fn db(&self) -> PathBuf {
         self.dir.path().join("lull.db")
     }
 
@@ -79,7 +79,7 @@ impl Harness {
     }
 
     /// Start a lull process and wait until it is healthy (connected or standing by).
-    async fn start(&mut self, name: &str, extra: &[(&str, &str)]) -> usize {
+    pub(crate) async fn start(&mut self, name: &str, extra: &[(&str, &str)]) -> usize {
         let env = self.env(extra);
         let mut process = LullProcess::start(self.dir.path(), name, &["run"], &env);
         process.wait_healthy(WAIT).await;
@@ -116,7 +116,7 @@ impl Harness {
 
     /// Wait until every stored message is answered and nothing is left to deliver,
     /// then check the invariants on what was stored.
-    async fn settled(&self) -> db::Verdict {
+    pub(crate) async fn settled(&self) -> db::Verdict {
         let verdict = db::settled(&self.db(), WAIT).await;
         assert_eq!(verdict.duplicates, 0, "{verdict:?}");
         assert_eq!(verdict.lost, 0, "{verdict:?}");
@@ -125,7 +125,7 @@ impl Harness {
     }
 
     /// The bot token appears in no log line, and every request carried it.
-    fn assert_token_kept_secret(&self) {
+    pub(crate) fn assert_token_kept_secret(&self) {
         for process in &self.processes {
             let logs = process.logs();
             assert!(!logs.is_empty());
@@ -140,7 +140,7 @@ impl Harness {
 }
 
 /// The reply's lines after the echo header: the messages the model was given.
-fn echoed(sent: &Sent) -> Vec<&str> {
+pub(crate) fn echoed(sent: &Sent) -> Vec<&str> {
     sent.content.lines().skip(1).collect()
 }
 
@@ -826,7 +826,7 @@ async fn recent_conversations_name_the_last_stored_message() {
     assert_eq!(limited[0].conversation.key, "g1");
 }
 
-fn adapter(fake: &DiscordFake) -> Discord {
+pub(crate) fn adapter(fake: &DiscordFake) -> Discord {
     Discord::new(
         &lull_adapters::PlatformSettings {
             max_image_bytes: 10 << 20,
@@ -860,6 +860,7 @@ async fn sends_quote_in_guilds_only_and_map_errors() {
         text: "hi",
         reply_to: Some("1234"),
         covers: &[],
+        quick_replies: &[],
     };
     let conversation = |id: u64| {
         &*Box::leak(Box::new(ConversationRef::new(

@@ -5,6 +5,7 @@
 mod support;
 
 mod backup;
+mod buttons;
 mod chat;
 mod check;
 mod conversations;

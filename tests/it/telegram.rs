@@ -15,10 +15,10 @@ use crate::support::process::{LullProcess, free_port};
 
 const SECS: fn(u64) -> Duration = Duration::from_secs;
 
-struct Tg {
+pub(crate) struct Tg {
     dir: tempfile::TempDir,
-    fake: TelegramFake,
-    lull: LullProcess,
+    pub(crate) fake: TelegramFake,
+    pub(crate) lull: LullProcess,
 }
 
 /// The environment of a `lull run` on the fake: `extra` adds or replaces variables.
@@ -61,7 +61,7 @@ pub(crate) async fn wait_polling(fake: &TelegramFake, after: Instant) {
     .await;
 }
 
-async fn start(extra: &[(&str, &str)]) -> Tg {
+pub(crate) async fn start(extra: &[(&str, &str)]) -> Tg {
     let dir = tempfile::tempdir().unwrap();
     let fake = TelegramFake::start().await;
     let begun = Instant::now();
@@ -71,12 +71,12 @@ async fn start(extra: &[(&str, &str)]) -> Tg {
 }
 
 impl Tg {
-    fn db(&self) -> PathBuf {
+    pub(crate) fn db(&self) -> PathBuf {
         self.dir.path().join("lull.db")
     }
 
     /// The token (or its secret half) in no log line of any process of the test.
-    fn finish(self) {
+    pub(crate) fn finish(self) {
         assert_token_absent(&self.fake.token, &self.lull.logs());
     }
 }

@@ -48,7 +48,7 @@ async fn wait_registered(fake: &TelegramFake) {
 
 /// A fresh database folder, fake and one webhook-mode process, healthy and with its
 /// webhook registered.
-async fn started() -> (tempfile::TempDir, TelegramFake, LullProcess) {
+pub(crate) async fn started() -> (tempfile::TempDir, TelegramFake, LullProcess) {
     let dir = tempfile::tempdir().unwrap();
     let fake = TelegramFake::start().await;
     let mut lull = webhook_process(dir.path(), &fake, "lull", None);
@@ -58,7 +58,7 @@ async fn started() -> (tempfile::TempDir, TelegramFake, LullProcess) {
 }
 
 /// Neither the bot token nor the webhook's secret token in any log line.
-fn assert_secrets_absent(fake: &TelegramFake, logs: &str) {
+pub(crate) fn assert_secrets_absent(fake: &TelegramFake, logs: &str) {
     let token = fake.token.split_once(':').unwrap().1;
     let secret = lull_adapters::telegram::webhook_secret(&SecretString::from(fake.token.clone()));
     assert!(!logs.is_empty(), "no logs captured");
@@ -85,7 +85,13 @@ async fn webhook_mode_answers_a_burst_once_and_never_polls() {
     assert_eq!(set.secret_token.as_deref(), Some(expected.expose_secret()));
     assert_eq!(
         set.allowed_updates.as_deref(),
-        Some(&["message".to_owned(), "edited_message".to_owned()][..])
+        Some(
+            &[
+                "message".to_owned(),
+                "edited_message".to_owned(),
+                "callback_query".to_owned()
+            ][..]
+        )
     );
     assert!(!set.drop_pending_updates, "pending updates are kept");
 

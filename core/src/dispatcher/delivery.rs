@@ -183,6 +183,12 @@ impl<'a> Delivery<'a> {
         let parts = outbound.split(&row.text);
         let count = parts.len();
         let mut attempts = row.attempts;
+        // Buttons for the answers a notice asks for (an approval question), under its
+        // last part, where the question ends.
+        let quick_replies = match row.kind {
+            OutboxKind::Notice => crate::texts::quick_replies(&row.text),
+            OutboxKind::Reply => Vec::new(),
+        };
         for (index, text) in parts.iter().enumerate().skip(row.parts_sent as usize) {
             if self.keeper.is_lost() {
                 return Err(Interrupt::LeaseLost);
@@ -198,6 +204,11 @@ impl<'a> Delivery<'a> {
                 text,
                 reply_to: row.reply_to.as_deref(),
                 covers: &row.covers,
+                quick_replies: if index + 1 == count {
+                    &quick_replies
+                } else {
+                    &[]
+                },
             };
             match self.send_part(row, outbound, &part, &mut attempts).await? {
                 PartResult::Sent => {

@@ -153,6 +153,8 @@ pub struct Delivered {
     pub kind: OutboxKind,
     pub text: String,
     pub covers: Vec<String>,
+    /// The texts of the quick replies offered with the part.
+    pub quick_replies: Vec<String>,
     pub at: Instant,
 }
 
@@ -251,6 +253,7 @@ impl Outbound for RecordingOutbound {
             kind: part.kind,
             text: part.text.to_owned(),
             covers: part.covers.to_vec(),
+            quick_replies: part.quick_replies.iter().map(|r| r.text.clone()).collect(),
             at: Instant::now(),
         });
         self.changed.notify_waiters();

@@ -3,7 +3,7 @@
 //! - REST (axum), under `/api/v10`: `GET /gateway`, `GET /gateway/bot`,
 //!   `GET /users/@me`, `GET /channels/{id}`, `GET /channels/{id}/messages?after=`,
 //!   `POST /channels/{id}/messages` (recording nonce, `enforce_nonce`, content,
-//!   `message_reference`, `allowed_mentions`; a repeated nonce with `enforce_nonce`
+//!   `message_reference` (whose `message_id` must be a snowflake), `allowed_mentions`; a repeated nonce with `enforce_nonce`
 //!   returns the earlier message instead of creating one, as Discord does; content
 //!   over 2000 characters is refused with 400, as Discord does) and
 //!   `POST /channels/{id}/typing`. Every request must carry `Authorization: Bot
@@ -21,6 +21,17 @@
 //!   and `MESSAGE_UPDATE` to every session (buffered for disconnected ones, as Discord
 //!   does for resumable sessions), a forced disconnect, and a count of connected
 //!   sessions.
+//!
+//! - Buttons: a message POST's `components` are recorded and checked as Discord
+//!   does (action rows, type 1, of at most 5 buttons, type 2, at most 5 rows;
+//!   a `custom_id` of 1–100 characters; else 400). A user clicks one with
+//!   [`DiscordFake::click`]: an `INTERACTION_CREATE` (type 3, message component) is
+//!   dispatched to the shard of its guild, carrying `member` in a guild and `user` in
+//!   a DM, a token, and the message clicked on; [`DiscordFake::dispatch_interaction`]
+//!   sends one again. `POST /interactions/{id}/{token}/callback` (no authorization
+//!   needed, as Discord) is recorded with its `type`, refused with 404 "Unknown
+//!   interaction" for a wrong token, and can be failed on demand
+//!   ([`DiscordFake::fail_callbacks`]).
 //!
 //! - A CDN: an image attachment ([`Say::image`]) is served at its `url`
 //!   (`/attachments/<id>/<name>`, no authorization, as Discord's CDN); every download
@@ -85,6 +96,37 @@ pub struct Sent {
     pub reply_to: Option<String>,
     pub fail_if_not_exists: Option<bool>,
     pub allowed_mentions: Option<Value>,
+    /// The `components` it was created with (action rows of buttons), if any.
+    pub components: Option<Value>,
+}
+
+impl Sent {
+    /// `(label, custom_id)` of every button, row by row.
+    pub fn buttons(&self) -> Vec<(String, String)> {
+        self.components
+            .as_ref()
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .flat_map(|row| row["components"].as_array().cloned().unwrap_or_default())
+            .map(|b| {
+                (
+                    b["label"].as_str().unwrap_or_default().to_owned(),
+                    b["custom_id"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect()
+    }
+}
+
+/// One `POST /interactions/{id}/{token}/callback` and how the fake answered it.
+#[derive(Debug, Clone)]
+pub struct Callback {
+    pub interaction: u64,
+    /// The response `type` (6: DEFERRED_UPDATE_MESSAGE).
+    pub kind: Option<u64>,
+    pub status: u16,
+    pub at: Instant,
 }
 
 /// One `POST /channels/{id}/messages` attempt and the status the fake answered.
@@ -222,6 +264,12 @@ struct Inner {
     refreshed: Vec<String>,
     /// `(attachment id, Authorization header)` of every CDN download.
     downloads: Vec<(u64, Option<String>)>,
+    /// Interaction id → its token.
+    interactions: HashMap<u64, String>,
+    /// Every interaction callback.
+    callbacks: Vec<Callback>,
+    /// Interaction callbacks still to answer 500.
+    failing_callbacks: usize,
 }
 
 struct Shared {
@@ -331,6 +379,10 @@ impl DiscordFake {
             .route("/api/v10/attachments/refresh-urls", post(refresh_urls))
             .layer(middleware::from_fn_with_state(shared.clone(), authorize))
             .route("/attachments/{id}/{name}", get(get_attachment))
+            .route(
+                "/api/v10/interactions/{id}/{token}/callback",
+                post(interaction_callback),
+            )
             .with_state(shared.clone());
         let api_url = format!("http://{}", rest.local_addr().unwrap());
         let rest_server = tokio::spawn(async move {
@@ -468,6 +520,65 @@ impl DiscordFake {
         drop(inner);
         self.shared.changed.notify_waiters();
         id
+    }
+
+    /// User `user` clicks the button `custom_id` on message `on` in `channel`:
+    /// dispatches an `INTERACTION_CREATE` (type 3) and returns it (for
+    /// [`DiscordFake::dispatch_interaction`]).
+    pub fn click(&self, channel: u64, user: u64, on: u64, custom_id: &str) -> Value {
+        let id = self.shared.next_id();
+        let token: String = std::iter::repeat_with(fastrand::alphanumeric)
+            .take(40)
+            .collect();
+        let mut inner = self.shared.lock();
+        let c = inner.channels.get(&channel).expect("unknown channel");
+        let guild = c.guild;
+        let message = c
+            .messages
+            .iter()
+            .find(|m| m["id"].as_str() == Some(on.to_string().as_str()))
+            .cloned()
+            .expect("clicking on an unknown message");
+        let mut interaction = json!({
+            "id": id.to_string(), "application_id": BOT_ID.to_string(), "type": 3,
+            "token": token, "version": 1, "channel_id": channel.to_string(),
+            "channel": {"id": channel.to_string(), "type": inner.channels[&channel].kind.type_code()},
+            "data": {"custom_id": custom_id, "component_type": 2},
+            "message": message, "locale": "en-US", "entitlements": [],
+            "app_permissions": "0", "attachment_size_limit": 10_485_760,
+        });
+        let clicker = user_json(user, &format!("user{}", user % 1000), false);
+        match guild {
+            Some(guild) => {
+                interaction["guild_id"] = json!(guild.to_string());
+                interaction["guild_locale"] = json!("en-US");
+                interaction["member"] = json!({"user": clicker, "nick": null, "roles": [],
+                    "joined_at": "2026-01-01T00:00:00+00:00", "deaf": false, "mute": false,
+                    "flags": 0, "permissions": "0"});
+            }
+            None => interaction["user"] = clicker,
+        }
+        inner.interactions.insert(id, token);
+        dispatch(&mut inner, "INTERACTION_CREATE", &interaction);
+        drop(inner);
+        self.shared.changed.notify_waiters();
+        interaction
+    }
+
+    /// Dispatch `interaction` (from [`DiscordFake::click`]) again.
+    pub fn dispatch_interaction(&self, interaction: &Value) {
+        dispatch(&mut self.shared.lock(), "INTERACTION_CREATE", interaction);
+        self.shared.changed.notify_waiters();
+    }
+
+    /// Every interaction callback so far.
+    pub fn callbacks(&self) -> Vec<Callback> {
+        self.shared.lock().callbacks.clone()
+    }
+
+    /// Answer the next `n` interaction callbacks with 500.
+    pub fn fail_callbacks(&self, n: usize) {
+        self.shared.lock().failing_callbacks = n;
     }
 
     /// `(attachment id, Authorization header)` of every CDN download so far.
@@ -654,6 +765,59 @@ fn message_json(id: u64, channel: u64, guild: Option<u64>, author: Value, conten
         message["guild_id"] = json!(guild.to_string());
     }
     message
+}
+
+/// `POST /interactions/{id}/{token}/callback`.
+async fn interaction_callback(
+    State(shared): State<Arc<Shared>>,
+    Path((id, token)): Path<(u64, String)>,
+    axum::Json(body): axum::Json<Value>,
+) -> Response {
+    let mut inner = shared.lock();
+    let status = if inner.interactions.get(&id) != Some(&token) {
+        404
+    } else if inner.failing_callbacks > 0 {
+        inner.failing_callbacks -= 1;
+        500
+    } else {
+        204
+    };
+    inner.callbacks.push(Callback {
+        interaction: id,
+        kind: body["type"].as_u64(),
+        status,
+        at: Instant::now(),
+    });
+    drop(inner);
+    shared.changed.notify_waiters();
+    match status {
+        404 => error(StatusCode::NOT_FOUND, 10062, "Unknown interaction"),
+        500 => error(StatusCode::INTERNAL_SERVER_ERROR, 0, "injected failure"),
+        _ => StatusCode::NO_CONTENT.into_response(),
+    }
+}
+
+/// Whether `components` are what Discord accepts for buttons: 1–5 action rows
+/// (type 1) of 1–5 buttons (type 2) with a label and a `custom_id` of 1–100
+/// characters.
+fn valid_components(components: &Value) -> bool {
+    let Some(rows) = components.as_array() else {
+        return false;
+    };
+    (1..=5).contains(&rows.len())
+        && rows.iter().all(|row| {
+            row["type"] == 1
+                && row["components"].as_array().is_some_and(|buttons| {
+                    (1..=5).contains(&buttons.len())
+                        && buttons.iter().all(|b| {
+                            b["type"] == 2
+                                && b["label"].as_str().is_some_and(|l| l.chars().count() <= 80)
+                                && b["custom_id"]
+                                    .as_str()
+                                    .is_some_and(|c| (1..=100).contains(&c.chars().count()))
+                        })
+                })
+        })
 }
 
 fn error(status: StatusCode, code: u32, message: &str) -> Response {
@@ -859,6 +1023,31 @@ async fn post_message(
             "Invalid Form Body (content)",
         );
     }
+    let snowflake = |v: &Value| match v {
+        Value::String(s) => s.parse::<u64>().is_ok(),
+        Value::Number(n) => n.as_u64().is_some(),
+        _ => false,
+    };
+    if body
+        .get("message_reference")
+        .is_some_and(|r| !snowflake(&r["message_id"]))
+    {
+        refuse(&mut inner, 400);
+        return error(
+            StatusCode::BAD_REQUEST,
+            50035,
+            "Invalid Form Body (message_reference.message_id: Value is not snowflake.)",
+        );
+    }
+    let components = body.get("components").cloned();
+    if components.as_ref().is_some_and(|c| !valid_components(c)) {
+        refuse(&mut inner, 400);
+        return error(
+            StatusCode::BAD_REQUEST,
+            50035,
+            "Invalid Form Body (components)",
+        );
+    }
     // enforce_nonce: a nonce seen before returns the earlier message.
     if let (true, Some(n)) = (enforce_nonce, &nonce)
         && let Some(earlier) = inner.by_nonce.get(n).cloned()
@@ -879,6 +1068,9 @@ async fn post_message(
     let mut message = message_json(message_id, id, guild, shared.bot_user(), &content);
     if let Some(n) = &nonce {
         message["nonce"] = json!(n);
+    }
+    if let Some(c) = &components {
+        message["components"] = c.clone();
     }
     let reference = body.get("message_reference").cloned();
     if let Some(r) = &reference {
@@ -906,6 +1098,7 @@ async fn post_message(
             .as_ref()
             .and_then(|r| r["fail_if_not_exists"].as_bool()),
         allowed_mentions: body.get("allowed_mentions").cloned(),
+        components,
     });
     if let Some(n) = &nonce {
         inner.by_nonce.insert(n.clone(), message.clone());

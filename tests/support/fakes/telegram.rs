@@ -26,6 +26,15 @@
 //! recorded (chat, draft id, text, time). Faults (a 429 with `retry_after`) are
 //! scripted like any method's.
 //!
+//! Buttons as the Bot API serves them: a sent message's `reply_markup` is recorded
+//! (an `inline_keyboard` whose callback buttons carry 1–64 bytes of `callback_data`,
+//! else 400 "BUTTON_DATA_INVALID"); a test taps one by queueing a `callback_query`
+//! update ([`TelegramFake::push_callback`], [`callback_query`]); `answerCallbackQuery`
+//! calls are recorded ([`TelegramFake::callback_answers`]) and can be faulted like
+//! any method. `allowed_updates` is honoured as Telegram does: the last list given
+//! (to `getUpdates` or `setWebhook`) decides which queued updates are handed out;
+//! the others are held back.
+//!
 //! Files as the Bot API serves them: a test stores bytes under a `file_id`
 //! ([`TelegramFake::add_file`]); `getFile` answers its `file_path` and `file_size`
 //! (400 "invalid file_id" for an unknown one), and `/file/bot<TOKEN>/<path>` serves the
@@ -58,7 +67,30 @@ pub struct Sent {
     pub reply_to: Option<i64>,
     pub allow_without_reply: bool,
     pub message_id: i64,
+    /// The `reply_markup` sent with it (an inline keyboard), if any.
+    pub reply_markup: Option<Value>,
     pub at: Instant,
+}
+
+impl Sent {
+    /// `(text, callback_data)` of every button of its inline keyboard, row by row.
+    pub fn buttons(&self) -> Vec<(String, String)> {
+        let Some(markup) = &self.reply_markup else {
+            return Vec::new();
+        };
+        markup["inline_keyboard"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|row| row.as_array().cloned().unwrap_or_default())
+            .map(|b| {
+                (
+                    b["text"].as_str().unwrap_or_default().to_owned(),
+                    b["callback_data"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect()
+    }
 }
 
 impl Sent {
@@ -178,6 +210,10 @@ struct FakeState {
     files: HashMap<String, Vec<u8>>,
     /// The `file_path` of every download served, in order.
     downloads: Vec<String>,
+    /// `(callback_query_id, time)` of every `answerCallbackQuery` answered ok.
+    callback_answers: Vec<(String, Instant)>,
+    /// The last `allowed_updates` given to `getUpdates` (None: every kind).
+    poll_allowed: Option<Vec<String>>,
 }
 
 struct Inner {
@@ -248,19 +284,44 @@ impl TelegramFake {
     /// Queue an update of `kind` (`message`, `edited_message`) carrying `message`;
     /// returns its update id.
     pub fn push(&self, kind: &str, message: Value) -> i64 {
+        {
+            let mut s = self.state();
+            let chat = message["chat"]["id"].as_i64().unwrap();
+            let msg = message["message_id"].as_i64().unwrap();
+            s.messages.insert((chat, msg));
+        }
+        self.push_update(kind, message)
+    }
+
+    /// Queue an update of any `kind` carrying `payload` as is; returns its update id.
+    fn push_update(&self, kind: &str, payload: Value) -> i64 {
         let id = {
             let mut s = self.state();
             let id = s.next_update_id;
             s.next_update_id += 1;
-            let chat = message["chat"]["id"].as_i64().unwrap();
-            let msg = message["message_id"].as_i64().unwrap();
-            s.messages.insert((chat, msg));
             s.queue
-                .push((id, json!({ "update_id": id, kind: message })));
+                .push((id, json!({ "update_id": id, kind: payload })));
             id
         };
         self.inner.changed.notify_waiters();
         id
+    }
+
+    /// Queue a `callback_query` update (a tapped button, see [`callback_query`]);
+    /// returns its update id. Queueing the same query twice is Telegram delivering it
+    /// again.
+    pub fn push_callback(&self, query: Value) -> i64 {
+        self.push_update("callback_query", query)
+    }
+
+    /// The `callback_query_id`s `answerCallbackQuery` was called with (and answered
+    /// ok), in order.
+    pub fn callback_answers(&self) -> Vec<String> {
+        self.state()
+            .callback_answers
+            .iter()
+            .map(|(id, _)| id.clone())
+            .collect()
     }
 
     pub fn push_message(&self, message: Value) -> i64 {
@@ -630,6 +691,22 @@ async fn handle(
         "getupdates" => get_updates(inner, params).await,
         "sendmessage" | "editmessagetext" => send_message(&inner, &method, &params),
         "sendmessagedraft" => send_message_draft(&inner, &params),
+        "answercallbackquery" => {
+            let Some(id) = params["callback_query_id"].as_str() else {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "Bad Request: callback_query_id is empty",
+                );
+            };
+            inner
+                .state
+                .lock()
+                .unwrap()
+                .callback_answers
+                .push((id.to_owned(), Instant::now()));
+            inner.changed.notify_waiters();
+            ok(json!(true))
+        }
         "sendchataction" => {
             let mut s = inner.state.lock().unwrap();
             s.actions.push(ChatActionSent {
@@ -734,9 +811,15 @@ async fn deliver(inner: Arc<Inner>) {
         notified.as_mut().enable();
         let next = {
             let s = inner.state.lock().unwrap();
+            let allowed = s.webhook.as_ref().and_then(|h| h.allowed_updates.clone());
             s.webhook
                 .clone()
-                .zip(s.queue.first().cloned())
+                .zip(
+                    s.queue
+                        .iter()
+                        .find(|(_, u)| kind_allowed(allowed.as_deref(), u))
+                        .cloned(),
+                )
                 .map(|(hook, update)| {
                     let target = if s.balance.is_empty() {
                         hook.url.clone()
@@ -799,6 +882,14 @@ impl Drop for OpenPoll {
 async fn get_updates(inner: Arc<Inner>, params: Value) -> Response {
     let offset = params["offset"].as_i64();
     let timeout = params["timeout"].as_u64().unwrap_or(0);
+    if let Some(allowed) = params["allowed_updates"].as_array() {
+        inner.state.lock().unwrap().poll_allowed = Some(
+            allowed
+                .iter()
+                .filter_map(|u| u.as_str().map(str::to_owned))
+                .collect(),
+        );
+    }
     let limit = params["limit"].as_u64().unwrap_or(100).clamp(1, 100) as usize;
     let index = {
         let mut s = inner.state.lock().unwrap();
@@ -841,10 +932,11 @@ async fn get_updates(inner: Arc<Inner>, params: Value) -> Response {
         {
             let mut s = inner.state.lock().unwrap();
             let from = offset.filter(|&o| o > 0).unwrap_or(i64::MIN);
+            let allowed = s.poll_allowed.clone();
             let updates: Vec<(i64, Value)> = s
                 .queue
                 .iter()
-                .filter(|(id, _)| *id >= from)
+                .filter(|(id, u)| *id >= from && kind_allowed(allowed.as_deref(), u))
                 .take(limit)
                 .cloned()
                 .collect();
@@ -860,6 +952,16 @@ async fn get_updates(inner: Arc<Inner>, params: Value) -> Response {
         }
         let _ = tokio::time::timeout_at(deadline, notified).await;
     }
+}
+
+/// Whether an update's kind is in `allowed` (None: every kind). Telegram holds back
+/// the kinds a bot did not ask for.
+fn kind_allowed(allowed: Option<&[String]>, update: &Value) -> bool {
+    allowed.is_none_or(|allowed| {
+        update
+            .as_object()
+            .is_some_and(|o| o.keys().any(|k| k != "update_id" && allowed.contains(k)))
+    })
 }
 
 /// The text a reader sees of `text` in `parse_mode`, or why Telegram refuses it.
@@ -973,6 +1075,25 @@ fn send_message(inner: &Inner, method: &str, params: &Value) -> Response {
     if visible.encode_utf16().count() > 4096 {
         return error(StatusCode::BAD_REQUEST, "Bad Request: message is too long");
     }
+    let reply_markup = params.get("reply_markup").cloned();
+    if let Some(markup) = &reply_markup {
+        let rows = markup["inline_keyboard"].as_array();
+        let valid = rows.is_some_and(|rows| {
+            rows.iter().all(|row| {
+                row.as_array().is_some_and(|row| {
+                    row.iter().all(|b| {
+                        b["text"].as_str().is_some_and(|t| !t.is_empty())
+                            && b["callback_data"]
+                                .as_str()
+                                .is_none_or(|d| (1..=64).contains(&d.len()))
+                    })
+                })
+            })
+        });
+        if !valid {
+            return error(StatusCode::BAD_REQUEST, "Bad Request: BUTTON_DATA_INVALID");
+        }
+    }
     if let Some(reply_to) = reply_to
         && !allow_without_reply
         && !s.messages.contains(&(chat_id, reply_to))
@@ -998,6 +1119,7 @@ fn send_message(inner: &Inner, method: &str, params: &Value) -> Response {
         reply_to,
         allow_without_reply,
         message_id,
+        reply_markup,
         at: Instant::now(),
     });
     drop(s);
@@ -1183,6 +1305,29 @@ pub fn in_topic(mut message: Value, thread: i64) -> Value {
     message["message_thread_id"] = json!(thread);
     message["is_topic_message"] = json!(true);
     message
+}
+
+/// A `callback_query`: user `from` tapped the button with `data` on the bot's
+/// message `sent` (as the fake recorded it), query id `id`.
+pub fn callback_query(id: &str, from: i64, sent: &Sent, data: &str) -> Value {
+    let mut message = json!({
+        "message_id": sent.message_id,
+        "date": now_secs(),
+        "chat": chat(sent.chat_id, sent.thread_id.is_some()),
+        "from": bot_user(),
+        "text": sent.visible(),
+    });
+    if let Some(thread) = sent.thread_id {
+        message["message_thread_id"] = json!(thread);
+        message["is_topic_message"] = json!(true);
+    }
+    json!({
+        "id": id,
+        "from": user(from, &format!("User{from}")),
+        "message": message,
+        "chat_instance": format!("ci{}", sent.chat_id),
+        "data": data,
+    })
 }
 
 /// An edit of `message` to `text`.

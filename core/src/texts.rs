@@ -258,6 +258,15 @@ pub fn reused_result(result: &str) -> String {
     )
 }
 
+/// How every result of unknown outcome starts (what a report looks for).
+pub const OUTCOME_UNKNOWN_PREFIX: &str = "Outcome unknown:";
+
+/// An action whose tool gave no answer in time: it may have acted.
+pub fn timed_out_action_result(error: &str) -> String {
+    format!("{OUTCOME_UNKNOWN_PREFIX} the tool did not answer in time ({error}); it may or may not have acted. \
+It will not be run again automatically. Tell the user the outcome is unknown.")
+}
+
 /// An earlier attempt of the call was interrupted before its result was stored.
 pub const OUTCOME_UNKNOWN_RESULT: &str = "Outcome unknown: an earlier attempt to run this action was \
 interrupted before its result was recorded. It may or may not have happened; it will not be run again \

@@ -237,10 +237,8 @@ async fn telegram_sends_quick_replies_as_an_inline_keyboard() {
 
 /// Through the binary with a tool: the approval question reaches Telegram with
 /// Approve and Cancel buttons; tapping Approve (delivered twice) runs the action
-/// once and answers the tap. Ignored until the MCP runtime (`LULL_MCP_CONFIG`) is
-/// merged: without it no tool is offered, so no question is ever asked.
+/// once and answers the tap.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the MCP runtime (LULL_MCP_CONFIG), merged separately"]
 async fn a_telegram_approval_question_gets_buttons_and_a_tap_approves_once() {
     let dir = tempfile::tempdir().unwrap();
     let fake = TelegramFake::start().await;
@@ -299,7 +297,7 @@ async fn a_telegram_approval_question_gets_buttons_and_a_tap_approves_once() {
             .unwrap_or_default()
             .lines()
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter(|e| e["tool"] == "delete" && e["phase"] != "end")
+            .filter(|e| e["tool"] == "delete" && e["at"] != "end")
             .count()
     };
     assert_eq!(executed(dir.path()), 0, "not before the yes");

@@ -348,16 +348,25 @@ impl Round<'_> {
             () = self.stop.cancelled() => return Err(Interrupt::Stopped),
         };
         count(&spec.server, &spec.tool, output.outcome.label());
-        self.record(&row.key, row.token, &output.text, output.is_error)
+        // An action without an answer in time may or may not have acted: recorded,
+        // and told, as of unknown outcome (never as a plain failure).
+        let text = if output.outcome == CallOutcome::Timeout {
+            tracing::warn!(conversation = %self.conversation, tool = %spec.name, "an action timed out; its outcome is unknown");
+            texts::timed_out_action_result(&output.text)
+        } else {
+            output.text.clone()
+        };
+        self.record(&row.key, row.token, &text, output.is_error)
             .await;
-        if output.outcome == CallOutcome::Timeout {
-            tracing::warn!(conversation = %self.conversation, tool = %spec.name, "an action timed out");
-        }
         // The result is recorded; the round goes on only under its lease.
         if self.keeper.is_lost() {
             return Err(Interrupt::LeaseLost);
         }
-        Ok(result_text(&output.text, output.is_error))
+        Ok(if output.outcome == CallOutcome::Timeout {
+            text
+        } else {
+            result_text(&output.text, output.is_error)
+        })
     }
 
     /// Run one call, the draft (where the platform has drafts) saying which tool
@@ -445,6 +454,15 @@ fn action_lines(rows: &[ActionRow]) -> Vec<String> {
         .map(|row| {
             let call = format!("{} {}", row.tool, shortened(&row.arguments));
             match row.state {
+                ActionState::Done
+                    if row.is_error
+                        && row
+                            .result
+                            .as_deref()
+                            .is_some_and(|r| r.starts_with(texts::OUTCOME_UNKNOWN_PREFIX)) =>
+                {
+                    format!("⚠ {call}: outcome unknown (no answer in time)")
+                }
                 ActionState::Done if row.is_error => format!("✗ {call} failed"),
                 ActionState::Done => format!("✓ {call}"),
                 ActionState::Unknown | ActionState::Reserved => {

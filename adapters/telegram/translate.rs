@@ -259,7 +259,14 @@ impl Translator {
                 CommandTarget::Us
             }
             Some(_) => CommandTarget::OtherBot,
-            None if Command::parse(word).is_some() => CommandTarget::Us,
+            // One of lull's commands, or the answer to its approval question; an
+            // unknown `/word` in a group may be another bot's (without `@`, Telegram
+            // sends it to every bot there): not taken as addressed to lull.
+            None if Command::parse(word).is_some_and(|c| c != Command::Unknown)
+                || lull_port::QuickReply::could_be(text) =>
+            {
+                CommandTarget::Us
+            }
             None => CommandTarget::None,
         }
     }
@@ -602,6 +609,13 @@ mod tests {
         );
         assert_eq!(text(&take(&mut t, group(3, "/start")).unwrap()), "/start");
         assert!(take(&mut t, group(4, "/help@other_bot")).is_none());
+        // The answer to lull's approval question is for lull; another bot's command
+        // without `@` is not.
+        assert_eq!(
+            text(&take(&mut t, group(10, "/approve 3")).unwrap()),
+            "/approve 3"
+        );
+        assert!(take(&mut t, group(11, "/weather Berlin")).is_none());
         assert!(take(&mut t, group(5, "/weather")).is_none());
         // In a private chat the name goes too.
         assert_eq!(

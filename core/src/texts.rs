@@ -263,8 +263,10 @@ pub const OUTCOME_UNKNOWN_PREFIX: &str = "Outcome unknown:";
 
 /// An action whose tool gave no answer in time: it may have acted.
 pub fn timed_out_action_result(error: &str) -> String {
-    format!("{OUTCOME_UNKNOWN_PREFIX} the tool did not answer in time ({error}); it may or may not have acted. \
-It will not be run again automatically. Tell the user the outcome is unknown.")
+    format!(
+        "{OUTCOME_UNKNOWN_PREFIX} the tool did not answer in time ({error}); it may or may not have acted. \
+It will not be run again automatically. Tell the user the outcome is unknown."
+    )
 }
 
 /// An earlier attempt of the call was interrupted before its result was stored.

@@ -390,7 +390,9 @@ async fn a_message_after_the_append_does_not_repeat_it() {
     let reply = &replies[0];
     assert!(
         reply.text.starts_with("[model] buy milk\nthanks")
-            && reply.text.contains("[Actions already taken for these messages"),
+            && reply
+                .text
+                .contains("[Actions already taken for these messages"),
         "{reply:?}"
     );
     assert!(

@@ -212,11 +212,11 @@ impl StatusPage {
         }
     }
 
-    /// Whether this request may see the page: `Err` is the answer otherwise.
-    fn admit(&self, headers: &HeaderMap, json: bool) -> Result<(), Response> {
+    /// The answer to a request that may not see the page (`None`: it may).
+    fn refusal(&self, headers: &HeaderMap, json: bool) -> Option<Response> {
         match &self.inner.access {
-            Access::Open => Ok(()),
-            Access::Closed => Err((
+            Access::Open => None,
+            Access::Closed => Some((
                 StatusCode::FORBIDDEN,
                 [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
                 "The status page is off: LULL_HTTP_ADDR is not a loopback address. Set LULL_HTTP_TOKEN to open it with that token.\n",
@@ -224,9 +224,9 @@ impl StatusPage {
                 .into_response()),
             Access::Token { token, cookie } => {
                 if bearer(headers, token) || has_cookie(headers, cookie) {
-                    Ok(())
+                    None
                 } else if json {
-                    Err((
+                    Some((
                         StatusCode::UNAUTHORIZED,
                         [(header::WWW_AUTHENTICATE, "Bearer")],
                         axum::Json(serde_json::json!({
@@ -235,7 +235,7 @@ impl StatusPage {
                     )
                         .into_response())
                 } else {
-                    Err(html(StatusCode::UNAUTHORIZED, page::login(None)))
+                    Some(html(StatusCode::UNAUTHORIZED, page::login(None)))
                 }
             }
         }
@@ -243,7 +243,7 @@ impl StatusPage {
 }
 
 async fn page(State(status): State<StatusPage>, headers: HeaderMap) -> Response {
-    if let Err(refused) = status.admit(&headers, false) {
+    if let Some(refused) = status.refusal(&headers, false) {
         return refused;
     }
     let snapshot = status.snapshot().await;
@@ -251,7 +251,7 @@ async fn page(State(status): State<StatusPage>, headers: HeaderMap) -> Response 
 }
 
 async fn api(State(status): State<StatusPage>, headers: HeaderMap) -> Response {
-    if let Err(refused) = status.admit(&headers, true) {
+    if let Some(refused) = status.refusal(&headers, true) {
         return refused;
     }
     let snapshot = status.snapshot().await;
@@ -274,8 +274,8 @@ async fn login_form(State(status): State<StatusPage>) -> Response {
         // Nothing to log in to: the page is open, or off whatever is typed.
         Access::Open => redirect_home(None),
         Access::Closed => status
-            .admit(&HeaderMap::new(), false)
-            .expect_err("closed access refuses"),
+            .refusal(&HeaderMap::new(), false)
+            .expect("closed access refuses"),
     }
 }
 

@@ -321,7 +321,7 @@ fn bar_chart(days: &[DayTokens]) -> String {
             y = base - h,
             w = slot * 0.7
         );
-        if (days.len() - 1 - i) % 7 == 0 {
+        if (days.len() - 1 - i).is_multiple_of(7) {
             let _ = write!(
                 out,
                 "<text x=\"{cx:.1}\" y=\"{ty}\" text-anchor=\"middle\">{}</text>",
@@ -365,7 +365,7 @@ fn line_chart(hours: &[u64]) -> String {
             out,
             "<circle class=\"point\" data-hour=\"{ago}\" data-replies=\"{n}\" cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"3\" fill=\"#1a7f37\"><title>{ago} h ago: {n}</title></circle>"
         );
-        if ago % 6 == 0 {
+        if ago.is_multiple_of(6) {
             let label = if ago == 0 {
                 "now".to_owned()
             } else {

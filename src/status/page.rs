@@ -18,7 +18,7 @@ section.wide{grid-column:1/-1}
 h2{font-size:15px;margin:0 0 8px}
 table{border-collapse:collapse;width:100%}
 td,th{text-align:left;padding:3px 6px;border-bottom:1px solid #eef0f3;vertical-align:top}
-th{white-space:nowrap}code{overflow-wrap:anywhere}
+code{overflow-wrap:anywhere}
 td.n{text-align:right;font-variant-numeric:tabular-nums}
 .big{font-size:26px;font-weight:600}
 .tiles{display:flex;gap:16px;flex-wrap:wrap}.tile{min-width:80px}.tile small{display:block;color:#5b6675}
@@ -373,8 +373,9 @@ fn line_chart(hours: &[u64]) -> String {
             };
             let _ = write!(
                 out,
-                "<text x=\"{x:.1}\" y=\"{ty}\" text-anchor=\"middle\">{label}</text>",
-                ty = CHART_H - 6.0
+                "<text x=\"{x:.1}\" y=\"{ty}\" text-anchor=\"{anchor}\">{label}</text>",
+                ty = CHART_H - 6.0,
+                anchor = if ago == 0 { "end" } else { "middle" }
             );
         }
     }

@@ -294,6 +294,9 @@ async fn the_status_page_shows_a_scripted_run() {
     .await
     .unwrap();
     assert!(dom.contains("lull status"), "{dom}");
+    for external in ["<script", "src=\"http", "href=\"http", "@import"] {
+        assert!(!dom.contains(external), "nothing is fetched: {external}");
+    }
     for (id, expected) in [
         ("pending", 0),
         ("answering", 0),
@@ -468,6 +471,16 @@ async fn off_loopback_the_page_needs_the_token() {
     assert_eq!(r.status().as_u16(), 200);
     let status: Value = r.json().await.unwrap();
     assert_eq!(status["database"], "ok");
+    // Read again at once: the same snapshot (kept 2 s), not another read of the store.
+    let again: Value = get("/api/status")
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(again["generated_at"], status["generated_at"]);
     assert_eq!(
         get("/")
             .bearer_auth(TOKEN)

@@ -374,6 +374,20 @@ async fn the_status_page_shows_a_scripted_run() {
     }
 }
 
+/// `lull run` named `name` on `0.0.0.0` (reached through 127.0.0.1) with the echo
+/// responder, its own SQLite file in `dir`, and `env` on top.
+fn off_loopback(dir: &Path, name: &str, mut env: Vec<(&str, String)>) -> LullProcess {
+    env.extend([
+        (
+            "DATABASE_URL",
+            format!("sqlite:{}", dir.join(format!("{name}.db")).display()),
+        ),
+        ("LULL_HTTP_ADDR", format!("0.0.0.0:{}", free_port())),
+        ("LULL_LLM", "echo".into()),
+    ]);
+    LullProcess::start(dir, name, &["run"], &env)
+}
+
 /// Off loopback (`0.0.0.0`, reached through 127.0.0.1): without `LULL_HTTP_TOKEN` the
 /// page is 403 naming the variable; with it, the bearer token or the login form's
 /// cookie opens it, a wrong token does not; `/healthz` and `/metrics` stay open.
@@ -387,18 +401,10 @@ async fn off_loopback_the_page_needs_the_token() {
     // No token: Telegram alone (the http adapter would refuse to start off loopback).
     let dir = tempfile::tempdir().unwrap();
     let telegram = TelegramFake::start().await;
-    let port = free_port();
-    let mut closed = LullProcess::start(
+    let mut closed = off_loopback(
         dir.path(),
         "closed",
-        &["run"],
-        &[
-            (
-                "DATABASE_URL",
-                format!("sqlite:{}", dir.path().join("closed.db").display()),
-            ),
-            ("LULL_HTTP_ADDR", format!("0.0.0.0:{port}")),
-            ("LULL_LLM", "echo".into()),
+        vec![
             ("TELEGRAM_BOT_TOKEN", telegram.token.clone()),
             ("TELEGRAM_API_URL", telegram.url.clone()),
         ],
@@ -435,20 +441,12 @@ async fn off_loopback_the_page_needs_the_token() {
 
     // A token: the http adapter on 0.0.0.0 too.
     let webhook = Webhook::start().await;
-    let port = free_port();
-    let mut open = LullProcess::start(
+    let mut open = off_loopback(
         dir.path(),
         "token",
-        &["run"],
-        &[
-            (
-                "DATABASE_URL",
-                format!("sqlite:{}", dir.path().join("token.db").display()),
-            ),
-            ("LULL_HTTP_ADDR", format!("0.0.0.0:{port}")),
+        vec![
             ("LULL_HTTP_TOKEN", TOKEN.into()),
             ("LULL_WEBHOOK_URL", webhook.url.clone()),
-            ("LULL_LLM", "echo".into()),
         ],
     );
     open.wait_healthy(Duration::from_secs(20)).await;

@@ -190,12 +190,13 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     }
     let store = open_store(&config).await?;
     log_responder(&config);
+    let clock = lull_core::clock::for_process();
     let dispatcher = Dispatcher::new(
         store.clone(),
         responder(&config)?,
         outbounds,
         config.dispatch.clone(),
-        lull_core::clock::for_process(),
+        clock.clone(),
     );
     transcriber(&config, &dispatcher)?;
     toolbox(&config, &dispatcher).await;
@@ -212,6 +213,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     };
     let router = crate::http::app(
         HttpState {
+            status: Some(status_page(&config, &dispatcher, &health, &metrics, clock)),
             store,
             health: health.clone(),
             metrics: Some(metrics.clone()),
@@ -432,4 +434,31 @@ async fn wait_until_answered(
             () = tokio::time::sleep(Duration::from_millis(500)) => {}
         }
     }
+}
+
+/// The status page of this process: its access rule from `LULL_HTTP_ADDR` and
+/// `LULL_HTTP_TOKEN`, the MCP servers asked of the dispatcher's toolbox at each read.
+fn status_page(
+    config: &Config,
+    dispatcher: &Arc<Dispatcher>,
+    health: &lull_port::health::Health,
+    metrics: &metrics_exporter_prometheus::PrometheusHandle,
+    clock: Arc<dyn lull_core::clock::Clock>,
+) -> crate::status::StatusPage {
+    let access = crate::status::Access::new(config.http_addr, config.http_token.clone());
+    let of = dispatcher.clone();
+    let mcp_servers: crate::status::McpServers = Arc::new(move || {
+        of.toolbox()
+            .map(|toolbox| toolbox.servers())
+            .unwrap_or_default()
+    });
+    crate::status::StatusPage::new(
+        dispatcher.store().clone(),
+        health.clone(),
+        Some(metrics.clone()),
+        clock,
+        access,
+        Some(dispatcher.holder().clone()),
+        Some(mcp_servers),
+    )
 }

@@ -1,5 +1,6 @@
-//! The HTTP server: `GET /healthz`, `GET /metrics`, and the http adapter's routes when
-//! it is enabled. [`app`] builds the router without a socket, so tests can call it
+//! The HTTP server: `GET /healthz`, `GET /metrics`, the status page (`GET /`,
+//! `GET /api/status`, `/login`: `crate::status`), and the http adapter's routes when it
+//! is enabled. [`app`] builds the router without a socket, so tests can call it
 //! directly.
 
 use std::sync::Arc;
@@ -26,14 +27,22 @@ pub struct HttpState {
     pub metrics: Option<PrometheusHandle>,
     /// The MCP servers' states for `/healthz` (`None`: tools off).
     pub tools: Option<Arc<dyn Toolbox>>,
+    /// The status page's routes (`None`: not served, as in tests of the router alone).
+    pub status: Option<crate::status::StatusPage>,
 }
 
-/// The router: health, metrics, and `extra` routes (the http adapter) if given.
+/// The router: health, metrics, the status page, and `extra` routes (the http adapter)
+/// if given.
 pub fn app(state: HttpState, extra: Option<Router>) -> Router {
+    let status = state.status.clone();
     let router = Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .with_state(state);
+    let router = match status {
+        Some(status) => router.merge(status.routes()),
+        None => router,
+    };
     match extra {
         Some(extra) => router.merge(extra),
         None => router,
@@ -131,6 +140,7 @@ mod tests {
                 health: health.clone(),
                 metrics: None,
                 tools: None,
+                status: None,
             },
             None,
         );

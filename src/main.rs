@@ -12,6 +12,7 @@ mod config;
 mod http;
 mod logging;
 mod metrics;
+mod status;
 
 use crate::config::{Cli, Command, Config};
 use lull_port::secrets::redact;

@@ -32,7 +32,7 @@ pub struct HttpArgs {
     /// Where the http adapter POSTs replies; enables the http adapter.
     #[arg(long, global = true, env = "LULL_WEBHOOK_URL")]
     pub webhook_url: Option<String>,
-    /// Bearer token the http adapter requires.
+    /// Bearer token the http adapter requires; also opens the status page off loopback.
     #[arg(long, global = true, env = "LULL_HTTP_TOKEN", hide_env_values = true, value_parser = secret)]
     pub http_token: Option<SecretString>,
     /// Key that signs webhook requests: `whsec_` and base64 (Standard Webhooks) [default: unsigned]

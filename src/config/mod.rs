@@ -178,6 +178,9 @@ pub struct Config {
     /// The core's settings, declared once in the core.
     pub dispatch: DispatchSettings,
     pub http_addr: SocketAddr,
+    /// `LULL_HTTP_TOKEN`: the http adapter's bearer token, and the status page's off
+    /// loopback.
+    pub http_token: Option<secrecy::SecretString>,
     pub http_adapter: Option<HttpAdapterConfig>,
     /// The MCP servers whose tools the model may call (`None`: tools off).
     pub tools: Option<ToolsConfig>,
@@ -256,6 +259,7 @@ impl Config {
                 ..DispatchSettings::default()
             },
             http_addr: s.http.http_addr,
+            http_token: s.http.http_token.clone(),
             http_adapter,
             tools,
         })

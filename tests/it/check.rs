@@ -116,7 +116,7 @@ async fn check_leaves_an_existing_database_untouched() {
     .await;
     assert_eq!(code, Some(0), "{report}");
     assert!(
-        report.contains("is sound: 0 conversations, schema 8"),
+        report.contains("is sound: 0 conversations, schema 9"),
         "{report}"
     );
     assert_eq!(std::fs::read(&path).unwrap(), before, "the file changed");

@@ -28,6 +28,7 @@ mod promql;
 mod quirks;
 mod real_models;
 mod shutdown;
+mod status_page;
 mod store;
 mod stress;
 mod telegram;

@@ -316,6 +316,12 @@ impl Dispatcher {
         &self.store
     }
 
+    /// This process as a lease holder (unique per start): how the status page tells
+    /// this process from the other replicas holding leases.
+    pub fn holder(&self) -> &HolderId {
+        &self.holder
+    }
+
     /// Accept an inbound update. Returns once it is stored (or refused); the reply
     /// comes later, from a round. When this returns `Ok`, the adapter may acknowledge
     /// the update to its platform: it will not be lost.

@@ -19,6 +19,7 @@ mod limits;
 mod messages;
 mod outbox;
 mod rounds;
+mod status;
 mod work;
 
 pub use actions::*;
@@ -27,6 +28,7 @@ pub use limits::*;
 pub use messages::*;
 pub use outbox::*;
 pub use rounds::*;
+pub use status::*;
 pub use work::*;
 
 use super::{
@@ -102,6 +104,7 @@ macro_rules! store_conformance {
             a_batch_lists_its_actions_and_open_approvals_only_open_ones,
             concurrent_decisions_decide_once,
             concurrent_reservations_of_one_key_store_one_row,
+            the_status_counts_what_the_rows_say,
         );
     };
     (@each $open:path; $($check:ident),* $(,)?) => {
@@ -301,6 +304,7 @@ mod tests {
             include_str!("work.rs"),
             include_str!("limits.rs"),
             include_str!("actions.rs"),
+            include_str!("status.rs"),
         );
         let missing: Vec<&str> = checks
             .split("\npub async fn ")

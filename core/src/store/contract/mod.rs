@@ -8,4 +8,5 @@ pub mod limits;
 pub mod messages;
 pub mod outbox;
 pub mod rounds;
+pub mod status;
 pub mod work;

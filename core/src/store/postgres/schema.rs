@@ -17,6 +17,7 @@ const ALL: &[&str] = &[
     V4_EDITS,
     V5_TOKEN_RESERVATIONS,
     V6_ACTIONS,
+    V7_STATUS,
 ];
 
 /// The schema version this build migrates to.
@@ -240,6 +241,17 @@ CREATE TABLE actions (
 );
 CREATE INDEX actions_batch ON actions (conversation_id, batch, id);
 CREATE INDEX actions_open ON actions (conversation_id, id) WHERE state IN ('awaiting', 'approved');
+"#;
+
+const V7_STATUS: &str = r#"
+-- The status page (GET /, GET /api/status) reads the last day and the last thirty days
+-- of the outbox, and the timers a limit holds or a failure backs off, by range scans on
+-- these instead of walking every row.
+CREATE INDEX outbox_sent ON outbox (sent_at) WHERE sent_at IS NOT NULL;
+CREATE INDEX outbox_failed ON outbox (failed_at) WHERE failed_at IS NOT NULL;
+CREATE INDEX outbox_created ON outbox (created_at);
+CREATE INDEX timers_held ON timers (held_until);
+CREATE INDEX timers_retrying ON timers (conversation_id) WHERE attempts > 0;
 "#;
 
 /// Bring the schema up to date: each missing migration in its own transaction under

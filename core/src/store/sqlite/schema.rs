@@ -245,6 +245,17 @@ CREATE INDEX actions_batch ON actions (conversation_id, batch, id);
 CREATE INDEX actions_open ON actions (conversation_id, id) WHERE state IN ('awaiting', 'approved');
 "#;
 
+const V9_STATUS: &str = r#"
+-- The status page (GET /, GET /api/status) reads the last day and the last thirty days
+-- of the outbox, and the timers a limit holds or a failure backs off, by range scans on
+-- these instead of walking every row.
+CREATE INDEX outbox_sent ON outbox (sent_at) WHERE sent_at IS NOT NULL;
+CREATE INDEX outbox_failed ON outbox (failed_at) WHERE failed_at IS NOT NULL;
+CREATE INDEX outbox_created ON outbox (created_at);
+CREATE INDEX timers_held ON timers (held_until);
+CREATE INDEX timers_retrying ON timers (conversation_id) WHERE attempts > 0;
+"#;
+
 /// Every migration, oldest first. The schema version (`user_version`) counts them.
 const ALL: &[&str] = &[
     V1_CORE,
@@ -255,6 +266,7 @@ const ALL: &[&str] = &[
     V6_EDITS,
     V7_TOKEN_RESERVATIONS,
     V8_ACTIONS,
+    V9_STATUS,
 ];
 
 /// The schema version this build migrates to.

@@ -1,0 +1,172 @@
+//! Conformance of the status area: the operator's view counts what the rows say, over
+//! the windows it names, the same on every backend.
+
+use std::time::Duration;
+
+use super::{TTL, at, claim, claimed, collect, holder, http, message, reply, stored};
+use crate::domain::{LeaseKey, Platform, Timestamp, TokenUsage};
+use crate::store::{
+    CommitOutcome, ConnectionLease, ConversationTokens, LiveHolder, NewNotice, NewReply,
+    RateWindow, Recent, Store, StoreStatus,
+};
+
+/// A scripted day: one reply sent (120 tokens), one given up, one conversation backing
+/// off after a failed generation and held by a rate limit, a model-down notice, a
+/// poller lease. Read at once, every count shows it; read a day later, the hour and day
+/// windows are empty, the tokens moved back a day, the leases expired.
+pub async fn the_status_counts_what_the_rows_say(store: &dyn Store) {
+    let (a, b) = (holder("a"), holder("b"));
+    let empty = store.status(at(0), 5).await.expect("reading the status");
+    assert_eq!(
+        (empty.pending, empty.answering, empty.replies_per_hour.len()),
+        (0, 0, 24)
+    );
+    assert_eq!(empty.tokens_per_day.len(), 30);
+    assert!(empty.tokens_per_day.iter().all(|d| d.tokens == 0));
+
+    let (c1, ..) = stored(store, message(http("c1"), "m1"), &a, at(0)).await;
+    let (c2, ..) = stored(store, message(http("c2"), "m2"), &a, at(10)).await;
+    let (c3, ..) = stored(store, message(http("c3"), "m3"), &a, at(20)).await;
+
+    // c1: answered with 120 tokens and delivered; its lease given back.
+    let lease = claimed(store, c1, &a, at(1000)).await;
+    let batch = collect(store, c1).await;
+    let with_usage = NewReply {
+        usage: Some(TokenUsage {
+            prompt: 100,
+            completion: 20,
+        }),
+        ..reply("answer")
+    };
+    let sent = match store
+        .commit_reply(&lease, &batch, with_usage, at(1100))
+        .await
+    {
+        Ok(CommitOutcome::Committed { outbox, .. }) => outbox.id,
+        other => panic!("the reply was not committed: {other:?}"),
+    };
+    store.mark_sent(sent, 1, true, at(1200)).await.unwrap();
+    store.release_lease(&lease, None, at(1200)).await.unwrap();
+
+    // c3: answered (no usage), and its delivery given up.
+    let lease = claimed(store, c3, &a, at(1000)).await;
+    let batch = collect(store, c3).await;
+    let failed = match store
+        .commit_reply(&lease, &batch, reply("lost"), at(1100))
+        .await
+    {
+        Ok(CommitOutcome::Committed { outbox, .. }) => outbox.id,
+        other => panic!("the reply was not committed: {other:?}"),
+    };
+    store
+        .fail_outbox(failed, "refused", at(1300))
+        .await
+        .unwrap();
+    store.release_lease(&lease, None, at(1300)).await.unwrap();
+
+    // c2: b is answering it, its last generation failed, a rate limit holds it, and the
+    // user was told the model is down. b also holds the Telegram poller.
+    let lease = claimed(store, c2, &b, at(1400)).await;
+    store
+        .record_failure(&lease, at(60_000), at(1400))
+        .await
+        .unwrap();
+    let rate = RateWindow {
+        max: 0,
+        window: Duration::from_secs(60),
+    };
+    let hold = store
+        .hold_over_rate(c2, "u1", rate, at(1450))
+        .await
+        .unwrap();
+    assert!(hold.is_some(), "a rate of 0 holds the conversation");
+    store
+        .enqueue_notice(
+            NewNotice {
+                conversation: http("c2"),
+                is_group: false,
+                text: "the model is down".into(),
+                reply_to: None,
+                dedupe_key: format!("model-down/{c2}/1"),
+            },
+            &b,
+            at(1450),
+        )
+        .await
+        .unwrap()
+        .expect("the notice is queued");
+    let poller = LeaseKey::Poller(Platform::Telegram, 0);
+    claim(store, &poller, &b, at(1500))
+        .await
+        .expect("the poller lease is free");
+
+    let now = at(2000);
+    let status = store.status(now, 5).await.expect("reading the status");
+    let one = Recent { hour: 1, day: 1 };
+    let mut hours = vec![0; 24];
+    hours[23] = 1;
+    assert_eq!(
+        StoreStatus {
+            tokens_per_day: Vec::new(),
+            ..status.clone()
+        },
+        StoreStatus {
+            pending: 1,
+            answering: 1,
+            held: 1,
+            retrying: 1,
+            holders: vec![LiveHolder {
+                holder: "b".into(),
+                conversations: 1,
+                connections: vec!["poller/telegram".into()],
+            }],
+            connections: vec![ConnectionLease {
+                resource: "poller/telegram".into(),
+                holder: "b".into(),
+                expires_at: at(1500).plus(TTL).0,
+            }],
+            sent: one,
+            failed: one,
+            generated: Recent { hour: 2, day: 2 },
+            model_failures: one,
+            replies_per_hour: hours,
+            tokens_per_day: Vec::new(),
+            top_conversations: vec![ConversationTokens {
+                conversation: c1.0,
+                platform: "http".into(),
+                key: "c1".into(),
+                tokens: 120,
+                replies: 1,
+            }],
+        }
+    );
+    let today = status.tokens_per_day.last().expect("thirty days");
+    assert_eq!(today.tokens, 120);
+    assert_eq!(today.day, utc(now));
+    assert_eq!(
+        status.tokens_per_day.iter().map(|d| d.tokens).sum::<u64>(),
+        120
+    );
+
+    // A day later: the windows are empty, yesterday's tokens are a day back.
+    let later = Timestamp(now.0 + 86_400_000);
+    let status = store.status(later, 5).await.expect("reading the status");
+    assert_eq!(status.sent, Recent::default());
+    assert_eq!(status.failed, Recent::default());
+    assert_eq!(status.generated, Recent::default());
+    assert!(status.replies_per_hour.iter().all(|&n| n == 0));
+    assert!(status.top_conversations.is_empty());
+    assert!(status.holders.is_empty() && status.connections.is_empty());
+    assert_eq!((status.answering, status.held, status.retrying), (0, 0, 1));
+    let days: Vec<u64> = status.tokens_per_day.iter().map(|d| d.tokens).collect();
+    assert_eq!(days[28..], [120, 0]);
+    assert_eq!(status.tokens_per_day[28].day, utc(now));
+}
+
+/// `now`'s UTC day, as the status names days.
+fn utc(now: Timestamp) -> String {
+    jiff::Timestamp::from_millisecond(now.0)
+        .unwrap()
+        .strftime("%Y-%m-%d")
+        .to_string()
+}

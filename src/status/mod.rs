@@ -1,0 +1,431 @@
+//! The status page: `GET /` (server-rendered HTML with inline SVG charts, no script,
+//! nothing fetched from elsewhere) and its JSON twin `GET /api/status`, with the login
+//! form (`GET /login`, `POST /login`) that guards them off loopback.
+//!
+//! What it shows comes from one read-only store call ([`StatusStore::status`]: index
+//! scans, no write lock), this process's metrics, the adapters' health and the MCP
+//! servers' state. One snapshot is kept for [`CACHE_TTL`], so a refreshing browser (or
+//! many) reads the database at most once per TTL.
+//!
+//! Access ([`Access`]): on a loopback `LULL_HTTP_ADDR` the page is open; elsewhere only
+//! with `LULL_HTTP_TOKEN`, given as `Authorization: Bearer …` or once in the login form,
+//! which sets an `HttpOnly`, `SameSite=Strict` cookie holding a digest of the token (not
+//! the token). No secret ever travels in a URL; every comparison is in constant time.
+
+mod page;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use metrics_exporter_prometheus::PrometheusHandle;
+use secrecy::{ExposeSecret, SecretString};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use tokio::sync::Mutex;
+
+use lull_core::clock::Clock;
+use lull_core::domain::HolderId;
+use lull_core::store::{Store, StoreStatus};
+use lull_core::tools::ServerState;
+use lull_port::health::Health;
+
+/// How long one snapshot is served before the store is read again.
+pub const CACHE_TTL: Duration = Duration::from_secs(2);
+/// Conversations in the "top by tokens today" table.
+const TOP: usize = 10;
+/// The cookie the login form sets.
+const COOKIE: &str = "lull_status";
+
+/// Who may see the status page, decided once from `LULL_HTTP_ADDR` and
+/// `LULL_HTTP_TOKEN`.
+#[derive(Clone)]
+pub enum Access {
+    /// A loopback address: whoever can reach it is on this host.
+    Open,
+    /// Off loopback with a token: the bearer token, or the login form's cookie.
+    Token {
+        token: SecretString,
+        /// The cookie value a login sets: a digest of the token, never the token.
+        cookie: String,
+    },
+    /// Off loopback without a token: refused, naming the variable to set.
+    Closed,
+}
+
+impl Access {
+    /// The rule for a server on `addr` with `token` (`LULL_HTTP_TOKEN`).
+    pub fn new(addr: std::net::SocketAddr, token: Option<SecretString>) -> Access {
+        match token {
+            _ if addr.ip().is_loopback() => Access::Open,
+            Some(token) => {
+                let cookie = cookie_value(&token);
+                Access::Token { token, cookie }
+            }
+            None => Access::Closed,
+        }
+    }
+}
+
+/// The login cookie's value for `token`: SHA-256 of a fixed label and the token, hex.
+fn cookie_value(token: &SecretString) -> String {
+    let mut hash = Sha256::new();
+    hash.update(b"lull status page login\0");
+    hash.update(token.expose_secret().as_bytes());
+    hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The hook that names each MCP server's state (`Toolbox::servers` of the dispatcher's
+/// toolbox, asked at each read, so a toolbox set after the router was built is shown).
+pub type McpServers = Arc<dyn Fn() -> Vec<ServerState> + Send + Sync>;
+
+/// Everything the status routes read, and the snapshot they share.
+#[derive(Clone)]
+pub struct StatusPage {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn Store>,
+    health: Health,
+    metrics: Option<PrometheusHandle>,
+    clock: Arc<dyn Clock>,
+    access: Access,
+    /// This process as a lease holder (`None`: not known, as in tests of the router).
+    holder: Option<HolderId>,
+    /// The MCP servers' state, asked at each read (`None`: no tools in this build or
+    /// process; the page then shows no MCP section).
+    mcp_servers: Option<McpServers>,
+    cache: Mutex<Option<(Instant, Arc<Snapshot>)>>,
+}
+
+/// What the page and `/api/status` show: one moment's numbers.
+#[derive(Debug, Clone, Serialize)]
+pub struct Snapshot {
+    /// When it was read, in milliseconds since the Unix epoch.
+    pub generated_at: i64,
+    /// `ok`, or why the database did not answer (then `store` is empty).
+    pub database: String,
+    /// What the database knows: every replica's work.
+    pub store: StoreStatus,
+    /// This process alone, since it started (what only its metrics know).
+    pub process: ProcessStatus,
+    /// Each configured platform adapter's state, as `/healthz` reports it.
+    pub platforms: BTreeMap<String, String>,
+    /// Each configured MCP server (empty without tools).
+    pub mcp_servers: Vec<ServerState>,
+}
+
+/// This process's own counters, read from its metrics.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ProcessStatus {
+    /// Its lease holder id (matches a row of the store's holders while it holds one).
+    pub holder: Option<String>,
+    /// Replies it dropped because a newer message arrived (never stored, so only here).
+    pub replies_dropped_stale: u64,
+    /// Model requests by outcome (`ok`, `error`, …).
+    pub llm_requests: BTreeMap<String, u64>,
+}
+
+impl StatusPage {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        store: Arc<dyn Store>,
+        health: Health,
+        metrics: Option<PrometheusHandle>,
+        clock: Arc<dyn Clock>,
+        access: Access,
+        holder: Option<HolderId>,
+        mcp_servers: Option<McpServers>,
+    ) -> StatusPage {
+        StatusPage {
+            inner: Arc::new(Inner {
+                store,
+                health,
+                metrics,
+                clock,
+                access,
+                holder,
+                mcp_servers,
+                cache: Mutex::new(None),
+            }),
+        }
+    }
+
+    /// The routes: `/`, `/api/status`, `/login`.
+    pub fn routes(self) -> Router {
+        Router::new()
+            .route("/", get(page))
+            .route("/api/status", get(api))
+            .route("/login", get(login_form).post(login))
+            .with_state(self)
+    }
+
+    /// The snapshot, read again when the kept one is older than [`CACHE_TTL`]. Callers
+    /// arriving meanwhile wait for that one read instead of starting their own.
+    async fn snapshot(&self) -> Arc<Snapshot> {
+        let mut cache = self.inner.cache.lock().await;
+        if let Some((at, snapshot)) = cache.as_ref()
+            && at.elapsed() < CACHE_TTL
+        {
+            return snapshot.clone();
+        }
+        let snapshot = Arc::new(self.read().await);
+        *cache = Some((Instant::now(), snapshot.clone()));
+        snapshot
+    }
+
+    async fn read(&self) -> Snapshot {
+        let inner = &self.inner;
+        let now = inner.clock.now();
+        let (database, store) = match inner.store.status(now, TOP).await {
+            Ok(status) => ("ok".to_owned(), status),
+            Err(e) => {
+                tracing::warn!(error = %e, "the status page could not read the database");
+                (e.to_string(), StoreStatus::default())
+            }
+        };
+        let mut process = inner
+            .metrics
+            .as_ref()
+            .map(|m| process_status(&m.render()))
+            .unwrap_or_default();
+        process.holder = inner.holder.as_ref().map(|h| h.as_str().to_owned());
+        Snapshot {
+            generated_at: now.0,
+            database,
+            store,
+            process,
+            platforms: inner
+                .health
+                .snapshot()
+                .iter()
+                .map(|(platform, state)| (platform.as_str().to_owned(), state.describe()))
+                .collect(),
+            mcp_servers: inner.mcp_servers.as_ref().map(|f| f()).unwrap_or_default(),
+        }
+    }
+
+    /// The answer to a request that may not see the page (`None`: it may).
+    fn refusal(&self, headers: &HeaderMap, json: bool) -> Option<Response> {
+        match &self.inner.access {
+            Access::Open => None,
+            Access::Closed => Some((
+                StatusCode::FORBIDDEN,
+                [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+                "The status page is off: LULL_HTTP_ADDR is not a loopback address. Set LULL_HTTP_TOKEN to open it with that token.\n",
+            )
+                .into_response()),
+            Access::Token { token, cookie } => {
+                if bearer(headers, token) || has_cookie(headers, cookie) {
+                    None
+                } else if json {
+                    Some((
+                        StatusCode::UNAUTHORIZED,
+                        [(header::WWW_AUTHENTICATE, "Bearer")],
+                        axum::Json(serde_json::json!({
+                            "error": "send Authorization: Bearer $LULL_HTTP_TOKEN"
+                        })),
+                    )
+                        .into_response())
+                } else {
+                    Some(html(StatusCode::UNAUTHORIZED, page::login(None)))
+                }
+            }
+        }
+    }
+}
+
+async fn page(State(status): State<StatusPage>, headers: HeaderMap) -> Response {
+    if let Some(refused) = status.refusal(&headers, false) {
+        return refused;
+    }
+    let snapshot = status.snapshot().await;
+    html(StatusCode::OK, page::render(&snapshot))
+}
+
+async fn api(State(status): State<StatusPage>, headers: HeaderMap) -> Response {
+    if let Some(refused) = status.refusal(&headers, true) {
+        return refused;
+    }
+    let snapshot = status.snapshot().await;
+    let code = if snapshot.database == "ok" {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        code,
+        [(header::CACHE_CONTROL, "no-store")],
+        axum::Json(&*snapshot),
+    )
+        .into_response()
+}
+
+async fn login_form(State(status): State<StatusPage>) -> Response {
+    match status.inner.access {
+        Access::Token { .. } => html(StatusCode::OK, page::login(None)),
+        // Nothing to log in to: the page is open, or off whatever is typed.
+        Access::Open => redirect_home(None),
+        Access::Closed => status
+            .refusal(&HeaderMap::new(), false)
+            .expect("closed access refuses"),
+    }
+}
+
+/// `POST /login` with the form body `token=…`: the right token sets the cookie and goes
+/// to the page; a wrong one is refused with the form again (401).
+async fn login(State(status): State<StatusPage>, body: Bytes) -> Response {
+    let Access::Token { token, cookie } = &status.inner.access else {
+        return login_form(State(status)).await;
+    };
+    let given = url::form_urlencoded::parse(&body)
+        .find(|(name, _)| name == "token")
+        .map(|(_, value)| value.into_owned())
+        .unwrap_or_default();
+    if same_secret(given.trim().as_bytes(), token.expose_secret().as_bytes()) {
+        redirect_home(Some(cookie))
+    } else {
+        tracing::info!("the status page's login form was given a wrong token");
+        html(
+            StatusCode::UNAUTHORIZED,
+            page::login(Some("That is not the token (LULL_HTTP_TOKEN).")),
+        )
+    }
+}
+
+fn redirect_home(cookie: Option<&str>) -> Response {
+    let mut response = (StatusCode::SEE_OTHER, [(header::LOCATION, "/")]).into_response();
+    if let Some(value) = cookie
+        && let Ok(set) = HeaderValue::from_str(&format!(
+            "{COOKIE}={value}; HttpOnly; SameSite=Strict; Path=/"
+        ))
+    {
+        response.headers_mut().insert(header::SET_COOKIE, set);
+    }
+    response
+}
+
+fn html(code: StatusCode, body: String) -> Response {
+    (
+        code,
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// `Authorization: Bearer <token>` (the scheme name case-insensitive), compared in
+/// constant time.
+fn bearer(headers: &HeaderMap, token: &SecretString) -> bool {
+    headers
+        .get_all(header::AUTHORIZATION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .filter_map(|v| v.trim_start().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .any(|(_, given)| same_secret(given.trim().as_bytes(), token.expose_secret().as_bytes()))
+}
+
+/// Whether a `Cookie` header carries the login cookie with `expected`, compared in
+/// constant time.
+fn has_cookie(headers: &HeaderMap, expected: &str) -> bool {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .filter(|(name, _)| *name == COOKIE)
+        .any(|(_, value)| same_secret(value.as_bytes(), expected.as_bytes()))
+}
+
+/// Equal bytes, in a time that depends on the lengths alone.
+fn same_secret(given: &[u8], expected: &[u8]) -> bool {
+    lull_adapters::http::same_secret(given, expected)
+}
+
+/// This process's counters in the Prometheus text `rendered`.
+fn process_status(rendered: &str) -> ProcessStatus {
+    use lull_core::metrics::{LLM_REQUESTS, REPLIES_DROPPED_STALE};
+    let mut status = ProcessStatus::default();
+    for line in rendered.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(value) = value.parse::<f64>() else {
+            continue;
+        };
+        let (name, labels) = series.split_once('{').unwrap_or((series, ""));
+        if name == REPLIES_DROPPED_STALE {
+            status.replies_dropped_stale += value as u64;
+        } else if name == LLM_REQUESTS {
+            let outcome = labels
+                .split(',')
+                .find_map(|l| l.strip_prefix("outcome=\""))
+                .and_then(|l| l.split('"').next())
+                .unwrap_or("unknown");
+            *status.llm_requests.entry(outcome.to_owned()).or_default() += value as u64;
+        }
+    }
+    status
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_process_counters_are_read_from_the_metrics_text() {
+        let text = "# TYPE lull_llm_requests_total counter\n\
+                    lull_llm_requests_total{outcome=\"ok\"} 3\n\
+                    lull_llm_requests_total{model=\"m\",outcome=\"error\"} 1\n\
+                    lull_replies_dropped_stale_total 2\n\
+                    lull_replies_sent_total 9\n";
+        let status = process_status(text);
+        assert_eq!(status.replies_dropped_stale, 2);
+        assert_eq!(
+            status.llm_requests,
+            BTreeMap::from([("error".to_owned(), 1), ("ok".to_owned(), 3)])
+        );
+    }
+
+    #[test]
+    fn access_follows_the_address_and_the_token() {
+        let token = || Some(SecretString::from("s3cret"));
+        let loopback = "127.0.0.1:8080".parse().unwrap();
+        let anywhere = "0.0.0.0:8080".parse().unwrap();
+        assert!(matches!(Access::new(loopback, token()), Access::Open));
+        assert!(matches!(Access::new(loopback, None), Access::Open));
+        assert!(matches!(Access::new(anywhere, None), Access::Closed));
+        let Access::Token { cookie, .. } = Access::new(anywhere, token()) else {
+            panic!("a token opens a non-loopback page");
+        };
+        assert!(!cookie.contains("s3cret") && cookie.len() == 64);
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::COOKIE,
+            HeaderValue::from_str(&format!("a=b; {COOKIE}={cookie}")).unwrap(),
+        );
+        assert!(has_cookie(&headers, &cookie));
+        assert!(!has_cookie(
+            &headers,
+            &cookie_value(&SecretString::from("other"))
+        ));
+        headers.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("bearer s3cret"),
+        );
+        assert!(bearer(&headers, &SecretString::from("s3cret")));
+        assert!(!bearer(&headers, &SecretString::from("s3cre")));
+    }
+}

@@ -81,28 +81,7 @@ impl Bot {
     }
 
     fn notice_list(&self) -> Vec<Received> {
-        self.webhook
-            .received()
-            .into_iter()
-            .filter(|r| r.kind == "notice")
-            .collect()
-    }
-
-    /// Wait until `n` notices arrived; panics after `limit`.
-    async fn wait_notices(&self, n: usize, limit: Duration) -> Vec<Received> {
-        let deadline = Instant::now() + limit;
-        loop {
-            let notices = self.notice_list();
-            if notices.len() >= n {
-                return notices;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "expected {n} notices within {limit:?}, got {notices:#?}\n{}",
-                self.lull.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        self.webhook.notices()
     }
 
     /// Once settled: exactly `replies` replies and `give_ups` give-up notices, and
@@ -218,7 +197,10 @@ async fn a_refused_request_is_not_retried_and_ends_its_batch() {
         let conversation = format!("refused-{status}");
         bot.model.fallback(Behavior::Status(status));
         bot.say(&conversation, "1", "hello?").await;
-        let notices = bot.wait_notices(n + 1, Duration::from_secs(10)).await;
+        let notices = bot
+            .webhook
+            .wait_notices(n + 1, Duration::from_secs(10))
+            .await;
         let notice = &notices[n];
         assert_eq!(notice.conversation, conversation);
         assert!(notice.text.contains("refused"), "{}", notice.text);
@@ -344,7 +326,7 @@ async fn a_prompt_always_too_long_tells_the_user_once_and_moves_on() {
     ]);
     bot.model.fallback(Behavior::ContextLength(Server::Ollama));
     bot.say("c", "1", &"a long paste ".repeat(1000)).await;
-    let notices = bot.wait_notices(1, Duration::from_secs(10)).await;
+    let notices = bot.webhook.wait_notices(1, Duration::from_secs(10)).await;
     assert!(notices[0].text.contains("too long"), "{}", notices[0].text);
     assert_eq!(notices[0].covers, ["1"]);
     // The whole batch, then cut to a half and a quarter (no history to leave out).
@@ -522,7 +504,7 @@ async fn reset_clears_the_failure_backoff() {
     bot.webhook.wait_replies(1, Duration::from_secs(10)).await;
     bot.model.fallback(Behavior::RateLimited(3600));
     bot.say("c", "2", "second").await;
-    let notices = bot.wait_notices(1, Duration::from_secs(10)).await;
+    let notices = bot.webhook.wait_notices(1, Duration::from_secs(10)).await;
     assert!(
         notices[0].text.contains("can't reach"),
         "{}",
@@ -565,9 +547,9 @@ async fn an_echoed_key_never_leaves_the_process() {
         bot.model.fallback(Behavior::EchoAuthorization(400));
         bot.say("a", "1", "hello").await;
         // "Can't reach" after the 500s, then the refusal a backoff later.
-        bot.wait_notices(2, Duration::from_secs(15)).await;
+        bot.webhook.wait_notices(2, Duration::from_secs(15)).await;
         bot.say("b", "1", "hello").await;
-        bot.wait_notices(3, Duration::from_secs(10)).await;
+        bot.webhook.wait_notices(3, Duration::from_secs(10)).await;
         assert_eq!(bot.model.requests().len(), 4);
         bot.assert_invariants(0, 2).await;
         let logs = bot.lull.logs();

@@ -200,30 +200,6 @@ impl ToolBot {
         }
     }
 
-    fn notices(&self) -> Vec<Received> {
-        self.webhook
-            .received()
-            .into_iter()
-            .filter(|r| r.kind == "notice")
-            .collect()
-    }
-
-    async fn wait_notices(&self, n: usize, limit: Duration) -> Vec<Received> {
-        let deadline = Instant::now() + limit;
-        loop {
-            let notices = self.notices();
-            if notices.len() >= n {
-                return notices;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "expected {n} notices within {limit:?}, got {notices:#?}\n{}",
-                self.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
     fn logs(&self) -> String {
         self.lulls
             .iter()
@@ -640,7 +616,7 @@ async fn a_destructive_call_runs_once_after_approval_across_a_restart() {
     })
     .await;
     bot.say("c1", "1", "delete my notes").await;
-    let notices = bot.wait_notices(1, LONG).await;
+    let notices = bot.webhook.wait_notices(1, LONG).await;
     let question = &notices[0].text;
     assert!(
         question.contains("counter__delete") && question.contains("/approve"),
@@ -699,7 +675,7 @@ async fn expired_or_foreign_approvals_are_refused() {
     .await;
     // Expired.
     bot.say("c1", "1", "delete my notes").await;
-    let notices = bot.wait_notices(1, LONG).await;
+    let notices = bot.webhook.wait_notices(1, LONG).await;
     let id = approval_id(&notices[0].text);
     bot.webhook.wait_replies(1, LONG).await;
     tokio::time::sleep(Duration::from_millis(3500)).await;
@@ -714,7 +690,7 @@ async fn expired_or_foreign_approvals_are_refused() {
 
     // Someone else's, in a group.
     bot.say_in_group("g1", "1", "ann", "delete the notes").await;
-    let notices = bot.wait_notices(2, LONG).await;
+    let notices = bot.webhook.wait_notices(2, LONG).await;
     let id = approval_id(&notices[1].text);
     bot.webhook.wait_replies(3, LONG).await;
     bot.say_in_group("g1", "2", "bob", &format!("/approve {id}"))

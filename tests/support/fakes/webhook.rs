@@ -284,6 +284,23 @@ impl Webhook {
             .await
     }
 
+    /// Accepted notices (lull's own short messages), duplicates included.
+    pub fn notices(&self) -> Vec<Received> {
+        self.received()
+            .into_iter()
+            .filter(|r| r.kind == "notice")
+            .collect()
+    }
+
+    /// Wait until `n` notices were accepted; panics after `limit`.
+    pub async fn wait_notices(&self, n: usize, limit: Duration) -> Vec<Received> {
+        self.wait_until(limit, |w| {
+            let notices = w.notices();
+            (notices.len() >= n).then_some(notices)
+        })
+        .await
+    }
+
     /// Wait until `n` requests arrived (answered or not); panics after `limit`.
     pub async fn wait_requests(&self, n: usize, limit: Duration) -> Vec<Request> {
         self.wait_until(limit, |w| {

@@ -213,7 +213,15 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     };
     let router = crate::http::app(
         HttpState {
-            status: Some(status_page(&config, &dispatcher, &health, &metrics, clock)),
+            status: Some(status_page(
+                &config,
+                &dispatcher,
+                &health,
+                &metrics,
+                clock.clone(),
+            )),
+            limits: config.dispatch.limits.clone(),
+            clock,
             store,
             health: health.clone(),
             metrics: Some(metrics.clone()),

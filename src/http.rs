@@ -29,6 +29,11 @@ pub struct HttpState {
     pub tools: Option<Arc<dyn Toolbox>>,
     /// The status page's routes (`None`: not served, as in tests of the router alone).
     pub status: Option<crate::status::StatusPage>,
+    /// The spending limits: with `LULL_DAILY_TOKENS` set, each scrape reads today's
+    /// bot-wide use from the store (`lull_daily_tokens_used`).
+    pub limits: lull_core::limits::Limits,
+    /// The clock that says which day it is for the budget.
+    pub clock: Arc<dyn lull_core::clock::Clock>,
 }
 
 /// The router: health, metrics, the status page, and `extra` routes (the http adapter)
@@ -84,6 +89,18 @@ async fn metrics(State(state): State<HttpState>) -> Response {
     use lull_core::metrics::{DATABASE_UP, PLATFORM_CONNECTED};
     let database_up = state.store.ping().await.is_ok();
     metrics::gauge!(DATABASE_UP).set(if database_up { 1.0 } else { 0.0 });
+    if state.limits.daily_tokens > 0 && database_up {
+        use lull_core::metrics::{DAILY_TOKENS_LIMIT, DAILY_TOKENS_USED};
+        let day = state.limits.timezone.day(state.clock.now());
+        let scopes = [lull_core::limits::BOT_SCOPE.to_owned()];
+        match state.store.token_usage(&day, &scopes).await {
+            Ok(used) => {
+                metrics::gauge!(DAILY_TOKENS_USED).set(used[0] as f64);
+                metrics::gauge!(DAILY_TOKENS_LIMIT).set(state.limits.daily_tokens as f64);
+            }
+            Err(e) => tracing::debug!(error = %e, "could not read today's token use for /metrics"),
+        }
+    }
     for (platform, adapter) in state.health.snapshot() {
         let connected = matches!(adapter, lull_port::health::AdapterState::Up);
         metrics::gauge!(PLATFORM_CONNECTED, "platform" => platform.as_str()).set(if connected {
@@ -141,6 +158,8 @@ mod tests {
                 metrics: None,
                 tools: None,
                 status: None,
+                limits: lull_core::limits::Limits::default(),
+                clock: std::sync::Arc::new(lull_core::clock::SystemClock),
             },
             None,
         );

@@ -39,6 +39,13 @@ pub const DATABASE_UP: &str = "lull_database_up";
 /// shard of it), 0 while it stands by, starts or is down; set at every scrape. Summed
 /// over the replicas, 0 means no process is connected.
 pub const PLATFORM_CONNECTED: &str = "lull_platform_connected";
+/// Tokens charged today (the `LULL_TIMEZONE` day) to the whole bot's budget, read
+/// from the store at every scrape: the same number on every replica. Set only while
+/// `LULL_DAILY_TOKENS` is set.
+pub const DAILY_TOKENS_USED: &str = "lull_daily_tokens_used";
+/// `LULL_DAILY_TOKENS`, at every scrape while it is set: with
+/// [`DAILY_TOKENS_USED`], how much of the day's budget is spent.
+pub const DAILY_TOKENS_LIMIT: &str = "lull_daily_tokens_limit";
 /// Labelled `server`, `tool`, `outcome`: `ok`, `error`, `timeout` (the toolbox's
 /// [`crate::tools::CallOutcome`]), and the journal's `reused` (a finished action's
 /// stored result), `unknown` (its holder died mid-call), `refused` (not approved, or
@@ -99,6 +106,14 @@ pub fn describe() {
     describe_gauge!(
         PLATFORM_CONNECTED,
         "1 while this process holds the platform's connection, 0 while it stands by or is down."
+    );
+    describe_gauge!(
+        DAILY_TOKENS_USED,
+        "Tokens charged today to the whole bot's daily budget (set while LULL_DAILY_TOKENS is)."
+    );
+    describe_gauge!(
+        DAILY_TOKENS_LIMIT,
+        "LULL_DAILY_TOKENS: the whole bot's daily token budget (set while it is)."
     );
     describe_counter!(
         TOOL_CALLS,

@@ -834,3 +834,34 @@ crate::on_both_backends!(
     a_crashed_round_gives_its_reservation_back,
     crate::limits::a_crashed_round_gives_its_reservation_back_at_the_next_claim
 );
+
+/// With `LULL_DAILY_TOKENS` set, `/metrics` reports what the whole bot spent today
+/// and the budget (`lull_daily_tokens_used`, `lull_daily_tokens_limit`: the alert
+/// `LullBudgetNearlySpent` divides them), read from the store, so two replicas report
+/// the same number; without it neither series exists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daily_budget_is_reported_to_metrics_from_the_store() {
+    let w = Wallet::new().await;
+    let a = w.start("a", &[("LULL_DAILY_TOKENS", "5000")]).await;
+    let b = w.start("b", &[("LULL_DAILY_TOKENS", "5000")]).await;
+    w.say(&a, "c1", "ann", "m1", "hi").await;
+    w.wait("reply", 1, SECS(15)).await;
+    let spent = reported(&w.model) as f64;
+    assert!(spent > 0.0);
+    for lull in [&a, &b] {
+        assert_eq!(
+            metric(lull, "lull_daily_tokens_used").await,
+            spent,
+            "{}",
+            lull.name
+        );
+        assert_eq!(metric(lull, "lull_daily_tokens_limit").await, 5000.0);
+    }
+    let unlimited = Wallet::new().await;
+    let c = unlimited.start("c", &[]).await;
+    let metrics = c.metrics().await.unwrap();
+    assert!(
+        !metrics.contains_key("lull_daily_tokens_used")
+            && !metrics.contains_key("lull_daily_tokens_limit")
+    );
+}

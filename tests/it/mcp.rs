@@ -422,8 +422,9 @@ fn reference_servers(test: &str) -> Option<(PathBuf, PathBuf)> {
              (run `eval \"$(scripts/mcp-servers)\"`)"
         ),
         _ => {
-            println!(
-                "skipped {test}: no reference MCP servers here (run `eval \"$(scripts/mcp-servers)\"`)"
+            crate::support::skip::skipped(
+                test,
+                "no reference MCP servers here (run `eval \"$(scripts/mcp-servers)\"`)",
             );
             None
         }

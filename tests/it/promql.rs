@@ -161,7 +161,10 @@ async fn readme_queries_answer_on_a_real_prometheus() {
             std::env::var("LULL_REQUIRE_PROMETHEUS").as_deref() != Ok("1"),
             "LULL_REQUIRE_PROMETHEUS=1 but no prometheus binary on PATH"
         );
-        println!("skipped: no prometheus binary on PATH (apt install prometheus)");
+        crate::support::skip::skipped(
+            "the README's queries on Prometheus",
+            "no prometheus binary on PATH (apt install prometheus)",
+        );
         return;
     };
     let queries = readme_queries();
@@ -261,7 +264,10 @@ fn the_alert_rules_pass_promtool_check_and_their_unit_tests() {
             std::env::var("LULL_REQUIRE_PROMETHEUS").as_deref() != Ok("1"),
             "LULL_REQUIRE_PROMETHEUS=1 but no promtool next to prometheus on PATH"
         );
-        println!("skipped: no promtool on PATH (apt install prometheus)");
+        crate::support::skip::skipped(
+            "the alert rules' promtool checks",
+            "no promtool on PATH (apt install prometheus)",
+        );
         return;
     };
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/prometheus");

@@ -40,8 +40,9 @@ fn chromium() -> Option<PathBuf> {
             !std::env::var("LULL_REQUIRE_CHROMIUM").is_ok_and(|v| v == "1"),
             "LULL_REQUIRE_CHROMIUM=1 but no chromium was found (apt-get install chromium)"
         );
-        println!(
-            "skipped: the status page's browser check needs chromium (apt-get install chromium)"
+        crate::support::skip::skipped(
+            "the status page's browser check",
+            "needs chromium (apt-get install chromium)",
         );
     }
     found

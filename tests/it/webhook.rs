@@ -274,7 +274,7 @@ async fn the_readme_python_snippet_verifies_a_real_delivery() {
         .output()
         .is_err()
     {
-        println!("skipped: python3 is not installed");
+        crate::support::skip::skipped("the README's Python snippet", "python3 is not installed");
         return;
     }
     let readme = include_str!("../../README.md");

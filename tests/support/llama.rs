@@ -46,8 +46,9 @@ pub fn available(test: &str) -> Option<(PathBuf, PathBuf)> {
              (run `eval \"$(scripts/llama-server)\"`)"
         ),
         _ => {
-            println!(
-                "skipped {test}: no llama-server here (run `eval \"$(scripts/llama-server)\"` to build it)"
+            super::skip::skipped(
+                test,
+                "no llama-server here (run `eval \"$(scripts/llama-server)\"` to build it)",
             );
             None
         }

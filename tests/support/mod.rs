@@ -11,4 +11,5 @@ pub mod freeze_proxy;
 pub mod llama;
 pub mod postgres;
 pub mod process;
+pub mod skip;
 pub mod stress;

@@ -12,7 +12,6 @@
 //! tests are skipped with one printed line, unless `LULL_REQUIRE_POSTGRES=1` (CI),
 //! which turns a missing PostgreSQL into a failure.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -64,10 +63,10 @@ pub fn binaries() -> Option<&'static Path> {
              (set LULL_PG_BIN or install postgresql)"
         ),
         None => {
-            // Past the test harness's capture (it only takes `print!`), once.
-            let _ = writeln!(
-                std::io::stderr(),
-                "PostgreSQL is not installed (no initdb in LULL_PG_BIN or /usr/lib/postgresql/*/bin): skipping the PostgreSQL tests"
+            // Once for the binary: every PostgreSQL test is skipped.
+            super::skip::skipped(
+                "the PostgreSQL tests",
+                "PostgreSQL is not installed (no initdb in LULL_PG_BIN or /usr/lib/postgresql/*/bin)",
             );
             None
         }

@@ -356,6 +356,11 @@ async fn checkpoint(store: &Arc<dyn Store>, deadline: tokio::time::Instant) {
 /// waits until every message is answered, then returns success. If the model fails,
 /// the messages stay stored (a later run answers them) and the exit code says so.
 pub async fn chat(config: Config, interrupt: impl Future<Output = ()>) -> anyhow::Result<ExitCode> {
+    use std::io::IsTerminal as _;
+    if std::io::stdin().is_terminal() {
+        // On standard error: standard output carries the replies only.
+        eprintln!("{}", chat_greeting(&config));
+    }
     let console = Arc::new(ConsoleOutbound::stdout());
     let dispatcher = dispatcher(&config, vec![console.clone()]).await?;
     let stop = CancellationToken::new();
@@ -403,6 +408,23 @@ pub async fn chat(config: Config, interrupt: impl Future<Output = ()>) -> anyhow
             ExitCode::from(1)
         }
     })
+}
+
+/// What `lull chat` says first at a terminal: how to talk to it, who answers, and
+/// that the conversation is kept in the database between runs.
+fn chat_greeting(config: &Config) -> String {
+    let answering = match &config.llm {
+        LlmConfig::Echo(_) => {
+            "the offline echo responder (it repeats what it got; set OPENAI_API_KEY or OPENAI_BASE_URL for a model)".to_owned()
+        }
+        LlmConfig::OpenAi(openai) => format!("{} at {}", openai.model, openai.base_url),
+    };
+    format!(
+        "lull chat: type a message and press Enter; messages sent in a row are answered together. Ctrl-D ends.\n\
+         Answering: {answering}.\n\
+         The conversation is kept in {} between runs; /new forgets it.",
+        config.database.shown()
+    )
 }
 
 enum ChatEnd {
@@ -469,4 +491,39 @@ fn status_page(
         Some(dispatcher.holder().clone()),
         Some(mcp_servers),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// At a terminal, `lull chat` says how to talk to it, who answers, and that the
+    /// conversation is kept between runs (and where); a key in the database URL is not
+    /// shown.
+    #[test]
+    fn the_chat_greeting_says_who_answers_and_where_the_history_is_kept() {
+        let config = |args: &[&str]| {
+            Config::from_settings(&crate::config::tests::settings(args)).expect("valid")
+        };
+        let echo = chat_greeting(&config(&["--database-url", "sqlite:/tmp/x/lull.db"]));
+        assert!(echo.contains("Ctrl-D"), "{echo}");
+        assert!(echo.contains("echo responder"), "{echo}");
+        assert!(
+            echo.contains("kept in /tmp/x/lull.db between runs"),
+            "{echo}"
+        );
+        let model = chat_greeting(&config(&[
+            "--openai-base-url",
+            "http://127.0.0.1:11434/v1",
+            "--openai-model",
+            "llama3.2",
+            "--database-url",
+            "postgres://lull:hunter2@db/lull",
+        ]));
+        assert!(
+            model.contains("llama3.2 at http://127.0.0.1:11434/v1"),
+            "{model}"
+        );
+        assert!(!model.contains("hunter2"), "{model}");
+    }
 }

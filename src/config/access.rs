@@ -6,6 +6,7 @@ use lull_core::access::{Access, AccessList, Admins};
 
 /// `LULL_ALLOWED_USERS`, `LULL_ALLOWED_CHATS`, `LULL_ADMINS`.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Access")]
 pub struct AccessArgs {
     /// Who may use the bot: `platform:user_id` entries, `platform:*` or `*` [default: local users only]
     #[arg(

@@ -20,6 +20,7 @@ const DEFAULT_WEBHOOK_MAX_AGE: &str = "1d";
 
 /// `LULL_HTTP_ADDR`, `LULL_HTTP_TOKEN`, `LULL_WEBHOOK_*`.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "HTTP (health, metrics, status page, http adapter)")]
 pub struct HttpArgs {
     /// Address of the HTTP server (health, metrics, http adapter).
     #[arg(

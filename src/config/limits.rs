@@ -9,6 +9,7 @@ use super::{ConfigError, LlmConfig};
 
 /// `LULL_RATE_PER_MIN`, `LULL_USER_DAILY_TOKENS`, `LULL_DAILY_TOKENS`, `LULL_TIMEZONE`.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Limits")]
 pub struct LimitsArgs {
     /// Messages one user may send per minute; more are kept and answered together once the minute has room (0: no limit)
     #[arg(long, global = true, env = "LULL_RATE_PER_MIN", default_value_t = 0)]

@@ -12,6 +12,7 @@ const DEFAULT_TRANSCRIBE_MODEL: &str = "whisper-1";
 
 /// `LULL_VISION`, `LULL_MAX_IMAGE_BYTES`, `LULL_TRANSCRIBE_*`, `LULL_MAX_AUDIO_SECONDS`.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Pictures and voice")]
 pub struct MediaArgs {
     /// Images: `auto` sends the images of the messages being answered to the model (OpenAI-style image parts; a model that refuses them gets the text, and the user is told once); `off` shows the model only an "[image]" marker.
     #[arg(long, global = true, env = "LULL_VISION", default_value = "auto")]

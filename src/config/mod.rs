@@ -99,7 +99,8 @@ pub struct Settings {
         long,
         global = true,
         env = "DATABASE_URL",
-        default_value = DEFAULT_DATABASE_URL
+        default_value = DEFAULT_DATABASE_URL,
+        help_heading = "Database and logs"
     )]
     pub database_url: String,
     #[command(flatten)]
@@ -114,10 +115,21 @@ pub struct Settings {
     pub tools: ToolsArgs,
 
     /// Log format: `text` or `json`.
-    #[arg(long, global = true, env = "LOG_FORMAT", default_value = "text")]
+    #[arg(
+        long,
+        global = true,
+        env = "LOG_FORMAT",
+        default_value = "text",
+        help_heading = "Database and logs"
+    )]
     pub log_format: LogFormat,
     /// Log filter, tracing's EnvFilter syntax [default: info; warn for `lull chat`]
-    #[arg(long, global = true, env = "RUST_LOG")]
+    #[arg(
+        long,
+        global = true,
+        env = "RUST_LOG",
+        help_heading = "Database and logs"
+    )]
     pub log_filter: Option<String>,
 }
 

@@ -27,6 +27,7 @@ const DEFAULT_ECHO_DELAY_MS: &str = "0";
 /// `LULL_MAX_TOKENS`, `LULL_MAX_REPLY_CHARS`, `LULL_HISTORY_*`, `LULL_STREAM`,
 /// `LULL_ECHO_DELAY_MS`.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "The model")]
 pub struct ModelArgs {
     /// API key of the LLM server (optional for local servers).
     #[arg(long, global = true, env = "OPENAI_API_KEY", hide_env_values = true, value_parser = secret)]

@@ -13,6 +13,7 @@ const DEFAULT_DISCORD_SHARDS: &str = "1";
 
 /// `TELEGRAM_*`, `DISCORD_*`, `LULL_TELEGRAM_WEBHOOK_URL`, `LULL_DISCORD_SHARDS`.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Telegram and Discord")]
 pub struct PlatformArgs {
     /// Telegram bot token; enables the Telegram adapter.
     #[arg(long, global = true, env = "TELEGRAM_BOT_TOKEN", hide_env_values = true, value_parser = secret)]

@@ -14,6 +14,7 @@ use super::{ConfigError, positive};
 /// `LULL_DEBOUNCE_MS`, `LULL_MAX_WAIT_MS`, `LULL_MAX_BATCH`, `LULL_LEASE_*`,
 /// `LULL_POLL_MS`, `LULL_SHUTDOWN_GRACE_MS`.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Timing")]
 pub struct TimingArgs {
     /// Debounce window: a reply waits this long after the last message.
     #[arg(long, global = true, env = "LULL_DEBOUNCE_MS", default_value_t = dispatcher::DEBOUNCE_MS)]

@@ -17,6 +17,7 @@ use super::ConfigError;
 /// `LULL_MCP_CONFIG`, `LULL_TOOLS`, `LULL_TOOL_STEPS`, `LULL_TOOL_TIMEOUT_MS`,
 /// `LULL_TOOL_RESULT_CHARS`, `LULL_APPROVAL_TTL`.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Tools (MCP servers)")]
 pub struct ToolsArgs {
     /// MCP servers whose tools the model may call: a JSON file in Claude Desktop's format (`{"mcpServers": {...}}`; `${VAR}` in `env` and `headers` values is taken from lull's environment).
     #[arg(long, global = true, env = "LULL_MCP_CONFIG")]

@@ -76,8 +76,15 @@ pub async fn whoami(config: &PlatformConfig) -> Result<String, String> {
         Err(RequestError::Api(teloxide::ApiError::InvalidToken)) => {
             Err("Telegram refused the token (check TELEGRAM_BOT_TOKEN)".into())
         }
+        // Not reached at all: the network, not a setting (TELEGRAM_API_URL matters
+        // only for a self-hosted Bot API server).
+        Err(e @ RequestError::Network(_)) => Err(format!(
+            "cannot reach the Telegram Bot API at {}: {} (is this machine online? TELEGRAM_API_URL is only for a self-hosted Bot API server)",
+            config.api_url,
+            request_error(&redactor, e)
+        )),
         Err(e) => Err(format!(
-            "getMe failed: {} (check TELEGRAM_API_URL)",
+            "getMe failed: {} (check TELEGRAM_BOT_TOKEN, and TELEGRAM_API_URL if you run your own Bot API server)",
             request_error(&redactor, e)
         )),
     }

@@ -206,6 +206,54 @@ async fn check_names_what_to_fix_in_a_broken_configuration() {
         report.contains("FAIL  adapters") && report.contains("`lull run` would stop at once"),
         "{report}"
     );
+
+    // A Bot API that cannot be reached (offline): the report says so, and does not
+    // send the user to a setting that is fine; a token of the wrong shape is caught
+    // before anything is asked, naming the variable and not the token.
+    let unreachable = format!("http://127.0.0.1:{}", free_port());
+    let (code, report) = lull_check(vec![
+        (
+            "DATABASE_URL",
+            format!("sqlite:{}", dir.path().join("lull.db").display()),
+        ),
+        (
+            "TELEGRAM_BOT_TOKEN",
+            "110201543:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw".into(),
+        ),
+        ("TELEGRAM_API_URL", unreachable.clone()),
+    ])
+    .await;
+    assert_eq!(code, Some(1), "{report}");
+    assert!(
+        report.contains("FAIL  telegram")
+            && report.contains("cannot reach the Telegram Bot API")
+            && report.contains("is this machine online?"),
+        "{report}"
+    );
+    assert!(
+        !report.contains("AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw"),
+        "{report}"
+    );
+    let (code, report) = lull_check(vec![
+        (
+            "DATABASE_URL",
+            format!("sqlite:{}", dir.path().join("lull.db").display()),
+        ),
+        (
+            "TELEGRAM_BOT_TOKEN",
+            "bot110201543:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw".into(),
+        ),
+    ])
+    .await;
+    assert_eq!(code, Some(1), "{report}");
+    assert!(
+        report.contains("TELEGRAM_BOT_TOKEN does not look like a bot token"),
+        "{report}"
+    );
+    assert!(
+        !report.contains("AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw"),
+        "{report}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -977,3 +977,73 @@ mod in_process {
         assert_eq!(second[4]["tool_call_id"], second[2]["tool_calls"][1]["id"]);
     }
 }
+
+/// In a Telegram private chat the live draft says which tool runs while it runs
+/// (streamed tool calls, then the call), and is never sent as a message: the one
+/// message is the reply, which reports the action.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_telegram_draft_shows_the_tool_while_it_runs() {
+    use crate::support::fakes::telegram::{TelegramFake, text_message};
+    let dir = tempfile::tempdir().unwrap();
+    let fake = TelegramFake::start().await;
+    let model = FakeOpenAi::start().await;
+    model.fallback(Behavior::Agent(Agent::calling(
+        "counter__slow_append",
+        json!({ "text": "milk" }),
+    )));
+    let mcp = dir.path().join("mcp.json");
+    std::fs::write(
+        &mcp,
+        serde_json::to_vec(&json!({"mcpServers": {"counter": {
+            "command": "python3",
+            "args": [server_script().display().to_string()],
+            "env": {
+                "MCP_COUNT_FILE": dir.path().join("executions.jsonl").display().to_string(),
+                "MCP_NOTES_FILE": dir.path().join("notes.txt").display().to_string(),
+                "MCP_SLOW_MS": "2000",
+            },
+        }}}))
+        .unwrap(),
+    )
+    .unwrap();
+    let env = crate::telegram::env(
+        dir.path(),
+        &fake,
+        &[
+            ("LULL_LLM", "openai"),
+            ("OPENAI_BASE_URL", &model.base_url),
+            ("OPENAI_API_KEY", "sk-draft-test"),
+            ("OPENAI_MODEL", "fake-model"),
+            ("LULL_MCP_CONFIG", &mcp.display().to_string()),
+            ("LULL_DEBOUNCE_MS", "200"),
+        ],
+    );
+    let begun = Instant::now();
+    let _lull = LullProcess::start(dir.path(), "lull", &["run"], &env);
+    crate::telegram::wait_polling(&fake, begun).await;
+    let chat = 4711;
+    fake.push_message(text_message(chat, chat, "note milk"));
+    let sent = fake.wait_sent(chat, 1, LONG).await;
+    assert!(
+        sent[0].text.contains("✓ counter__slow_append"),
+        "{:?}",
+        sent[0]
+    );
+    assert!(
+        !sent[0].text.contains('🔧'),
+        "the draft is never sent: {:?}",
+        sent[0]
+    );
+    assert!(
+        fake.drafts_to(chat)
+            .iter()
+            .any(|d| d.text.contains("🔧 counter__slow_append")),
+        "the draft showed the tool: {:?}",
+        fake.drafts_to(chat)
+    );
+    assert!(
+        model.streamed(0),
+        "the tool call came from a streamed answer"
+    );
+    assert_eq!(fake.sent_to(chat).len(), 1, "one message: the reply");
+}

@@ -1,4 +1,4 @@
-//! The README's configuration table and `.env.example` are promises to users: these
+//! The configuration table (`docs/configuration.md`) and `.env.example` are promises to users: these
 //! tests fail when they and the code disagree.
 
 use std::collections::BTreeMap;
@@ -29,9 +29,9 @@ fn variables() -> BTreeMap<String, (String, Option<String>)> {
         .collect()
 }
 
-/// README rows: `| `VAR` | `--flag` | meaning | default |`.
+/// The table's rows (`docs/configuration.md`): `| `VAR` | `--flag` | meaning | default |`.
 fn readme_rows() -> BTreeMap<String, (String, String)> {
-    include_str!("../../README.md")
+    include_str!("../../docs/configuration.md")
         .lines()
         .filter_map(|line| {
             let cells: Vec<&str> = line.split('|').map(str::trim).collect();
@@ -54,7 +54,7 @@ fn the_readme_table_lists_every_variable_with_its_flag_and_default() {
     let in_readme: Vec<&String> = readme.keys().collect();
     assert_eq!(
         in_code, in_readme,
-        "variables in the code vs the README table"
+        "variables in the code vs the table of docs/configuration.md"
     );
     for (variable, (flag, default)) in &code {
         let (readme_flag, readme_default) = &readme[variable];
@@ -65,13 +65,13 @@ fn the_readme_table_lists_every_variable_with_its_flag_and_default() {
             Some(default) if !default.is_empty() && default.len() < 60 => assert_eq!(
                 readme_default.trim_matches('`'),
                 default,
-                "{variable}: default in the README"
+                "{variable}: default in docs/configuration.md"
             ),
             _ => assert!(
                 !(readme_default.starts_with('`')
                     && readme_default.ends_with('`')
                     && readme_default.matches('`').count() == 2),
-                "{variable}: the README names a literal default the code does not have"
+                "{variable}: docs/configuration.md names a literal default the code does not have"
             ),
         }
     }

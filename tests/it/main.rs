@@ -11,6 +11,7 @@ mod check;
 mod conversations;
 mod discord;
 mod dispatcher;
+mod docs;
 mod drafts;
 mod edits;
 mod faults;

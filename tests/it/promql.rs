@@ -1,5 +1,5 @@
-//! The README's PromQL queries work: a real Prometheus scrapes a real `lull run`
-//! through a scripted exchange, and every query in the README's table returns one
+//! The documented PromQL queries work (docs/operations.md, "Metrics"): a real Prometheus scrapes a real `lull run`
+//! through a scripted exchange, and every query in that table returns one
 //! finite value, the ones with a known answer that answer.
 //!
 //! Needs the `prometheus` server binary (Debian's `prometheus` package). Without it
@@ -14,9 +14,9 @@ use serde_json::Value;
 use crate::support::fakes::webhook::Webhook;
 use crate::support::process::{LullProcess, free_port, post_message};
 
-/// The queries of the README's "question | query" table, with their questions.
+/// The queries of the "question | query" table in docs/operations.md, with their questions.
 fn readme_queries() -> Vec<(String, String)> {
-    include_str!("../../README.md")
+    include_str!("../../docs/operations.md")
         .lines()
         .filter_map(|line| {
             let cells: Vec<&str> = line.split(" | ").collect();
@@ -168,7 +168,10 @@ async fn readme_queries_answer_on_a_real_prometheus() {
         return;
     };
     let queries = readme_queries();
-    assert!(queries.len() >= 5, "the README's query table: {queries:?}");
+    assert!(
+        queries.len() >= 5,
+        "the query table of docs/operations.md: {queries:?}"
+    );
 
     let dir = tempfile::tempdir().unwrap();
     let webhook = Webhook::start().await;

@@ -8,7 +8,7 @@
 //! - a model list without `created` passes `lull check`;
 //! - a reply the token limit cut (`finish_reason: "length"`) ends with a visible note
 //!   and is counted;
-//! - the README says what `lull chat` exits with and how long a message may be.
+//! - the docs (docs/getting-started.md, "Commands") say what `lull chat` exits with and how long a message may be.
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -186,7 +186,7 @@ async fn a_streamed_reply_cut_short_says_so() {
 }
 
 /// `lull chat` exits 1 when the model could not answer (here: every prompt refused as
-/// too long), and the README says so; it also states the longest message lull takes.
+/// too long), and docs/getting-started.md says so; it also states the longest message lull takes.
 #[test]
 fn the_readme_says_what_lull_chat_exits_with_and_how_long_a_message_may_be() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
@@ -212,16 +212,19 @@ fn the_readme_says_what_lull_chat_exits_with_and_how_long_a_message_may_be() {
     );
     drop(runtime);
 
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .unwrap()
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ");
+    let readme = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/getting-started.md"
+    ))
+    .unwrap()
+    .split_whitespace()
+    .collect::<Vec<_>>()
+    .join(" ");
     let commands = readme.split("## Commands").nth(1).unwrap();
     assert!(
         commands.contains("exits 1 when the model could not answer")
             && !commands.contains("then exits 0."),
-        "the README's `lull chat` states its exit statuses"
+        "docs/getting-started.md's `lull chat` states its exit statuses"
     );
     let cap = format!(
         "{} characters",
@@ -236,7 +239,7 @@ fn the_readme_says_what_lull_chat_exits_with_and_how_long_a_message_may_be() {
     );
     assert!(
         readme.contains(&format!("longer than {cap}")),
-        "the README states the longest message lull takes ({cap})"
+        "docs/getting-started.md states the longest message lull takes ({cap})"
     );
 }
 

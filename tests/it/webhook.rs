@@ -1,6 +1,6 @@
 //! Webhook delivery through a real `lull run`: Standard Webhooks headers and
 //! signatures, every failed attempt recorded and retried under one `webhook-id`, the
-//! dead letter at `LULL_WEBHOOK_MAX_AGE`, and the README's verification snippet run
+//! dead letter at `LULL_WEBHOOK_MAX_AGE`, and the verification snippet of docs/http-adapter.md run
 //! against a real delivery.
 
 use std::time::{Duration, Instant};
@@ -264,7 +264,7 @@ async fn a_malformed_secret_is_refused_at_start() {
     }
 }
 
-/// The README's Python verification snippet, run with `python3` against a real
+/// The Python verification snippet of docs/http-adapter.md, run with `python3` against a real
 /// signed delivery: it accepts it, and refuses a wrong secret, a changed body and a
 /// stale timestamp.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -277,12 +277,12 @@ async fn the_readme_python_snippet_verifies_a_real_delivery() {
         crate::support::skip::skipped("the README's Python snippet", "python3 is not installed");
         return;
     }
-    let readme = include_str!("../../README.md");
+    let readme = include_str!("../../docs/http-adapter.md");
     let snippet = readme
         .split("```python\n")
         .nth(1)
         .and_then(|rest| rest.split("```").next())
-        .expect("README.md has a ```python block");
+        .expect("docs/http-adapter.md has a ```python block");
     let app = start_with(
         Webhook::signed(SECRET).await,
         &[("LULL_WEBHOOK_SECRET", SECRET)],

@@ -16,7 +16,7 @@
 //! [`FakeOpenAi::refuse_images`] a request carrying an image part gets OpenAI's 400 for
 //! a model without vision.
 //!
-//! Real servers' quirks, as they were seen (README, "Models"): `llama-cpp-python`
+//! Real servers' quirks, as they were seen (docs/models.md): `llama-cpp-python`
 //! answers a too-long *streamed* prompt with 200 and an event stream that ends without
 //! a single event, while refusing the same prompt asked for whole with a 400
 //! ([`Behavior::EmptyStreamOver`]); its model list has no `created`

@@ -421,7 +421,10 @@ async fn the_http_adapter_example_runs_with_its_receiver() {
         ("curl", "--version"),
     ] {
         if !available(program, arg) {
-            println!("skipped: {program} is not installed");
+            crate::support::skip::skipped(
+                "the http adapter example",
+                &format!("{program} is not installed"),
+            );
             return;
         }
     }

@@ -39,6 +39,9 @@ pub const DATABASE_UP: &str = "lull_database_up";
 /// shard of it), 0 while it stands by, starts or is down; set at every scrape. Summed
 /// over the replicas, 0 means no process is connected.
 pub const PLATFORM_CONNECTED: &str = "lull_platform_connected";
+/// Generations stopped because a newer message made their reply stale before it
+/// was written (not at the cap): the covering round started at once.
+pub const GENERATIONS_CANCELLED: &str = "lull_generations_cancelled_total";
 /// Tokens charged today (the `LULL_TIMEZONE` day) to the whole bot's budget, read
 /// from the store at every scrape: the same number on every replica. Set only while
 /// `LULL_DAILY_TOKENS` is set.
@@ -106,6 +109,10 @@ pub fn describe() {
     describe_gauge!(
         PLATFORM_CONNECTED,
         "1 while this process holds the platform's connection, 0 while it stands by or is down."
+    );
+    describe_counter!(
+        GENERATIONS_CANCELLED,
+        "Generations stopped because a newer message made their reply stale (not at the cap)."
     );
     describe_gauge!(
         DAILY_TOKENS_USED,

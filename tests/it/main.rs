@@ -24,6 +24,7 @@ mod limits;
 mod llm;
 mod mcp;
 mod media;
+mod overtaken;
 mod project;
 mod promql;
 mod quirks;

@@ -10,13 +10,12 @@ use std::io::Write as _;
 pub fn skipped(test: &str, why: &str) {
     let line = format!("SKIPPED {test}: {why}");
     let _ = writeln!(std::io::stderr(), "{line}");
-    if let Some(path) = std::env::var_os("LULL_SKIP_LOG") {
-        if let Ok(mut file) = std::fs::OpenOptions::new()
+    if let Some(path) = std::env::var_os("LULL_SKIP_LOG")
+        && let Ok(mut file) = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(path)
-        {
-            let _ = writeln!(file, "{line}");
-        }
+    {
+        let _ = writeln!(file, "{line}");
     }
 }

@@ -65,6 +65,12 @@ pub enum Event {
         reason: &'static str,
         until: Timestamp,
     },
+    /// A newer message overtook a generation: it was stopped before its reply was
+    /// written (the covering round starts now).
+    GenerationCancelled {
+        conversation: ConversationId,
+        v0: Version,
+    },
     /// A call that acts was reserved and starts running (`action`: its journal row).
     ActionStarted {
         conversation: ConversationId,
@@ -93,6 +99,7 @@ impl Event {
             | Event::GenerationFailed { conversation, .. }
             | Event::GaveUp { conversation, .. }
             | Event::Limited { conversation, .. }
+            | Event::GenerationCancelled { conversation, .. }
             | Event::ActionStarted { conversation, .. }
             | Event::ApprovalAsked { conversation, .. }
             | Event::RoundEnded { conversation } => *conversation,

@@ -104,6 +104,11 @@ pub struct DispatchSettings {
     /// `LULL_MAX_AUDIO_SECONDS`: the longest voice note or audio file transcribed; a
     /// longer one is not, and the user is told.
     pub max_audio_seconds: u32,
+    /// Stop a generation as soon as a newer message makes its reply stale (on this
+    /// process at once, through the event bus; on another, found at the next poll),
+    /// unless the cap forces the round: the covering round starts without waiting
+    /// for a reply that was always going to be dropped. Off only in counter-tests.
+    pub cancel_overtaken: bool,
     /// How rounds run tools (`LULL_TOOL_STEPS`, `LULL_TOOL_TIMEOUT_MS`,
     /// `LULL_APPROVAL_TTL`), when a toolbox is set ([`Dispatcher::set_toolbox`]).
     pub tools: ToolSettings,
@@ -136,6 +141,7 @@ impl Default for DispatchSettings {
             vision: true,
             max_image_bytes: MAX_IMAGE_BYTES,
             max_audio_seconds: MAX_AUDIO_SECONDS,
+            cancel_overtaken: true,
             tools: ToolSettings::default(),
         }
     }

@@ -134,6 +134,15 @@ impl std::ops::AddAssign for Spent {
 }
 
 impl Spent {
+    /// An estimate of `tokens`, for a generation stopped before the server reported
+    /// its usage.
+    pub(super) fn estimated(tokens: u64) -> Spent {
+        Spent {
+            estimated: tokens,
+            ..Spent::default()
+        }
+    }
+
     /// What `generation` spent: the model's reported usage, else an estimate from the
     /// prompt and the reply's text.
     pub(super) fn of(limits: &Limits, prompt: &Prompt, generation: &Generation) -> Spent {

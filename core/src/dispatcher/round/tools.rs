@@ -57,6 +57,14 @@ impl Generated {
     }
 }
 
+/// How one model turn ended.
+enum Turn {
+    Answered(Result<Generation, LlmError>),
+    /// A newer message made the reply stale while it was written (not at the cap):
+    /// the request was dropped (the stream closed), at this version.
+    Overtaken(Version),
+}
+
 /// What the round tells the model a call gave, or that the round must stop.
 enum Answer {
     Result(String),
@@ -109,7 +117,13 @@ impl Round<'_> {
                 // The last turn answers: no more calls.
                 prompt.tools = Vec::new().into();
             }
-            let generated = self.generate_once(batch, prompt).await?;
+            let generated = match self.generate_once(batch, prompt).await? {
+                Turn::Answered(generated) => generated,
+                Turn::Overtaken(version) => {
+                    spent += self.overtaken_spent(prompt);
+                    return Ok(Generated::Stale { version, spent });
+                }
+            };
             let generation = match generated {
                 Ok(generation) => generation,
                 Err(error)
@@ -120,7 +134,14 @@ impl Round<'_> {
                     // A model without tool support refuses `tools` (4xx): ask again
                     // without them; if that is answered, offer none from now on.
                     let tools = std::mem::replace(&mut prompt.tools, Vec::new().into());
-                    match self.generate_once(batch, prompt).await? {
+                    let again = match self.generate_once(batch, prompt).await? {
+                        Turn::Answered(again) => again,
+                        Turn::Overtaken(version) => {
+                            spent += self.overtaken_spent(prompt);
+                            return Ok(Generated::Stale { version, spent });
+                        }
+                    };
+                    match again {
                         Ok(generation) => {
                             if !d
                                 .tools_refused
@@ -164,17 +185,65 @@ impl Round<'_> {
         }
     }
 
-    /// One model turn, abandoned when the lease is lost or lull stops.
-    async fn generate_once(
-        &self,
-        batch: &Batch,
-        prompt: &Prompt,
-    ) -> Result<Result<Generation, LlmError>, Interrupt> {
+    /// One model turn, abandoned when the lease is lost or lull stops, and stopped
+    /// when a newer message overtakes it ([`Round::overtaken`]).
+    async fn generate_once(&self, batch: &Batch, prompt: &Prompt) -> Result<Turn, Interrupt> {
         tokio::select! {
-            generated = self.generate(batch, prompt) => Ok(generated),
+            generated = self.generate(batch, prompt) => Ok(Turn::Answered(generated)),
+            version = self.overtaken(batch) => Ok(Turn::Overtaken(version)),
             () = self.keeper.lost() => Err(Interrupt::LeaseLost),
             () = self.stop.cancelled() => Err(Interrupt::Stopped),
         }
+    }
+
+    /// Completes, with the conversation's newer version, once a message newer than
+    /// the batch is stored: on this process at once (the event bus), on another at the
+    /// next look (every `LULL_POLL_MS`). Never while the batch's oldest message has
+    /// waited the cap (a forced round finishes: its reply goes out whatever arrives),
+    /// nor with `cancel_overtaken` off. Only ever a saving: the final check drops a
+    /// stale reply anyway.
+    async fn overtaken(&self, batch: &Batch) -> Version {
+        let d = self.dispatcher;
+        let never = || std::future::pending::<Version>();
+        let Some(oldest) = batch.oldest_pending_at() else {
+            return never().await;
+        };
+        if !d.settings.cancel_overtaken {
+            return never().await;
+        }
+        let here =
+            crate::dispatcher::drafts::newer_message(d.subscribe(), self.conversation, batch.v0);
+        let elsewhere = async {
+            loop {
+                tokio::time::sleep(d.settings.poll_every).await;
+                if let Ok(now) = d.store.collect(self.conversation, 0).await
+                    && now.v0 > batch.v0
+                {
+                    return now.v0;
+                }
+            }
+        };
+        let version = tokio::select! {
+            () = here => Version(batch.v0.0 + 1),
+            version = elsewhere => version,
+        };
+        if d.settings.timers.cap_reached(d.clock.now(), oldest) {
+            return never().await;
+        }
+        metrics::counter!(names::GENERATIONS_CANCELLED).increment(1);
+        tracing::info!(conversation = %self.conversation, v0 = batch.v0.0, version = version.0, "a newer message overtook the generation; stopped it (the covering round starts now)");
+        d.emit(Event::GenerationCancelled {
+            conversation: self.conversation,
+            v0: batch.v0,
+        });
+        version
+    }
+
+    /// What a generation stopped mid-way is charged: its prompt (estimated: the
+    /// server never reported the usage of a request it did not finish).
+    fn overtaken_spent(&self, prompt: &Prompt) -> Spent {
+        let limits = &self.dispatcher.settings.limits;
+        Spent::estimated(crate::dispatcher::wallet::prompt_tokens(limits, prompt))
     }
 
     /// The tools offered for `batch`: all of the toolbox's, but an admins-only

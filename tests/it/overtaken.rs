@@ -36,6 +36,14 @@ impl SlowModel {
     }
 }
 
+impl SlowModel {
+    /// How long after `at` the first request was dropped, if one was.
+    fn first_drop_after(&self, at: Instant) -> Option<Duration> {
+        let dropped = self.dropped_at.lock().unwrap();
+        dropped.first().map(|dropped| dropped.duration_since(at))
+    }
+}
+
 /// Counts a request dropped before its end.
 struct Unfinished<'a>(&'a SlowModel, bool);
 
@@ -100,12 +108,7 @@ async fn one_process(cancel: bool) -> (usize, usize, Option<Duration>, String) {
     let newer_at = Instant::now();
     node.send("c", "2", "second").await;
     let replies = node.outbound.wait_replies(1, Duration::from_secs(20)).await;
-    let dropped_after = model
-        .dropped_at
-        .lock()
-        .unwrap()
-        .first()
-        .map(|at| at.duration_since(newer_at));
+    let dropped_after = model.first_drop_after(newer_at);
     (
         model.finished.load(Ordering::SeqCst),
         model.dropped.load(Ordering::SeqCst),
@@ -172,12 +175,7 @@ async fn two_processes(cancel: bool) -> (usize, usize, Option<Duration>) {
         .collect();
     assert_eq!(replies.len(), 1, "{replies:?}");
     assert_eq!(replies[0].text, "[slow] first\nsecond");
-    let dropped_after = model
-        .dropped_at
-        .lock()
-        .unwrap()
-        .first()
-        .map(|at| at.duration_since(newer_at));
+    let dropped_after = model.first_drop_after(newer_at);
     (
         model.finished.load(Ordering::SeqCst) + idle.finished.load(Ordering::SeqCst),
         model.dropped.load(Ordering::SeqCst),

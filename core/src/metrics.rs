@@ -14,7 +14,8 @@ pub const REPLIES_CUT: &str = "lull_replies_cut_total";
 pub const REPLIES_DROPPED_STALE: &str = "lull_replies_dropped_stale_total";
 pub const LEASE_CONTENDED: &str = "lull_lease_contended_total";
 /// Labelled `outcome`: `ok`, `error`, `timeout`, `empty`, `rate_limited`, `too_long`
-/// (prompt refused as longer than the context), `refused` (other 4xx); one per
+/// (prompt refused as longer than the context), `refused` (other 4xx), `cancelled`
+/// (dropped before its answer: an overtaken generation stopped, a lost lease); one per
 /// request, retries and smaller prompts included. Divided by `lull_replies_sent_total`
 /// it gives the model calls spent per delivered reply.
 pub const LLM_REQUESTS: &str = "lull_llm_requests_total";

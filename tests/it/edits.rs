@@ -20,12 +20,11 @@ async fn an_edit_under_the_cap_is_answered_once() {
     let db = temp_db();
     let max_wait = 600;
     let (responder, mut started) = GatedResponder::new();
-    let node = Node::start(
-        &db.path,
-        settings(100, max_wait, 3000),
-        responder.clone(),
-        Leases::Enforced,
-    );
+    // The final check's forced path: with cancellation on, the edit (before the
+    // cap) would stop this generation at once (`overtaken::`); here it must finish.
+    let mut settings = settings(100, max_wait, 3000);
+    settings.cancel_overtaken = false;
+    let node = Node::start(&db.path, settings, responder.clone(), Leases::Enforced);
     let mut events = node.events();
     node.send("c1", "m1", "what is 2+2?").await;
     node.send("c1", "m2", "and in binary?").await;

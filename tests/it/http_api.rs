@@ -119,7 +119,8 @@ async fn health_and_metrics_follow_a_scripted_exchange(backend: Backend) {
     let replies = app.webhook.wait_replies(1, Duration::from_secs(15)).await;
     assert_eq!(replies[0].covers, ["1", "2", "3"]);
 
-    // A message arriving during generation: the first reply is dropped as stale.
+    // A message arriving during generation: the first generation is stopped (the
+    // newer message overtook it) and its reply never written.
     assert_eq!(app.post("second", "a", "question").await.0, 202);
     db::wait_for_lease(&database, Some("second"), Duration::from_secs(10)).await;
     assert_eq!(app.post("second", "b", "follow-up").await.0, 202);
@@ -133,7 +134,9 @@ async fn health_and_metrics_follow_a_scripted_exchange(backend: Backend) {
     assert_eq!(get("lull_messages_ingested_total"), 5.0, "{m:#?}");
     assert_eq!(get("lull_replies_sent_total"), 2.0);
     assert_eq!(get("lull_replies_dropped_stale_total"), 1.0);
-    assert_eq!(get("lull_llm_requests_total{outcome=\"ok\"}"), 3.0);
+    assert_eq!(get("lull_generations_cancelled_total"), 1.0);
+    assert_eq!(get("lull_llm_requests_total{outcome=\"ok\"}"), 2.0);
+    assert_eq!(get("lull_llm_requests_total{outcome=\"cancelled\"}"), 1.0);
     assert_eq!(get("lull_batch_messages_count"), 2.0);
     assert_eq!(get("lull_batch_messages_sum"), 5.0);
     assert_eq!(get("lull_llm_seconds_count"), 3.0);

@@ -199,8 +199,9 @@ async fn the_status_page_shows_a_scripted_run() {
     }
     webhook.wait_replies(2, Duration::from_secs(20)).await;
 
-    // c2: a message arrives while the model answers the first, so that answer is
-    // dropped as stale and one reply covers both.
+    // c2: a message arrives while the model answers the first, so that generation is
+    // stopped (overtaken: its reply is dropped as stale before it is written, the
+    // request counted `cancelled`) and one reply covers both.
     model.script([Behavior::Slow(Duration::from_millis(1500))]);
     let asked = model.requests().len();
     say(&client, &lull, "c2", "c2-1").await;
@@ -250,7 +251,11 @@ async fn the_status_page_shows_a_scripted_run() {
     assert_eq!(store["replies_per_hour"][23], 3);
     assert_eq!(store["tokens_per_day"][29]["tokens"], total);
     assert_eq!(status["process"]["replies_dropped_stale"], 1);
-    assert_eq!(status["process"]["llm_requests"]["ok"], 4, "{status:#}");
+    assert_eq!(status["process"]["llm_requests"]["ok"], 3, "{status:#}");
+    assert_eq!(
+        status["process"]["llm_requests"]["cancelled"], 1,
+        "{status:#}"
+    );
     let top: Vec<(String, u64, u64)> = store["top_conversations"]
         .as_array()
         .unwrap()
@@ -309,7 +314,7 @@ async fn the_status_page_shows_a_scripted_run() {
         ("generated-day", 3),
         ("model-failures-day", 1),
         ("stale-process", 1),
-        ("llm-ok-process", 4),
+        ("llm-ok-process", 3),
         ("replies-24h", 3),
         ("tokens-today", total),
     ] {

@@ -69,10 +69,25 @@ impl<R: Responder> Responder for Retrying<R> {
     }
 
     async fn respond(&self, prompt: &Prompt, partial: &Partial) -> Result<Generation, LlmError> {
+        /// Counts the request in flight as `cancelled` (and its time) if it is dropped
+        /// before its answer.
+        struct InFlight(Option<Instant>);
+        impl Drop for InFlight {
+            fn drop(&mut self) {
+                if let Some(started) = self.0 {
+                    metrics::histogram!(names::LLM_SECONDS).record(started.elapsed().as_secs_f64());
+                    metrics::counter!(names::LLM_REQUESTS, "outcome" => "cancelled").increment(1);
+                }
+            }
+        }
         let mut retry = 0;
         loop {
             let started = Instant::now();
+            // A request dropped before its answer (an overtaken generation stopped, a
+            // lost lease, a stop) is still a request: counted `cancelled` on drop.
+            let mut in_flight = InFlight(Some(started));
             let result = self.inner.respond(prompt, partial).await;
+            in_flight.0 = None;
             metrics::histogram!(names::LLM_SECONDS).record(started.elapsed().as_secs_f64());
             let error = match result {
                 Ok(generation) => {

@@ -15,7 +15,6 @@
 //! result is a fact to record); only the hard stop of shutdown leaves it, and then its
 //! reservation expires into "outcome unknown".
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Interrupt, Round, add_note};
@@ -160,15 +159,10 @@ impl Round<'_> {
             if generation.tool_calls.is_empty() {
                 return Ok(Generated::Reply { generation, spent });
             }
-            let toolbox = match &toolbox {
-                Some(toolbox) => toolbox.clone(),
-                // Calls no tool was offered for: answered as unknown below.
-                None => Arc::new(NoTools) as Arc<dyn Toolbox>,
-            };
             let mut results = Vec::with_capacity(generation.tool_calls.len());
             for call in &generation.tool_calls {
                 match self
-                    .answer_call(toolbox.as_ref(), &prompt.tools, batch, call, rows)
+                    .answer_call(toolbox.as_deref(), &prompt.tools, batch, call, rows)
                     .await?
                 {
                     Answer::Result(text) => results.push(text),
@@ -265,13 +259,15 @@ impl Round<'_> {
     /// Answer one call: run it (read-only), or reserve it and run it once (acting).
     async fn answer_call(
         &self,
-        toolbox: &dyn Toolbox,
+        toolbox: Option<&dyn Toolbox>,
         offered: &[ToolSpec],
         batch: &Batch,
         call: &ToolCall,
         rows: &mut Vec<OutboxRow>,
     ) -> Result<Answer, Interrupt> {
-        let Some(spec) = offered.iter().find(|t| t.name == call.name) else {
+        // Only a toolbox's tools are ever offered: without one, every call is unknown.
+        let found = offered.iter().find(|t| t.name == call.name);
+        let (Some(spec), Some(toolbox)) = (found, toolbox) else {
             count(&call.name, "", "refused");
             tracing::info!(conversation = %self.conversation, tool = %call.name, "the model called a tool that is not offered");
             return Ok(Answer::Result(texts::unknown_tool_result(&call.name)));
@@ -594,31 +590,6 @@ fn result_text(text: &str, is_error: bool) -> String {
 fn count(server: &str, tool: &str, outcome: &'static str) {
     metrics::counter!(names::TOOL_CALLS, "server" => server.to_owned(), "tool" => tool.to_owned(), "outcome" => outcome)
         .increment(1);
-}
-
-/// The toolbox of a round whose dispatcher has none: every call is unknown.
-struct NoTools;
-
-#[async_trait::async_trait]
-impl Toolbox for NoTools {
-    fn tools(&self) -> Vec<ToolSpec> {
-        Vec::new()
-    }
-
-    async fn call(
-        &self,
-        name: &str,
-        _arguments: serde_json::Map<String, serde_json::Value>,
-        _key: Option<&str>,
-    ) -> crate::tools::ToolOutput {
-        crate::tools::ToolOutput::error(texts::unknown_tool_result(name), CallOutcome::Error)
-    }
-
-    fn servers(&self) -> Vec<crate::tools::ServerState> {
-        Vec::new()
-    }
-
-    async fn shutdown(&self) {}
 }
 
 #[cfg(test)]

@@ -247,21 +247,7 @@ async fn a_telegram_approval_question_gets_buttons_and_a_tap_approves_once() {
         "counter__delete",
         json!({ "path": "notes.txt" }),
     )));
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/mcp_server.py");
-    let mcp = dir.path().join("mcp.json");
-    std::fs::write(
-        &mcp,
-        serde_json::to_vec(&json!({"mcpServers": {"counter": {
-            "command": "python3",
-            "args": [script.display().to_string()],
-            "env": {
-                "MCP_COUNT_FILE": dir.path().join("executions.jsonl").display().to_string(),
-                "MCP_NOTES_FILE": dir.path().join("notes.txt").display().to_string(),
-            },
-        }}}))
-        .unwrap(),
-    )
-    .unwrap();
+    let mcp = crate::tools::counter_config(dir.path(), 2000);
     let env = crate::telegram::env(
         dir.path(),
         &fake,
@@ -292,14 +278,7 @@ async fn a_telegram_approval_question_gets_buttons_and_a_tap_approves_once() {
     assert_eq!(buttons[0].0, "Approve");
     assert_eq!(buttons[1].0, "Cancel");
     assert!(buttons[0].1.starts_with("/approve ") && buttons[1].1.starts_with("/cancel "));
-    let executed = |dir: &Path| -> usize {
-        std::fs::read_to_string(dir.join("executions.jsonl"))
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter(|e| e["tool"] == "delete" && e["at"] != "end")
-            .count()
-    };
+    let executed = |dir: &Path| crate::tools::executed_in(dir, "delete");
     assert_eq!(executed(dir.path()), 0, "not before the yes");
     let before = fake.sent_to(chat).len();
 

@@ -162,10 +162,7 @@ impl ToolBot {
 
     /// How many times `tool` was executed (started).
     fn executed(&self, tool: &str) -> usize {
-        self.executions()
-            .iter()
-            .filter(|e| e["tool"] == tool && e["at"] != "end")
-            .count()
+        executed_in(self.dir.path(), tool)
     }
 
     /// Wait until `tool` was executed `n` times; panics after `limit`.
@@ -234,6 +231,35 @@ impl ToolBot {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
+}
+
+/// Write `mcp.json` in `dir` naming the test server as `counter` (its executions
+/// logged in `dir`, its slow tools taking `slow_ms`); its path.
+pub(crate) fn counter_config(dir: &Path, slow_ms: u64) -> PathBuf {
+    let config = dir.join("mcp.json");
+    let server = json!({
+        "command": "python3",
+        "args": [server_script().display().to_string()],
+        "env": {
+            "MCP_COUNT_FILE": dir.join("executions.jsonl").display().to_string(),
+            "MCP_NOTES_FILE": dir.join("notes.txt").display().to_string(),
+            "MCP_SLOW_MS": slow_ms.to_string(),
+        },
+    });
+    std::fs::write(
+        &config,
+        serde_json::to_vec(&json!({ "mcpServers": { "counter": server } })).unwrap(),
+    )
+    .unwrap();
+    config
+}
+
+/// How many times the test server in `dir` started `tool`.
+pub(crate) fn executed_in(dir: &Path, tool: &str) -> usize {
+    executions(dir)
+        .iter()
+        .filter(|e| e["tool"] == tool && e["at"] != "end")
+        .count()
 }
 
 fn executions(dir: &Path) -> Vec<Value> {
@@ -991,21 +1017,7 @@ async fn a_telegram_draft_shows_the_tool_while_it_runs() {
         "counter__slow_append",
         json!({ "text": "milk" }),
     )));
-    let mcp = dir.path().join("mcp.json");
-    std::fs::write(
-        &mcp,
-        serde_json::to_vec(&json!({"mcpServers": {"counter": {
-            "command": "python3",
-            "args": [server_script().display().to_string()],
-            "env": {
-                "MCP_COUNT_FILE": dir.path().join("executions.jsonl").display().to_string(),
-                "MCP_NOTES_FILE": dir.path().join("notes.txt").display().to_string(),
-                "MCP_SLOW_MS": "2000",
-            },
-        }}}))
-        .unwrap(),
-    )
-    .unwrap();
+    let mcp = counter_config(dir.path(), 2000);
     let env = crate::telegram::env(
         dir.path(),
         &fake,
@@ -1046,4 +1058,36 @@ async fn a_telegram_draft_shows_the_tool_while_it_runs() {
         "the tool call came from a streamed answer"
     );
     assert_eq!(fake.sent_to(chat).len(), 1, "one message: the reply");
+}
+
+/// `/cancel N` refuses the call: never run, and the reply reports it as not approved
+/// (what the decision left, not the question that was open).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_call_is_never_run_and_reported_so() {
+    let bot = ToolBot::start(Setup {
+        agent: Agent {
+            calls: vec![("counter__delete".into(), json!({ "what": "notes" }))],
+            ..Agent::default()
+        },
+        ..Setup::default()
+    })
+    .await;
+    bot.say("c1", "1", "delete my notes").await;
+    let notices = bot.webhook.wait_notices(1, LONG).await;
+    let id = approval_id(&notices[0].text);
+    bot.wait_shown(1, LONG).await;
+    bot.say("c1", "2", &format!("/cancel {id}")).await;
+    let replies = bot.wait_shown(2, LONG).await;
+    assert!(
+        replies[1]
+            .text
+            .contains("✗ counter__delete {\"what\":\"notes\"}: not approved, not run"),
+        "{:?}",
+        replies[1]
+    );
+    bot.say("c1", "3", &format!("/approve {id}")).await;
+    let replies = bot.wait_shown(3, LONG).await;
+    assert!(replies[2].text.contains("no approval"), "{:?}", replies[2]);
+    bot.assert_invariants(3).await;
+    assert_eq!(bot.executed("delete"), 0, "{:#?}", bot.executions());
 }

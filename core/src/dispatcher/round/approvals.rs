@@ -95,13 +95,15 @@ impl Round<'_> {
                 ));
                 continue;
             }
+            // The row as the decision left it (the report shows what is true now).
+            let mut row = row;
             if row.state == ActionState::Awaiting {
                 match d
                     .store
                     .decide_action(self.conversation, row.id, answer.approve, now)
                     .await?
                 {
-                    Decision::Decided(_) | Decision::AlreadyDecided(_) => {}
+                    Decision::Decided(now) | Decision::AlreadyDecided(now) => row = now,
                     Decision::Expired(row) => {
                         prompt.turns.push(turn(
                             &call_id,
@@ -115,7 +117,7 @@ impl Round<'_> {
                     Decision::NotFound => continue,
                 }
             }
-            if !answer.approve {
+            if !answer.approve || row.state == ActionState::Refused {
                 prompt.turns.push(turn(
                     &call_id,
                     &row.tool,

@@ -88,6 +88,7 @@ pub async fn run(config: &Config) -> Vec<Finding> {
         ));
     }
     findings.push(model(config).await);
+    findings.push(ok("controls", config.dispatch.controls.describe()));
     if let Some(tools) = &config.tools {
         findings.extend(mcp(tools).await);
     }

@@ -27,6 +27,8 @@
 //!   processes.
 //! - [`tools`]: the tools seam (MCP servers), whose calls that act the dispatcher
 //!   reserves in the store's journal before they run.
+//! - [`controls`]: what a conversation chooses for its replies (`/model`, `/persona`,
+//!   `/prompt`, kept in the store) resolved against `LULL_MODELS` and `LULL_PERSONAS`.
 //! - [`metrics`]: metric names, a contract with users' dashboards.
 //!
 //! # Invariants
@@ -38,7 +40,9 @@
 //!   or a limit holds the conversation (then they are answered together when it
 //!   lifts, and the user is told once when that is).
 //! - **Fresh:** a delivered reply was generated from every message that existed when
-//!   it was committed, unless the cap forced delivery.
+//!   it was committed, and with the conversation's settings in force then (a change of
+//!   a setting, or `/stop`, moves the version like a message), unless the cap forced
+//!   delivery (never for messages `/stop` closed).
 //! - **Exclusive:** at most one live lease holder per conversation; fencing tokens
 //!   only grow.
 //!
@@ -49,6 +53,7 @@
 
 pub mod access;
 pub mod clock;
+pub mod controls;
 pub mod dispatcher;
 pub mod domain;
 pub mod limits;

@@ -27,6 +27,14 @@ pub(crate) fn no_journal() -> bool {
     *ON.get_or_init(|| on("LULL_TEST_NO_JOURNAL"))
 }
 
+/// `LULL_TEST_UNFENCED_CONTROLS=1`: a changed setting and `/stop` leave the
+/// conversation's version alone (the behaviour of bots whose settings are not part of
+/// the final check): a generation in flight is neither stopped nor found stale.
+pub(crate) fn unfenced_controls() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| on("LULL_TEST_UNFENCED_CONTROLS"))
+}
+
 /// `LULL_TEST_BUSY_TIMEOUT_MS=N`: SQLite's busy timeout is `N` ms instead of `default`
 /// (not a protection: a shorter timeout lets a test's lock outlast it quickly).
 pub(crate) fn busy_timeout(default: std::time::Duration) -> std::time::Duration {

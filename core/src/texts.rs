@@ -24,6 +24,10 @@ if you send several messages in a row, I wait until you pause and answer them to
 \n\
 Commands:\n\
 /new (or /reset): forget our conversation so far and start fresh (in a group: admins only)\n\
+/stop: stop the answer I'm writing and drop the messages waiting for one (in a group: admins only)\n\
+/model, /persona: list the models and personas, or pick one for this chat (in a group: admins only)\n\
+/retry: write my last answer again (in a group: admins only)\n\
+/status: this chat's model, persona, what is waiting, today's usage\n\
 /usage: how much you have used today, and your limit\n\
 /help: show this message";
 
@@ -388,6 +392,145 @@ pub fn quick_replies(text: &str) -> Vec<lull_port::QuickReply> {
                         (*label).to_owned()
                     },
                     text: format!("{command} {id}"),
+                });
+            }
+        }
+    }
+    replies
+}
+
+/// What `/model` lists: each model with the command that picks it (one per line,
+/// `/model N: NAME`, which [`pick_replies`] turns into buttons), the one in force marked.
+pub fn models_text(models: &[String], in_force: &str) -> String {
+    let mut text = format!("This chat uses {in_force}. Pick a model:\n");
+    for (n, model) in (1..).zip(models) {
+        let mark = if model == in_force { " (in use)" } else { "" };
+        text.push_str(&format!("/model {n}: {model}{mark}\n"));
+    }
+    text.push_str("Or send /model NAME (/model default: the default).");
+    text
+}
+
+/// What `/model` says when there is no list to pick from.
+pub fn no_models_text(why: &str) -> String {
+    format!("I can't list the models right now ({why}). Try again later.")
+}
+
+/// What `/model NAME` says of a name that is not offered.
+pub fn unknown_model_text(name: &str, models: &[String]) -> String {
+    format!(
+        "There is no model {name} here. The models: {}.",
+        models.join(", ")
+    )
+}
+
+/// What `/model NAME` or `/persona NAME` answers once applied (`changed: false`: it
+/// already was).
+pub fn picked_text(what: &str, name: &str, changed: bool) -> String {
+    if changed {
+        format!(
+            "This chat now uses the {what} {name}. Every process of this bot follows it from the next answer on."
+        )
+    } else {
+        format!("This chat already uses the {what} {name}.")
+    }
+}
+
+/// What `/persona` lists (one per line, `/persona N: NAME`, turned into buttons).
+pub fn personas_text(personas: &[&str], in_force: Option<&str>) -> String {
+    if personas.is_empty() {
+        return "There are no personas here (LULL_PERSONAS is not set).".to_owned();
+    }
+    let mut text = format!(
+        "This chat uses {}. Pick a persona:\n",
+        in_force.map_or("the default persona".to_owned(), |p| format!(
+            "the persona {p}"
+        ))
+    );
+    for (n, persona) in (1..).zip(personas) {
+        let mark = if Some(*persona) == in_force {
+            " (in use)"
+        } else {
+            ""
+        };
+        text.push_str(&format!("/persona {n}: {persona}{mark}\n"));
+    }
+    text.push_str("Or send /persona NAME (/persona default: none).");
+    text
+}
+
+/// What `/persona NAME` says of a name that is not offered.
+pub fn unknown_persona_text(name: &str, personas: &[&str]) -> String {
+    format!(
+        "There is no persona {name} here. The personas: {}.",
+        personas.join(", ")
+    )
+}
+
+/// What `/prompt` answers: set, cleared, or how it is used.
+pub const PROMPT_SET_TEXT: &str =
+    "Done: this chat has its own system prompt from the next answer on (/prompt clear removes it).";
+pub const PROMPT_CLEARED_TEXT: &str = "Done: this chat uses the default system prompt again.";
+pub const PROMPT_USAGE_TEXT: &str =
+    "Usage: /prompt TEXT sets this chat's own system prompt; /prompt clear removes it.";
+
+/// What `/stop` answers.
+pub fn stopped_text(closed: u64) -> String {
+    match closed {
+        0 => "Stopped. Nothing was waiting for an answer.".to_owned(),
+        1 => "Stopped. I won't answer the message waiting for an answer.".to_owned(),
+        n => format!("Stopped. I won't answer the {n} messages waiting for an answer."),
+    }
+}
+
+/// What `/retry` answers.
+pub const RETRY_TEXT: &str = "Writing that answer again.";
+pub const NOTHING_TO_RETRY_TEXT: &str = "There is no answer to write again yet.";
+pub const RETRY_BUSY_TEXT: &str = "I'm still on an answer here; /retry once it has arrived.";
+
+/// What `/status` answers.
+pub struct StatusLines<'a> {
+    pub model: &'a str,
+    pub persona: Option<&'a str>,
+    pub own_prompt: bool,
+    pub pending: bool,
+    pub used_today: u64,
+    pub conversation: &'a str,
+    pub user: &'a str,
+}
+
+pub fn status_text(s: &StatusLines<'_>) -> String {
+    format!(
+        "Model: {}\nPersona: {}{}\nWaiting for an answer: {}\nYour tokens today: {}\nThis chat: {}\nYou: {}",
+        s.model,
+        s.persona.unwrap_or("default"),
+        if s.own_prompt {
+            " (with this chat's own prompt)"
+        } else {
+            ""
+        },
+        if s.pending { "yes" } else { "nothing" },
+        s.used_today,
+        s.conversation,
+        s.user,
+    )
+}
+
+/// The buttons under a `/model` or `/persona` list: one per line
+/// `/model N: NAME` (or `/persona`), labelled with the name, sending `/model N`.
+/// Pure, like [`quick_replies`]: a button only repeats a pick the text spells out.
+pub fn pick_replies(text: &str) -> Vec<lull_port::QuickReply> {
+    let mut replies = Vec::new();
+    for line in text.lines() {
+        for command in ["/model ", "/persona "] {
+            let Some((n, name)) = line.strip_prefix(command).and_then(|r| r.split_once(": "))
+            else {
+                continue;
+            };
+            if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) {
+                replies.push(lull_port::QuickReply {
+                    label: name.trim_end_matches(" (in use)").to_owned(),
+                    text: format!("{command}{n}"),
                 });
             }
         }

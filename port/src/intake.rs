@@ -122,6 +122,19 @@ pub enum Command {
     Deny,
     /// `/new`: the same as `/reset` (the name users of other bots know).
     New,
+    /// `/model [NAME | N]`: list the models, or pick one for this conversation (in a
+    /// group: admins only).
+    Model,
+    /// `/persona [NAME | N | default]`: list the personas, or pick one.
+    Persona,
+    /// `/prompt TEXT` or `/prompt clear`: this conversation's own system prompt (admins).
+    Prompt,
+    /// `/stop`: drop the reply being written and close the pending messages unanswered.
+    Stop,
+    /// `/retry`: answer the last batch again.
+    Retry,
+    /// `/status`: the model, persona, what is pending, today's usage, the ids.
+    Status,
     /// Any other `/word`: answered with the help, never sent to the model. Not
     /// `/approve` and `/cancel`: those answer a question about a tool call and are
     /// stored as messages, so a round decides them under the conversation's lease.
@@ -152,6 +165,12 @@ impl Command {
             "usage" => Some(Command::Usage),
             "allow" => Some(Command::Allow),
             "deny" => Some(Command::Deny),
+            "model" => Some(Command::Model),
+            "persona" => Some(Command::Persona),
+            "prompt" => Some(Command::Prompt),
+            "stop" => Some(Command::Stop),
+            "retry" => Some(Command::Retry),
+            "status" => Some(Command::Status),
             "approve" | "cancel" => None,
             _ => Some(Command::Unknown),
         }
@@ -166,6 +185,12 @@ impl Command {
             Command::Allow => "allow",
             Command::Deny => "deny",
             Command::New => "new",
+            Command::Model => "model",
+            Command::Persona => "persona",
+            Command::Prompt => "prompt",
+            Command::Stop => "stop",
+            Command::Retry => "retry",
+            Command::Status => "status",
             Command::Unknown => "unknown",
         }
     }
@@ -205,7 +230,9 @@ mod tests {
         assert_eq!(Command::parse("/allow telegram:1"), Some(Command::Allow));
         assert_eq!(Command::parse("/deny chat"), Some(Command::Deny));
         assert_eq!(Command::parse("/unknown"), Some(Command::Unknown));
-        assert_eq!(Command::parse("/model gpt"), Some(Command::Unknown));
+        assert_eq!(Command::parse("/model gpt"), Some(Command::Model));
+        assert_eq!(Command::parse("/stop"), Some(Command::Stop));
+        assert_eq!(Command::parse("/models"), Some(Command::Unknown));
         assert_eq!(Command::parse("/new"), Some(Command::New));
         assert_eq!(Command::parse("/help@lull_bot"), Some(Command::Help));
         // Answers to a tool's approval question are messages, decided by a round.

@@ -58,8 +58,9 @@ pub struct QuickReply {
 
 impl QuickReply {
     /// The commands a quick reply may send, each followed by a space and a number:
-    /// the answers to an approval question (`/approve 12`, `/cancel 12`).
-    pub const COMMANDS: [&'static str; 2] = ["/approve", "/cancel"];
+    /// the answers to an approval question (`/approve 12`, `/cancel 12`), and the
+    /// pick of a listed model or persona (`/model 2`, `/persona 1`).
+    pub const COMMANDS: [&'static str; 4] = ["/approve", "/cancel", "/model", "/persona"];
 
     /// Whether `text` is a quick reply lull could have offered (one of
     /// [`QuickReply::COMMANDS`], a space, digits, nothing else). A platform lets any
@@ -80,8 +81,14 @@ mod tests {
     use super::QuickReply;
 
     #[test]
-    fn only_approval_answers_could_be_quick_replies() {
-        for yes in ["/approve 12", "/cancel 7", "/approve 0"] {
+    fn only_approval_answers_and_picks_could_be_quick_replies() {
+        for yes in [
+            "/approve 12",
+            "/cancel 7",
+            "/approve 0",
+            "/model 2",
+            "/persona 1",
+        ] {
             assert!(QuickReply::could_be(yes), "{yes}");
         }
         for no in [
@@ -95,6 +102,7 @@ mod tests {
             "hello",
             " /cancel 1",
             "/cancelled 1",
+            "/model big",
         ] {
             assert!(!QuickReply::could_be(no), "{no}");
         }

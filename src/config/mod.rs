@@ -8,11 +8,12 @@
 //!
 //! One file per group of settings, each holding its flags (a clap group flattened
 //! into [`Settings`]), its checks and their tests: [`platforms`], [`model`],
-//! [`media`], [`timing`], [`http`], [`access`], [`limits`], [`tools`]. The core's defaults are
+//! [`media`], [`timing`], [`http`], [`access`], [`limits`], [`tools`], [`controls`]. The core's defaults are
 //! named constants in [`lull_core::dispatcher`], read by the flags here and by
 //! [`DispatchSettings::default`] alike.
 
 mod access;
+mod controls;
 #[cfg(test)]
 mod documentation;
 mod http;
@@ -36,6 +37,7 @@ use lull_core::llm::transcribe::TranscribeSettings;
 use lull_core::store::DatabaseUrl;
 
 pub use self::access::AccessArgs;
+pub use self::controls::ControlsArgs;
 pub use self::http::{HttpAdapterConfig, HttpArgs};
 pub use self::limits::LimitsArgs;
 pub use self::media::{MediaArgs, VisionMode};
@@ -113,6 +115,8 @@ pub struct Settings {
     pub limits: LimitsArgs,
     #[command(flatten)]
     pub tools: ToolsArgs,
+    #[command(flatten)]
+    pub controls: ControlsArgs,
 
     /// Log format: `text` or `json`.
     #[arg(
@@ -235,7 +239,8 @@ impl Config {
     /// own; the order is the one errors have always been reported in.
     pub fn from_settings(s: &Settings) -> Result<Config, ConfigError> {
         let platforms = s.platforms.check(s.media.max_image_bytes)?;
-        let model = s.model.check()?;
+        let mut model = s.model.check()?;
+        let controls = s.controls.check(&mut model.llm)?;
         let transcribe = s.media.transcribe(&model.llm)?;
         let max_reply_chars = s.model.max_reply_chars()?;
         let (timers, lease) = s.timing.check()?;
@@ -268,6 +273,7 @@ impl Config {
                 max_image_bytes: s.media.max_image_bytes()?,
                 max_audio_seconds: s.media.max_audio_seconds,
                 tools: tool_settings,
+                controls,
                 ..DispatchSettings::default()
             },
             http_addr: s.http.http_addr,

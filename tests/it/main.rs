@@ -8,6 +8,7 @@ mod backup;
 mod buttons;
 mod chat;
 mod check;
+mod controls;
 mod conversations;
 mod discord;
 mod dispatcher;

@@ -1,10 +1,11 @@
-//! Chat commands (`/help`, `/reset`, `/usage`, `/allow`, `/deny`): answered at once
+//! Chat commands (`/help`, `/reset`, `/usage`, `/allow`, `/deny`, and those of
+//! `controls`: `/model`, `/persona`, `/prompt`, `/stop`, `/status`): answered at once
 //! at ingest, without the model, bypassing the debounce; a command never joins a
 //! burst of messages. The answer is a notice, once per command message.
 
 use lull_port::{Command, Incoming};
 
-use super::{Dispatcher, notices};
+use super::{Dispatcher, controls, notices};
 use crate::access::{AccessList, AccessRule, Sender, Subject, SubjectKind};
 use crate::domain::{Platform, Timestamp};
 use crate::limits;
@@ -45,6 +46,18 @@ pub(super) async fn answer(
             texts::RESET_TEXT.to_owned()
         }
         Command::Usage => usage(dispatcher, incoming, admin, &args, now).await?,
+        Command::Model
+        | Command::Persona
+        | Command::Prompt
+        | Command::Stop
+        | Command::Retry
+        | Command::Status => {
+            let rest = text
+                .trim_start()
+                .split_once(char::is_whitespace)
+                .map_or("", |(_, rest)| rest);
+            controls::answer(dispatcher, incoming, command, admin, rest, now).await?
+        }
         Command::Allow | Command::Deny if !admin => texts::admins_only(command.name()),
         Command::Allow | Command::Deny => match subject(incoming, &args) {
             Ok(subject) => {

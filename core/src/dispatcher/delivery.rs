@@ -183,10 +183,14 @@ impl<'a> Delivery<'a> {
         let parts = outbound.split(&row.text);
         let count = parts.len();
         let mut attempts = row.attempts;
-        // Buttons for the answers a notice asks for (an approval question), under its
-        // last part, where the question ends.
+        // Buttons for the answers a notice asks for (an approval question, a pick of a
+        // listed model or persona), under its last part, where the question ends.
         let quick_replies = match row.kind {
-            OutboxKind::Notice => crate::texts::quick_replies(&row.text),
+            OutboxKind::Notice => {
+                let mut replies = crate::texts::quick_replies(&row.text);
+                replies.extend(crate::texts::pick_replies(&row.text));
+                replies
+            }
             OutboxKind::Reply => Vec::new(),
         };
         for (index, text) in parts.iter().enumerate().skip(row.parts_sent as usize) {

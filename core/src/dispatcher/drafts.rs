@@ -342,7 +342,7 @@ async fn call(
 }
 
 /// Completes when a message of `conversation` newer than `v0` is stored in this
-/// process.
+/// process, or the conversation moved past `v0` without one (a setting, `/stop`).
 pub(super) async fn newer_message(
     mut events: broadcast::Receiver<Event>,
     conversation: ConversationId,
@@ -350,10 +350,16 @@ pub(super) async fn newer_message(
 ) {
     loop {
         match events.recv().await {
-            Ok(Event::Ingested {
-                conversation: stored,
-                version,
-            }) if stored == conversation && version > v0 => return,
+            Ok(
+                Event::Ingested {
+                    conversation: stored,
+                    version,
+                }
+                | Event::Moved {
+                    conversation: stored,
+                    version,
+                },
+            ) if stored == conversation && version > v0 => return,
             Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
             Err(broadcast::error::RecvError::Closed) => std::future::pending().await,
         }

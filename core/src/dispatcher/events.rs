@@ -81,6 +81,12 @@ pub enum Event {
         conversation: ConversationId,
         action: i64,
     },
+    /// The conversation moved to `version` without a new message (a setting changed,
+    /// `/stop`): a generation collected before it is stale, and is stopped.
+    Moved {
+        conversation: ConversationId,
+        version: Version,
+    },
     /// A round ended (whatever happened in it).
     RoundEnded { conversation: ConversationId },
 }
@@ -102,6 +108,7 @@ impl Event {
             | Event::GenerationCancelled { conversation, .. }
             | Event::ActionStarted { conversation, .. }
             | Event::ApprovalAsked { conversation, .. }
+            | Event::Moved { conversation, .. }
             | Event::RoundEnded { conversation } => *conversation,
         }
     }

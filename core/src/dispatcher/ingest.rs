@@ -77,6 +77,17 @@ pub(super) async fn ingest(
     let rate_limited = (settings.limits.rate_per_min > 0
         && !settings.access.is_admin(Sender::of(&incoming)))
     .then(|| incoming.clone());
+    // `LULL_IDLE_RESET`: a conversation silent that long starts afresh (history only;
+    // no message is dropped).
+    if let Some(idle) = settings.controls.idle_reset
+        && incoming.kind == IncomingKind::New
+        && store
+            .forget_if_idle(&incoming.conversation, idle, now)
+            .await
+            .map_err(not_stored)?
+    {
+        tracing::info!(conversation = %incoming.conversation, "idle longer than LULL_IDLE_RESET: a fresh context");
+    }
     let outcome = match incoming.kind {
         IncomingKind::New => {
             let message = NewMessage {

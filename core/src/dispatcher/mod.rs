@@ -2,7 +2,9 @@
 //!
 //! - `ingest`: an inbound update is stored in one transaction (version bump, timer
 //!   armed), or answered at once (a command, a denial); nothing waits for the model.
-//! - `commands`: what each chat command does and answers, at ingest.
+//! - `commands`: what each chat command does and answers, at ingest; `controls`: the
+//!   commands that change what lull does in a conversation (`/model`, `/persona`,
+//!   `/prompt`, `/stop`, `/status`).
 //! - `notices`: the one builder of notices (ingest's and rounds'), stored at most
 //!   once per dedupe key.
 //! - `scheduler`: sleeps until the earliest deadline (woken at once for work this
@@ -30,6 +32,7 @@
 
 mod bounds;
 mod commands;
+mod controls;
 mod delivery;
 pub mod drafts;
 pub mod events;
@@ -57,6 +60,7 @@ pub use sessions::SessionsEnded;
 
 use crate::access::{Access, AccessRule};
 use crate::clock::Clock;
+use crate::controls::Controls;
 use crate::domain::{HolderId, Platform, Timestamp};
 use crate::limits::Limits;
 use crate::llm::transcribe::Transcriber;
@@ -112,6 +116,9 @@ pub struct DispatchSettings {
     /// How rounds run tools (`LULL_TOOL_STEPS`, `LULL_TOOL_TIMEOUT_MS`,
     /// `LULL_APPROVAL_TTL`), when a toolbox is set ([`Dispatcher::set_toolbox`]).
     pub tools: ToolSettings,
+    /// What a conversation may choose (`LULL_MODELS`, `LULL_PERSONAS`) and
+    /// `LULL_IDLE_RESET`.
+    pub controls: Controls,
 }
 
 impl Default for DispatchSettings {
@@ -143,6 +150,7 @@ impl Default for DispatchSettings {
             max_audio_seconds: MAX_AUDIO_SECONDS,
             cancel_overtaken: true,
             tools: ToolSettings::default(),
+            controls: Controls::default(),
         }
     }
 }
@@ -243,6 +251,8 @@ pub struct Dispatcher {
     /// older than `poll_every` (so a decision taken in another process counts here
     /// within that), and at once after this process recorded one.
     access_rules: std::sync::Mutex<Option<(std::time::Instant, Arc<Vec<AccessRule>>)>>,
+    /// The server's model list as last read, for `/model` (`controls`).
+    models: controls::ModelList,
 }
 
 impl Dispatcher {
@@ -273,6 +283,7 @@ impl Dispatcher {
             events,
             events_emitted: std::sync::atomic::AtomicU64::new(0),
             access_rules: std::sync::Mutex::new(None),
+            models: controls::ModelList::default(),
         })
     }
 

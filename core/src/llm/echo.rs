@@ -121,6 +121,7 @@ mod tests {
             max_tokens: None,
             tools: Vec::new().into(),
             turns: Vec::new(),
+            choices: Default::default(),
         };
         let echo = EchoResponder::new(EchoDelay::fixed(500));
         let (partial, mut text) = Partial::watched();

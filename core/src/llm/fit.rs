@@ -46,6 +46,10 @@ impl<R: Responder> Responder for Fitting<R> {
         self.inner.name()
     }
 
+    async fn models(&self) -> Result<Vec<String>, LlmError> {
+        self.inner.models().await
+    }
+
     async fn respond(&self, prompt: &Prompt, partial: &Partial) -> Result<Generation, LlmError> {
         let mut error = match self.inner.respond(prompt, partial).await {
             Err(error) if error.kind() == FailureKind::TooLong => error,
@@ -188,6 +192,7 @@ mod tests {
             max_tokens: None,
             tools: Vec::new().into(),
             turns: Vec::new(),
+            choices: Default::default(),
         }
     }
 

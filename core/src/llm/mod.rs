@@ -62,6 +62,18 @@ pub struct Prompt {
     /// The tool turns of this round so far, in order: each the model's calls and
     /// their results, sent after the user turn.
     pub turns: Vec<ToolTurn>,
+    /// The conversation's choices in force (its model, system prompt, temperature),
+    /// read after the batch's `v0`; unset fields: the responder's own settings.
+    pub choices: Choices,
+}
+
+/// What a conversation chose (`/model`, `/persona`, `/prompt`), resolved against the
+/// deployment's models and personas. `None`: the responder's configured default.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Choices {
+    pub model: Option<String>,
+    pub system_prompt: Option<String>,
+    pub temperature: Option<f32>,
 }
 
 /// A call the model asked for.
@@ -365,6 +377,12 @@ pub trait Responder: Send + Sync + 'static {
     /// Generate the reply to `prompt`. A responder that can stream shows the reply in
     /// `partial` as it is written (when [`Partial::is_watched`]); any other ignores it.
     async fn respond(&self, prompt: &Prompt, partial: &Partial) -> Result<Generation, LlmError>;
+
+    /// The models the server offers (`GET /models`), for `/model`. Empty: the responder
+    /// has no list (the echo responder).
+    async fn models(&self) -> Result<Vec<String>, LlmError> {
+        Ok(Vec::new())
+    }
 }
 
 #[cfg(test)]

@@ -409,7 +409,14 @@ impl OpenAiResponder {
         let mut messages: Vec<ChatCompletionRequestMessage> =
             Vec::with_capacity(2 + 2 * history.len());
         messages.push(
-            ChatCompletionRequestSystemMessage::from(self.settings.system_prompt.as_str()).into(),
+            ChatCompletionRequestSystemMessage::from(
+                prompt
+                    .choices
+                    .system_prompt
+                    .as_deref()
+                    .unwrap_or(&self.settings.system_prompt),
+            )
+            .into(),
         );
         for exchange in history {
             let user = merge_turn(
@@ -515,9 +522,11 @@ impl OpenAiResponder {
         });
         #[allow(deprecated)]
         CreateChatCompletionRequest {
-            model: self.settings.model.clone(),
+            model: (prompt.choices.model.as_ref())
+                .unwrap_or(&self.settings.model)
+                .clone(),
             messages: self.messages(prompt),
-            temperature: self.settings.temperature,
+            temperature: prompt.choices.temperature.or(self.settings.temperature),
             max_tokens: (!openai).then_some(max_tokens),
             max_completion_tokens: openai.then_some(max_tokens),
             tools: Self::tools(prompt),
@@ -625,6 +634,10 @@ impl OpenAiResponder {
 impl Responder for OpenAiResponder {
     fn name(&self) -> &'static str {
         "openai"
+    }
+
+    async fn models(&self) -> Result<Vec<String>, LlmError> {
+        self.list_models().await
     }
 
     async fn respond(&self, prompt: &Prompt, partial: &Partial) -> Result<Generation, LlmError> {

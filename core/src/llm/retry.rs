@@ -68,6 +68,10 @@ impl<R: Responder> Responder for Retrying<R> {
         self.inner.name()
     }
 
+    async fn models(&self) -> Result<Vec<String>, LlmError> {
+        self.inner.models().await
+    }
+
     async fn respond(&self, prompt: &Prompt, partial: &Partial) -> Result<Generation, LlmError> {
         /// Counts the request in flight as `cancelled` (and its time) if it is dropped
         /// before its answer.

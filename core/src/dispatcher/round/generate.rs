@@ -34,6 +34,7 @@ impl Round<'_> {
             max_tokens: None,
             tools: Vec::new().into(),
             turns: Vec::new(),
+            choices: Default::default(),
         }
     }
 

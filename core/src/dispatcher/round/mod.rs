@@ -189,6 +189,10 @@ impl Round<'_> {
             rows.extend(self.notice(&batch, &text, key).await?);
         }
         let mut prompt = self.prompt(&batch);
+        // Read after the claim read `v0`: a change since moved the version, so the
+        // final check refuses a reply written with settings older than these.
+        let chosen = d.store.conversation_settings(&batch.conversation).await?;
+        prompt.choices = d.settings.controls.choices(&chosen);
         for note in notes.model {
             add_note(&mut prompt, note);
         }

@@ -19,6 +19,7 @@ mod limits;
 mod messages;
 mod outbox;
 mod rounds;
+mod settings;
 mod status;
 mod work;
 
@@ -28,6 +29,7 @@ pub use limits::*;
 pub use messages::*;
 pub use outbox::*;
 pub use rounds::*;
+pub use settings::*;
 pub use status::*;
 pub use work::*;
 
@@ -105,6 +107,11 @@ macro_rules! store_conformance {
             concurrent_decisions_decide_once,
             concurrent_reservations_of_one_key_store_one_row,
             the_status_counts_what_the_rows_say,
+            a_setting_is_applied_once_and_per_conversation,
+            a_setting_changed_mid_generation_makes_the_reply_stale,
+            stop_closes_the_pending_messages_and_the_generation,
+            an_idle_conversation_starts_afresh,
+            retry_answers_the_last_batch_again,
         );
     };
     (@each $open:path; $($check:ident),* $(,)?) => {
@@ -305,6 +312,7 @@ mod tests {
             include_str!("limits.rs"),
             include_str!("actions.rs"),
             include_str!("status.rs"),
+            include_str!("settings.rs"),
         );
         let missing: Vec<&str> = checks
             .split("\npub async fn ")

@@ -8,5 +8,6 @@ pub mod limits;
 pub mod messages;
 pub mod outbox;
 pub mod rounds;
+pub mod settings;
 pub mod status;
 pub mod work;

@@ -78,6 +78,7 @@ mod messages;
 mod outbox;
 mod rounds;
 pub(crate) mod schema;
+mod settings;
 mod status;
 mod work;
 

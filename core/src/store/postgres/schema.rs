@@ -18,6 +18,7 @@ const ALL: &[&str] = &[
     V5_TOKEN_RESERVATIONS,
     V6_ACTIONS,
     V7_STATUS,
+    V8_SETTINGS,
 ];
 
 /// The schema version this build migrates to.
@@ -252,6 +253,18 @@ CREATE INDEX outbox_failed ON outbox (failed_at) WHERE failed_at IS NOT NULL;
 CREATE INDEX outbox_created ON outbox (created_at);
 CREATE INDEX timers_held ON timers (held_until);
 CREATE INDEX timers_retrying ON timers (conversation_id) WHERE attempts > 0;
+"#;
+
+const V8_SETTINGS: &str = r#"
+-- A conversation's own choices (/model, /persona, /prompt); NULL: the default. A
+-- change bumps the conversation's version in the same transaction (fresh).
+CREATE TABLE conversation_settings (
+    conversation_id BIGINT PRIMARY KEY REFERENCES conversations (id),
+    model           TEXT,
+    persona         TEXT,
+    prompt          TEXT,
+    updated_at      BIGINT NOT NULL
+);
 "#;
 
 /// Bring the schema up to date: each missing migration in its own transaction under

@@ -24,6 +24,7 @@ mod messages;
 mod outbox;
 mod rounds;
 mod schema;
+mod settings;
 mod sql;
 mod status;
 mod work;

@@ -256,6 +256,18 @@ CREATE INDEX timers_held ON timers (held_until);
 CREATE INDEX timers_retrying ON timers (conversation_id) WHERE attempts > 0;
 "#;
 
+const V10_SETTINGS: &str = r#"
+-- A conversation's own choices (/model, /persona, /prompt); NULL: the default. A
+-- change bumps the conversation's version in the same transaction (fresh).
+CREATE TABLE conversation_settings (
+    conversation_id INTEGER PRIMARY KEY REFERENCES conversations (id),
+    model           TEXT,
+    persona         TEXT,
+    prompt          TEXT,
+    updated_at      INTEGER NOT NULL
+);
+"#;
+
 /// Every migration, oldest first. The schema version (`user_version`) counts them.
 const ALL: &[&str] = &[
     V1_CORE,
@@ -267,6 +279,7 @@ const ALL: &[&str] = &[
     V7_TOKEN_RESERVATIONS,
     V8_ACTIONS,
     V9_STATUS,
+    V10_SETTINGS,
 ];
 
 /// The schema version this build migrates to.

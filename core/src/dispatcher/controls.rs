@@ -1,0 +1,284 @@
+//! The commands that change what lull does in a conversation: `/model`, `/persona`,
+//! `/prompt`, `/stop`, `/retry`, and `/status`, which shows it. Answered at ingest like every
+//! command; a change is written to the store in one transaction that also moves the
+//! conversation's version ([`SettingStore`](crate::store::SettingStore)), so the final
+//! check of a generation in flight on any process finds it stale, and this process
+//! stops its own generation at once ([`Event::Moved`]).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lull_port::{Command, Incoming};
+
+use super::{Dispatcher, Event};
+use crate::domain::{ConversationId, Timestamp, Version};
+use crate::limits;
+use crate::store::{RetryOutcome, Setting, SettingOutcome, StoreError};
+use crate::texts;
+
+/// How long the server's model list is kept before `/model` asks again.
+const MODEL_LIST_TTL: Duration = Duration::from_secs(300);
+
+/// The server's model list as last read (`GET /models`), and when: one request per
+/// [`MODEL_LIST_TTL`], whatever the number of `/model` commands.
+#[derive(Default)]
+pub(super) struct ModelList(Mutex<Option<(Instant, Arc<Vec<String>>)>>);
+
+/// Answer `/model`, `/persona`, `/prompt`, `/stop` or `/status` (`args`: the words
+/// after the command; `rest`: the text after the command word, for `/prompt`).
+pub(super) async fn answer(
+    d: &Dispatcher,
+    incoming: &Incoming,
+    command: Command,
+    admin: bool,
+    rest: &str,
+    now: Timestamp,
+) -> Result<String, StoreError> {
+    // In a group only an admin changes what lull does; anyone in their private chat.
+    let may_change = admin || !incoming.is_group;
+    let arg = rest.trim();
+    Ok(match command {
+        Command::Model if arg.is_empty() => list_models(d, incoming).await?,
+        Command::Persona if arg.is_empty() => list_personas(d, incoming).await?,
+        Command::Model | Command::Persona | Command::Stop | Command::Retry if !may_change => {
+            texts::admins_only(command.name())
+        }
+        Command::Model => pick_model(d, incoming, arg, now).await?,
+        Command::Persona => pick_persona(d, incoming, arg, now).await?,
+        // A system prompt steers every answer: admins only (and the local user, who
+        // runs lull), in private chats too.
+        Command::Prompt if !(admin || incoming.conversation.platform.is_local()) => {
+            texts::admins_only(command.name())
+        }
+        Command::Prompt if arg.is_empty() => texts::PROMPT_USAGE_TEXT.to_owned(),
+        Command::Prompt => {
+            let clear = arg.eq_ignore_ascii_case("clear");
+            let value = (!clear).then_some(arg);
+            change(d, incoming, Setting::Prompt, value, now).await?;
+            if clear {
+                texts::PROMPT_CLEARED_TEXT
+            } else {
+                texts::PROMPT_SET_TEXT
+            }
+            .to_owned()
+        }
+        Command::Stop => {
+            let stopped = d
+                .store
+                .stop_conversation(&incoming.conversation, incoming.is_group, now)
+                .await?;
+            moved(d, stopped.conversation, stopped.version);
+            tracing::info!(conversation = %stopped.conversation, closed = stopped.closed, "stopped: pending messages closed without a reply");
+            texts::stopped_text(stopped.closed)
+        }
+        Command::Retry => {
+            let outcome = d
+                .store
+                .retry_last_reply(&incoming.conversation, incoming.is_group, &d.holder, now)
+                .await?;
+            match outcome {
+                RetryOutcome::Retried {
+                    conversation,
+                    messages,
+                    ..
+                } => {
+                    tracing::info!(%conversation, messages, "answering the last batch again");
+                    d.wake_by(now);
+                    texts::RETRY_TEXT
+                }
+                RetryOutcome::Nothing => texts::NOTHING_TO_RETRY_TEXT,
+                RetryOutcome::Busy => texts::RETRY_BUSY_TEXT,
+            }
+            .to_owned()
+        }
+        _ => status(d, incoming, now).await?,
+    })
+}
+
+/// The models a conversation may pick: `LULL_MODELS`, else the server's list (read
+/// at most once per [`MODEL_LIST_TTL`]). `Err`: why there is none.
+async fn offered_models(d: &Dispatcher) -> Result<Arc<Vec<String>>, String> {
+    let controls = &d.settings.controls;
+    if !controls.models.is_empty() {
+        return Ok(Arc::new(controls.models.clone()));
+    }
+    if let Some((read_at, list)) = d.models.0.lock().expect("not poisoned").as_ref()
+        && read_at.elapsed() < MODEL_LIST_TTL
+    {
+        return Ok(list.clone());
+    }
+    let mut list = d.responder.models().await.map_err(|e| e.to_string())?;
+    if list.is_empty() {
+        return Err("the model server lists none".to_owned());
+    }
+    list.sort();
+    list.dedup();
+    let list = Arc::new(list);
+    *d.models.0.lock().expect("not poisoned") = Some((Instant::now(), list.clone()));
+    Ok(list)
+}
+
+/// The model answering this conversation now.
+async fn model_in_force(d: &Dispatcher, incoming: &Incoming) -> Result<String, StoreError> {
+    let chosen = d
+        .store
+        .conversation_settings(&incoming.conversation)
+        .await?;
+    let controls = &d.settings.controls;
+    Ok(controls
+        .choices(&chosen)
+        .model
+        .unwrap_or_else(|| controls.default_model.clone()))
+}
+
+async fn list_models(d: &Dispatcher, incoming: &Incoming) -> Result<String, StoreError> {
+    Ok(match offered_models(d).await {
+        Ok(models) => texts::models_text(&models, &model_in_force(d, incoming).await?),
+        Err(why) => texts::no_models_text(&why),
+    })
+}
+
+/// `/model NAME`, `/model N` (the Nth of the list, what a button sends) or
+/// `/model default`.
+async fn pick_model(
+    d: &Dispatcher,
+    incoming: &Incoming,
+    arg: &str,
+    now: Timestamp,
+) -> Result<String, StoreError> {
+    if arg.eq_ignore_ascii_case("default") {
+        let changed = change(d, incoming, Setting::Model, None, now).await?;
+        let default = &d.settings.controls.default_model;
+        return Ok(texts::picked_text("model", default, changed));
+    }
+    let models = match offered_models(d).await {
+        Ok(models) => models,
+        Err(why) => return Ok(texts::no_models_text(&why)),
+    };
+    let Some(model) = pick(&models, arg) else {
+        return Ok(texts::unknown_model_text(arg, &models));
+    };
+    let changed = change(d, incoming, Setting::Model, Some(model), now).await?;
+    Ok(texts::picked_text("model", model, changed))
+}
+
+async fn list_personas(d: &Dispatcher, incoming: &Incoming) -> Result<String, StoreError> {
+    let names: Vec<&str> = d
+        .settings
+        .controls
+        .personas
+        .keys()
+        .map(String::as_str)
+        .collect();
+    let chosen = d
+        .store
+        .conversation_settings(&incoming.conversation)
+        .await?;
+    let in_force = chosen.persona.as_deref().filter(|p| names.contains(p));
+    Ok(texts::personas_text(&names, in_force))
+}
+
+/// `/persona NAME`, `/persona N` or `/persona default`.
+async fn pick_persona(
+    d: &Dispatcher,
+    incoming: &Incoming,
+    arg: &str,
+    now: Timestamp,
+) -> Result<String, StoreError> {
+    let names: Vec<String> = d.settings.controls.personas.keys().cloned().collect();
+    if arg.eq_ignore_ascii_case("default") {
+        let changed = change(d, incoming, Setting::Persona, None, now).await?;
+        return Ok(texts::picked_text("persona", "default", changed));
+    }
+    let Some(name) = pick(&names, arg) else {
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        return Ok(texts::unknown_persona_text(arg, &names));
+    };
+    let changed = change(d, incoming, Setting::Persona, Some(name), now).await?;
+    Ok(texts::picked_text("persona", name, changed))
+}
+
+/// The entry `arg` names: its name, or its number in the list (from 1).
+fn pick<'a>(list: &'a [String], arg: &str) -> Option<&'a str> {
+    list.iter()
+        .find(|m| m.as_str() == arg)
+        .or_else(|| {
+            let n: usize = arg.parse().ok()?;
+            list.get(n.checked_sub(1)?)
+        })
+        .map(String::as_str)
+}
+
+/// Write one setting; `true` if it changed (then a generation in flight here stops).
+async fn change(
+    d: &Dispatcher,
+    incoming: &Incoming,
+    setting: Setting,
+    value: Option<&str>,
+    now: Timestamp,
+) -> Result<bool, StoreError> {
+    let outcome = d
+        .store
+        .change_setting(
+            &incoming.conversation,
+            incoming.is_group,
+            setting,
+            value,
+            now,
+        )
+        .await?;
+    Ok(match outcome {
+        SettingOutcome::Changed {
+            conversation,
+            version,
+        } => {
+            tracing::info!(%conversation, setting = setting.column(), "a conversation setting changed");
+            moved(d, conversation, version);
+            true
+        }
+        SettingOutcome::Unchanged => false,
+    })
+}
+
+/// Tell this process's round in flight, if any, that its batch is stale (rounds on
+/// other processes find it at their next look, and the final check refuses it anyway).
+fn moved(d: &Dispatcher, conversation: ConversationId, version: Version) {
+    d.emit(Event::Moved {
+        conversation,
+        version,
+    });
+}
+
+/// `/status`: the model and persona in force, whether messages wait for an answer,
+/// the sender's tokens today, and the ids an admin needs (`/allow`, `LULL_ADMINS`).
+async fn status(d: &Dispatcher, incoming: &Incoming, now: Timestamp) -> Result<String, StoreError> {
+    let controls = &d.settings.controls;
+    let chosen = d
+        .store
+        .conversation_settings(&incoming.conversation)
+        .await?;
+    let model = controls
+        .choices(&chosen)
+        .model
+        .unwrap_or_else(|| controls.default_model.clone());
+    let persona = chosen
+        .persona
+        .as_deref()
+        .filter(|p| controls.personas.contains_key(*p));
+    let pending = d.store.is_settled(&incoming.conversation).await? == Some(false);
+    let platform = incoming.conversation.platform;
+    let day = d.settings.limits.timezone.day(now);
+    let used = d
+        .store
+        .token_usage(&day, &[limits::user_scope(platform, &incoming.user_id)])
+        .await?;
+    Ok(texts::status_text(&texts::StatusLines {
+        model: &model,
+        persona,
+        own_prompt: chosen.prompt.is_some(),
+        pending,
+        used_today: used.first().copied().unwrap_or(0),
+        conversation: &incoming.conversation.to_string(),
+        user: &format!("{platform}:{}", incoming.user_id),
+    }))
+}

@@ -1,0 +1,193 @@
+//! Conformance of the settings area: a conversation's own choices, applied once and
+//! fresh, and `/stop`.
+
+use super::{at, collect, committed, holder, http, message, round, stale, stored};
+use crate::store::{ConversationSettings, RetryOutcome, Setting, SettingOutcome, Store};
+
+async fn change(
+    store: &dyn Store,
+    conversation: &crate::domain::ConversationRef,
+    setting: Setting,
+    value: Option<&str>,
+) -> SettingOutcome {
+    store
+        .change_setting(conversation, false, setting, value, at(0))
+        .await
+        .expect("changing a setting")
+}
+
+/// A setting is the conversation's alone; the same value twice is written once;
+/// clearing it brings the default back.
+pub async fn a_setting_is_applied_once_and_per_conversation(store: &dyn Store) {
+    let (c1, c2) = (http("c1"), http("c2"));
+    assert_eq!(
+        store.conversation_settings(&c1).await.unwrap(),
+        ConversationSettings::default(),
+        "a conversation never seen has the defaults"
+    );
+    let first = change(store, &c1, Setting::Model, Some("big")).await;
+    assert!(matches!(first, SettingOutcome::Changed { .. }), "{first:?}");
+    assert_eq!(
+        change(store, &c1, Setting::Model, Some("big")).await,
+        SettingOutcome::Unchanged,
+        "a pick applied twice is applied once"
+    );
+    change(store, &c1, Setting::Persona, Some("pirate")).await;
+    change(store, &c1, Setting::Prompt, Some("Be brief.")).await;
+    stored(store, message(c2.clone(), "m1"), &holder("a"), at(0)).await;
+    assert_eq!(
+        store.conversation_settings(&c1).await.unwrap(),
+        ConversationSettings {
+            model: Some("big".into()),
+            persona: Some("pirate".into()),
+            prompt: Some("Be brief.".into()),
+        }
+    );
+    assert_eq!(
+        store.conversation_settings(&c2).await.unwrap(),
+        ConversationSettings::default(),
+        "another conversation keeps the defaults"
+    );
+    change(store, &c1, Setting::Model, None).await;
+    assert_eq!(store.conversation_settings(&c1).await.unwrap().model, None);
+    assert_eq!(
+        store.is_settled(&c1).await.unwrap(),
+        Some(true),
+        "a change with nothing pending leaves the conversation settled"
+    );
+}
+
+/// A setting changed while a reply is generated makes that reply stale, like a new
+/// message; the next round answers the same messages, and the conversation settles.
+pub async fn a_setting_changed_mid_generation_makes_the_reply_stale(store: &dyn Store) {
+    let a = holder("a");
+    let c1 = http("c1");
+    let (id, lease, batch) = round(store, &c1, &a, &["m1", "m2"], at(1000)).await;
+    let SettingOutcome::Changed { version, .. } =
+        change(store, &c1, Setting::Model, Some("big")).await
+    else {
+        panic!("the model was not changed");
+    };
+    assert!(version > batch.v0);
+    assert_eq!(stale(store, &lease, &batch, at(1100)).await, version);
+    let again = collect(store, id).await;
+    assert_eq!(again.v0, version);
+    assert_eq!(
+        again.pending.len(),
+        2,
+        "the same messages are still pending"
+    );
+    committed(store, &lease, &again, "answer", at(1200)).await;
+    assert!(collect(store, id).await.pending.is_empty());
+}
+
+/// `/stop` closes every pending message without a reply: the reply in flight is stale
+/// even when the cap would force it out, nothing is pending, no timer is left, and the
+/// next message is answered on its own.
+pub async fn stop_closes_the_pending_messages_and_the_generation(store: &dyn Store) {
+    let a = holder("a");
+    let c1 = http("c1");
+    let (id, lease, batch) = round(store, &c1, &a, &["m1", "m2"], at(1000)).await;
+    let stopped = store
+        .stop_conversation(&c1, false, at(1100))
+        .await
+        .expect("stopping");
+    assert_eq!((stopped.conversation, stopped.closed), (id, 2));
+    assert!(stopped.version > batch.v0);
+    // At 5 s the oldest message has waited past the 4 s cap: a stale reply would be
+    // forced out, but /stop closed every message it covers.
+    assert_eq!(
+        stale(store, &lease, &batch, at(5000)).await,
+        stopped.version
+    );
+    let after = collect(store, id).await;
+    assert!(after.pending.is_empty(), "{:?}", after.pending);
+    assert_eq!(after.timer, None, "no timer is left");
+    assert_eq!(store.is_settled(&c1).await.unwrap(), Some(true));
+    let nothing = store.stop_conversation(&c1, false, at(5100)).await.unwrap();
+    assert_eq!(nothing.closed, 0, "a second /stop closes nothing");
+    stored(store, message(c1.clone(), "m3"), &a, at(5200)).await;
+    let next = collect(store, id).await;
+    let ids: Vec<&str> = next.pending.iter().map(|m| m.message_id.as_str()).collect();
+    assert_eq!(ids, ["m3"], "only the new message is pending");
+    committed(store, &lease, &next, "answer", at(5300)).await;
+}
+
+/// An idle conversation starts from a fresh context: its earlier exchanges are no
+/// longer history; one active within the idle time keeps them.
+pub async fn an_idle_conversation_starts_afresh(store: &dyn Store) {
+    let a = holder("a");
+    let idle = std::time::Duration::from_secs(60);
+    assert!(
+        !store
+            .forget_if_idle(&http("c0"), idle, at(0))
+            .await
+            .unwrap(),
+        "never seen"
+    );
+    for (key, next_at, fresh) in [("c1", 30_000, false), ("c2", 61_000, true)] {
+        let c = http(key);
+        let (id, lease, batch) = round(store, &c, &a, &["m1"], at(1000)).await;
+        committed(store, &lease, &batch, "answer", at(1000)).await;
+        assert_eq!(
+            store.forget_if_idle(&c, idle, at(next_at)).await.unwrap(),
+            fresh,
+            "{key}"
+        );
+        stored(store, message(c.clone(), "m2"), &a, at(next_at)).await;
+        let history = collect(store, id).await.history;
+        assert_eq!(history.is_empty(), fresh, "{key}: {history:?}");
+        assert!(
+            !store
+                .forget_if_idle(&c, idle, at(next_at + 1))
+                .await
+                .unwrap(),
+            "{key}: just active"
+        );
+    }
+}
+
+/// `/retry` makes the last delivered reply's messages pending again, once: the old
+/// reply leaves the history and covers nothing, the timer is due now; with messages
+/// pending, or the reply not yet sent, or nothing answered, it does nothing.
+pub async fn retry_answers_the_last_batch_again(store: &dyn Store) {
+    let a = holder("a");
+    let c1 = http("c1");
+    let retry = |now| store.retry_last_reply(&c1, false, &a, now);
+    assert_eq!(retry(at(0)).await.unwrap(), RetryOutcome::Nothing);
+    let (id, lease, batch) = round(store, &c1, &a, &["m1", "m2"], at(1000)).await;
+    assert_eq!(
+        retry(at(1000)).await.unwrap(),
+        RetryOutcome::Busy,
+        "pending"
+    );
+    let (outbox, _) = committed(store, &lease, &batch, "first answer", at(1000)).await;
+    assert_eq!(
+        retry(at(1000)).await.unwrap(),
+        RetryOutcome::Busy,
+        "not sent yet"
+    );
+    store.mark_sent(outbox, 1, true, at(1100)).await.unwrap();
+    let RetryOutcome::Retried {
+        conversation,
+        version,
+        messages,
+    } = retry(at(2000)).await.unwrap()
+    else {
+        panic!("not retried")
+    };
+    assert_eq!((conversation, messages), (id, 2));
+    let again = collect(store, id).await;
+    assert_eq!(again.v0, version);
+    let ids: Vec<&str> = again
+        .pending
+        .iter()
+        .map(|m| m.message_id.as_str())
+        .collect();
+    assert_eq!(ids, ["m1", "m2"], "the last batch is pending again");
+    assert!(again.history.is_empty(), "the old reply left the history");
+    assert_eq!(again.timer.map(|t| t.due_at), Some(at(2000)), "due now");
+    assert_eq!(retry(at(2000)).await.unwrap(), RetryOutcome::Busy, "once");
+    committed(store, &lease, &again, "second answer", at(2100)).await;
+    assert!(collect(store, id).await.pending.is_empty());
+}

@@ -1,0 +1,139 @@
+//! The settings area of the contract: a conversation's own choices (its model, its
+//! persona, its own system prompt) and `/stop`.
+
+use async_trait::async_trait;
+
+use crate::domain::{ConversationId, ConversationRef, HolderId, Timestamp, Version};
+use crate::store::StoreError;
+
+/// A conversation's own choices; `None`: the deployment's default. Every process reads
+/// them from the database, so a change is seen by all at once.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConversationSettings {
+    /// `/model NAME`.
+    pub model: Option<String>,
+    /// `/persona NAME`.
+    pub persona: Option<String>,
+    /// `/prompt TEXT`: this conversation's own system prompt.
+    pub prompt: Option<String>,
+}
+
+/// One of a conversation's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Setting {
+    Model,
+    Persona,
+    Prompt,
+}
+
+impl Setting {
+    /// Its column in `conversation_settings` (a fixed name, never user input).
+    pub(crate) fn column(self) -> &'static str {
+        match self {
+            Setting::Model => "model",
+            Setting::Persona => "persona",
+            Setting::Prompt => "prompt",
+        }
+    }
+}
+
+/// What a change of a setting did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SettingOutcome {
+    /// Stored; the conversation moved to `version` (a generation in flight is stale).
+    Changed {
+        conversation: ConversationId,
+        version: Version,
+    },
+    /// The setting already had that value: nothing was written (a pick applied twice
+    /// is applied once).
+    Unchanged,
+}
+
+/// What `/stop` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stopped {
+    pub conversation: ConversationId,
+    /// The version the conversation moved to: every generation collected before it is
+    /// stale.
+    pub version: Version,
+    /// How many pending messages were closed without a reply.
+    pub closed: u64,
+}
+
+/// What `/retry` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryOutcome {
+    /// The last reply's messages are pending again at `version`, its timer due now.
+    Retried {
+        conversation: ConversationId,
+        version: Version,
+        messages: u64,
+    },
+    /// No reply since the context began: nothing to answer again.
+    Nothing,
+    /// Messages already wait for an answer, or the last reply is still being sent.
+    Busy,
+}
+
+/// Settings: a conversation's own choices, and `/stop`. Both move the conversation's
+/// version like a new message, in the transaction that writes them, so the final check
+/// of a generation in flight (on any process) finds it stale: a reply is never
+/// committed from settings older than the ones in force, nor after a `/stop`. A round
+/// reads the settings after it read its `v0`, so what it reads is at least as new as
+/// its `v0`.
+#[async_trait]
+pub trait SettingStore: Send + Sync + 'static {
+    /// The conversation's own choices (all `None` for a conversation never seen).
+    async fn conversation_settings(
+        &self,
+        conversation: &ConversationRef,
+    ) -> Result<ConversationSettings, StoreError>;
+
+    /// Set (`Some`) or clear (`None`) one setting, in one transaction: unless it already
+    /// has that value, store it and bump the version (a conversation with nothing
+    /// pending stays settled: its `answered_version` moves along).
+    async fn change_setting(
+        &self,
+        conversation: &ConversationRef,
+        is_group: bool,
+        setting: Setting,
+        value: Option<&str>,
+        now: Timestamp,
+    ) -> Result<SettingOutcome, StoreError>;
+
+    /// `/stop`, in one transaction: every pending message is closed without a reply
+    /// (it takes the new version, which is also the `answered_version`, so even a
+    /// commit the cap forces covers none of them), the timer is deleted, and the
+    /// version bumped (a generation in flight is stale).
+    async fn stop_conversation(
+        &self,
+        conversation: &ConversationRef,
+        is_group: bool,
+        now: Timestamp,
+    ) -> Result<Stopped, StoreError>;
+
+    /// `/retry`, in one transaction: the last reply since the context began, once
+    /// delivered, stops covering its messages (its `reply_covers` rows go, so it leaves
+    /// the history and no message is covered by two replies; the platform message
+    /// stays), and they are pending again: they take a new version and the timer is
+    /// armed due now for `holder` (not before a limit's hold ends).
+    async fn retry_last_reply(
+        &self,
+        conversation: &ConversationRef,
+        is_group: bool,
+        holder: &HolderId,
+        now: Timestamp,
+    ) -> Result<RetryOutcome, StoreError>;
+
+    /// `LULL_IDLE_RESET`: if the conversation's last message arrived at or before
+    /// `now - idle`, start a fresh context (as `/reset`: history is hidden, no message
+    /// is dropped; pending ones are answered in the fresh context). `true`: it was
+    /// reset. A conversation never seen, or already fresh, is left alone.
+    async fn forget_if_idle(
+        &self,
+        conversation: &ConversationRef,
+        idle: std::time::Duration,
+        now: Timestamp,
+    ) -> Result<bool, StoreError>;
+}

@@ -1,0 +1,452 @@
+//! The controls people expect (issue 22), through the real binary and the fakes:
+//! `/model` changes the model the fake server receives for that conversation only,
+//! across a restart and from another process, admins only in groups, an inline-keyboard
+//! pick applied once when tapped twice; a persona's prompt and a chat's own prompt
+//! reach the model; `/stop` during a generation (on this process or another) drops it
+//! and closes the pending messages, and the next message is answered normally; a
+//! setting changed mid-generation makes that generation stale. The counter-tests turn
+//! the version bump of controls off (`LULL_TEST_UNFENCED_CONTROLS=1`) and show the
+//! checks catch it.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::support::fakes::openai::{Behavior, FakeOpenAi};
+use crate::support::fakes::telegram::{TelegramFake, callback_query, mention, text_message};
+use crate::support::fakes::webhook::{Received, Webhook};
+use crate::support::process::LullProcess;
+
+const SECS: fn(u64) -> Duration = Duration::from_secs;
+
+/// The models `LULL_MODELS` offers in these tests; the first is the default.
+const MODELS: &str = "fake-model,big-model";
+
+/// How long the model takes to answer when a test stops or changes it mid-generation.
+const SLOW: Duration = Duration::from_millis(2500);
+
+/// Processes on one SQLite file behind the http adapter, answering with the fake model.
+struct Bots {
+    dir: tempfile::TempDir,
+    webhook: Webhook,
+    model: FakeOpenAi,
+    client: reqwest::Client,
+}
+
+impl Bots {
+    async fn new() -> Bots {
+        Bots {
+            dir: tempfile::tempdir().unwrap(),
+            webhook: Webhook::start().await,
+            model: FakeOpenAi::start().await,
+            client: reqwest::Client::new(),
+        }
+    }
+
+    fn db(&self) -> PathBuf {
+        self.dir.path().join("lull.db")
+    }
+
+    async fn start(&self, name: &str, extra: &[(&str, &str)]) -> LullProcess {
+        let mut env = vec![
+            ("DATABASE_URL", format!("sqlite:{}", self.db().display())),
+            ("LULL_WEBHOOK_URL", self.webhook.url.clone()),
+            ("OPENAI_BASE_URL", self.model.base_url.clone()),
+            ("OPENAI_API_KEY", "sk-controls-test".into()),
+            ("LULL_MODELS", MODELS.into()),
+            ("LULL_STREAM", "off".into()),
+            ("LULL_DEBOUNCE_MS", "150".into()),
+            ("LULL_MAX_WAIT_MS", "8000".into()),
+            ("LULL_POLL_MS", "150".into()),
+            ("RUST_LOG", "debug".into()),
+        ];
+        env.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
+        let mut lull = LullProcess::start(self.dir.path(), name, &["run"], &env);
+        lull.wait_healthy(SECS(20)).await;
+        lull
+    }
+
+    async fn say(&self, lull: &LullProcess, conversation: &str, id: &str, text: &str) {
+        let r = self
+            .client
+            .post(format!("{}/api/messages", lull.base_url()))
+            .json(&serde_json::json!({
+                "conversation": conversation, "user": "u1", "text": text, "id": id
+            }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 202, "{text}");
+    }
+
+    /// Everything delivered to `conversation` so far, of `kind` (`reply`, `notice`).
+    fn received(&self, conversation: &str, kind: &str) -> Vec<Received> {
+        self.webhook
+            .received()
+            .into_iter()
+            .filter(|r| r.conversation == conversation && r.kind == kind)
+            .collect()
+    }
+
+    /// The first row delivered to `conversation` whose text contains `text`.
+    async fn wait_text(&self, conversation: &str, text: &str) -> Received {
+        let deadline = Instant::now() + SECS(15);
+        loop {
+            if let Some(r) = self
+                .webhook
+                .received()
+                .into_iter()
+                .find(|r| r.conversation == conversation && r.text.contains(text))
+            {
+                return r;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {text:?} in {conversation}: {:#?}",
+                self.webhook.received()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The model request whose last user turn contains `text`: its model and system
+    /// prompt, once it arrived.
+    async fn request_for(&self, text: &str) -> (String, String) {
+        let deadline = Instant::now() + SECS(15);
+        loop {
+            let requests = self.model.requests();
+            for n in (0..requests.len()).rev() {
+                let messages = self.model.messages(n);
+                let user = messages.iter().rev().find(|(role, _)| role == "user");
+                if user.is_some_and(|(_, turn)| turn.contains(text)) {
+                    let system = messages
+                        .iter()
+                        .find(|(role, _)| role == "system")
+                        .map(|(_, s)| s.clone())
+                        .unwrap_or_default();
+                    let model = requests[n].body["model"].as_str().unwrap().to_owned();
+                    return (model, system);
+                }
+            }
+            assert!(Instant::now() < deadline, "no request with {text:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Once the model has received `n` requests.
+    async fn wait_requests(&self, n: usize) {
+        let deadline = Instant::now() + SECS(15);
+        while self.model.requests().len() < n {
+            assert!(Instant::now() < deadline, "expected {n} model requests");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// `/model NAME` changes the model the server receives for that conversation only; the
+/// pick holds on another process and after a restart; an unknown name is refused with
+/// the list, and `/model` lists the models with the one in use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_picked_model_answers_that_conversation_alone_everywhere_and_after_a_restart() {
+    let b = Bots::new().await;
+    let mut one = b.start("one", &[]).await;
+    b.say(&one, "c1", "1", "/model big-model").await;
+    b.wait_text("c1", "now uses the model big-model").await;
+    b.say(&one, "c1", "2", "first from c1").await;
+    b.say(&one, "c2", "1", "first from c2").await;
+    assert_eq!(b.request_for("first from c1").await.0, "big-model");
+    assert_eq!(
+        b.request_for("first from c2").await.0,
+        "fake-model",
+        "another conversation keeps the default"
+    );
+
+    let two = b.start("two", &[]).await;
+    b.say(&two, "c1", "3", "second from c1").await;
+    assert_eq!(b.request_for("second from c1").await.0, "big-model");
+
+    one.restart();
+    one.wait_healthy(SECS(20)).await;
+    b.say(&one, "c1", "4", "third from c1").await;
+    assert_eq!(b.request_for("third from c1").await.0, "big-model");
+
+    b.say(&one, "c1", "5", "/model nope").await;
+    b.wait_text(
+        "c1",
+        "There is no model nope here. The models: fake-model, big-model.",
+    )
+    .await;
+    b.say(&two, "c1", "6", "/model").await;
+    let list = b.wait_text("c1", "Pick a model").await;
+    assert!(
+        list.text.contains("/model 2: big-model (in use)"),
+        "{}",
+        list.text
+    );
+    assert_eq!(b.received("c1", "reply").len(), 3);
+}
+
+/// A persona's prompt (and its model) reach the model; a chat's own prompt replaces
+/// it, and `/prompt clear` brings the persona's back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_persona_and_a_chat_prompt_reach_the_model() {
+    let b = Bots::new().await;
+    let personas = b.dir.path().join("personas.json");
+    std::fs::write(
+        &personas,
+        r#"{"pirate": {"prompt": "You talk like a pirate.", "model": "big-model"}}"#,
+    )
+    .unwrap();
+    let one = b
+        .start("one", &[("LULL_PERSONAS", personas.to_str().unwrap())])
+        .await;
+    b.say(&one, "c1", "1", "before").await;
+    let (model, system) = b.request_for("before").await;
+    assert_eq!(model, "fake-model");
+    assert_eq!(system, lull_core::texts::DEFAULT_SYSTEM_PROMPT);
+
+    b.say(&one, "c1", "2", "/persona pirate").await;
+    b.wait_text("c1", "now uses the persona pirate").await;
+    b.say(&one, "c1", "3", "ahoy").await;
+    assert_eq!(
+        b.request_for("ahoy").await,
+        ("big-model".to_owned(), "You talk like a pirate.".to_owned())
+    );
+
+    b.say(&one, "c1", "4", "/prompt Answer in one word.").await;
+    b.wait_text("c1", "own system prompt").await;
+    b.say(&one, "c1", "5", "why").await;
+    assert_eq!(b.request_for("why").await.1, "Answer in one word.");
+    b.say(&one, "c1", "6", "/prompt clear").await;
+    b.wait_text("c1", "default system prompt again").await;
+    b.say(&one, "c1", "7", "and now").await;
+    assert_eq!(b.request_for("and now").await.1, "You talk like a pirate.");
+    b.say(&one, "c1", "8", "/persona nobody").await;
+    b.wait_text(
+        "c1",
+        "There is no persona nobody here. The personas: pirate.",
+    )
+    .await;
+}
+
+/// What a control sent mid-generation left: every reply delivered to `c1`, and the
+/// model requests.
+struct MidGeneration {
+    replies: Vec<Received>,
+    requests: usize,
+    last_model: String,
+}
+
+/// `q1` is being answered by process one (slowly) when `control` arrives, through
+/// process two when `elsewhere`, else through one; then, once the slow answer would
+/// have been written, `q2`.
+async fn control_mid_generation(
+    control: &str,
+    elsewhere: bool,
+    extra: &[(&str, &str)],
+) -> MidGeneration {
+    let b = Bots::new().await;
+    let one = b.start("one", extra).await;
+    let two = if elsewhere {
+        Some(b.start("two", extra).await)
+    } else {
+        None
+    };
+    b.model.script([Behavior::Slow(SLOW)]);
+    b.say(&one, "c1", "q1", "question one").await;
+    b.wait_requests(1).await;
+    let sent_at = Instant::now();
+    b.say(two.as_ref().unwrap_or(&one), "c1", "ctl", control)
+        .await;
+    // Long enough for the slow answer to have been written and delivered, were it not
+    // dropped.
+    tokio::time::sleep((SLOW + Duration::from_millis(1200)).saturating_sub(sent_at.elapsed()))
+        .await;
+    b.say(&one, "c1", "q2", "question two").await;
+    b.wait_text("c1", "question two").await;
+    let requests = b.model.requests();
+    MidGeneration {
+        replies: b.received("c1", "reply"),
+        requests: requests.len(),
+        last_model: requests.last().unwrap().body["model"]
+            .as_str()
+            .unwrap()
+            .to_owned(),
+    }
+}
+
+/// `/stop` mid-generation: the reply being written is never sent, the message it
+/// answered is closed (the next reply covers only the next message), one confirmation.
+async fn assert_stopped(stopped: &MidGeneration) {
+    let texts: Vec<&str> = stopped.replies.iter().map(|r| r.text.as_str()).collect();
+    assert_eq!(
+        texts,
+        ["[model] question two"],
+        "only the next message is answered"
+    );
+    assert_eq!(stopped.replies[0].covers, ["q2"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_drops_the_generation_and_closes_the_pending_messages() {
+    let stopped = control_mid_generation("/stop", false, &[]).await;
+    assert_stopped(&stopped).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_on_another_process_drops_the_generation_there() {
+    let stopped = control_mid_generation("/stop", true, &[]).await;
+    assert_stopped(&stopped).await;
+}
+
+/// The counter-test of the two above: with controls unfenced, the generation `/stop`
+/// should have dropped is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counter_test_unfenced_stop_lets_the_generation_through() {
+    let stopped =
+        control_mid_generation("/stop", true, &[("LULL_TEST_UNFENCED_CONTROLS", "1")]).await;
+    assert!(
+        stopped
+            .replies
+            .iter()
+            .any(|r| r.covers.contains(&"q1".to_owned())),
+        "without the version bump the stopped reply goes out: {:#?}",
+        stopped.replies
+    );
+}
+
+/// A model picked on another process while a reply is written makes that reply stale,
+/// like a new message: it is written again by the picked model, and sent once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_picked_mid_generation_makes_it_stale() {
+    let changed = control_mid_generation("/model big-model", true, &[]).await;
+    let first: Vec<&Received> = changed
+        .replies
+        .iter()
+        .filter(|r| r.covers.contains(&"q1".to_owned()))
+        .collect();
+    assert_eq!(first.len(), 1, "q1 answered once: {:#?}", changed.replies);
+    assert_eq!(changed.requests, 3, "q1 twice (the first dropped), then q2");
+    assert_eq!(changed.last_model, "big-model");
+}
+
+/// Its counter-test: unfenced, the reply written by the old model goes out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counter_test_unfenced_pick_sends_the_old_models_reply() {
+    let changed = control_mid_generation(
+        "/model big-model",
+        true,
+        &[("LULL_TEST_UNFENCED_CONTROLS", "1")],
+    )
+    .await;
+    assert_eq!(
+        changed.requests, 2,
+        "without the version bump q1's reply by the old model is sent"
+    );
+}
+
+/// In a Telegram group only admins pick the model, by command or by button; `/model`
+/// shows an inline keyboard, and an admin's pick tapped twice is applied once; the
+/// group's next answer comes from the picked model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_group_only_admins_pick_and_a_pick_tapped_twice_is_applied_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = TelegramFake::start().await;
+    let model = FakeOpenAi::start().await;
+    let (group, admin, member) = (-100_5501, 5501, 5502);
+    let admins = format!("telegram:{admin}");
+    let env = crate::telegram::env(
+        dir.path(),
+        &fake,
+        &[
+            ("LULL_LLM", "openai"),
+            ("OPENAI_BASE_URL", &model.base_url),
+            ("OPENAI_API_KEY", "sk-controls-test"),
+            ("LULL_MODELS", MODELS),
+            ("LULL_ADMINS", &admins),
+            ("LULL_STREAM", "off"),
+            ("LULL_DEBOUNCE_MS", "150"),
+        ],
+    );
+    let lull = LullProcess::start(dir.path(), "lull", &["run"], &env);
+    let texts = |n: usize| {
+        let fake = &fake;
+        async move { fake.wait_sent(group, n, SECS(15)).await }
+    };
+    fake.push_message(text_message(group, member, "/model big-model"));
+    let refused = texts(1).await.remove(0);
+    assert!(
+        refused
+            .text
+            .contains("only the bot's admins can use /model"),
+        "{}",
+        refused.text
+    );
+
+    fake.push_message(text_message(group, admin, "/model"));
+    let list = texts(2).await.remove(1);
+    assert_eq!(
+        list.buttons(),
+        [
+            ("fake-model".to_owned(), "/model 1".to_owned()),
+            ("big-model".to_owned(), "/model 2".to_owned())
+        ],
+        "{}",
+        lull.logs()
+    );
+    fake.push_callback(callback_query("cbq-member", member, &list, "/model 2"));
+    let refused = texts(3).await.remove(2);
+    assert!(
+        refused.text.contains("only the bot's admins"),
+        "a button grants nothing"
+    );
+    fake.push_callback(callback_query("cbq-1", admin, &list, "/model 2"));
+    fake.push_callback(callback_query("cbq-2", admin, &list, "/model 2"));
+    let sent = texts(5).await;
+    let answers: Vec<&str> = sent[3..].iter().map(|s| s.text.as_str()).collect();
+    assert!(
+        answers[0].contains("now uses the model big-model"),
+        "{answers:?}"
+    );
+    assert!(
+        answers[1].contains("already uses the model big-model"),
+        "applied once: {answers:?}"
+    );
+
+    fake.push_message(mention(group, member, "which model?"));
+    texts(6).await;
+    let last = model.requests().last().unwrap().body["model"].clone();
+    assert_eq!(last, "big-model");
+    fake.push_message(text_message(group, member, "/prompt Be rude."));
+    let refused = texts(7).await.remove(6);
+    assert!(
+        refused
+            .text
+            .contains("only the bot's admins can use /prompt")
+    );
+}
+
+/// `/retry` answers the last batch again: one new reply covering the same message,
+/// written without the old reply in its history; the old one stays where it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_writes_one_new_reply_to_the_last_batch() {
+    let b = Bots::new().await;
+    let one = b.start("one", &[]).await;
+    b.say(&one, "c1", "m1", "tell me a joke").await;
+    b.wait_requests(1).await;
+    b.wait_text("c1", "[model] tell me a joke").await;
+    b.model.script([Behavior::Content("a better joke".into())]);
+    b.say(&one, "c1", "r1", "/retry").await;
+    b.wait_text("c1", "Writing that answer again").await;
+    b.wait_text("c1", "a better joke").await;
+    let replies = b.received("c1", "reply");
+    assert_eq!(replies.len(), 2, "{replies:#?}");
+    assert_eq!(replies[1].covers, ["m1"]);
+    assert_eq!(
+        b.model.without_history(1).as_deref(),
+        Some("tell me a joke"),
+        "the old reply left the history"
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(b.received("c1", "reply").len(), 2, "one new reply");
+    assert_eq!(b.model.requests().len(), 2);
+}

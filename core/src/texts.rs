@@ -542,6 +542,29 @@ pub fn pick_replies(text: &str) -> Vec<lull_port::QuickReply> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_list_of_models_gets_one_button_per_pick_each_a_quick_reply() {
+        let models = ["small".to_owned(), "big".to_owned()];
+        let text = models_text(&models, "big");
+        let replies = pick_replies(&text);
+        let pairs: Vec<(&str, &str)> = replies
+            .iter()
+            .map(|r| (r.label.as_str(), r.text.as_str()))
+            .collect();
+        assert_eq!(pairs, [("small", "/model 1"), ("big", "/model 2")]);
+        assert!(
+            replies
+                .iter()
+                .all(|r| lull_port::QuickReply::could_be(&r.text))
+        );
+        let personas = pick_replies(&personas_text(&["pirate"], None));
+        assert_eq!(personas[0].text, "/persona 1");
+        assert!(
+            pick_replies("say /model 3: x to pick").is_empty(),
+            "only whole lines"
+        );
+    }
+
     fn pairs(text: &str) -> Vec<(String, String)> {
         quick_replies(text)
             .into_iter()

@@ -84,7 +84,7 @@ impl ControlsArgs {
                 }
                 settings.model.clone()
             }
-            LlmConfig::Echo(_) => "echo".to_owned(),
+            LlmConfig::Echo(_) => models.first().map_or("echo", String::as_str).to_owned(),
         };
         Ok(Controls {
             models,

@@ -450,3 +450,44 @@ async fn retry_writes_one_new_reply_to_the_last_batch() {
     assert_eq!(b.received("c1", "reply").len(), 2, "one new reply");
     assert_eq!(b.model.requests().len(), 2);
 }
+
+/// `lull check` prints the controls in force; a personas file that cannot be used
+/// stops the start with a message naming `LULL_PERSONAS`.
+#[test]
+fn check_prints_the_controls_and_a_bad_personas_file_stops_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("personas.json");
+    std::fs::write(&good, r#"{"pirate": {"prompt": "Arr."}}"#).unwrap();
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, r#"{"pirate": {"prompt": ""}}"#).unwrap();
+    let run = |command: &str, personas: &std::path::Path| {
+        std::process::Command::new(crate::support::process::binary())
+            .arg(command)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env(
+                "DATABASE_URL",
+                format!("sqlite:{}", dir.path().join("lull.db").display()),
+            )
+            .env("LULL_MODELS", MODELS)
+            .env("LULL_PERSONAS", personas)
+            .env("LULL_IDLE_RESET", "6h")
+            .output()
+            .unwrap()
+    };
+    let report = String::from_utf8(run("check", &good).stdout).unwrap();
+    assert!(
+        report.contains(
+            "ok    controls      /model picks fake-model, big-model (default fake-model); \
+             personas pirate; a fresh context after 6h idle"
+        ),
+        "{report}"
+    );
+    let refused = run("chat", &bad);
+    assert_eq!(refused.status.code(), Some(2));
+    let stderr = String::from_utf8(refused.stderr).unwrap();
+    assert!(
+        stderr.contains("LULL_PERSONAS") && stderr.contains("empty prompt"),
+        "{stderr}"
+    );
+}

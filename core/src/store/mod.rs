@@ -78,6 +78,8 @@ pub use open::{DatabaseUrl, open};
 pub use postgres::{PostgresInspection, PostgresStore, TimeSource};
 /// The PostgreSQL schema version this build migrates to.
 pub const POSTGRES_SCHEMA: i64 = postgres::schema::LATEST;
+/// The SQLite schema version (`user_version`) this build migrates to.
+pub const SQLITE_SCHEMA: i64 = sqlite::SCHEMA;
 pub use rules::{decode_media, encode_media, said_text};
 pub use sqlite::{Inspection, SqliteStore};
 

@@ -30,6 +30,9 @@ mod status;
 mod work;
 mod writer;
 
+/// The SQLite schema version this build migrates to.
+pub(crate) const SCHEMA: i64 = schema::LATEST;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;

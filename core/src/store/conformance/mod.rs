@@ -112,6 +112,7 @@ macro_rules! store_conformance {
             stop_closes_the_pending_messages_and_the_generation,
             an_idle_conversation_starts_afresh,
             retry_answers_the_last_batch_again,
+            concurrent_picks_apply_once_and_never_slip_under_a_commit,
         );
     };
     (@each $open:path; $($check:ident),* $(,)?) => {

@@ -191,3 +191,48 @@ pub async fn retry_answers_the_last_batch_again(store: &dyn Store) {
     committed(store, &lease, &again, "second answer", at(2100)).await;
     assert!(collect(store, id).await.pending.is_empty());
 }
+
+/// The same pick twice at once (a button tapped twice, two replicas): applied once, the
+/// version moved once; and a pick racing a commit either stales it or comes after it.
+pub async fn concurrent_picks_apply_once_and_never_slip_under_a_commit(store: &dyn Store) {
+    let a = holder("a");
+    let c1 = http("c1");
+    for n in 0..4 {
+        let value = format!("model-{n}");
+        let (one, two) = tokio::join!(
+            store.change_setting(&c1, false, Setting::Model, Some(&value), at(0)),
+            store.change_setting(&c1, false, Setting::Model, Some(&value), at(0)),
+        );
+        let outcomes = [one.unwrap(), two.unwrap()];
+        let changed = outcomes
+            .iter()
+            .filter(|o| matches!(o, SettingOutcome::Changed { .. }))
+            .count();
+        assert_eq!(changed, 1, "{outcomes:?}");
+    }
+    let (id, lease, batch) = round(store, &c1, &a, &["m1"], at(1000)).await;
+    let (pick, commit) = tokio::join!(
+        store.change_setting(&c1, false, Setting::Model, Some("late"), at(1100)),
+        store.commit_reply(&lease, &batch, super::reply("answer"), at(1100)),
+    );
+    let SettingOutcome::Changed { version, .. } = pick.unwrap() else {
+        panic!("the pick was not applied");
+    };
+    let after = collect(store, id).await;
+    match commit.unwrap() {
+        // The commit came first: the pick found the conversation settled, and left it so.
+        crate::store::CommitOutcome::Committed { .. } => {
+            assert!(after.pending.is_empty(), "{after:?}");
+            assert_eq!(
+                store.is_settled(&c1).await.unwrap(),
+                Some(false),
+                "undelivered"
+            );
+        }
+        // The pick came first: the reply is stale and m1 still pending at the new version.
+        crate::store::CommitOutcome::Stale { version: seen } => {
+            assert_eq!(seen, version);
+            assert_eq!(after.pending.len(), 1);
+        }
+    }
+}

@@ -183,6 +183,40 @@ async fn a_picked_model_answers_that_conversation_alone_everywhere_and_after_a_r
         list.text
     );
     assert_eq!(b.received("c1", "reply").len(), 3);
+    b.say(&one, "c1", "7", "/status").await;
+    let status = b.wait_text("c1", "Model: ").await.text;
+    for line in [
+        "Model: big-model",
+        "Persona: default",
+        "This chat: http:c1",
+        "You: http:u1",
+    ] {
+        assert!(status.contains(line), "{line}: {status}");
+    }
+}
+
+/// `LULL_IDLE_RESET`: after the chat was idle that long, the model sees no history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_chat_starts_from_a_fresh_context() {
+    let b = Bots::new().await;
+    let one = b.start("one", &[("LULL_IDLE_RESET", "1500ms")]).await;
+    b.say(&one, "c1", "1", "first").await;
+    b.wait_text("c1", "[model] first").await;
+    b.say(&one, "c1", "2", "second").await;
+    b.wait_text("c1", "[model] second").await;
+    assert_eq!(
+        b.model.without_history(1),
+        None,
+        "within the idle time: history"
+    );
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    b.say(&one, "c1", "3", "third").await;
+    b.wait_text("c1", "[model] third").await;
+    assert_eq!(
+        b.model.without_history(2).as_deref(),
+        Some("third"),
+        "a fresh context"
+    );
 }
 
 /// A persona's prompt (and its model) reach the model; a chat's own prompt replaces

@@ -89,56 +89,53 @@ impl Bots {
 
     /// The first row delivered to `conversation` whose text contains `text`.
     async fn wait_text(&self, conversation: &str, text: &str) -> Received {
-        let deadline = Instant::now() + SECS(15);
-        loop {
-            if let Some(r) = self
-                .webhook
+        until(&format!("{text:?} in {conversation}"), || {
+            self.webhook
                 .received()
                 .into_iter()
                 .find(|r| r.conversation == conversation && r.text.contains(text))
-            {
-                return r;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no {text:?} in {conversation}: {:#?}",
-                self.webhook.received()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        })
+        .await
     }
 
     /// The model request whose last user turn contains `text`: its model and system
     /// prompt, once it arrived.
     async fn request_for(&self, text: &str) -> (String, String) {
-        let deadline = Instant::now() + SECS(15);
-        loop {
+        until(&format!("a request with {text:?}"), || {
             let requests = self.model.requests();
-            for n in (0..requests.len()).rev() {
+            (0..requests.len()).rev().find_map(|n| {
                 let messages = self.model.messages(n);
-                let user = messages.iter().rev().find(|(role, _)| role == "user");
-                if user.is_some_and(|(_, turn)| turn.contains(text)) {
-                    let system = messages
-                        .iter()
-                        .find(|(role, _)| role == "system")
-                        .map(|(_, s)| s.clone())
-                        .unwrap_or_default();
-                    let model = requests[n].body["model"].as_str().unwrap().to_owned();
-                    return (model, system);
-                }
-            }
-            assert!(Instant::now() < deadline, "no request with {text:?}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+                let user = messages.iter().rev().find(|(role, _)| role == "user")?;
+                user.1.contains(text).then(|| {
+                    let system = messages.iter().find(|(role, _)| role == "system");
+                    (
+                        requests[n].body["model"].as_str().unwrap().to_owned(),
+                        system.map(|(_, s)| s.clone()).unwrap_or_default(),
+                    )
+                })
+            })
+        })
+        .await
     }
 
     /// Once the model has received `n` requests.
     async fn wait_requests(&self, n: usize) {
-        let deadline = Instant::now() + SECS(15);
-        while self.model.requests().len() < n {
-            assert!(Instant::now() < deadline, "expected {n} model requests");
-            tokio::time::sleep(Duration::from_millis(10)).await;
+        until(&format!("{n} model requests"), || {
+            (self.model.requests().len() >= n).then_some(())
+        })
+        .await
+    }
+}
+
+/// What `found` finds, once it finds it (within 15 s).
+async fn until<T>(what: &str, mut found: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + SECS(15);
+    loop {
+        if let Some(value) = found() {
+            return value;
         }
+        assert!(Instant::now() < deadline, "no {what} within 15 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 

@@ -522,3 +522,39 @@ fn check_prints_the_controls_and_a_bad_personas_file_stops_the_start() {
         "{stderr}"
     );
 }
+
+/// On Discord `/model` offers one button per model, and a pick clicked twice is applied
+/// once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_discord_model_pick_clicked_twice_is_applied_once() {
+    use crate::discord::{ALICE, Harness, WAIT};
+    use crate::support::fakes::discord::{ChannelKind, Say};
+    let mut h = Harness::new().await;
+    let channel = h.fake.channel(ChannelKind::Dm);
+    h.start("lull", &[("LULL_MODELS", MODELS)]).await;
+    h.fake.wait_connected(1, WAIT).await;
+    h.fake.say(Say::new(channel, ALICE, "/model"));
+    let list = h.fake.wait_sent(channel, 1, WAIT).await.remove(0);
+    assert_eq!(
+        list.buttons(),
+        [
+            ("fake-model".to_owned(), "/model 1".to_owned()),
+            ("big-model".to_owned(), "/model 2".to_owned())
+        ]
+    );
+    for _ in 0..2 {
+        let click = h.fake.click(channel, ALICE, list.id, "/model 2");
+        h.fake.dispatch_interaction(&click);
+    }
+    let sent = h.fake.wait_sent(channel, 3, WAIT).await;
+    assert!(
+        sent[1].content.contains("now uses the model big-model"),
+        "{}",
+        sent[1].content
+    );
+    assert!(
+        sent[2].content.contains("already uses the model big-model"),
+        "{}",
+        sent[2].content
+    );
+}

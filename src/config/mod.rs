@@ -8,7 +8,8 @@
 //!
 //! One file per group of settings, each holding its flags (a clap group flattened
 //! into [`Settings`]), its checks and their tests: [`platforms`], [`model`],
-//! [`media`], [`timing`], [`http`], [`access`], [`limits`], [`tools`]. The core's defaults are
+//! [`media`], [`timing`], [`http`], [`access`], [`limits`], [`tools`],
+//! [`platform_controls`]. The core's defaults are
 //! named constants in [`lull_core::dispatcher`], read by the flags here and by
 //! [`DispatchSettings::default`] alike.
 
@@ -19,6 +20,7 @@ mod http;
 mod limits;
 mod media;
 mod model;
+mod platform_controls;
 mod platforms;
 mod timing;
 mod tools;
@@ -40,6 +42,7 @@ pub use self::http::{HttpAdapterConfig, HttpArgs};
 pub use self::limits::LimitsArgs;
 pub use self::media::{MediaArgs, VisionMode};
 pub use self::model::{LlmConfig, ModelArgs, StreamMode};
+pub use self::platform_controls::PlatformControlsArgs;
 pub use self::platforms::PlatformArgs;
 pub use self::timing::TimingArgs;
 pub use self::tools::{ToolsArgs, ToolsConfig};
@@ -113,6 +116,8 @@ pub struct Settings {
     pub limits: LimitsArgs,
     #[command(flatten)]
     pub tools: ToolsArgs,
+    #[command(flatten)]
+    pub platform_controls: PlatformControlsArgs,
 
     /// Log format: `text` or `json`.
     #[arg(
@@ -268,6 +273,7 @@ impl Config {
                 max_image_bytes: s.media.max_image_bytes()?,
                 max_audio_seconds: s.media.max_audio_seconds,
                 tools: tool_settings,
+                ack_reaction: s.platform_controls.ack_reaction()?,
                 ..DispatchSettings::default()
             },
             http_addr: s.http.http_addr,

@@ -9,8 +9,9 @@
 //!
 //! - The contract is spelled once, by area, in `contract/` (one file per area, each
 //!   with its row types and its trait): [`MessageStore`], [`LeaseStore`],
-//!   [`RoundStore`], [`OutboxStore`], [`WorkStore`], [`LimitStore`], [`ActionStore`]
-//!   and [`StatusStore`] (the status page's read-only aggregates); [`Store`] is their sum. A backend is opened with the deployment's
+//!   [`RoundStore`], [`OutboxStore`], [`WorkStore`], [`LimitStore`], [`ActionStore`],
+//!   [`StatusStore`] (the status page's read-only aggregates) and [`ReactionStore`]
+//!   (which message carries a burst's ack reaction); [`Store`] is their sum. A backend is opened with the deployment's
 //!   [`TimerPolicy`](crate::timing::TimerPolicy) and reports failures as a
 //!   backend-neutral [`StoreError`] (`error.rs`).
 //! - `rules`: each decision both backends make once their rows are read, written once
@@ -67,19 +68,22 @@ pub use crate::domain::{Exchange, OutboxKind, TokenUsage};
 pub use lull_port::RecentConversation;
 
 pub use contract::{
-    actions::*, leases::*, limits::*, messages::*, outbox::*, rounds::*, status::*, work::*,
+    actions::*, leases::*, limits::*, messages::*, outbox::*, reactions::*, rounds::*, status::*,
+    work::*,
 };
 pub use error::StoreError;
 #[cfg(feature = "test-switches")]
 pub use faults::FaultPlan;
 pub use open::{DatabaseUrl, open};
 pub use postgres::{PostgresInspection, PostgresStore, TimeSource};
+/// The SQLite schema version this build migrates to.
+pub const SQLITE_SCHEMA: i64 = sqlite::schema::LATEST;
 /// The PostgreSQL schema version this build migrates to.
 pub const POSTGRES_SCHEMA: i64 = postgres::schema::LATEST;
 pub use rules::{decode_media, encode_media, said_text};
 pub use sqlite::{Inspection, SqliteStore};
 
-/// The shared state lull runs on: the sum of the eight areas, so the dispatcher holds one
+/// The shared state lull runs on: the sum of its areas, so the dispatcher holds one
 /// `Arc<dyn Store>` and calls every method on it. A backend implements each area
 /// (`sqlite/<area>.rs`, `postgres/<area>.rs`) and is a `Store` by the blanket impl.
 /// See the module docs for the rules every method keeps.
@@ -92,6 +96,7 @@ pub trait Store:
     + LimitStore
     + ActionStore
     + StatusStore
+    + ReactionStore
 {
 }
 
@@ -104,15 +109,16 @@ impl<T> Store for T where
         + LimitStore
         + ActionStore
         + StatusStore
+        + ReactionStore
 {
 }
 
-/// The eight area traits, imported unnamed: `use lull_core::store::prelude::*` makes every
+/// The area traits, imported unnamed: `use lull_core::store::prelude::*` makes every
 /// store method callable on a concrete backend (`SqliteStore`, `PostgresStore`), as
 /// `Store` alone does on `dyn Store`.
 pub mod prelude {
     pub use super::{
         ActionStore as _, LeaseStore as _, LimitStore as _, MessageStore as _, OutboxStore as _,
-        RoundStore as _, StatusStore as _, Store, WorkStore as _,
+        ReactionStore as _, RoundStore as _, StatusStore as _, Store, WorkStore as _,
     };
 }

@@ -18,6 +18,7 @@ mod leases;
 mod limits;
 mod messages;
 mod outbox;
+mod reactions;
 mod rounds;
 mod status;
 mod work;
@@ -27,6 +28,7 @@ pub use leases::*;
 pub use limits::*;
 pub use messages::*;
 pub use outbox::*;
+pub use reactions::*;
 pub use rounds::*;
 pub use status::*;
 pub use work::*;
@@ -105,6 +107,9 @@ macro_rules! store_conformance {
             concurrent_decisions_decide_once,
             concurrent_reservations_of_one_key_store_one_row,
             the_status_counts_what_the_rows_say,
+            an_ack_is_claimed_once_per_burst_and_taken_once,
+            an_answered_message_claims_no_ack,
+            concurrent_claims_of_one_burst_claim_once,
         );
     };
     (@each $open:path; $($check:ident),* $(,)?) => {
@@ -305,6 +310,7 @@ mod tests {
             include_str!("limits.rs"),
             include_str!("actions.rs"),
             include_str!("status.rs"),
+            include_str!("reactions.rs"),
         );
         let missing: Vec<&str> = checks
             .split("\npub async fn ")

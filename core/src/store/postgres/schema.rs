@@ -18,6 +18,7 @@ const ALL: &[&str] = &[
     V5_TOKEN_RESERVATIONS,
     V6_ACTIONS,
     V7_STATUS,
+    V8_ACKS,
 ];
 
 /// The schema version this build migrates to.
@@ -252,6 +253,19 @@ CREATE INDEX outbox_failed ON outbox (failed_at) WHERE failed_at IS NOT NULL;
 CREATE INDEX outbox_created ON outbox (created_at);
 CREATE INDEX timers_held ON timers (held_until);
 CREATE INDEX timers_retrying ON timers (conversation_id) WHERE attempts > 0;
+"#;
+
+/// SQLite's `V10_ACKS`: one ack reaction per pending burst.
+const V8_ACKS: &str = r#"
+CREATE TABLE acks (
+    conversation_id     BIGINT NOT NULL REFERENCES conversations (id),
+    -- The conversation's answered_version when the burst's ack was claimed.
+    burst               BIGINT NOT NULL,
+    platform_message_id TEXT   NOT NULL,
+    -- Once per burst, whichever replica stored its messages.
+    PRIMARY KEY (conversation_id, burst)
+);
+CREATE INDEX acks_message ON acks (conversation_id, platform_message_id);
 "#;
 
 /// Bring the schema up to date: each missing migration in its own transaction under

@@ -218,6 +218,7 @@ mod tests {
             "channel_id": "42", "channel": {"id": "42", "type": 1},
             "user": {"id": "9", "username": "ann", "discriminator": "0"},
             "data": data, "locale": "en-US", "entitlements": [], "app_permissions": "0",
+            "attachment_size_limit": 10_485_760,
         }))
         .unwrap()
     }

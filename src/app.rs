@@ -177,8 +177,29 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
                 inbounds.push(Arc::new(inbound));
             }
         }
+        // The command menus: registered beside the start, never holding it up.
+        let telegram = telegram.clone();
+        tokio::spawn(async move {
+            match lull_adapters::telegram::set_menus(&telegram, &lull_core::texts::menus()).await {
+                Ok(()) => tracing::debug!("Telegram command menus registered"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not register the Telegram command menus; commands still work when typed")
+                }
+            }
+        });
     }
     if let Some(discord) = &config.discord {
+        // The slash commands: registered beside the start, never holding it up.
+        let settings = discord.clone();
+        tokio::spawn(async move {
+            let menus = lull_core::texts::menus();
+            match lull_adapters::discord::register_commands(&settings, &menus).await {
+                Ok(count) => tracing::debug!(count, "Discord slash commands registered"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not register the Discord slash commands; commands still work after a mention")
+                }
+            }
+        });
         let discord = lull_adapters::discord::Discord::new(discord, config.discord_shards)?;
         outbounds.push(Arc::new(discord.outbound));
         inbounds.push(Arc::new(discord.inbound));

@@ -67,6 +67,9 @@ pub async fn run(config: &Config) -> Vec<Finding> {
     if let Some(discord) = &config.discord {
         findings.push(discord_bot(discord).await);
     }
+    if let Some(menus) = menus(config) {
+        findings.push(ok("menus", menus));
+    }
     if let Some(http) = &config.http_adapter {
         findings.push(ok(
             "http adapter",
@@ -304,6 +307,35 @@ async fn postgres(url: &str, shown: &str) -> (Finding, Option<Vec<AccessRule>>) 
         ),
         Err(e) => (fail("database", format!("{e} (check DATABASE_URL)")), None),
     }
+}
+
+/// The command menus registered at start and the ack reaction, for the platforms
+/// configured (`None` without Telegram and Discord).
+fn menus(config: &Config) -> Option<String> {
+    use lull_port::Menus;
+    let menus = lull_core::texts::menus();
+    let mut shown = Vec::new();
+    if config.telegram.is_some() {
+        shown.push(format!(
+            "telegram private chats {}, group admins {}",
+            Menus::words(&menus.everyone),
+            Menus::words(&menus.for_admins())
+        ));
+    }
+    if config.discord.is_some() {
+        shown.push(format!(
+            "discord slash commands {}",
+            Menus::words(&menus.everyone)
+        ));
+    }
+    if shown.is_empty() {
+        return None;
+    }
+    let reaction = match &config.dispatch.ack_reaction {
+        Some(emoji) => format!("ack reaction {emoji} while a reply is pending"),
+        None => "no ack reaction (LULL_ACK_REACTION=off)".to_owned(),
+    };
+    Some(format!("{}; {reaction}", shown.join("; ")))
 }
 
 async fn telegram_bot(telegram: &PlatformConfig) -> Finding {

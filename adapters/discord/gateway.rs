@@ -39,9 +39,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serenity::all::{
-    ChannelId, ClientBuilder, ComponentInteraction, Context, EventHandler, GatewayError,
-    Interaction, InteractionId, Message, MessageId, MessagePagination, MessageUpdateEvent, Ready,
-    ResumedEvent, ShardManager,
+    ChannelId, ClientBuilder, CommandInteraction, ComponentInteraction, Context, EventHandler,
+    GatewayError, Interaction, InteractionId, Message, MessageId, MessagePagination,
+    MessageUpdateEvent, Ready, ResumedEvent, ShardManager,
 };
 use serenity::http::{LightMethod, Request, Route};
 use tokio::sync::mpsc;
@@ -286,6 +286,8 @@ enum GatewayEvent {
     Edit(Box<MessageUpdateEvent>),
     /// A button clicked (already answered to Discord).
     Tap(Box<ComponentInteraction>),
+    /// A slash command (already deferred: Discord shows "thinking…").
+    Slash(Box<CommandInteraction>),
 }
 
 impl GatewayEvent {
@@ -297,6 +299,7 @@ impl GatewayEvent {
             GatewayEvent::Message(m) => (1, m.id.get(), 0),
             GatewayEvent::Edit(e) => (1, e.id.get(), 1),
             GatewayEvent::Tap(i) => (1, i.id.get(), 0),
+            GatewayEvent::Slash(i) => (1, i.id.get(), 0),
         }
     }
 }
@@ -364,25 +367,38 @@ impl EventHandler for Handler {
     /// Button clicks: answered at once (Discord waits 3 s), then queued. Other
     /// interactions (lull registers no commands) are not lull's.
     async fn interaction_create(&self, _ctx: Context, interaction: Interaction) {
-        let Interaction::Component(click) = interaction else {
-            return;
-        };
         if self.retired.is_cancelled() {
             // No session stores it: let Discord tell the user it failed.
             self.retire();
             return;
         }
-        acknowledge(&self.rest, click.id, &click.token);
-        self.queue(GatewayEvent::Tap(Box::new(click)));
+        match interaction {
+            Interaction::Component(click) => {
+                acknowledge(&self.rest, click.id, &click.token, DEFERRED_UPDATE);
+                self.queue(GatewayEvent::Tap(Box::new(click)));
+            }
+            Interaction::Command(command) => {
+                self.rest.deferrals.remember(command.channel_id, &command);
+                acknowledge(&self.rest, command.id, &command.token, DEFERRED_MESSAGE);
+                self.queue(GatewayEvent::Slash(Box::new(command)));
+            }
+            _ => {}
+        }
     }
 }
 
-/// Answer a click with `DEFERRED_UPDATE_MESSAGE` (`POST
-/// /interactions/{id}/{token}/callback`, type 6), on a task of its own: never awaited
-/// by the gateway or the intake. A failure is logged once; the click is stored
-/// anyway (Discord then shows the user "This interaction failed", and the answer to
-/// it still comes). The token is in the URL: no error carries the URL.
-fn acknowledge(rest: &Rest, id: InteractionId, token: &str) {
+/// `DEFERRED_UPDATE_MESSAGE`: a click is taken, nothing changes on screen.
+const DEFERRED_UPDATE: u8 = 6;
+/// `DEFERRED_CHANNEL_MESSAGE_WITH_SOURCE`: a slash command is taken, "thinking…"
+/// shows until its answer replaces it (see `slash`).
+const DEFERRED_MESSAGE: u8 = 5;
+
+/// Answer an interaction with the deferred response `kind` (`POST
+/// /interactions/{id}/{token}/callback`), on a task of its own: never awaited by the
+/// gateway or the intake. A failure is logged once; the interaction is stored anyway
+/// (Discord then shows the user "This interaction failed", and the answer to it still
+/// comes). The token is in the URL: no error carries the URL.
+fn acknowledge(rest: &Rest, id: InteractionId, token: &str, kind: u8) {
     let request = Request::new(
         Route::InteractionResponse {
             interaction_id: id,
@@ -390,7 +406,7 @@ fn acknowledge(rest: &Rest, id: InteractionId, token: &str) {
         },
         LightMethod::Post,
     )
-    .body(Some(br#"{"type":6}"#.to_vec()));
+    .body(Some(format!(r#"{{"type":{kind}}}"#).into_bytes()));
     let built = rest.request(request);
     let redactor = rest.redactor.clone();
     tokio::spawn(async move {
@@ -402,7 +418,7 @@ fn acknowledge(rest: &Rest, id: InteractionId, token: &str) {
             },
             Err(e) => e,
         };
-        tracing::warn!(interaction = id.get(), error = %outcome, "could not answer a button click (interaction callback); the click is taken anyway");
+        tracing::warn!(interaction = id.get(), error = %outcome, "could not acknowledge an interaction (a click or slash command); it is taken anyway");
     });
 }
 
@@ -498,6 +514,15 @@ impl Feeder<'_> {
                         interaction = click.id.get(),
                         "a button click that is no quick reply of lull's; ignored"
                     ),
+                }
+            }
+            GatewayEvent::Slash(command) => {
+                let place = command
+                    .guild_id
+                    .map_or(Place::Dm, |g| Place::Guild(Some(g)));
+                self.channels.remember(command.channel_id, place);
+                if let Some(incoming) = super::slash::incoming(&command, &self.bot) {
+                    self.store(incoming).await;
                 }
             }
         }

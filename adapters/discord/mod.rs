@@ -15,6 +15,8 @@
 //!   (mentions, replies, threads, attachments); pure functions.
 //! - `outbound`: [`DiscordOutbound`] sends replies over REST with a nonce and
 //!   `enforce_nonce`, and shows "typing…".
+//! - `slash`: the slash commands ([`register_commands`] at start) and the deferred
+//!   responses that answer them.
 //! - `gateway`: [`DiscordInbound`] holds a gateway shard's connection while this
 //!   process holds that shard's poller lease, feeds messages and edits to the core's
 //!   intake in order, and catches up from channel history after (re)connecting.
@@ -49,6 +51,7 @@
 
 mod gateway;
 mod outbound;
+mod slash;
 mod translate;
 
 use std::collections::HashMap;
@@ -136,6 +139,19 @@ impl Discord {
     }
 }
 
+/// Register the bot's slash commands (`menus`' everyone's, a bulk overwrite of the
+/// global commands): how many. Called once at start by every process; the caller
+/// logs a failure and carries on (typed commands work without). Never the token in
+/// the error.
+pub async fn register_commands(
+    config: &PlatformConfig,
+    menus: &lull_port::Menus,
+) -> Result<usize, String> {
+    let rest =
+        Rest::new(config.token.clone(), config.api_url.clone()).map_err(|e| e.to_string())?;
+    slash::register(&rest, menus).await
+}
+
 /// Who the token belongs to (`GET /users/@me`), for `lull check`. The error names
 /// the variable to fix and never contains the token.
 pub async fn whoami(config: &PlatformConfig) -> Result<String, String> {
@@ -173,6 +189,9 @@ pub(crate) struct Rest {
     token: SecretString,
     api_url: String,
     pub(crate) redactor: Redactor,
+    /// Slash commands answered "thinking…" and waiting for their answer: shared by
+    /// the gateway (which defers them) and the sending half (which answers them).
+    pub(crate) deferrals: Arc<slash::Deferrals>,
 }
 
 impl Rest {
@@ -189,6 +208,7 @@ impl Rest {
             token,
             api_url,
             redactor,
+            deferrals: Arc::default(),
         };
         Ok(rest)
     }

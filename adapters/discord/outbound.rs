@@ -11,6 +11,10 @@
 //! at most 5 buttons, at most 5 rows), each with the reply's text as its `custom_id`
 //! (at most 100 characters; a longer reply gets no button, the text still says how to
 //! answer). A click arrives on the gateway as an interaction (see `gateway`).
+//!
+//! The ack reaction is `PUT /channels/{c}/messages/{m}/reactions/{emoji}/@me` and is
+//! taken off with `DELETE` on the same path (both 204). They need the Add Reactions
+//! and Read Message History permissions; a channel without them answers 403.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,6 +49,45 @@ pub struct DiscordOutbound {
 impl DiscordOutbound {
     pub(crate) fn new(rest: Rest, channels: Arc<ChannelKinds>) -> Self {
         Self { rest, channels }
+    }
+
+    /// Replace a slash command's deferred response with `body`; `None` when Discord no
+    /// longer knows it (then the part goes out as a message). A failure worth
+    /// retrying gives the response back for the next attempt (an edit is idempotent).
+    async fn answer_interaction(
+        &self,
+        channel: ChannelId,
+        deferred: &super::slash::Deferred,
+        body: &serde_json::Value,
+    ) -> Option<Result<(), SendError>> {
+        let mut edit = body.clone();
+        if let Some(fields) = edit.as_object_mut() {
+            fields.remove("nonce");
+            fields.remove("enforce_nonce");
+        }
+        let response = match super::slash::answer(&self.rest, deferred, &edit).await {
+            Ok(response) => response,
+            Err(e) => {
+                self.rest.deferrals.put_back(channel, deferred.clone());
+                return Some(Err(SendError::Transient(e)));
+            }
+        };
+        let status = response.status().as_u16();
+        match classify_status(status) {
+            None => Some(Ok(())),
+            Some(SendError::Permanent(_)) => {
+                tracing::debug!(
+                    interaction = deferred.interaction,
+                    status,
+                    "a slash command's response can no longer be edited; answering with a message"
+                );
+                None
+            }
+            Some(error) => {
+                self.rest.deferrals.put_back(channel, deferred.clone());
+                Some(Err(error))
+            }
+        }
     }
 
     fn channel(&self, conversation: &ConversationRef) -> Result<ChannelId, SendError> {
@@ -138,6 +181,19 @@ impl Outbound for DiscordOutbound {
         });
         if let Some(components) = components(part.quick_replies) {
             body["components"] = components;
+        }
+        // The answer to a slash command replaces its "thinking…".
+        let answers = (part.index == 0)
+            .then(|| {
+                let notice = part.kind == lull_port::OutboxKind::Notice;
+                self.rest.deferrals.take(channel, part.reply_to, notice)
+            })
+            .flatten();
+        // When Discord no longer knows it: an ordinary message.
+        if let Some(deferred) = answers
+            && let Some(result) = self.answer_interaction(channel, &deferred, &body).await
+        {
+            return result;
         }
         // A tapped button (`interaction:<id>`) is no message to quote.
         if let (0, Some(reply_to)) = (part.index, part.reply_to)
@@ -245,6 +301,34 @@ impl Outbound for DiscordOutbound {
     fn typing_every(&self) -> Option<Duration> {
         Some(TYPING_EVERY)
     }
+
+    fn reactions(&self) -> bool {
+        true
+    }
+
+    /// The bot's own reaction, put or deleted. A tapped button or a slash command
+    /// (`interaction:<id>`) is no message: there is nothing to react to.
+    async fn react(
+        &self,
+        conversation: &ConversationRef,
+        message_id: &str,
+        emoji: &str,
+        on: bool,
+    ) -> Result<(), SendError> {
+        let channel = self.channel(conversation)?;
+        let Some(message) = message_id.parse::<u64>().ok().filter(|&m| m != 0) else {
+            return Ok(());
+        };
+        let message = serenity::all::MessageId::new(message);
+        let reaction = serenity::all::ReactionType::Unicode(emoji.to_owned());
+        let http = &self.rest.http;
+        let result = if on {
+            http.create_reaction(channel, message, &reaction).await
+        } else {
+            http.delete_reaction_me(channel, message, &reaction).await
+        };
+        result.map_err(|e| from_serenity(&e, &self.rest.redactor))
+    }
 }
 
 /// A failed request as far as retrying is concerned: 429 waits as long as Discord
@@ -267,6 +351,11 @@ fn classify(status: u16, retry_after: Option<f64>, message: &str) -> SendError {
         408 | 500..=599 => SendError::Transient(what),
         _ => SendError::Permanent(what),
     }
+}
+
+/// A response status as a retry decision (`None`: it went through).
+fn classify_status(status: u16) -> Option<SendError> {
+    (!(200..300).contains(&status)).then(|| classify(status, None, ""))
 }
 
 /// An error from a serenity REST call, classified the same way.

@@ -158,20 +158,44 @@ pub fn tapped(interaction: &ComponentInteraction, bot: &BotIdentity) -> Option<I
     if !QuickReply::could_be(text) || user.bot || user.id == bot.id {
         return None;
     }
-    let author = interaction
-        .member
-        .as_ref()
+    interaction_message(
+        interaction.id,
+        interaction.channel_id,
+        interaction.guild_id,
+        user,
+        interaction.member.as_ref(),
+        text.to_owned(),
+        bot,
+    )
+}
+
+/// An interaction (a click, a slash command) as the message it stands for: from the
+/// user who sent it (their nickname in a guild), in its channel, with its guild for
+/// the access checks, whose id is `interaction:<interaction id>`. `None` for bots.
+pub(crate) fn interaction_message(
+    id: serenity::all::InteractionId,
+    channel: ChannelId,
+    guild: Option<GuildId>,
+    user: &serenity::all::User,
+    member: Option<&serenity::all::Member>,
+    text: String,
+    bot: &BotIdentity,
+) -> Option<Incoming> {
+    if user.bot || user.id == bot.id {
+        return None;
+    }
+    let author = member
         .and_then(|m| m.nick.clone())
         .or_else(|| user.global_name.clone())
         .unwrap_or_else(|| user.name.clone());
     Some(Incoming {
-        conversation: ConversationRef::new(Platform::Discord, interaction.channel_id.to_string()),
-        is_group: interaction.guild_id.is_some(),
+        conversation: ConversationRef::new(Platform::Discord, channel.to_string()),
+        is_group: guild.is_some(),
         user_id: user.id.to_string(),
-        chats: chats(interaction.channel_id, interaction.guild_id),
+        chats: chats(channel, guild),
         author,
-        message_id: format!("{TAP_PREFIX}{}", interaction.id),
-        content: Content::Text(text.to_owned()),
+        message_id: format!("{TAP_PREFIX}{id}"),
+        content: Content::Text(text),
         media: Vec::new(),
         kind: IncomingKind::New,
     })

@@ -14,6 +14,7 @@
 //!   (`callback_query`) as the messages they stand for.
 //! - `outbound`: replies as Telegram HTML (`html`), split to 4096 characters,
 //!   quoting in groups, "typing…", and Telegram's errors mapped to retry decisions.
+//! - [`set_menus`]: the command menus (`setMyCommands`), registered at start.
 //! - [`Redactor`]: the bot token is part of every Bot API URL (`/bot<TOKEN>/Method`),
 //!   and teloxide's network errors carry that URL: every error text leaving this
 //!   module goes through it.
@@ -29,11 +30,13 @@ mod webhook;
 use std::fmt;
 use std::time::Duration;
 
+use lull_port::Menus;
 use secrecy::ExposeSecret;
 use teloxide::Bot;
 use teloxide::RequestError;
+use teloxide::payloads::SetMyCommandsSetters;
 use teloxide::requests::{Request, Requester};
-use teloxide::types::{AllowedUpdate, Update};
+use teloxide::types::{AllowedUpdate, BotCommand, BotCommandScope, Update};
 
 use crate::PlatformSettings as PlatformConfig;
 
@@ -88,6 +91,31 @@ pub async fn whoami(config: &PlatformConfig) -> Result<String, String> {
             request_error(&redactor, e)
         )),
     }
+}
+
+/// Register lull's command menus with `setMyCommands`: everyone's in private chats
+/// (scope `all_private_chats`), and everyone's with the admins' for the
+/// administrators of every group (`all_chat_administrators`); other group members
+/// see Telegram's default (none). Called once at start by every process (the same
+/// menus each time: the calls are idempotent). The error names the scope that
+/// failed, without the token; the caller logs it and carries on.
+pub async fn set_menus(config: &PlatformConfig, menus: &Menus) -> Result<(), String> {
+    let (bot, redactor) = bot(config).map_err(|e| e.to_string())?;
+    let scopes = [
+        (BotCommandScope::AllPrivateChats, menus.everyone.clone()),
+        (BotCommandScope::AllChatAdministrators, menus.for_admins()),
+    ];
+    for (scope, commands) in scopes {
+        let commands = commands
+            .iter()
+            .map(|c| BotCommand::new(c.name, c.description));
+        bot.set_my_commands(commands)
+            .scope(scope.clone())
+            .send()
+            .await
+            .map_err(|e| format!("setMyCommands ({scope:?}): {}", request_error(&redactor, e)))?;
+    }
+    Ok(())
 }
 
 /// The Bot API client, pointed at `TELEGRAM_API_URL`, and the token's redactor.

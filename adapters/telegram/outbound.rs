@@ -27,6 +27,10 @@
 //!   API takes 1–64 bytes of `callback_data`: a reply that does not fit gets no button
 //!   (the text still says how to answer). A tap arrives as a `callback_query` update
 //!   (see `translate`).
+//! - `setMessageReaction` sets the bot's reaction on a message (a bot sets at most one;
+//!   an empty list takes it off). Only emoji of Telegram's reaction list are accepted
+//!   (👀 is one, ✅ is not: so the ack reaction is taken off, not replaced); a chat
+//!   whose admins restricted reactions answers 400 "REACTION_INVALID".
 //!
 //! There is no idempotency key in the Bot API: a part sent just before a crash, and
 //! not yet marked sent, is sent again on recovery. The core marks each part
@@ -37,11 +41,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::Serialize;
-use teloxide::payloads::{SendChatActionSetters, SendMessageSetters};
+use teloxide::payloads::{SendChatActionSetters, SendMessageSetters, SetMessageReactionSetters};
 use teloxide::requests::{JsonRequest, Payload, Request, Requester};
 use teloxide::types::{
     ChatAction, ChatId, FileId, InlineKeyboardButton, InlineKeyboardMarkup, MessageId, ParseMode,
-    ReplyParameters, ThreadId, True,
+    ReactionType, ReplyParameters, ThreadId, True,
 };
 use teloxide::{ApiError, Bot, RequestError};
 
@@ -334,6 +338,35 @@ impl Outbound for TelegramOutbound {
     /// Telegram shows "typing…" for 5 s; renewing after 4 s keeps it steady.
     fn typing_every(&self) -> Option<Duration> {
         Some(Duration::from_secs(4))
+    }
+
+    fn reactions(&self) -> bool {
+        true
+    }
+
+    /// `setMessageReaction` with the emoji, or with none to take lull's off. A button
+    /// tap (`cb:…`) is no message: there is nothing to react to.
+    async fn react(
+        &self,
+        conversation: &ConversationRef,
+        message_id: &str,
+        emoji: &str,
+        on: bool,
+    ) -> Result<(), SendError> {
+        let key = Self::key(conversation)?;
+        let Ok(message_id) = message_id.parse::<i32>() else {
+            return Ok(());
+        };
+        let reaction = on.then(|| ReactionType::Emoji {
+            emoji: emoji.to_owned(),
+        });
+        self.bot
+            .set_message_reaction(ChatId(key.chat), MessageId(message_id))
+            .reaction(reaction)
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| self.classify(e))
     }
 
     /// Private chats only (groups refuse drafts).

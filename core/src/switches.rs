@@ -35,6 +35,22 @@ pub(crate) fn unfenced_controls() -> bool {
     *ON.get_or_init(|| on("LULL_TEST_UNFENCED_CONTROLS"))
 }
 
+/// `LULL_TEST_NO_ACK_CLAIM=1`: every stored message whose reply is not immediate gets
+/// the ack reaction, without the store's once-per-burst claim (the behaviour of bots
+/// that react to every message).
+pub(crate) fn no_ack_claim() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| on("LULL_TEST_NO_ACK_CLAIM"))
+}
+
+/// `LULL_TEST_NO_COMMAND_DEDUPE=1`: a command is answered once per process that
+/// received it, not once per message id (the behaviour of replicas that each answer
+/// what reached them: a slash command delivered to two would be answered twice).
+pub(crate) fn no_command_dedupe() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| on("LULL_TEST_NO_COMMAND_DEDUPE"))
+}
+
 /// `LULL_TEST_BUSY_TIMEOUT_MS=N`: SQLite's busy timeout is `N` ms instead of `default`
 /// (not a protection: a shorter timeout lets a test's lock outlast it quickly).
 pub(crate) fn busy_timeout(default: std::time::Duration) -> std::time::Duration {

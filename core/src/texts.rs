@@ -538,6 +538,50 @@ pub fn pick_replies(text: &str) -> Vec<lull_port::QuickReply> {
     replies
 }
 
+/// The command menus lull registers at start (Telegram's `/` menu for private chats
+/// and for group admins, Discord's slash commands): each entry is a command as typed,
+/// so a pick from a menu is answered as the typed command is.
+pub fn menus() -> lull_port::Menus {
+    use lull_port::MenuCommand;
+    let command = |name, description, argument| MenuCommand {
+        name,
+        description,
+        argument,
+    };
+    lull_port::Menus {
+        everyone: vec![
+            command("new", "Start a fresh conversation", None),
+            command("stop", "Stop what I'm doing here", None),
+            command("retry", "Answer the last messages again", None),
+            command(
+                "model",
+                "Show or pick the model",
+                Some(("name", "The model to use")),
+            ),
+            command(
+                "persona",
+                "Show or pick a persona",
+                Some(("name", "The persona to use")),
+            ),
+            command("usage", "Tokens used today and the limits", None),
+            command("status", "Model, persona and what is pending", None),
+            command("help", "What I do and how to use me", None),
+        ],
+        admins: vec![
+            command(
+                "prompt",
+                "Set this chat's own prompt (admins)",
+                Some(("text", "The prompt; empty to clear it")),
+            ),
+            command(
+                "reset",
+                "Start a fresh conversation (admins in groups)",
+                None,
+            ),
+        ],
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

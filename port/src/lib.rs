@@ -12,6 +12,7 @@
 //! - [`intake`]: [`Incoming`] updates, the [`Intake`] port, what it answers, commands.
 //! - [`media`]: media references stored with messages, and fetching their bytes
 //!   within a size limit.
+//! - [`menu`]: the command menus adapters register with their platform.
 //! - [`outbound`]: the [`Outbound`] trait (replies, "typing…", live drafts) and what a
 //!   send can fail with.
 //! - [`session`]: [`Inbound`] adapters and the [`Session`] the core hands them.
@@ -24,6 +25,7 @@ pub mod domain;
 pub mod health;
 pub mod intake;
 pub mod media;
+pub mod menu;
 pub mod outbound;
 pub mod retry;
 pub mod secrets;
@@ -36,6 +38,7 @@ pub use intake::{
     Accepted, Command, Content, Incoming, IncomingKind, IngestError, Intake, RecentConversation,
 };
 pub use media::{Media, MediaBytes, MediaError, MediaKind};
+pub use menu::{MenuCommand, Menus};
 pub use outbound::{Outbound, OutgoingPart, QuickReply, SendError};
 pub use retry::Backoff;
 pub use session::{Inbound, Session, SessionEnd, Shard};

@@ -181,6 +181,31 @@ pub trait Outbound: Send + Sync + 'static {
         )))
     }
 
+    /// Whether the platform shows reactions on messages (Telegram, Discord): only then
+    /// does the core set an ack reaction and record it in the store. Default: no.
+    fn reactions(&self) -> bool {
+        false
+    }
+
+    /// Put `emoji` as lull's reaction on message `message_id` (a platform message id
+    /// as [`crate::Incoming::message_id`] carried it) of `conversation`, or take lull's
+    /// reaction `emoji` off it when `on` is false. One attempt, within the platform's
+    /// time limit; the core calls it beside its work, never in the way of a reply,
+    /// and never retries it. Default: the platform has none ([`SendError::Permanent`]).
+    async fn react(
+        &self,
+        conversation: &ConversationRef,
+        message_id: &str,
+        emoji: &str,
+        on: bool,
+    ) -> Result<(), SendError> {
+        let _ = (conversation, message_id, emoji, on);
+        Err(SendError::Permanent(format!(
+            "{} shows no reactions",
+            self.platform()
+        )))
+    }
+
     /// Fetch the bytes of `media` (a reference this adapter stored with a message), at
     /// most `max_bytes`: the limit is enforced while the body streams in, within the
     /// platform's time limit, and the platform's token never appears in an error.

@@ -8,7 +8,8 @@
 //!
 //! One file per group of settings, each holding its flags (a clap group flattened
 //! into [`Settings`]), its checks and their tests: [`platforms`], [`model`],
-//! [`media`], [`timing`], [`http`], [`access`], [`limits`], [`tools`], [`controls`]. The core's defaults are
+//! [`media`], [`timing`], [`http`], [`access`], [`limits`], [`tools`], [`controls`],
+//! [`platform_controls`]. The core's defaults are
 //! named constants in [`lull_core::dispatcher`], read by the flags here and by
 //! [`DispatchSettings::default`] alike.
 
@@ -20,6 +21,7 @@ mod http;
 mod limits;
 mod media;
 mod model;
+mod platform_controls;
 mod platforms;
 mod timing;
 mod tools;
@@ -42,6 +44,7 @@ pub use self::http::{HttpAdapterConfig, HttpArgs};
 pub use self::limits::LimitsArgs;
 pub use self::media::{MediaArgs, VisionMode};
 pub use self::model::{LlmConfig, ModelArgs, StreamMode};
+pub use self::platform_controls::PlatformControlsArgs;
 pub use self::platforms::PlatformArgs;
 pub use self::timing::TimingArgs;
 pub use self::tools::{ToolsArgs, ToolsConfig};
@@ -117,6 +120,8 @@ pub struct Settings {
     pub tools: ToolsArgs,
     #[command(flatten)]
     pub controls: ControlsArgs,
+    #[command(flatten)]
+    pub platform_controls: PlatformControlsArgs,
 
     /// Log format: `text` or `json`.
     #[arg(
@@ -274,6 +279,7 @@ impl Config {
                 max_audio_seconds: s.media.max_audio_seconds,
                 tools: tool_settings,
                 controls,
+                ack_reaction: s.platform_controls.ack_reaction()?,
                 ..DispatchSettings::default()
             },
             http_addr: s.http.http_addr,

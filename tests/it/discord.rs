@@ -124,6 +124,11 @@ impl Harness {
         verdict
     }
 
+    /// The logs of every process so far.
+    pub(crate) fn logs(&self) -> String {
+        self.processes.iter().map(LullProcess::logs).collect()
+    }
+
     /// The bot token appears in no log line, and every request carried it.
     pub(crate) fn assert_token_kept_secret(&self) {
         for process in &self.processes {

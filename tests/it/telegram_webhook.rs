@@ -25,23 +25,32 @@ fn webhook_process(
     name: &str,
     url_port: Option<u16>,
 ) -> LullProcess {
+    webhook_process_with(dir, fake, name, url_port, &[])
+}
+
+/// [`webhook_process`] with `extra` variables.
+pub(crate) fn webhook_process_with(
+    dir: &Path,
+    fake: &TelegramFake,
+    name: &str,
+    url_port: Option<u16>,
+    extra: &[(&str, &str)],
+) -> LullProcess {
     let port = free_port();
     let url = format!("http://127.0.0.1:{}{HOOK_PATH}", url_port.unwrap_or(port));
     let addr = format!("127.0.0.1:{port}");
-    let env = crate::telegram::env(
-        dir,
-        fake,
-        &[
-            ("LULL_TELEGRAM_WEBHOOK_URL", url.as_str()),
-            ("LULL_HTTP_ADDR", addr.as_str()),
-            ("LULL_LEASE_TTL_MS", "3000"),
-        ],
-    );
+    let mut vars = vec![
+        ("LULL_TELEGRAM_WEBHOOK_URL", url.as_str()),
+        ("LULL_HTTP_ADDR", addr.as_str()),
+        ("LULL_LEASE_TTL_MS", "3000"),
+    ];
+    vars.extend_from_slice(extra);
+    let env = crate::telegram::env(dir, fake, &vars);
     LullProcess::start(dir, name, &["run"], &env)
 }
 
 /// Wait until the fake has a webhook registered.
-async fn wait_registered(fake: &TelegramFake) {
+pub(crate) async fn wait_registered(fake: &TelegramFake) {
     fake.wait_for("the webhook registered", SECS(20), |f| f.webhook())
         .await;
 }

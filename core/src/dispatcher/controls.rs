@@ -68,8 +68,18 @@ pub(super) async fn answer(
                 .stop_conversation(&incoming.conversation, incoming.is_group, now)
                 .await?;
             moved(d, stopped.conversation, stopped.version);
-            tracing::info!(conversation = %stopped.conversation, closed = stopped.closed, "stopped: pending messages closed without a reply");
-            texts::stopped_text(stopped.closed)
+            let closed = stopped.closed.len() as u64;
+            tracing::info!(conversation = %stopped.conversation, closed, "stopped: pending messages closed without a reply");
+            // Closed without a reply: nothing will take their ack reactions off.
+            if let Some(outbound) = d.outbounds.get(&incoming.conversation.platform).cloned() {
+                d.acks.answered(
+                    outbound,
+                    incoming.conversation.clone(),
+                    stopped.conversation,
+                    stopped.closed,
+                );
+            }
+            texts::stopped_text(closed)
         }
         Command::Retry => {
             let outcome = d

@@ -173,6 +173,13 @@ impl<'a> Delivery<'a> {
                 continue;
             };
             self.deliver_row(&row, outbound.as_ref()).await?;
+            // Delivered or given up: the ack reactions of its messages come off.
+            d.acks.answered(
+                outbound,
+                row.conversation.clone(),
+                self.conversation,
+                row.covers.clone(),
+            );
         }
         Ok(())
     }

@@ -70,6 +70,7 @@ pub(super) async fn ingest(
     let store = &dispatcher.store;
     let holder = &dispatcher.holder;
     let conversation_ref = incoming.conversation.clone();
+    let (kind, message_id) = (incoming.kind, incoming.message_id.clone());
     // The sender of a message or edit the rate limit counts (admins are not
     // limited). An edit counts as a message: it makes the batch stale as a new
     // message does, so unlimited edits could keep every generation from being
@@ -154,6 +155,18 @@ pub(super) async fn ingest(
                 }
             }
             dispatcher.wake_by(due_at);
+            // 👀 on a burst whose reply is not immediate (see `acks`).
+            if kind == IncomingKind::New
+                && due_at > now
+                && let Some(outbound) = dispatcher.outbounds.get(&conversation_ref.platform)
+            {
+                dispatcher.acks.stored(
+                    outbound.clone(),
+                    conversation_ref.clone(),
+                    conversation,
+                    message_id,
+                );
+            }
             // "Thinking…" in the conversation's draft while the debounce waits.
             if let Some(outbound) = dispatcher
                 .drafts

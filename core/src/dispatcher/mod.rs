@@ -23,6 +23,8 @@
 //!   retrying with backoff, dead-lettering what cannot go out.
 //! - `sessions`: elects the one process that holds a platform connection and runs
 //!   the adapter's sessions.
+//! - `acks`: the ack reaction on a burst's message while lull waits, set once per
+//!   burst and taken off when the reply covering it is delivered; never in the way.
 //! - `lease_keeper`: claims a lease and renews it for as long as the work it protects.
 //! - `wallet`: who pays for a round, what it reserves before the model is asked, and
 //!   the settle after; token budgets that never hold a conversation for good nor let
@@ -30,6 +32,7 @@
 //!
 //! [`Dispatcher`] holds what they share; it is also the adapters' [`lull_port::Intake`].
 
+mod acks;
 mod bounds;
 mod commands;
 mod controls;
@@ -119,6 +122,9 @@ pub struct DispatchSettings {
     /// What a conversation may choose (`LULL_MODELS`, `LULL_PERSONAS`) and
     /// `LULL_IDLE_RESET`.
     pub controls: Controls,
+    /// `LULL_ACK_REACTION`: the emoji lull reacts with to a stored message whose reply
+    /// is not immediate, until the reply is delivered; `None` (`off`): no reaction.
+    pub ack_reaction: Option<String>,
 }
 
 impl Default for DispatchSettings {
@@ -151,6 +157,7 @@ impl Default for DispatchSettings {
             cancel_overtaken: true,
             tools: ToolSettings::default(),
             controls: Controls::default(),
+            ack_reaction: Some(ACK_REACTION.to_owned()),
         }
     }
 }
@@ -186,6 +193,9 @@ pub const SHUTDOWN_GRACE_MS: u64 = 10_000;
 
 /// `LULL_MAX_AUDIO_SECONDS`: the longest voice message or audio file transcribed.
 pub const MAX_AUDIO_SECONDS: u32 = 300;
+
+/// `LULL_ACK_REACTION`: the reaction on a message lull has stored and will answer.
+pub const ACK_REACTION: &str = "👀";
 
 /// The longest message lull accepts by default (Telegram's own limit is 4096, a
 /// Discord message with Nitro 4000); longer ones are refused, not cut.
@@ -239,6 +249,8 @@ pub struct Dispatcher {
     wake: Notify,
     /// Live drafts: which conversations show them, and their pacing.
     drafts: Arc<drafts::Drafts>,
+    /// Ack reactions: set on a burst while it waits, taken off when it is answered.
+    acks: Arc<acks::Acks>,
     /// When the scheduler sleeps until (milliseconds since the epoch); `i64::MAX`
     /// while it is looking for work, so nothing armed meanwhile is missed.
     sleeping_until: AtomicI64,
@@ -265,6 +277,7 @@ impl Dispatcher {
     ) -> Arc<Self> {
         let (events, _) = broadcast::channel(4096);
         let drafts = Arc::new(drafts::Drafts::new(settings.drafts));
+        let acks = acks::Acks::new(settings.ack_reaction.clone(), store.clone());
         Arc::new(Self {
             store,
             responder,
@@ -279,6 +292,7 @@ impl Dispatcher {
             holder: HolderId::generate(),
             wake: Notify::new(),
             drafts,
+            acks,
             sleeping_until: AtomicI64::new(i64::MAX),
             events,
             events_emitted: std::sync::atomic::AtomicU64::new(0),

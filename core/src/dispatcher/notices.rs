@@ -95,6 +95,10 @@ pub(super) async fn answer_message(
     what: &str,
     now: Timestamp,
 ) -> Result<(), StoreError> {
-    let dedupe_key = format!("{what}/{}/{}", incoming.conversation, incoming.message_id);
+    let mut dedupe_key = format!("{what}/{}/{}", incoming.conversation, incoming.message_id);
+    // The counter-test's switch: every process answers the command it received.
+    if crate::switches::no_command_dedupe() {
+        dedupe_key = format!("{dedupe_key}/{}", d.holder.as_str());
+    }
     answer(d, incoming, text, dedupe_key, now).await
 }

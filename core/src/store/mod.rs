@@ -10,8 +10,9 @@
 //! - The contract is spelled once, by area, in `contract/` (one file per area, each
 //!   with its row types and its trait): [`MessageStore`], [`LeaseStore`],
 //!   [`RoundStore`], [`OutboxStore`], [`WorkStore`], [`LimitStore`], [`ActionStore`],
-//!   [`StatusStore`] (the status page's read-only aggregates) and [`SettingStore`] (a
-//!   conversation's own choices, `/stop`); [`Store`] is their sum. A backend is opened with the deployment's
+//!   [`StatusStore`] (the status page's read-only aggregates), [`SettingStore`] (a
+//!   conversation's own choices, `/stop`) and [`ReactionStore`] (which message carries
+//!   a burst's ack reaction); [`Store`] is their sum. A backend is opened with the deployment's
 //!   [`TimerPolicy`](crate::timing::TimerPolicy) and reports failures as a
 //!   backend-neutral [`StoreError`] (`error.rs`).
 //! - `rules`: each decision both backends make once their rows are read, written once
@@ -68,8 +69,8 @@ pub use crate::domain::{Exchange, OutboxKind, TokenUsage};
 pub use lull_port::RecentConversation;
 
 pub use contract::{
-    actions::*, leases::*, limits::*, messages::*, outbox::*, rounds::*, settings::*, status::*,
-    work::*,
+    actions::*, leases::*, limits::*, messages::*, outbox::*, reactions::*, rounds::*, settings::*,
+    status::*, work::*,
 };
 pub use error::StoreError;
 #[cfg(feature = "test-switches")]
@@ -83,7 +84,7 @@ pub const SQLITE_SCHEMA: i64 = sqlite::SCHEMA;
 pub use rules::{decode_media, encode_media, said_text};
 pub use sqlite::{Inspection, SqliteStore};
 
-/// The shared state lull runs on: the sum of the nine areas, so the dispatcher holds one
+/// The shared state lull runs on: the sum of its areas, so the dispatcher holds one
 /// `Arc<dyn Store>` and calls every method on it. A backend implements each area
 /// (`sqlite/<area>.rs`, `postgres/<area>.rs`) and is a `Store` by the blanket impl.
 /// See the module docs for the rules every method keeps.
@@ -97,6 +98,7 @@ pub trait Store:
     + ActionStore
     + StatusStore
     + SettingStore
+    + ReactionStore
 {
 }
 
@@ -110,15 +112,17 @@ impl<T> Store for T where
         + ActionStore
         + StatusStore
         + SettingStore
+        + ReactionStore
 {
 }
 
-/// The nine area traits, imported unnamed: `use lull_core::store::prelude::*` makes every
+/// The area traits, imported unnamed: `use lull_core::store::prelude::*` makes every
 /// store method callable on a concrete backend (`SqliteStore`, `PostgresStore`), as
 /// `Store` alone does on `dyn Store`.
 pub mod prelude {
     pub use super::{
         ActionStore as _, LeaseStore as _, LimitStore as _, MessageStore as _, OutboxStore as _,
-        RoundStore as _, SettingStore as _, StatusStore as _, Store, WorkStore as _,
+        ReactionStore as _, RoundStore as _, SettingStore as _, StatusStore as _, Store,
+        WorkStore as _,
     };
 }

@@ -33,6 +33,20 @@
 //!   interaction" for a wrong token, and can be failed on demand
 //!   ([`DiscordFake::fail_callbacks`]).
 //!
+//! - Reactions: `PUT` and `DELETE /channels/{c}/messages/{m}/reactions/{emoji}/@me`
+//!   (204; 404 "Unknown Message" for a message not in the channel), every call
+//!   recorded ([`DiscordFake::reactions`]); a test makes them fail or hang
+//!   ([`DiscordFake::fault_reactions`]).
+//!
+//! - Slash commands: `GET /oauth2/applications/@me` names the application (the bot's
+//!   id); `PUT /applications/{id}/commands` replaces the commands (names of 1–32
+//!   characters, descriptions of 1–100, else 400; [`DiscordFake::commands`]). A user
+//!   runs one with [`DiscordFake::slash`]: an `INTERACTION_CREATE` of type 2. A second
+//!   callback for one interaction is refused with 400 "already acknowledged"; after a
+//!   type 5 callback, `PATCH /webhooks/{app}/{token}/messages/@original` (no
+//!   authorization) edits the response ([`DiscordFake::responses`]), 404 "Unknown
+//!   Webhook" before.
+//!
 //! - A CDN: an image attachment ([`Say::image`]) is served at its `url`
 //!   (`/attachments/<id>/<name>`, no authorization, as Discord's CDN); every download
 //!   is recorded with the `Authorization` header it carried, if any.
@@ -138,6 +152,26 @@ pub struct Post {
     /// The id of the message returned (new or, for a repeated nonce, the earlier one).
     pub message: Option<u64>,
     pub at: Instant,
+}
+
+/// One reaction call (`PUT`: `on`, `DELETE`: not) and the status it got.
+#[derive(Debug, Clone)]
+pub struct ReactionCall {
+    pub channel: u64,
+    pub message: u64,
+    pub emoji: String,
+    pub on: bool,
+    pub status: u16,
+    pub at: Instant,
+}
+
+/// How every reaction call is answered, until changed.
+#[derive(Debug, Clone, Copy)]
+pub enum ReactionFault {
+    /// This status, nothing changed.
+    Fail(u16),
+    /// No answer for this long, then as usual.
+    Hang(Duration),
 }
 
 /// A fault for the next message POST.
@@ -270,6 +304,19 @@ struct Inner {
     callbacks: Vec<Callback>,
     /// Interaction callbacks still to answer 500.
     failing_callbacks: usize,
+    /// Every reaction call.
+    reactions: Vec<ReactionCall>,
+    /// The slash commands registered last, and how many PUTs registered them.
+    commands: Vec<Value>,
+    command_puts: usize,
+    /// Interactions answered with a deferred message (type 5): their responses
+    /// exist and may be edited.
+    deferred: std::collections::HashSet<u64>,
+    /// Interactions acknowledged at all (a second callback is refused).
+    acknowledged: std::collections::HashSet<u64>,
+    /// (interaction, content) of every accepted response edit.
+    responses: Vec<(u64, String)>,
+    reaction_fault: Option<ReactionFault>,
 }
 
 struct Shared {
@@ -317,10 +364,15 @@ pub fn guild_on_shard(index: u64, total: u64) -> u64 {
 /// Send `t`/`d` to every session of the shard its guild is on: at once to connected
 /// ones, into the log of all.
 fn dispatch(inner: &mut Inner, t: &str, d: &Value) {
+    dispatch_where(inner, t, d, false);
+}
+
+/// [`dispatch`], or to every session whatever its shard (`everywhere`).
+fn dispatch_where(inner: &mut Inner, t: &str, d: &Value, everywhere: bool) {
     let guild = d["guild_id"].as_str().and_then(|g| g.parse::<u64>().ok());
     for session in inner.sessions.values_mut() {
         let (index, total) = session.shard;
-        if shard_of(guild, total) != index {
+        if !everywhere && shard_of(guild, total) != index {
             continue;
         }
         session.seq += 1;
@@ -376,12 +428,25 @@ impl DiscordFake {
                 get(get_messages).post(post_message),
             )
             .route("/api/v10/channels/{id}/typing", post(post_typing))
+            .route(
+                "/api/v10/channels/{id}/messages/{message}/reactions/{emoji}/@me",
+                axum::routing::put(put_reaction).delete(delete_reaction),
+            )
             .route("/api/v10/attachments/refresh-urls", post(refresh_urls))
+            .route("/api/v10/oauth2/applications/@me", get(get_application))
+            .route(
+                "/api/v10/applications/{id}/commands",
+                axum::routing::put(put_commands),
+            )
             .layer(middleware::from_fn_with_state(shared.clone(), authorize))
             .route("/attachments/{id}/{name}", get(get_attachment))
             .route(
                 "/api/v10/interactions/{id}/{token}/callback",
                 post(interaction_callback),
+            )
+            .route(
+                "/api/v10/webhooks/{application}/{token}/messages/@original",
+                axum::routing::patch(edit_response),
             )
             .with_state(shared.clone());
         let api_url = format!("http://{}", rest.local_addr().unwrap());
@@ -526,27 +591,59 @@ impl DiscordFake {
     /// dispatches an `INTERACTION_CREATE` (type 3) and returns it (for
     /// [`DiscordFake::dispatch_interaction`]).
     pub fn click(&self, channel: u64, user: u64, on: u64, custom_id: &str) -> Value {
-        let id = self.shared.next_id();
-        let token: String = std::iter::repeat_with(fastrand::alphanumeric)
-            .take(40)
-            .collect();
-        let mut inner = self.shared.lock();
-        let c = inner.channels.get(&channel).expect("unknown channel");
-        let guild = c.guild;
-        let message = c
+        let message = self.shared.lock().channels[&channel]
             .messages
             .iter()
             .find(|m| m["id"].as_str() == Some(on.to_string().as_str()))
             .cloned()
             .expect("clicking on an unknown message");
+        let data = json!({"custom_id": custom_id, "component_type": 2});
+        self.interact(channel, user, 3, data, Some(message))
+    }
+
+    /// User `user` runs the slash command `name` in `channel`, with `value` for its
+    /// string option `option` if given: dispatches an `INTERACTION_CREATE` (type 2)
+    /// and returns it (for [`DiscordFake::dispatch_interaction`]).
+    pub fn slash(
+        &self,
+        channel: u64,
+        user: u64,
+        name: &str,
+        option: Option<(&str, &str)>,
+    ) -> Value {
+        let mut data = json!({"id": self.shared.next_id().to_string(), "name": name, "type": 1});
+        if let Some((option, value)) = option {
+            data["options"] = json!([{"name": option, "type": 3, "value": value}]);
+        }
+        self.interact(channel, user, 2, data, None)
+    }
+
+    /// Dispatch an interaction of `kind` by `user` in `channel` (see
+    /// [`DiscordFake::click`], [`DiscordFake::slash`]).
+    fn interact(
+        &self,
+        channel: u64,
+        user: u64,
+        kind: u8,
+        data: Value,
+        message: Option<Value>,
+    ) -> Value {
+        let id = self.shared.next_id();
+        let token: String = std::iter::repeat_with(fastrand::alphanumeric)
+            .take(40)
+            .collect();
+        let mut inner = self.shared.lock();
+        let guild = inner.channels.get(&channel).expect("unknown channel").guild;
         let mut interaction = json!({
-            "id": id.to_string(), "application_id": BOT_ID.to_string(), "type": 3,
+            "id": id.to_string(), "application_id": BOT_ID.to_string(), "type": kind,
             "token": token, "version": 1, "channel_id": channel.to_string(),
             "channel": {"id": channel.to_string(), "type": inner.channels[&channel].kind.type_code()},
-            "data": {"custom_id": custom_id, "component_type": 2},
-            "message": message, "locale": "en-US", "entitlements": [],
+            "data": data, "locale": "en-US", "entitlements": [],
             "app_permissions": "0", "attachment_size_limit": 10_485_760,
         });
+        if let Some(message) = message {
+            interaction["message"] = message;
+        }
         let clicker = user_json(user, &format!("user{}", user % 1000), false);
         match guild {
             Some(guild) => {
@@ -569,6 +666,41 @@ impl DiscordFake {
     pub fn dispatch_interaction(&self, interaction: &Value) {
         dispatch(&mut self.shared.lock(), "INTERACTION_CREATE", interaction);
         self.shared.changed.notify_waiters();
+    }
+
+    /// Every reaction call so far.
+    pub fn reactions(&self) -> Vec<ReactionCall> {
+        self.shared.lock().reactions.clone()
+    }
+
+    /// Answer every reaction call from now on with `fault` (`None`: as usual).
+    pub fn fault_reactions(&self, fault: Option<ReactionFault>) {
+        self.shared.lock().reaction_fault = fault;
+    }
+
+    /// Dispatch `interaction` to every connected session, whatever its shard (as if
+    /// several replicas had received it).
+    pub fn dispatch_interaction_everywhere(&self, interaction: &Value) {
+        dispatch_where(
+            &mut self.shared.lock(),
+            "INTERACTION_CREATE",
+            interaction,
+            true,
+        );
+        self.shared.changed.notify_waiters();
+    }
+
+    /// The slash commands registered last (`PUT /applications/{id}/commands`), and
+    /// how many times they were.
+    pub fn commands(&self) -> (Vec<Value>, usize) {
+        let inner = self.shared.lock();
+        (inner.commands.clone(), inner.command_puts)
+    }
+
+    /// Every edit of a deferred response (`PATCH …/messages/@original`) that Discord
+    /// took: (interaction id, content).
+    pub fn responses(&self) -> Vec<(u64, String)> {
+        self.shared.lock().responses.clone()
     }
 
     /// Every interaction callback so far.
@@ -779,7 +911,12 @@ async fn interaction_callback(
     } else if inner.failing_callbacks > 0 {
         inner.failing_callbacks -= 1;
         500
+    } else if !inner.acknowledged.insert(id) {
+        400
     } else {
+        if body["type"] == 5 {
+            inner.deferred.insert(id);
+        }
         204
     };
     inner.callbacks.push(Callback {
@@ -792,9 +929,76 @@ async fn interaction_callback(
     shared.changed.notify_waiters();
     match status {
         404 => error(StatusCode::NOT_FOUND, 10062, "Unknown interaction"),
+        400 => error(
+            StatusCode::BAD_REQUEST,
+            40060,
+            "Interaction has already been acknowledged.",
+        ),
         500 => error(StatusCode::INTERNAL_SERVER_ERROR, 0, "injected failure"),
         _ => StatusCode::NO_CONTENT.into_response(),
     }
+}
+
+async fn get_application() -> axum::Json<Value> {
+    axum::Json(json!({"id": BOT_ID.to_string(), "name": "lull", "bot_public": true}))
+}
+
+/// A bulk overwrite of the global commands: names of 1–32 characters `a-z 0-9 _ -`,
+/// descriptions of 1–100, at most 100 commands (else 400); the last list wins.
+async fn put_commands(
+    State(shared): State<Arc<Shared>>,
+    Path(application): Path<u64>,
+    axum::Json(body): axum::Json<Value>,
+) -> Response {
+    if application != BOT_ID {
+        return error(StatusCode::FORBIDDEN, 50001, "Missing Access");
+    }
+    let Some(commands) = body.as_array() else {
+        return error(StatusCode::BAD_REQUEST, 50035, "Invalid Form Body");
+    };
+    let valid = commands.len() <= 100
+        && commands.iter().all(|c| {
+            let name = c["name"].as_str().unwrap_or("");
+            let description = c["description"].as_str().unwrap_or("");
+            (1..=32).contains(&name.len())
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+                && (1..=100).contains(&description.chars().count())
+        });
+    if !valid {
+        return error(StatusCode::BAD_REQUEST, 50035, "Invalid Form Body");
+    }
+    let mut inner = shared.lock();
+    inner.commands = commands.clone();
+    inner.command_puts += 1;
+    drop(inner);
+    shared.changed.notify_waiters();
+    axum::Json(body).into_response()
+}
+
+/// An edit of a deferred response: only of an interaction answered with type 5,
+/// by its token (no authorization, as Discord).
+async fn edit_response(
+    State(shared): State<Arc<Shared>>,
+    Path((_application, token)): Path<(u64, String)>,
+    axum::Json(body): axum::Json<Value>,
+) -> Response {
+    let mut inner = shared.lock();
+    let interaction = inner
+        .interactions
+        .iter()
+        .find(|(_, t)| **t == token)
+        .map(|(id, _)| *id)
+        .filter(|id| inner.deferred.contains(id));
+    let Some(interaction) = interaction else {
+        return error(StatusCode::NOT_FOUND, 10015, "Unknown Webhook");
+    };
+    let content = body["content"].as_str().unwrap_or("").to_owned();
+    inner.responses.push((interaction, content.clone()));
+    drop(inner);
+    shared.changed.notify_waiters();
+    axum::Json(json!({"id": interaction.to_string(), "content": content})).into_response()
 }
 
 /// Whether `components` are what Discord accepts for buttons: 1–5 action rows
@@ -1123,6 +1327,64 @@ async fn post_message(
         );
     }
     axum::Json(message).into_response()
+}
+
+async fn put_reaction(
+    State(shared): State<Arc<Shared>>,
+    Path((channel, message, emoji)): Path<(u64, u64, String)>,
+) -> Response {
+    reaction(&shared, channel, message, emoji, true).await
+}
+
+async fn delete_reaction(
+    State(shared): State<Arc<Shared>>,
+    Path((channel, message, emoji)): Path<(u64, u64, String)>,
+) -> Response {
+    reaction(&shared, channel, message, emoji, false).await
+}
+
+/// A reaction call: recorded with the status it got.
+async fn reaction(
+    shared: &Shared,
+    channel: u64,
+    message: u64,
+    emoji: String,
+    on: bool,
+) -> Response {
+    let fault = shared.lock().reaction_fault;
+    if let Some(ReactionFault::Hang(wait)) = fault {
+        tokio::time::sleep(wait).await;
+    }
+    let mut inner = shared.lock();
+    let exists = inner.channels.get(&channel).is_some_and(|c| {
+        c.messages
+            .iter()
+            .any(|m| m["id"].as_str() == Some(message.to_string().as_str()))
+    });
+    let status = match fault {
+        Some(ReactionFault::Fail(status)) => status,
+        _ if !exists => 404,
+        _ => 204,
+    };
+    inner.reactions.push(ReactionCall {
+        channel,
+        message,
+        emoji,
+        on,
+        status,
+        at: Instant::now(),
+    });
+    drop(inner);
+    shared.changed.notify_waiters();
+    match status {
+        204 => StatusCode::NO_CONTENT.into_response(),
+        404 => error(StatusCode::NOT_FOUND, 10008, "Unknown Message"),
+        status => error(
+            StatusCode::from_u16(status).unwrap(),
+            0,
+            "Internal Server Error",
+        ),
+    }
 }
 
 async fn post_typing(State(shared): State<Arc<Shared>>, Path(id): Path<u64>) -> StatusCode {

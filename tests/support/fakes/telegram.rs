@@ -35,6 +35,14 @@
 //! (to `getUpdates` or `setWebhook`) decides which queued updates are handed out;
 //! the others are held back.
 //!
+//! Reactions and menus as the Bot API serves them: `setMessageReaction` takes at most
+//! one emoji reaction of Telegram's list (400 "REACTION_INVALID" otherwise) on a
+//! message that exists (400 "message to react not found"); an empty list takes the
+//! bot's off. `setMyCommands` takes 1–100 commands (names of 1–32 characters `a-z
+//! 0-9 _`, descriptions of 1–256) for a `scope`. Both are recorded
+//! ([`TelegramFake::reactions`], [`TelegramFake::command_sets`]) and faulted like any
+//! method; [`Fault::Hang`] holds a call before answering it.
+//!
 //! Files as the Bot API serves them: a test stores bytes under a `file_id`
 //! ([`TelegramFake::add_file`]); `getFile` answers its `file_path` and `file_size`
 //! (400 "invalid file_id" for an unknown one), and `/file/bot<TOKEN>/<path>` serves the
@@ -126,6 +134,29 @@ pub struct ChatActionSent {
     pub at: Instant,
 }
 
+/// One `setMessageReaction` call as the fake accepted it.
+#[derive(Debug, Clone)]
+pub struct ReactionSet {
+    pub chat_id: i64,
+    pub message_id: i64,
+    /// The emoji set; `None`: the bot's reaction taken off.
+    pub emoji: Option<String>,
+    pub at: Instant,
+}
+
+/// One `setMyCommands` call as the fake accepted it.
+#[derive(Debug, Clone)]
+pub struct CommandsSet {
+    /// The `scope` object (`{"type": "default"}` when none was given).
+    pub scope: Value,
+    /// `(command, description)` pairs, in order.
+    pub commands: Vec<(String, String)>,
+}
+
+/// The emoji Telegram takes as reactions (a part of its list: the ones tests use and
+/// a few more).
+const REACTIONS: [&str; 10] = ["👀", "👍", "👎", "❤", "🔥", "🎉", "🤔", "👌", "🙏", "✍"];
+
 /// One getUpdates call.
 #[derive(Debug, Clone)]
 pub struct PollRecord {
@@ -169,6 +200,8 @@ pub enum Fault {
     Garbage,
     /// 403: the user blocked the bot.
     Blocked,
+    /// No answer for this long, then answered as usual (a hanging server).
+    Hang(Duration),
     /// Answered as usual: scripts a fault for a later call (`[Pass, TooManyRequests]`
     /// fails the second call).
     Pass,
@@ -214,6 +247,10 @@ struct FakeState {
     callback_answers: Vec<(String, Instant)>,
     /// The last `allowed_updates` given to `getUpdates` (None: every kind).
     poll_allowed: Option<Vec<String>>,
+    /// Every accepted `setMessageReaction`, in order.
+    reactions: Vec<ReactionSet>,
+    /// Every accepted `setMyCommands`, in order.
+    command_sets: Vec<CommandsSet>,
 }
 
 struct Inner {
@@ -312,6 +349,16 @@ impl TelegramFake {
     /// again.
     pub fn push_callback(&self, query: Value) -> i64 {
         self.push_update("callback_query", query)
+    }
+
+    /// Every accepted `setMessageReaction`, in order.
+    pub fn reactions(&self) -> Vec<ReactionSet> {
+        self.state().reactions.clone()
+    }
+
+    /// Every accepted `setMyCommands`, in order.
+    pub fn command_sets(&self) -> Vec<CommandsSet> {
+        self.state().command_sets.clone()
     }
 
     /// The `callback_query_id`s `answerCallbackQuery` was called with (and answered
@@ -532,7 +579,7 @@ fn fault_response(fault: Fault) -> Response {
             StatusCode::FORBIDDEN,
             "Forbidden: bot was blocked by the user",
         ),
-        Fault::Pass => unreachable!("answered as usual"),
+        Fault::Pass | Fault::Hang(_) => unreachable!("answered as usual"),
     }
 }
 
@@ -631,7 +678,10 @@ async fn handle(
         s.calls.push((method.clone(), Instant::now()));
         s.faults.get_mut(&method).and_then(VecDeque::pop_front)
     };
-    if let Some(fault) = fault.filter(|f| !matches!(f, Fault::Pass)) {
+    if let Some(Fault::Hang(wait)) = fault {
+        tokio::time::sleep(wait).await;
+    }
+    if let Some(fault) = fault.filter(|f| !matches!(f, Fault::Pass | Fault::Hang(_))) {
         inner
             .state
             .lock()
@@ -707,6 +757,8 @@ async fn handle(
             inner.changed.notify_waiters();
             ok(json!(true))
         }
+        "setmessagereaction" => set_message_reaction(&inner, &params),
+        "setmycommands" => set_my_commands(&inner, &params),
         "sendchataction" => {
             let mut s = inner.state.lock().unwrap();
             s.actions.push(ChatActionSent {
@@ -721,6 +773,80 @@ async fn handle(
         }
         _ => error(StatusCode::NOT_FOUND, "Not Found"),
     }
+}
+
+/// `setMessageReaction`: at most one emoji of [`REACTIONS`] on a message that exists.
+fn set_message_reaction(inner: &Inner, params: &Value) -> Response {
+    let chat_id = params["chat_id"].as_i64().unwrap_or_default();
+    let message_id = params["message_id"].as_i64().unwrap_or_default();
+    let reactions = params["reaction"].as_array().cloned().unwrap_or_default();
+    if reactions.len() > 1 {
+        return error(StatusCode::BAD_REQUEST, "Bad Request: REACTIONS_TOO_MANY");
+    }
+    let emoji = match reactions.first() {
+        None => None,
+        Some(r)
+            if r["type"] == "emoji" && REACTIONS.contains(&r["emoji"].as_str().unwrap_or("")) =>
+        {
+            r["emoji"].as_str().map(str::to_owned)
+        }
+        Some(_) => return error(StatusCode::BAD_REQUEST, "Bad Request: REACTION_INVALID"),
+    };
+    let mut s = inner.state.lock().unwrap();
+    if !s.messages.contains(&(chat_id, message_id)) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "Bad Request: message to react not found",
+        );
+    }
+    s.reactions.push(ReactionSet {
+        chat_id,
+        message_id,
+        emoji,
+        at: Instant::now(),
+    });
+    drop(s);
+    inner.changed.notify_waiters();
+    ok(json!(true))
+}
+
+/// `setMyCommands`: 1–100 commands, names of 1–32 characters `a-z 0-9 _`,
+/// descriptions of 1–256 characters.
+fn set_my_commands(inner: &Inner, params: &Value) -> Response {
+    let commands: Vec<(String, String)> = params["commands"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            (
+                c["command"].as_str().unwrap_or_default().to_owned(),
+                c["description"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    let valid = (1..=100).contains(&commands.len())
+        && commands.iter().all(|(name, description)| {
+            (1..=32).contains(&name.len())
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+                && (1..=256).contains(&description.chars().count())
+        });
+    if !valid {
+        return error(StatusCode::BAD_REQUEST, "Bad Request: BOT_COMMAND_INVALID");
+    }
+    let scope = match &params["scope"] {
+        Value::Null => json!({"type": "default"}),
+        scope => scope.clone(),
+    };
+    inner
+        .state
+        .lock()
+        .unwrap()
+        .command_sets
+        .push(CommandsSet { scope, commands });
+    inner.changed.notify_waiters();
+    ok(json!(true))
 }
 
 /// `/file/bot<TOKEN>/<path>`: the bytes of a file `getFile` named.

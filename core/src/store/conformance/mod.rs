@@ -18,6 +18,7 @@ mod leases;
 mod limits;
 mod messages;
 mod outbox;
+mod reactions;
 mod rounds;
 mod settings;
 mod status;
@@ -28,6 +29,7 @@ pub use leases::*;
 pub use limits::*;
 pub use messages::*;
 pub use outbox::*;
+pub use reactions::*;
 pub use rounds::*;
 pub use settings::*;
 pub use status::*;
@@ -113,6 +115,9 @@ macro_rules! store_conformance {
             an_idle_conversation_starts_afresh,
             retry_answers_the_last_batch_again,
             concurrent_picks_apply_once_and_never_slip_under_a_commit,
+            an_ack_is_claimed_once_per_burst_and_taken_once,
+            an_answered_message_claims_no_ack,
+            concurrent_claims_of_one_burst_claim_once,
         );
     };
     (@each $open:path; $($check:ident),* $(,)?) => {
@@ -314,6 +319,7 @@ mod tests {
             include_str!("actions.rs"),
             include_str!("status.rs"),
             include_str!("settings.rs"),
+            include_str!("reactions.rs"),
         );
         let missing: Vec<&str> = checks
             .split("\npub async fn ")

@@ -51,14 +51,15 @@ pub enum SettingOutcome {
 }
 
 /// What `/stop` did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stopped {
     pub conversation: ConversationId,
     /// The version the conversation moved to: every generation collected before it is
     /// stale.
     pub version: Version,
-    /// How many pending messages were closed without a reply.
-    pub closed: u64,
+    /// The platform message ids of the pending messages closed without a reply (their
+    /// ack reactions are taken off).
+    pub closed: Vec<String>,
 }
 
 /// What `/retry` did.

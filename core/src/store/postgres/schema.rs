@@ -19,6 +19,7 @@ const ALL: &[&str] = &[
     V6_ACTIONS,
     V7_STATUS,
     V8_SETTINGS,
+    V9_ACKS,
 ];
 
 /// The schema version this build migrates to.
@@ -265,6 +266,19 @@ CREATE TABLE conversation_settings (
     prompt          TEXT,
     updated_at      BIGINT NOT NULL
 );
+"#;
+
+/// SQLite's `V11_ACKS`: one ack reaction per pending burst.
+const V9_ACKS: &str = r#"
+CREATE TABLE acks (
+    conversation_id     BIGINT NOT NULL REFERENCES conversations (id),
+    -- The conversation's answered_version when the burst's ack was claimed.
+    burst               BIGINT NOT NULL,
+    platform_message_id TEXT   NOT NULL,
+    -- Once per burst, whichever replica stored its messages.
+    PRIMARY KEY (conversation_id, burst)
+);
+CREATE INDEX acks_message ON acks (conversation_id, platform_message_id);
 "#;
 
 /// Bring the schema up to date: each missing migration in its own transaction under

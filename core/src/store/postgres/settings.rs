@@ -7,7 +7,7 @@ use async_trait::async_trait;
 
 use super::PostgresStore;
 use super::messages::upsert_conversation;
-use super::sql::{Tx, execute, query_one, query_opt};
+use super::sql::{Tx, execute, query, query_one, query_opt};
 use crate::domain::{ConversationId, ConversationRef, HolderId, Timestamp, Version};
 use crate::store::faults::Operation;
 use crate::store::{
@@ -106,13 +106,17 @@ impl SettingStore for PostgresStore {
                 let (version, answered): (i64, i64) = (row.get(0), row.get(1));
                 // No reply to a closed message: it takes the new version, past every v0
                 // collected before, so even a commit the cap forces covers none of them.
-                let closed = execute(
+                let closed = query(
                     &tx,
-                    "UPDATE messages SET version = $2 WHERE conversation_id = $1 AND version > $3",
+                    "UPDATE messages SET version = $2 WHERE conversation_id = $1 AND version > $3
+                     RETURNING platform_message_id",
                     &[&id.0, &version, &answered],
                     "closing pending messages",
                 )
-                .await?;
+                .await?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
                 // Fresh: the version moves (a generation in flight is stale) and the closed
                 // messages are answered by nothing.
                 execute(

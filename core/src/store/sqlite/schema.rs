@@ -268,6 +268,20 @@ CREATE TABLE conversation_settings (
 );
 "#;
 
+const V11_ACKS: &str = r#"
+-- Ack reactions (LULL_ACK_REACTION): the one message of each pending burst that
+-- carries lull's reaction. A burst is the messages pending after one answered_version:
+-- once per burst, whichever process stored them. Taken (deleted) when the reply
+-- covering the message is delivered, by the process that clears the reaction.
+CREATE TABLE acks (
+    conversation_id     INTEGER NOT NULL REFERENCES conversations (id),
+    burst               INTEGER NOT NULL,
+    platform_message_id TEXT    NOT NULL,
+    PRIMARY KEY (conversation_id, burst)
+);
+CREATE INDEX acks_message ON acks (conversation_id, platform_message_id);
+"#;
+
 /// Every migration, oldest first. The schema version (`user_version`) counts them.
 const ALL: &[&str] = &[
     V1_CORE,
@@ -280,10 +294,11 @@ const ALL: &[&str] = &[
     V8_ACTIONS,
     V9_STATUS,
     V10_SETTINGS,
+    V11_ACKS,
 ];
 
 /// The schema version this build migrates to.
-pub(super) const LATEST: i64 = ALL.len() as i64;
+pub(crate) const LATEST: i64 = ALL.len() as i64;
 
 /// All migrations, oldest first.
 pub(super) fn migrations() -> Migrations<'static> {

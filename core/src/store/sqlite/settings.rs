@@ -88,10 +88,13 @@ impl SettingStore for SqliteStore {
             // collected before, so even a commit the cap forces covers none of them.
             let closed = tx
                 .prepare_cached(
-                    "UPDATE messages SET version = ?2 WHERE conversation_id = ?1 AND version > ?3",
+                    "UPDATE messages SET version = ?2 WHERE conversation_id = ?1 AND version > ?3
+                     RETURNING platform_message_id",
                 )
                 .ctx("preparing a statement")?
-                .execute(params![id.0, version, answered])
+                .query_map(params![id.0, version, answered], |r| r.get(0))
+                .ctx("closing pending messages")?
+                .collect::<Result<Vec<String>, _>>()
                 .ctx("closing pending messages")?;
             // Fresh: the version moves (a generation in flight is stale) and the closed
             // messages are answered by nothing.
@@ -108,7 +111,7 @@ impl SettingStore for SqliteStore {
             Ok(Stopped {
                 conversation: id,
                 version: Version(version),
-                closed: closed as u64,
+                closed,
             })
         })
         .await

@@ -1,0 +1,84 @@
+//! The reactions area on PostgreSQL: one ack reaction per pending burst.
+
+use async_trait::async_trait;
+
+use super::PostgresStore;
+use super::sql::{execute, query};
+use crate::domain::ConversationId;
+use crate::store::faults::Operation;
+use crate::store::{ReactionStore, StoreError};
+
+#[async_trait]
+impl ReactionStore for PostgresStore {
+    async fn claim_ack(
+        &self,
+        conversation: ConversationId,
+        message_id: &str,
+    ) -> Result<bool, StoreError> {
+        transaction!(self, Operation::Other, "claiming an ack reaction", |tx| {
+            async {
+                // Once per burst: unique on (conversation, answered_version), and only
+                // for a message still pending; a concurrent claim of the same burst
+                // waits for this one's commit and then inserts nothing.
+                let claimed = execute(
+                    &tx,
+                    "INSERT INTO acks (conversation_id, burst, platform_message_id)
+                     SELECT c.id, c.answered_version, $2::text FROM conversations c
+                     WHERE c.id = $1 AND EXISTS (
+                         SELECT 1 FROM messages m
+                         WHERE m.conversation_id = c.id AND m.platform_message_id = $2::text
+                           AND m.version > c.answered_version)
+                     ON CONFLICT (conversation_id, burst) DO NOTHING",
+                    &[&conversation.0, &message_id],
+                    "claiming an ack reaction",
+                )
+                .await?;
+                Ok(claimed == 1)
+            }
+            .await
+        })
+    }
+
+    async fn ack_open(
+        &self,
+        conversation: ConversationId,
+        message_id: &str,
+    ) -> Result<bool, StoreError> {
+        transaction!(self, Operation::Read, "reading an ack reaction", |tx| {
+            async {
+                let rows = query(
+                    &tx,
+                    "SELECT 1 FROM acks WHERE conversation_id = $1 AND platform_message_id = $2",
+                    &[&conversation.0, &message_id],
+                    "reading an ack reaction",
+                )
+                .await?;
+                Ok(!rows.is_empty())
+            }
+            .await
+        })
+    }
+
+    async fn take_acks(
+        &self,
+        conversation: ConversationId,
+        covers: &[String],
+    ) -> Result<Vec<String>, StoreError> {
+        let covers = covers.to_vec();
+        transaction!(self, Operation::Other, "taking ack reactions", |tx| {
+            async {
+                // Cleared once: each row goes to the one caller that deletes it.
+                let rows = query(
+                    &tx,
+                    "DELETE FROM acks WHERE conversation_id = $1 AND platform_message_id = ANY($2)
+                     RETURNING platform_message_id",
+                    &[&conversation.0, &covers],
+                    "taking ack reactions",
+                )
+                .await?;
+                Ok(rows.iter().map(|r| r.get(0)).collect())
+            }
+            .await
+        })
+    }
+}

@@ -1,0 +1,79 @@
+//! Platform controls: what lull shows on the platforms beside its replies — the ack
+//! reaction on a message it will answer.
+
+use clap::Args;
+use lull_core::dispatcher;
+
+use super::ConfigError;
+
+/// The longest `LULL_ACK_REACTION` accepted, in bytes: an emoji with its modifiers
+/// (a family or a flag is at most 25 bytes), never a word.
+const MAX_REACTION_BYTES: usize = 32;
+
+/// `LULL_ACK_REACTION`.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Platform controls")]
+pub struct PlatformControlsArgs {
+    /// Reaction lull puts on a message it stored and will answer after the debounce (once per burst), taken off when the reply is sent; `off`: none. Telegram accepts only the emoji of its reaction list.
+    #[arg(
+        long,
+        global = true,
+        env = "LULL_ACK_REACTION",
+        default_value = dispatcher::ACK_REACTION
+    )]
+    pub ack_reaction: String,
+}
+
+impl PlatformControlsArgs {
+    /// `LULL_ACK_REACTION`: `None` for `off`; otherwise one short emoji, no spaces.
+    pub fn ack_reaction(&self) -> Result<Option<String>, ConfigError> {
+        let reaction = self.ack_reaction.trim();
+        if reaction.eq_ignore_ascii_case("off") {
+            return Ok(None);
+        }
+        let is_emoji = !reaction.is_empty()
+            && reaction.len() <= MAX_REACTION_BYTES
+            && !reaction.chars().any(|c| c.is_whitespace() || c.is_ascii());
+        if !is_emoji {
+            return Err(ConfigError(format!(
+                "LULL_ACK_REACTION must be one emoji (such as {}) or `off`, got {:?}",
+                dispatcher::ACK_REACTION,
+                self.ack_reaction
+            )));
+        }
+        Ok(Some(reaction.to_owned()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Config;
+    use super::super::tests::{assert_errors_name, settings};
+
+    #[test]
+    fn the_ack_reaction_is_an_emoji_or_off() {
+        let reaction = |args: &[&str]| {
+            Config::from_settings(&settings(args))
+                .unwrap()
+                .dispatch
+                .ack_reaction
+        };
+        assert_eq!(reaction(&[]).as_deref(), Some("👀"), "the default");
+        assert_eq!(reaction(&["--ack-reaction", "🔥"]).as_deref(), Some("🔥"));
+        assert_eq!(reaction(&["--ack-reaction", "off"]), None);
+        assert_eq!(reaction(&["--ack-reaction", "OFF"]), None);
+    }
+
+    #[test]
+    fn errors_name_the_variable() {
+        assert_errors_name(&[
+            (&["--ack-reaction", ""], "LULL_ACK_REACTION"),
+            (&["--ack-reaction", "eyes"], "LULL_ACK_REACTION"),
+            (&["--ack-reaction", "👀 👀"], "LULL_ACK_REACTION"),
+            (
+                &["--ack-reaction", "👀👀👀👀👀👀👀👀👀"],
+                "LULL_ACK_REACTION",
+            ),
+        ]);
+    }
+}

@@ -43,6 +43,13 @@ pub(crate) fn no_ack_claim() -> bool {
     *ON.get_or_init(|| on("LULL_TEST_NO_ACK_CLAIM"))
 }
 
+/// `LULL_TEST_NO_COMMAND_CLAIM=1`: a command acts each time it is received, even when
+/// its platform delivers it again (the behaviour of bots that act on every update).
+pub(crate) fn no_command_claim() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| on("LULL_TEST_NO_COMMAND_CLAIM"))
+}
+
 /// `LULL_TEST_NO_COMMAND_DEDUPE=1`: a command is answered once per process that
 /// received it, not once per message id (the behaviour of replicas that each answer
 /// what reached them: a slash command delivered to two would be answered twice).

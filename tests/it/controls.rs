@@ -558,3 +558,37 @@ async fn a_discord_model_pick_clicked_twice_is_applied_once() {
         sent[2].content
     );
 }
+
+/// A `/stop` its platform delivers again (same message id) after the user wrote on acts
+/// once: the message sent after it is still answered. Without the claim
+/// (`LULL_TEST_NO_COMMAND_CLAIM=1`) the late `/stop` closes it.
+async fn stop_redelivered_after_a_new_message(extra: &[(&str, &str)]) -> Vec<Received> {
+    let b = Bots::new().await;
+    let mut env = vec![("LULL_DEBOUNCE_MS", "1500")];
+    env.extend_from_slice(extra);
+    let one = b.start("one", &env).await;
+    b.say(&one, "c1", "s1", "/stop").await;
+    b.wait_text("c1", "Stopped.").await;
+    b.say(&one, "c1", "h1", "hello again").await;
+    // The redelivery, while "hello again" waits for its lull.
+    b.say(&one, "c1", "s1", "/stop").await;
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    b.received("c1", "reply")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redelivered_stop_acts_once() {
+    let replies = stop_redelivered_after_a_new_message(&[]).await;
+    assert_eq!(replies.len(), 1, "{replies:#?}");
+    assert_eq!(replies[0].covers, ["h1"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counter_test_an_unclaimed_redelivered_stop_closes_the_next_message() {
+    let replies =
+        stop_redelivered_after_a_new_message(&[("LULL_TEST_NO_COMMAND_CLAIM", "1")]).await;
+    assert!(
+        replies.is_empty(),
+        "without the claim the late /stop closes h1: {replies:#?}"
+    );
+}

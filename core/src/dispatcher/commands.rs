@@ -24,6 +24,20 @@ pub(super) async fn answer(
     let settings = &dispatcher.settings;
     let admin = settings.access.is_admin(Sender::of(incoming));
     let args: Vec<&str> = text.split_whitespace().skip(1).collect();
+    // A command that acts acts once per message, whoever receives it again: a late
+    // redelivery finds the claim and does nothing (its answer was queued by the first).
+    // (The switches: bots that act on every update; replicas that each answer theirs.)
+    let unclaimed = crate::switches::no_command_claim() || crate::switches::no_command_dedupe();
+    if acts(command) && !unclaimed {
+        let claimed = dispatcher
+            .store
+            .claim_command(&incoming.conversation, &incoming.message_id, now)
+            .await?;
+        if !claimed {
+            tracing::debug!(conversation = %incoming.conversation, message = %incoming.message_id, "command already acted on; not again");
+            return Ok(());
+        }
+    }
     let text = match command {
         Command::Start | Command::Help => texts::HELP_TEXT.to_owned(),
         Command::Unknown => {
@@ -81,6 +95,15 @@ pub(super) async fn answer(
     };
     tracing::info!(conversation = %incoming.conversation, command = command.name(), "command");
     notices::answer_message(dispatcher, incoming, text, command.name(), now).await
+}
+
+/// Whether a command changes something (and so is claimed before it acts); the others
+/// only read and may answer again.
+fn acts(command: Command) -> bool {
+    !matches!(
+        command,
+        Command::Start | Command::Help | Command::Unknown | Command::Usage | Command::Status
+    )
 }
 
 /// Whom `/allow` or `/deny` names: `platform:user_id` (or a bare user id on this

@@ -115,6 +115,7 @@ macro_rules! store_conformance {
             an_idle_conversation_starts_afresh,
             retry_answers_the_last_batch_again,
             concurrent_picks_apply_once_and_never_slip_under_a_commit,
+            a_command_is_claimed_once,
             an_ack_is_claimed_once_per_burst_and_taken_once,
             an_answered_message_claims_no_ack,
             concurrent_claims_of_one_burst_claim_once,

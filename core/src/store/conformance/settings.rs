@@ -236,3 +236,45 @@ pub async fn concurrent_picks_apply_once_and_never_slip_under_a_commit(store: &d
         }
     }
 }
+
+/// A command message is claimed once, across callers, per conversation: a redelivery
+/// (one after the other, or two at once) acts once; the same message id in another
+/// conversation is another command; a claim older than the kept days is forgotten.
+pub async fn a_command_is_claimed_once(store: &dyn Store) {
+    let c1 = http("c1");
+    let c2 = http("c2");
+    assert!(store.claim_command(&c1, "cmd1", at(1000)).await.unwrap());
+    assert!(
+        !store.claim_command(&c1, "cmd1", at(2000)).await.unwrap(),
+        "redelivered"
+    );
+    assert!(
+        store.claim_command(&c2, "cmd1", at(2000)).await.unwrap(),
+        "another chat"
+    );
+    for n in 0..4 {
+        let id = format!("race{n}");
+        let (one, two) = tokio::join!(
+            store.claim_command(&c1, &id, at(3000)),
+            store.claim_command(&c1, &id, at(3000)),
+        );
+        assert!(
+            one.unwrap() ^ two.unwrap(),
+            "exactly one of two at once claims {id}"
+        );
+    }
+    let days = crate::store::COMMAND_CLAIM_DAYS as u64 * 86_400_000;
+    assert!(
+        store
+            .claim_command(&c2, "new", at(days + 3000))
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .claim_command(&c1, "cmd1", at(days + 3000))
+            .await
+            .unwrap(),
+        "kept for COMMAND_CLAIM_DAYS, then forgotten"
+    );
+}

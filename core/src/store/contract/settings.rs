@@ -18,6 +18,10 @@ pub struct ConversationSettings {
     pub prompt: Option<String>,
 }
 
+/// How long a command's claim ([`SettingStore::claim_command`]) is kept: longer than
+/// any platform redelivers an update.
+pub const COMMAND_CLAIM_DAYS: i64 = 7;
+
 /// One of a conversation's settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Setting {
@@ -126,6 +130,20 @@ pub trait SettingStore: Send + Sync + 'static {
         holder: &HolderId,
         now: Timestamp,
     ) -> Result<RetryOutcome, StoreError>;
+
+    /// Claim a command message (`message_id` in `conversation`) before acting on it: `true`
+    /// for the first caller only, across every process on the database, so a command
+    /// redelivered by its platform (a webhook retried after a slow answer, an update
+    /// fetched again after a crash) acts once — a late `/stop` never closes the messages
+    /// sent after it, a late `/retry` never answers twice. A claim is kept for
+    /// [`COMMAND_CLAIM_DAYS`] days (claims older than that are deleted by the next one);
+    /// a crash after the claim and before the act loses the command, never repeats it.
+    async fn claim_command(
+        &self,
+        conversation: &ConversationRef,
+        message_id: &str,
+        now: Timestamp,
+    ) -> Result<bool, StoreError>;
 
     /// `LULL_IDLE_RESET`: if the conversation's last message arrived at or before
     /// `now - idle`, start a fresh context (as `/reset`: history is hidden, no message

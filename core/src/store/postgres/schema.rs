@@ -20,6 +20,7 @@ const ALL: &[&str] = &[
     V7_STATUS,
     V8_SETTINGS,
     V9_ACKS,
+    V10_COMMAND_CLAIMS,
 ];
 
 /// The schema version this build migrates to.
@@ -279,6 +280,17 @@ CREATE TABLE acks (
     PRIMARY KEY (conversation_id, burst)
 );
 CREATE INDEX acks_message ON acks (conversation_id, platform_message_id);
+"#;
+
+/// SQLite's `V12_COMMAND_CLAIMS`: a redelivered command acts once.
+const V10_COMMAND_CLAIMS: &str = r#"
+CREATE TABLE command_claims (
+    platform   TEXT   NOT NULL,
+    key        TEXT   NOT NULL,
+    message_id TEXT   NOT NULL,
+    claimed_at BIGINT NOT NULL,
+    PRIMARY KEY (platform, key, message_id)
+);
 "#;
 
 /// Bring the schema up to date: each missing migration in its own transaction under

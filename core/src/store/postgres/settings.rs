@@ -11,7 +11,8 @@ use super::sql::{Tx, execute, query, query_one, query_opt};
 use crate::domain::{ConversationId, ConversationRef, HolderId, Timestamp, Version};
 use crate::store::faults::Operation;
 use crate::store::{
-    ConversationSettings, RetryOutcome, Setting, SettingOutcome, SettingStore, Stopped, StoreError,
+    COMMAND_CLAIM_DAYS, ConversationSettings, RetryOutcome, Setting, SettingOutcome, SettingStore,
+    Stopped, StoreError,
 };
 
 #[async_trait]
@@ -233,6 +234,42 @@ impl SettingStore for PostgresStore {
         .await
             }
         )
+    }
+
+    async fn claim_command(
+        &self,
+        conversation: &ConversationRef,
+        message_id: &str,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        transaction!(self, Operation::Other, "claiming a command", |tx| async {
+            let now = self.now(&tx, now).await?;
+            let expired = now.db.0 - COMMAND_CLAIM_DAYS * 86_400_000;
+            execute(
+                &tx,
+                "DELETE FROM command_claims WHERE claimed_at < $1",
+                &[&expired],
+                "deleting old command claims",
+            )
+            .await?;
+            // The primary key decides: one row per command message, one first caller
+            // (a concurrent second waits on the first's row and then inserts nothing).
+            let claimed = execute(
+                &tx,
+                "INSERT INTO command_claims (platform, key, message_id, claimed_at)
+                 VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+                &[
+                    &conversation.platform.as_str(),
+                    &conversation.key,
+                    &message_id,
+                    &now.db.0,
+                ],
+                "claiming a command",
+            )
+            .await?;
+            Ok(claimed > 0)
+        }
+        .await)
     }
 
     async fn forget_if_idle(

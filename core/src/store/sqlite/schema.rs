@@ -282,6 +282,18 @@ CREATE TABLE acks (
 CREATE INDEX acks_message ON acks (conversation_id, platform_message_id);
 "#;
 
+const V12_COMMAND_CLAIMS: &str = r#"
+-- Command messages acted on (SettingStore::claim_command): a redelivered command acts
+-- once. Kept for a week (deleted by the next claim after that).
+CREATE TABLE command_claims (
+    platform   TEXT    NOT NULL,
+    key        TEXT    NOT NULL,
+    message_id TEXT    NOT NULL,
+    claimed_at INTEGER NOT NULL,
+    PRIMARY KEY (platform, key, message_id)
+);
+"#;
+
 /// Every migration, oldest first. The schema version (`user_version`) counts them.
 const ALL: &[&str] = &[
     V1_CORE,
@@ -295,6 +307,7 @@ const ALL: &[&str] = &[
     V9_STATUS,
     V10_SETTINGS,
     V11_ACKS,
+    V12_COMMAND_CLAIMS,
 ];
 
 /// The schema version this build migrates to.

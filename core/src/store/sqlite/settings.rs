@@ -10,7 +10,8 @@ use super::messages::upsert_conversation;
 use super::sql::Context;
 use crate::domain::{ConversationId, ConversationRef, HolderId, Timestamp, Version};
 use crate::store::{
-    ConversationSettings, RetryOutcome, Setting, SettingOutcome, SettingStore, Stopped, StoreError,
+    COMMAND_CLAIM_DAYS, ConversationSettings, RetryOutcome, Setting, SettingOutcome, SettingStore,
+    Stopped, StoreError,
 };
 
 #[async_trait]
@@ -190,6 +191,38 @@ impl SettingStore for SqliteStore {
                 version: Version(new),
                 messages: messages as u64,
             })
+        })
+        .await
+    }
+
+    async fn claim_command(
+        &self,
+        conversation: &ConversationRef,
+        message_id: &str,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        let conversation = conversation.clone();
+        let message_id = message_id.to_owned();
+        let expired = now.0 - COMMAND_CLAIM_DAYS * 86_400_000;
+        self.write("claiming a command", move |tx| {
+            tx.prepare_cached("DELETE FROM command_claims WHERE claimed_at < ?1")
+                .ctx("preparing a statement")?
+                .execute([expired])
+                .ctx("deleting old command claims")?;
+            // The primary key decides: one row per command message, one first caller.
+            tx.prepare_cached(
+                "INSERT INTO command_claims (platform, key, message_id, claimed_at)
+                 VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING",
+            )
+            .ctx("preparing a statement")?
+            .execute(params![
+                conversation.platform.as_str(),
+                conversation.key,
+                message_id,
+                now.0
+            ])
+            .map(|n| n > 0)
+            .ctx("claiming a command")
         })
         .await
     }

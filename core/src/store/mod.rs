@@ -67,7 +67,8 @@ pub use crate::domain::{Exchange, OutboxKind, TokenUsage};
 pub use lull_port::RecentConversation;
 
 pub use contract::{
-    actions::*, leases::*, limits::*, messages::*, outbox::*, rounds::*, status::*, work::*,
+    actions::*, leases::*, limits::*, messages::*, outbox::*, rhythm::*, rounds::*, status::*,
+    work::*,
 };
 pub use error::StoreError;
 #[cfg(feature = "test-switches")]
@@ -79,7 +80,7 @@ pub const POSTGRES_SCHEMA: i64 = postgres::schema::LATEST;
 pub use rules::{decode_media, encode_media, said_text};
 pub use sqlite::{Inspection, SqliteStore};
 
-/// The shared state lull runs on: the sum of the eight areas, so the dispatcher holds one
+/// The shared state lull runs on: the sum of the nine areas, so the dispatcher holds one
 /// `Arc<dyn Store>` and calls every method on it. A backend implements each area
 /// (`sqlite/<area>.rs`, `postgres/<area>.rs`) and is a `Store` by the blanket impl.
 /// See the module docs for the rules every method keeps.
@@ -92,6 +93,7 @@ pub trait Store:
     + LimitStore
     + ActionStore
     + StatusStore
+    + RhythmStore
 {
 }
 
@@ -104,15 +106,16 @@ impl<T> Store for T where
         + LimitStore
         + ActionStore
         + StatusStore
+        + RhythmStore
 {
 }
 
-/// The eight area traits, imported unnamed: `use lull_core::store::prelude::*` makes every
+/// The nine area traits, imported unnamed: `use lull_core::store::prelude::*` makes every
 /// store method callable on a concrete backend (`SqliteStore`, `PostgresStore`), as
 /// `Store` alone does on `dyn Store`.
 pub mod prelude {
     pub use super::{
         ActionStore as _, LeaseStore as _, LimitStore as _, MessageStore as _, OutboxStore as _,
-        RoundStore as _, StatusStore as _, Store, WorkStore as _,
+        RhythmStore as _, RoundStore as _, StatusStore as _, Store, WorkStore as _,
     };
 }

@@ -18,6 +18,7 @@ mod leases;
 mod limits;
 mod messages;
 mod outbox;
+mod rhythm;
 mod rounds;
 mod status;
 mod work;
@@ -27,6 +28,7 @@ pub use leases::*;
 pub use limits::*;
 pub use messages::*;
 pub use outbox::*;
+pub use rhythm::*;
 pub use rounds::*;
 pub use status::*;
 pub use work::*;
@@ -105,22 +107,33 @@ macro_rules! store_conformance {
             concurrent_decisions_decide_once,
             concurrent_reservations_of_one_key_store_one_row,
             the_status_counts_what_the_rows_say,
+            a_commit_teaches_the_rhythm_of_its_burst,
+        );
+        // Checks of adaptive waiting, on a store opened with `adaptive_policy()`.
+        $crate::store_conformance!(@$each $open, adaptive_policy;
+            ingest_arms_the_wait_the_rhythm_allows,
         );
     };
     (@each $open:path; $($check:ident),* $(,)?) => {
+        $crate::store_conformance!(@each $open, policy; $($check),*);
+    };
+    (@each_optional $open:path; $($check:ident),* $(,)?) => {
+        $crate::store_conformance!(@each_optional $open, policy; $($check),*);
+    };
+    (@each $open:path, $policy:ident; $($check:ident),* $(,)?) => {
         $(
             #[::tokio::test]
             async fn $check() {
-                let store = $open($crate::store::conformance::policy()).await;
+                let store = $open($crate::store::conformance::$policy()).await;
                 $crate::store::conformance::$check(&*store).await;
             }
         )*
     };
-    (@each_optional $open:path; $($check:ident),* $(,)?) => {
+    (@each_optional $open:path, $policy:ident; $($check:ident),* $(,)?) => {
         $(
             #[::tokio::test]
             async fn $check() {
-                let Some(store) = $open($crate::store::conformance::policy()).await else {
+                let Some(store) = $open($crate::store::conformance::$policy()).await else {
                     return;
                 };
                 $crate::store::conformance::$check(&*store).await;
@@ -132,6 +145,13 @@ macro_rules! store_conformance {
 /// The timer policy every check assumes: a 1 s debounce, a 4 s cap, a batch of 4.
 pub fn policy() -> TimerPolicy {
     TimerPolicy::new(ms(1000), ms(4000), 4).expect("the conformance policy is valid")
+}
+
+/// [`policy`] with adaptive waiting, the shortest wait 200 ms.
+pub fn adaptive_policy() -> TimerPolicy {
+    policy()
+        .adaptive(ms(200))
+        .expect("the adaptive conformance policy is valid")
 }
 
 /// The lease lifetime the checks claim with.

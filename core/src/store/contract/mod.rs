@@ -7,6 +7,7 @@ pub mod leases;
 pub mod limits;
 pub mod messages;
 pub mod outbox;
+pub mod rhythm;
 pub mod rounds;
 pub mod status;
 pub mod work;

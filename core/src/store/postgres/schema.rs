@@ -18,6 +18,7 @@ const ALL: &[&str] = &[
     V5_TOKEN_RESERVATIONS,
     V6_ACTIONS,
     V7_STATUS,
+    V8_RHYTHM,
 ];
 
 /// The schema version this build migrates to.
@@ -252,6 +253,15 @@ CREATE INDEX outbox_failed ON outbox (failed_at) WHERE failed_at IS NOT NULL;
 CREATE INDEX outbox_created ON outbox (created_at);
 CREATE INDEX timers_held ON timers (held_until);
 CREATE INDEX timers_retrying ON timers (conversation_id) WHERE attempts > 0;
+"#;
+
+/// SQLite's tenth migration: a conversation's rhythm (`rhythm::Rhythm`), learned at
+/// commit, read by ingest with the version bump.
+const V8_RHYTHM: &str = r#"
+ALTER TABLE conversations ADD COLUMN rhythm_bursts BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE conversations ADD COLUMN rhythm_gap_ms BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE conversations ADD COLUMN rhythm_multi BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE conversations ADD COLUMN rhythm_last_at BIGINT;
 "#;
 
 /// Bring the schema up to date: each missing migration in its own transaction under

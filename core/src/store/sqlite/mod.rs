@@ -22,6 +22,7 @@ mod leases;
 mod limits;
 mod messages;
 mod outbox;
+mod rhythm;
 mod rounds;
 mod schema;
 mod sql;

@@ -9,6 +9,7 @@ mod buttons;
 mod chat;
 mod check;
 mod conversations;
+mod debounce;
 mod discord;
 mod dispatcher;
 mod docs;

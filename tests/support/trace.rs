@@ -15,6 +15,8 @@
 //! The http adapter carries text only: a photo is sent as the text the store keeps
 //! for a captionless photo (`[image]`), and its caption as the next message.
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 use std::time::Duration;
 
 /// How a person writes.
@@ -230,6 +232,117 @@ pub fn person(seed: u64, conversation: String, style: Style, shape: Shape) -> Pe
         style,
         bursts,
     }
+}
+
+/// Replay `people` into the http adapter at `base_url` on the trace's own timeline
+/// (each message at its `at`, from now on); returns when the last is accepted.
+pub async fn replay(people: &[Person], base_url: &str) {
+    let client = reqwest::Client::new();
+    let start = tokio::time::Instant::now() + Duration::from_millis(200);
+    let mut tasks = tokio::task::JoinSet::new();
+    for person in people.iter().cloned() {
+        let (client, base_url) = (client.clone(), base_url.to_owned());
+        tasks.spawn(async move {
+            for sent in person.bursts.iter().flat_map(|b| &b.messages) {
+                tokio::time::sleep_until(start + sent.at).await;
+                let r = super::process::post_message(
+                    &client,
+                    &base_url,
+                    &person.conversation,
+                    &sent.id,
+                    &sent.text,
+                )
+                .await
+                .expect("posting a message");
+                assert_eq!(r.status().as_u16(), 202, "{}", r.text().await.unwrap_or_default());
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.expect("a person's replay");
+    }
+}
+
+/// What became of one burst of the trace.
+#[derive(Debug, Clone)]
+pub struct Answered {
+    pub style: Style,
+    pub messages: usize,
+    /// Replies that covered part of it (1: answered once, as a whole).
+    pub replies: usize,
+    /// From the arrival of its last message until the model was asked for the reply
+    /// that covers it (the reply's commit time less its generation time).
+    pub wait: Duration,
+}
+
+/// Every burst of `people` as the SQLite database at `db` answered it (after the
+/// replay settled): which replies covered its messages, and the wait after its last
+/// message. Panics if a message was never answered.
+pub fn answered(db: &Path, people: &[Person]) -> Vec<Answered> {
+    let conn = super::db::open(db);
+    // (conversation, message id) -> (arrived, reply, reply committed, generation ms).
+    let mut rows: BTreeMap<(String, String), (i64, i64, i64, i64)> = BTreeMap::new();
+    let mut stmt = conn
+        .prepare(
+            "SELECT c.key, m.platform_message_id, m.received_at, o.id, o.created_at, o.llm_ms
+             FROM messages m JOIN conversations c ON c.id = m.conversation_id
+             JOIN reply_covers rc ON rc.message_id = m.id
+             JOIN outbox o ON o.id = rc.outbox_id AND o.kind = 'reply'",
+        )
+        .unwrap();
+    let found = stmt
+        .query_map([], |r| {
+            let id: String = r.get(1)?;
+            Ok((
+                (r.get::<_, String>(0)?, id.trim_matches('"').to_owned()),
+                (r.get(2)?, r.get(3)?, r.get(4)?, r.get::<_, Option<i64>>(5)?.unwrap_or(0)),
+            ))
+        })
+        .unwrap();
+    for row in found {
+        let (key, value) = row.unwrap();
+        rows.insert(key, value);
+    }
+    let mut out = Vec::new();
+    for person in people {
+        for burst in &person.bursts {
+            let of = |sent: &Sent| {
+                rows.get(&(person.conversation.clone(), sent.id.clone()))
+                    .copied()
+                    .unwrap_or_else(|| panic!("{} {} was never answered", person.conversation, sent.id))
+            };
+            let replies: BTreeSet<i64> = burst.messages.iter().map(|m| of(m).1).collect();
+            let (arrived, _, committed, llm_ms) = of(burst.messages.last().expect("a burst has messages"));
+            out.push(Answered {
+                style: person.style,
+                messages: burst.messages.len(),
+                replies: replies.len(),
+                wait: Duration::from_millis((committed - llm_ms - arrived).max(0) as u64),
+            });
+        }
+    }
+    out
+}
+
+/// The model calls a process made (every outcome of `lull_llm_requests_total`).
+pub async fn model_calls(lull: &super::process::LullProcess) -> f64 {
+    lull.metrics()
+        .await
+        .expect("metrics")
+        .iter()
+        .filter(|(name, _)| name.starts_with("lull_llm_requests_total"))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+/// The `p`th percentile of `waits` (nearest rank), in milliseconds.
+pub fn percentile_ms(waits: &[Duration], p: f64) -> f64 {
+    let mut v: Vec<f64> = waits.iter().map(|w| w.as_secs_f64() * 1000.0).collect();
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v[(((p / 100.0) * (v.len() - 1) as f64).round() as usize).min(v.len() - 1)]
 }
 
 #[cfg(test)]

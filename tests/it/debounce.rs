@@ -1,0 +1,148 @@
+//! Adaptive waiting, on people of the typing trace (`support::trace`) replayed through
+//! the http adapter of real `lull run` processes: a person who sends one complete
+//! message at a time is answered sooner than the fixed debounce allows, once their
+//! rhythm is known; a person who types in fragments is never answered in the middle
+//! of a burst. Each check has its counter-test: with `LULL_DEBOUNCE=fixed` the first
+//! check fails, with the learned burst window switched off (`LULL_TEST_NO_BURST_WINDOW`)
+//! the second does.
+
+use std::time::Duration;
+
+use crate::support::fakes::webhook::Webhook;
+use crate::support::process::LullProcess;
+use crate::support::trace::{self, Answered, Person, Shape, Style};
+
+/// The debounce (and the shortest adaptive wait) every process here runs with.
+const DEBOUNCE_MS: u64 = 1500;
+const MIN_MS: u64 = 150;
+
+/// Replay `people` into a fresh `lull run` with `env` added, wait until everything is
+/// answered and delivered, and read back what became of each burst.
+async fn run(people: &[Person], env: &[(&str, &str)]) -> Vec<Answered> {
+    let dir = tempfile::tempdir().unwrap();
+    let webhook = Webhook::start().await;
+    let db = dir.path().join("lull.db");
+    let mut vars: Vec<(&str, String)> = vec![
+        ("DATABASE_URL", format!("sqlite:{}", db.display())),
+        ("LULL_WEBHOOK_URL", webhook.url.clone()),
+        ("LULL_LLM", "echo".into()),
+        ("LULL_DEBOUNCE_MS", DEBOUNCE_MS.to_string()),
+        ("LULL_DEBOUNCE_MIN_MS", MIN_MS.to_string()),
+    ];
+    vars.extend(env.iter().map(|(k, v)| (*k, v.to_string())));
+    let mut lull = LullProcess::start(dir.path(), "lull", &["run"], &vars);
+    lull.wait_healthy(Duration::from_secs(30)).await;
+    trace::replay(people, &lull.base_url()).await;
+    let verdict = crate::support::db::settled(&db, Duration::from_secs(30)).await;
+    assert_eq!(
+        (verdict.duplicates, verdict.lost, verdict.stale),
+        (0, 0, 0),
+        "{verdict:?}"
+    );
+    trace::answered(&db, people)
+}
+
+/// A person of complete messages: four turns, a little under two seconds apart.
+fn quiet_person() -> Vec<Person> {
+    let shape = Shape {
+        turns: 4,
+        between_turns: Duration::from_millis(1800),
+        ..Shape::human()
+    };
+    vec![trace::person(
+        11,
+        "quiet".into(),
+        Style::Complete,
+        shape,
+    )]
+}
+
+/// Once the rhythm is known (from the third turn), every wait is at most half the
+/// fixed debounce.
+fn answered_sooner(answered: &[Answered]) -> bool {
+    answered[2..]
+        .iter()
+        .all(|a| a.wait <= Duration::from_millis(DEBOUNCE_MS / 2))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adaptive_waiting_answers_single_messages_sooner_than_the_fixed_debounce() {
+    let people = quiet_person();
+    let answered = run(&people, &[("LULL_DEBOUNCE", "adaptive")]).await;
+    assert!(answered.iter().all(|a| a.replies == 1), "{answered:#?}");
+    assert!(answered_sooner(&answered), "{answered:#?}");
+    // The first two turns, before anything is known, wait the whole window.
+    assert!(
+        answered[..2]
+            .iter()
+            .all(|a| a.wait >= Duration::from_millis(DEBOUNCE_MS - 50)),
+        "{answered:#?}"
+    );
+}
+
+/// Counter-test: the same person with the fixed debounce fails the check above.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sooner_check_fails_with_the_fixed_debounce() {
+    let people = quiet_person();
+    let answered = run(&people, &[("LULL_DEBOUNCE", "fixed")]).await;
+    assert!(answered.iter().all(|a| a.replies == 1), "{answered:#?}");
+    assert!(!answered_sooner(&answered), "{answered:#?}");
+}
+
+/// A person of fragments: five turns of 2–5 fragments, 250 ms apart at the median
+/// (log-normal, clamped to 100–450 ms), far shorter than the debounce and longer than
+/// the shortest wait.
+fn fragment_person() -> Vec<Person> {
+    let shape = Shape {
+        gap_median: Duration::from_millis(250),
+        gap_sigma: 0.3,
+        gap_clamp: (Duration::from_millis(100), Duration::from_millis(450)),
+        turns: 5,
+        between_turns: Duration::from_millis(2000),
+        ..Shape::human()
+    };
+    let person = trace::person(3, "fragments".into(), Style::Fragments, shape);
+    let bursts_after_learning = person.bursts[2..]
+        .iter()
+        .filter(|b| b.messages.len() >= 2)
+        .count();
+    assert!(
+        bursts_after_learning >= 2,
+        "the trace has bursts to split: {person:#?}"
+    );
+    vec![person]
+}
+
+/// Every burst was answered by one reply.
+fn no_burst_split(answered: &[Answered]) -> bool {
+    answered.iter().all(|a| a.replies == 1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adaptive_waiting_does_not_split_a_fragment_burst() {
+    let people = fragment_person();
+    let answered = run(&people, &[("LULL_DEBOUNCE", "adaptive")]).await;
+    assert!(no_burst_split(&answered), "{answered:#?}");
+    // And it waits less than the fixed window after a burst's last fragment.
+    let late: Vec<Duration> = answered[2..].iter().map(|a| a.wait).collect();
+    assert!(
+        late.iter().all(|w| *w < Duration::from_millis(DEBOUNCE_MS)),
+        "{answered:#?}"
+    );
+}
+
+/// Counter-test: with the learned burst window off (a known conversation always waits
+/// the shortest window), the same person's bursts are split.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_debounce_that_only_shortens_splits_the_bursts() {
+    let people = fragment_person();
+    let answered = run(
+        &people,
+        &[
+            ("LULL_DEBOUNCE", "adaptive"),
+            ("LULL_TEST_NO_BURST_WINDOW", "1"),
+        ],
+    )
+    .await;
+    assert!(!no_burst_split(&answered), "{answered:#?}");
+}

@@ -41,7 +41,7 @@ use async_trait::async_trait;
 use serenity::all::{
     ChannelId, ClientBuilder, ComponentInteraction, Context, EventHandler, GatewayError,
     Interaction, InteractionId, Message, MessageId, MessagePagination, MessageUpdateEvent, Ready,
-    ResumedEvent, ShardManager,
+    ResumedEvent, ShardManager, TypingStartEvent,
 };
 use serenity::http::{LightMethod, Request, Route};
 use tokio::sync::mpsc;
@@ -286,6 +286,8 @@ enum GatewayEvent {
     Edit(Box<MessageUpdateEvent>),
     /// A button clicked (already answered to Discord).
     Tap(Box<ComponentInteraction>),
+    /// Someone started typing (Discord repeats it about every 10 s while they type).
+    Typing(Box<TypingStartEvent>),
 }
 
 impl GatewayEvent {
@@ -297,6 +299,8 @@ impl GatewayEvent {
             GatewayEvent::Message(m) => (1, m.id.get(), 0),
             GatewayEvent::Edit(e) => (1, e.id.get(), 1),
             GatewayEvent::Tap(i) => (1, i.id.get(), 0),
+            // After the messages that came with it: typing holds a burst already stored.
+            GatewayEvent::Typing(_) => (2, 0, 0),
         }
     }
 }
@@ -359,6 +363,11 @@ impl EventHandler for Handler {
         event: MessageUpdateEvent,
     ) {
         self.queue(GatewayEvent::Edit(Box::new(event)));
+    }
+
+    /// Typing (with the typing intents): the author of a pending burst is still writing.
+    async fn typing_start(&self, _ctx: Context, event: TypingStartEvent) {
+        self.queue(GatewayEvent::Typing(Box::new(event)));
     }
 
     /// Button clicks: answered at once (Discord waits 3 s), then queued. Other
@@ -484,6 +493,13 @@ impl Feeder<'_> {
             GatewayEvent::Edit(event) => {
                 if let Some(incoming) = translate::edit(&event, &self.bot) {
                     self.store(incoming).await;
+                }
+            }
+            GatewayEvent::Typing(event) => {
+                let (conversation, user) = translate::typing(&event);
+                // Best effort: a typing event that is not heard only costs a wait.
+                if let Err(e) = self.intake.typing(conversation, user).await {
+                    tracing::debug!(error = %e, "a Discord typing event was not applied");
                 }
             }
             GatewayEvent::Tap(click) => {

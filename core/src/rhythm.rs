@@ -36,6 +36,10 @@ impl DebounceMode {
     }
 }
 
+/// How long a typing author holds a pending burst's timer: Discord shows "typing…" for
+/// 10 s after each `TYPING_START` and repeats the event while the person types.
+pub const TYPING_HOLD: Duration = Duration::from_secs(10);
+
 /// How many bursts a conversation must have shown before its rhythm replaces the
 /// cautious prior (the full window).
 pub const KNOWN_AFTER: u32 = 2;

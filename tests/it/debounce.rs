@@ -146,3 +146,63 @@ async fn a_debounce_that_only_shortens_splits_the_bursts() {
     .await;
     assert!(!no_burst_split(&answered), "{answered:#?}");
 }
+
+/// On Discord (the fake): Alice sends a message, then starts typing. With adaptive
+/// waiting the typing holds her pending burst's timer, but never past the cap
+/// (`LULL_MAX_WAIT_MS` after her message); returns how far after her message the timer
+/// is due once the typing was heard (or after a second, if it never moves), and how
+/// long after it the reply was sent.
+async fn discord_typing(mode: &str) -> (i64, Duration) {
+    use crate::discord::{ALICE, Harness, WAIT};
+    use crate::support::db::count;
+    use crate::support::fakes::discord::{ChannelKind, Say};
+
+    let mut h = Harness::new().await;
+    let dm = h.fake.channel(ChannelKind::Dm);
+    h.start(
+        "lull",
+        &[
+            ("LULL_DEBOUNCE", mode),
+            ("LULL_DEBOUNCE_MS", "1500"),
+            ("LULL_MAX_WAIT_MS", "3000"),
+        ],
+    )
+    .await;
+    h.fake.wait_connected(1, WAIT).await;
+    let said = std::time::Instant::now();
+    h.fake.say(Say::new(dm, ALICE, "so here is my question"));
+    let due = "SELECT COALESCE((SELECT due_at FROM timers) - (SELECT MIN(received_at) FROM messages), -1)";
+    let deadline = std::time::Instant::now() + WAIT;
+    while count(&h.db(), due) < 0 {
+        assert!(std::time::Instant::now() < deadline, "never stored");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let armed = count(&h.db(), due);
+    h.fake.typing_start(dm, ALICE);
+    let heard = std::time::Instant::now() + Duration::from_secs(1);
+    let mut held = armed;
+    while held == armed && std::time::Instant::now() < heard {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        held = count(&h.db(), due);
+    }
+    h.fake.wait_sent(dm, 1, WAIT).await;
+    let replied = said.elapsed();
+    h.settled().await;
+    (held, replied)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_discord_typing_event_holds_the_timer_but_never_past_the_cap() {
+    let (held, replied) = discord_typing("adaptive").await;
+    assert_eq!(held, 3000, "held until the cap, not the 10 s typing hold");
+    assert!(replied >= Duration::from_millis(2900), "{replied:?}");
+}
+
+/// Counter-test: with the fixed debounce typing is not heard, and the check above
+/// fails: the timer stays at the debounce.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_fixed_debounce_typing_holds_nothing() {
+    let (held, replied) = discord_typing("fixed").await;
+    assert_eq!(held, 1500);
+    assert!(replied < Duration::from_millis(2900), "{replied:?}");
+}

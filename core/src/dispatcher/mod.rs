@@ -425,4 +425,26 @@ impl lull_port::Intake for Dispatcher {
             .recent_conversations(platform, since, limit)
             .await?)
     }
+
+    /// With adaptive waiting, a typing author holds their pending burst's timer for
+    /// [`crate::rhythm::TYPING_HOLD`], never past its cap; with a fixed debounce,
+    /// typing changes nothing.
+    async fn typing(
+        &self,
+        conversation: lull_port::domain::ConversationRef,
+        user_id: String,
+    ) -> Result<(), IngestError> {
+        if self.settings.timers.mode() != crate::rhythm::DebounceMode::Adaptive {
+            return Ok(());
+        }
+        let now = self.clock.now();
+        if let Some(due_at) = self
+            .store
+            .extend_timer(&conversation, &user_id, crate::rhythm::TYPING_HOLD, now)
+            .await?
+        {
+            tracing::debug!(%conversation, due_at = due_at.0, "the author is typing: the timer waits");
+        }
+        Ok(())
+    }
 }

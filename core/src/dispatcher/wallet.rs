@@ -159,7 +159,7 @@ impl Spent {
         }
     }
 
-    fn total(self) -> u64 {
+    pub(super) fn total(self) -> u64 {
         self.prompt + self.completion + self.estimated
     }
 }

@@ -271,6 +271,7 @@ impl Round<'_> {
             }
             Generated::Stale { version, spent } => {
                 self.settle(&batch, &reserved, spent).await?;
+                metrics::counter!(names::TOKENS_DROPPED).increment(spent.total());
                 self.stopped_stale(&batch, version);
                 return Ok(());
             }
@@ -327,6 +328,7 @@ impl Round<'_> {
             }
             CommitOutcome::Stale { version } => {
                 metrics::counter!(names::REPLIES_DROPPED_STALE).increment(1);
+                metrics::counter!(names::TOKENS_DROPPED).increment(spent.total());
                 tracing::debug!(%conversation, v0 = batch.v0.0, version = version.0, "stale reply dropped: a newer message arrived");
                 d.emit(Event::DroppedStale {
                     conversation,

@@ -108,6 +108,7 @@ macro_rules! store_conformance {
             concurrent_reservations_of_one_key_store_one_row,
             the_status_counts_what_the_rows_say,
             a_commit_teaches_the_rhythm_of_its_burst,
+            a_typing_author_holds_the_timer_never_past_the_cap,
         );
         // Checks of adaptive waiting, on a store opened with `adaptive_policy()`.
         $crate::store_conformance!(@$each $open, adaptive_policy;

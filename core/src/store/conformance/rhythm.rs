@@ -109,3 +109,37 @@ pub async fn ingest_arms_the_wait_the_rhythm_allows(store: &dyn Store) {
         assert_eq!(due_at, at(t + 1000).min(at(64_000)), "never past the cap");
     }
 }
+
+/// A typing author holds the conversation's timer until `now + hold`, never past the
+/// cap and never sooner than it was due; someone else typing, a conversation with
+/// nothing pending, or an unknown one change nothing.
+pub async fn a_typing_author_holds_the_timer_never_past_the_cap(store: &dyn Store) {
+    let a = holder("a");
+    let c1 = http("c1");
+    let (id, _, due_at) = stored(store, message(c1.clone(), "m1"), &a, at(0)).await;
+    assert_eq!(due_at, at(1000));
+    let extend = |user: &'static str, hold: u64, now: u64| {
+        let c1 = c1.clone();
+        async move {
+            store
+                .extend_timer(&c1, user, ms(hold), at(now))
+                .await
+                .expect("extending a timer")
+        }
+    };
+    assert_eq!(extend("u2", 2000, 500).await, None, "not the author");
+    assert_eq!(collect(store, id).await.timer.map(|t| t.due_at), Some(at(1000)));
+    assert_eq!(extend("u1", 2000, 500).await, Some(at(2500)), "held");
+    assert_eq!(extend("u1", 100, 600).await, Some(at(2500)), "never sooner");
+    assert_eq!(extend("u1", 10_000, 700).await, Some(at(4000)), "never past the cap");
+    assert_eq!(collect(store, id).await.timer.map(|t| t.due_at), Some(at(4000)));
+    let unknown = http("nobody");
+    assert_eq!(
+        store.extend_timer(&unknown, "u1", ms(2000), at(800)).await.unwrap(),
+        None
+    );
+    let lease = claimed(store, id, &a, at(4000)).await;
+    let batch = collect(store, id).await;
+    committed(store, &lease, &batch, "answer", at(4000)).await;
+    assert_eq!(extend("u1", 2000, 4100).await, None, "nothing pending");
+}

@@ -2,11 +2,13 @@
 //! conversation row already locked), read back. Times are on the database's timeline,
 //! as the messages' arrival times it learns from.
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 
 use super::PostgresStore;
 use super::sql::{Tx, execute, query_opt};
-use crate::domain::{ConversationId, Timestamp};
+use crate::domain::{ConversationId, ConversationRef, Timestamp};
 use crate::rhythm::Rhythm;
 use crate::store::faults::Operation;
 use crate::store::{RhythmStore, StoreError};
@@ -17,6 +19,40 @@ impl RhythmStore for PostgresStore {
     async fn rhythm(&self, conversation: ConversationId) -> Result<Rhythm, StoreError> {
         transaction!(self, Operation::Read, "reading the rhythm", |tx| {
             async { read(&tx, conversation).await }.await
+        })
+    }
+
+    async fn extend_timer(
+        &self,
+        conversation: &ConversationRef,
+        user_id: &str,
+        hold: Duration,
+        now: Timestamp,
+    ) -> Result<Option<Timestamp>, StoreError> {
+        let max_wait = self.timers.max_wait().as_millis() as i64;
+        transaction!(self, Operation::Other, "extending a timer", |tx| {
+            async {
+                let now = self.now(&tx, now).await?;
+                let until = now.db.plus(hold).0;
+                // Capped debounce: a typing author holds the timer, never past the
+                // oldest pending message + max_wait, never sooner than it was due.
+                let row = query_opt(
+                    &tx,
+                    "UPDATE timers SET due_at = GREATEST(due_at, LEAST($4::int8,
+                         (SELECT MIN(m.received_at) FROM messages m JOIN conversations c ON c.id = m.conversation_id
+                          WHERE c.id = timers.conversation_id AND m.version > c.answered_version) + $5::int8))
+                     WHERE conversation_id = (SELECT id FROM conversations WHERE platform = $1 AND key = $2)
+                       AND EXISTS (SELECT 1 FROM messages m JOIN conversations c ON c.id = m.conversation_id
+                                   WHERE c.id = timers.conversation_id AND m.version > c.answered_version
+                                     AND m.user_id = $3)
+                     RETURNING due_at",
+                    &[&conversation.platform.as_str(), &conversation.key, &user_id, &until, &max_wait],
+                    "extending a timer",
+                )
+                .await?;
+                Ok(row.map(|r| now.to_caller(Timestamp(r.get(0)))))
+            }
+            .await
         })
     }
 }

@@ -1,11 +1,13 @@
 //! The rhythm area on SQLite: learned in the commit's transaction, read back.
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::SqliteStore;
 use super::sql::Context;
-use crate::domain::{ConversationId, Timestamp};
+use crate::domain::{ConversationId, ConversationRef, Timestamp};
 use crate::rhythm::Rhythm;
 use crate::store::{RhythmStore, StoreError};
 use crate::timing::TimerPolicy;
@@ -14,6 +16,41 @@ use crate::timing::TimerPolicy;
 impl RhythmStore for SqliteStore {
     async fn rhythm(&self, conversation: ConversationId) -> Result<Rhythm, StoreError> {
         self.with_conn(move |conn| read(conn, conversation)).await
+    }
+
+    async fn extend_timer(
+        &self,
+        conversation: &ConversationRef,
+        user_id: &str,
+        hold: Duration,
+        now: Timestamp,
+    ) -> Result<Option<Timestamp>, StoreError> {
+        let (conversation, user_id) = (conversation.clone(), user_id.to_owned());
+        let max_wait = self.timers.max_wait().as_millis() as i64;
+        let until = now.plus(hold).0;
+        self.write("extending a timer", move |tx| {
+            // Capped debounce: a typing author holds the timer, never past the oldest
+            // pending message + max_wait, never sooner than it was due.
+            tx.prepare_cached(
+                "UPDATE timers SET due_at = MAX(due_at, MIN(?4,
+                     (SELECT MIN(m.received_at) FROM messages m JOIN conversations c ON c.id = m.conversation_id
+                      WHERE c.id = timers.conversation_id AND m.version > c.answered_version) + ?5))
+                 WHERE conversation_id = (SELECT id FROM conversations WHERE platform = ?1 AND key = ?2)
+                   AND EXISTS (SELECT 1 FROM messages m JOIN conversations c ON c.id = m.conversation_id
+                               WHERE c.id = timers.conversation_id AND m.version > c.answered_version
+                                 AND m.user_id = ?3)
+                 RETURNING due_at",
+            )
+            .ctx("preparing a statement")?
+            .query_row(
+                params![conversation.platform.as_str(), conversation.key, user_id, until, max_wait],
+                |r| r.get::<_, i64>(0),
+            )
+            .optional()
+            .ctx("extending a timer")
+            .map(|due| due.map(Timestamp))
+        })
+        .await
     }
 }
 

@@ -17,12 +17,14 @@
 //! loaded machine moves it little; it is printed as the median of the repetitions
 //! with min and max. BENCHMARKS.md holds the results.
 
+mod figures;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use figures::{Figure, fmt};
 use support::fakes::openai::{Behavior, FakeOpenAi, Stream};
 use support::fakes::webhook::Webhook;
 use support::process::LullProcess;
@@ -31,37 +33,6 @@ use support::trace::{self, Answered, Shape, Style};
 /// The echo responder's delay: the model's time, the same for every reply.
 const MODEL_MS: u64 = 200;
 
-/// Repeated samples of one figure, printed as median (min–max).
-#[derive(Default)]
-struct Figure(Vec<f64>);
-
-impl Figure {
-    fn cell(&self, unit: &str) -> String {
-        let mut v = self.0.clone();
-        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-        match v.as_slice() {
-            [] => "–".into(),
-            [one] => format!("{} {unit}", fmt(*one)),
-            _ => format!(
-                "{} {unit} ({}–{})",
-                fmt(v[v.len() / 2]),
-                fmt(v[0]),
-                fmt(v[v.len() - 1])
-            ),
-        }
-    }
-}
-
-fn fmt(value: f64) -> String {
-    if value.abs() >= 100.0 {
-        format!("{value:.0}")
-    } else if value.abs() >= 10.0 {
-        format!("{value:.1}")
-    } else {
-        format!("{value:.2}")
-    }
-}
-
 /// Rows by (order, figure), columns fixed and adaptive.
 #[derive(Default)]
 struct Table {
@@ -69,11 +40,20 @@ struct Table {
 }
 
 impl Table {
-    fn record(&mut self, order: usize, name: &str, unit: &str, column: usize, value: f64, goal: &str) {
-        let row = self.rows.entry(order).or_insert_with(|| {
-            (name.into(), unit.into(), Default::default(), goal.into())
-        });
-        row.2[column].0.push(value);
+    fn record(
+        &mut self,
+        order: usize,
+        name: &str,
+        unit: &str,
+        column: usize,
+        value: f64,
+        goal: &str,
+    ) {
+        let row = self
+            .rows
+            .entry(order)
+            .or_insert_with(|| (name.into(), unit.into(), Default::default(), goal.into()));
+        row.2[column].push(value);
     }
 
     fn print(&self) {
@@ -126,22 +106,82 @@ async fn replay(people: &[trace::Person], mode: &str) -> (Vec<Answered>, f64) {
 /// Record one replay's figures in `column`.
 fn record(table: &mut Table, column: usize, answered: &[Answered], calls: f64) {
     let waits = |pick: &dyn Fn(&Answered) -> bool| -> Vec<Duration> {
-        answered.iter().filter(|a| pick(a)).map(|a| a.wait).collect()
+        answered
+            .iter()
+            .filter(|a| pick(a))
+            .map(|a| a.wait)
+            .collect()
     };
     let all = waits(&|_| true);
     let singles = waits(&|a| a.messages == 1 && a.style == Style::Complete);
     let fragments = waits(&|a| a.messages >= 2 && a.style == Style::Fragments);
     let photos = waits(&|a| a.messages == 2 && a.style == Style::Photo);
     let p = trace::percentile_ms;
-    table.record(1, "wait after the last message p50, every burst", "ms", column, p(&all, 50.0), "");
-    table.record(2, "wait after the last message p90, every burst", "ms", column, p(&all, 90.0), "");
-    table.record(3, "wait p50, single complete messages", "ms", column, p(&singles, 50.0), "≤ 500");
-    table.record(4, "wait p90, single complete messages", "ms", column, p(&singles, 90.0), "");
-    table.record(5, "wait p50, bursts of 2–5 fragments", "ms", column, p(&fragments, 50.0), "");
-    table.record(6, "wait p90, bursts of 2–5 fragments", "ms", column, p(&fragments, 90.0), "");
-    table.record(7, "wait p50, a photo then its caption", "ms", column, p(&photos, 50.0), "");
+    table.record(
+        1,
+        "wait after the last message p50, every burst",
+        "ms",
+        column,
+        p(&all, 50.0),
+        "",
+    );
+    table.record(
+        2,
+        "wait after the last message p90, every burst",
+        "ms",
+        column,
+        p(&all, 90.0),
+        "",
+    );
+    table.record(
+        3,
+        "wait p50, single complete messages",
+        "ms",
+        column,
+        p(&singles, 50.0),
+        "≤ 500",
+    );
+    table.record(
+        4,
+        "wait p90, single complete messages",
+        "ms",
+        column,
+        p(&singles, 90.0),
+        "",
+    );
+    table.record(
+        5,
+        "wait p50, bursts of 2–5 fragments",
+        "ms",
+        column,
+        p(&fragments, 50.0),
+        "",
+    );
+    table.record(
+        6,
+        "wait p90, bursts of 2–5 fragments",
+        "ms",
+        column,
+        p(&fragments, 90.0),
+        "",
+    );
+    table.record(
+        7,
+        "wait p50, a photo then its caption",
+        "ms",
+        column,
+        p(&photos, 50.0),
+        "",
+    );
     let bursts = answered.len() as f64;
-    table.record(8, "model calls per burst, whole trace", "calls/burst", column, calls / bursts, "≤ 1.05");
+    table.record(
+        8,
+        "model calls per burst, whole trace",
+        "calls/burst",
+        column,
+        calls / bursts,
+        "≤ 1.05",
+    );
     let early: usize = answered.iter().map(|a| a.replies - 1).sum();
     table.record(
         9,
@@ -151,7 +191,10 @@ fn record(table: &mut Table, column: usize, answered: &[Answered], calls: f64) {
         early as f64,
         "0",
     );
-    let split = answered.iter().filter(|a| a.messages >= 2 && a.replies > 1).count();
+    let split = answered
+        .iter()
+        .filter(|a| a.messages >= 2 && a.replies > 1)
+        .count();
     let multi = answered.iter().filter(|a| a.messages >= 2).count();
     table.record(
         10,
@@ -169,7 +212,10 @@ fn record(table: &mut Table, column: usize, answered: &[Answered], calls: f64) {
 /// model time spent on the dropped request.
 async fn overtaken(trials: usize) -> Vec<(Duration, Duration)> {
     let model = FakeOpenAi::start().await;
-    model.fallback(Behavior::Stream(Stream::echo(40, Duration::from_millis(50))));
+    model.fallback(Behavior::Stream(Stream::echo(
+        40,
+        Duration::from_millis(50),
+    )));
     let (_dir, webhook, lull) = start(&[
         ("LULL_LLM", "openai".into()),
         ("OPENAI_BASE_URL", model.base_url.clone()),
@@ -204,7 +250,10 @@ async fn overtaken(trials: usize) -> Vec<(Duration, Duration)> {
         assert_eq!(replies[k].covers.len(), 2, "one reply covers both");
         let abandoned = model.abandoned();
         let (started, dropped) = *abandoned.get(k).expect("the overtaken request was dropped");
-        out.push((dropped.duration_since(newer), dropped.duration_since(started)));
+        out.push((
+            dropped.duration_since(newer),
+            dropped.duration_since(started),
+        ));
     }
     out
 }
@@ -247,7 +296,10 @@ fn main() {
     println!(
         "lull typing bench: {reps} repetition(s) of {people} people, {} CPUs, load average at start {}, {:.0} s",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
-        load.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" "),
         started.elapsed().as_secs_f64()
     );
     table.print();

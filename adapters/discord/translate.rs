@@ -231,7 +231,6 @@ fn strip_mentions(content: &str, bot: &BotIdentity) -> String {
     text
 }
 
-
 /// A typing event as the core hears it: the conversation (its channel) and who types.
 pub(super) fn typing(event: &serenity::all::TypingStartEvent) -> (ConversationRef, String) {
     (

@@ -254,7 +254,12 @@ pub async fn replay(people: &[Person], base_url: &str) {
                 )
                 .await
                 .expect("posting a message");
-                assert_eq!(r.status().as_u16(), 202, "{}", r.text().await.unwrap_or_default());
+                assert_eq!(
+                    r.status().as_u16(),
+                    202,
+                    "{}",
+                    r.text().await.unwrap_or_default()
+                );
             }
         });
     }
@@ -295,7 +300,12 @@ pub fn answered(db: &Path, people: &[Person]) -> Vec<Answered> {
             let id: String = r.get(1)?;
             Ok((
                 (r.get::<_, String>(0)?, id.trim_matches('"').to_owned()),
-                (r.get(2)?, r.get(3)?, r.get(4)?, r.get::<_, Option<i64>>(5)?.unwrap_or(0)),
+                (
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get::<_, Option<i64>>(5)?.unwrap_or(0),
+                ),
             ))
         })
         .unwrap();
@@ -309,10 +319,13 @@ pub fn answered(db: &Path, people: &[Person]) -> Vec<Answered> {
             let of = |sent: &Sent| {
                 rows.get(&(person.conversation.clone(), sent.id.clone()))
                     .copied()
-                    .unwrap_or_else(|| panic!("{} {} was never answered", person.conversation, sent.id))
+                    .unwrap_or_else(|| {
+                        panic!("{} {} was never answered", person.conversation, sent.id)
+                    })
             };
             let replies: BTreeSet<i64> = burst.messages.iter().map(|m| of(m).1).collect();
-            let (arrived, _, committed, llm_ms) = of(burst.messages.last().expect("a burst has messages"));
+            let (arrived, _, committed, llm_ms) =
+                of(burst.messages.last().expect("a burst has messages"));
             out.push(Answered {
                 style: person.style,
                 messages: burst.messages.len(),
@@ -343,21 +356,4 @@ pub fn percentile_ms(waits: &[Duration], p: f64) -> f64 {
         return f64::NAN;
     }
     v[(((p / 100.0) * (v.len() - 1) as f64).round() as usize).min(v.len() - 1)]
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_gaps_are_log_normal_around_their_median() {
-        let mut rng = fastrand::Rng::with_seed(7);
-        let shape = Shape::human();
-        let mut v: Vec<u128> = (0..4001)
-            .map(|_| lognormal(&mut rng, shape.gap_median, 0.5, shape.gap_clamp).as_millis())
-            .collect();
-        v.sort_unstable();
-        assert!((550..=650).contains(&v[2000]), "median {}", v[2000]);
-        assert!(v[3600] > 1000, "p90 {}", v[3600]);
-    }
 }

@@ -688,7 +688,11 @@ async fn respond(inner: &Arc<Inner>, headers: HeaderMap, body: axum::body::Bytes
                 impl Drop for Abandon<'_> {
                     fn drop(&mut self) {
                         if !self.2 {
-                            self.0.abandoned.lock().unwrap().push((self.1, Instant::now()));
+                            self.0
+                                .abandoned
+                                .lock()
+                                .unwrap()
+                                .push((self.1, Instant::now()));
                         }
                     }
                 }

@@ -128,14 +128,27 @@ pub async fn a_typing_author_holds_the_timer_never_past_the_cap(store: &dyn Stor
         }
     };
     assert_eq!(extend("u2", 2000, 500).await, None, "not the author");
-    assert_eq!(collect(store, id).await.timer.map(|t| t.due_at), Some(at(1000)));
+    assert_eq!(
+        collect(store, id).await.timer.map(|t| t.due_at),
+        Some(at(1000))
+    );
     assert_eq!(extend("u1", 2000, 500).await, Some(at(2500)), "held");
     assert_eq!(extend("u1", 100, 600).await, Some(at(2500)), "never sooner");
-    assert_eq!(extend("u1", 10_000, 700).await, Some(at(4000)), "never past the cap");
-    assert_eq!(collect(store, id).await.timer.map(|t| t.due_at), Some(at(4000)));
+    assert_eq!(
+        extend("u1", 10_000, 700).await,
+        Some(at(4000)),
+        "never past the cap"
+    );
+    assert_eq!(
+        collect(store, id).await.timer.map(|t| t.due_at),
+        Some(at(4000))
+    );
     let unknown = http("nobody");
     assert_eq!(
-        store.extend_timer(&unknown, "u1", ms(2000), at(800)).await.unwrap(),
+        store
+            .extend_timer(&unknown, "u1", ms(2000), at(800))
+            .await
+            .unwrap(),
         None
     );
     let lease = claimed(store, id, &a, at(4000)).await;

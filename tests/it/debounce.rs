@@ -216,3 +216,78 @@ async fn with_the_fixed_debounce_typing_holds_nothing() {
     assert_eq!(held, 1500);
     assert!(replied < Duration::from_millis(2900), "{replied:?}");
 }
+
+/// Tokens spent on an overtaken generation (stopped when a newer message came) are
+/// counted and shown to an admin by `/usage`, and in `lull_tokens_dropped_total`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_shows_an_admin_the_tokens_of_an_overtaken_generation() {
+    use crate::support::fakes::openai::{Behavior, FakeOpenAi, Stream};
+    use crate::support::process::post_message;
+
+    let model = FakeOpenAi::start().await;
+    model.fallback(Behavior::Stream(Stream::echo(
+        40,
+        Duration::from_millis(50),
+    )));
+    let dir = tempfile::tempdir().unwrap();
+    let webhook = Webhook::start().await;
+    let vars: Vec<(&str, String)> = vec![
+        (
+            "DATABASE_URL",
+            format!("sqlite:{}", dir.path().join("lull.db").display()),
+        ),
+        ("LULL_WEBHOOK_URL", webhook.url.clone()),
+        ("LULL_LLM", "openai".into()),
+        ("OPENAI_BASE_URL", model.base_url.clone()),
+        ("LULL_DEBOUNCE", "fixed".into()),
+        ("LULL_DEBOUNCE_MS", "100".into()),
+        ("LULL_ADMINS", "http:tester".into()),
+    ];
+    let mut lull = LullProcess::start(dir.path(), "lull", &["run"], &vars);
+    lull.wait_healthy(Duration::from_secs(30)).await;
+    let client = reqwest::Client::new();
+    let post = |id: &'static str, text: &'static str| {
+        let (client, base) = (client.clone(), lull.base_url());
+        async move {
+            let r = post_message(&client, &base, "c1", id, text).await.unwrap();
+            assert_eq!(r.status().as_u16(), 202);
+        }
+    };
+    post("m1", "what is a lull?").await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while model.requests().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the model was never asked"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    post("m2", "and why wait?").await;
+    let replies = webhook.wait_replies(1, Duration::from_secs(20)).await;
+    assert_eq!(replies[0].covers.len(), 2, "one reply covers both");
+    assert_eq!(
+        model.abandoned().len(),
+        1,
+        "the overtaken request was dropped"
+    );
+    post("u1", "/usage").await;
+    let usage = webhook
+        .wait_until_received(Duration::from_secs(20), |r| {
+            r.text.contains("dropped or stopped")
+        })
+        .await;
+    let tokens: u64 = usage
+        .text
+        .rsplit("came: ")
+        .next()
+        .and_then(|t| t.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{}", usage.text));
+    assert!(tokens > 0, "{}", usage.text);
+    let metrics = lull.metrics().await.unwrap();
+    assert_eq!(
+        metrics.get("lull_tokens_dropped_total"),
+        Some(&(tokens as f64))
+    );
+}

@@ -492,6 +492,36 @@ pub(super) async fn settle(
     Ok(())
 }
 
+/// After a generation whose reply never went out (dropped as stale, or stopped when a
+/// newer message overtook it): count what it spent (`lull_tokens_dropped_total`, and
+/// the day's [`limits::DROPPED_SCOPE`] for `/usage`), under the lease. Settled as
+/// usual apart from this: the budgets were charged already.
+pub(super) async fn count_dropped(
+    d: &Dispatcher,
+    lease: &Lease,
+    reserved: &Reserved,
+    spent: Spent,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    let tokens = spent.total();
+    if tokens == 0 {
+        return Ok(());
+    }
+    metrics::counter!(names::TOKENS_DROPPED).increment(tokens);
+    let charge = TokenCharge {
+        day: reserved.day.clone(),
+        scopes: vec![ScopeCharge {
+            scope: limits::DROPPED_SCOPE.to_owned(),
+            tokens: tokens as i64,
+            limit: None,
+        }],
+        hold_until: None,
+        reservation: Reservation::None,
+    };
+    d.store.charge_tokens(lease, &charge, now).await?;
+    Ok(())
+}
+
 /// Before a voice message of `user_id` is transcribed: charge its `secs` seconds
 /// ([`limits::AUDIO_TOKENS_PER_SECOND`]) to the sender's and the bot's budgets.
 /// `false`: a budget has not that much left; nothing was charged and nothing is held

@@ -271,7 +271,7 @@ impl Round<'_> {
             }
             Generated::Stale { version, spent } => {
                 self.settle(&batch, &reserved, spent).await?;
-                metrics::counter!(names::TOKENS_DROPPED).increment(spent.total());
+                self.count_dropped(&reserved, spent).await?;
                 self.stopped_stale(&batch, version);
                 return Ok(());
             }
@@ -328,7 +328,7 @@ impl Round<'_> {
             }
             CommitOutcome::Stale { version } => {
                 metrics::counter!(names::REPLIES_DROPPED_STALE).increment(1);
-                metrics::counter!(names::TOKENS_DROPPED).increment(spent.total());
+                self.count_dropped(&reserved, spent).await?;
                 tracing::debug!(%conversation, v0 = batch.v0.0, version = version.0, "stale reply dropped: a newer message arrived");
                 d.emit(Event::DroppedStale {
                     conversation,

@@ -840,10 +840,7 @@ fn main() {
             other => panic!("unknown argument {other}"),
         }
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = figures::runtime();
     let started = Instant::now();
     let table = runtime.block_on(run(&sizes));
     println!(

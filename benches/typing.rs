@@ -270,10 +270,7 @@ fn main() {
             other => panic!("unknown argument {other}"),
         }
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = figures::runtime();
     let started = Instant::now();
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let mut table = Table::default();

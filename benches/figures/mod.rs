@@ -1,4 +1,5 @@
-//! Figures of the benches: repeated samples printed as the median with min and max.
+//! What the benches share: repeated samples printed as the median with min and max,
+//! and the runtime they drive `lull run` processes from.
 
 /// Repeated samples of one figure.
 #[derive(Debug, Default, Clone)]
@@ -55,4 +56,12 @@ pub fn fmt(value: f64) -> String {
     } else {
         format!("{value:.3}")
     }
+}
+
+/// The multi-threaded runtime a bench runs on.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
 }

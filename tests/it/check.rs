@@ -115,8 +115,9 @@ async fn check_leaves_an_existing_database_untouched() {
     ])
     .await;
     assert_eq!(code, Some(0), "{report}");
+    // The schema version grows with every migration: not pinned here.
     assert!(
-        report.contains("is sound: 0 conversations, schema 9"),
+        report.contains("is sound: 0 conversations, schema "),
         "{report}"
     );
     assert_eq!(std::fs::read(&path).unwrap(), before, "the file changed");

@@ -26,6 +26,7 @@
 //!   them), and the scheduler lateness across two replicas (ingested on one, answered
 //!   by either: the `NOTIFY` wake-up path).
 
+mod figures;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -34,6 +35,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use figures::{Figure, fmt};
 use support::fakes::openai::FakeOpenAi;
 use support::fakes::webhook::Webhook;
 use support::postgres::{Cluster, Durability};
@@ -76,63 +78,6 @@ impl Sizes {
             idle_seconds: 5,
             ingest_only: false,
         }
-    }
-}
-
-/// Repeated samples of one figure.
-#[derive(Debug, Default, Clone)]
-struct Figure {
-    samples: Vec<f64>,
-}
-
-impl Figure {
-    fn push(&mut self, value: f64) {
-        self.samples.push(value);
-    }
-
-    fn sorted(&self) -> Vec<f64> {
-        let mut v = self.samples.clone();
-        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-        v
-    }
-
-    fn median(&self) -> f64 {
-        let v = self.sorted();
-        if v.is_empty() {
-            return f64::NAN;
-        }
-        let n = v.len();
-        if n % 2 == 1 {
-            v[n / 2]
-        } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
-        }
-    }
-
-    fn cell(&self, unit: &str) -> String {
-        let v = self.sorted();
-        match v.as_slice() {
-            [] => "–".into(),
-            [one] => format!("{} {unit}", fmt(*one)),
-            _ => format!(
-                "{} {unit} ({}–{})",
-                fmt(self.median()),
-                fmt(v[0]),
-                fmt(v[v.len() - 1])
-            ),
-        }
-    }
-}
-
-fn fmt(value: f64) -> String {
-    if value.abs() >= 100.0 {
-        format!("{value:.0}")
-    } else if value.abs() >= 10.0 {
-        format!("{value:.1}")
-    } else if value.abs() >= 0.1 {
-        format!("{value:.2}")
-    } else {
-        format!("{value:.3}")
     }
 }
 
@@ -895,10 +840,7 @@ fn main() {
             other => panic!("unknown argument {other}"),
         }
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = figures::runtime();
     let started = Instant::now();
     let table = runtime.block_on(run(&sizes));
     println!(

@@ -194,7 +194,15 @@ fn describe(config: &Config) -> String {
         } else {
             adapters.join(", ")
         },
-        config.dispatch.timers.debounce().as_millis(),
+        match config.dispatch.timers.mode() {
+            lull_core::rhythm::DebounceMode::Fixed =>
+                config.dispatch.timers.debounce().as_millis().to_string(),
+            lull_core::rhythm::DebounceMode::Adaptive => format!(
+                "adaptive {}–{}",
+                config.dispatch.timers.min_debounce().as_millis(),
+                config.dispatch.timers.debounce().as_millis()
+            ),
+        },
         config.dispatch.timers.max_wait().as_millis(),
         config.dispatch.lease.ttl().as_millis()
     )

@@ -41,7 +41,7 @@ use async_trait::async_trait;
 use serenity::all::{
     ChannelId, ClientBuilder, CommandInteraction, ComponentInteraction, Context, EventHandler,
     GatewayError, Interaction, InteractionId, Message, MessageId, MessagePagination,
-    MessageUpdateEvent, Ready, ResumedEvent, ShardManager,
+    MessageUpdateEvent, Ready, ResumedEvent, ShardManager, TypingStartEvent,
 };
 use serenity::http::{LightMethod, Request, Route};
 use tokio::sync::mpsc;
@@ -288,6 +288,8 @@ enum GatewayEvent {
     Tap(Box<ComponentInteraction>),
     /// A slash command (already deferred: Discord shows "thinking…").
     Slash(Box<CommandInteraction>),
+    /// Someone started typing (Discord repeats it about every 10 s while they type).
+    Typing(Box<TypingStartEvent>),
 }
 
 impl GatewayEvent {
@@ -300,6 +302,8 @@ impl GatewayEvent {
             GatewayEvent::Edit(e) => (1, e.id.get(), 1),
             GatewayEvent::Tap(i) => (1, i.id.get(), 0),
             GatewayEvent::Slash(i) => (1, i.id.get(), 0),
+            // After the messages that came with it: typing holds a burst already stored.
+            GatewayEvent::Typing(_) => (2, 0, 0),
         }
     }
 }
@@ -362,6 +366,11 @@ impl EventHandler for Handler {
         event: MessageUpdateEvent,
     ) {
         self.queue(GatewayEvent::Edit(Box::new(event)));
+    }
+
+    /// Typing (with the typing intents): the author of a pending burst is still writing.
+    async fn typing_start(&self, _ctx: Context, event: TypingStartEvent) {
+        self.queue(GatewayEvent::Typing(Box::new(event)));
     }
 
     /// Button clicks: answered at once (Discord waits 3 s), then queued. Other
@@ -500,6 +509,13 @@ impl Feeder<'_> {
             GatewayEvent::Edit(event) => {
                 if let Some(incoming) = translate::edit(&event, &self.bot) {
                     self.store(incoming).await;
+                }
+            }
+            GatewayEvent::Typing(event) => {
+                let (conversation, user) = translate::typing(&event);
+                // Best effort: a typing event that is not heard only costs a wait.
+                if let Err(e) = self.intake.typing(conversation, user).await {
+                    tracing::debug!(error = %e, "a Discord typing event was not applied");
                 }
             }
             GatewayEvent::Tap(click) => {

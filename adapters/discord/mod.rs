@@ -82,6 +82,9 @@ pub fn intents() -> GatewayIntents {
     GatewayIntents::GUILD_MESSAGES
         | GatewayIntents::DIRECT_MESSAGES
         | GatewayIntents::MESSAGE_CONTENT
+        // Typing holds a pending burst while its author writes (not privileged).
+        | GatewayIntents::GUILD_MESSAGE_TYPING
+        | GatewayIntents::DIRECT_MESSAGE_TYPING
 }
 
 /// How many gateway shards the bot's events are split across (`LULL_DISCORD_SHARDS`).

@@ -255,6 +255,14 @@ fn strip_mentions(content: &str, bot: &BotIdentity) -> String {
     text
 }
 
+/// A typing event as the core hears it: the conversation (its channel) and who types.
+pub(super) fn typing(event: &serenity::all::TypingStartEvent) -> (ConversationRef, String) {
+    (
+        ConversationRef::new(Platform::Discord, event.channel_id.to_string()),
+        event.user_id.to_string(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::{Value, json};

@@ -6,6 +6,7 @@
 //!
 //! - [`domain`]: the domain words as types (the port's, plus lease, holder, token).
 //! - [`timing`]: the timing rules (capped debounce, cap, lease pacing) as pure functions.
+//! - [`rhythm`]: a conversation's learned rhythm and the adaptive wait picked from it.
 //! - [`clock`]: this process's time (on SQLite, the one clock every process compares;
 //!   on PostgreSQL the store compares deadlines on the database's clock).
 //! - [`store`]: the shared state behind one trait; [`store::SqliteStore`] implements it
@@ -59,6 +60,7 @@ pub mod domain;
 pub mod limits;
 pub mod llm;
 pub mod metrics;
+pub mod rhythm;
 pub mod store;
 mod switches;
 pub mod texts;

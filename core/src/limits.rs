@@ -147,6 +147,11 @@ pub fn conversation_scope(conversation: &ConversationRef) -> String {
 /// The budget scope of the whole bot.
 pub const BOT_SCOPE: &str = "bot";
 
+/// Not a budget: the tokens spent on generations whose reply never went out (dropped
+/// as stale, or stopped when overtaken), per day, for `/usage` (admins); already in
+/// the budgets of those who wrote.
+pub const DROPPED_SCOPE: &str = "dropped";
+
 /// Tokens of `chars` characters of text, when the model reports no usage: four
 /// characters a token, rounded up (close for English, low for other scripts).
 pub fn estimate_tokens(chars: usize) -> u64 {

@@ -27,6 +27,11 @@ pub const LLM_TOKENS: &str = "lull_llm_tokens_total";
 /// Labelled `kind`: `prompt`, `completion` (reported by the model), `estimated` (the
 /// server reported none: four characters a token). What the token budgets are charged.
 pub const TOKENS: &str = "lull_tokens_total";
+/// Tokens spent on generations whose reply never went out: dropped as stale at the
+/// final check, or stopped when a newer message overtook them (estimated from the
+/// prompt: the server reports no usage for a request it did not finish). Already
+/// counted in [`TOKENS`] by kind; this says how much of it was spent for nothing.
+pub const TOKENS_DROPPED: &str = "lull_tokens_dropped_total";
 /// Labelled `reason`: `denied` (a message from someone not admitted), `rate` (a
 /// message held by `LULL_RATE_PER_MIN`), `user_budget`, `bot_budget` (a batch held by
 /// `LULL_USER_DAILY_TOKENS` or `LULL_DAILY_TOKENS`).
@@ -93,6 +98,10 @@ pub fn describe() {
     describe_counter!(
         TOKENS,
         "Tokens charged to the budgets, by kind (prompt, completion, or estimated when the server reports none)."
+    );
+    describe_counter!(
+        TOKENS_DROPPED,
+        "Tokens spent on generations whose reply never went out (dropped as stale or stopped when overtaken); also in lull_tokens_total."
     );
     describe_counter!(
         LIMITED,

@@ -58,6 +58,14 @@ pub(crate) fn no_command_dedupe() -> bool {
     *ON.get_or_init(|| on("LULL_TEST_NO_COMMAND_DEDUPE"))
 }
 
+/// `LULL_TEST_NO_BURST_WINDOW=1`: adaptive waiting forgets the gaps it learned: a
+/// conversation whose rhythm is known always waits the shortest window (a debounce that
+/// only shortens, the behaviour the burst window prevents: fragment bursts split).
+pub(crate) fn no_burst_window() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| on("LULL_TEST_NO_BURST_WINDOW"))
+}
+
 /// `LULL_TEST_BUSY_TIMEOUT_MS=N`: SQLite's busy timeout is `N` ms instead of `default`
 /// (not a protection: a shorter timeout lets a test's lock outlast it quickly).
 pub(crate) fn busy_timeout(default: std::time::Duration) -> std::time::Duration {

@@ -131,6 +131,12 @@ pub fn usage_text(
     text
 }
 
+/// The line `/usage` adds for an admin: tokens spent today on generations whose reply
+/// never went out (dropped as stale, or stopped when a newer message overtook them).
+pub fn dropped_usage_text(tokens: u64) -> String {
+    format!("Spent on replies dropped or stopped because a newer message came: {tokens} tokens.")
+}
+
 // Access.
 
 /// The message a user who is not admitted gets; in a group (`chat`, the widest of the

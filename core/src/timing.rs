@@ -8,18 +8,25 @@ use std::time::Duration;
 use lull_port::Backoff;
 
 use crate::domain::Timestamp;
+use crate::rhythm::{Cue, DebounceMode, Rhythm, adaptive_wait};
 
 /// The capped debounce window. Each message re-arms the conversation's timer to
 /// `now + debounce`, but never past `first_pending + max_wait`; a burst of
 /// `max_batch` pending messages is due at once.
 ///
 /// Invariant (checked by [`TimerPolicy::new`]): `debounce < max_wait` and
-/// `max_batch >= 1`, so the cap is always reachable and always binding.
+/// `max_batch >= 1`, so the cap is always reachable and always binding. With adaptive
+/// waiting ([`TimerPolicy::adaptive`]) each message's wait is picked in
+/// `[min_debounce, debounce]` (`min_debounce <= debounce`, checked), and the cap still
+/// applies after it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TimerPolicy {
     debounce: Duration,
     max_wait: Duration,
     max_batch: u32,
+    /// `LULL_DEBOUNCE_MIN_MS`: the shortest adaptive wait (equal to `debounce` when fixed).
+    min_debounce: Duration,
+    mode: DebounceMode,
 }
 
 /// Why a timing setting cannot work.
@@ -34,6 +41,10 @@ pub enum TimingError {
     },
     #[error("LULL_MAX_BATCH must be at least 1")]
     EmptyBatch,
+    #[error(
+        "LULL_DEBOUNCE_MIN_MS ({min_ms}) must not be longer than LULL_DEBOUNCE_MS ({debounce_ms}): adaptive waits are picked between them"
+    )]
+    MinDebounceTooLong { min_ms: u128, debounce_ms: u128 },
     #[error(
         "LULL_LEASE_TTL_MS ({ttl_ms}) must be at least three renewal intervals (LULL_LEASE_RENEW_MS = {renew_ms}): a lease must survive two missed renewals"
     )]
@@ -61,7 +72,49 @@ impl TimerPolicy {
             debounce,
             max_wait,
             max_batch,
+            min_debounce: debounce,
+            mode: DebounceMode::Fixed,
         })
+    }
+
+    /// The same policy with adaptive waiting: each wait picked from the conversation's
+    /// rhythm in `[min_debounce, debounce]`. Refused when `min_debounce > debounce`.
+    pub fn adaptive(self, min_debounce: Duration) -> Result<Self, TimingError> {
+        if min_debounce > self.debounce {
+            return Err(TimingError::MinDebounceTooLong {
+                min_ms: min_debounce.as_millis(),
+                debounce_ms: self.debounce.as_millis(),
+            });
+        }
+        Ok(Self {
+            min_debounce,
+            mode: DebounceMode::Adaptive,
+            ..self
+        })
+    }
+
+    pub fn mode(&self) -> DebounceMode {
+        self.mode
+    }
+
+    /// The shortest wait (`LULL_DEBOUNCE_MIN_MS`; the debounce itself when fixed).
+    pub fn min_debounce(&self) -> Duration {
+        self.min_debounce
+    }
+
+    /// The wait after a message: `debounce` when fixed; when adaptive, picked from the
+    /// conversation's rhythm, the message's cue and how many messages are pending
+    /// ([`adaptive_wait`]), always in `[min_debounce, debounce]`.
+    pub fn debounce_for(&self, rhythm: &Rhythm, cue: Cue, pending: u32) -> Duration {
+        match self.mode {
+            DebounceMode::Fixed => self.debounce,
+            DebounceMode::Adaptive if crate::switches::no_burst_window() && rhythm.known() => {
+                self.min_debounce
+            }
+            DebounceMode::Adaptive => {
+                adaptive_wait(rhythm, cue, pending, self.min_debounce, self.debounce)
+            }
+        }
     }
 
     pub fn debounce(&self) -> Duration {
@@ -85,11 +138,24 @@ impl TimerPolicy {
         first_pending_at: Timestamp,
         pending: u32,
     ) -> Timestamp {
+        self.due_after(self.debounce, armed_at, first_pending_at, pending)
+    }
+
+    /// [`TimerPolicy::due_at`] with a wait picked for this message
+    /// ([`TimerPolicy::debounce_for`]): `min(armed_at + wait, first_pending + max_wait)`,
+    /// or `armed_at` once the batch is full. The cap binds whatever the wait.
+    pub fn due_after(
+        &self,
+        wait: Duration,
+        armed_at: Timestamp,
+        first_pending_at: Timestamp,
+        pending: u32,
+    ) -> Timestamp {
         if pending >= self.max_batch {
             return armed_at;
         }
         armed_at
-            .plus(self.debounce)
+            .plus(wait)
             .min(first_pending_at.plus(self.max_wait))
     }
 
@@ -199,6 +265,33 @@ mod tests {
             p.due_at(Timestamp(2000), Timestamp(1000), 19),
             Timestamp(3500)
         );
+    }
+
+    #[test]
+    fn an_adaptive_wait_stays_in_its_range_and_under_the_cap() {
+        let p = policy().adaptive(ms(300)).unwrap();
+        assert_eq!(p.mode(), DebounceMode::Adaptive);
+        let quiet = [Timestamp(0), Timestamp(30_000), Timestamp(60_000)]
+            .iter()
+            .fold(Rhythm::default(), |r, t| r.learn(&[*t], p.debounce()));
+        assert_eq!(p.debounce_for(&quiet, Cue::None, 1), ms(300));
+        assert_eq!(p.debounce_for(&Rhythm::default(), Cue::None, 1), ms(1500));
+        assert_eq!(
+            policy().debounce_for(&quiet, Cue::None, 1),
+            ms(1500),
+            "fixed"
+        );
+        // Oldest pending at 1000: the cap is 11000 however long the wait.
+        assert_eq!(
+            p.due_after(ms(1500), Timestamp(10_000), Timestamp(1000), 5),
+            Timestamp(11_000)
+        );
+        assert_eq!(
+            p.due_after(ms(300), Timestamp(2000), Timestamp(1000), 20),
+            Timestamp(2000)
+        );
+        let e = policy().adaptive(ms(1501)).unwrap_err().to_string();
+        assert!(e.contains("LULL_DEBOUNCE_MIN_MS"), "{e}");
     }
 
     #[test]

@@ -215,6 +215,19 @@ pub trait Intake: Send + Sync + 'static {
         since: Timestamp,
         limit: usize,
     ) -> Result<Vec<RecentConversation>, IngestError>;
+
+    /// `user_id` is typing in `conversation` (Discord's `TYPING_START`): a burst of
+    /// theirs still pending waits a little longer for their next message, never past
+    /// its cap. Best effort, nothing stored: with nothing of theirs pending it changes
+    /// nothing. The default (an intake that does not listen) ignores it.
+    async fn typing(
+        &self,
+        conversation: ConversationRef,
+        user_id: String,
+    ) -> Result<(), IngestError> {
+        let _ = (conversation, user_id);
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -412,6 +412,8 @@ pub(super) mod tests {
         assert_eq!(flags.timers.debounce(), core.timers.debounce());
         assert_eq!(flags.timers.max_wait(), core.timers.max_wait());
         assert_eq!(flags.timers.max_batch(), core.timers.max_batch());
+        assert_eq!(flags.timers.mode(), core.timers.mode());
+        assert_eq!(flags.timers.min_debounce(), core.timers.min_debounce());
         assert_eq!(flags.lease.ttl(), core.lease.ttl());
         assert_eq!(flags.lease.renew_every(), core.lease.renew_every());
         assert_eq!(flags.poll_every, core.poll_every);

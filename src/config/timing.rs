@@ -7,18 +7,26 @@ use std::time::Duration;
 
 use clap::Args;
 use lull_core::dispatcher;
+use lull_core::rhythm::DebounceMode;
 use lull_core::timing::{LeaseTiming, TimerPolicy};
 
 use super::{ConfigError, positive};
 
-/// `LULL_DEBOUNCE_MS`, `LULL_MAX_WAIT_MS`, `LULL_MAX_BATCH`, `LULL_LEASE_*`,
-/// `LULL_POLL_MS`, `LULL_SHUTDOWN_GRACE_MS`.
+/// `LULL_DEBOUNCE_MS`, `LULL_DEBOUNCE`, `LULL_DEBOUNCE_MIN_MS`, `LULL_MAX_WAIT_MS`,
+/// `LULL_MAX_BATCH`, `LULL_LEASE_*`, `LULL_POLL_MS`, `LULL_SHUTDOWN_GRACE_MS`.
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Timing")]
 pub struct TimingArgs {
     /// Debounce window: a reply waits this long after the last message.
     #[arg(long, global = true, env = "LULL_DEBOUNCE_MS", default_value_t = dispatcher::DEBOUNCE_MS)]
     pub debounce_ms: u64,
+    /// How each wait is picked: `adaptive` (from the conversation's rhythm, between
+    /// LULL_DEBOUNCE_MIN_MS and LULL_DEBOUNCE_MS) or `fixed` (always LULL_DEBOUNCE_MS).
+    #[arg(long, global = true, env = "LULL_DEBOUNCE", default_value = "adaptive")]
+    pub debounce: DebounceArg,
+    /// The shortest adaptive wait [default: 300, or LULL_DEBOUNCE_MS if shorter]
+    #[arg(long, global = true, env = "LULL_DEBOUNCE_MIN_MS")]
+    pub debounce_min_ms: Option<u64>,
     /// Cap of the debounce window, counted from the oldest unanswered message.
     #[arg(
         long,
@@ -54,8 +62,25 @@ pub struct TimingArgs {
     pub shutdown_grace_ms: u64,
 }
 
+/// `LULL_DEBOUNCE`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DebounceArg {
+    Adaptive,
+    Fixed,
+}
+
+impl From<DebounceArg> for DebounceMode {
+    fn from(arg: DebounceArg) -> Self {
+        match arg {
+            DebounceArg::Adaptive => DebounceMode::Adaptive,
+            DebounceArg::Fixed => DebounceMode::Fixed,
+        }
+    }
+}
+
 impl TimingArgs {
-    /// The capped debounce and the lease's timing, checked together.
+    /// The capped debounce (with `LULL_DEBOUNCE` applied) and the lease's timing,
+    /// checked together.
     pub fn check(&self) -> Result<(TimerPolicy, LeaseTiming), ConfigError> {
         let s = self;
         let timers = TimerPolicy::new(
@@ -63,6 +88,11 @@ impl TimingArgs {
             positive("LULL_MAX_WAIT_MS", s.max_wait_ms)?,
             s.max_batch,
         )?;
+        let min = s
+            .debounce_min_ms
+            .map(|ms| positive("LULL_DEBOUNCE_MIN_MS", ms))
+            .transpose()?;
+        let timers = dispatcher::timer_policy(timers, s.debounce.into(), min)?;
         let ttl = positive("LULL_LEASE_TTL_MS", s.lease_ttl_ms)?;
         let lease = match s.lease_renew_ms {
             Some(renew) => LeaseTiming::new(ttl, Duration::from_millis(renew))?,
@@ -99,6 +129,39 @@ mod tests {
             ),
             (&["--max-wait-ms", "0"], "LULL_MAX_WAIT_MS"),
             (&["--poll-ms", "0"], "LULL_POLL_MS"),
+            (
+                &["--debounce-ms", "1000", "--debounce-min-ms", "1200"],
+                "LULL_DEBOUNCE_MIN_MS",
+            ),
+            (&["--debounce-min-ms", "0"], "LULL_DEBOUNCE_MIN_MS"),
         ]);
+    }
+
+    #[test]
+    fn adaptive_waiting_is_the_default_and_fixed_is_a_choice() {
+        use lull_core::rhythm::DebounceMode;
+        use std::time::Duration;
+
+        let timers = |args: &[&str]| {
+            super::super::Config::from_settings(&super::super::tests::settings(args))
+                .unwrap()
+                .dispatch
+                .timers
+        };
+        let adaptive = timers(&[]);
+        assert_eq!(adaptive.mode(), DebounceMode::Adaptive);
+        assert_eq!(adaptive.min_debounce(), Duration::from_millis(300));
+        let fixed = timers(&["--debounce", "fixed"]);
+        assert_eq!(fixed.mode(), DebounceMode::Fixed);
+        assert_eq!(fixed.min_debounce(), fixed.debounce());
+        // A short debounce is its own shortest wait; a fixed one ignores the minimum.
+        let short = timers(&["--debounce-ms", "100"]);
+        assert_eq!(short.min_debounce(), Duration::from_millis(100));
+        let fixed = timers(&["--debounce", "fixed", "--debounce-min-ms", "5000"]);
+        assert_eq!(fixed.mode(), DebounceMode::Fixed);
+        assert_eq!(
+            timers(&["--debounce-min-ms", "500"]).min_debounce(),
+            Duration::from_millis(500)
+        );
     }
 }

@@ -10,6 +10,7 @@ mod chat;
 mod check;
 mod controls;
 mod conversations;
+mod debounce;
 mod discord;
 mod dispatcher;
 mod docs;

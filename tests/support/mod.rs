@@ -13,3 +13,4 @@ pub mod postgres;
 pub mod process;
 pub mod skip;
 pub mod stress;
+pub mod trace;

@@ -174,14 +174,24 @@ async fn usage(
             if admin { 0 } else { limits.user_daily_tokens },
         ),
     };
-    let scopes = [scope, limits::BOT_SCOPE.to_owned()];
+    let scopes = [
+        scope,
+        limits::BOT_SCOPE.to_owned(),
+        limits::DROPPED_SCOPE.to_owned(),
+    ];
     let used = dispatcher.store.token_usage(&day, &scopes).await?;
-    Ok(texts::usage_text(
+    let text = texts::usage_text(
         &day,
         &label,
         used[0],
         limit,
         admin.then_some((used[1], limits.daily_tokens)),
         &resets,
-    ))
+    );
+    // Admins also see what was spent on replies that never went out.
+    Ok(if admin {
+        format!("{text} {}", texts::dropped_usage_text(used[2]))
+    } else {
+        text
+    })
 }

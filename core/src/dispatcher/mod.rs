@@ -130,12 +130,17 @@ pub struct DispatchSettings {
 impl Default for DispatchSettings {
     fn default() -> Self {
         Self {
-            timers: TimerPolicy::new(
-                Duration::from_millis(DEBOUNCE_MS),
-                Duration::from_millis(MAX_WAIT_MS),
-                MAX_BATCH,
+            timers: timer_policy(
+                TimerPolicy::new(
+                    Duration::from_millis(DEBOUNCE_MS),
+                    Duration::from_millis(MAX_WAIT_MS),
+                    MAX_BATCH,
+                )
+                .expect("default timer policy is valid"),
+                DEBOUNCE,
+                None,
             )
-            .expect("default timer policy is valid"),
+            .expect("default adaptive waiting is valid"),
             lease: LeaseTiming::with_ttl(Duration::from_millis(LEASE_TTL_MS))
                 .expect("default lease timing is valid"),
             poll_every: Duration::from_millis(POLL_MS),
@@ -162,6 +167,23 @@ impl Default for DispatchSettings {
     }
 }
 
+/// `policy` with `LULL_DEBOUNCE` applied: fixed as it is, or adaptive with the shortest
+/// wait `min` (default [`DEBOUNCE_MIN_MS`], or the debounce itself when that is
+/// shorter). Refused, naming `LULL_DEBOUNCE_MIN_MS`, when a `min` given is longer than
+/// the debounce.
+pub fn timer_policy(
+    policy: TimerPolicy,
+    mode: crate::rhythm::DebounceMode,
+    min: Option<Duration>,
+) -> Result<TimerPolicy, crate::timing::TimingError> {
+    match mode {
+        crate::rhythm::DebounceMode::Fixed => Ok(policy),
+        crate::rhythm::DebounceMode::Adaptive => policy.adaptive(
+            min.unwrap_or_else(|| Duration::from_millis(DEBOUNCE_MIN_MS).min(policy.debounce())),
+        ),
+    }
+}
+
 // The contract's defaults, declared once: the binary's flags take them as their
 // default values and [`DispatchSettings::default`] builds from them, so the two
 // cannot drift.
@@ -171,6 +193,14 @@ pub const DEBOUNCE_MS: u64 = 1500;
 
 /// `LULL_MAX_WAIT_MS`: the debounce's cap, from the oldest unanswered message.
 pub const MAX_WAIT_MS: u64 = 10_000;
+
+/// `LULL_DEBOUNCE`: each wait picked from the conversation's rhythm
+/// ([`crate::rhythm`]), or always `LULL_DEBOUNCE_MS`.
+pub const DEBOUNCE: crate::rhythm::DebounceMode = crate::rhythm::DebounceMode::Adaptive;
+
+/// `LULL_DEBOUNCE_MIN_MS`: the shortest adaptive wait (`LULL_DEBOUNCE_MS` when that is
+/// shorter).
+pub const DEBOUNCE_MIN_MS: u64 = 300;
 
 /// `LULL_MAX_BATCH`: answered at once when this many messages are pending.
 pub const MAX_BATCH: u32 = 20;
@@ -419,5 +449,27 @@ impl lull_port::Intake for Dispatcher {
             .store
             .recent_conversations(platform, since, limit)
             .await?)
+    }
+
+    /// With adaptive waiting, a typing author holds their pending burst's timer for
+    /// [`crate::rhythm::TYPING_HOLD`], never past its cap; with a fixed debounce,
+    /// typing changes nothing.
+    async fn typing(
+        &self,
+        conversation: lull_port::domain::ConversationRef,
+        user_id: String,
+    ) -> Result<(), IngestError> {
+        if self.settings.timers.mode() != crate::rhythm::DebounceMode::Adaptive {
+            return Ok(());
+        }
+        let now = self.clock.now();
+        if let Some(due_at) = self
+            .store
+            .extend_timer(&conversation, &user_id, crate::rhythm::TYPING_HOLD, now)
+            .await?
+        {
+            tracing::debug!(%conversation, due_at = due_at.0, "the author is typing: the timer waits");
+        }
+        Ok(())
     }
 }

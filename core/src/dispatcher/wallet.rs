@@ -159,7 +159,7 @@ impl Spent {
         }
     }
 
-    fn total(self) -> u64 {
+    pub(super) fn total(self) -> u64 {
         self.prompt + self.completion + self.estimated
     }
 }
@@ -488,6 +488,36 @@ pub(super) async fn settle(
         },
         reserved.day.clone(),
     );
+    d.store.charge_tokens(lease, &charge, now).await?;
+    Ok(())
+}
+
+/// After a generation whose reply never went out (dropped as stale, or stopped when a
+/// newer message overtook it): count what it spent (`lull_tokens_dropped_total`, and
+/// the day's [`limits::DROPPED_SCOPE`] for `/usage`), under the lease. Settled as
+/// usual apart from this: the budgets were charged already.
+pub(super) async fn count_dropped(
+    d: &Dispatcher,
+    lease: &Lease,
+    reserved: &Reserved,
+    spent: Spent,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    let tokens = spent.total();
+    if tokens == 0 {
+        return Ok(());
+    }
+    metrics::counter!(names::TOKENS_DROPPED).increment(tokens);
+    let charge = TokenCharge {
+        day: reserved.day.clone(),
+        scopes: vec![ScopeCharge {
+            scope: limits::DROPPED_SCOPE.to_owned(),
+            tokens: tokens as i64,
+            limit: None,
+        }],
+        hold_until: None,
+        reservation: Reservation::None,
+    };
     d.store.charge_tokens(lease, &charge, now).await?;
     Ok(())
 }

@@ -69,8 +69,8 @@ pub use crate::domain::{Exchange, OutboxKind, TokenUsage};
 pub use lull_port::RecentConversation;
 
 pub use contract::{
-    actions::*, leases::*, limits::*, messages::*, outbox::*, reactions::*, rounds::*, settings::*,
-    status::*, work::*,
+    actions::*, leases::*, limits::*, messages::*, outbox::*, reactions::*, rhythm::*, rounds::*,
+    settings::*, status::*, work::*,
 };
 pub use error::StoreError;
 #[cfg(feature = "test-switches")]
@@ -99,6 +99,7 @@ pub trait Store:
     + StatusStore
     + SettingStore
     + ReactionStore
+    + RhythmStore
 {
 }
 
@@ -113,6 +114,7 @@ impl<T> Store for T where
         + StatusStore
         + SettingStore
         + ReactionStore
+        + RhythmStore
 {
 }
 
@@ -122,7 +124,7 @@ impl<T> Store for T where
 pub mod prelude {
     pub use super::{
         ActionStore as _, LeaseStore as _, LimitStore as _, MessageStore as _, OutboxStore as _,
-        ReactionStore as _, RoundStore as _, SettingStore as _, StatusStore as _, Store,
-        WorkStore as _,
+        ReactionStore as _, RhythmStore as _, RoundStore as _, SettingStore as _, StatusStore as _,
+        Store, WorkStore as _,
     };
 }

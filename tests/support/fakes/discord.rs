@@ -587,6 +587,27 @@ impl DiscordFake {
         id
     }
 
+    /// User `user` starts typing in `channel`: dispatches a `TYPING_START` (Discord
+    /// sends it with the typing intents, and again about every 10 s while they type).
+    pub fn typing_start(&self, channel: u64, user: u64) {
+        let mut inner = self.shared.lock();
+        let guild = inner.channels.get(&channel).expect("unknown channel").guild;
+        let mut event = json!({
+            "channel_id": channel.to_string(),
+            "user_id": user.to_string(),
+            "timestamp": std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs(),
+        });
+        if let Some(guild) = guild {
+            event["guild_id"] = json!(guild.to_string());
+        }
+        dispatch(&mut inner, "TYPING_START", &event);
+        drop(inner);
+        self.shared.changed.notify_waiters();
+    }
+
     /// User `user` clicks the button `custom_id` on message `on` in `channel`:
     /// dispatches an `INTERACTION_CREATE` (type 3) and returns it (for
     /// [`DiscordFake::dispatch_interaction`]).

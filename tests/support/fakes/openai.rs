@@ -237,6 +237,9 @@ struct Inner {
     requests: Mutex<Vec<Recorded>>,
     failures: Mutex<usize>,
     streams: Mutex<Vec<Streamed>>,
+    /// When each whole (not streamed) `Stream` answer was dropped before its end
+    /// (the client closed the connection): (when it started, when it was dropped).
+    abandoned: Mutex<Vec<(Instant, Instant)>>,
     /// Refuse requests with image parts (a model without vision).
     refuse_images: std::sync::atomic::AtomicBool,
     /// Statuses the next transcription requests answer, in order (then success).
@@ -336,6 +339,12 @@ impl FakeOpenAi {
     /// The streamed answers sent so far.
     pub fn streams(&self) -> Vec<Streamed> {
         self.inner.streams.lock().unwrap().clone()
+    }
+
+    /// Whole answers of [`Behavior::Stream`] the client gave up on before their end:
+    /// (when each started, when it was dropped), in order.
+    pub fn abandoned(&self) -> Vec<(Instant, Instant)> {
+        self.inner.abandoned.lock().unwrap().clone()
     }
 
     /// Whether request `n` asked for a streamed answer.
@@ -674,7 +683,22 @@ async fn respond(inner: &Arc<Inner>, headers: HeaderMap, body: axum::body::Bytes
             if streamed {
                 stream(inner, &body, text, spec)
             } else {
+                /// Records the answer as abandoned if it is dropped before its end.
+                struct Abandon<'a>(&'a Inner, Instant, bool);
+                impl Drop for Abandon<'_> {
+                    fn drop(&mut self) {
+                        if !self.2 {
+                            self.0
+                                .abandoned
+                                .lock()
+                                .unwrap()
+                                .push((self.1, Instant::now()));
+                        }
+                    }
+                }
+                let mut guard = Abandon(inner.as_ref(), Instant::now(), false);
                 tokio::time::sleep(spec.every * spec.pieces as u32 + spec.tail).await;
+                guard.2 = true;
                 axum::Json(completion(&text, &body)).into_response()
             }
         }

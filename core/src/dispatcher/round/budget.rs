@@ -67,6 +67,17 @@ impl Round<'_> {
         Ok(wallet::reserve(d, &lease, batch, prompt, rows, d.clock.now()).await?)
     }
 
+    /// Count what a generation whose reply never went out spent, under the lease.
+    pub(super) async fn count_dropped(
+        &self,
+        reserved: &Reserved,
+        spent: Spent,
+    ) -> Result<(), Interrupt> {
+        let d = self.dispatcher;
+        wallet::count_dropped(d, &self.keeper.lease(), reserved, spent, d.clock.now()).await?;
+        Ok(())
+    }
+
     /// Turn the reservation into what was spent, under the lease.
     pub(super) async fn settle(
         &self,

@@ -275,6 +275,7 @@ impl Round<'_> {
             }
             Generated::Stale { version, spent } => {
                 self.settle(&batch, &reserved, spent).await?;
+                self.count_dropped(&reserved, spent).await?;
                 self.stopped_stale(&batch, version);
                 return Ok(());
             }
@@ -331,6 +332,7 @@ impl Round<'_> {
             }
             CommitOutcome::Stale { version } => {
                 metrics::counter!(names::REPLIES_DROPPED_STALE).increment(1);
+                self.count_dropped(&reserved, spent).await?;
                 tracing::debug!(%conversation, v0 = batch.v0.0, version = version.0, "stale reply dropped: a newer message arrived");
                 d.emit(Event::DroppedStale {
                     conversation,

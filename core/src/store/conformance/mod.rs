@@ -19,6 +19,7 @@ mod limits;
 mod messages;
 mod outbox;
 mod reactions;
+mod rhythm;
 mod rounds;
 mod settings;
 mod status;
@@ -30,6 +31,7 @@ pub use limits::*;
 pub use messages::*;
 pub use outbox::*;
 pub use reactions::*;
+pub use rhythm::*;
 pub use rounds::*;
 pub use settings::*;
 pub use status::*;
@@ -119,22 +121,34 @@ macro_rules! store_conformance {
             an_ack_is_claimed_once_per_burst_and_taken_once,
             an_answered_message_claims_no_ack,
             concurrent_claims_of_one_burst_claim_once,
+            a_commit_teaches_the_rhythm_of_its_burst,
+            a_typing_author_holds_the_timer_never_past_the_cap,
+        );
+        // Checks of adaptive waiting, on a store opened with `adaptive_policy()`.
+        $crate::store_conformance!(@$each $open, adaptive_policy;
+            ingest_arms_the_wait_the_rhythm_allows,
         );
     };
     (@each $open:path; $($check:ident),* $(,)?) => {
+        $crate::store_conformance!(@each $open, policy; $($check),*);
+    };
+    (@each_optional $open:path; $($check:ident),* $(,)?) => {
+        $crate::store_conformance!(@each_optional $open, policy; $($check),*);
+    };
+    (@each $open:path, $policy:ident; $($check:ident),* $(,)?) => {
         $(
             #[::tokio::test]
             async fn $check() {
-                let store = $open($crate::store::conformance::policy()).await;
+                let store = $open($crate::store::conformance::$policy()).await;
                 $crate::store::conformance::$check(&*store).await;
             }
         )*
     };
-    (@each_optional $open:path; $($check:ident),* $(,)?) => {
+    (@each_optional $open:path, $policy:ident; $($check:ident),* $(,)?) => {
         $(
             #[::tokio::test]
             async fn $check() {
-                let Some(store) = $open($crate::store::conformance::policy()).await else {
+                let Some(store) = $open($crate::store::conformance::$policy()).await else {
                     return;
                 };
                 $crate::store::conformance::$check(&*store).await;
@@ -146,6 +160,13 @@ macro_rules! store_conformance {
 /// The timer policy every check assumes: a 1 s debounce, a 4 s cap, a batch of 4.
 pub fn policy() -> TimerPolicy {
     TimerPolicy::new(ms(1000), ms(4000), 4).expect("the conformance policy is valid")
+}
+
+/// [`policy`] with adaptive waiting, the shortest wait 200 ms.
+pub fn adaptive_policy() -> TimerPolicy {
+    policy()
+        .adaptive(ms(200))
+        .expect("the adaptive conformance policy is valid")
 }
 
 /// The lease lifetime the checks claim with.
@@ -321,6 +342,7 @@ mod tests {
             include_str!("status.rs"),
             include_str!("settings.rs"),
             include_str!("reactions.rs"),
+            include_str!("rhythm.rs"),
         );
         let missing: Vec<&str> = checks
             .split("\npub async fn ")

@@ -8,6 +8,7 @@ pub mod limits;
 pub mod messages;
 pub mod outbox;
 pub mod reactions;
+pub mod rhythm;
 pub mod rounds;
 pub mod settings;
 pub mod status;

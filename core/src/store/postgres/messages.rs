@@ -7,6 +7,7 @@ use super::sql::{Tx, execute, query, query_one, query_opt};
 use super::{CHANNEL, PostgresStore};
 use crate::clock::{Clock, SystemClock};
 use crate::domain::{ConversationId, ConversationRef, HolderId, Platform, Timestamp, Version};
+use crate::rhythm::Cue;
 use crate::store::faults::Operation;
 use crate::store::{
     IngestOutcome, MessageEdit, MessageStore, NewMessage, RecentConversation, StoreError,
@@ -50,8 +51,9 @@ impl MessageStore for PostgresStore {
                 if inserted == 0 {
                     return Ok(IngestOutcome::Duplicate { conversation });
                 }
+                let cue = Cue::of(&message.text, message.media.len());
                 let (version, due_at) =
-                    bump_and_arm(&tx, conversation, message.conversation.platform, policy, holder, now.db).await?;
+                    bump_and_arm(&tx, conversation, message.conversation.platform, policy, cue, holder, now.db).await?;
                 Ok(IngestOutcome::Stored {
                     conversation,
                     version,
@@ -106,8 +108,9 @@ impl MessageStore for PostgresStore {
                 )
                 .await?;
                 let conversation = ConversationId(id);
+                let cue = Cue::of(&edit.text, 0);
                 let (version, due_at) =
-                    bump_and_arm(&tx, conversation, edit.conversation.platform, policy, holder, now.db).await?;
+                    bump_and_arm(&tx, conversation, edit.conversation.platform, policy, cue, holder, now.db).await?;
                 Ok(IngestOutcome::Stored {
                     conversation,
                     version,
@@ -239,27 +242,33 @@ pub(super) async fn pending_after(
 }
 
 /// Bump the version of a conversation that just got a message (or an edit), arm its
-/// timer and announce it. Must run in the transaction that stored the message, with
-/// the conversation row locked.
+/// timer with the wait its rhythm and the message's `cue` call for, and announce it.
+/// Must run in the transaction that stored the message, with the conversation row
+/// locked.
 async fn bump_and_arm(
     tx: &Tx<'_>,
     conversation: ConversationId,
     platform: Platform,
     policy: TimerPolicy,
+    cue: Cue,
     holder: &HolderId,
     now: Timestamp,
 ) -> Result<(Version, Timestamp), StoreError> {
-    // Version counter: bumped in the same transaction that stores the message.
+    // Version counter: bumped in the same transaction that stores the message; the
+    // rhythm comes back with it (no statement of its own).
     let row = query_one(
         tx,
-        "UPDATE conversations SET version = version + 1 WHERE id = $1 RETURNING version, answered_version",
+        "UPDATE conversations SET version = version + 1 WHERE id = $1
+         RETURNING version, answered_version, rhythm_bursts, rhythm_gap_ms, rhythm_multi",
         &[&conversation.0],
         "bumping the version",
     )
     .await?;
     let (version, answered): (i64, i64) = (row.get(0), row.get(1));
+    let rhythm = super::rhythm::from_bump(row.get(2), row.get(3), row.get(4));
     let (pending, first_pending) = pending_after(tx, conversation, answered).await?;
-    let due_at = policy.due_at(now, first_pending.unwrap_or(now), pending);
+    let wait = policy.debounce_for(&rhythm, cue, pending);
+    let due_at = policy.due_after(wait, now, first_pending.unwrap_or(now), pending);
     // Capped debounce: every message re-arms the timer, never past the cap, and never
     // sooner than a failed generation's backoff (`retry_at`).
     let row = query_one(

@@ -77,6 +77,7 @@ mod listen;
 mod messages;
 mod outbox;
 mod reactions;
+mod rhythm;
 mod rounds;
 pub(crate) mod schema;
 mod settings;

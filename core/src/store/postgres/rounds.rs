@@ -145,6 +145,8 @@ impl RoundStore for PostgresStore {
                     store_held_out(&tx, lease, &batch.conversation, &reply.held_out, v0, forced, now)
                         .await?;
                 answer_through(&tx, conversation, v0, policy).await?;
+                let received: Vec<Timestamp> = batch.pending.iter().map(|m| m.received_at).collect();
+                super::rhythm::learn(&tx, conversation, &received, policy).await?;
                 let covers = rules::covered_ids(
                     batch.pending.iter().map(|m| (m.row, m.message_id.as_str())),
                     &covered,

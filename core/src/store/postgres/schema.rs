@@ -21,6 +21,7 @@ const ALL: &[&str] = &[
     V8_SETTINGS,
     V9_ACKS,
     V10_COMMAND_CLAIMS,
+    V11_RHYTHM,
 ];
 
 /// The schema version this build migrates to.
@@ -291,6 +292,15 @@ CREATE TABLE command_claims (
     claimed_at BIGINT NOT NULL,
     PRIMARY KEY (platform, key, message_id)
 );
+"#;
+
+/// SQLite's `V13_RHYTHM`: a conversation's rhythm (`rhythm::Rhythm`), learned at
+/// commit, read by ingest with the version bump.
+const V11_RHYTHM: &str = r#"
+ALTER TABLE conversations ADD COLUMN rhythm_bursts BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE conversations ADD COLUMN rhythm_gap_ms BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE conversations ADD COLUMN rhythm_multi BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE conversations ADD COLUMN rhythm_last_at BIGINT;
 "#;
 
 /// Bring the schema up to date: each missing migration in its own transaction under

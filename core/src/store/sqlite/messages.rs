@@ -6,6 +6,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::SqliteStore;
 use super::sql::Context;
 use crate::domain::{ConversationId, ConversationRef, HolderId, Platform, Timestamp, Version};
+use crate::rhythm::{Cue, Rhythm};
 use crate::store::faults::Operation;
 use crate::store::{
     IngestOutcome, MessageEdit, MessageStore, NewMessage, RecentConversation, StoreError,
@@ -48,8 +49,9 @@ impl MessageStore for SqliteStore {
             if inserted == 0 {
                 return Ok(IngestOutcome::Duplicate { conversation });
             }
+            let cue = Cue::of(&message.text, message.media.len());
             let (version, due_at) =
-                bump_and_arm(tx, conversation, message.conversation.platform, policy, &holder, now)?;
+                bump_and_arm(tx, conversation, message.conversation.platform, policy, cue, &holder, now)?;
             Ok(IngestOutcome::Stored {
                 conversation,
                 version,
@@ -105,7 +107,9 @@ impl MessageStore for SqliteStore {
             .execute(params![id, edit.message_id, edit.conversation.platform.as_str(), now.0])
             .ctx("recording an edit")?;
             let conversation = ConversationId(id);
-            let (version, due_at) = bump_and_arm(tx, conversation, edit.conversation.platform, policy, &holder, now)?;
+            let cue = Cue::of(&edit.text, 0);
+            let (version, due_at) =
+                bump_and_arm(tx, conversation, edit.conversation.platform, policy, cue, &holder, now)?;
             Ok(IngestOutcome::Stored {
                 conversation,
                 version,
@@ -203,26 +207,37 @@ pub(super) fn upsert_conversation(
 }
 
 /// Bump the version of a conversation that just got a message (or an edit) and arm
-/// its timer. Must run in the transaction that stored the message.
+/// its timer, with the wait its rhythm and the message's `cue` call for. Must run in
+/// the transaction that stored the message.
 fn bump_and_arm(
     tx: &Connection,
     conversation: ConversationId,
     platform: Platform,
     policy: TimerPolicy,
+    cue: Cue,
     holder: &HolderId,
     now: Timestamp,
 ) -> Result<(Version, Timestamp), StoreError> {
     // Version counter: bumped in the same transaction that stores the message.
-    let (version, answered): (i64, i64) = tx
+    let (version, answered, rhythm): (i64, i64, Rhythm) = tx
         .prepare_cached(
             "UPDATE conversations SET version = version + 1 WHERE id = ?1
-             RETURNING version, answered_version",
+             RETURNING version, answered_version, rhythm_bursts, rhythm_gap_ms, rhythm_multi",
         )
         .ctx("preparing a statement")?
-        .query_row([conversation.0], |r| Ok((r.get(0)?, r.get(1)?)))
+        .query_row([conversation.0], |r| {
+            let rhythm = Rhythm {
+                bursts: r.get(2)?,
+                gap_ms: r.get(3)?,
+                multi_permille: r.get(4)?,
+                last_at: None,
+            };
+            Ok((r.get(0)?, r.get(1)?, rhythm))
+        })
         .ctx("bumping the version")?;
     let (pending, first_pending) = pending_after(tx, conversation, answered)?;
-    let due_at = policy.due_at(now, first_pending.unwrap_or(now), pending);
+    let wait = policy.debounce_for(&rhythm, cue, pending);
+    let due_at = policy.due_after(wait, now, first_pending.unwrap_or(now), pending);
     // Capped debounce: every message re-arms the timer, never past the cap, and never
     // sooner than a failed generation's backoff (`retry_at`) or a limit's hold
     // (`held_until`).

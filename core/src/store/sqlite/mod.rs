@@ -23,6 +23,7 @@ mod limits;
 mod messages;
 mod outbox;
 mod reactions;
+mod rhythm;
 mod rounds;
 pub(crate) mod schema;
 mod settings;

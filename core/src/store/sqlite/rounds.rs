@@ -86,6 +86,7 @@ impl RoundStore for SqliteStore {
         let reference = batch.conversation.clone();
         let reply_to = batch.last_message_id().map(str::to_owned);
         let oldest = batch.oldest_pending_at().unwrap_or(now);
+        let received: Vec<Timestamp> = batch.pending.iter().map(|m| m.received_at).collect();
         let row = self.lease_rows.row(&lease.key, &lease.holder);
         let policy = self.timers;
         self.write("committing a reply", move |tx| {
@@ -142,6 +143,7 @@ impl RoundStore for SqliteStore {
             record_covers(tx, outbox, &covered)?;
             let notices = store_held_out(tx, &lease, &reference, &reply.held_out, v0, forced, now)?;
             answer_through(tx, conversation, v0, policy)?;
+            super::rhythm::learn(tx, conversation, &received, policy)?;
             let covers = rules::covered_ids(
                 message_ids.iter().map(|(row, id)| (*row, id.as_str())),
                 &covered,

@@ -294,6 +294,17 @@ CREATE TABLE command_claims (
 );
 "#;
 
+const V13_RHYTHM: &str = r#"
+-- A conversation's rhythm (`rhythm::Rhythm`), learned when a reply is committed and
+-- read by ingest with the version bump, to pick the adaptive wait: bursts learned
+-- from, an upper estimate of the gaps inside bursts (ms), the share of bursts with
+-- more than one message (per mille), and when the last burst learned from ended.
+ALTER TABLE conversations ADD COLUMN rhythm_bursts INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE conversations ADD COLUMN rhythm_gap_ms INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE conversations ADD COLUMN rhythm_multi INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE conversations ADD COLUMN rhythm_last_at INTEGER;
+"#;
+
 /// Every migration, oldest first. The schema version (`user_version`) counts them.
 const ALL: &[&str] = &[
     V1_CORE,
@@ -308,6 +319,7 @@ const ALL: &[&str] = &[
     V10_SETTINGS,
     V11_ACKS,
     V12_COMMAND_CLAIMS,
+    V13_RHYTHM,
 ];
 
 /// The schema version this build migrates to.

@@ -200,6 +200,45 @@ impl Cue {
     }
 }
 
+/// The two waits a known rhythm allows ([`Rhythm::first_wait`], [`Rhythm::burst_window`]),
+/// worked out when the rhythm is learned and stored beside it, so that an ingest picks
+/// one by the number of pending messages alone ([`Waits::pick`]) without reading the
+/// rhythm: on PostgreSQL the whole ingest is one statement, which picks in SQL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Waits {
+    /// The wait after a message that starts a burst, in milliseconds.
+    pub first_ms: u32,
+    /// The wait inside a burst already under way, in milliseconds.
+    pub burst_ms: u32,
+}
+
+impl Rhythm {
+    /// The waits this rhythm allows within `[min, max]`; `None` while it is not known
+    /// (then every wait is the full window).
+    pub fn waits(&self, min: Duration, max: Duration) -> Option<Waits> {
+        let ms = |d: Duration| d.as_millis().min(u32::MAX as u128) as u32;
+        self.known().then(|| Waits {
+            first_ms: ms(self.first_wait(min, max)),
+            burst_ms: ms(self.burst_window(min, max)),
+        })
+    }
+}
+
+impl Waits {
+    /// The wait for a message with `pending` messages waiting (it included): the burst
+    /// window once a burst is under way, else the first wait; the full window `max`
+    /// when nothing was learned; always within `[min, max]` (the bounds of the process
+    /// that picks, whatever bounds the stored waits were worked out with). PostgreSQL's
+    /// `lull_ingest` spells the same choice in SQL; the conformance checks of adaptive
+    /// arming pin the two together.
+    pub fn pick(waits: Option<Waits>, pending: u32, min: Duration, max: Duration) -> Duration {
+        let learned = waits.map(|w| if pending >= 2 { w.burst_ms } else { w.first_ms });
+        learned
+            .map_or(max, |ms| Duration::from_millis(ms.into()))
+            .clamp(min, max)
+    }
+}
+
 /// The adaptive wait for a message, within `[min, max]`: the full window until the
 /// conversation's rhythm is known or when the message's cue says the thought goes on;
 /// inside a burst already under way, the conversation's burst window; otherwise the
@@ -211,13 +250,10 @@ pub fn adaptive_wait(
     min: Duration,
     max: Duration,
 ) -> Duration {
-    if !rhythm.known() || cue == Cue::Unfinished {
+    if cue == Cue::Unfinished {
         return max;
     }
-    if pending >= 2 {
-        return rhythm.burst_window(min, max);
-    }
-    rhythm.first_wait(min, max)
+    Waits::pick(rhythm.waits(min, max), pending, min, max)
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use std::time::Duration;
 use lull_port::Backoff;
 
 use crate::domain::Timestamp;
-use crate::rhythm::{Cue, DebounceMode, Rhythm, adaptive_wait};
+use crate::rhythm::{Cue, DebounceMode, Rhythm, Waits};
 
 /// The capped debounce window. Each message re-arms the conversation's timer to
 /// `now + debounce`, but never past `first_pending + max_wait`; a burst of
@@ -102,19 +102,37 @@ impl TimerPolicy {
         self.min_debounce
     }
 
-    /// The wait after a message: `debounce` when fixed; when adaptive, picked from the
-    /// conversation's rhythm, the message's cue and how many messages are pending
-    /// ([`adaptive_wait`]), always in `[min_debounce, debounce]`.
-    pub fn debounce_for(&self, rhythm: &Rhythm, cue: Cue, pending: u32) -> Duration {
-        match self.mode {
-            DebounceMode::Fixed => self.debounce,
-            DebounceMode::Adaptive if crate::switches::no_burst_window() && rhythm.known() => {
-                self.min_debounce
-            }
-            DebounceMode::Adaptive => {
-                adaptive_wait(rhythm, cue, pending, self.min_debounce, self.debounce)
-            }
+    /// The waits to store with a rhythm just learned ([`Rhythm::waits`] within
+    /// `[min_debounce, debounce]`).
+    pub fn waits_of(&self, rhythm: &Rhythm) -> Option<Waits> {
+        // The counter-test's switch: a known rhythm always waits the shortest window.
+        if crate::switches::no_burst_window() && rhythm.known() {
+            let min = self.min_debounce.as_millis() as u32;
+            return Some(Waits {
+                first_ms: min,
+                burst_ms: min,
+            });
         }
+        rhythm.waits(self.min_debounce, self.debounce)
+    }
+
+    /// The range a message's wait is picked in: `[min_debounce, debounce]` when
+    /// adaptive, the debounce alone when fixed or when the message's cue says the
+    /// thought goes on.
+    pub fn wait_range(&self, cue: Cue) -> (Duration, Duration) {
+        match (self.mode, cue) {
+            (DebounceMode::Adaptive, Cue::None) => (self.min_debounce, self.debounce),
+            _ => (self.debounce, self.debounce),
+        }
+    }
+
+    /// The wait after a message: `debounce` when fixed; when adaptive, the stored waits
+    /// of the conversation's rhythm ([`TimerPolicy::waits_of`]) picked by how many
+    /// messages are pending ([`Waits::pick`]), within [`TimerPolicy::wait_range`]: the
+    /// same as [`adaptive_wait`](crate::rhythm::adaptive_wait) on the rhythm itself.
+    pub fn debounce_for(&self, waits: Option<Waits>, cue: Cue, pending: u32) -> Duration {
+        let (min, max) = self.wait_range(cue);
+        Waits::pick(waits, pending, min, max)
     }
 
     pub fn debounce(&self) -> Duration {
@@ -274,10 +292,17 @@ mod tests {
         let quiet = [Timestamp(0), Timestamp(30_000), Timestamp(60_000)]
             .iter()
             .fold(Rhythm::default(), |r, t| r.learn(&[*t], p.debounce()));
-        assert_eq!(p.debounce_for(&quiet, Cue::None, 1), ms(300));
-        assert_eq!(p.debounce_for(&Rhythm::default(), Cue::None, 1), ms(1500));
+        assert_eq!(p.debounce_for(p.waits_of(&quiet), Cue::None, 1), ms(300));
         assert_eq!(
-            policy().debounce_for(&quiet, Cue::None, 1),
+            p.debounce_for(p.waits_of(&quiet), Cue::Unfinished, 1),
+            ms(1500)
+        );
+        assert_eq!(
+            p.debounce_for(p.waits_of(&Rhythm::default()), Cue::None, 1),
+            ms(1500)
+        );
+        assert_eq!(
+            policy().debounce_for(p.waits_of(&quiet), Cue::None, 1),
             ms(1500),
             "fixed"
         );

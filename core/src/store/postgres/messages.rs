@@ -7,7 +7,7 @@ use super::sql::{Tx, execute, query, query_one, query_opt};
 use super::{CHANNEL, PostgresStore};
 use crate::clock::{Clock, SystemClock};
 use crate::domain::{ConversationId, ConversationRef, HolderId, Platform, Timestamp, Version};
-use crate::rhythm::Cue;
+use crate::rhythm::{Cue, Waits};
 use crate::store::faults::Operation;
 use crate::store::{
     IngestOutcome, MessageEdit, MessageStore, NewMessage, RecentConversation, StoreError,
@@ -259,15 +259,21 @@ async fn bump_and_arm(
     let row = query_one(
         tx,
         "UPDATE conversations SET version = version + 1 WHERE id = $1
-         RETURNING version, answered_version, rhythm_bursts, rhythm_gap_ms, rhythm_multi",
+         RETURNING version, answered_version, rhythm_first_ms, rhythm_burst_ms",
         &[&conversation.0],
         "bumping the version",
     )
     .await?;
     let (version, answered): (i64, i64) = (row.get(0), row.get(1));
-    let rhythm = super::rhythm::from_bump(row.get(2), row.get(3), row.get(4));
+    let waits = match (row.get::<_, Option<i64>>(2), row.get::<_, Option<i64>>(3)) {
+        (Some(first), Some(burst)) => Some(Waits {
+            first_ms: first.clamp(0, u32::MAX.into()) as u32,
+            burst_ms: burst.clamp(0, u32::MAX.into()) as u32,
+        }),
+        _ => None,
+    };
     let (pending, first_pending) = pending_after(tx, conversation, answered).await?;
-    let wait = policy.debounce_for(&rhythm, cue, pending);
+    let wait = policy.debounce_for(waits, cue, pending);
     let due_at = policy.due_after(wait, now, first_pending.unwrap_or(now), pending);
     // Capped debounce: every message re-arms the timer, never past the cap, and never
     // sooner than a failed generation's backoff (`retry_at`).

@@ -81,17 +81,6 @@ async fn read(tx: &Tx<'_>, conversation: ConversationId) -> Result<Rhythm, Store
         .unwrap_or_default())
 }
 
-/// The rhythm as ingest reads it, from the columns its version bump returns (no
-/// statement of its own): `bursts`, `gap_ms`, `multi` in that order.
-pub(super) fn from_bump(bursts: i64, gap_ms: i64, multi: i64) -> Rhythm {
-    Rhythm {
-        bursts: count(bursts),
-        gap_ms: count(gap_ms),
-        multi_permille: count(multi),
-        last_at: None,
-    }
-}
-
 /// Learn from a burst just answered: `received`, the arrival times (database
 /// timeline) of the messages the committed reply covers. Must run in the commit's
 /// transaction, after the conversation row was locked.
@@ -104,10 +93,11 @@ pub(super) async fn learn(
     let rhythm = read(tx, conversation)
         .await?
         .learn(received, policy.debounce());
+    let waits = policy.waits_of(&rhythm);
     execute(
         tx,
         "UPDATE conversations SET rhythm_bursts = $2, rhythm_gap_ms = $3, rhythm_multi = $4,
-             rhythm_last_at = $5
+             rhythm_last_at = $5, rhythm_first_ms = $6, rhythm_burst_ms = $7
          WHERE id = $1",
         &[
             &conversation.0,
@@ -115,6 +105,8 @@ pub(super) async fn learn(
             &(rhythm.gap_ms as i64),
             &(rhythm.multi_permille as i64),
             &rhythm.last_at.map(|t| t.0),
+            &waits.map(|w| i64::from(w.first_ms)),
+            &waits.map(|w| i64::from(w.burst_ms)),
         ],
         "learning the rhythm",
     )

@@ -6,7 +6,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::SqliteStore;
 use super::sql::Context;
 use crate::domain::{ConversationId, ConversationRef, HolderId, Platform, Timestamp, Version};
-use crate::rhythm::{Cue, Rhythm};
+use crate::rhythm::{Cue, Waits};
 use crate::store::faults::Operation;
 use crate::store::{
     IngestOutcome, MessageEdit, MessageStore, NewMessage, RecentConversation, StoreError,
@@ -219,24 +219,23 @@ fn bump_and_arm(
     now: Timestamp,
 ) -> Result<(Version, Timestamp), StoreError> {
     // Version counter: bumped in the same transaction that stores the message.
-    let (version, answered, rhythm): (i64, i64, Rhythm) = tx
+    // The rhythm's stored waits come back with it (no statement of their own).
+    let (version, answered, waits): (i64, i64, Option<Waits>) = tx
         .prepare_cached(
             "UPDATE conversations SET version = version + 1 WHERE id = ?1
-             RETURNING version, answered_version, rhythm_bursts, rhythm_gap_ms, rhythm_multi",
+             RETURNING version, answered_version, rhythm_first_ms, rhythm_burst_ms",
         )
         .ctx("preparing a statement")?
         .query_row([conversation.0], |r| {
-            let rhythm = Rhythm {
-                bursts: r.get(2)?,
-                gap_ms: r.get(3)?,
-                multi_permille: r.get(4)?,
-                last_at: None,
+            let waits = match (r.get(2)?, r.get(3)?) {
+                (Some(first_ms), Some(burst_ms)) => Some(Waits { first_ms, burst_ms }),
+                _ => None,
             };
-            Ok((r.get(0)?, r.get(1)?, rhythm))
+            Ok((r.get(0)?, r.get(1)?, waits))
         })
         .ctx("bumping the version")?;
     let (pending, first_pending) = pending_after(tx, conversation, answered)?;
-    let wait = policy.debounce_for(&rhythm, cue, pending);
+    let wait = policy.debounce_for(waits, cue, pending);
     let due_at = policy.due_after(wait, now, first_pending.unwrap_or(now), pending);
     // Capped debounce: every message re-arms the timer, never past the cap, and never
     // sooner than a failed generation's backoff (`retry_at`) or a limit's hold

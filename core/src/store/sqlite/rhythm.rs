@@ -82,9 +82,10 @@ pub(super) fn learn(
     policy: TimerPolicy,
 ) -> Result<(), StoreError> {
     let rhythm = read(tx, conversation)?.learn(received, policy.debounce());
+    let waits = policy.waits_of(&rhythm);
     tx.prepare_cached(
         "UPDATE conversations SET rhythm_bursts = ?2, rhythm_gap_ms = ?3, rhythm_multi = ?4,
-             rhythm_last_at = ?5
+             rhythm_last_at = ?5, rhythm_first_ms = ?6, rhythm_burst_ms = ?7
          WHERE id = ?1",
     )
     .ctx("preparing a statement")?
@@ -93,7 +94,9 @@ pub(super) fn learn(
         rhythm.bursts,
         rhythm.gap_ms,
         rhythm.multi_permille,
-        rhythm.last_at.map(|t| t.0)
+        rhythm.last_at.map(|t| t.0),
+        waits.map(|w| w.first_ms),
+        waits.map(|w| w.burst_ms)
     ])
     .ctx("learning the rhythm")?;
     Ok(())

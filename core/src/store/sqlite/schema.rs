@@ -303,6 +303,10 @@ ALTER TABLE conversations ADD COLUMN rhythm_bursts INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE conversations ADD COLUMN rhythm_gap_ms INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE conversations ADD COLUMN rhythm_multi INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE conversations ADD COLUMN rhythm_last_at INTEGER;
+-- The two waits it allows (`rhythm::Waits`), worked out when it is learned; NULL while
+-- it is not known (the full window).
+ALTER TABLE conversations ADD COLUMN rhythm_first_ms INTEGER;
+ALTER TABLE conversations ADD COLUMN rhythm_burst_ms INTEGER;
 "#;
 
 /// Every migration, oldest first. The schema version (`user_version`) counts them.

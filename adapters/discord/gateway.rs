@@ -82,14 +82,22 @@ pub struct DiscordInbound {
     rest: Rest,
     channels: Arc<ChannelKinds>,
     shards: Shards,
+    /// `LULL_GROUP_CONTEXT` is on: guild messages not addressed to lull are passed on.
+    overhear: bool,
 }
 
 impl DiscordInbound {
-    pub(crate) fn new(rest: Rest, channels: Arc<ChannelKinds>, shards: Shards) -> Self {
+    pub(crate) fn new(
+        rest: Rest,
+        channels: Arc<ChannelKinds>,
+        shards: Shards,
+        overhear: bool,
+    ) -> Self {
         Self {
             rest,
             channels,
             shards,
+            overhear,
         }
     }
 }
@@ -190,6 +198,7 @@ impl DiscordInbound {
             channels: self.channels.clone(),
             session,
             bot,
+            overhear: self.overhear,
             ready: false,
         };
         let end = tokio::select! {
@@ -429,6 +438,8 @@ struct Feeder<'a> {
     channels: Arc<ChannelKinds>,
     session: &'a Session,
     bot: BotIdentity,
+    /// `LULL_GROUP_CONTEXT` is on: guild messages not addressed to lull are passed on.
+    overhear: bool,
     /// Whether the session got as far as READY.
     ready: bool,
 }
@@ -493,7 +504,13 @@ impl Feeder<'_> {
                     None => Place::Dm,
                 };
                 self.channels.remember(message.channel_id, place);
-                if let Some(incoming) = translate::new_message(&message, &self.bot, in_guild) {
+                let overheard = || {
+                    let heard = translate::overheard(&message, &self.bot, in_guild);
+                    heard.filter(|_| self.overhear)
+                };
+                if let Some(incoming) =
+                    translate::new_message(&message, &self.bot, in_guild).or_else(overheard)
+                {
                     self.store(incoming).await;
                 }
             }

@@ -134,7 +134,7 @@ impl Discord {
         let channels = Arc::new(ChannelKinds::default());
         Ok(Self {
             outbound: DiscordOutbound::new(rest.clone(), channels.clone()),
-            inbound: DiscordInbound::new(rest, channels, shards),
+            inbound: DiscordInbound::new(rest, channels, shards, config.overhear),
         })
     }
 }

@@ -23,6 +23,10 @@ pub enum Content {
 pub enum IncomingKind {
     New,
     Edit,
+    /// A group message not addressed to lull, passed on only when group context is
+    /// on (`LULL_GROUP_CONTEXT`): kept as context for the model, never answered,
+    /// never a trigger.
+    Overheard,
 }
 
 /// One inbound update, translated by an adapter.
@@ -69,6 +73,9 @@ pub enum Accepted {
     Unsupported,
     /// The user is not allowed; they were told once.
     Denied,
+    /// An overheard group message: kept as context (or not, when group context is
+    /// off or the group is not admitted); nothing follows.
+    Overheard,
 }
 
 /// Why an inbound update was refused. Nothing was stored.

@@ -239,7 +239,14 @@ impl Config {
     /// Check the settings together and build the configuration. Each group checks its
     /// own; the order is the one errors have always been reported in.
     pub fn from_settings(s: &Settings) -> Result<Config, ConfigError> {
-        let platforms = s.platforms.check(s.media.max_image_bytes)?;
+        let mut platforms = s.platforms.check(s.media.max_image_bytes)?;
+        let group_context = s.platform_controls.group_context()?;
+        for platform in [&mut platforms.telegram, &mut platforms.discord]
+            .into_iter()
+            .flatten()
+        {
+            platform.overhear = group_context > 0;
+        }
         let model = s.model.check()?;
         let transcribe = s.media.transcribe(&model.llm)?;
         let max_reply_chars = s.model.max_reply_chars()?;
@@ -274,6 +281,7 @@ impl Config {
                 max_audio_seconds: s.media.max_audio_seconds,
                 tools: tool_settings,
                 ack_reaction: s.platform_controls.ack_reaction()?,
+                group_context,
                 ..DispatchSettings::default()
             },
             http_addr: s.http.http_addr,

@@ -89,6 +89,7 @@ impl PlatformArgs {
                     token,
                     api_url: http_url("TELEGRAM_API_URL", &s.telegram_api_url)?,
                     max_image_bytes,
+                    overhear: false,
                 })
             })
             .transpose()?;
@@ -111,6 +112,7 @@ impl PlatformArgs {
                     token,
                     api_url: http_url("DISCORD_API_URL", &s.discord_api_url)?,
                     max_image_bytes,
+                    overhear: false,
                 })
             })
             .transpose()?;

@@ -837,6 +837,7 @@ pub(crate) fn adapter(fake: &DiscordFake) -> Discord {
             max_image_bytes: 10 << 20,
             token: SecretString::from(TOKEN),
             api_url: fake.api_url.clone(),
+            overhear: false,
         },
         Default::default(),
     )

@@ -15,6 +15,7 @@ mod docs;
 mod drafts;
 mod edits;
 mod faults;
+mod group_context;
 mod health;
 mod helpers;
 mod http_api;

@@ -40,6 +40,7 @@ mod ingest;
 mod interrupt;
 mod lease_keeper;
 mod notices;
+mod overheard;
 mod round;
 mod scheduler;
 mod sessions;
@@ -118,6 +119,9 @@ pub struct DispatchSettings {
     /// `LULL_ACK_REACTION`: the emoji lull reacts with to a stored message whose reply
     /// is not immediate, until the reply is delivered; `None` (`off`): no reaction.
     pub ack_reaction: Option<String>,
+    /// `LULL_GROUP_CONTEXT`: how many recent group messages not addressed to lull are
+    /// kept per conversation and shown to the model when it is addressed; 0: none.
+    pub group_context: usize,
 }
 
 impl Default for DispatchSettings {
@@ -150,6 +154,7 @@ impl Default for DispatchSettings {
             cancel_overtaken: true,
             tools: ToolSettings::default(),
             ack_reaction: Some(ACK_REACTION.to_owned()),
+            group_context: 0,
         }
     }
 }

@@ -11,7 +11,8 @@
 //!   with its row types and its trait): [`MessageStore`], [`LeaseStore`],
 //!   [`RoundStore`], [`OutboxStore`], [`WorkStore`], [`LimitStore`], [`ActionStore`],
 //!   [`StatusStore`] (the status page's read-only aggregates) and [`ReactionStore`]
-//!   (which message carries a burst's ack reaction); [`Store`] is their sum. A backend is opened with the deployment's
+//!   (which message carries a burst's ack reaction) and [`OverheardStore`] (group
+//!   context); [`Store`] is their sum. A backend is opened with the deployment's
 //!   [`TimerPolicy`](crate::timing::TimerPolicy) and reports failures as a
 //!   backend-neutral [`StoreError`] (`error.rs`).
 //! - `rules`: each decision both backends make once their rows are read, written once
@@ -68,8 +69,8 @@ pub use crate::domain::{Exchange, OutboxKind, TokenUsage};
 pub use lull_port::RecentConversation;
 
 pub use contract::{
-    actions::*, leases::*, limits::*, messages::*, outbox::*, reactions::*, rounds::*, status::*,
-    work::*,
+    actions::*, leases::*, limits::*, messages::*, outbox::*, overheard::*, reactions::*,
+    rounds::*, status::*, work::*,
 };
 pub use error::StoreError;
 #[cfg(feature = "test-switches")]
@@ -97,6 +98,7 @@ pub trait Store:
     + ActionStore
     + StatusStore
     + ReactionStore
+    + OverheardStore
 {
 }
 
@@ -110,6 +112,7 @@ impl<T> Store for T where
         + ActionStore
         + StatusStore
         + ReactionStore
+        + OverheardStore
 {
 }
 
@@ -119,6 +122,7 @@ impl<T> Store for T where
 pub mod prelude {
     pub use super::{
         ActionStore as _, LeaseStore as _, LimitStore as _, MessageStore as _, OutboxStore as _,
-        ReactionStore as _, RoundStore as _, StatusStore as _, Store, WorkStore as _,
+        OverheardStore as _, ReactionStore as _, RoundStore as _, StatusStore as _, Store,
+        WorkStore as _,
     };
 }

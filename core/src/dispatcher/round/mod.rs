@@ -189,6 +189,7 @@ impl Round<'_> {
             rows.extend(self.notice(&batch, &text, key).await?);
         }
         let mut prompt = self.prompt(&batch);
+        prompt.overheard = self.overheard(&batch).await;
         for note in notes.model {
             add_note(&mut prompt, note);
         }

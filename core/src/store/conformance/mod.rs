@@ -18,6 +18,7 @@ mod leases;
 mod limits;
 mod messages;
 mod outbox;
+mod overheard;
 mod reactions;
 mod rounds;
 mod status;
@@ -28,6 +29,7 @@ pub use leases::*;
 pub use limits::*;
 pub use messages::*;
 pub use outbox::*;
+pub use overheard::*;
 pub use reactions::*;
 pub use rounds::*;
 pub use status::*;
@@ -110,6 +112,9 @@ macro_rules! store_conformance {
             an_ack_is_claimed_once_per_burst_and_taken_once,
             an_answered_message_claims_no_ack,
             concurrent_claims_of_one_burst_claim_once,
+            overheard_messages_are_kept_once_and_bounded,
+            overheard_messages_arm_no_timer,
+            a_reset_forgets_overheard_messages,
         );
     };
     (@each $open:path; $($check:ident),* $(,)?) => {
@@ -311,6 +316,7 @@ mod tests {
             include_str!("actions.rs"),
             include_str!("status.rs"),
             include_str!("reactions.rs"),
+            include_str!("overheard.rs"),
         );
         let missing: Vec<&str> = checks
             .split("\npub async fn ")

@@ -7,6 +7,7 @@ pub mod leases;
 pub mod limits;
 pub mod messages;
 pub mod outbox;
+pub mod overheard;
 pub mod reactions;
 pub mod rounds;
 pub mod status;

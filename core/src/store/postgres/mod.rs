@@ -76,6 +76,7 @@ mod limits;
 mod listen;
 mod messages;
 mod outbox;
+mod overheard;
 mod reactions;
 mod rounds;
 pub(crate) mod schema;

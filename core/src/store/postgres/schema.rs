@@ -19,6 +19,7 @@ const ALL: &[&str] = &[
     V6_ACTIONS,
     V7_STATUS,
     V8_ACKS,
+    V9_OVERHEARD,
 ];
 
 /// The schema version this build migrates to.
@@ -266,6 +267,21 @@ CREATE TABLE acks (
     PRIMARY KEY (conversation_id, burst)
 );
 CREATE INDEX acks_message ON acks (conversation_id, platform_message_id);
+"#;
+
+/// SQLite's `V11_OVERHEARD`: group context, bounded per conversation.
+const V9_OVERHEARD: &str = r#"
+CREATE TABLE overheard (
+    id                  BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    conversation_id     BIGINT NOT NULL REFERENCES conversations (id),
+    platform_message_id TEXT   NOT NULL,
+    author              TEXT   NOT NULL,
+    text                TEXT   NOT NULL,
+    received_at         BIGINT NOT NULL,
+    -- No duplicate: a redelivered platform message is kept once.
+    UNIQUE (conversation_id, platform_message_id)
+);
+CREATE INDEX overheard_newest ON overheard (conversation_id, id);
 "#;
 
 /// Bring the schema up to date: each missing migration in its own transaction under

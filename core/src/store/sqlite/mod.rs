@@ -22,6 +22,7 @@ mod leases;
 mod limits;
 mod messages;
 mod outbox;
+mod overheard;
 mod reactions;
 mod rounds;
 pub(crate) mod schema;

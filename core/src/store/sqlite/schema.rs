@@ -270,6 +270,22 @@ CREATE TABLE acks (
 CREATE INDEX acks_message ON acks (conversation_id, platform_message_id);
 "#;
 
+const V11_OVERHEARD: &str = r#"
+-- Group context (LULL_GROUP_CONTEXT): recent group messages not addressed to lull,
+-- shown to the model when it is addressed. Never pending: no version, no timer.
+-- Bounded per conversation by the write that adds one; /reset deletes them.
+CREATE TABLE overheard (
+    id                  INTEGER PRIMARY KEY,
+    conversation_id     INTEGER NOT NULL REFERENCES conversations (id),
+    platform_message_id TEXT    NOT NULL,
+    author              TEXT    NOT NULL,
+    text                TEXT    NOT NULL,
+    received_at         INTEGER NOT NULL,
+    UNIQUE (conversation_id, platform_message_id)
+);
+CREATE INDEX overheard_newest ON overheard (conversation_id, id);
+"#;
+
 /// Every migration, oldest first. The schema version (`user_version`) counts them.
 const ALL: &[&str] = &[
     V1_CORE,
@@ -282,6 +298,7 @@ const ALL: &[&str] = &[
     V8_ACTIONS,
     V9_STATUS,
     V10_ACKS,
+    V11_OVERHEARD,
 ];
 
 /// The schema version this build migrates to.

@@ -30,4 +30,7 @@ pub struct PlatformSettings {
     /// on as [`lull_port::IncomingKind::Overheard`] (the core keeps those of admitted
     /// groups as context) instead of being dropped here.
     pub overhear: bool,
+    /// `LULL_DISCORD_AUTO_THREAD`: a mention in a guild channel is answered in a
+    /// thread opened on it (Discord only).
+    pub auto_thread: bool,
 }

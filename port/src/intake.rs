@@ -27,6 +27,11 @@ pub enum IncomingKind {
     /// on (`LULL_GROUP_CONTEXT`): kept as context for the model, never answered,
     /// never a trigger.
     Overheard,
+    /// A new message lull moved into a thread it opened for it (Discord,
+    /// `LULL_DISCORD_AUTO_THREAD`): stored as [`IncomingKind::New`] in the thread's
+    /// conversation, which the core remembers as one of lull's threads, where
+    /// messages need no mention.
+    OpenedThread,
 }
 
 /// One inbound update, translated by an adapter.

@@ -247,6 +247,10 @@ impl Config {
         {
             platform.overhear = group_context > 0;
         }
+        let discord_auto_thread = s.platform_controls.discord_auto_thread()?;
+        if let Some(discord) = &mut platforms.discord {
+            discord.auto_thread = discord_auto_thread;
+        }
         let model = s.model.check()?;
         let transcribe = s.media.transcribe(&model.llm)?;
         let max_reply_chars = s.model.max_reply_chars()?;
@@ -282,6 +286,7 @@ impl Config {
                 tools: tool_settings,
                 ack_reaction: s.platform_controls.ack_reaction()?,
                 group_context,
+                discord_auto_thread,
                 ..DispatchSettings::default()
             },
             http_addr: s.http.http_addr,

@@ -90,6 +90,7 @@ impl PlatformArgs {
                     api_url: http_url("TELEGRAM_API_URL", &s.telegram_api_url)?,
                     max_image_bytes,
                     overhear: false,
+                    auto_thread: false,
                 })
             })
             .transpose()?;
@@ -113,6 +114,7 @@ impl PlatformArgs {
                     api_url: http_url("DISCORD_API_URL", &s.discord_api_url)?,
                     max_image_bytes,
                     overhear: false,
+                    auto_thread: false,
                 })
             })
             .transpose()?;

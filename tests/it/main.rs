@@ -39,5 +39,6 @@ mod store;
 mod stress;
 mod telegram;
 mod telegram_webhook;
+mod threads;
 mod tools;
 mod webhook;

@@ -22,6 +22,7 @@ pub(super) async fn ingest(
     if !dispatcher.outbounds.contains_key(&platform) {
         return Err(IngestError::UnknownPlatform(platform));
     }
+    let incoming = super::threads::admit(dispatcher, incoming).await?;
     if incoming.kind == IncomingKind::Overheard {
         return super::overheard::overhear(dispatcher, incoming).await;
     }
@@ -102,8 +103,9 @@ pub(super) async fn ingest(
             };
             store.edit(edit, holder, now).await
         }
-        // Kept (or dropped) at the top, never stored as a message.
-        IncomingKind::Overheard => return Ok(Accepted::Overheard),
+        // Kept (or dropped) at the top, never stored as a message; a message that
+        // opened a thread is a new message by then (see `threads`).
+        IncomingKind::Overheard | IncomingKind::OpenedThread => return Ok(Accepted::Overheard),
     }
     .map_err(not_stored)?;
     Ok(match outcome {

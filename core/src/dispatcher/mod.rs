@@ -44,6 +44,7 @@ mod overheard;
 mod round;
 mod scheduler;
 mod sessions;
+mod threads;
 mod wallet;
 
 use std::collections::HashMap;
@@ -122,6 +123,9 @@ pub struct DispatchSettings {
     /// `LULL_GROUP_CONTEXT`: how many recent group messages not addressed to lull are
     /// kept per conversation and shown to the model when it is addressed; 0: none.
     pub group_context: usize,
+    /// `LULL_DISCORD_AUTO_THREAD`: a mention in a Discord channel is answered in a
+    /// thread lull opens for it, where messages then need no mention.
+    pub discord_auto_thread: bool,
 }
 
 impl Default for DispatchSettings {
@@ -155,6 +159,7 @@ impl Default for DispatchSettings {
             tools: ToolSettings::default(),
             ack_reaction: Some(ACK_REACTION.to_owned()),
             group_context: 0,
+            discord_auto_thread: false,
         }
     }
 }

@@ -11,8 +11,8 @@
 //!   with its row types and its trait): [`MessageStore`], [`LeaseStore`],
 //!   [`RoundStore`], [`OutboxStore`], [`WorkStore`], [`LimitStore`], [`ActionStore`],
 //!   [`StatusStore`] (the status page's read-only aggregates) and [`ReactionStore`]
-//!   (which message carries a burst's ack reaction) and [`OverheardStore`] (group
-//!   context); [`Store`] is their sum. A backend is opened with the deployment's
+//!   (which message carries a burst's ack reaction) [`OverheardStore`] (group
+//!   context) and [`ThreadStore`] (the Discord threads lull opened); [`Store`] is their sum. A backend is opened with the deployment's
 //!   [`TimerPolicy`](crate::timing::TimerPolicy) and reports failures as a
 //!   backend-neutral [`StoreError`] (`error.rs`).
 //! - `rules`: each decision both backends make once their rows are read, written once
@@ -70,7 +70,7 @@ pub use lull_port::RecentConversation;
 
 pub use contract::{
     actions::*, leases::*, limits::*, messages::*, outbox::*, overheard::*, reactions::*,
-    rounds::*, status::*, work::*,
+    rounds::*, status::*, threads::*, work::*,
 };
 pub use error::StoreError;
 #[cfg(feature = "test-switches")]
@@ -99,6 +99,7 @@ pub trait Store:
     + StatusStore
     + ReactionStore
     + OverheardStore
+    + ThreadStore
 {
 }
 
@@ -113,6 +114,7 @@ impl<T> Store for T where
         + StatusStore
         + ReactionStore
         + OverheardStore
+        + ThreadStore
 {
 }
 
@@ -123,6 +125,6 @@ pub mod prelude {
     pub use super::{
         ActionStore as _, LeaseStore as _, LimitStore as _, MessageStore as _, OutboxStore as _,
         OverheardStore as _, ReactionStore as _, RoundStore as _, StatusStore as _, Store,
-        WorkStore as _,
+        ThreadStore as _, WorkStore as _,
     };
 }

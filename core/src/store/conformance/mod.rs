@@ -22,6 +22,7 @@ mod overheard;
 mod reactions;
 mod rounds;
 mod status;
+mod threads;
 mod work;
 
 pub use actions::*;
@@ -33,6 +34,7 @@ pub use overheard::*;
 pub use reactions::*;
 pub use rounds::*;
 pub use status::*;
+pub use threads::*;
 pub use work::*;
 
 use super::{
@@ -115,6 +117,7 @@ macro_rules! store_conformance {
             overheard_messages_are_kept_once_and_bounded,
             overheard_messages_arm_no_timer,
             a_reset_forgets_overheard_messages,
+            a_thread_is_remembered,
         );
     };
     (@each $open:path; $($check:ident),* $(,)?) => {
@@ -317,6 +320,7 @@ mod tests {
             include_str!("status.rs"),
             include_str!("reactions.rs"),
             include_str!("overheard.rs"),
+            include_str!("threads.rs"),
         );
         let missing: Vec<&str> = checks
             .split("\npub async fn ")

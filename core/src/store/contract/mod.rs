@@ -11,4 +11,5 @@ pub mod overheard;
 pub mod reactions;
 pub mod rounds;
 pub mod status;
+pub mod threads;
 pub mod work;

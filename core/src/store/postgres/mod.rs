@@ -81,6 +81,7 @@ mod reactions;
 mod rounds;
 pub(crate) mod schema;
 mod status;
+mod threads;
 mod work;
 
 use std::str::FromStr;

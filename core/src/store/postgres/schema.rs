@@ -20,6 +20,7 @@ const ALL: &[&str] = &[
     V7_STATUS,
     V8_ACKS,
     V9_OVERHEARD,
+    V10_THREADS,
 ];
 
 /// The schema version this build migrates to.
@@ -282,6 +283,16 @@ CREATE TABLE overheard (
     UNIQUE (conversation_id, platform_message_id)
 );
 CREATE INDEX overheard_newest ON overheard (conversation_id, id);
+"#;
+
+/// SQLite's `V12_THREADS`: the Discord threads lull opened.
+const V10_THREADS: &str = r#"
+CREATE TABLE threads (
+    platform  TEXT   NOT NULL,
+    key       TEXT   NOT NULL,
+    opened_at BIGINT NOT NULL,
+    PRIMARY KEY (platform, key)
+);
 "#;
 
 /// Bring the schema up to date: each missing migration in its own transaction under

@@ -28,6 +28,7 @@ mod rounds;
 pub(crate) mod schema;
 mod sql;
 mod status;
+mod threads;
 mod work;
 mod writer;
 

@@ -286,6 +286,17 @@ CREATE TABLE overheard (
 CREATE INDEX overheard_newest ON overheard (conversation_id, id);
 "#;
 
+const V12_THREADS: &str = r#"
+-- The Discord threads lull opened (LULL_DISCORD_AUTO_THREAD): messages there need no
+-- mention. By platform and key, so remembered before the thread has a conversation.
+CREATE TABLE threads (
+    platform  TEXT    NOT NULL,
+    key       TEXT    NOT NULL,
+    opened_at INTEGER NOT NULL,
+    PRIMARY KEY (platform, key)
+);
+"#;
+
 /// Every migration, oldest first. The schema version (`user_version`) counts them.
 const ALL: &[&str] = &[
     V1_CORE,
@@ -299,6 +310,7 @@ const ALL: &[&str] = &[
     V9_STATUS,
     V10_ACKS,
     V11_OVERHEARD,
+    V12_THREADS,
 ];
 
 /// The schema version this build migrates to.

@@ -23,9 +23,10 @@ pub enum Content {
 pub enum IncomingKind {
     New,
     Edit,
-    /// A group message not addressed to lull, passed on only when group context is
-    /// on (`LULL_GROUP_CONTEXT`): kept as context for the model, never answered,
-    /// never a trigger.
+    /// A group message not addressed to lull, passed on only when the core may want
+    /// it: kept as context for the model (`LULL_GROUP_CONTEXT`), never answered, never
+    /// a trigger; or, in a Discord thread lull opened (`LULL_DISCORD_AUTO_THREAD`),
+    /// a message like any other (no mention is needed there).
     Overheard,
     /// A new message lull moved into a thread it opened for it (Discord,
     /// `LULL_DISCORD_AUTO_THREAD`): stored as [`IncomingKind::New`] in the thread's

@@ -23,6 +23,9 @@
 //!   the adapter's sessions.
 //! - `acks`: the ack reaction on a burst's message while lull waits, set once per
 //!   burst and taken off when the reply covering it is delivered; never in the way.
+//! - `overheard`: group context, the recent group messages not addressed to lull,
+//!   kept (bounded) for the prompt; never a message to answer.
+//! - `threads`: the Discord threads lull opened, where a message needs no mention.
 //! - `lease_keeper`: claims a lease and renews it for as long as the work it protects.
 //! - `wallet`: who pays for a round, what it reserves before the model is asked, and
 //!   the settle after; token budgets that never hold a conversation for good nor let

@@ -26,4 +26,11 @@ pub struct PlatformSettings {
     /// `LULL_MAX_IMAGE_BYTES`: Telegram offers each photo in several sizes; the
     /// largest one under this is the one kept.
     pub max_image_bytes: u64,
+    /// `LULL_GROUP_CONTEXT` is on: group messages not addressed to lull are passed
+    /// on as [`lull_port::IncomingKind::Overheard`] (the core keeps those of admitted
+    /// groups as context) instead of being dropped here.
+    pub overhear: bool,
+    /// `LULL_DISCORD_AUTO_THREAD`: a mention in a guild channel is answered in a
+    /// thread opened on it (Discord only).
+    pub auto_thread: bool,
 }

@@ -70,6 +70,9 @@ pub async fn run(config: &Config) -> Vec<Finding> {
     if let Some(menus) = menus(config) {
         findings.push(ok("menus", menus));
     }
+    if let Some(context) = group_context(config).await {
+        findings.push(context);
+    }
     if let Some(http) = &config.http_adapter {
         findings.push(ok(
             "http adapter",
@@ -344,6 +347,40 @@ fn menus(config: &Config) -> Option<String> {
         None => "no ack reaction (LULL_ACK_REACTION=off)".to_owned(),
     };
     Some(format!("{}; {reaction}", shown.join("; ")))
+}
+
+/// Group context (`LULL_GROUP_CONTEXT`), when on: how many messages are kept, and
+/// whether Telegram delivers them (only with the bot's privacy mode off, or to a bot
+/// that is a group's admin).
+async fn group_context(config: &Config) -> Option<Finding> {
+    let keep = config.dispatch.group_context;
+    if keep == 0 {
+        return None;
+    }
+    let kept = format!(
+        "the last {keep} messages per admitted group not addressed to lull are shown to the model"
+    );
+    let Some(telegram) = &config.telegram else {
+        return Some(ok("group context", kept));
+    };
+    Some(
+        match lull_adapters::telegram::reads_all_group_messages(telegram).await {
+            Ok(true) => ok(
+                "group context",
+                format!("{kept}; Telegram privacy mode is off"),
+            ),
+            // Not a failure: a bot that is an admin of a group gets all its messages
+            // whatever its privacy mode.
+            Ok(false) => ok(
+                "group context",
+                format!(
+                    "{kept}, but Telegram privacy mode is on (getMe: can_read_all_group_messages is false), so Telegram delivers them only in groups where the bot is an admin: \
+                     to read all groups, send /setprivacy to @BotFather, choose the bot, Disable, then remove the bot from each group and add it again"
+                ),
+            ),
+            Err(e) => fail("group context", e),
+        },
+    )
 }
 
 async fn telegram_bot(telegram: &PlatformConfig) -> Finding {

@@ -53,8 +53,8 @@ use super::{ChannelKinds, Place, Rest, Shards, channel_of, intents, shard_of};
 use lull_port::domain::{Platform, Timestamp, millis};
 use lull_port::health::AdapterState;
 use lull_port::{
-    Accepted, Backoff, Inbound, Incoming, IngestError, Intake, RecentConversation, SendError,
-    Session, SessionEnd,
+    Accepted, Backoff, Inbound, Incoming, IncomingKind, IngestError, Intake, RecentConversation,
+    SendError, Session, SessionEnd,
 };
 
 /// How far back catch-up looks for channels with activity.
@@ -82,14 +82,26 @@ pub struct DiscordInbound {
     rest: Rest,
     channels: Arc<ChannelKinds>,
     shards: Shards,
+    /// `LULL_GROUP_CONTEXT` is on: guild messages not addressed to lull are passed on.
+    overhear: bool,
+    /// `LULL_DISCORD_AUTO_THREAD`: mentions in guild channels are answered in a thread.
+    auto_thread: bool,
 }
 
 impl DiscordInbound {
-    pub(crate) fn new(rest: Rest, channels: Arc<ChannelKinds>, shards: Shards) -> Self {
+    pub(crate) fn new(
+        rest: Rest,
+        channels: Arc<ChannelKinds>,
+        shards: Shards,
+        overhear: bool,
+        auto_thread: bool,
+    ) -> Self {
         Self {
             rest,
             channels,
             shards,
+            overhear,
+            auto_thread,
         }
     }
 }
@@ -190,6 +202,8 @@ impl DiscordInbound {
             channels: self.channels.clone(),
             session,
             bot,
+            overhear: self.overhear,
+            auto_thread: self.auto_thread,
             ready: false,
         };
         let end = tokio::select! {
@@ -438,6 +452,12 @@ struct Feeder<'a> {
     channels: Arc<ChannelKinds>,
     session: &'a Session,
     bot: BotIdentity,
+    /// `LULL_GROUP_CONTEXT` is on: guild messages not addressed to lull are passed on.
+    overhear: bool,
+    /// `LULL_DISCORD_AUTO_THREAD`: mentions in guild channels are answered in a
+    /// thread; unaddressed messages are passed on (the core answers those in its
+    /// threads).
+    auto_thread: bool,
     /// Whether the session got as far as READY.
     ready: bool,
 }
@@ -502,8 +522,17 @@ impl Feeder<'_> {
                     None => Place::Dm,
                 };
                 self.channels.remember(message.channel_id, place);
-                if let Some(incoming) = translate::new_message(&message, &self.bot, in_guild) {
-                    self.store(incoming).await;
+                match self.translated(&message, in_guild) {
+                    // Opened in a thread's channel, the thread is refused and the
+                    // mention answered where it is.
+                    Some(incoming)
+                        if self.auto_thread && in_guild && incoming.kind == IncomingKind::New =>
+                    {
+                        let incoming = super::threads::open(&self.rest, &message, incoming).await;
+                        self.store(incoming).await;
+                    }
+                    Some(incoming) => self.store(incoming).await,
+                    None => {}
                 }
             }
             GatewayEvent::Edit(event) => {
@@ -542,6 +571,15 @@ impl Feeder<'_> {
                 }
             }
         }
+    }
+
+    /// A message for the core: addressed to lull, or overheard when the core may want
+    /// it (group context, lull's threads, where no mention is needed).
+    fn translated(&self, message: &Message, in_guild: bool) -> Option<Incoming> {
+        translate::new_message(message, &self.bot, in_guild).or_else(|| {
+            let heard = translate::overheard(message, &self.bot, in_guild);
+            heard.filter(|_| self.overhear || self.auto_thread)
+        })
     }
 
     /// Hand one update to the core until it is stored (or refused for good).
@@ -677,8 +715,9 @@ impl Feeder<'_> {
             for message in &mut page {
                 message.guild_id = message.guild_id.or(guild);
                 after = after.max(message.id.get());
-                if let Some(incoming) = translate::new_message(message, &self.bot, recent.is_group)
-                {
+                // A mention missed while down is answered where it is, without a
+                // thread.
+                if let Some(incoming) = self.translated(message, recent.is_group) {
                     handed += 1;
                     self.store(incoming).await;
                 }

@@ -52,6 +52,7 @@
 mod gateway;
 mod outbound;
 mod slash;
+mod threads;
 mod translate;
 
 use std::collections::HashMap;
@@ -137,7 +138,13 @@ impl Discord {
         let channels = Arc::new(ChannelKinds::default());
         Ok(Self {
             outbound: DiscordOutbound::new(rest.clone(), channels.clone()),
-            inbound: DiscordInbound::new(rest, channels, shards),
+            inbound: DiscordInbound::new(
+                rest,
+                channels,
+                shards,
+                config.overhear,
+                config.auto_thread,
+            ),
         })
     }
 }

@@ -62,22 +62,60 @@ pub fn new_message(message: &Message, bot: &BotIdentity, in_guild: bool) -> Opti
         // A bare mention, or an embed-only message: nothing to answer.
         return None;
     };
+    Some(Incoming {
+        content,
+        media,
+        ..incoming_of(message, in_guild)
+    })
+}
+
+/// A new message as the core's [`Incoming`]: from its author (their nickname in a
+/// guild), in its channel, with its guild for the access checks; the content is
+/// the caller's.
+fn incoming_of(message: &Message, in_guild: bool) -> Incoming {
     let author = message
         .member
         .as_ref()
         .and_then(|m| m.nick.clone())
         .or_else(|| message.author.global_name.clone())
         .unwrap_or_else(|| message.author.name.clone());
-    Some(Incoming {
+    Incoming {
         conversation: ConversationRef::new(Platform::Discord, message.channel_id.to_string()),
         is_group: in_guild,
         user_id: message.author.id.to_string(),
         chats: chats(message.channel_id, message.guild_id),
         author,
         message_id: message.id.to_string(),
-        content,
-        media,
+        content: Content::Text(String::new()),
+        media: Vec::new(),
         kind: IncomingKind::New,
+    }
+}
+
+/// A guild message not addressed to lull, as group context (`LULL_GROUP_CONTEXT`):
+/// its text, mentions named, for the model to read when lull is addressed. `None`
+/// for DMs, messages addressed to lull (those are [`new_message`]s), bots, system
+/// messages and messages without text. The core decides whether the server or
+/// channel is admitted.
+pub fn overheard(message: &Message, bot: &BotIdentity, in_guild: bool) -> Option<Incoming> {
+    if !in_guild || addressed_to(message, bot) || message.author.bot {
+        return None;
+    }
+    if !matches!(
+        message.kind,
+        MessageType::Regular | MessageType::InlineReply
+    ) {
+        return None;
+    }
+    let text = strip_mentions(&message.content, bot);
+    if text.is_empty() {
+        return None;
+    }
+    Some(Incoming {
+        content: Content::Text(text),
+        media: Vec::new(),
+        kind: IncomingKind::Overheard,
+        ..incoming_of(message, in_guild)
     })
 }
 
@@ -328,6 +366,24 @@ mod tests {
             new_message(&reply, &bot(), true).unwrap().content,
             Content::Text("and then?".into())
         );
+    }
+
+    #[test]
+    fn guild_messages_not_addressed_to_lull_can_be_overheard() {
+        let plain = message(json!({"guild_id": "3", "content": "hi <@5> and <@!900>s fans"}));
+        let heard = overheard(&plain, &bot(), true);
+        assert!(heard.is_none(), "a mention of lull anywhere addresses it");
+        let plain = message(json!({"guild_id": "3", "content": "just chatting"}));
+        let heard = overheard(&plain, &bot(), true).unwrap();
+        assert_eq!(heard.kind, IncomingKind::Overheard);
+        assert_eq!(heard.content, Content::Text("just chatting".into()));
+        assert_eq!(heard.chats, ["77", "3"]);
+        assert!(overheard(&plain, &bot(), false).is_none(), "never in a DM");
+        let mention = message(json!({"guild_id": "3", "content": "<@900> hi",
+                                     "mentions": [user(BOT, true)]}));
+        assert!(overheard(&mention, &bot(), true).is_none());
+        let from_bot = message(json!({"guild_id": "3", "author": user(6, true)}));
+        assert!(overheard(&from_bot, &bot(), true).is_none());
     }
 
     #[test]

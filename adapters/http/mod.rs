@@ -263,6 +263,7 @@ async fn accept(
         Accepted::Command(c) => json!({ "status": "command", "command": c.name() }),
         Accepted::Unsupported => json!({ "status": "unsupported" }),
         Accepted::Denied => json!({ "status": "denied" }),
+        Accepted::Overheard => json!({ "status": "overheard" }),
     })
 }
 

@@ -52,6 +52,8 @@ pub struct TelegramInbound {
     redactor: Redactor,
     /// `LULL_MAX_IMAGE_BYTES`: which size of a photo is kept.
     max_image_bytes: u64,
+    /// `LULL_GROUP_CONTEXT` is on: group messages not addressed to lull are passed on.
+    overhear: bool,
 }
 
 /// Why an update could not be stored.
@@ -66,11 +68,12 @@ enum Unstored {
 const REJECTED: &str = "Telegram rejected the bot token (TELEGRAM_BOT_TOKEN)";
 
 impl TelegramInbound {
-    pub(super) fn new(bot: Bot, redactor: Redactor, max_image_bytes: u64) -> Self {
+    pub(super) fn new(bot: Bot, redactor: Redactor, max_image_bytes: u64, overhear: bool) -> Self {
         Self {
             bot,
             redactor,
             max_image_bytes,
+            overhear,
         }
     }
 
@@ -117,7 +120,7 @@ impl TelegramInbound {
             Ok(me) => me,
             Err(end) => return end,
         };
-        let mut translator = Translator::new(me, self.max_image_bytes);
+        let mut translator = Translator::new(me, self.max_image_bytes).overhearing(self.overhear);
         // None: start at the earliest unconfirmed update.
         let mut offset: Option<i32> = None;
         let mut failures = 0;

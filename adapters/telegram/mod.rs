@@ -52,7 +52,7 @@ pub fn connect(config: &PlatformConfig) -> anyhow::Result<(TelegramOutbound, Tel
     let (bot, redactor) = bot(config)?;
     Ok((
         TelegramOutbound::new(bot.clone(), redactor.clone()),
-        TelegramInbound::new(bot, redactor, config.max_image_bytes),
+        TelegramInbound::new(bot, redactor, config.max_image_bytes, config.overhear),
     ))
 }
 
@@ -66,16 +66,37 @@ pub fn connect_webhook(
     let secret = webhook_secret(&config.token);
     Ok((
         TelegramOutbound::new(bot.clone(), redactor.clone()),
-        TelegramWebhook::new(bot, redactor, url, secret, config.max_image_bytes),
+        TelegramWebhook::new(
+            bot,
+            redactor,
+            url,
+            secret,
+            config.max_image_bytes,
+            config.overhear,
+        ),
     ))
 }
 
 /// Who the token belongs to (`getMe`), for `lull check`. The error names the
 /// variable to fix and never contains the token.
 pub async fn whoami(config: &PlatformConfig) -> Result<String, String> {
+    let me = get_me(config).await?;
+    Ok(format!("@{}", me.user.username.clone().unwrap_or_default()))
+}
+
+/// Whether Telegram delivers every group message to the bot (`getMe`'s
+/// `can_read_all_group_messages`: its privacy mode is off), for `lull check` when
+/// group context is on. With privacy mode on, a bot sees only commands, mentions
+/// and replies to it.
+pub async fn reads_all_group_messages(config: &PlatformConfig) -> Result<bool, String> {
+    Ok(get_me(config).await?.can_read_all_group_messages)
+}
+
+/// `getMe`, its errors naming the variable to fix and never the token.
+async fn get_me(config: &PlatformConfig) -> Result<teloxide::types::Me, String> {
     let (bot, redactor) = bot(config).map_err(|e| e.to_string())?;
     match bot.get_me().send().await {
-        Ok(me) => Ok(format!("@{}", me.user.username.clone().unwrap_or_default())),
+        Ok(me) => Ok(me),
         Err(RequestError::Api(teloxide::ApiError::InvalidToken)) => {
             Err("Telegram refused the token (check TELEGRAM_BOT_TOKEN)".into())
         }

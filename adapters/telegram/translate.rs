@@ -62,6 +62,9 @@ pub struct Translator {
     album_order: VecDeque<String>,
     /// (conversation, user) → `date` of the last message taken from them in a group.
     recent: HashMap<(ChatKey, String), i64>,
+    /// `LULL_GROUP_CONTEXT` is on: group messages not addressed to the bot become
+    /// [`IncomingKind::Overheard`] instead of being dropped.
+    overhear: bool,
 }
 
 impl Translator {
@@ -72,12 +75,20 @@ impl Translator {
             albums: HashMap::new(),
             album_order: VecDeque::new(),
             recent: HashMap::new(),
+            overhear: false,
         }
     }
 
+    /// Pass group messages not addressed to the bot on as overheard (group context).
+    #[must_use]
+    pub fn overhearing(mut self, overhear: bool) -> Self {
+        self.overhear = overhear;
+        self
+    }
+
     /// The update as a message for the core, or `None` if lull ignores it (not
-    /// addressed to the bot in a group, from a bot, a service message, another
-    /// update type).
+    /// addressed to the bot in a group, unless overhearing; from a bot, a service
+    /// message, another update type).
     pub fn translate(&mut self, update: &Update) -> Option<Incoming> {
         match &update.kind {
             UpdateKind::Message(m) => self.message(m, IncomingKind::New),
@@ -146,7 +157,12 @@ impl Translator {
             self.remember_album(album, addressed || album_seen == Some(true));
         }
         if !addressed {
-            return None;
+            // Group context, when on: the text (a caption too) for the model to read
+            // when lull is addressed; the core decides whether the group is admitted.
+            let text = text.filter(|t| self.overhear && !t.trim().is_empty())?;
+            let content = Content::Text(text);
+            let kind = IncomingKind::Overheard;
+            return Some(incoming(key, is_group, user_id, author, msg, content, kind));
         }
         if is_group {
             if self.recent.len() >= MEMORY {
@@ -565,6 +581,28 @@ mod tests {
             .unwrap();
         assert_eq!(edit.kind, IncomingKind::Edit);
         assert_eq!(text(&edit), "hello!");
+    }
+
+    #[test]
+    fn overhearing_passes_group_messages_not_addressed_to_the_bot_on() {
+        let mut t = translator().overhearing(true);
+        let i = take(&mut t, group(1, "just chatting")).unwrap();
+        assert_eq!(i.kind, IncomingKind::Overheard);
+        assert_eq!((text(&i), i.author.as_str()), ("just chatting", "Bo"));
+        assert_eq!(
+            i.chats,
+            ["-100123"],
+            "the core decides admission by the group"
+        );
+        let i = take(&mut t, mentioning(2, "@lull_bot hi")).unwrap();
+        assert_eq!(i.kind, IncomingKind::New, "addressed: a message");
+        assert_eq!(
+            take(&mut t, private("hello")).unwrap().kind,
+            IncomingKind::New,
+            "private chats are always addressed"
+        );
+        // Commands for another bot are not context.
+        assert!(take(&mut t, group(3, "/start@other_bot")).is_none());
     }
 
     #[test]

@@ -76,6 +76,8 @@ struct Receiver {
     secret: SecretString,
     /// `LULL_MAX_IMAGE_BYTES`: which size of a photo is kept.
     max_image_bytes: u64,
+    /// `LULL_GROUP_CONTEXT` is on: group messages not addressed to lull are passed on.
+    overhear: bool,
     /// Who the bot is (`getMe`), known once registration got that far: updates
     /// arriving before are answered 503 (Telegram delivers them again).
     me: OnceLock<BotIdentity>,
@@ -94,6 +96,7 @@ impl TelegramWebhook {
         url: url::Url,
         secret: SecretString,
         max_image_bytes: u64,
+        overhear: bool,
     ) -> Self {
         lull_port::secrets::register(&secret);
         let receiver = Arc::new(Receiver {
@@ -101,6 +104,7 @@ impl TelegramWebhook {
             redactor: redactor.clone(),
             secret,
             max_image_bytes,
+            overhear,
             me: OnceLock::new(),
             translator: Mutex::new(None),
         });
@@ -190,8 +194,10 @@ impl TelegramWebhook {
                 .receiver
                 .translator
                 .lock()
-                .expect("translator poisoned") =
-                Some(Translator::new(me.clone(), self.receiver.max_image_bytes));
+                .expect("translator poisoned") = Some(
+                Translator::new(me.clone(), self.receiver.max_image_bytes)
+                    .overhearing(self.receiver.overhear),
+            );
             let _ = self.receiver.me.set(me);
         }
         self.bot

@@ -185,6 +185,15 @@ pub fn reply_cut_note(max: usize) -> String {
 pub const NO_VISION_TEXT: &str = "Note: the language model I use cannot see images, \
 so I answered only the text of your messages.";
 
+/// The user turn of a group round with group context (`LULL_GROUP_CONTEXT`): the
+/// recent messages not addressed to lull (`context`, `author: text` lines), then the
+/// messages it answers (`turn`).
+pub fn overheard_turn(context: &str, turn: &str) -> String {
+    format!(
+        "[Recent messages in this group that were not addressed to you, for context only; do not answer them:]\n{context}\n\n[Addressed to you:]\n{turn}"
+    )
+}
+
 /// What the model is told when it was sent no images although the user sent some.
 pub const NO_VISION_NOTE: &str = "[The user sent an image, but it could not be shown to you: \
 answer the text.]";

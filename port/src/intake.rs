@@ -23,6 +23,16 @@ pub enum Content {
 pub enum IncomingKind {
     New,
     Edit,
+    /// A group message not addressed to lull, passed on only when the core may want
+    /// it: kept as context for the model (`LULL_GROUP_CONTEXT`), never answered, never
+    /// a trigger; or, in a Discord thread lull opened (`LULL_DISCORD_AUTO_THREAD`),
+    /// a message like any other (no mention is needed there).
+    Overheard,
+    /// A new message lull moved into a thread it opened for it (Discord,
+    /// `LULL_DISCORD_AUTO_THREAD`): stored as [`IncomingKind::New`] in the thread's
+    /// conversation, which the core remembers as one of lull's threads, where
+    /// messages need no mention.
+    OpenedThread,
 }
 
 /// One inbound update, translated by an adapter.
@@ -69,6 +79,9 @@ pub enum Accepted {
     Unsupported,
     /// The user is not allowed; they were told once.
     Denied,
+    /// An overheard group message: kept as context (or not, when group context is
+    /// off or the group is not admitted); nothing follows.
+    Overheard,
 }
 
 /// Why an inbound update was refused. Nothing was stored.

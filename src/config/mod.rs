@@ -243,7 +243,18 @@ impl Config {
     /// Check the settings together and build the configuration. Each group checks its
     /// own; the order is the one errors have always been reported in.
     pub fn from_settings(s: &Settings) -> Result<Config, ConfigError> {
-        let platforms = s.platforms.check(s.media.max_image_bytes)?;
+        let mut platforms = s.platforms.check(s.media.max_image_bytes)?;
+        let group_context = s.platform_controls.group_context()?;
+        for platform in [&mut platforms.telegram, &mut platforms.discord]
+            .into_iter()
+            .flatten()
+        {
+            platform.overhear = group_context > 0;
+        }
+        let discord_auto_thread = s.platform_controls.discord_auto_thread()?;
+        if let Some(discord) = &mut platforms.discord {
+            discord.auto_thread = discord_auto_thread;
+        }
         let mut model = s.model.check()?;
         let controls = s.controls.check(&mut model.llm)?;
         let transcribe = s.media.transcribe(&model.llm)?;
@@ -280,6 +291,8 @@ impl Config {
                 tools: tool_settings,
                 controls,
                 ack_reaction: s.platform_controls.ack_reaction()?,
+                group_context,
+                discord_auto_thread,
                 ..DispatchSettings::default()
             },
             http_addr: s.http.http_addr,

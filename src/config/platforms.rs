@@ -89,6 +89,8 @@ impl PlatformArgs {
                     token,
                     api_url: http_url("TELEGRAM_API_URL", &s.telegram_api_url)?,
                     max_image_bytes,
+                    overhear: false,
+                    auto_thread: false,
                 })
             })
             .transpose()?;
@@ -111,6 +113,8 @@ impl PlatformArgs {
                     token,
                     api_url: http_url("DISCORD_API_URL", &s.discord_api_url)?,
                     max_image_bytes,
+                    overhear: false,
+                    auto_thread: false,
                 })
             })
             .transpose()?;

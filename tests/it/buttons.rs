@@ -208,6 +208,8 @@ async fn telegram_sends_quick_replies_as_an_inline_keyboard() {
         token: secrecy::SecretString::from(fake.token.clone()),
         api_url: fake.url.clone(),
         max_image_bytes: 10 << 20,
+        overhear: false,
+        auto_thread: false,
     })
     .unwrap();
     let conversation = ConversationRef::new(Platform::Telegram, "4703");

@@ -13,14 +13,14 @@ use crate::support::process::{LullProcess, free_port};
 const DISCORD_TOKEN: &str = "discord-secret-token";
 
 /// The same fakes the adapter tests use: each accepts only its own token.
-async fn platform_fakes() -> (TelegramFake, DiscordFake) {
+pub(crate) async fn platform_fakes() -> (TelegramFake, DiscordFake) {
     (
         TelegramFake::start().await,
         DiscordFake::start(DISCORD_TOKEN).await,
     )
 }
 
-async fn lull_check(env: Vec<(&'static str, String)>) -> (Option<i32>, String) {
+pub(crate) async fn lull_check(env: Vec<(&'static str, String)>) -> (Option<i32>, String) {
     tokio::task::spawn_blocking(move || {
         let out = Command::new(env!("CARGO_BIN_EXE_lull"))
             .arg("check")

@@ -40,7 +40,7 @@ pub(crate) const WAIT: Duration = Duration::from_secs(20);
 pub(crate) struct Harness {
     dir: tempfile::TempDir,
     pub(crate) fake: DiscordFake,
-    processes: Vec<LullProcess>,
+    pub(crate) processes: Vec<LullProcess>,
 }
 
 impl Harness {
@@ -837,6 +837,8 @@ pub(crate) fn adapter(fake: &DiscordFake) -> Discord {
             max_image_bytes: 10 << 20,
             token: SecretString::from(TOKEN),
             api_url: fake.api_url.clone(),
+            overhear: false,
+            auto_thread: false,
         },
         Default::default(),
     )

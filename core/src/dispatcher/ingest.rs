@@ -22,6 +22,10 @@ pub(super) async fn ingest(
     if !dispatcher.outbounds.contains_key(&platform) {
         return Err(IngestError::UnknownPlatform(platform));
     }
+    let incoming = super::threads::admit(dispatcher, incoming).await?;
+    if incoming.kind == IncomingKind::Overheard {
+        return super::overheard::overhear(dispatcher, incoming).await;
+    }
     let settings = &dispatcher.settings;
     let now = dispatcher.clock.now();
     let rules = dispatcher.access_rules().await.map_err(not_stored)?;
@@ -110,6 +114,9 @@ pub(super) async fn ingest(
             };
             store.edit(edit, holder, now).await
         }
+        // Kept (or dropped) at the top, never stored as a message; a message that
+        // opened a thread is a new message by then (see `threads`).
+        IncomingKind::Overheard | IncomingKind::OpenedThread => return Ok(Accepted::Overheard),
     }
     .map_err(not_stored)?;
     Ok(match outcome {
@@ -202,7 +209,7 @@ fn with_markers(media: &[lull_port::Media], text: &str) -> String {
 /// The update was not stored: the adapter must not acknowledge it. A database that
 /// is busy, full or failing is reported by the store (once per change); anything else
 /// is unexpected and logged here.
-fn not_stored(error: StoreError) -> IngestError {
+pub(super) fn not_stored(error: StoreError) -> IngestError {
     if !matches!(
         error,
         StoreError::Busy

@@ -25,6 +25,9 @@
 //!   the adapter's sessions.
 //! - `acks`: the ack reaction on a burst's message while lull waits, set once per
 //!   burst and taken off when the reply covering it is delivered; never in the way.
+//! - `overheard`: group context, the recent group messages not addressed to lull,
+//!   kept (bounded) for the prompt; never a message to answer.
+//! - `threads`: the Discord threads lull opened, where a message needs no mention.
 //! - `lease_keeper`: claims a lease and renews it for as long as the work it protects.
 //! - `wallet`: who pays for a round, what it reserves before the model is asked, and
 //!   the settle after; token budgets that never hold a conversation for good nor let
@@ -43,9 +46,11 @@ mod ingest;
 mod interrupt;
 mod lease_keeper;
 mod notices;
+mod overheard;
 mod round;
 mod scheduler;
 mod sessions;
+mod threads;
 mod wallet;
 
 use std::collections::HashMap;
@@ -125,6 +130,12 @@ pub struct DispatchSettings {
     /// `LULL_ACK_REACTION`: the emoji lull reacts with to a stored message whose reply
     /// is not immediate, until the reply is delivered; `None` (`off`): no reaction.
     pub ack_reaction: Option<String>,
+    /// `LULL_GROUP_CONTEXT`: how many recent group messages not addressed to lull are
+    /// kept per conversation and shown to the model when it is addressed; 0: none.
+    pub group_context: usize,
+    /// `LULL_DISCORD_AUTO_THREAD`: a mention in a Discord channel is answered in a
+    /// thread lull opens for it, where messages then need no mention.
+    pub discord_auto_thread: bool,
 }
 
 impl Default for DispatchSettings {
@@ -163,6 +174,8 @@ impl Default for DispatchSettings {
             tools: ToolSettings::default(),
             controls: Controls::default(),
             ack_reaction: Some(ACK_REACTION.to_owned()),
+            group_context: 0,
+            discord_auto_thread: false,
         }
     }
 }

@@ -115,6 +115,7 @@ mod tests {
             conversation: ConversationRef::new(Platform::Console, "local"),
             is_group: false,
             history: Vec::new(),
+            overheard: Vec::new(),
             batch: vec![Said::new("Ann", "one two")],
             note: None,
             images: Vec::new(),

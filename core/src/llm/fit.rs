@@ -87,6 +87,7 @@ pub fn smaller_prompts(prompt: &Prompt, budget: HistoryBudget) -> Vec<Prompt> {
     if !sent.is_empty() {
         prompts.push(Prompt {
             history: Vec::new(),
+            overheard: Vec::new(),
             ..prompt.clone()
         });
     }
@@ -99,6 +100,7 @@ pub fn smaller_prompts(prompt: &Prompt, budget: HistoryBudget) -> Vec<Prompt> {
         let kept: usize = batch.iter().map(|m| char_len(&m.text)).sum();
         prompts.push(Prompt {
             history: Vec::new(),
+            overheard: Vec::new(),
             batch,
             note: Some(cut_note(total, total.saturating_sub(kept))),
             ..prompt.clone()
@@ -186,6 +188,7 @@ mod tests {
                     reply: format!("a{i}"),
                 })
                 .collect(),
+            overheard: Vec::new(),
             batch: batch.iter().map(|t| message(t)).collect(),
             note: None,
             images: Vec::new(),

@@ -44,6 +44,10 @@ pub struct Prompt {
     /// In groups each line of a user turn carries its author's name.
     pub is_group: bool,
     pub history: Vec<Exchange>,
+    /// Group context (`LULL_GROUP_CONTEXT`): recent group messages not addressed to
+    /// lull, oldest first, shown before the batch as context, not as messages to
+    /// answer. Empty outside groups and when group context is off.
+    pub overheard: Vec<Said>,
     pub batch: Vec<Said>,
     /// Said to the model after the batch: set when the batch was shortened to fit
     /// ([`fit`]), so the model knows it saw only part of it.
@@ -126,6 +130,17 @@ impl Prompt {
                 .map(|m| (m.author.as_str(), m.text.as_str())),
             self.is_group,
         );
+        let turn = if self.overheard.is_empty() {
+            turn
+        } else {
+            let context = merge_turn(
+                self.overheard
+                    .iter()
+                    .map(|m| (m.author.as_str(), m.text.as_str())),
+                true,
+            );
+            crate::texts::overheard_turn(&context, &turn)
+        };
         match &self.note {
             Some(note) => format!("{turn}\n\n{note}"),
             None => turn,

@@ -11,8 +11,10 @@
 //!   with its row types and its trait): [`MessageStore`], [`LeaseStore`],
 //!   [`RoundStore`], [`OutboxStore`], [`WorkStore`], [`LimitStore`], [`ActionStore`],
 //!   [`StatusStore`] (the status page's read-only aggregates), [`SettingStore`] (a
-//!   conversation's own choices, `/stop`) and [`ReactionStore`] (which message carries
-//!   a burst's ack reaction); [`Store`] is their sum. A backend is opened with the deployment's
+//!   conversation's own choices, `/stop`), [`ReactionStore`] (which message carries
+//!   a burst's ack reaction), [`RhythmStore`] (how a conversation's bursts go),
+//!   [`OverheardStore`] (group context) and [`ThreadStore`] (the Discord threads lull
+//!   opened); [`Store`] is their sum. A backend is opened with the deployment's
 //!   [`TimerPolicy`](crate::timing::TimerPolicy) and reports failures as a
 //!   backend-neutral [`StoreError`] (`error.rs`).
 //! - `rules`: each decision both backends make once their rows are read, written once
@@ -69,8 +71,8 @@ pub use crate::domain::{Exchange, OutboxKind, TokenUsage};
 pub use lull_port::RecentConversation;
 
 pub use contract::{
-    actions::*, leases::*, limits::*, messages::*, outbox::*, reactions::*, rhythm::*, rounds::*,
-    settings::*, status::*, work::*,
+    actions::*, leases::*, limits::*, messages::*, outbox::*, overheard::*, reactions::*,
+    rhythm::*, rounds::*, settings::*, status::*, threads::*, work::*,
 };
 pub use error::StoreError;
 #[cfg(feature = "test-switches")]
@@ -100,6 +102,8 @@ pub trait Store:
     + SettingStore
     + ReactionStore
     + RhythmStore
+    + OverheardStore
+    + ThreadStore
 {
 }
 
@@ -115,6 +119,8 @@ impl<T> Store for T where
         + SettingStore
         + ReactionStore
         + RhythmStore
+        + OverheardStore
+        + ThreadStore
 {
 }
 
@@ -124,7 +130,7 @@ impl<T> Store for T where
 pub mod prelude {
     pub use super::{
         ActionStore as _, LeaseStore as _, LimitStore as _, MessageStore as _, OutboxStore as _,
-        ReactionStore as _, RhythmStore as _, RoundStore as _, SettingStore as _, StatusStore as _,
-        Store, WorkStore as _,
+        OverheardStore as _, ReactionStore as _, RhythmStore as _, RoundStore as _,
+        SettingStore as _, StatusStore as _, Store, ThreadStore as _, WorkStore as _,
     };
 }

@@ -22,6 +22,14 @@
 //!   does for resumable sessions), a forced disconnect, and a count of connected
 //!   sessions.
 //!
+//! - Threads from messages as Discord starts them: `POST
+//!   /channels/{id}/messages/{message}/threads` (a `name` of 1–100 characters) makes
+//!   a thread channel whose id is the message's, in the channel's guild; a second
+//!   start from the same message is refused with 400 and code 160004, a start inside
+//!   a thread or a DM with 400 and code 50024, an unknown message with 404; every
+//!   call is recorded ([`DiscordFake::thread_calls`], [`DiscordFake::threads_started`])
+//!   and all can be refused with 403 ([`DiscordFake::refuse_threads`]).
+//!
 //! - Buttons: a message POST's `components` are recorded and checked as Discord
 //!   does (action rows, type 1, of at most 5 buttons, type 2, at most 5 rows;
 //!   a `custom_id` of 1–100 characters; else 400). A user clicks one with
@@ -317,6 +325,12 @@ struct Inner {
     /// (interaction, content) of every accepted response edit.
     responses: Vec<(u64, String)>,
     reaction_fault: Option<ReactionFault>,
+    /// Every accepted start of a thread from a message: (channel, message, name).
+    threads_started: Vec<(u64, u64, String)>,
+    /// Every call to start a thread from a message, accepted or not: (channel, message).
+    thread_calls: Vec<(u64, u64)>,
+    /// Starting threads is refused with 403 (the bot lacks *Create Public Threads*).
+    refuse_threads: bool,
 }
 
 struct Shared {
@@ -429,6 +443,10 @@ impl DiscordFake {
             )
             .route("/api/v10/channels/{id}/typing", post(post_typing))
             .route(
+                "/api/v10/channels/{id}/messages/{message}/threads",
+                post(start_thread),
+            )
+            .route(
                 "/api/v10/channels/{id}/messages/{message}/reactions/{emoji}/@me",
                 axum::routing::put(put_reaction).delete(delete_reaction),
             )
@@ -520,6 +538,21 @@ impl DiscordFake {
     /// Times a shard had two live connections.
     pub fn shard_overlaps(&self) -> usize {
         self.shared.lock().shard_overlaps
+    }
+
+    /// Every accepted start of a thread from a message: (channel, message, name).
+    pub fn threads_started(&self) -> Vec<(u64, u64, String)> {
+        self.shared.lock().threads_started.clone()
+    }
+
+    /// Every call to start a thread from a message: (channel, message).
+    pub fn thread_calls(&self) -> Vec<(u64, u64)> {
+        self.shared.lock().thread_calls.clone()
+    }
+
+    /// Refuse every start of a thread with 403 Missing Permissions.
+    pub fn refuse_threads(&self, refuse: bool) {
+        self.shared.lock().refuse_threads = refuse;
     }
 
     /// A user sends a message; returns its id.
@@ -1348,6 +1381,64 @@ async fn post_message(
         );
     }
     axum::Json(message).into_response()
+}
+
+async fn start_thread(
+    State(shared): State<Arc<Shared>>,
+    Path((channel, message)): Path<(u64, u64)>,
+    axum::Json(body): axum::Json<Value>,
+) -> Response {
+    let mut inner = shared.lock();
+    inner.thread_calls.push((channel, message));
+    if inner.refuse_threads {
+        return error(StatusCode::FORBIDDEN, 50013, "Missing Permissions");
+    }
+    let name = body["name"].as_str().unwrap_or_default().to_owned();
+    if name.is_empty() || name.chars().count() > 100 {
+        return error(StatusCode::BAD_REQUEST, 50035, "Invalid Form Body (name)");
+    }
+    let Some(parent) = inner.channels.get(&channel) else {
+        return error(StatusCode::NOT_FOUND, 10003, "Unknown Channel");
+    };
+    if parent.kind != ChannelKind::Guild {
+        return error(
+            StatusCode::BAD_REQUEST,
+            50024,
+            "Cannot execute action on this channel type",
+        );
+    }
+    let exists = parent
+        .messages
+        .iter()
+        .any(|m| m["id"].as_str() == Some(message.to_string().as_str()));
+    if !exists {
+        return error(StatusCode::NOT_FOUND, 10008, "Unknown Message");
+    }
+    if inner.channels.contains_key(&message) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            160004,
+            "A thread has already been created for this message",
+        );
+    }
+    let guild = parent.guild;
+    inner.channels.insert(
+        message,
+        Channel {
+            kind: ChannelKind::Thread,
+            guild,
+            messages: Vec::new(),
+        },
+    );
+    inner.threads_started.push((channel, message, name.clone()));
+    drop(inner);
+    shared.changed.notify_waiters();
+    axum::Json(json!({
+        "id": message.to_string(), "type": ChannelKind::Thread.type_code(),
+        "guild_id": guild.map(|g| g.to_string()), "parent_id": channel.to_string(),
+        "name": name,
+    }))
+    .into_response()
 }
 
 async fn put_reaction(

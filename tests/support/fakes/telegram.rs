@@ -43,6 +43,9 @@
 //! ([`TelegramFake::reactions`], [`TelegramFake::command_sets`]) and faulted like any
 //! method; [`Fault::Hang`] holds a call before answering it.
 //!
+//! `getMe` reports the bot's privacy mode (`can_read_all_group_messages`, false
+//! unless [`TelegramFake::set_privacy_mode`] turned it off).
+//!
 //! Files as the Bot API serves them: a test stores bytes under a `file_id`
 //! ([`TelegramFake::add_file`]); `getFile` answers its `file_path` and `file_size`
 //! (400 "invalid file_id" for an unknown one), and `/file/bot<TOKEN>/<path>` serves the
@@ -251,6 +254,9 @@ struct FakeState {
     reactions: Vec<ReactionSet>,
     /// Every accepted `setMyCommands`, in order.
     command_sets: Vec<CommandsSet>,
+    /// What `getMe` reports as `can_read_all_group_messages`: the bot's privacy mode
+    /// is off (see [`TelegramFake::set_privacy_mode`]).
+    reads_all_group_messages: bool,
 }
 
 struct Inner {
@@ -380,6 +386,12 @@ impl TelegramFake {
         let mut s = self.state();
         let queue = s.faults.entry(method.to_ascii_lowercase()).or_default();
         queue.extend(std::iter::repeat_n(fault, times));
+    }
+
+    /// The bot's privacy mode as `getMe` reports it (on: `can_read_all_group_messages`
+    /// is false, Telegram's default). The fake hands out whatever is queued either way.
+    pub fn set_privacy_mode(&self, on: bool) {
+        self.state().reads_all_group_messages = !on;
     }
 
     /// Refuse every HTML message with 400 "can't parse entities".
@@ -693,7 +705,8 @@ async fn handle(
     match method.as_str() {
         "getme" => ok(json!({
             "id": BOT_ID, "is_bot": true, "first_name": "lull", "username": BOT_USERNAME,
-            "can_join_groups": true, "can_read_all_group_messages": false,
+            "can_join_groups": true,
+            "can_read_all_group_messages": inner.state.lock().unwrap().reads_all_group_messages,
             "supports_inline_queries": false, "can_connect_to_business": false,
             "has_main_web_app": false,
         })),

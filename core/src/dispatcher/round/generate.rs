@@ -25,6 +25,7 @@ impl Round<'_> {
             conversation: batch.conversation.clone(),
             is_group: batch.is_group,
             history: batch.history.clone(),
+            overheard: Vec::new(),
             batch: messages
                 .iter()
                 .map(|m| Said::new(&m.author, m.said()))
@@ -35,6 +36,28 @@ impl Round<'_> {
             tools: Vec::new().into(),
             turns: Vec::new(),
             choices: Default::default(),
+        }
+    }
+
+    /// The group context of `batch` (`LULL_GROUP_CONTEXT`): its recent overheard
+    /// messages. Context only: a failure to read it is logged and the batch answered
+    /// without.
+    pub(super) async fn overheard(&self, batch: &Batch) -> Vec<Said> {
+        let keep = self.dispatcher.settings.group_context;
+        if keep == 0 || !batch.is_group {
+            return Vec::new();
+        }
+        match self
+            .dispatcher
+            .store
+            .overheard(self.conversation, keep)
+            .await
+        {
+            Ok(overheard) => overheard,
+            Err(error) => {
+                tracing::warn!(conversation = %self.conversation, %error, "could not read the group context; answering without it");
+                Vec::new()
+            }
         }
     }
 

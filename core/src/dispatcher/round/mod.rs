@@ -193,6 +193,7 @@ impl Round<'_> {
         // final check refuses a reply written with settings older than these.
         let chosen = d.store.conversation_settings(&batch.conversation).await?;
         prompt.choices = d.settings.controls.choices(&chosen);
+        prompt.overheard = self.overheard(&batch).await;
         for note in notes.model {
             add_note(&mut prompt, note);
         }

@@ -18,11 +18,13 @@ mod leases;
 mod limits;
 mod messages;
 mod outbox;
+mod overheard;
 mod reactions;
 mod rhythm;
 mod rounds;
 mod settings;
 mod status;
+mod threads;
 mod work;
 
 pub use actions::*;
@@ -30,11 +32,13 @@ pub use leases::*;
 pub use limits::*;
 pub use messages::*;
 pub use outbox::*;
+pub use overheard::*;
 pub use reactions::*;
 pub use rhythm::*;
 pub use rounds::*;
 pub use settings::*;
 pub use status::*;
+pub use threads::*;
 pub use work::*;
 
 use super::{
@@ -121,6 +125,10 @@ macro_rules! store_conformance {
             an_ack_is_claimed_once_per_burst_and_taken_once,
             an_answered_message_claims_no_ack,
             concurrent_claims_of_one_burst_claim_once,
+            overheard_messages_are_kept_once_and_bounded,
+            overheard_messages_arm_no_timer,
+            a_reset_forgets_overheard_messages,
+            a_thread_is_remembered,
             a_commit_teaches_the_rhythm_of_its_burst,
             a_typing_author_holds_the_timer_never_past_the_cap,
         );
@@ -343,6 +351,8 @@ mod tests {
             include_str!("settings.rs"),
             include_str!("reactions.rs"),
             include_str!("rhythm.rs"),
+            include_str!("overheard.rs"),
+            include_str!("threads.rs"),
         );
         let missing: Vec<&str> = checks
             .split("\npub async fn ")

@@ -147,7 +147,8 @@ pub trait SettingStore: Send + Sync + 'static {
 
     /// `LULL_IDLE_RESET`: if the conversation's last message arrived at or before
     /// `now - idle`, start a fresh context (as `/reset`: history is hidden, no message
-    /// is dropped; pending ones are answered in the fresh context). `true`: it was
+    /// is dropped; pending ones are answered in the fresh context), and forget the group
+    /// context kept from before the quiet spell. `true`: it was
     /// reset. A conversation never seen, or already fresh, is left alone.
     async fn forget_if_idle(
         &self,

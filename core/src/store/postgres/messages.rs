@@ -139,6 +139,14 @@ impl MessageStore for PostgresStore {
                     "resetting the context",
                 )
                 .await?;
+                // A fresh context forgets the group context too.
+                execute(
+                    &tx,
+                    "DELETE FROM overheard WHERE conversation_id = $1",
+                    &[&id.0],
+                    "forgetting overheard messages",
+                )
+                .await?;
                 // /reset unsticks: pending messages are tried again now, without the backoff.
                 execute(
                     &tx,

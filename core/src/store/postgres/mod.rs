@@ -76,12 +76,14 @@ mod limits;
 mod listen;
 mod messages;
 mod outbox;
+mod overheard;
 mod reactions;
 mod rhythm;
 mod rounds;
 pub(crate) mod schema;
 mod settings;
 mod status;
+mod threads;
 mod work;
 
 use std::str::FromStr;

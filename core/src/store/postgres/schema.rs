@@ -22,6 +22,8 @@ const ALL: &[&str] = &[
     V9_ACKS,
     V10_COMMAND_CLAIMS,
     V11_RHYTHM,
+    V12_OVERHEARD,
+    V13_THREADS,
 ];
 
 /// The schema version this build migrates to.
@@ -303,6 +305,31 @@ ALTER TABLE conversations ADD COLUMN rhythm_multi BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE conversations ADD COLUMN rhythm_last_at BIGINT;
 ALTER TABLE conversations ADD COLUMN rhythm_first_ms BIGINT;
 ALTER TABLE conversations ADD COLUMN rhythm_burst_ms BIGINT;
+"#;
+
+/// SQLite's `V14_OVERHEARD`: group context, bounded per conversation.
+const V12_OVERHEARD: &str = r#"
+CREATE TABLE overheard (
+    id                  BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    conversation_id     BIGINT NOT NULL REFERENCES conversations (id),
+    platform_message_id TEXT   NOT NULL,
+    author              TEXT   NOT NULL,
+    text                TEXT   NOT NULL,
+    received_at         BIGINT NOT NULL,
+    -- No duplicate: a redelivered platform message is kept once.
+    UNIQUE (conversation_id, platform_message_id)
+);
+CREATE INDEX overheard_newest ON overheard (conversation_id, id);
+"#;
+
+/// SQLite's `V15_THREADS`: the Discord threads lull opened.
+const V13_THREADS: &str = r#"
+CREATE TABLE threads (
+    platform  TEXT   NOT NULL,
+    key       TEXT   NOT NULL,
+    opened_at BIGINT NOT NULL,
+    PRIMARY KEY (platform, key)
+);
 "#;
 
 /// Bring the schema up to date: each missing migration in its own transaction under

@@ -294,6 +294,17 @@ impl SettingStore for PostgresStore {
                 "forgetting an idle context",
             )
             .await?;
+            // Group chatter from before the quiet spell is no context for the fresh one.
+            if n > 0 {
+                execute(
+                    &tx,
+                    "DELETE FROM overheard WHERE received_at <= $3
+                       AND conversation_id = (SELECT id FROM conversations WHERE platform = $1 AND key = $2)",
+                    &[&conversation.platform.as_str(), &conversation.key, &before],
+                    "forgetting old group context",
+                )
+                .await?;
+            }
             Ok(n > 0)
         }
         .await

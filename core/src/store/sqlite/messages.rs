@@ -134,6 +134,11 @@ impl MessageStore for SqliteStore {
                 .ctx("preparing a statement")?
                 .execute([id.0])
                 .ctx("resetting the context")?;
+            // A fresh context forgets the group context too.
+            tx.prepare_cached("DELETE FROM overheard WHERE conversation_id = ?1")
+                .ctx("preparing a statement")?
+                .execute([id.0])
+                .ctx("forgetting overheard messages")?;
             // /reset unsticks: pending messages are tried again now, without the
             // backoff, but not before a limit's hold ends (limits: not a way around them).
             tx.prepare_cached(

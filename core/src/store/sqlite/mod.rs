@@ -22,6 +22,7 @@ mod leases;
 mod limits;
 mod messages;
 mod outbox;
+mod overheard;
 mod reactions;
 mod rhythm;
 mod rounds;
@@ -29,6 +30,7 @@ pub(crate) mod schema;
 mod settings;
 mod sql;
 mod status;
+mod threads;
 mod work;
 mod writer;
 

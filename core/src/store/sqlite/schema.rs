@@ -309,6 +309,33 @@ ALTER TABLE conversations ADD COLUMN rhythm_first_ms INTEGER;
 ALTER TABLE conversations ADD COLUMN rhythm_burst_ms INTEGER;
 "#;
 
+const V14_OVERHEARD: &str = r#"
+-- Group context (LULL_GROUP_CONTEXT): recent group messages not addressed to lull,
+-- shown to the model when it is addressed. Never pending: no version, no timer.
+-- Bounded per conversation by the write that adds one; /reset deletes them.
+CREATE TABLE overheard (
+    id                  INTEGER PRIMARY KEY,
+    conversation_id     INTEGER NOT NULL REFERENCES conversations (id),
+    platform_message_id TEXT    NOT NULL,
+    author              TEXT    NOT NULL,
+    text                TEXT    NOT NULL,
+    received_at         INTEGER NOT NULL,
+    UNIQUE (conversation_id, platform_message_id)
+);
+CREATE INDEX overheard_newest ON overheard (conversation_id, id);
+"#;
+
+const V15_THREADS: &str = r#"
+-- The Discord threads lull opened (LULL_DISCORD_AUTO_THREAD): messages there need no
+-- mention. By platform and key, so remembered before the thread has a conversation.
+CREATE TABLE threads (
+    platform  TEXT    NOT NULL,
+    key       TEXT    NOT NULL,
+    opened_at INTEGER NOT NULL,
+    PRIMARY KEY (platform, key)
+);
+"#;
+
 /// Every migration, oldest first. The schema version (`user_version`) counts them.
 const ALL: &[&str] = &[
     V1_CORE,
@@ -324,6 +351,8 @@ const ALL: &[&str] = &[
     V11_ACKS,
     V12_COMMAND_CLAIMS,
     V13_RHYTHM,
+    V14_OVERHEARD,
+    V15_THREADS,
 ];
 
 /// The schema version this build migrates to.

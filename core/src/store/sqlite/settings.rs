@@ -237,7 +237,7 @@ impl SettingStore for SqliteStore {
         let before = now.0 - crate::domain::millis(idle);
         self.write("forgetting an idle context", move |tx| {
             // The last message by the index (conversation, version): a seek, not a scan.
-            tx.prepare_cached(
+            let reset = tx.prepare_cached(
                 "UPDATE conversations SET context_version = version
                  WHERE platform = ?1 AND key = ?2 AND context_version < version
                    AND (SELECT received_at FROM messages m WHERE m.conversation_id = conversations.id
@@ -245,8 +245,18 @@ impl SettingStore for SqliteStore {
             )
             .ctx("preparing a statement")?
             .execute(params![conversation.platform.as_str(), conversation.key, before])
-            .map(|n| n > 0)
-            .ctx("forgetting an idle context")
+            .ctx("forgetting an idle context")?;
+            // Group chatter from before the quiet spell is no context for the fresh one.
+            if reset > 0 {
+                tx.prepare_cached(
+                    "DELETE FROM overheard WHERE received_at <= ?3
+                       AND conversation_id = (SELECT id FROM conversations WHERE platform = ?1 AND key = ?2)",
+                )
+                .ctx("preparing a statement")?
+                .execute(params![conversation.platform.as_str(), conversation.key, before])
+                .ctx("forgetting old group context")?;
+            }
+            Ok(reset > 0)
         })
         .await
     }

@@ -1,0 +1,69 @@
+//! The overheard area on SQLite: group context, bounded per conversation.
+
+use async_trait::async_trait;
+use rusqlite::params;
+
+use super::SqliteStore;
+use super::messages::upsert_conversation;
+use super::sql::Context;
+use crate::domain::{ConversationId, Said, Timestamp};
+use crate::store::{OverheardMessage, OverheardStore, StoreError};
+
+#[async_trait]
+impl OverheardStore for SqliteStore {
+    async fn overhear(
+        &self,
+        message: OverheardMessage,
+        keep: usize,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        self.write("keeping an overheard message", move |tx| {
+            // Context only: the conversation row, never its version or timer.
+            let id = upsert_conversation(tx, &message.conversation, true, now)?;
+            // No duplicate: a redelivered platform message is kept once.
+            let kept = tx
+                .prepare_cached(
+                    "INSERT INTO overheard (conversation_id, platform_message_id, author, text, received_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5)
+                     ON CONFLICT (conversation_id, platform_message_id) DO NOTHING",
+                )
+                .ctx("preparing a statement")?
+                .execute(params![id.0, message.message_id, message.author, message.text, now.0])
+                .ctx("keeping an overheard message")?;
+            // Bounded: only the newest `keep` stay, trimmed in the same write.
+            tx.prepare_cached(
+                "DELETE FROM overheard WHERE conversation_id = ?1 AND id NOT IN (
+                     SELECT id FROM overheard WHERE conversation_id = ?1 ORDER BY id DESC LIMIT ?2)",
+            )
+            .ctx("preparing a statement")?
+            .execute(params![id.0, keep as i64])
+            .ctx("trimming overheard messages")?;
+            Ok(kept == 1)
+        })
+        .await
+    }
+
+    async fn overheard(
+        &self,
+        conversation: ConversationId,
+        limit: usize,
+    ) -> Result<Vec<Said>, StoreError> {
+        self.with_conn(move |conn| {
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT author, text FROM (
+                         SELECT id, author, text FROM overheard WHERE conversation_id = ?1
+                         ORDER BY id DESC LIMIT ?2)
+                     ORDER BY id",
+                )
+                .ctx("preparing a statement")?;
+            stmt.query_map(params![conversation.0, limit as i64], |r| {
+                Ok(Said::new(r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+            })
+            .ctx("reading overheard messages")?
+            .collect::<Result<Vec<_>, _>>()
+            .ctx("reading overheard messages")
+        })
+        .await
+    }
+}

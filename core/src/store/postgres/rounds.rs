@@ -36,7 +36,7 @@ impl RoundStore for PostgresStore {
         let key = LeaseKey::Conversation(conversation);
         let row = self.row(&key, holder);
         let fixed = self.fixed_now(now);
-        // Four round trips: BEGIN, the claim (on the clock it reads), the give-back of
+        // Five round trips: BEGIN, the claim (on the clock it reads), the give-back of
         // abandoned reservations, then every read of the batch and the outbox at once
         // (pipelined), and COMMIT.
         transaction!(self, Operation::Other, "claiming a round", |tx| async {

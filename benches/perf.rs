@@ -8,6 +8,7 @@
 //! cargo bench --bench perf -- --reps 5        # more
 //! cargo bench --bench perf -- --quick         # smaller sizes, for a smoke run
 //! cargo bench --bench perf -- --ingest-only   # the write limit and ingest rows only
+//! cargo bench --bench perf -- --postgres-only # the PostgreSQL rows only
 //! ```
 //!
 //! What it measures (BENCHMARKS.md explains each figure and holds the results):
@@ -55,6 +56,8 @@ struct Sizes {
     idle_seconds: u64,
     /// Stop each repetition after the ingest rows (`--ingest-only`).
     ingest_only: bool,
+    /// Only the PostgreSQL rows (`--postgres-only`).
+    postgres_only: bool,
 }
 
 impl Sizes {
@@ -66,6 +69,7 @@ impl Sizes {
             lateness_seconds: 20,
             idle_seconds: 20,
             ingest_only: false,
+            postgres_only: false,
         }
     }
 
@@ -77,6 +81,7 @@ impl Sizes {
             lateness_seconds: 5,
             idle_seconds: 5,
             ingest_only: false,
+            postgres_only: false,
         }
     }
 }
@@ -412,6 +417,15 @@ async fn run(sizes: &Sizes) -> Table {
     }
     for rep in 0..sizes.reps {
         eprintln!("== repetition {} of {}", rep + 1, sizes.reps);
+        if sizes.postgres_only {
+            match &postgres {
+                Some(cluster) => {
+                    postgres_rows(&mut table, sizes, rep, cluster, scratch.path()).await
+                }
+                None => eprintln!("--postgres-only without PostgreSQL: nothing to measure"),
+            }
+            continue;
+        }
 
         // The write limit of the same SQLite build.
         let rows = sizes.ingest_messages;
@@ -666,16 +680,30 @@ async fn postgres_rows(
     cluster: &Cluster,
     scratch: &Path,
 ) {
-    let limit = postgres_limit(cluster, sizes.ingest_messages, scratch);
+    let limit = postgres_limit(cluster, 1, sizes.ingest_messages, scratch);
+    let limit_64 = postgres_limit(
+        cluster,
+        POSTGRES_CLIENTS,
+        sizes.ingest_messages * 4,
+        scratch,
+    );
     table.record(
         100,
-        "PostgreSQL limit: one-row transactions, synchronous_commit=on",
+        "PostgreSQL limit: one-row transactions from 1 client, synchronous_commit=on",
         "rows/s",
         limit,
         "the limit",
     );
+    table.record(
+        101,
+        &format!("PostgreSQL limit: one-row transactions from {POSTGRES_CLIENTS} clients, synchronous_commit=on"),
+        "rows/s",
+        limit_64,
+        "the limit",
+    );
     for (i, n) in [1usize, 2, 4].into_iter().enumerate() {
         let bots = replicas(cluster, n, &far_timers()).await;
+        let before = due_work_queries(&bots).await;
         let (rate, latencies) = ingest(
             &bots,
             POSTGRES_CLIENTS,
@@ -683,51 +711,122 @@ async fn postgres_rows(
             &format!("pg{rep}r{n}"),
         )
         .await;
+        let after = due_work_queries(&bots).await;
+        let order = 110 + 10 * i;
         table.record_ingest(
-            110 + 10 * i,
+            order,
             (
                 "PostgreSQL ingest",
                 &format!("{n} replica(s), {POSTGRES_CLIENTS} clients"),
             ),
             rate,
             &latencies,
-            &format!("{} rows/s (one-row, synchronous_commit=on)", fmt(limit)),
+            &format!("{} rows/s (one-row, 1 client)", fmt(limit)),
+        );
+        if let (Some(before), Some(after)) = (before, after) {
+            table.record(
+                order + 3,
+                &format!("PostgreSQL due-work queries per ingested message, {n} replica(s)"),
+                "queries/msg",
+                (after - before) / sizes.ingest_messages as f64,
+                "all replicas together; goal: flat in replicas",
+            );
+        }
+    }
+    let (rate_1, p99_1) = (table.figure(110), table.figure(112));
+    table.record(
+        150,
+        "PostgreSQL ingest, 1 replica / one-row limit from 1 client",
+        "×",
+        rate_1 / limit,
+        "goal ≥ 1.0",
+    );
+    table.record(
+        151,
+        &format!("PostgreSQL ingest, 1 replica / one-row limit from {POSTGRES_CLIENTS} clients"),
+        "×",
+        rate_1 / limit_64,
+        "goal ≥ 0.5",
+    );
+    for (order, n, at) in [(152, 2, 120), (154, 4, 130)] {
+        table.record(
+            order,
+            &format!("PostgreSQL ingest rate, {n} replicas / 1 replica"),
+            "×",
+            table.figure(at) / rate_1,
+            "goal ≥ 0.9",
+        );
+        table.record(
+            order + 1,
+            &format!("PostgreSQL ingest p99, {n} replicas / 1 replica"),
+            "×",
+            table.figure(at + 2) / p99_1,
+            "goal ≤ 2",
         );
     }
     if sizes.ingest_only {
         return;
     }
     let debounce = 200;
-    let bots = replicas(
-        cluster,
-        2,
-        &[
-            ("LULL_DEBOUNCE_MS", debounce.to_string()),
-            ("LULL_MAX_WAIT_MS", "5000".into()),
-        ],
-    )
-    .await;
-    let late = lateness(
-        &bots,
-        sizes.lateness_seconds,
-        debounce,
-        &format!("pglate{rep}-"),
-    )
-    .await;
-    table.record(
-        140,
-        "PostgreSQL lateness p50, 2 replicas, 10 due/s",
-        "ms",
-        percentile(&late, 50.0),
-        "delivered at the webhook − due time (NOTIFY wake-up)",
-    );
-    table.record(
-        141,
-        "PostgreSQL lateness p99, 2 replicas, 10 due/s",
-        "ms",
-        percentile(&late, 99.0),
-        "the poll alone: up to 1000 ms (LULL_POLL_MS)",
-    );
+    for (order, n) in [(140, 2), (142, 4)] {
+        let bots = replicas(
+            cluster,
+            n,
+            &[
+                ("LULL_DEBOUNCE_MS", debounce.to_string()),
+                ("LULL_MAX_WAIT_MS", "5000".into()),
+            ],
+        )
+        .await;
+        let late = lateness(
+            &bots,
+            sizes.lateness_seconds,
+            debounce,
+            &format!("pglate{rep}r{n}-"),
+        )
+        .await;
+        table.record(
+            order,
+            &format!("PostgreSQL lateness p50, {n} replicas, 10 due/s"),
+            "ms",
+            percentile(&late, 50.0),
+            "delivered at the webhook − due time (posted to the replicas in turn)",
+        );
+        table.record(
+            order + 1,
+            &format!("PostgreSQL lateness p99, {n} replicas, 10 due/s"),
+            "ms",
+            percentile(&late, 99.0),
+            "the poll alone: up to 1000 ms (LULL_POLL_MS)",
+        );
+    }
+}
+
+/// The due-work queries the replicas `bots` sent so far, summed
+/// (`lull_due_work_queries_total` of each one's `/metrics`); `None` when a build
+/// does not count them (`LULL_TEST_BIN` naming an older one).
+async fn due_work_queries(bots: &[Arc<Bot>]) -> Option<f64> {
+    let mut total = None;
+    for bot in bots {
+        let text = bot
+            .client
+            .get(format!("{}/metrics", bot.lull.base_url()))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let counted = text
+            .lines()
+            .filter(|l| l.starts_with("lull_due_work_queries_total"))
+            .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+            .reduce(|a, b| a + b);
+        if let Some(counted) = counted {
+            total = Some(total.unwrap_or(0.0) + counted);
+        }
+    }
+    total
 }
 
 /// `n` `lull run` replicas on one fresh database of `cluster`, sharing one webhook.
@@ -744,10 +843,10 @@ async fn replicas(cluster: &Cluster, n: usize, extra: &[(&'static str, String)])
     bots
 }
 
-/// Rows per second of `transactions` one-row transactions, one after the other from
-/// one client (`pgbench`), on a fresh database of `cluster`: the limit the PostgreSQL
-/// ingest rows are compared with.
-fn postgres_limit(cluster: &Cluster, transactions: usize, scratch: &Path) -> f64 {
+/// Rows per second of `transactions` one-row transactions from `clients` concurrent
+/// clients (`pgbench`, each client's one after the other), on a fresh database of
+/// `cluster`: the limits the PostgreSQL ingest rows are compared with.
+fn postgres_limit(cluster: &Cluster, clients: usize, transactions: usize, scratch: &Path) -> f64 {
     let url = cluster.create_database();
     let database = support::db::Postgres(url.clone());
     let setting = support::db::rows(&database, "SHOW synchronous_commit");
@@ -768,10 +867,14 @@ fn postgres_limit(cluster: &Cluster, transactions: usize, scratch: &Path) -> f64
     .unwrap();
     let name = url.rsplit('/').next().unwrap();
     let output = std::process::Command::new(cluster.bin().join("pgbench"))
-        .args(["-n", "-c", "1", "-h", "127.0.0.1", "-U", "postgres", "-p"])
+        .args(["-n", "-h", "127.0.0.1", "-U", "postgres", "-c"])
+        .arg(clients.to_string())
+        .arg("-j")
+        .arg(clients.min(2).to_string())
+        .arg("-p")
         .arg(cluster.port().to_string())
         .arg("-t")
-        .arg(transactions.to_string())
+        .arg((transactions / clients).max(1).to_string())
         .arg("-f")
         .arg(&script)
         .arg(name)
@@ -835,6 +938,7 @@ fn main() {
         match arg.as_str() {
             "--quick" => sizes = Sizes::quick(),
             "--ingest-only" => sizes.ingest_only = true,
+            "--postgres-only" => sizes.postgres_only = true,
             "--reps" => sizes.reps = args.next().and_then(|v| v.parse().ok()).expect("--reps N"),
             "--bench" => {}
             other => panic!("unknown argument {other}"),

@@ -65,6 +65,11 @@ pub const TOOL_CALLS: &str = "lull_tool_calls_total";
 /// deadline), recorded by the toolbox.
 pub const TOOL_CALL_SECONDS: &str = "lull_tool_call_duration_seconds";
 
+/// Due-work queries this process sent to a PostgreSQL store (each wake-up of its
+/// scheduler: an announcement, its own timer, the poll). Divided by the messages
+/// ingested, the cost of wake-ups per message; flat in the number of replicas.
+pub const DUE_WORK_QUERIES: &str = "lull_due_work_queries_total";
+
 /// Register descriptions with the installed recorder (call once, after installing it).
 pub fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram};
@@ -123,6 +128,10 @@ pub fn describe() {
     describe_counter!(
         GENERATIONS_CANCELLED,
         "Generations stopped because a newer message made their reply stale (not at the cap)."
+    );
+    describe_counter!(
+        DUE_WORK_QUERIES,
+        "Due-work queries sent to a PostgreSQL store: wake-ups of this process's scheduler."
     );
     describe_gauge!(
         DAILY_TOKENS_USED,

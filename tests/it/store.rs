@@ -48,13 +48,14 @@ mod postgres {
 /// Wake-ups across hosts: a timer armed through one store wakes every other store on
 /// the database (`NOTIFY` in the ingest transaction, a `LISTEN` connection per
 /// process); a redelivered message arms nothing and announces nothing; a dropped
-/// LISTEN connection is reconnected and announcements flow again.
+/// LISTEN connection is reconnected and announcements flow again (a timer on a
+/// platform with none yet: announced, being earlier than every other).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_announces_armed_timers_to_other_processes() {
     use std::time::Duration;
 
     use lull_core::clock::{Clock, SystemClock};
-    use lull_core::domain::HolderId;
+    use lull_core::domain::{HolderId, Platform};
     use lull_core::store::{IngestOutcome, prelude::*};
 
     let Some(url) = crate::support::postgres::fresh_database() else {
@@ -94,12 +95,126 @@ async fn postgres_announces_armed_timers_to_other_processes() {
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'LISTEN%'",
     );
     wait(Duration::from_secs(10)).await.expect("reconnected");
-    here.ingest(message("m2"), &holder, SystemClock.now())
-        .await
-        .unwrap();
+    here.ingest(
+        message_in(Platform::Telegram, "c1", "m2"),
+        &holder,
+        SystemClock.now(),
+    )
+    .await
+    .unwrap();
     wait(Duration::from_secs(5))
         .await
         .expect("announcements after the reconnect");
+}
+
+/// Wake-ups that do not fan out: a timer is announced only when it is due before
+/// every future timer of its platform (what every replica already wakes for), so a
+/// burst, or a second conversation due later, announces nothing; a timer due sooner
+/// (a full batch) is announced, and a process that serves other platforms is not
+/// woken by it. Nothing unannounced is unseen: after the process that armed every
+/// timer is gone, another one that heard of none but the first finds each by its
+/// due-work query (the next deadline it is told, then the work once the hand-off
+/// passed), which its poll runs at least every `LULL_POLL_MS`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_announces_only_timers_earlier_than_every_known_one() {
+    use std::time::Duration;
+
+    use lull_core::domain::{HolderId, Platform};
+    use lull_core::store::conformance::at;
+    use lull_core::store::{IngestOutcome, PostgresStore, TimeSource, WorkQuery, prelude::*};
+
+    let Some(url) = crate::support::postgres::fresh_database() else {
+        return;
+    };
+    let timers = lull_core::store::conformance::policy();
+    let open = || PostgresStore::open(&url, timers, TimeSource::Caller);
+    let here = open().await.unwrap();
+    let elsewhere = open().await.unwrap();
+    let woken = elsewhere
+        .wake_ups()
+        .expect("PostgreSQL announces armed timers");
+    let wait = |limit| tokio::time::timeout(limit, woken.notified());
+    let quiet = Duration::from_millis(400);
+    wait(Duration::from_secs(10)).await.expect("listening");
+    let (armer, other) = (HolderId::new("armer"), HolderId::new("other"));
+    let query = WorkQuery {
+        platforms: vec![Platform::Http],
+        holder: other.clone(),
+        handoff: Duration::from_secs(1),
+        limit: 16,
+    };
+    // The other process looks once: it serves http only.
+    let first = elsewhere.due_work(&query, at(0)).await.unwrap();
+    assert!(first.ready.is_empty() && first.next_at.is_none());
+
+    // The first timer of the platform is announced; the rest of its burst is not.
+    for (i, t) in [0, 100, 200].into_iter().enumerate() {
+        let stored = here
+            .ingest(
+                message_in(Platform::Http, "a", &format!("a{i}")),
+                &armer,
+                at(t),
+            )
+            .await
+            .unwrap();
+        assert!(matches!(stored, IngestOutcome::Stored { .. }), "{stored:?}");
+        let heard = wait(quiet).await.is_ok();
+        assert_eq!(heard, i == 0, "message {i} of the burst announced: {heard}");
+    }
+    // A second conversation due after the first (every replica wakes before it
+    // anyway), and another platform's first timer (announced, but not to a process
+    // that does not serve it): neither wakes the other process.
+    for (later, why) in [
+        (
+            message_in(Platform::Http, "b", "b0"),
+            "a later timer announced",
+        ),
+        (
+            message_in(Platform::Telegram, "t", "t0"),
+            "a telegram timer woke an http-only process",
+        ),
+    ] {
+        here.ingest(later, &armer, at(300)).await.unwrap();
+        assert!(wait(quiet).await.is_err(), "{why}");
+    }
+
+    // The process that armed them is gone. The other one, told of the first timer
+    // only, is told when to look next, and then finds both.
+    drop(here);
+    let next = elsewhere.due_work(&query, at(400)).await.unwrap();
+    assert!(next.ready.is_empty());
+    assert_eq!(
+        next.next_at,
+        Some(at(1200)),
+        "the burst's timer, re-armed by its last message"
+    );
+    let later = elsewhere.due_work(&query, at(1200)).await.unwrap();
+    assert!(
+        later.ready.is_empty(),
+        "another process's timer waits for the hand-off"
+    );
+    let due = elsewhere.due_work(&query, at(2300)).await.unwrap();
+    assert_eq!(
+        due.ready.len(),
+        2,
+        "both conversations found, neither announced twice: {due:?}"
+    );
+
+    // With every timer past, the next one is announced; one due sooner than every
+    // other (a full batch is due at once) is too, and one due later is not.
+    let again = open().await.unwrap();
+    for (i, announced) in [(1, true), (2, false), (3, true)] {
+        again
+            .ingest(
+                message_in(Platform::Http, "b", &format!("b{i}")),
+                &armer,
+                at(2400),
+            )
+            .await
+            .unwrap();
+        let heard = wait(quiet).await.is_ok();
+        assert_eq!(heard, announced, "message b{i} announced: {heard}");
+    }
 }
 
 /// One clock for leases and timers: on the database's clock, a replica whose clock
@@ -365,11 +480,17 @@ async fn postgres_failures_map_to_store_errors_and_health() {
 
 /// A message `id` in conversation `c1` of the http platform.
 fn message(id: &str) -> lull_core::store::NewMessage {
+    message_in(lull_core::domain::Platform::Http, "c1", id)
+}
+
+/// Message `id` in conversation `key` of `platform`.
+fn message_in(
+    platform: lull_core::domain::Platform,
+    key: &str,
+    id: &str,
+) -> lull_core::store::NewMessage {
     lull_core::store::NewMessage {
-        conversation: lull_core::domain::ConversationRef::new(
-            lull_core::domain::Platform::Http,
-            "c1",
-        ),
+        conversation: lull_core::domain::ConversationRef::new(platform, key),
         is_group: false,
         message_id: id.into(),
         user_id: "u".into(),

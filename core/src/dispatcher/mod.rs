@@ -294,8 +294,9 @@ pub struct Dispatcher {
     drafts: Arc<drafts::Drafts>,
     /// Ack reactions: set on a burst while it waits, taken off when it is answered.
     acks: Arc<acks::Acks>,
-    /// When the scheduler sleeps until (milliseconds since the epoch); `i64::MAX`
-    /// while it is looking for work, so nothing armed meanwhile is missed.
+    /// When the scheduler sleeps until (milliseconds since the epoch); while it is
+    /// looking for work, the latest it will wake after the look (a poll interval
+    /// from its start), so nothing armed meanwhile and due sooner is missed.
     sleeping_until: AtomicI64,
     events: broadcast::Sender<Event>,
     /// Events emitted so far: the scheduler reads the pending gauge again only after

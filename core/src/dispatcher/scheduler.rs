@@ -99,6 +99,11 @@ impl Scheduler {
         loop {
             let now = dispatcher.clock.now();
             let mut wake_at = now.plus(settings.poll_every);
+            // While it looks it wakes by `wake_at` at the latest, so only work armed
+            // meanwhile that is due before that (which the look may not see) wakes it
+            // again: not every message stored during the look, which under a steady
+            // load would chain looks back to back.
+            dispatcher.sleeping_until.store(wake_at.0, Ordering::SeqCst);
             match dispatcher.store.due_work(&query, now).await {
                 Ok(work) => {
                     for conversation in work.ready {

@@ -66,6 +66,34 @@ pub(super) fn on_caller_timeline(rows: &mut [OutboxRow], now: Now) {
 }
 
 impl PostgresStore {
+    /// What a one-statement call passes as its clock (`p_now`, or `COALESCE($n::int8,
+    /// db_now!())`): the caller's `now` when the caller drives time, else `NULL`, and
+    /// the statement reads the database's clock itself.
+    pub(super) fn fixed_now(&self, caller: Timestamp) -> Option<i64> {
+        match self.time {
+            TimeSource::Caller => Some(caller.0),
+            TimeSource::Database => None,
+        }
+    }
+
+    /// The [`Now`] of a one-statement call that returned the time it used (`used`, on
+    /// the database's timeline): the same translation [`PostgresStore::now`] gives a
+    /// transaction, without a round trip of its own.
+    pub(super) fn now_read(&self, used: Timestamp, caller: Timestamp) -> Now {
+        match self.time {
+            TimeSource::Caller => Now {
+                db: caller,
+                offset: 0,
+                fixed: Some(caller.0),
+            },
+            TimeSource::Database => Now {
+                db: used,
+                offset: used.0 - caller.0,
+                fixed: None,
+            },
+        }
+    }
+
     /// The current time of the transaction `tx`: the database's clock, or the
     /// caller's `caller` when the caller drives time.
     pub(super) async fn now(&self, tx: &Tx<'_>, caller: Timestamp) -> Result<Now, StoreError> {

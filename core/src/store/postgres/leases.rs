@@ -6,7 +6,6 @@ use async_trait::async_trait;
 
 use super::PostgresStore;
 use super::clock::Now;
-use super::outbox::mark_part_sent;
 use super::sql::{Tx, execute, query_opt};
 use crate::domain::{HolderId, Lease, LeaseKey, LeaseToken, Timestamp};
 use crate::store::faults::Operation;
@@ -23,9 +22,11 @@ impl LeaseStore for PostgresStore {
         now: Timestamp,
     ) -> Result<Option<Lease>, StoreError> {
         let row = self.row(key, holder);
-        transaction!(self, Operation::Other, "claiming a lease", |tx| async {
-            let now = self.now(&tx, now).await?;
-            claim(&tx, key.clone(), holder.clone(), &row, ttl, now).await
+        let fixed = self.fixed_now(now);
+        // One round trip: the claim is one statement.
+        statement!(self, Operation::Other, "claiming a lease", |client| async {
+            let claimed = claim(client, key.clone(), holder.clone(), &row, ttl, fixed).await?;
+            Ok(claimed.map(|(lease, _)| lease))
         }
         .await)
     }
@@ -45,20 +46,21 @@ impl LeaseStore for PostgresStore {
         }
         let row = self.row(&lease.key, &lease.holder);
         let ttl = crate::domain::millis(ttl);
-        transaction!(self, Operation::Other, "renewing a lease", |tx| {
+        let fixed = self.fixed_now(now);
+        // One round trip: the renewal is one statement on the database's clock.
+        statement!(self, Operation::Other, "renewing a lease", |client| {
             async {
-                let now = self.now(&tx, now).await?;
                 // Exclusive: only the live holder with this fencing token extends the
                 // lease, on the database's clock.
                 let renewed = query_opt(
-                    &tx,
+                    client,
                     concat!(
                         "WITH clock AS (SELECT COALESCE($5::int8, ", db_now!(), ") AS t)
                          UPDATE leases SET expires_at = (SELECT t FROM clock) + $4
                          WHERE resource = $1 AND holder = $2 AND token = $3 AND expires_at > (SELECT t FROM clock)
                          RETURNING expires_at"
                     ),
-                    &[&row.resource, &lease.holder.as_str(), &lease.token.0, &ttl, &now.fixed],
+                    &[&row.resource, &lease.holder.as_str(), &lease.token.0, &ttl, &fixed],
                     "renewing a lease",
                 )
                 .await?;
@@ -81,23 +83,47 @@ impl LeaseStore for PostgresStore {
         now: Timestamp,
     ) -> Result<(), StoreError> {
         let row = self.row(&lease.key, &lease.holder);
-        transaction!(self, Operation::Other, "releasing a lease", |tx| {
+        let fixed = self.fixed_now(now);
+        let (outbox, parts, done) = match last_sent {
+            Some(sent) => (Some(sent.outbox.0), sent.parts_sent as i32, sent.done),
+            None => (None, 0, false),
+        };
+        // One round trip: the last sent-mark and the release are one statement, so one
+        // transaction, as when they were two statements of one.
+        statement!(self, Operation::Other, "releasing a lease", |client| {
             async {
-                let now = self.now(&tx, now).await?;
-                if let Some(sent) = last_sent {
-                    mark_part_sent(&tx, sent, now.db).await?;
-                }
-                // Only our own claim is released: a lease taken over since stays with its holder.
-                execute(
-                    &tx,
-                    "UPDATE leases SET holder = NULL WHERE resource = $1 AND holder = $2 AND token = $3",
-                    &[&row.resource, &lease.holder.as_str(), &lease.token.0],
-                    "releasing a lease",
-                )
-                .await?;
-                Ok(())
-            }
-            .await
+            execute(
+                client,
+                concat!(
+                    // Delivered is a fact: the sent-mark of the last part delivered
+                    // (never fenced, never backwards), when there is one.
+                    "WITH sent AS (
+                         UPDATE outbox SET
+                             parts_sent = GREATEST(parts_sent, $5),
+                             sent_at = CASE WHEN $6 AND sent_at IS NULL
+                                            THEN COALESCE($7::int8, ", db_now!(), ") ELSE sent_at END
+                         WHERE id = $4
+                         RETURNING id)
+                     ",
+                    // Only our own claim is released: a lease taken over since stays
+                    // with its holder.
+                    "UPDATE leases SET holder = NULL WHERE resource = $1 AND holder = $2 AND token = $3"
+                ),
+                &[
+                    &row.resource,
+                    &lease.holder.as_str(),
+                    &lease.token.0,
+                    &outbox,
+                    &parts,
+                    &done,
+                    &fixed,
+                ],
+                "releasing a lease",
+            )
+            .await?;
+            Ok(())
+        }
+        .await
         })
     }
 }
@@ -114,12 +140,7 @@ pub(super) async fn ensure_lease(
     // Fencing: holder, token and expiry, locked for the rest of the transaction.
     let ours = query_opt(
         tx,
-        concat!(
-            "SELECT 1 FROM leases WHERE resource = $1 AND holder = $2 AND token = $3
-               AND expires_at > COALESCE($4::int8, ",
-            db_now!(),
-            ") FOR UPDATE"
-        ),
+        ENSURE_LEASE,
         &[
             &row.resource,
             &lease.holder.as_str(),
@@ -135,43 +156,117 @@ pub(super) async fn ensure_lease(
     }
 }
 
+impl PostgresStore {
+    /// The start of every write under a conversation's lease, in one round trip: the
+    /// transaction's clock, the lease row checked and locked ([`ensure_lease`]'s
+    /// fencing), then the conversation row locked `FOR UPDATE`, in that order (the
+    /// one lock order: lease, conversation); the conversation's version. The three
+    /// are prepared first and sent together (pipelined), and the server runs them in
+    /// the order sent.
+    pub(super) async fn fence(
+        &self,
+        tx: &Tx<'_>,
+        lease: &Lease,
+        row: &LeaseRow,
+        conversation: crate::domain::ConversationId,
+        caller: Timestamp,
+    ) -> Result<(Now, i64), StoreError> {
+        use super::sql::Context as _;
+        use futures_util::future::{TryFutureExt, try_join3};
+
+        let context = "checking the lease";
+        let fixed = self.fixed_now(caller);
+        let clock = tx
+            .prepare_cached(concat!("SELECT COALESCE($1::int8, ", db_now!(), ")"))
+            .await
+            .ctx(context)?;
+        let fencing = tx.prepare_cached(ENSURE_LEASE).await.ctx(context)?;
+        let locking = tx
+            .prepare_cached("SELECT version FROM conversations WHERE id = $1 FOR UPDATE")
+            .await
+            .ctx(context)?;
+        let (clock, ours, version) = try_join3(
+            tx.query_one(&clock, &[&fixed]),
+            tx.query_opt(
+                &fencing,
+                &[
+                    &row.resource,
+                    &lease.holder.as_str(),
+                    &lease.token.0,
+                    &fixed,
+                ],
+            ),
+            tx.query_opt(&locking, &[&conversation.0]),
+        )
+        .map_err(|e| super::sql::classify(context, &e))
+        .await?;
+        let now = self.now_read(Timestamp(clock.get(0)), caller);
+        // Fencing: holder, token and expiry, locked for the rest of the transaction.
+        if ours.is_none() {
+            return Err(StoreError::LeaseLost(lease.key.clone()));
+        }
+        let version = version
+            .map(|r| r.get(0))
+            .ok_or(StoreError::NoConversation(conversation))?;
+        Ok((now, version))
+    }
+}
+
+/// The fencing check of [`ensure_lease`]: $1 resource, $2 holder, $3 token, $4 the
+/// caller's clock when it drives time.
+const ENSURE_LEASE: &str = concat!(
+    "SELECT 1 FROM leases WHERE resource = $1 AND holder = $2 AND token = $3
+       AND expires_at > COALESCE($4::int8, ",
+    db_now!(),
+    ") FOR UPDATE"
+);
+
 /// The compare-and-swap claim of `row`, on the database's clock: succeeds only if the
-/// lease is free or expired, and then bumps the fencing token.
-pub(super) async fn claim(
-    tx: &Tx<'_>,
+/// lease is free or expired (or has no row yet), and then bumps the fencing token.
+/// One statement: with the lease, the time it was claimed at, on the clock used
+/// (`fixed`, or the database's).
+pub(super) async fn claim<C: deadpool_postgres::GenericClient>(
+    client: &C,
     key: LeaseKey,
     holder: HolderId,
     row: &LeaseRow,
     ttl: Duration,
-    now: Now,
-) -> Result<Option<Lease>, StoreError> {
-    execute(
-        tx,
-        "INSERT INTO leases (resource, conversation_id) VALUES ($1, $2) ON CONFLICT (resource) DO NOTHING",
-        &[&row.resource, &row.conversation],
-        "creating a lease",
-    )
-    .await?;
+    fixed: Option<i64>,
+) -> Result<Option<(Lease, Timestamp)>, StoreError> {
     let ttl = crate::domain::millis(ttl);
     // Exclusive: claim only a free or expired lease (compare-and-swap); every claim
-    // bumps the fencing token. After waiting for a concurrent claim, PostgreSQL
-    // re-checks this condition on the row that claim left.
+    // bumps the fencing token. A claim that meets a concurrent one waits for it and
+    // then decides on the row it left (ON CONFLICT DO UPDATE reads the latest row,
+    // whatever the statement's snapshot), so two claimers never both win.
     let claimed = query_opt(
-        tx,
+        client,
         concat!(
-            "WITH clock AS (SELECT COALESCE($4::int8, ", db_now!(), ") AS t)
-             UPDATE leases SET holder = $2, token = token + 1, expires_at = (SELECT t FROM clock) + $3
-             WHERE resource = $1 AND (holder IS NULL OR expires_at <= (SELECT t FROM clock))
-             RETURNING token, expires_at"
+            "INSERT INTO leases AS l (resource, conversation_id, holder, token, expires_at)
+             VALUES ($1, $5, $2, 1, COALESCE($4::int8, ",
+            db_now!(),
+            ") + $3)
+             ON CONFLICT (resource) DO UPDATE
+                 SET holder = excluded.holder, token = l.token + 1, expires_at = excluded.expires_at
+                 WHERE l.holder IS NULL OR l.expires_at <= excluded.expires_at - $3
+             RETURNING l.token, l.expires_at, l.expires_at - $3"
         ),
-        &[&row.resource, &holder.as_str(), &ttl, &now.fixed],
+        &[
+            &row.resource,
+            &holder.as_str(),
+            &ttl,
+            &fixed,
+            &row.conversation,
+        ],
         "claiming a lease",
     )
     .await?;
-    Ok(claimed.map(|r| Lease {
-        key,
-        holder,
-        token: LeaseToken(r.get(0)),
-        expires_at: Timestamp(r.get(1)),
+    Ok(claimed.map(|r| {
+        let lease = Lease {
+            key,
+            holder,
+            token: LeaseToken(r.get(0)),
+            expires_at: Timestamp(r.get(1)),
+        };
+        (lease, Timestamp(r.get(2)))
     }))
 }

@@ -24,41 +24,55 @@ impl MessageStore for PostgresStore {
     ) -> Result<IngestOutcome, StoreError> {
         let policy = self.timers;
         let media = crate::store::encode_media(&message.media);
-        transaction!(self, Operation::Intake, "storing a message", |tx| {
+        let fixed = self.fixed_now(now);
+        // The range this message's wait is picked in; the function picks it from the
+        // conversation's stored waits (`rhythm::Waits::pick`, in SQL).
+        let (wait_min, wait_max) = policy.wait_range(Cue::of(&message.text, message.media.len()));
+        let (wait_min, wait_max, max_wait) = (
+            crate::domain::millis(wait_min),
+            crate::domain::millis(wait_max),
+            crate::domain::millis(policy.max_wait()),
+        );
+        let max_batch = i64::from(policy.max_batch());
+        // One round trip: the whole transaction is `lull_ingest` (schema V14), which keeps
+        // the invariants of the multi-statement ingest it replaced, in the same lock
+        // order (the conversation row first).
+        statement!(self, Operation::Intake, "storing a message", |client| {
             async {
-                let now = self.now(&tx, now).await?;
-                let conversation = upsert_conversation(&tx, &message.conversation, message.is_group, now.db).await?;
-                // No duplicate: a redelivered platform message is stored once.
-                let inserted = execute(
-                    &tx,
-                    "INSERT INTO messages
-                         (conversation_id, platform_message_id, user_id, author, text, version, received_at, media)
-                     SELECT $1, $2::text, $3::text, $4::text, $5::text, version + 1, $6::int8, $7::text
-                     FROM conversations WHERE id = $1
-                     ON CONFLICT (conversation_id, platform_message_id) DO NOTHING",
+                let row = query_one(
+                    client,
+                    "SELECT o_conversation, o_version, o_due_at, o_now FROM lull_ingest(
+                         $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
                     &[
-                        &conversation.0,
+                        &message.conversation.platform.as_str(),
+                        &message.conversation.key,
+                        &message.is_group,
                         &message.message_id,
                         &message.user_id,
                         &message.author,
                         &message.text,
-                        &now.db.0,
                         &media,
+                        &holder.as_str(),
+                        &fixed,
+                        &wait_min,
+                        &wait_max,
+                        &max_wait,
+                        &max_batch,
                     ],
                     "storing a message",
                 )
                 .await?;
-                if inserted == 0 {
-                    return Ok(IngestOutcome::Duplicate { conversation });
+                let conversation = ConversationId(row.get(0));
+                let now = self.now_read(Timestamp(row.get(3)), now);
+                match (row.get::<_, Option<i64>>(1), row.get::<_, Option<i64>>(2)) {
+                    (Some(version), Some(due_at)) => Ok(IngestOutcome::Stored {
+                        conversation,
+                        version: Version(version),
+                        due_at: now.to_caller(Timestamp(due_at)),
+                    }),
+                    // No duplicate: a redelivered platform message is stored once.
+                    _ => Ok(IngestOutcome::Duplicate { conversation }),
                 }
-                let cue = Cue::of(&message.text, message.media.len());
-                let (version, due_at) =
-                    bump_and_arm(&tx, conversation, message.conversation.platform, policy, cue, holder, now.db).await?;
-                Ok(IngestOutcome::Stored {
-                    conversation,
-                    version,
-                    due_at: now.to_caller(due_at),
-                })
             }
             .await
         })

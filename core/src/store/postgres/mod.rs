@@ -17,14 +17,16 @@
 //! one lock order (lease row, then conversation row, then timer or journal row), so
 //! transactions queue instead of deadlocking:
 //! - `ingest`, `edit`, `enqueue_notice`, `reset_context` lock the conversation row
-//!   first (the upsert's `ON CONFLICT DO UPDATE`, or `FOR UPDATE`): the version bump,
-//!   the pending count and the timer arm are then decided with no other writer of the
-//!   conversation in between.
-//! - `claim_lease`, `claim_round`: the compare-and-swap `UPDATE … RETURNING token`
-//!   waits for a concurrent claim and re-checks its condition on the row that claim
-//!   left (PostgreSQL re-evaluates an UPDATE's WHERE after a lock wait), so two
-//!   claimers never both win. `claim_round` then reads the batch under a `FOR SHARE`
-//!   lock of the conversation row: no ingest commits while it reads, so version,
+//!   first (`FOR UPDATE`, or the upsert's `ON CONFLICT DO UPDATE` that creates it):
+//!   the version bump, the pending count and the timer arm are then decided with no
+//!   other writer of the conversation in between. `ingest` is one call of the
+//!   schema's `lull_ingest` function (migration 14), its statements in that order.
+//! - `claim_lease`, `claim_round`: the compare-and-swap upsert `INSERT … ON CONFLICT
+//!   DO UPDATE … WHERE free or expired RETURNING token` waits for a concurrent claim
+//!   and decides on the row that claim left (the conflict path reads the latest row
+//!   version, whatever the snapshot), so two claimers never both win. `claim_round`
+//!   then reads the batch under a `FOR SHARE` lock of the conversation row, taken by
+//!   the first of its pipelined reads: no ingest commits while it reads, so version,
 //!   pending messages and timer agree.
 //! - `commit_reply`, `give_up`, `disarm_idle_timer`, `record_failure`: the lease row
 //!   `FOR UPDATE` with the holder, token and expiry check (fencing: no claim can take
@@ -41,7 +43,8 @@
 //!   `FOR UPDATE`. `decide_action`: the journal row alone `FOR UPDATE` (of two
 //!   deciders, the second reads what the first left).
 //! - `renew_lease`, `release_lease`, `mark_sent`, `defer_outbox`, `fail_outbox`,
-//!   `finish_action`: one conditional UPDATE each, atomic on its row.
+//!   `finish_action`: one conditional UPDATE each, atomic on its row (`release_lease`
+//!   with the last sent-mark in the same statement).
 //! - `collect`, `due_work` and the other reads: READ COMMITTED reads (`collect` under
 //!   the same `FOR SHARE` lock as `claim_round`); `due_work` only proposes work, the
 //!   claim decides.
@@ -51,11 +54,31 @@
 //! is [`StoreError::Pool`] (transient: the dispatcher tries again, nothing is lost,
 //! and an ingest it was unsure of is idempotent on the platform message id).
 //!
+//! # Round trips
+//! The hot paths send as few round trips as their decisions allow: `ingest`,
+//! `claim_lease`, `renew_lease`, `mark_sent` and `release_lease` are one statement each
+//! (no BEGIN, no COMMIT: a statement is its own transaction), reading the database's
+//! clock inside the statement and handing back the time it used where the caller needs
+//! the translation (`clock.rs`). The rest run in `transaction!`s whose independent
+//! statements are prepared first and then sent together (pipelined: the server runs
+//! them in the order sent, so the lock order holds): a round's claim is BEGIN, the
+//! claim, the give-back of abandoned reservations, every read of the batch and the
+//! outbox at once, COMMIT; a commit is BEGIN, clock + lease + conversation at once
+//! (`PostgresStore::fence`), the reply with its covers, answered + timer at once,
+//! COMMIT. Every statement is prepared once per pooled connection.
+//!
 //! # Wake-ups
-//! Arming a timer sends `NOTIFY lull_armed` in the ingest transaction (delivered only
-//! if it commits); each process keeps one `LISTEN` connection (reconnected after a
-//! drop) that wakes its scheduler, so a replica learns of work armed elsewhere at once
-//! and the poll stays a safety net.
+//! An ingest announces its timer (`NOTIFY lull_armed`, the platform as payload, sent
+//! only if it commits) only when it is due before every future timer of its platform:
+//! every replica already wakes by the earliest of those (the next deadline its
+//! due-work query returned, or that timer's own announcement) and then reads the
+//! timers as they are, so a burst, or a busy platform, announces nothing and does not
+//! wake every replica once per message. Each process keeps one `LISTEN` connection
+//! (reconnected after a drop, and looking once then) that wakes its scheduler only for
+//! the platforms it serves. What no announcement reaches (a replica that looked just
+//! before the commit, a dropped connection) the poll finds within `LULL_POLL_MS`,
+//! which is the hand-off after which a replica may take another's timer at all; the
+//! replica that armed a timer is woken in-process.
 //!
 //! # Layout
 //! This file opens the pool, migrates and inspects the database (`lull check`). The
@@ -104,8 +127,15 @@ pub use clock::TimeSource;
 use limits::{ACCESS_RULES, access_rules_of};
 use sql::{describe, pool_reason};
 
-/// Connections per process: rounds mostly wait on the model, not the database.
-const POOL_SIZE: usize = 8;
+/// Connections per process. A message is one call of about a millisecond (one round
+/// trip, its share of a commit's WAL flush), so by Little's law the ~10,000 messages a
+/// second a server on a few cores commits need about ten calls in flight across all
+/// replicas; sixteen per process leaves room for rounds and deliveries beside a full
+/// ingest load, and lets commits of one process share WAL flushes. Four replicas
+/// then use at most 4 × (16 + 1 listener) = 68 connections, within PostgreSQL's
+/// default `max_connections` (100); docs/scaling-out.md says what to set for more.
+/// Opened lazily: an idle process keeps one or two.
+pub(crate) const POOL_SIZE: usize = 16;
 /// How long a statement may wait for a row lock (or run) before it is cancelled and
 /// reported as [`StoreError::Busy`], like SQLite's busy timeout.
 const STATEMENT_TIMEOUT_MS: u64 = 5000;
@@ -143,6 +173,9 @@ pub struct PostgresStore {
     condition: Arc<Condition>,
     /// Woken when another process (or this one) arms a timer.
     armed: Arc<tokio::sync::Notify>,
+    /// The platforms this process's scheduler serves, as its due-work query names them:
+    /// only their announcements wake it.
+    served: Arc<listen::Served>,
     /// The LISTEN connection's task, stopped with the store.
     _listener: Arc<listen::Listener>,
 }
@@ -264,7 +297,14 @@ impl PostgresStore {
         }
         drop(client);
         let armed = Arc::new(tokio::sync::Notify::new());
-        let listener = Arc::new(listen::Listener::start(config, tls, CHANNEL, armed.clone()));
+        let served = Arc::new(listen::Served::default());
+        let listener = Arc::new(listen::Listener::start(
+            config,
+            tls,
+            CHANNEL,
+            armed.clone(),
+            served.clone(),
+        ));
         Ok(Self {
             pool,
             shown,
@@ -275,6 +315,7 @@ impl PostgresStore {
             faults: Arc::default(),
             condition: Arc::default(),
             armed,
+            served,
             _listener: listener,
         })
     }

@@ -69,11 +69,11 @@ impl OutboxStore for PostgresStore {
             parts_sent,
             done,
         };
-        transaction!(self, Operation::Other, "marking a reply sent", |tx| async {
-            let now = self.now(&tx, now).await?;
-            mark_part_sent(&tx, sent, now.db).await
-        }
-        .await)
+        let fixed = self.fixed_now(now);
+        // One round trip: the mark is one statement, on the database's clock.
+        statement!(self, Operation::Other, "marking a reply sent", |client| {
+            async { mark_part_sent(client, sent, fixed).await }.await
+        })
     }
 
     async fn defer_outbox(
@@ -127,29 +127,44 @@ impl OutboxStore for PostgresStore {
 }
 
 /// Record that the first `parts_sent` parts of a row were delivered (and, when
-/// `done`, that it is sent). A fact, not a decision: never fenced, never backwards.
-pub(super) async fn mark_part_sent(
-    tx: &Tx<'_>,
+/// `done`, that it is sent, at `fixed` or the database's clock). A fact, not a
+/// decision: never fenced, never backwards.
+async fn mark_part_sent(
+    client: &deadpool_postgres::Object,
     sent: PartSent,
-    now: Timestamp,
+    fixed: Option<i64>,
 ) -> Result<(), StoreError> {
     execute(
-        tx,
-        "UPDATE outbox SET
-             parts_sent = GREATEST(parts_sent, $2),
-             sent_at = CASE WHEN $3 AND sent_at IS NULL THEN $4 ELSE sent_at END
-         WHERE id = $1",
+        client,
+        concat!(
+            "UPDATE outbox SET
+                 parts_sent = GREATEST(parts_sent, $2),
+                 sent_at = CASE WHEN $3 AND sent_at IS NULL THEN COALESCE($4::int8, ",
+            db_now!(),
+            ") ELSE sent_at END
+             WHERE id = $1"
+        ),
         &[
             &sent.outbox.0,
             &(sent.parts_sent as i32),
             &sent.done,
-            &now.0,
+            &fixed,
         ],
         "marking a reply sent",
     )
     .await?;
     Ok(())
 }
+
+/// A conversation's undelivered outbox rows, oldest first, each with the platform ids
+/// of the messages it covers: one statement ($1: the conversation).
+pub(super) const OWED: &str = "SELECT o.id, c.platform, c.key, o.kind, o.text, o.reply_to, o.parts_sent,
+        o.attempts, o.next_attempt_at, o.created_at,
+        ARRAY(SELECT m.platform_message_id FROM reply_covers rc JOIN messages m ON m.id = rc.message_id
+              WHERE rc.outbox_id = o.id ORDER BY m.id)
+ FROM outbox o JOIN conversations c ON c.id = o.conversation_id
+ WHERE o.conversation_id = $1 AND o.sent_at IS NULL AND o.failed_at IS NULL
+ ORDER BY o.id";
 
 /// A conversation's undelivered outbox rows that are due, oldest first, and whether a
 /// row behind them waits for its retry (delivery keeps the outbox order).
@@ -158,17 +173,16 @@ pub(super) async fn read_owed(
     conversation: ConversationId,
     now: Timestamp,
 ) -> Result<(Vec<OutboxRow>, bool), StoreError> {
-    let found = query(
-        tx,
-        "SELECT o.id, c.platform, c.key, o.kind, o.text, o.reply_to, o.parts_sent,
-                o.attempts, o.next_attempt_at, o.created_at
-         FROM outbox o JOIN conversations c ON c.id = o.conversation_id
-         WHERE o.conversation_id = $1 AND o.sent_at IS NULL AND o.failed_at IS NULL
-         ORDER BY o.id",
-        &[&conversation.0],
-        "reading the outbox",
-    )
-    .await?;
+    let found = query(tx, OWED, &[&conversation.0], "reading the outbox").await?;
+    owed_rows(found, now)
+}
+
+/// The rows of [`OWED`] due by `now`, and whether a row behind them waits for its
+/// retry.
+pub(super) fn owed_rows(
+    found: Vec<tokio_postgres::Row>,
+    now: Timestamp,
+) -> Result<(Vec<OutboxRow>, bool), StoreError> {
     let mut rows = Vec::new();
     let mut held_back = false;
     for r in found {
@@ -192,25 +206,12 @@ pub(super) async fn read_owed(
             },
             text: r.get(4),
             reply_to: r.get(5),
-            covers: Vec::new(),
+            covers: r.get(10),
             parts_sent: r.get::<_, i32>(6) as u32,
             attempts: r.get::<_, i32>(7) as u32,
             created_at: Timestamp(r.get(9)),
             stored_at: Timestamp(r.get(9)),
         });
-    }
-    for row in &mut rows {
-        row.covers = query(
-            tx,
-            "SELECT m.platform_message_id FROM reply_covers rc JOIN messages m ON m.id = rc.message_id
-             WHERE rc.outbox_id = $1 ORDER BY m.id",
-            &[&row.id.0],
-            "reading covered messages",
-        )
-        .await?
-        .into_iter()
-        .map(|r| r.get(0))
-        .collect();
     }
     Ok((rows, held_back))
 }

@@ -7,8 +7,9 @@ use async_trait::async_trait;
 use super::PostgresStore;
 use super::clock::{Now, on_caller_timeline};
 use super::leases::{claim, ensure_lease};
-use super::messages::{lock_conversation, pending_after};
-use super::outbox::read_owed;
+use super::messages::pending_after;
+use super::outbox::{OWED, owed_rows};
+use super::sql::Context as _;
 use super::sql::{Tx, execute, query, query_one, query_opt};
 use crate::domain::{
     ConversationId, ConversationRef, HolderId, Lease, LeaseKey, LeaseToken, Platform, Said,
@@ -17,8 +18,8 @@ use crate::domain::{
 use crate::store::faults::Operation;
 use crate::store::rules::{self, conversation_of};
 use crate::store::{
-    Batch, Claimed, CommitOutcome, Exchange, NewReply, OutboxKind, OutboxRow, PendingMessage,
-    RoundStore, StoreError, TimerState,
+    Batch, Claimed, CommitOutcome, NewReply, OutboxKind, OutboxRow, PendingMessage, RoundStore,
+    StoreError, TimerState,
 };
 use crate::timing::TimerPolicy;
 
@@ -34,15 +35,20 @@ impl RoundStore for PostgresStore {
     ) -> Result<Option<Claimed>, StoreError> {
         let key = LeaseKey::Conversation(conversation);
         let row = self.row(&key, holder);
+        let fixed = self.fixed_now(now);
+        // Five round trips: BEGIN, the claim (on the clock it reads), the give-back of
+        // abandoned reservations, then every read of the batch and the outbox at once
+        // (pipelined), and COMMIT.
         transaction!(self, Operation::Other, "claiming a round", |tx| async {
-            let now = self.now(&tx, now).await?;
-            let Some(lease) = claim(&tx, key.clone(), holder.clone(), &row, ttl, now).await? else {
+            let claimed = claim(&tx, key.clone(), holder.clone(), &row, ttl, fixed).await?;
+            let Some((lease, claimed_at)) = claimed else {
                 return Ok(None);
             };
+            let now = self.now_read(claimed_at, now);
             give_back_orphans(&tx, conversation, lease.token).await?;
             // What the round works on, read under the lease it just claimed.
-            let batch = read_batch(&tx, conversation, history).await?;
-            let (mut owed, held_back) = read_owed(&tx, conversation, now.db).await?;
+            let (batch, (mut owed, held_back)) =
+                read_batch_and_owed(&tx, conversation, history, Some(now.db)).await?;
             // On the caller's timeline: its deadlines are counted on its own clock.
             let mut batch = batch;
             if let Some(timer) = batch.timer.as_mut() {
@@ -65,7 +71,9 @@ impl RoundStore for PostgresStore {
         history: usize,
     ) -> Result<Batch, StoreError> {
         transaction!(self, Operation::Read, "collecting a batch", |tx| async {
-            read_batch(&tx, conversation, history).await
+            Ok(read_batch_and_owed(&tx, conversation, history, None)
+                .await?
+                .0)
         }
         .await)
     }
@@ -84,9 +92,7 @@ impl RoundStore for PostgresStore {
         let policy = self.timers;
         transaction!(self, Operation::Other, "committing a reply", |tx| {
             async {
-                let now = self.now(&tx, now).await?;
-                ensure_lease(&tx, lease, &row, now).await?;
-                let version = lock_conversation(&tx, conversation).await?;
+                let (now, version) = self.fence(&tx, lease, &row, conversation, now).await?;
                 let oldest = batch.oldest_pending_at().unwrap_or(now.db);
                 // Fresh: stale unless the cap forces it out (`rules::commit_verdict`).
                 let Some(forced) = rules::commit_verdict(policy, version, v0, oldest, now.db) else {
@@ -117,12 +123,18 @@ impl RoundStore for PostgresStore {
                     });
                 }
                 let usage = reply.usage.unwrap_or_default();
+                // The reply and the messages it covers: one statement.
                 let outbox: i64 = query_one(
                     &tx,
-                    "INSERT INTO outbox (conversation_id, kind, text, reply_to, version, lease_token, forced,
-                                         prompt_tokens, completion_tokens, llm_ms, owner, created_at, next_attempt_at)
-                     VALUES ($1, 'reply', $2, $3, $4, $5, $6, $7, $8, $9, $11, $10, $10)
-                     RETURNING id",
+                    "WITH reply AS (
+                         INSERT INTO outbox (conversation_id, kind, text, reply_to, version, lease_token, forced,
+                                             prompt_tokens, completion_tokens, llm_ms, owner, created_at, next_attempt_at)
+                         VALUES ($1, 'reply', $2, $3, $4, $5, $6, $7, $8, $9, $11, $10, $10)
+                         RETURNING id),
+                     covers AS (
+                         INSERT INTO reply_covers (outbox_id, message_id)
+                         SELECT reply.id, unnest($12::int8[]) FROM reply)
+                     SELECT id FROM reply",
                     &[
                         &conversation.0,
                         &reply.text,
@@ -135,12 +147,12 @@ impl RoundStore for PostgresStore {
                         &(reply.llm_ms as i64),
                         &now.db.0,
                         &lease.holder.as_str(),
+                        &covered,
                     ],
                     "storing a reply",
                 )
                 .await?
                 .get(0);
-                record_covers(&tx, outbox, &covered).await?;
                 let notices =
                     store_held_out(&tx, lease, &batch.conversation, &reply.held_out, v0, forced, now)
                         .await?;
@@ -177,9 +189,7 @@ impl RoundStore for PostgresStore {
         let policy = self.timers;
         transaction!(self, Operation::Other, "giving up on a batch", |tx| {
             async {
-                let now = self.now(&tx, now).await?;
-                ensure_lease(&tx, lease, &row, now).await?;
-                lock_conversation(&tx, conversation).await?;
+                let (now, _) = self.fence(&tx, lease, &row, conversation, now).await?;
                 // What this give-up ends: messages still pending up to v0. No duplicate: a
                 // message already covered is never covered again.
                 let covered: Vec<(i64, String)> = query(
@@ -246,9 +256,7 @@ impl RoundStore for PostgresStore {
         let conversation = conversation_of(lease);
         transaction!(self, Operation::Other, "disarming an idle timer", |tx| {
             async {
-                let now = self.now(&tx, now).await?;
-                ensure_lease(&tx, lease, &row, now).await?;
-                lock_conversation(&tx, conversation).await?;
+                self.fence(&tx, lease, &row, conversation, now).await?;
                 // No loss: a timer with messages pending is never disarmed.
                 execute(
                     &tx,
@@ -279,9 +287,7 @@ impl RoundStore for PostgresStore {
             "recording a failed generation",
             |tx| {
                 async {
-                    let now = self.now(&tx, now).await?;
-                    ensure_lease(&tx, lease, &row, now).await?;
-                    lock_conversation(&tx, conversation).await?;
+                    let (now, _) = self.fence(&tx, lease, &row, conversation, now).await?;
                     let retry_at = now.to_db(retry_at);
                     let attempts = query_opt(
                         &tx,
@@ -299,21 +305,65 @@ impl RoundStore for PostgresStore {
     }
 }
 
-/// The batch of a conversation: version, pending messages, recent history and timer,
-/// read under a `FOR SHARE` lock of the conversation row, so no ingest commits between
-/// the reads and they agree.
-async fn read_batch(
+/// The batch of a conversation (version, pending messages, recent history, timer)
+/// and, given the transaction's `now`, its outbox rows owed ([`read_owed`]). The
+/// conversation row is read first under a `FOR SHARE` lock, so no ingest commits while
+/// the rest is read and everything agrees; the rest reads the answered and context
+/// versions from that locked row. All of it is one round trip: every statement is
+/// prepared first, then all are sent at once (tokio-postgres pipelines queries issued
+/// together) and the server runs them in the order sent, the lock first.
+async fn read_batch_and_owed(
     tx: &Tx<'_>,
     conversation: ConversationId,
     history: usize,
-) -> Result<Batch, StoreError> {
-    let row = query_opt(
-        tx,
+    now: Option<Timestamp>,
+) -> Result<(Batch, (Vec<OutboxRow>, bool)), StoreError> {
+    use futures_util::future::{TryFutureExt, try_join5};
+
+    let context = "reading a batch";
+    let prepare = |sql: &'static str| async move { tx.prepare_cached(sql).await.ctx(context) };
+    let locked = prepare(
         "SELECT platform, key, is_group, version, answered_version, context_version
          FROM conversations WHERE id = $1 FOR SHARE",
-        &[&conversation.0],
-        "reading a conversation",
     )
+    .await?;
+    let pending = prepare(
+        "SELECT id, platform_message_id, user_id, author, text, version, received_at, media, transcript
+         FROM messages
+         WHERE conversation_id = $1 AND version > (SELECT answered_version FROM conversations WHERE id = $1)
+         ORDER BY id",
+    )
+    .await?;
+    let timer = prepare("SELECT due_at, attempts FROM timers WHERE conversation_id = $1").await?;
+    // The last `limit` replies since the context was reset, with the messages each
+    // covered, oldest first.
+    let exchanges = prepare(
+        "SELECT o.id, o.text, m.author, m.text, m.transcript
+         FROM (SELECT id, text FROM outbox
+               WHERE conversation_id = $1 AND kind = 'reply' AND failed_at IS NULL
+                 AND version > (SELECT context_version FROM conversations WHERE id = $1)
+               ORDER BY id DESC LIMIT $2) o
+         JOIN reply_covers rc ON rc.outbox_id = o.id
+         JOIN messages m ON m.id = rc.message_id
+         ORDER BY o.id, m.id",
+    )
+    .await?;
+    let owed = prepare(OWED).await?;
+    let limit = history as i64;
+    let id = conversation.0;
+    let (row, pending, timer, exchanges, owed) = try_join5(
+        tx.query_opt(&locked, &[&id]),
+        tx.query(&pending, &[&id]),
+        tx.query_opt(&timer, &[&id]),
+        tx.query(&exchanges, &[&id, &limit]),
+        async {
+            match now {
+                Some(_) => tx.query(&owed, &[&id]).await,
+                None => Ok(Vec::new()),
+            }
+        },
+    )
+    .map_err(|e| super::sql::classify(context, &e))
     .await?;
     let Some(row) = row else {
         return Err(StoreError::NoConversation(conversation));
@@ -322,49 +372,40 @@ async fn read_batch(
         .get::<_, String>(0)
         .parse()
         .map_err(StoreError::Corrupt)?;
-    let (key, is_group, version, answered, context_version): (String, bool, i64, i64, i64) =
-        (row.get(1), row.get(2), row.get(3), row.get(4), row.get(5));
-    let pending = query(
-        tx,
-        "SELECT id, platform_message_id, user_id, author, text, version, received_at, media, transcript
-         FROM messages WHERE conversation_id = $1 AND version > $2 ORDER BY id",
-        &[&conversation.0, &answered],
-        "reading pending messages",
-    )
-    .await?
-    .into_iter()
-    .map(|r| {
-        Ok(PendingMessage {
-            row: r.get(0),
-            message_id: r.get(1),
-            user_id: r.get(2),
-            author: r.get(3),
-            text: r.get(4),
-            version: Version(r.get(5)),
-            received_at: Timestamp(r.get(6)),
-            media: crate::store::decode_media(r.get(7))?,
-            transcript: r.get(8),
+    let (key, is_group, version): (String, bool, i64) = (row.get(1), row.get(2), row.get(3));
+    let pending = pending
+        .into_iter()
+        .map(|r| {
+            Ok(PendingMessage {
+                row: r.get(0),
+                message_id: r.get(1),
+                user_id: r.get(2),
+                author: r.get(3),
+                text: r.get(4),
+                version: Version(r.get(5)),
+                received_at: Timestamp(r.get(6)),
+                media: crate::store::decode_media(r.get(7))?,
+                transcript: r.get(8),
+            })
         })
-    })
-    .collect::<Result<Vec<_>, StoreError>>()?;
-    let timer = query_opt(
-        tx,
-        "SELECT due_at, attempts FROM timers WHERE conversation_id = $1",
-        &[&conversation.0],
-        "reading the timer",
-    )
-    .await?
-    .map(|r| TimerState {
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    let timer = timer.map(|r| TimerState {
         due_at: Timestamp(r.get(0)),
         attempts: r.get::<_, i32>(1) as u32,
     });
     // Nothing to answer (a round that only delivers): no history needed.
-    let history = if pending.is_empty() {
+    let history = if history == 0 || pending.is_empty() {
         Vec::new()
     } else {
-        read_history(tx, conversation, context_version, history).await?
+        crate::store::rules::exchanges(exchanges.into_iter().map(|row| {
+            let said = Said {
+                author: row.get(2),
+                text: crate::store::said_text(row.get(3), row.get(4)),
+            };
+            (row.get(0), row.get(1), said)
+        }))
     };
-    Ok(Batch {
+    let batch = Batch {
         conversation_id: conversation,
         conversation: ConversationRef::new(platform, key),
         is_group,
@@ -372,42 +413,12 @@ async fn read_batch(
         pending,
         history,
         timer,
-    })
-}
-
-/// The last `limit` replies since the context was reset, with the messages each
-/// covered, oldest first.
-async fn read_history(
-    tx: &Tx<'_>,
-    conversation: ConversationId,
-    context_version: i64,
-    limit: usize,
-) -> Result<Vec<Exchange>, StoreError> {
-    if limit == 0 {
-        return Ok(Vec::new());
-    }
-    let rows = query(
-        tx,
-        "SELECT o.id, o.text, m.author, m.text, m.transcript
-         FROM (SELECT id, text FROM outbox
-               WHERE conversation_id = $1 AND kind = 'reply' AND failed_at IS NULL AND version > $2
-               ORDER BY id DESC LIMIT $3) o
-         JOIN reply_covers rc ON rc.outbox_id = o.id
-         JOIN messages m ON m.id = rc.message_id
-         ORDER BY o.id, m.id",
-        &[&conversation.0, &context_version, &(limit as i64)],
-        "reading history",
-    )
-    .await?;
-    Ok(crate::store::rules::exchanges(rows.into_iter().map(
-        |row| {
-            let said = Said {
-                author: row.get(2),
-                text: crate::store::said_text(row.get(3), row.get(4)),
-            };
-            (row.get(0), row.get(1), said)
-        },
-    )))
+    };
+    let owed = match now {
+        Some(now) => owed_rows(owed, now)?,
+        None => (Vec::new(), false),
+    };
+    Ok((batch, owed))
 }
 
 /// A notice that answers messages (a give-up, or the notice of messages a reply left
@@ -559,21 +570,27 @@ async fn answer_through(
     v0: Version,
     policy: TimerPolicy,
 ) -> Result<(), StoreError> {
+    use futures_util::future::{TryFutureExt, try_join};
+
+    let context = "marking the batch answered";
     // The answered version only grows.
-    execute(
-        tx,
-        "UPDATE conversations SET answered_version = $2 WHERE id = $1 AND answered_version < $2",
-        &[&conversation.0, &v0.0],
-        "marking the batch answered",
-    )
-    .await?;
+    let answered = tx
+        .prepare_cached(
+            "UPDATE conversations SET answered_version = $2 WHERE id = $1 AND answered_version < $2",
+        )
+        .await
+        .ctx(context)?;
     // The timer goes only if nothing newer than v0 armed it.
-    let deleted = execute(
-        tx,
-        "DELETE FROM timers WHERE conversation_id = $1 AND armed_version <= $2",
-        &[&conversation.0, &v0.0],
-        "deleting the timer",
+    let disarm = tx
+        .prepare_cached("DELETE FROM timers WHERE conversation_id = $1 AND armed_version <= $2")
+        .await
+        .ctx(context)?;
+    // Both at once (pipelined), in this order: the conversation row is ours already.
+    let (_, deleted) = try_join(
+        tx.execute(&answered, &[&conversation.0, &v0.0]),
+        tx.execute(&disarm, &[&conversation.0, &v0.0]),
     )
+    .map_err(|e| super::sql::classify(context, &e))
     .await?;
     if deleted > 0 {
         return Ok(());

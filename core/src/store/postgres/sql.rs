@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use deadpool_postgres::GenericClient;
 use lull_port::retry::Backoff;
 use tokio_postgres::Row;
 use tokio_postgres::error::SqlState;
@@ -61,8 +62,8 @@ pub(super) fn classify(context: &'static str, source: &tokio_postgres::Error) ->
 pub(super) type Tx<'a> = deadpool_postgres::Transaction<'a>;
 type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
 
-pub(super) async fn query(
-    tx: &Tx<'_>,
+pub(super) async fn query<C: GenericClient>(
+    tx: &C,
     sql: &str,
     params: Params<'_>,
     context: &'static str,
@@ -71,8 +72,8 @@ pub(super) async fn query(
     tx.query(&statement, params).await.ctx(context)
 }
 
-pub(super) async fn query_opt(
-    tx: &Tx<'_>,
+pub(super) async fn query_opt<C: GenericClient>(
+    tx: &C,
     sql: &str,
     params: Params<'_>,
     context: &'static str,
@@ -81,8 +82,8 @@ pub(super) async fn query_opt(
     tx.query_opt(&statement, params).await.ctx(context)
 }
 
-pub(super) async fn query_one(
-    tx: &Tx<'_>,
+pub(super) async fn query_one<C: GenericClient>(
+    tx: &C,
     sql: &str,
     params: Params<'_>,
     context: &'static str,
@@ -91,8 +92,8 @@ pub(super) async fn query_one(
     tx.query_one(&statement, params).await.ctx(context)
 }
 
-pub(super) async fn execute(
-    tx: &Tx<'_>,
+pub(super) async fn execute<C: GenericClient>(
+    tx: &C,
     sql: &str,
     params: Params<'_>,
     context: &'static str,
@@ -123,15 +124,14 @@ pub(super) fn describe(error: &tokio_postgres::Error) -> String {
 pub(super) const SERIALIZATION_RETRY: Backoff =
     Backoff::new(Duration::from_millis(10), Duration::from_millis(80));
 
-/// Run `$body` (an expression of type `Result<T, StoreError>` using `$tx`) in one
-/// READ COMMITTED transaction, committed when it is `Ok`, rolled back when it is
-/// `Err`; retried from the start after a serialization failure or deadlock. The one
-/// place a transaction reaches the database, where a test's fault plan is consulted
+/// Run `$once` (an expression of type `Result<T, StoreError>` using `$client`, the
+/// pooled connection as `&mut deadpool_postgres::Object`) until it is not
+/// [`StoreError::Busy`], a few times: the one place a store call reaches the database,
+/// where a test's fault plan is consulted, every try is bounded by the call deadline,
 /// and the store's condition learns the outcome. A macro, not a function taking a
-/// closure: the body borrows the transaction across awaits.
-macro_rules! transaction {
-    ($store:expr, $operation:expr, $context:expr, |$tx:ident| $body:expr) => {{
-        use $crate::store::postgres::sql::Context as _;
+/// closure: the body borrows the connection across awaits.
+macro_rules! attempts {
+    ($store:expr, $operation:expr, $context:expr, |$client:ident| $once:expr) => {{
         let store: &$crate::store::postgres::PostgresStore = $store;
         let mut attempt = 0;
         let started = std::time::Instant::now();
@@ -152,15 +152,8 @@ macro_rules! transaction {
                     .await
                     .map_err(|_| late())??;
                 let tried = tokio::time::timeout_at(deadline, async {
-                    let $tx = client
-                        .build_transaction()
-                        .isolation_level(tokio_postgres::IsolationLevel::ReadCommitted)
-                        .start()
-                        .await
-                        .ctx($context)?;
-                    let value = $body?;
-                    $tx.commit().await.ctx($context)?;
-                    Ok(value)
+                    let $client = &mut client;
+                    $once
                 })
                 .await;
                 match tried {
@@ -200,5 +193,43 @@ macro_rules! transaction {
             $operation != $crate::store::faults::Operation::Read,
         );
         result
+    }};
+}
+
+/// Run `$body` (an expression of type `Result<T, StoreError>` using `$tx`) in one
+/// READ COMMITTED transaction, committed when it is `Ok`, rolled back when it is
+/// `Err`; retried from the start after a serialization failure or deadlock
+/// (`attempts!`). Each statement of the body is a round trip (BEGIN and COMMIT
+/// too): the hot paths use `statement!` instead.
+macro_rules! transaction {
+    ($store:expr, $operation:expr, $context:expr, |$tx:ident| $body:expr) => {{
+        use $crate::store::postgres::sql::Context as _;
+        attempts!($store, $operation, $context, |client| {
+            let $tx = client
+                .build_transaction()
+                .isolation_level(tokio_postgres::IsolationLevel::ReadCommitted)
+                .start()
+                .await
+                .ctx($context)?;
+            let value = $body?;
+            $tx.commit().await.ctx($context)?;
+            Ok(value)
+        })
+    }};
+}
+
+/// Run `$body` (an expression of type `Result<T, StoreError>` using `$client`) on a
+/// pooled connection outside an explicit transaction: the body sends one statement
+/// (a data-modifying CTE, or a call of one of the schema's functions), which is its
+/// own transaction, atomic and committed as it returns: one round trip, where BEGIN,
+/// the statements and COMMIT of `transaction!` are one each. Retried like it.
+macro_rules! statement {
+    ($store:expr, $operation:expr, $context:expr, |$client:ident| $body:expr) => {{
+        #[allow(unused_imports)]
+        use $crate::store::postgres::sql::Context as _;
+        attempts!($store, $operation, $context, |connection| {
+            let $client: &deadpool_postgres::Object = connection;
+            $body
+        })
     }};
 }

@@ -17,6 +17,10 @@ impl WorkStore for PostgresStore {
         if work.platforms.is_empty() {
             return Ok(DueWork::default());
         }
+        self.served.set(&work.platforms);
+        // What the benchmark divides by the messages ingested: flat in the number of
+        // replicas when announcements do not fan out.
+        metrics::counter!(crate::metrics::DUE_WORK_QUERIES).increment(1);
         let names: Vec<&str> = work.platforms.iter().map(|p| p.as_str()).collect();
         let handoff = crate::domain::millis(work.handoff);
         transaction!(self, Operation::Read, "finding due work", |tx| async {

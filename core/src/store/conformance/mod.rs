@@ -135,6 +135,7 @@ macro_rules! store_conformance {
         // Checks of adaptive waiting, on a store opened with `adaptive_policy()`.
         $crate::store_conformance!(@$each $open, adaptive_policy;
             ingest_arms_the_wait_the_rhythm_allows,
+            ingest_picks_the_burst_window_inside_a_burst,
         );
     };
     (@each $open:path; $($check:ident),* $(,)?) => {

@@ -156,3 +156,47 @@ pub async fn a_typing_author_holds_the_timer_never_past_the_cap(store: &dyn Stor
     committed(store, &lease, &batch, "answer", at(4000)).await;
     assert_eq!(extend("u1", 2000, 4100).await, None, "nothing pending");
 }
+
+/// With adaptive waiting, a conversation that types in fragments gets its learned
+/// waits: the first wait for a message that starts a burst, the burst window once a
+/// burst is under way, each the one [`Waits::pick`](crate::rhythm::Waits::pick) makes
+/// from the stored rhythm (so a backend that picks in SQL picks as the Rust does).
+pub async fn ingest_picks_the_burst_window_inside_a_burst(store: &dyn Store) {
+    let c1 = http("c1");
+    let policy = adaptive_policy();
+    let mut id = None;
+    // Four bursts of fragments 300 ms apart, then five complete messages: a rhythm in
+    // between, whose first wait is shorter than its burst window.
+    for n in 0..9u64 {
+        let t = n * 20_000;
+        let ids = [format!("a{n}"), format!("b{n}")];
+        let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+        let (ids, times) = if n < 4 {
+            (&ids[..], &[t, t + 300][..])
+        } else {
+            (&ids[..1], &[t][..])
+        };
+        id = Some(answer(store, &c1, ids, times, 1000).await);
+    }
+    let rhythm = store.rhythm(id.unwrap()).await.unwrap();
+    let waits = policy.waits_of(&rhythm);
+    assert!(waits.is_some(), "nine bursts: a known rhythm {rhythm:?}");
+    let (min, max) = (policy.min_debounce(), policy.debounce());
+    let (first, burst) = (
+        crate::rhythm::Waits::pick(waits, 1, min, max),
+        crate::rhythm::Waits::pick(waits, 2, min, max),
+    );
+    assert!(
+        first < burst,
+        "a rhythm that tells the two apart: {rhythm:?}"
+    );
+    let a = holder("a");
+    let (_, _, due_at) = stored(store, message(c1.clone(), "c0"), &a, at(200_000)).await;
+    assert_eq!(due_at, at(200_000).plus(first), "the first wait {waits:?}");
+    let (_, _, due_at) = stored(store, message(c1.clone(), "c1"), &a, at(200_100)).await;
+    assert_eq!(
+        due_at,
+        at(200_100).plus(burst),
+        "the burst window {waits:?}"
+    );
+}

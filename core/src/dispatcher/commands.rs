@@ -28,17 +28,42 @@ pub(super) async fn answer(
     // redelivery finds the claim and does nothing (its answer was queued by the first).
     // (The switches: bots that act on every update; replicas that each answer theirs.)
     let unclaimed = crate::switches::no_command_claim() || crate::switches::no_command_dedupe();
-    if acts(command) && !unclaimed {
-        let claimed = dispatcher
+    let claimed = acts(command) && !unclaimed;
+    if claimed
+        && !dispatcher
             .store
             .claim_command(&incoming.conversation, &incoming.message_id, now)
-            .await?;
-        if !claimed {
-            tracing::debug!(conversation = %incoming.conversation, message = %incoming.message_id, "command already acted on; not again");
-            return Ok(());
+            .await?
+    {
+        tracing::debug!(conversation = %incoming.conversation, message = %incoming.message_id, "command already acted on; not again");
+        return Ok(());
+    }
+    let acted = act(dispatcher, incoming, command, admin, text, &args, now).await;
+    // An act that failed (the database busy or down) did not happen: its claim is given
+    // back, so the platform's redelivery acts instead of finding it taken.
+    if claimed && acted.is_err() {
+        let released = dispatcher
+            .store
+            .release_command(&incoming.conversation, &incoming.message_id)
+            .await;
+        if let Err(e) = released {
+            tracing::warn!(conversation = %incoming.conversation, error = %e, "a failed command keeps its claim: a redelivery will not act on it");
         }
     }
-    let text = match command {
+    answered(dispatcher, incoming, command, acted?, now).await
+}
+
+/// The command's act and the sentence that answers it.
+async fn act(
+    dispatcher: &Dispatcher,
+    incoming: &Incoming,
+    command: Command,
+    admin: bool,
+    text: &str,
+    args: &[&str],
+    now: Timestamp,
+) -> Result<String, StoreError> {
+    Ok(match command {
         Command::Start | Command::Help => texts::HELP_TEXT.to_owned(),
         Command::Unknown => {
             texts::unknown_command_text(text.split_whitespace().next().unwrap_or(""))
@@ -59,7 +84,7 @@ pub(super) async fn answer(
                 .await?;
             texts::RESET_TEXT.to_owned()
         }
-        Command::Usage => usage(dispatcher, incoming, admin, &args, now).await?,
+        Command::Usage => usage(dispatcher, incoming, admin, args, now).await?,
         Command::Model
         | Command::Persona
         | Command::Prompt
@@ -73,7 +98,7 @@ pub(super) async fn answer(
             controls::answer(dispatcher, incoming, command, admin, rest, now).await?
         }
         Command::Allow | Command::Deny if !admin => texts::admins_only(command.name()),
-        Command::Allow | Command::Deny => match subject(incoming, &args) {
+        Command::Allow | Command::Deny => match subject(incoming, args) {
             Ok(subject) => {
                 let allowed = command == Command::Allow;
                 let rule = AccessRule {
@@ -92,7 +117,17 @@ pub(super) async fn answer(
             }
             Err(why) => why,
         },
-    };
+    })
+}
+
+/// Queue a command's answer, once per command message.
+async fn answered(
+    dispatcher: &Dispatcher,
+    incoming: &Incoming,
+    command: Command,
+    text: String,
+    now: Timestamp,
+) -> Result<(), StoreError> {
     tracing::info!(conversation = %incoming.conversation, command = command.name(), "command");
     notices::answer_message(dispatcher, incoming, text, command.name(), now).await
 }

@@ -263,6 +263,12 @@ pub async fn a_command_is_claimed_once(store: &dyn Store) {
             "exactly one of two at once claims {id}"
         );
     }
+    // A claim given back (its act failed) is claimed again by the redelivery.
+    store.release_command(&c2, "cmd1").await.unwrap();
+    assert!(
+        store.claim_command(&c2, "cmd1", at(2500)).await.unwrap(),
+        "given back"
+    );
     let days = crate::store::COMMAND_CLAIM_DAYS as u64 * 86_400_000;
     assert!(
         store

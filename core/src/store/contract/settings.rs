@@ -145,6 +145,14 @@ pub trait SettingStore: Send + Sync + 'static {
         now: Timestamp,
     ) -> Result<bool, StoreError>;
 
+    /// Give back the claim of a command whose act failed (nothing was changed), so its
+    /// redelivery acts. Deleting a claim that is not there is no error.
+    async fn release_command(
+        &self,
+        conversation: &ConversationRef,
+        message_id: &str,
+    ) -> Result<(), StoreError>;
+
     /// `LULL_IDLE_RESET`: if the conversation's last message arrived at or before
     /// `now - idle`, start a fresh context (as `/reset`: history is hidden, no message
     /// is dropped; pending ones are answered in the fresh context), and forget the group

@@ -295,6 +295,7 @@ CREATE TABLE command_claims (
     claimed_at BIGINT NOT NULL,
     PRIMARY KEY (platform, key, message_id)
 );
+CREATE INDEX command_claims_age ON command_claims (claimed_at);
 "#;
 
 /// SQLite's `V13_RHYTHM`: a conversation's rhythm (`rhythm::Rhythm`), learned at

@@ -272,6 +272,29 @@ impl SettingStore for PostgresStore {
         .await)
     }
 
+    async fn release_command(
+        &self,
+        conversation: &ConversationRef,
+        message_id: &str,
+    ) -> Result<(), StoreError> {
+        transaction!(
+            self,
+            Operation::Other,
+            "giving back a command's claim",
+            |tx| async {
+                execute(
+                &tx,
+                "DELETE FROM command_claims WHERE platform = $1 AND key = $2 AND message_id = $3",
+                &[&conversation.platform.as_str(), &conversation.key, &message_id],
+                "giving back a command's claim",
+            )
+            .await?;
+                Ok(())
+            }
+            .await
+        )
+    }
+
     async fn forget_if_idle(
         &self,
         conversation: &ConversationRef,

@@ -292,6 +292,7 @@ CREATE TABLE command_claims (
     claimed_at INTEGER NOT NULL,
     PRIMARY KEY (platform, key, message_id)
 );
+CREATE INDEX command_claims_age ON command_claims (claimed_at);
 "#;
 
 const V13_RHYTHM: &str = r#"

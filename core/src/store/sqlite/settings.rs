@@ -227,6 +227,29 @@ impl SettingStore for SqliteStore {
         .await
     }
 
+    async fn release_command(
+        &self,
+        conversation: &ConversationRef,
+        message_id: &str,
+    ) -> Result<(), StoreError> {
+        let conversation = conversation.clone();
+        let message_id = message_id.to_owned();
+        self.write("giving back a command's claim", move |tx| {
+            tx.prepare_cached(
+                "DELETE FROM command_claims WHERE platform = ?1 AND key = ?2 AND message_id = ?3",
+            )
+            .ctx("preparing a statement")?
+            .execute(params![
+                conversation.platform.as_str(),
+                conversation.key,
+                message_id
+            ])
+            .ctx("giving back a command's claim")?;
+            Ok(())
+        })
+        .await
+    }
+
     async fn forget_if_idle(
         &self,
         conversation: &ConversationRef,

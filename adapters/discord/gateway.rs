@@ -715,8 +715,13 @@ impl Feeder<'_> {
             for message in &mut page {
                 message.guild_id = message.guild_id.or(guild);
                 after = after.max(message.id.get());
-                // A mention missed while down is answered where it is, without a
-                // thread.
+                // A mention a thread was started from was stored in that thread's
+                // conversation when it came (the thread's id is the message's): not
+                // again here. A mention missed while down is answered where it is,
+                // without a thread.
+                if self.auto_thread && message.thread.is_some() {
+                    continue;
+                }
                 if let Some(incoming) = self.translated(message, recent.is_group) {
                     handed += 1;
                     self.store(incoming).await;

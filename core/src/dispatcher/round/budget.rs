@@ -67,14 +67,20 @@ impl Round<'_> {
         Ok(wallet::reserve(d, &lease, batch, prompt, rows, d.clock.now()).await?)
     }
 
-    /// Count what a generation whose reply never went out spent, under the lease.
+    /// Count what a generation whose reply never went out spent, under the lease. Only
+    /// a figure for `/usage` and the metrics: a failure to record it is logged and the
+    /// round goes on (its drop was already settled).
     pub(super) async fn count_dropped(
         &self,
         reserved: &Reserved,
         spent: Spent,
     ) -> Result<(), Interrupt> {
         let d = self.dispatcher;
-        wallet::count_dropped(d, &self.keeper.lease(), reserved, spent, d.clock.now()).await?;
+        let counted =
+            wallet::count_dropped(d, &self.keeper.lease(), reserved, spent, d.clock.now()).await;
+        if let Err(e) = counted {
+            tracing::warn!(conversation = %self.conversation, error = %e, "could not count the tokens of a dropped generation");
+        }
         Ok(())
     }
 

@@ -134,7 +134,9 @@ impl Scheduler {
             tokio::select! {
                 () = dispatcher.wake.notified() => {}
                 () = announced(armed_elsewhere.as_deref()) => {}
-                () = tokio::time::sleep(now.until(wake_at)) => {}
+                // Counted from now, not from the look's start: a slow look must not
+                // add its own length to the sleep.
+                () = tokio::time::sleep(dispatcher.clock.now().until(wake_at)) => {}
                 () = shutdown.cancelled() => break,
             }
             dispatcher.sleeping_until.store(i64::MAX, Ordering::SeqCst);

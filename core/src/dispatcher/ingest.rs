@@ -9,6 +9,7 @@ use crate::access::Sender;
 use crate::domain::{ConversationId, Timestamp};
 use crate::limits;
 use crate::metrics as names;
+use crate::store::{IdleForget, RateCheck, StoredBy};
 use crate::store::{IngestOutcome, MessageEdit, NewMessage, RateHold, RateWindow, StoreError};
 use crate::texts;
 
@@ -87,7 +88,11 @@ pub(super) async fn ingest(
     if let Some(idle) = settings.controls.idle_reset
         && incoming.kind == IncomingKind::New
         && store
-            .forget_if_idle(&incoming.conversation, idle, now)
+            .forget_if_idle(IdleForget {
+                conversation: &incoming.conversation,
+                idle,
+                now,
+            })
             .await
             .map_err(not_stored)?
     {
@@ -112,7 +117,7 @@ pub(super) async fn ingest(
                 message_id: incoming.message_id,
                 text,
             };
-            store.edit(edit, holder, now).await
+            store.edit(edit, StoredBy { holder, now }).await
         }
         // Kept (or dropped) at the top, never stored as a message; a message that
         // opened a thread is a new message by then (see `threads`).
@@ -140,7 +145,12 @@ pub(super) async fn ingest(
                 };
                 match dispatcher
                     .store
-                    .hold_over_rate(conversation, &limited.user_id, rate, now)
+                    .hold_over_rate(RateCheck {
+                        conversation,
+                        user_id: &limited.user_id,
+                        rate,
+                        now,
+                    })
                     .await
                 {
                     Ok(None) => {}

@@ -8,6 +8,7 @@ use lull_port::Incoming;
 
 use super::Dispatcher;
 use crate::domain::{ConversationRef, Timestamp};
+use crate::store::Enqueue;
 use crate::store::{Batch, NewNotice, OutboxRow, StoreError};
 
 /// Where a notice goes, and which message it answers.
@@ -63,7 +64,13 @@ impl<'a> Notice<'a> {
             reply_to: self.reply_to,
             dedupe_key,
         };
-        d.store.enqueue_notice(notice, &d.holder, now).await
+        d.store
+            .enqueue_notice(Enqueue {
+                notice,
+                holder: &d.holder,
+                now,
+            })
+            .await
     }
 }
 

@@ -46,6 +46,7 @@ use crate::domain::{ConversationRef, Lease, Timestamp};
 use crate::limits::{self, Limits};
 use crate::llm::{Generation, Prompt};
 use crate::metrics as names;
+use crate::store::LeaseCharge;
 use crate::store::{
     Batch, Charged, HeldOut, OutboxRow, PendingMessage, Reservation, ScopeCharge, StoreError,
     TokenCharge,
@@ -355,7 +356,15 @@ pub(super) async fn reserve(
         Reservation::Reserve,
         day.clone(),
     );
-    let (scope, used, limit) = match d.store.charge_tokens(lease, &charge, now).await? {
+    let (scope, used, limit) = match d
+        .store
+        .charge_tokens(LeaseCharge {
+            lease,
+            charge: &charge,
+            now,
+        })
+        .await?
+    {
         Charged::Charged => {
             if reply < limits.reply_tokens {
                 tracing::debug!(conversation = %batch.conversation, max_tokens = reply, "the reply is capped to what the token budget has left");
@@ -488,7 +497,13 @@ pub(super) async fn settle(
         },
         reserved.day.clone(),
     );
-    d.store.charge_tokens(lease, &charge, now).await?;
+    d.store
+        .charge_tokens(LeaseCharge {
+            lease,
+            charge: &charge,
+            now,
+        })
+        .await?;
     Ok(())
 }
 
@@ -518,7 +533,13 @@ pub(super) async fn count_dropped(
         hold_until: None,
         reservation: Reservation::None,
     };
-    d.store.charge_tokens(lease, &charge, now).await?;
+    d.store
+        .charge_tokens(LeaseCharge {
+            lease,
+            charge: &charge,
+            now,
+        })
+        .await?;
     Ok(())
 }
 
@@ -547,7 +568,15 @@ pub(super) async fn charge_transcription(
         Reservation::None,
         limits.timezone.day(now),
     );
-    let charged = d.store.charge_tokens(lease, &charge, now).await? == Charged::Charged;
+    let charged = d
+        .store
+        .charge_tokens(LeaseCharge {
+            lease,
+            charge: &charge,
+            now,
+        })
+        .await?
+        == Charged::Charged;
     if charged {
         metrics::counter!(names::TOKENS, "kind" => "transcription").increment(tokens as u64);
     }
@@ -576,7 +605,13 @@ pub(super) async fn refund_transcription(
         Reservation::None,
         limits.timezone.day(now),
     );
-    d.store.charge_tokens(lease, &charge, now).await?;
+    d.store
+        .charge_tokens(LeaseCharge {
+            lease,
+            charge: &charge,
+            now,
+        })
+        .await?;
     Ok(())
 }
 

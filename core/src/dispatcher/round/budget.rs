@@ -8,6 +8,7 @@ use crate::dispatcher::wallet::{self, Reserved, Spent};
 use crate::domain::Timestamp;
 use crate::llm::Prompt;
 use crate::metrics as names;
+use crate::store::GiveUp;
 use crate::store::{Batch, HeldOut, OutboxRow};
 
 impl Round<'_> {
@@ -45,7 +46,12 @@ impl Round<'_> {
             let text = wallet::refusal_text(d, &over, now);
             rows.extend(
                 d.store
-                    .give_up(&self.keeper.lease(), &collected, &text, d.clock.now())
+                    .give_up(GiveUp {
+                        lease: &self.keeper.lease(),
+                        batch: &collected,
+                        notice: &text,
+                        now: d.clock.now(),
+                    })
                     .await?,
             );
             return Ok(None);

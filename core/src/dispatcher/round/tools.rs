@@ -28,6 +28,7 @@ use crate::store::{
     ActionKey, ActionReservation, ActionRow, ActionState, Batch, NewAction, OutboxRow,
     canonical_json,
 };
+use crate::store::{ActionResult, BatchOf, Reserve};
 use crate::texts;
 use crate::tools::{CallOutcome, Effect, ToolSpec, Toolbox, Users};
 
@@ -99,7 +100,10 @@ impl Round<'_> {
         {
             let taken = d
                 .store
-                .actions_of_batch(self.conversation, first.row)
+                .actions_of_batch(BatchOf {
+                    conversation: self.conversation,
+                    batch: first.row,
+                })
                 .await?;
             let lines = action_lines(&taken);
             if !lines.is_empty() {
@@ -325,7 +329,12 @@ impl Round<'_> {
             let lease = self.keeper.lease();
             let reservation = d
                 .store
-                .reserve_action(&lease, batch.v0, action, now)
+                .reserve_action(Reserve {
+                    lease: &lease,
+                    v0: batch.v0,
+                    action,
+                    now,
+                })
                 .await?;
             match reservation {
                 ActionReservation::Reserved(row) => {
@@ -460,7 +469,13 @@ impl Round<'_> {
         loop {
             match d
                 .store
-                .finish_action(key, token, text, is_error, d.clock.now())
+                .finish_action(ActionResult {
+                    key,
+                    token,
+                    result: text,
+                    is_error,
+                    now: d.clock.now(),
+                })
                 .await
             {
                 Ok(true) => return,
@@ -501,7 +516,10 @@ impl Round<'_> {
         }
         let mut taken = d
             .store
-            .actions_of_batch(self.conversation, first.row)
+            .actions_of_batch(BatchOf {
+                conversation: self.conversation,
+                batch: first.row,
+            })
             .await?;
         taken.extend(decided.iter().cloned());
         let lines = action_lines(&taken);

@@ -15,6 +15,10 @@ use crate::store::{
     NewReply, OutboxKind, RateHold, RateWindow, Reservation, ScopeCharge, Store, Subject,
     TokenCharge,
 };
+use crate::store::{
+    ContextReset, ConversationAt, LeaseCharge, LeaseRelease, RateCheck, ReplyCommit, RoundClaim,
+    StoredBy,
+};
 
 /// Rate limit: past `max` messages of one user within the window (across their
 /// conversations on the platform; other users and platforms apart), the
@@ -30,13 +34,26 @@ pub async fn a_rate_limit_holds_the_conversation_until_the_window_has_room(store
     let (c1, c2) = (http("c1"), http("c2"));
     let (id1, _, _) = stored(store, message(c1.clone(), "m1"), &a, at(0)).await;
     assert_eq!(
-        store.hold_over_rate(id1, "u1", rate, at(0)).await.unwrap(),
+        store
+            .hold_over_rate(RateCheck {
+                conversation: id1,
+                user_id: "u1",
+                rate,
+                now: at(0)
+            })
+            .await
+            .unwrap(),
         None
     );
     let (id2, _, _) = stored(store, message(c2.clone(), "m2"), &a, at(1000)).await;
     assert_eq!(
         store
-            .hold_over_rate(id2, "u1", rate, at(1000))
+            .hold_over_rate(RateCheck {
+                conversation: id2,
+                user_id: "u1",
+                rate,
+                now: at(1000)
+            })
             .await
             .unwrap(),
         None,
@@ -47,7 +64,12 @@ pub async fn a_rate_limit_holds_the_conversation_until_the_window_has_room(store
     stored(store, other, &a, at(1500)).await;
     assert_eq!(
         store
-            .hold_over_rate(id1, "u2", rate, at(1500))
+            .hold_over_rate(RateCheck {
+                conversation: id1,
+                user_id: "u2",
+                rate,
+                now: at(1500)
+            })
             .await
             .unwrap(),
         None,
@@ -55,7 +77,12 @@ pub async fn a_rate_limit_holds_the_conversation_until_the_window_has_room(store
     );
     let (_, _, _) = stored(store, message(c1.clone(), "m3"), &a, at(2000)).await;
     let hold = store
-        .hold_over_rate(id1, "u1", rate, at(2000))
+        .hold_over_rate(RateCheck {
+            conversation: id1,
+            user_id: "u1",
+            rate,
+            now: at(2000),
+        })
         .await
         .unwrap();
     assert_eq!(
@@ -76,7 +103,12 @@ pub async fn a_rate_limit_holds_the_conversation_until_the_window_has_room(store
     );
     assert_eq!(
         store
-            .hold_over_rate(id1, "u1", rate, at(3000))
+            .hold_over_rate(RateCheck {
+                conversation: id1,
+                user_id: "u1",
+                rate,
+                now: at(3000)
+            })
             .await
             .unwrap(),
         Some(RateHold {
@@ -89,7 +121,15 @@ pub async fn a_rate_limit_holds_the_conversation_until_the_window_has_room(store
         pending_ids(&collect(store, id1).await),
         ["m1", "m-other", "m3", "m4"]
     );
-    store.reset_context(&c1, false, &a, at(3500)).await.unwrap();
+    store
+        .reset_context(ContextReset {
+            conversation: &c1,
+            is_group: false,
+            holder: &a,
+            now: at(3500),
+        })
+        .await
+        .unwrap();
     let timer = collect(store, id1).await.timer.expect("armed");
     assert_eq!(timer.due_at, at(60_000), "/reset is no way around a hold");
     let query = query(&a, 10);
@@ -103,7 +143,12 @@ pub async fn a_rate_limit_holds_the_conversation_until_the_window_has_room(store
     let (id3, _, _) = stored(store, telegram, &a, at(4000)).await;
     assert_eq!(
         store
-            .hold_over_rate(id3, "u1", rate, at(4000))
+            .hold_over_rate(RateCheck {
+                conversation: id3,
+                user_id: "u1",
+                rate,
+                now: at(4000)
+            })
             .await
             .unwrap(),
         None,
@@ -127,14 +172,42 @@ pub async fn edits_count_in_the_rate_window(store: &dyn Store) {
         message_id: "m1".into(),
         text: text.into(),
     };
-    let hold = async |now: Timestamp| store.hold_over_rate(id, "u1", rate, now).await.unwrap();
+    let hold = async |now: Timestamp| {
+        store
+            .hold_over_rate(RateCheck {
+                conversation: id,
+                user_id: "u1",
+                rate,
+                now,
+            })
+            .await
+            .unwrap()
+    };
     assert!(matches!(
-        store.edit(edit("first edit"), &a, at(100)).await.unwrap(),
+        store
+            .edit(
+                edit("first edit"),
+                StoredBy {
+                    holder: &a,
+                    now: at(100)
+                }
+            )
+            .await
+            .unwrap(),
         IngestOutcome::Stored { .. }
     ));
     assert_eq!(hold(at(100)).await, None, "a message and an edit: two");
     assert_eq!(
-        store.edit(edit("first edit"), &a, at(150)).await.unwrap(),
+        store
+            .edit(
+                edit("first edit"),
+                StoredBy {
+                    holder: &a,
+                    now: at(150)
+                }
+            )
+            .await
+            .unwrap(),
         IngestOutcome::EditIgnored
     );
     assert_eq!(
@@ -143,7 +216,16 @@ pub async fn edits_count_in_the_rate_window(store: &dyn Store) {
         "an ignored edit counts for nothing"
     );
     assert!(matches!(
-        store.edit(edit("second edit"), &a, at(200)).await.unwrap(),
+        store
+            .edit(
+                edit("second edit"),
+                StoredBy {
+                    holder: &a,
+                    now: at(200)
+                }
+            )
+            .await
+            .unwrap(),
         IngestOutcome::Stored { .. }
     ));
     assert_eq!(
@@ -198,7 +280,14 @@ pub async fn a_token_charge_is_all_or_nothing_and_fenced(store: &dyn Store) {
         scope("bot", 600, Some(5000)),
     ]);
     assert_eq!(
-        store.charge_tokens(&lease, &first, at(1000)).await.unwrap(),
+        store
+            .charge_tokens(LeaseCharge {
+                lease: &lease,
+                charge: &first,
+                now: at(1000)
+            })
+            .await
+            .unwrap(),
         Charged::Charged
     );
     assert_eq!(
@@ -210,7 +299,14 @@ pub async fn a_token_charge_is_all_or_nothing_and_fenced(store: &dyn Store) {
         scope("user:http:u1", 500, Some(1000)),
     ]);
     assert_eq!(
-        store.charge_tokens(&lease, &over, at(1100)).await.unwrap(),
+        store
+            .charge_tokens(LeaseCharge {
+                lease: &lease,
+                charge: &over,
+                now: at(1100)
+            })
+            .await
+            .unwrap(),
         Charged::Over {
             scope: "user:http:u1".into(),
             used: 600,
@@ -227,7 +323,11 @@ pub async fn a_token_charge_is_all_or_nothing_and_fenced(store: &dyn Store) {
     let give_back = charge(vec![scope("user:http:u1", -700, Some(1000))]);
     assert_eq!(
         store
-            .charge_tokens(&lease, &give_back, at(1200))
+            .charge_tokens(LeaseCharge {
+                lease: &lease,
+                charge: &give_back,
+                now: at(1200)
+            })
             .await
             .unwrap(),
         Charged::Charged
@@ -242,7 +342,11 @@ pub async fn a_token_charge_is_all_or_nothing_and_fenced(store: &dyn Store) {
     let taker = claimed(store, id, &b, lease.expires_at).await;
     lost(
         store
-            .charge_tokens(&lease, &first, lease.expires_at.plus(ms(1)))
+            .charge_tokens(LeaseCharge {
+                lease: &lease,
+                charge: &first,
+                now: lease.expires_at.plus(ms(1)),
+            })
             .await,
         "a charge of the replaced holder",
     );
@@ -263,11 +367,13 @@ pub async fn concurrent_token_charges_never_pass_a_budget(store: &dyn Store) {
         scope("user:http:u1", 400, Some(1000)),
         scope("bot", 400, None),
     ]);
-    let results = futures_util::future::join_all(
-        leases
-            .iter()
-            .map(|lease| store.charge_tokens(lease, &each, at(1500))),
-    )
+    let results = futures_util::future::join_all(leases.iter().map(|lease| {
+        store.charge_tokens(LeaseCharge {
+            lease,
+            charge: &each,
+            now: at(1500),
+        })
+    }))
     .await;
     let charged = results
         .into_iter()
@@ -364,7 +470,11 @@ pub async fn charges_naming_their_scopes_in_any_order_never_deadlock(store: &dyn
         let results =
             futures_util::future::join_all(leases.iter().enumerate().map(|(n, lease)| {
                 let charge = if n % 2 == 0 { &reserve } else { &settle };
-                store.charge_tokens(lease, charge, at(1500))
+                store.charge_tokens(LeaseCharge {
+                    lease,
+                    charge,
+                    now: at(1500),
+                })
             }))
             .await;
         slowest = slowest.max(started.elapsed());
@@ -398,7 +508,14 @@ pub async fn a_refused_charge_without_a_hold_holds_nothing(store: &dyn Store) {
         ..charge(vec![scope("user:http:u1", 500, Some(100))])
     };
     assert_eq!(
-        store.charge_tokens(&lease, &over, at(1100)).await.unwrap(),
+        store
+            .charge_tokens(LeaseCharge {
+                lease: &lease,
+                charge: &over,
+                now: at(1100)
+            })
+            .await
+            .unwrap(),
         Charged::Over {
             scope: "user:http:u1".into(),
             used: 0,
@@ -422,7 +539,14 @@ pub async fn an_abandoned_reservation_is_given_back_at_the_next_claim_on_its_day
         scope("user:http:u1", 100, None),
         scope("bot", 100, None),
     ]);
-    store.charge_tokens(&lease, &spent, at(1000)).await.unwrap();
+    store
+        .charge_tokens(LeaseCharge {
+            lease: &lease,
+            charge: &spent,
+            now: at(1000),
+        })
+        .await
+        .unwrap();
     let reserved = reservation(
         vec![
             scope("user:http:u1", 500, Some(1000)),
@@ -432,7 +556,11 @@ pub async fn an_abandoned_reservation_is_given_back_at_the_next_claim_on_its_day
     );
     assert_eq!(
         store
-            .charge_tokens(&lease, &reserved, at(1100))
+            .charge_tokens(LeaseCharge {
+                lease: &lease,
+                charge: &reserved,
+                now: at(1100)
+            })
             .await
             .unwrap(),
         Charged::Charged
@@ -442,7 +570,11 @@ pub async fn an_abandoned_reservation_is_given_back_at_the_next_claim_on_its_day
         ..charge(vec![scope("bot", 50, None)])
     };
     store
-        .charge_tokens(&lease, &next_day, at(1100))
+        .charge_tokens(LeaseCharge {
+            lease: &lease,
+            charge: &next_day,
+            now: at(1100),
+        })
         .await
         .unwrap();
     assert_eq!(
@@ -453,7 +585,13 @@ pub async fn an_abandoned_reservation_is_given_back_at_the_next_claim_on_its_day
     // The holder is gone; the next claim (a day later) gives the reservation back.
     let later = lease.expires_at.plus(Duration::from_secs(86_400));
     let claimed = store
-        .claim_round(id, &b, TTL, 10, later)
+        .claim_round(RoundClaim {
+            conversation: id,
+            holder: &b,
+            ttl: TTL,
+            history: 10,
+            now: later,
+        })
         .await
         .unwrap()
         .expect("the lease expired");
@@ -465,11 +603,21 @@ pub async fn an_abandoned_reservation_is_given_back_at_the_next_claim_on_its_day
     assert_eq!(usage(store, "2026-12-02", &["bot"]).await, [50]);
 
     store
-        .release_lease(&claimed.lease, None, later)
+        .release_lease(LeaseRelease {
+            lease: &claimed.lease,
+            last_sent: None,
+            now: later,
+        })
         .await
         .unwrap();
     store
-        .claim_round(id, &c, TTL, 10, later)
+        .claim_round(RoundClaim {
+            conversation: id,
+            holder: &c,
+            ttl: TTL,
+            history: 10,
+            now: later,
+        })
         .await
         .unwrap()
         .expect("released");
@@ -490,17 +638,31 @@ pub async fn a_settled_reservation_is_not_given_back(store: &dyn Store) {
         Reservation::Reserve,
     );
     store
-        .charge_tokens(&lease, &reserved, at(1100))
+        .charge_tokens(LeaseCharge {
+            lease: &lease,
+            charge: &reserved,
+            now: at(1100),
+        })
         .await
         .unwrap();
     let settled = reservation(vec![scope("user:http:u1", -300, None)], Reservation::Settle);
     store
-        .charge_tokens(&lease, &settled, at(1200))
+        .charge_tokens(LeaseCharge {
+            lease: &lease,
+            charge: &settled,
+            now: at(1200),
+        })
         .await
         .unwrap();
     assert_eq!(usage(store, "2026-12-01", &["user:http:u1"]).await, [200]);
     store
-        .claim_round(id, &b, TTL, 10, lease.expires_at)
+        .claim_round(RoundClaim {
+            conversation: id,
+            holder: &b,
+            ttl: TTL,
+            history: 10,
+            now: lease.expires_at,
+        })
         .await
         .unwrap()
         .expect("the lease expired");
@@ -545,15 +707,15 @@ pub async fn held_out_messages_are_covered_by_their_notice_with_the_reply(store:
     let batch = collect(store, id).await;
     let (answered, held) = without(&batch, "u1");
     let outcome = store
-        .commit_reply(
-            &lease,
-            &answered,
-            NewReply {
+        .commit_reply(ReplyCommit {
+            lease: &lease,
+            batch: &answered,
+            reply: NewReply {
                 held_out: vec![held],
                 ..reply("answer to u2")
             },
-            at(1200),
-        )
+            now: at(1200),
+        })
         .await
         .unwrap();
     let CommitOutcome::Committed {
@@ -573,7 +735,13 @@ pub async fn held_out_messages_are_covered_by_their_notice_with_the_reply(store:
         (OutboxKind::Notice, "u1: not enough left", Some("m3"))
     );
     assert_eq!(notices[0].covers, ["m1", "m3"]);
-    let rows = store.due_outbox(id, at(1200)).await.unwrap();
+    let rows = store
+        .due_outbox(ConversationAt {
+            conversation: id,
+            now: at(1200),
+        })
+        .await
+        .unwrap();
     let ids: Vec<OutboxId> = rows.iter().map(|r| r.id).collect();
     assert_eq!(
         ids,
@@ -601,21 +769,30 @@ pub async fn a_stale_reply_stores_no_held_out_notice(store: &dyn Store) {
     stored(store, group_message(&group, "m3", "u2"), &a, at(1150)).await;
     let (answered, held) = without(&batch, "u1");
     let outcome = store
-        .commit_reply(
-            &lease,
-            &answered,
-            NewReply {
+        .commit_reply(ReplyCommit {
+            lease: &lease,
+            batch: &answered,
+            reply: NewReply {
                 held_out: vec![held],
                 ..reply("stale")
             },
-            at(1200),
-        )
+            now: at(1200),
+        })
         .await
         .unwrap();
     assert!(
         matches!(outcome, CommitOutcome::Stale { .. }),
         "{outcome:?}"
     );
-    assert!(store.due_outbox(id, at(1200)).await.unwrap().is_empty());
+    assert!(
+        store
+            .due_outbox(ConversationAt {
+                conversation: id,
+                now: at(1200)
+            })
+            .await
+            .unwrap()
+            .is_empty()
+    );
     assert_eq!(pending_ids(&collect(store, id).await), ["m1", "m2", "m3"]);
 }

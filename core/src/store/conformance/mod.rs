@@ -49,6 +49,7 @@ use crate::domain::{
     ConversationId, ConversationRef, HolderId, Lease, LeaseKey, OutboxId, Platform, Timestamp,
     Version,
 };
+use crate::store::{LeaseClaim, ReplyCommit};
 use crate::timing::TimerPolicy;
 use std::time::Duration;
 
@@ -239,7 +240,12 @@ async fn stored(
 
 async fn claim(store: &dyn Store, key: &LeaseKey, by: &HolderId, now: Timestamp) -> Option<Lease> {
     store
-        .claim_lease(key, by, TTL, now)
+        .claim_lease(LeaseClaim {
+            key,
+            holder: by,
+            ttl: TTL,
+            now,
+        })
         .await
         .expect("claiming a lease")
 }
@@ -297,7 +303,15 @@ async fn committed(
     text: &str,
     now: Timestamp,
 ) -> (OutboxId, bool) {
-    match store.commit_reply(lease, batch, reply(text), now).await {
+    match store
+        .commit_reply(ReplyCommit {
+            lease,
+            batch,
+            reply: reply(text),
+            now,
+        })
+        .await
+    {
         Ok(CommitOutcome::Committed { outbox, forced, .. }) => (outbox.id, forced),
         other => panic!("the reply {text:?} was not committed: {other:?}"),
     }
@@ -305,7 +319,15 @@ async fn committed(
 
 /// Commit a reply that must be refused as stale: the version the conversation is at.
 async fn stale(store: &dyn Store, lease: &Lease, batch: &Batch, now: Timestamp) -> Version {
-    match store.commit_reply(lease, batch, reply("stale"), now).await {
+    match store
+        .commit_reply(ReplyCommit {
+            lease,
+            batch,
+            reply: reply("stale"),
+            now,
+        })
+        .await
+    {
         Ok(CommitOutcome::Stale { version }) => version,
         other => panic!("the reply was not stale: {other:?}"),
     }

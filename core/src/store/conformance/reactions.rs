@@ -3,6 +3,7 @@
 
 use super::{at, committed, holder, http, message, round, stored};
 use crate::store::Store;
+use crate::store::{AckOf, AcksCovered};
 
 /// The first message of a burst claims its ack, the others do not; once the burst is
 /// answered the next message starts a burst that claims its own; a delivered reply
@@ -11,25 +12,104 @@ pub async fn an_ack_is_claimed_once_per_burst_and_taken_once(store: &dyn Store) 
     let a = holder("a");
     let (id, lease, batch) = round(store, &http("c1"), &a, &["m1", "m2"], at(1000)).await;
     assert!(
-        store.claim_ack(id, "m1").await.unwrap(),
+        store
+            .claim_ack(AckOf {
+                conversation: id,
+                message_id: "m1"
+            })
+            .await
+            .unwrap(),
         "the burst's first"
     );
-    assert!(!store.claim_ack(id, "m2").await.unwrap(), "one per burst");
-    assert!(!store.claim_ack(id, "m1").await.unwrap(), "claimed once");
-    assert!(store.ack_open(id, "m1").await.unwrap());
-    assert!(!store.ack_open(id, "m2").await.unwrap());
+    assert!(
+        !store
+            .claim_ack(AckOf {
+                conversation: id,
+                message_id: "m2"
+            })
+            .await
+            .unwrap(),
+        "one per burst"
+    );
+    assert!(
+        !store
+            .claim_ack(AckOf {
+                conversation: id,
+                message_id: "m1"
+            })
+            .await
+            .unwrap(),
+        "claimed once"
+    );
+    assert!(
+        store
+            .ack_open(AckOf {
+                conversation: id,
+                message_id: "m1"
+            })
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .ack_open(AckOf {
+                conversation: id,
+                message_id: "m2"
+            })
+            .await
+            .unwrap()
+    );
     committed(store, &lease, &batch, "reply", at(1100)).await;
     stored(store, message(http("c1"), "m3"), &a, at(1200)).await;
     assert!(
-        store.claim_ack(id, "m3").await.unwrap(),
+        store
+            .claim_ack(AckOf {
+                conversation: id,
+                message_id: "m3"
+            })
+            .await
+            .unwrap(),
         "a new burst claims its own"
     );
     let covers = ["m1".to_owned(), "m2".to_owned()];
-    assert_eq!(store.take_acks(id, &covers).await.unwrap(), ["m1"]);
-    assert!(store.take_acks(id, &covers).await.unwrap().is_empty());
-    assert!(!store.ack_open(id, "m1").await.unwrap(), "taken");
+    assert_eq!(
+        store
+            .take_acks(AcksCovered {
+                conversation: id,
+                covers: &covers
+            })
+            .await
+            .unwrap(),
+        ["m1"]
+    );
     assert!(
-        store.ack_open(id, "m3").await.unwrap(),
+        store
+            .take_acks(AcksCovered {
+                conversation: id,
+                covers: &covers
+            })
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        !store
+            .ack_open(AckOf {
+                conversation: id,
+                message_id: "m1"
+            })
+            .await
+            .unwrap(),
+        "taken"
+    );
+    assert!(
+        store
+            .ack_open(AckOf {
+                conversation: id,
+                message_id: "m3"
+            })
+            .await
+            .unwrap(),
         "the next burst's stays"
     );
 }
@@ -40,9 +120,33 @@ pub async fn an_answered_message_claims_no_ack(store: &dyn Store) {
     let a = holder("a");
     let (id, lease, batch) = round(store, &http("c1"), &a, &["m1"], at(1000)).await;
     committed(store, &lease, &batch, "reply", at(1100)).await;
-    assert!(!store.claim_ack(id, "m1").await.unwrap());
-    assert!(!store.claim_ack(id, "nope").await.unwrap());
-    assert!(!store.ack_open(id, "m1").await.unwrap());
+    assert!(
+        !store
+            .claim_ack(AckOf {
+                conversation: id,
+                message_id: "m1"
+            })
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .claim_ack(AckOf {
+                conversation: id,
+                message_id: "nope"
+            })
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .ack_open(AckOf {
+                conversation: id,
+                message_id: "m1"
+            })
+            .await
+            .unwrap()
+    );
 }
 
 /// Claims of one burst at once (two processes storing its messages) claim it once.
@@ -60,9 +164,18 @@ pub async fn concurrent_claims_of_one_burst_claim_once(store: &dyn Store) {
         }
         let id = id.unwrap();
         let (one, two, three) = tokio::join!(
-            store.claim_ack(id, "m1"),
-            store.claim_ack(id, "m2"),
-            store.claim_ack(id, "m3"),
+            store.claim_ack(AckOf {
+                conversation: id,
+                message_id: "m1"
+            }),
+            store.claim_ack(AckOf {
+                conversation: id,
+                message_id: "m2"
+            }),
+            store.claim_ack(AckOf {
+                conversation: id,
+                message_id: "m3"
+            }),
         );
         let claims = [one.unwrap(), two.unwrap(), three.unwrap()];
         assert_eq!(claims.iter().filter(|c| **c).count(), 1, "{claims:?}");

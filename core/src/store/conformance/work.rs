@@ -3,6 +3,7 @@
 use super::{at, claimed, collect, committed, due, holder, http, message, query, round, stored};
 use crate::domain::{ConversationRef, Platform};
 use crate::store::{DueWork, Store, WorkQuery};
+use crate::store::{LeaseRelease, PartSent};
 
 /// A process's own timers are due at once; another's only a hand-off later; other
 /// platforms' timers never; the earliest future deadline is reported; `limit` holds.
@@ -60,7 +61,11 @@ pub async fn due_work_leaves_leased_conversations_alone(store: &dyn Store) {
         "an expired lease excludes no one"
     );
     store
-        .release_lease(&lease, None, lease.expires_at)
+        .release_lease(LeaseRelease {
+            lease: &lease,
+            last_sent: None,
+            now: lease.expires_at,
+        })
         .await
         .unwrap();
     assert_eq!(
@@ -78,7 +83,11 @@ pub async fn due_work_includes_undelivered_outbox_rows(store: &dyn Store) {
     let leased = due(store, &query(&b, 10), at(1000)).await;
     assert!(leased.ready.is_empty(), "the holder is delivering it");
     store
-        .release_lease(&lease, None, lease.expires_at)
+        .release_lease(LeaseRelease {
+            lease: &lease,
+            last_sent: None,
+            now: lease.expires_at,
+        })
         .await
         .unwrap();
     assert_eq!(
@@ -89,7 +98,17 @@ pub async fn due_work_includes_undelivered_outbox_rows(store: &dyn Store) {
     let other = due(store, &query(&a, 10), at(1000)).await;
     assert_eq!((other.ready, other.next_at), (vec![], Some(at(1500))));
     assert_eq!(due(store, &query(&a, 10), at(1500)).await.ready, [id]);
-    store.mark_sent(outbox, 1, true, at(1600)).await.unwrap();
+    store
+        .mark_sent(
+            PartSent {
+                outbox,
+                parts_sent: 1,
+                done: true,
+            },
+            at(1600),
+        )
+        .await
+        .unwrap();
     assert_eq!(
         due(store, &query(&a, 10), at(1600)).await,
         DueWork::default()
@@ -116,7 +135,17 @@ pub async fn settled_and_pending_conversations(store: &dyn Store) {
         Some(false),
         "undelivered"
     );
-    store.mark_sent(outbox, 1, true, at(1100)).await.unwrap();
+    store
+        .mark_sent(
+            PartSent {
+                outbox,
+                parts_sent: 1,
+                done: true,
+            },
+            at(1100),
+        )
+        .await
+        .unwrap();
     assert_eq!(store.is_settled(&c1).await.unwrap(), Some(true));
 }
 

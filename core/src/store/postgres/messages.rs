@@ -9,6 +9,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::domain::{ConversationId, ConversationRef, HolderId, Platform, Timestamp, Version};
 use crate::rhythm::{Cue, Waits};
 use crate::store::faults::Operation;
+use crate::store::{ContextReset, RecentQuery, StoredBy};
 use crate::store::{
     IngestOutcome, MessageEdit, MessageStore, NewMessage, RecentConversation, StoreError,
 };
@@ -78,16 +79,11 @@ impl MessageStore for PostgresStore {
         })
     }
 
-    async fn edit(
-        &self,
-        edit: MessageEdit,
-        holder: &HolderId,
-        now: Timestamp,
-    ) -> Result<IngestOutcome, StoreError> {
+    async fn edit(&self, edit: MessageEdit, by: StoredBy<'_>) -> Result<IngestOutcome, StoreError> {
         let policy = self.timers;
         transaction!(self, Operation::Intake, "editing a message", |tx| {
             async {
-                let now = self.now(&tx, now).await?;
+                let now = self.now(&tx, by.now).await?;
                 let found = query_opt(
                     &tx,
                     "SELECT id, answered_version FROM conversations WHERE platform = $1 AND key = $2 FOR UPDATE",
@@ -124,7 +120,7 @@ impl MessageStore for PostgresStore {
                 let conversation = ConversationId(id);
                 let cue = Cue::of(&edit.text, 0);
                 let (version, due_at) =
-                    bump_and_arm(&tx, conversation, edit.conversation.platform, policy, cue, holder, now.db).await?;
+                    bump_and_arm(&tx, conversation, edit.conversation.platform, policy, cue, by.holder, now.db).await?;
                 Ok(IngestOutcome::Stored {
                     conversation,
                     version,
@@ -135,17 +131,12 @@ impl MessageStore for PostgresStore {
         })
     }
 
-    async fn reset_context(
-        &self,
-        conversation: &ConversationRef,
-        is_group: bool,
-        holder: &HolderId,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
+    async fn reset_context(&self, reset: ContextReset<'_>) -> Result<(), StoreError> {
         transaction!(self, Operation::Other, "resetting the context", |tx| {
             async {
-                let now = self.now(&tx, now).await?;
-                let id = upsert_conversation(&tx, conversation, is_group, now.db).await?;
+                let now = self.now(&tx, reset.now).await?;
+                let id =
+                    upsert_conversation(&tx, reset.conversation, reset.is_group, now.db).await?;
                 execute(
                     &tx,
                     "UPDATE conversations SET context_version = version WHERE id = $1",
@@ -167,7 +158,7 @@ impl MessageStore for PostgresStore {
                     "UPDATE timers SET attempts = 0, retry_at = 0, armed_by = $3,
                      due_at = GREATEST(LEAST(due_at, $2), held_until)
                  WHERE conversation_id = $1",
-                    &[&id.0, &now.db.0, &holder.as_str()],
+                    &[&id.0, &now.db.0, &reset.holder.as_str()],
                     "clearing the failure backoff",
                 )
                 .await?;
@@ -179,9 +170,7 @@ impl MessageStore for PostgresStore {
 
     async fn recent_conversations(
         &self,
-        platform: Platform,
-        since: Timestamp,
-        limit: usize,
+        asked: RecentQuery,
     ) -> Result<Vec<RecentConversation>, StoreError> {
         transaction!(
             self,
@@ -191,8 +180,8 @@ impl MessageStore for PostgresStore {
                 async {
                     let now = self.now(&tx, SystemClock.now()).await?;
                     let since = match self.time {
-                        TimeSource::Database => now.to_db(since),
-                        TimeSource::Caller => since,
+                        TimeSource::Database => now.to_db(asked.since),
+                        TimeSource::Caller => asked.since,
                     };
                     // No loss: catch-up resumes after the message stored last (the highest row
                     // id), never after one that merely has a larger platform id.
@@ -204,14 +193,14 @@ impl MessageStore for PostgresStore {
                          WHERE c.platform = $1 AND m.received_at >= $2
                          ORDER BY m.received_at DESC, m.id DESC
                          LIMIT $3",
-                        &[&platform.as_str(), &since.0, &(limit as i64)],
+                        &[&asked.platform.as_str(), &since.0, &(asked.limit as i64)],
                         "finding recent conversations",
                     )
                     .await?;
                     Ok(rows
                         .into_iter()
                         .map(|r| RecentConversation {
-                            conversation: ConversationRef::new(platform, r.get::<_, String>(0)),
+                            conversation: ConversationRef::new(asked.platform, r.get::<_, String>(0)),
                             is_group: r.get(1),
                             last_message_id: r.get(2),
                         })

@@ -8,6 +8,7 @@ use super::sql::Context;
 use crate::domain::{ConversationId, ConversationRef, HolderId, Platform, Timestamp, Version};
 use crate::rhythm::{Cue, Waits};
 use crate::store::faults::Operation;
+use crate::store::{ContextReset, RecentQuery, StoredBy};
 use crate::store::{
     IngestOutcome, MessageEdit, MessageStore, NewMessage, RecentConversation, StoreError,
 };
@@ -61,13 +62,8 @@ impl MessageStore for SqliteStore {
         .await
     }
 
-    async fn edit(
-        &self,
-        edit: MessageEdit,
-        holder: &HolderId,
-        now: Timestamp,
-    ) -> Result<IngestOutcome, StoreError> {
-        let holder = holder.clone();
+    async fn edit(&self, edit: MessageEdit, by: StoredBy<'_>) -> Result<IngestOutcome, StoreError> {
+        let holder = by.holder.clone();
         let policy = self.timers;
         self.write_as(Operation::Intake, "editing a message", move |tx| {
             let found: Option<(i64, i64)> = tx
@@ -104,12 +100,12 @@ impl MessageStore for SqliteStore {
                  SELECT id, user_id, ?3, ?4 FROM messages WHERE conversation_id = ?1 AND platform_message_id = ?2",
             )
             .ctx("preparing a statement")?
-            .execute(params![id, edit.message_id, edit.conversation.platform.as_str(), now.0])
+            .execute(params![id, edit.message_id, edit.conversation.platform.as_str(), by.now.0])
             .ctx("recording an edit")?;
             let conversation = ConversationId(id);
             let cue = Cue::of(&edit.text, 0);
             let (version, due_at) =
-                bump_and_arm(tx, conversation, edit.conversation.platform, policy, cue, &holder, now)?;
+                bump_and_arm(tx, conversation, edit.conversation.platform, policy, cue, &holder, by.now)?;
             Ok(IngestOutcome::Stored {
                 conversation,
                 version,
@@ -119,17 +115,11 @@ impl MessageStore for SqliteStore {
         .await
     }
 
-    async fn reset_context(
-        &self,
-        conversation: &ConversationRef,
-        is_group: bool,
-        holder: &HolderId,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
-        let conversation = conversation.clone();
-        let holder = holder.clone();
+    async fn reset_context(&self, reset: ContextReset<'_>) -> Result<(), StoreError> {
+        let conversation = reset.conversation.clone();
+        let holder = reset.holder.clone();
         self.write("resetting the context", move |tx| {
-            let id = upsert_conversation(tx, &conversation, is_group, now)?;
+            let id = upsert_conversation(tx, &conversation, reset.is_group, reset.now)?;
             tx.prepare_cached("UPDATE conversations SET context_version = version WHERE id = ?1")
                 .ctx("preparing a statement")?
                 .execute([id.0])
@@ -147,7 +137,7 @@ impl MessageStore for SqliteStore {
                  WHERE conversation_id = ?1",
             )
             .ctx("preparing a statement")?
-            .execute(params![id.0, now.0, holder.as_str()])
+            .execute(params![id.0, reset.now.0, holder.as_str()])
             .ctx("clearing the failure backoff")?;
             Ok(())
         })
@@ -156,9 +146,7 @@ impl MessageStore for SqliteStore {
 
     async fn recent_conversations(
         &self,
-        platform: Platform,
-        since: Timestamp,
-        limit: usize,
+        asked: RecentQuery,
     ) -> Result<Vec<RecentConversation>, StoreError> {
         self.with_conn(move |conn| {
             // No loss: catch-up resumes after the message stored last (the highest row
@@ -173,9 +161,9 @@ impl MessageStore for SqliteStore {
                      LIMIT ?3",
                 )
                 .ctx("finding recent conversations")?;
-            stmt.query_map(params![platform.as_str(), since.0, limit as i64], |r| {
+            stmt.query_map(params![asked.platform.as_str(), asked.since.0, asked.limit as i64], |r| {
                 Ok(RecentConversation {
-                    conversation: ConversationRef::new(platform, r.get::<_, String>(0)?),
+                    conversation: ConversationRef::new(asked.platform, r.get::<_, String>(0)?),
                     is_group: r.get(1)?,
                     last_message_id: r.get(2)?,
                 })

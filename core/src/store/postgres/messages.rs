@@ -6,14 +6,14 @@ use super::clock::TimeSource;
 use super::sql::{Tx, execute, query, query_one, query_opt};
 use super::{CHANNEL, PostgresStore};
 use crate::clock::{Clock, SystemClock};
-use crate::domain::{ConversationId, ConversationRef, HolderId, Platform, Timestamp, Version};
+use crate::domain::{ConversationId, ConversationRef, HolderId, Timestamp, Version};
 use crate::rhythm::{Cue, Waits};
 use crate::store::faults::Operation;
+use crate::store::rules::Arming;
 use crate::store::{ContextReset, RecentQuery, StoredBy};
 use crate::store::{
     IngestOutcome, MessageEdit, MessageStore, NewMessage, RecentConversation, StoreError,
 };
-use crate::timing::TimerPolicy;
 
 #[async_trait]
 impl MessageStore for PostgresStore {
@@ -119,8 +119,9 @@ impl MessageStore for PostgresStore {
                 .await?;
                 let conversation = ConversationId(id);
                 let cue = Cue::of(&edit.text, 0);
-                let (version, due_at) =
-                    bump_and_arm(&tx, conversation, edit.conversation.platform, policy, cue, by.holder, now.db).await?;
+                let platform = edit.conversation.platform;
+                let arming = Arming { conversation, platform, policy, cue, holder: by.holder, now: now.db };
+                let (version, due_at) = bump_and_arm(&tx, arming).await?;
                 Ok(IngestOutcome::Stored {
                     conversation,
                     version,
@@ -256,22 +257,14 @@ pub(super) async fn pending_after(
 /// timer with the wait its rhythm and the message's `cue` call for, and announce it.
 /// Must run in the transaction that stored the message, with the conversation row
 /// locked.
-async fn bump_and_arm(
-    tx: &Tx<'_>,
-    conversation: ConversationId,
-    platform: Platform,
-    policy: TimerPolicy,
-    cue: Cue,
-    holder: &HolderId,
-    now: Timestamp,
-) -> Result<(Version, Timestamp), StoreError> {
+async fn bump_and_arm(tx: &Tx<'_>, arming: Arming<'_>) -> Result<(Version, Timestamp), StoreError> {
     // Version counter: bumped in the same transaction that stores the message; the
     // rhythm comes back with it (no statement of its own).
     let row = query_one(
         tx,
         "UPDATE conversations SET version = version + 1 WHERE id = $1
          RETURNING version, answered_version, rhythm_first_ms, rhythm_burst_ms",
-        &[&conversation.0],
+        &[&arming.conversation.0],
         "bumping the version",
     )
     .await?;
@@ -283,9 +276,8 @@ async fn bump_and_arm(
         }),
         _ => None,
     };
-    let (pending, first_pending) = pending_after(tx, conversation, answered).await?;
-    let wait = policy.debounce_for(waits, cue, pending);
-    let due_at = policy.due_after(wait, now, first_pending.unwrap_or(now), pending);
+    let pending = pending_after(tx, arming.conversation, answered).await?;
+    let due_at = arming.due_at(waits, pending);
     // Capped debounce: every message re-arms the timer, never past the cap, and never
     // sooner than a failed generation's backoff (`retry_at`).
     let row = query_one(
@@ -299,12 +291,12 @@ async fn bump_and_arm(
              armed_by = excluded.armed_by
          RETURNING due_at",
         &[
-            &conversation.0,
-            &platform.as_str(),
+            &arming.conversation.0,
+            &arming.platform.as_str(),
             &due_at.0,
             &version,
-            &now.0,
-            &holder.as_str(),
+            &arming.now.0,
+            &arming.holder.as_str(),
         ],
         "arming the timer",
     )
@@ -313,7 +305,7 @@ async fn bump_and_arm(
     query(
         tx,
         "SELECT pg_notify($1, $2)",
-        &[&CHANNEL, &platform.as_str()],
+        &[&CHANNEL, &arming.platform.as_str()],
         "announcing the timer",
     )
     .await?;

@@ -5,14 +5,14 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::SqliteStore;
 use super::sql::Context;
-use crate::domain::{ConversationId, ConversationRef, HolderId, Platform, Timestamp, Version};
+use crate::domain::{ConversationId, ConversationRef, HolderId, Timestamp, Version};
 use crate::rhythm::{Cue, Waits};
 use crate::store::faults::Operation;
+use crate::store::rules::Arming;
 use crate::store::{ContextReset, RecentQuery, StoredBy};
 use crate::store::{
     IngestOutcome, MessageEdit, MessageStore, NewMessage, RecentConversation, StoreError,
 };
-use crate::timing::TimerPolicy;
 
 #[async_trait]
 impl MessageStore for SqliteStore {
@@ -51,8 +51,9 @@ impl MessageStore for SqliteStore {
                 return Ok(IngestOutcome::Duplicate { conversation });
             }
             let cue = Cue::of(&message.text, message.media.len());
-            let (version, due_at) =
-                bump_and_arm(tx, conversation, message.conversation.platform, policy, cue, &holder, now)?;
+            let platform = message.conversation.platform;
+            let arming = Arming { conversation, platform, policy, cue, holder: &holder, now };
+            let (version, due_at) = bump_and_arm(tx, arming)?;
             Ok(IngestOutcome::Stored {
                 conversation,
                 version,
@@ -104,8 +105,9 @@ impl MessageStore for SqliteStore {
             .ctx("recording an edit")?;
             let conversation = ConversationId(id);
             let cue = Cue::of(&edit.text, 0);
-            let (version, due_at) =
-                bump_and_arm(tx, conversation, edit.conversation.platform, policy, cue, &holder, by.now)?;
+            let platform = edit.conversation.platform;
+            let arming = Arming { conversation, platform, policy, cue, holder: &holder, now: by.now };
+            let (version, due_at) = bump_and_arm(tx, arming)?;
             Ok(IngestOutcome::Stored {
                 conversation,
                 version,
@@ -202,15 +204,7 @@ pub(super) fn upsert_conversation(
 /// Bump the version of a conversation that just got a message (or an edit) and arm
 /// its timer, with the wait its rhythm and the message's `cue` call for. Must run in
 /// the transaction that stored the message.
-fn bump_and_arm(
-    tx: &Connection,
-    conversation: ConversationId,
-    platform: Platform,
-    policy: TimerPolicy,
-    cue: Cue,
-    holder: &HolderId,
-    now: Timestamp,
-) -> Result<(Version, Timestamp), StoreError> {
+fn bump_and_arm(tx: &Connection, arming: Arming<'_>) -> Result<(Version, Timestamp), StoreError> {
     // Version counter: bumped in the same transaction that stores the message.
     // The rhythm's stored waits come back with it (no statement of their own).
     let (version, answered, waits): (i64, i64, Option<Waits>) = tx
@@ -219,7 +213,7 @@ fn bump_and_arm(
              RETURNING version, answered_version, rhythm_first_ms, rhythm_burst_ms",
         )
         .ctx("preparing a statement")?
-        .query_row([conversation.0], |r| {
+        .query_row([arming.conversation.0], |r| {
             let waits = match (r.get(2)?, r.get(3)?) {
                 (Some(first_ms), Some(burst_ms)) => Some(Waits { first_ms, burst_ms }),
                 _ => None,
@@ -227,9 +221,7 @@ fn bump_and_arm(
             Ok((r.get(0)?, r.get(1)?, waits))
         })
         .ctx("bumping the version")?;
-    let (pending, first_pending) = pending_after(tx, conversation, answered)?;
-    let wait = policy.debounce_for(waits, cue, pending);
-    let due_at = policy.due_after(wait, now, first_pending.unwrap_or(now), pending);
+    let due_at = arming.due_at(waits, pending_after(tx, arming.conversation, answered)?);
     // Capped debounce: every message re-arms the timer, never past the cap, and never
     // sooner than a failed generation's backoff (`retry_at`) or a limit's hold
     // (`held_until`).
@@ -246,7 +238,14 @@ fn bump_and_arm(
         )
         .ctx("preparing a statement")?
         .query_row(
-            params![conversation.0, platform.as_str(), due_at.0, version, now.0, holder.as_str()],
+            params![
+                arming.conversation.0,
+                arming.platform.as_str(),
+                due_at.0,
+                version,
+                arming.now.0,
+                arming.holder.as_str()
+            ],
             |r| r.get(0),
         )
         .ctx("arming the timer")?;

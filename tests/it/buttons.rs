@@ -73,8 +73,7 @@ fn part<'a>(
 /// its next round with the answers its text names as quick replies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_notice_asking_for_approval_is_delivered_with_its_answers() {
-    use lull_core::store::Enqueue;
-    use lull_core::store::{NewNotice, SqliteStore, prelude::*};
+    use lull_core::store::{Enqueue, NewNotice, SqliteStore, prelude::*};
     let db = crate::helpers::temp_db();
     let settings = crate::helpers::settings(200, 3000, 3000);
     let store = std::sync::Arc::new(SqliteStore::open(&db.path, settings.timers).unwrap());

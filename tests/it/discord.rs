@@ -15,8 +15,9 @@ use lull_core::clock::SystemClock;
 use lull_core::dispatcher::Dispatcher;
 use lull_core::domain::{ConversationRef, HolderId, OutboxId, Platform, Timestamp};
 use lull_core::llm::echo::EchoResponder;
-use lull_core::store::RecentQuery;
-use lull_core::store::{FaultPlan, NewMessage, OutboxKind, SqliteStore, Store, prelude::*};
+use lull_core::store::{
+    FaultPlan, NewMessage, OutboxKind, RecentQuery, SqliteStore, Store, prelude::*,
+};
 use lull_core::timing::TimerPolicy;
 use lull_port::health::Health;
 use lull_port::{Inbound, Outbound, OutgoingPart, SendError};

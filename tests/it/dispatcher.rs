@@ -11,10 +11,8 @@ use std::time::{Duration, Instant};
 use lull_core::dispatcher::{Accepted, Event};
 use lull_core::domain::{ConversationRef, HolderId, LeaseKey, Platform};
 use lull_core::store::{
-    ConversationAt, GiveUp, LeaseClaim, LeaseRenewal, PartSent, ReplyCommit, StoredBy,
-};
-use lull_core::store::{
-    FaultPlan, MessageEdit, NewMessage, NewReply, SqliteStore, StoreError, prelude::*,
+    ConversationAt, FaultPlan, GiveUp, LeaseClaim, LeaseRenewal, MessageEdit, NewMessage, NewReply,
+    PartSent, ReplyCommit, SqliteStore, StoreError, StoredBy, prelude::*,
 };
 use lull_core::timing::TimerPolicy;
 use lull_port::SendError;

@@ -120,8 +120,9 @@ async fn postgres_announces_only_timers_earlier_than_every_known_one() {
     use std::time::Duration;
 
     use lull_core::domain::{HolderId, Platform};
-    use lull_core::store::conformance::at;
-    use lull_core::store::{IngestOutcome, PostgresStore, TimeSource, WorkQuery, prelude::*};
+    use lull_core::store::{
+        IngestOutcome, PostgresStore, TimeSource, WorkQuery, conformance::at, prelude::*,
+    };
 
     let Some(url) = crate::support::postgres::fresh_database() else {
         return;
@@ -229,8 +230,10 @@ async fn postgres_deadlines_are_on_the_database_clock_whatever_a_replica_clock_s
 
     use lull_core::clock::{Clock, SystemClock};
     use lull_core::domain::{HolderId, LeaseKey, Platform};
-    use lull_core::store::{IngestOutcome, PostgresStore, TimeSource, WorkQuery, prelude::*};
-    use lull_core::store::{LeaseClaim, LeaseRelease, RoundClaim};
+    use lull_core::store::{
+        IngestOutcome, LeaseClaim, LeaseRelease, PostgresStore, RoundClaim, TimeSource, WorkQuery,
+        prelude::*,
+    };
 
     /// Whether the skewed replica (a) took the held lease, (b) found the timer due.
     async fn skewed_replica(url: &str, time: TimeSource) -> (bool, bool) {
@@ -369,8 +372,7 @@ async fn postgres_a_call_through_a_frozen_path_fails_in_bounded_time() {
 
     use lull_core::clock::{Clock, SystemClock};
     use lull_core::domain::{HolderId, LeaseKey};
-    use lull_core::store::{IngestOutcome, prelude::*};
-    use lull_core::store::{LeaseClaim, LeaseRenewal};
+    use lull_core::store::{IngestOutcome, LeaseClaim, LeaseRenewal, prelude::*};
 
     use crate::support::freeze_proxy::FreezeProxy;
 
@@ -732,9 +734,9 @@ async fn postgres_action_expiries_are_translated_between_timelines() {
     use lull_core::clock::{Clock, SystemClock};
     use lull_core::domain::{HolderId, Timestamp};
     use lull_core::store::{
-        ActionKey, ActionReservation, Decision, IngestOutcome, NewAction, prelude::*,
+        ActionKey, ActionReservation, ApprovalAnswer, ConversationAt, Decision, IngestOutcome,
+        NewAction, Reserve, RoundClaim, prelude::*,
     };
-    use lull_core::store::{ApprovalAnswer, ConversationAt, Reserve, RoundClaim};
 
     let Some(url) = crate::support::postgres::fresh_database() else {
         return;

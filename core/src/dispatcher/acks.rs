@@ -26,8 +26,7 @@ use std::time::Duration;
 use lull_port::{ConversationRef, Outbound, SendError};
 
 use crate::domain::ConversationId;
-use crate::store::Store;
-use crate::store::{AckOf, AcksCovered};
+use crate::store::{AckOf, AcksCovered, Store};
 
 /// One reaction call's time limit: a hanging endpoint holds nothing but its task.
 pub const CALL_LIMIT: Duration = Duration::from_secs(5);

@@ -9,8 +9,7 @@ use super::{Dispatcher, controls, notices};
 use crate::access::{AccessList, AccessRule, Sender, Subject, SubjectKind};
 use crate::domain::{Platform, Timestamp};
 use crate::limits;
-use crate::store::StoreError;
-use crate::store::{CommandClaim, ContextReset};
+use crate::store::{CommandClaim, ContextReset, StoreError};
 use crate::texts;
 
 /// Answer a command at once, without the model. `text` is the whole message (the

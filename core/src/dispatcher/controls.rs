@@ -13,8 +13,9 @@ use lull_port::{Command, Incoming};
 use super::{Dispatcher, Event};
 use crate::domain::{ConversationId, Timestamp, Version};
 use crate::limits;
-use crate::store::{RetryOutcome, Setting, SettingOutcome, StoreError};
-use crate::store::{RetryRequest, SettingChange, Stop};
+use crate::store::{
+    RetryOutcome, RetryRequest, Setting, SettingChange, SettingOutcome, Stop, StoreError,
+};
 use crate::texts;
 
 /// How long the server's model list is kept before `/model` asks again.

@@ -27,8 +27,7 @@ use super::lease_keeper::{FACT_BACKOFF, LeaseKeeper, loud};
 use super::{Dispatcher, Event};
 use crate::domain::{ConversationId, Timestamp};
 use crate::metrics as names;
-use crate::store::{OutboxDeferral, OutboxFailure};
-use crate::store::{OutboxKind, OutboxRow, PartSent};
+use crate::store::{OutboxDeferral, OutboxFailure, OutboxKind, OutboxRow, PartSent};
 use crate::timing::DELIVERY_BACKOFF;
 use lull_port::{Outbound, OutgoingPart, SendError};
 

@@ -9,8 +9,10 @@ use crate::access::Sender;
 use crate::domain::{ConversationId, Timestamp};
 use crate::limits;
 use crate::metrics as names;
-use crate::store::{IdleForget, RateCheck, StoredBy};
-use crate::store::{IngestOutcome, MessageEdit, NewMessage, RateHold, RateWindow, StoreError};
+use crate::store::{
+    IdleForget, IngestOutcome, MessageEdit, NewMessage, RateCheck, RateHold, RateWindow,
+    StoreError, StoredBy,
+};
 use crate::texts;
 
 /// Accept an inbound update: `Ok` once it is stored for good (or deliberately not

@@ -33,8 +33,7 @@ use super::Dispatcher;
 use crate::clock::Clock;
 use crate::domain::Timestamp;
 use crate::domain::{Lease, LeaseKey};
-use crate::store::{LeaseClaim, LeaseRelease, LeaseRenewal};
-use crate::store::{PartSent, Store, StoreError};
+use crate::store::{LeaseClaim, LeaseRelease, LeaseRenewal, PartSent, Store, StoreError};
 use crate::timing::LeaseTiming;
 
 /// Claim `key` for this process by compare-and-swap and keep it renewed until the

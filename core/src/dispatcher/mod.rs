@@ -73,8 +73,7 @@ use crate::domain::{HolderId, Platform, Timestamp};
 use crate::limits::Limits;
 use crate::llm::transcribe::Transcriber;
 use crate::llm::{HistoryBudget, Responder};
-use crate::store::{RecentQuery, Typing};
-use crate::store::{Store, StoreError};
+use crate::store::{RecentQuery, Store, StoreError, Typing};
 use crate::timing::{LeaseTiming, TimerPolicy};
 use crate::tools::{ToolSettings, Toolbox};
 

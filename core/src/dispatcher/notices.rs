@@ -8,8 +8,7 @@ use lull_port::Incoming;
 
 use super::Dispatcher;
 use crate::domain::{ConversationRef, Timestamp};
-use crate::store::Enqueue;
-use crate::store::{Batch, NewNotice, OutboxRow, StoreError};
+use crate::store::{Batch, Enqueue, NewNotice, OutboxRow, StoreError};
 
 /// Where a notice goes, and which message it answers.
 pub(super) struct Notice<'a> {

@@ -8,8 +8,7 @@ use lull_port::{Accepted, Content, Incoming, IngestError};
 use super::Dispatcher;
 use super::ingest::not_stored;
 use crate::access::Sender;
-use crate::store::OverheardMessage;
-use crate::store::Overhearing;
+use crate::store::{OverheardMessage, Overhearing};
 
 /// Keep an overheard message when group context is on, the chat is a group and its
 /// sender is one lull would answer there (`LULL_ALLOWED_USERS`, `LULL_ALLOWED_CHATS`,

@@ -12,8 +12,10 @@
 use super::{Interrupt, Round};
 use crate::domain::Version;
 use crate::llm::{Prompt, ToolCall, ToolTurn};
-use crate::store::{ActionReservation, ActionRow, ActionState, Batch, Decision, NewAction};
-use crate::store::{ApprovalAnswer, BatchOf, ConversationAt, Reserve};
+use crate::store::{
+    ActionReservation, ActionRow, ActionState, ApprovalAnswer, Batch, BatchOf, ConversationAt,
+    Decision, NewAction, Reserve,
+};
 use crate::texts;
 use crate::tools::Effect;
 

@@ -8,8 +8,7 @@ use crate::dispatcher::wallet::{self, Reserved, Spent};
 use crate::domain::Timestamp;
 use crate::llm::Prompt;
 use crate::metrics as names;
-use crate::store::GiveUp;
-use crate::store::{Batch, HeldOut, OutboxRow};
+use crate::store::{Batch, GiveUp, HeldOut, OutboxRow};
 
 impl Round<'_> {
     /// Who pays: in a group, a member whose budget cannot pay their share of a reply

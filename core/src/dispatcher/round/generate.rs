@@ -9,8 +9,7 @@ use crate::dispatcher::bounds;
 use crate::dispatcher::drafts::newer_message;
 use crate::domain::Said;
 use crate::llm::{FailureKind, Generation, LlmError, Partial, Prompt};
-use crate::store::{Batch, OutboxRow, PendingMessage};
-use crate::store::{GiveUp, OverheardQuery, RoundFailure};
+use crate::store::{Batch, GiveUp, OutboxRow, OverheardQuery, PendingMessage, RoundFailure};
 use crate::texts;
 use crate::timing::FAILURE_BACKOFF;
 

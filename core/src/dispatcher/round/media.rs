@@ -9,8 +9,7 @@ use super::{Interrupt, Round, add_note};
 use crate::dispatcher::wallet;
 use crate::limits;
 use crate::llm::{Image, LlmError, Prompt};
-use crate::store::TranscriptWrite;
-use crate::store::{Batch, OutboxRow};
+use crate::store::{Batch, OutboxRow, TranscriptWrite};
 use crate::texts;
 
 /// How long fetching one image may take before the round counts it as a transient

@@ -27,8 +27,10 @@ use super::{Dispatcher, Event};
 use crate::domain::ConversationId;
 use crate::llm::{FailureKind, Prompt};
 use crate::metrics as names;
-use crate::store::{Batch, Claimed, CommitOutcome, NewReply, OutboxRow, StoreError};
-use crate::store::{IdleDisarm, ReplyCommit, RoundClaim};
+use crate::store::{
+    Batch, Claimed, CommitOutcome, IdleDisarm, NewReply, OutboxRow, ReplyCommit, RoundClaim,
+    StoreError,
+};
 use crate::texts;
 use tools::Generated;
 

@@ -25,10 +25,9 @@ use crate::domain::{LeaseToken, Version};
 use crate::llm::{FailureKind, Generation, LlmError, Prompt, ToolCall, ToolTurn};
 use crate::metrics as names;
 use crate::store::{
-    ActionKey, ActionReservation, ActionRow, ActionState, Batch, NewAction, OutboxRow,
-    canonical_json,
+    ActionKey, ActionReservation, ActionResult, ActionRow, ActionState, Batch, BatchOf, NewAction,
+    OutboxRow, Reserve, canonical_json,
 };
-use crate::store::{ActionResult, BatchOf, Reserve};
 use crate::texts;
 use crate::tools::{CallOutcome, Effect, ToolSpec, Toolbox, Users};
 

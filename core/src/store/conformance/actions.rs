@@ -5,10 +5,9 @@
 use super::{at, claimed, collect, holder, http, lost, message, ms, round, stored};
 use crate::domain::{ConversationId, Lease, LeaseToken, Timestamp, Version};
 use crate::store::{
-    ActionKey, ActionReservation, ActionRow, ActionState, Decision, NewAction, Store,
-    canonical_json,
+    ActionKey, ActionReservation, ActionResult, ActionRow, ActionState, ApprovalAnswer, BatchOf,
+    ConversationAt, Decision, NewAction, Reserve, Store, canonical_json,
 };
-use crate::store::{ActionResult, ApprovalAnswer, BatchOf, ConversationAt, Reserve};
 
 /// A call of `tool` (arguments `{"n": n}`) for the batch starting at row `batch` of
 /// `conversation`, reserved until `expires_at`: neither idempotent nor destructive.

@@ -1,15 +1,14 @@
 //! Conformance of the leases area: compare-and-swap claims, renewal, release, fencing.
 
 use super::{
-    TTL, at, claim, claimed, collect, committed, holder, http, lost, message, ms, pending_ids,
-    reply, round, stored,
+    TTL, at, claim, claimed, collect, committed, holder, http, lost, message, ms, owed,
+    pending_ids, release, reply, round, stored,
 };
 use crate::domain::{LeaseKey, Platform};
 use crate::store::{
-    ConversationAt, GiveUp, IdleDisarm, LeaseClaim, LeaseRelease, LeaseRenewal, ReplyCommit,
-    RoundFailure,
+    GiveUp, IdleDisarm, LeaseClaim, LeaseRelease, LeaseRenewal, PartSent, ReplyCommit,
+    RoundFailure, Store, StoreError,
 };
-use crate::store::{PartSent, Store, StoreError};
 
 /// Exclusive: a lease is claimed only while free or expired, and every claim bumps
 /// the fencing token.
@@ -74,14 +73,7 @@ pub async fn a_lease_is_renewed_and_released(store: &dyn Store) {
         claim(store, &key, &b, lease.expires_at).await.is_none(),
         "a renewed lease outlives its first expiry"
     );
-    store
-        .release_lease(LeaseRelease {
-            lease: &renewed,
-            last_sent: None,
-            now: renewed.expires_at,
-        })
-        .await
-        .unwrap();
+    release(store, &renewed, renewed.expires_at).await;
     let taken = claim(store, &key, &b, at(5001))
         .await
         .expect("a released lease is claimable at once");
@@ -96,14 +88,7 @@ pub async fn a_lease_is_renewed_and_released(store: &dyn Store) {
             .await,
         "renewing a lease taken over",
     );
-    store
-        .release_lease(LeaseRelease {
-            lease: &renewed,
-            last_sent: None,
-            now: renewed.expires_at,
-        })
-        .await
-        .unwrap();
+    release(store, &renewed, renewed.expires_at).await;
     assert!(
         claim(store, &key, &c, at(5003)).await.is_none(),
         "releasing a lost lease leaves the new holder's alone"
@@ -224,29 +209,10 @@ pub async fn fencing_refuses_a_replaced_holder(store: &dyn Store) {
     let untouched = collect(store, id).await;
     assert_eq!(pending_ids(&untouched), ["m1"]);
     assert_eq!(untouched.timer.map(|t| t.attempts), Some(0));
-    assert!(
-        store
-            .due_outbox(ConversationAt {
-                conversation: id,
-                now
-            })
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(owed(store, id, now).await.is_empty());
     let (outbox, forced) = committed(store, &new, &untouched, "fresh", now).await;
     assert!(!forced);
-    assert_eq!(
-        store
-            .due_outbox(ConversationAt {
-                conversation: id,
-                now
-            })
-            .await
-            .unwrap()[0]
-            .id,
-        outbox
-    );
+    assert_eq!(owed(store, id, now).await[0].id, outbox);
 
     stored(store, message(c1, "m2"), &a, now).await;
     let batch = collect(store, id).await;
@@ -283,17 +249,7 @@ pub async fn the_last_part_is_recorded_with_the_release(store: &dyn Store) {
         })
         .await
         .unwrap();
-    assert_eq!(
-        store
-            .due_outbox(ConversationAt {
-                conversation: id,
-                now: at(1100)
-            })
-            .await
-            .unwrap()[0]
-            .parts_sent,
-        1
-    );
+    assert_eq!(owed(store, id, at(1100)).await[0].parts_sent, 1);
     let again = claimed(store, id, &a, at(1200)).await;
     // The lease expires and another holder takes it before the release.
     let taker = claimed(store, id, &b, again.expires_at).await;
@@ -306,14 +262,7 @@ pub async fn the_last_part_is_recorded_with_the_release(store: &dyn Store) {
         .await
         .unwrap();
     assert!(
-        store
-            .due_outbox(ConversationAt {
-                conversation: id,
-                now: again.expires_at
-            })
-            .await
-            .unwrap()
-            .is_empty(),
+        owed(store, id, again.expires_at).await.is_empty(),
         "the last part was recorded though the lease was lost"
     );
     lost(

@@ -4,8 +4,9 @@ use lull_port::{Media, MediaKind};
 
 use super::{at, claimed, collect, committed, holder, http, message, pending_ids, stored};
 use crate::domain::{ConversationRef, Platform, Version};
-use crate::store::{IngestOutcome, MessageEdit, NewMessage, RecentConversation, Store};
-use crate::store::{RecentQuery, StoredBy};
+use crate::store::{
+    IngestOutcome, MessageEdit, NewMessage, RecentConversation, RecentQuery, Store, StoredBy,
+};
 
 /// No duplicate: a redelivered update is not stored or counted again; the same
 /// platform id in another conversation is another message.

@@ -49,7 +49,7 @@ use crate::domain::{
     ConversationId, ConversationRef, HolderId, Lease, LeaseKey, OutboxId, Platform, Timestamp,
     Version,
 };
-use crate::store::{LeaseClaim, ReplyCommit};
+use crate::store::{ConversationAt, LeaseClaim, LeaseRelease, OutboxRow, PartSent, ReplyCommit};
 use crate::timing::TimerPolicy;
 use std::time::Duration;
 
@@ -259,6 +259,38 @@ async fn claimed(
     claim(store, &LeaseKey::Conversation(conversation), by, now)
         .await
         .unwrap_or_else(|| panic!("the lease on {conversation} is free at {now:?}"))
+}
+
+/// Give `lease` back at `now`, with nothing delivered to record.
+async fn release(store: &dyn Store, lease: &Lease, now: Timestamp) {
+    let release = LeaseRelease {
+        lease,
+        last_sent: None,
+        now,
+    };
+    store
+        .release_lease(release)
+        .await
+        .expect("releasing a lease");
+}
+
+/// Record that the first `parts_sent` parts of `outbox` were delivered (`done`: all).
+async fn mark(store: &dyn Store, outbox: OutboxId, parts_sent: u32, done: bool, now: Timestamp) {
+    let sent = PartSent {
+        outbox,
+        parts_sent,
+        done,
+    };
+    store
+        .mark_sent(sent, now)
+        .await
+        .expect("marking parts sent");
+}
+
+/// The outbox rows of `conversation` due at `now`.
+async fn owed(store: &dyn Store, conversation: ConversationId, now: Timestamp) -> Vec<OutboxRow> {
+    let at = ConversationAt { conversation, now };
+    store.due_outbox(at).await.expect("reading the outbox")
 }
 
 async fn collect(store: &dyn Store, conversation: ConversationId) -> Batch {

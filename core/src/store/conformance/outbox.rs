@@ -1,11 +1,10 @@
 //! Conformance of the outbox area: delivery order and the row's stored time.
 
-use super::{TTL, at, holder, http, message, reply, round, stored};
+use super::{TTL, at, holder, http, mark, message, owed, release, reply, round, stored};
 use crate::domain::Timestamp;
-use crate::store::{CommitOutcome, NewNotice, OutboxKind, OutboxRow, Store};
 use crate::store::{
-    ConversationAt, Enqueue, LeaseRelease, OutboxDeferral, OutboxFailure, PartSent, ReplyCommit,
-    RoundClaim,
+    CommitOutcome, ConversationAt, Enqueue, NewNotice, OutboxDeferral, OutboxFailure, OutboxKind,
+    OutboxRow, ReplyCommit, RoundClaim, Store,
 };
 
 /// Notices are queued at most once per key; delivery keeps outbox order (a row
@@ -58,13 +57,7 @@ pub async fn the_outbox_is_delivered_in_order(store: &dyn Store) {
     );
     let texts =
         |rows: &[OutboxRow]| -> Vec<String> { rows.iter().map(|r| r.text.clone()).collect() };
-    let rows = store
-        .due_outbox(ConversationAt {
-            conversation: id,
-            now: at(20),
-        })
-        .await
-        .unwrap();
+    let rows = owed(store, id, at(20)).await;
     assert_eq!(texts(&rows), ["first", "second"]);
     assert!(
         rows.iter()
@@ -82,67 +75,18 @@ pub async fn the_outbox_is_delivered_in_order(store: &dyn Store) {
         .await
         .unwrap();
     assert!(
-        store
-            .due_outbox(ConversationAt {
-                conversation: id,
-                now: at(999)
-            })
-            .await
-            .unwrap()
-            .is_empty(),
+        owed(store, id, at(999)).await.is_empty(),
         "the head waits for its retry, and the rows behind it wait too"
     );
-    let rows = store
-        .due_outbox(ConversationAt {
-            conversation: id,
-            now: at(1000),
-        })
-        .await
-        .unwrap();
+    let rows = owed(store, id, at(1000)).await;
     assert_eq!(texts(&rows), ["first", "second"]);
     assert_eq!(rows[0].attempts, 1, "the failed attempt is counted");
 
-    store
-        .mark_sent(
-            PartSent {
-                outbox: first,
-                parts_sent: 2,
-                done: false,
-            },
-            at(1000),
-        )
-        .await
-        .unwrap();
-    store
-        .mark_sent(
-            PartSent {
-                outbox: first,
-                parts_sent: 1,
-                done: false,
-            },
-            at(1001),
-        )
-        .await
-        .unwrap();
-    let rows = store
-        .due_outbox(ConversationAt {
-            conversation: id,
-            now: at(1001),
-        })
-        .await
-        .unwrap();
+    mark(store, first, 2, false, at(1000)).await;
+    mark(store, first, 1, false, at(1001)).await;
+    let rows = owed(store, id, at(1001)).await;
     assert_eq!(rows[0].parts_sent, 2, "parts sent never go backwards");
-    store
-        .mark_sent(
-            PartSent {
-                outbox: first,
-                parts_sent: 3,
-                done: true,
-            },
-            at(1002),
-        )
-        .await
-        .unwrap();
+    mark(store, first, 3, true, at(1002)).await;
     store
         .defer_outbox(OutboxDeferral {
             id: first,
@@ -160,13 +104,7 @@ pub async fn the_outbox_is_delivered_in_order(store: &dyn Store) {
         })
         .await
         .unwrap();
-    let rows = store
-        .due_outbox(ConversationAt {
-            conversation: id,
-            now: at(1003),
-        })
-        .await
-        .unwrap();
+    let rows = owed(store, id, at(1003)).await;
     assert_eq!(texts(&rows), ["second"], "a sent row is done");
 
     store
@@ -187,14 +125,7 @@ pub async fn the_outbox_is_delivered_in_order(store: &dyn Store) {
         .await
         .unwrap();
     assert!(
-        store
-            .due_outbox(ConversationAt {
-                conversation: id,
-                now: at(10_000)
-            })
-            .await
-            .unwrap()
-            .is_empty(),
+        owed(store, id, at(10_000)).await.is_empty(),
         "a given-up row is never tried again"
     );
 }
@@ -223,14 +154,7 @@ pub async fn an_outbox_row_is_stored_at_one_time_in_every_read(store: &dyn Store
         other => panic!("the reply was not committed: {other:?}"),
     };
     let stored_at = outbox.stored_at;
-    store
-        .release_lease(LeaseRelease {
-            lease: &lease,
-            last_sent: None,
-            now: at(1000),
-        })
-        .await
-        .unwrap();
+    release(store, &lease, at(1000)).await;
     let mut reads = vec![("commit_reply", outbox)];
     let due_outbox = async |now: Timestamp| {
         let rows = store
@@ -268,14 +192,7 @@ pub async fn an_outbox_row_is_stored_at_one_time_in_every_read(store: &dyn Store
         .expect("the lease was released");
     assert_eq!(claimed.owed.len(), 1, "{:?}", claimed.owed);
     reads.push(("claim_round", claimed.owed[0].clone()));
-    store
-        .release_lease(LeaseRelease {
-            lease: &claimed.lease,
-            last_sent: None,
-            now: at(900_000),
-        })
-        .await
-        .unwrap();
+    release(store, &claimed.lease, at(900_000)).await;
     reads.push(("due_outbox a day later", due_outbox(at(86_400_000)).await));
     for (read, row) in &reads {
         assert_eq!(row.id, reads[0].1.id, "{read}");

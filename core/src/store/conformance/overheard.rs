@@ -3,8 +3,7 @@
 
 use super::{at, collect, due, holder, http, message, query, stored};
 use crate::domain::{Said, Version};
-use crate::store::{ContextReset, OverheardQuery, Overhearing};
-use crate::store::{OverheardMessage, Store};
+use crate::store::{ContextReset, OverheardMessage, OverheardQuery, Overhearing, Store};
 
 fn overheard(key: &str, id: &str, author: &str) -> OverheardMessage {
     OverheardMessage {

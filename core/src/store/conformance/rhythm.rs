@@ -60,14 +60,7 @@ pub async fn a_commit_teaches_the_rhythm_of_its_burst(store: &dyn Store) {
     stored(store, message(c1.clone(), "m4"), &a, at(2900)).await;
     stale(store, &lease, &batch, at(3000)).await;
     assert_eq!(store.rhythm(id).await.unwrap(), learned, "a stale reply");
-    store
-        .release_lease(LeaseRelease {
-            lease: &lease,
-            last_sent: None,
-            now: at(3000),
-        })
-        .await
-        .unwrap();
+    release(store, &lease, at(3000)).await;
     // m3 came 1100 ms after m2 (more than a window of 1000): a burst of its own; m4
     // 1200 ms after m3, inside this burst.
     let lease = claimed(store, id, &a, at(4000)).await;
@@ -103,27 +96,13 @@ pub async fn ingest_arms_the_wait_the_rhythm_allows(store: &dyn Store) {
     let lease = claimed(store, id, &a, at(21_000)).await;
     let batch = collect(store, id).await;
     committed(store, &lease, &batch, "answer", at(21_000)).await;
-    store
-        .release_lease(LeaseRelease {
-            lease: &lease,
-            last_sent: None,
-            now: at(21_000),
-        })
-        .await
-        .unwrap();
+    release(store, &lease, at(21_000)).await;
     let (_, _, due_at) = stored(store, message(c1.clone(), "m3"), &a, at(40_000)).await;
     assert_eq!(due_at, at(40_200), "complete messages: the shortest wait");
     let lease = claimed(store, id, &a, at(40_300)).await;
     let batch = collect(store, id).await;
     committed(store, &lease, &batch, "answer", at(40_300)).await;
-    store
-        .release_lease(LeaseRelease {
-            lease: &lease,
-            last_sent: None,
-            now: at(40_300),
-        })
-        .await
-        .unwrap();
+    release(store, &lease, at(40_300)).await;
     let mut unfinished = message(c1.clone(), "m4");
     unfinished.text = "here is what I mean:".into();
     let (_, _, due_at) = stored(store, unfinished, &a, at(60_000)).await;

@@ -4,16 +4,14 @@
 use lull_port::{Media, MediaKind};
 
 use super::{
-    TTL, at, claimed, collect, committed, due, holder, http, message, ms, pending_ids, query,
-    reply, round, stale, stored,
+    TTL, at, claimed, collect, committed, due, holder, http, message, ms, owed, pending_ids, query,
+    release, reply, round, stale, stored,
 };
 use crate::domain::{LeaseKey, Said, Version};
 use crate::store::{
-    CommitOutcome, Exchange, MessageEdit, NewMessage, OutboxKind, Store, StoreError,
-};
-use crate::store::{
-    ContextReset, ConversationAt, GiveUp, IdleDisarm, LeaseClaim, LeaseRelease, OutboxDeferral,
-    ReplyCommit, RoundClaim, RoundFailure, StoredBy, TranscriptWrite,
+    CommitOutcome, ContextReset, Exchange, GiveUp, IdleDisarm, LeaseClaim, MessageEdit, NewMessage,
+    OutboxDeferral, OutboxKind, ReplyCommit, RoundClaim, RoundFailure, Store, StoreError, StoredBy,
+    TranscriptWrite,
 };
 
 /// A transcript is written under the conversation's lease (a replaced holder's write
@@ -131,13 +129,7 @@ pub async fn a_commit_answers_the_batch(store: &dyn Store) {
         after.pending.is_empty() && after.timer.is_none(),
         "{after:?}"
     );
-    let rows = store
-        .due_outbox(ConversationAt {
-            conversation: id,
-            now: at(1200),
-        })
-        .await
-        .unwrap();
+    let rows = owed(store, id, at(1200)).await;
     assert_eq!(rows.len(), 1);
     let row = &rows[0];
     assert_eq!(
@@ -177,27 +169,12 @@ pub async fn a_newer_message_makes_the_reply_stale(store: &dyn Store) {
     let (id, lease, batch) = round(store, &c1, &a, &["m1"], at(1000)).await;
     stored(store, message(c1, "m2"), &a, at(1200)).await;
     assert_eq!(stale(store, &lease, &batch, at(1300)).await, Version(2));
-    assert!(
-        store
-            .due_outbox(ConversationAt {
-                conversation: id,
-                now: at(1300)
-            })
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(owed(store, id, at(1300)).await.is_empty());
     let next = collect(store, id).await;
     assert_eq!(pending_ids(&next), ["m1", "m2"]);
     assert!(next.timer.is_some(), "the timer stays armed");
     committed(store, &lease, &next, "both", at(1400)).await;
-    let rows = store
-        .due_outbox(ConversationAt {
-            conversation: id,
-            now: at(1400),
-        })
-        .await
-        .unwrap();
+    let rows = owed(store, id, at(1400)).await;
     assert_eq!(rows[0].covers, ["m1", "m2"]);
 }
 
@@ -213,28 +190,8 @@ pub async fn the_cap_forces_a_stale_reply_out(store: &dyn Store) {
     assert_eq!(due_at, at(4000), "capped from m1");
     let (outbox, forced) = committed(store, &lease, &batch, "forced", at(4000)).await;
     assert!(forced, "the cap forced it");
-    assert_eq!(
-        store
-            .due_outbox(ConversationAt {
-                conversation: id,
-                now: at(4000)
-            })
-            .await
-            .unwrap()[0]
-            .id,
-        outbox
-    );
-    assert_eq!(
-        store
-            .due_outbox(ConversationAt {
-                conversation: id,
-                now: at(4000)
-            })
-            .await
-            .unwrap()[0]
-            .covers,
-        ["m1"]
-    );
+    assert_eq!(owed(store, id, at(4000)).await[0].id, outbox);
+    assert_eq!(owed(store, id, at(4000)).await[0].covers, ["m1"]);
     let next = collect(store, id).await;
     assert_eq!(pending_ids(&next), ["m2", "m3"]);
     assert_eq!(
@@ -268,17 +225,7 @@ pub async fn a_forced_reply_leaves_an_edited_message_pending(store: &dyn Store) 
         .unwrap();
     let (_, forced) = committed(store, &lease, &batch, "forced", at(4000)).await;
     assert!(forced);
-    assert_eq!(
-        store
-            .due_outbox(ConversationAt {
-                conversation: id,
-                now: at(4000)
-            })
-            .await
-            .unwrap()[0]
-            .covers,
-        ["m1"]
-    );
+    assert_eq!(owed(store, id, at(4000)).await[0].covers, ["m1"]);
     let next = collect(store, id).await;
     assert_eq!(pending_ids(&next), ["m2"]);
     assert_eq!(next.pending[0].text, "m2, edited");
@@ -330,13 +277,7 @@ pub async fn giving_up_covers_each_message_once(store: &dyn Store) {
         None,
         "nothing is given up twice"
     );
-    let rows = store
-        .due_outbox(ConversationAt {
-            conversation: id,
-            now: at(1300),
-        })
-        .await
-        .unwrap();
+    let rows = owed(store, id, at(1300)).await;
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0], notice, "give_up returns the row it stored");
     assert_eq!(rows[0].kind, OutboxKind::Notice);
@@ -387,14 +328,7 @@ pub async fn a_round_is_claimed_with_what_it_works_on(store: &dyn Store) {
         })
         .await
         .unwrap();
-    store
-        .release_lease(LeaseRelease {
-            lease: &lease,
-            last_sent: None,
-            now: at(1000),
-        })
-        .await
-        .unwrap();
+    release(store, &lease, at(1000)).await;
     stored(store, message(c1.clone(), "m2"), &a, at(1100)).await;
 
     let claimed = store
@@ -434,14 +368,7 @@ pub async fn a_round_is_claimed_with_what_it_works_on(store: &dyn Store) {
             .is_none(),
         "exclusive: a live lease refuses another claim"
     );
-    store
-        .release_lease(LeaseRelease {
-            lease: &claimed.lease,
-            last_sent: None,
-            now: at(2002),
-        })
-        .await
-        .unwrap();
+    release(store, &claimed.lease, at(2002)).await;
     let later = store
         .claim_round(RoundClaim {
             conversation: id,
@@ -457,16 +384,7 @@ pub async fn a_round_is_claimed_with_what_it_works_on(store: &dyn Store) {
         later.lease.token > claimed.lease.token,
         "fencing tokens grow"
     );
-    assert_eq!(
-        later.owed,
-        store
-            .due_outbox(ConversationAt {
-                conversation: id,
-                now: at(5000)
-            })
-            .await
-            .unwrap()
-    );
+    assert_eq!(later.owed, owed(store, id, at(5000)).await);
     assert_eq!(later.owed.len(), 1);
     assert_eq!(later.owed[0].id, reply);
     assert!(!later.held_back);
@@ -480,14 +398,7 @@ pub async fn failures_back_off_and_reset_starts_afresh(store: &dyn Store) {
     let c1 = http("c1");
     let (id, lease, batch) = round(store, &c1, &a, &["m1"], at(1000)).await;
     committed(store, &lease, &batch, "answer", at(1000)).await;
-    store
-        .release_lease(LeaseRelease {
-            lease: &lease,
-            last_sent: None,
-            now: lease.expires_at,
-        })
-        .await
-        .unwrap();
+    release(store, &lease, lease.expires_at).await;
 
     stored(store, message(c1.clone(), "m2"), &a, at(2000)).await;
     let lease = claimed(store, id, &a, at(3000)).await;
@@ -515,14 +426,7 @@ pub async fn failures_back_off_and_reset_starts_afresh(store: &dyn Store) {
             .unwrap(),
         2
     );
-    store
-        .release_lease(LeaseRelease {
-            lease: &lease,
-            last_sent: None,
-            now: lease.expires_at,
-        })
-        .await
-        .unwrap();
+    release(store, &lease, lease.expires_at).await;
     let (_, _, due_at) = stored(store, message(c1.clone(), "m3"), &a, at(3200)).await;
     assert_eq!(
         due_at, retry_at,

@@ -1,11 +1,11 @@
 //! Conformance of the settings area: a conversation's own choices, applied once and
 //! fresh, and `/stop`.
 
-use super::{at, collect, committed, holder, http, message, round, stale, stored};
+use super::{at, collect, committed, holder, http, mark, message, round, stale, stored};
 use crate::store::{
-    CommandClaim, IdleForget, PartSent, ReplyCommit, RetryRequest, SettingChange, Stop,
+    CommandClaim, ConversationSettings, IdleForget, ReplyCommit, RetryOutcome, RetryRequest,
+    Setting, SettingChange, SettingOutcome, Stop, Store,
 };
-use crate::store::{ConversationSettings, RetryOutcome, Setting, SettingOutcome, Store};
 
 async fn change(
     store: &dyn Store,
@@ -209,17 +209,7 @@ pub async fn retry_answers_the_last_batch_again(store: &dyn Store) {
         RetryOutcome::Busy,
         "not sent yet"
     );
-    store
-        .mark_sent(
-            PartSent {
-                outbox,
-                parts_sent: 1,
-                done: true,
-            },
-            at(1100),
-        )
-        .await
-        .unwrap();
+    mark(store, outbox, 1, true, at(1100)).await;
     let RetryOutcome::Retried {
         conversation,
         version,

@@ -3,14 +3,13 @@
 
 use std::time::Duration;
 
-use super::{TTL, at, claim, claimed, collect, holder, http, message, reply, stored};
+use super::{
+    TTL, at, claim, claimed, collect, holder, http, mark, message, release, reply, stored,
+};
 use crate::domain::{LeaseKey, Platform, Timestamp, TokenUsage};
 use crate::store::{
-    CommitOutcome, ConnectionLease, ConversationTokens, LiveHolder, NewNotice, NewReply,
-    RateWindow, Recent, Store, StoreStatus,
-};
-use crate::store::{
-    Enqueue, LeaseRelease, OutboxFailure, PartSent, RateCheck, ReplyCommit, RoundFailure,
+    CommitOutcome, ConnectionLease, ConversationTokens, Enqueue, LiveHolder, NewNotice, NewReply,
+    OutboxFailure, RateCheck, RateWindow, Recent, ReplyCommit, RoundFailure, Store, StoreStatus,
 };
 
 /// A scripted day: one reply sent (120 tokens), one given up, one conversation backing
@@ -53,25 +52,8 @@ pub async fn the_status_counts_what_the_rows_say(store: &dyn Store) {
         Ok(CommitOutcome::Committed { outbox, .. }) => outbox.id,
         other => panic!("the reply was not committed: {other:?}"),
     };
-    store
-        .mark_sent(
-            PartSent {
-                outbox: sent,
-                parts_sent: 1,
-                done: true,
-            },
-            at(1200),
-        )
-        .await
-        .unwrap();
-    store
-        .release_lease(LeaseRelease {
-            lease: &lease,
-            last_sent: None,
-            now: at(1200),
-        })
-        .await
-        .unwrap();
+    mark(store, sent, 1, true, at(1200)).await;
+    release(store, &lease, at(1200)).await;
 
     // c3: answered (no usage), and its delivery given up.
     let lease = claimed(store, c3, &a, at(1000)).await;
@@ -96,14 +78,7 @@ pub async fn the_status_counts_what_the_rows_say(store: &dyn Store) {
         })
         .await
         .unwrap();
-    store
-        .release_lease(LeaseRelease {
-            lease: &lease,
-            last_sent: None,
-            now: at(1300),
-        })
-        .await
-        .unwrap();
+    release(store, &lease, at(1300)).await;
 
     // c2: b is answering it, its last generation failed, a rate limit holds it, and the
     // user was told the model is down. b also holds the Telegram poller.

@@ -99,11 +99,15 @@ pub trait MessageStore: Send + Sync + 'static {
     /// process that took the command), so `/reset` always unsticks a conversation;
     /// but not before a limit's hold ends ([`LimitStore::hold_over_rate`](crate::store::LimitStore::hold_over_rate),
     /// [`LimitStore::charge_tokens`](crate::store::LimitStore::charge_tokens)): it is no way around a limit.
+    /// The group context kept beside the conversation (overheard messages) is forgotten
+    /// in the same transaction.
     async fn reset_context(&self, reset: ContextReset<'_>) -> Result<(), StoreError>;
 
     /// Conversations of `platform` whose last stored message arrived at or after
     /// `since`, most recently active first, at most `limit`. Each carries the platform
-    /// id of the message stored last, so an adapter can read back what it missed.
+    /// id of the message stored last, so an adapter can read back what it missed: the
+    /// last by row id (no loss: catch-up resumes after it), never one that merely has a
+    /// larger platform id.
     async fn recent_conversations(
         &self,
         query: RecentQuery,

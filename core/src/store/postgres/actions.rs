@@ -95,7 +95,6 @@ impl ActionStore for PostgresStore {
         transaction!(self, Operation::Other, "storing an action's result", |tx| {
             async {
                 let now = self.now(&tx, caller).await?;
-                // A finished action is a fact: recorded by its reserving token, lease or not.
                 let changed = execute(
                     &tx,
                     "UPDATE actions SET state = 'done', result = $3, is_error = $4, updated_at = $5

@@ -95,7 +95,6 @@ impl MessageStore for PostgresStore {
                     return Ok(IngestOutcome::EditIgnored);
                 };
                 let (id, answered): (i64, i64) = (found.get(0), found.get(1));
-                // Edits: only a still-pending message changes, and it counts as new.
                 let changed = execute(
                     &tx,
                     "UPDATE messages
@@ -108,7 +107,6 @@ impl MessageStore for PostgresStore {
                 if changed == 0 {
                     return Ok(IngestOutcome::EditIgnored);
                 }
-                // Rate limit: an applied edit counts in its author's window, as a message.
                 execute(
                     &tx,
                     "INSERT INTO edits (message_id, user_id, platform, edited_at)
@@ -145,7 +143,6 @@ impl MessageStore for PostgresStore {
                     "resetting the context",
                 )
                 .await?;
-                // A fresh context forgets the group context too.
                 execute(
                     &tx,
                     "DELETE FROM overheard WHERE conversation_id = $1",
@@ -184,8 +181,6 @@ impl MessageStore for PostgresStore {
                         TimeSource::Database => now.to_db(asked.since),
                         TimeSource::Caller => asked.since,
                     };
-                    // No loss: catch-up resumes after the message stored last (the highest row
-                    // id), never after one that merely has a larger platform id.
                     let rows = query(
                         &tx,
                         "SELECT c.key, c.is_group, m.platform_message_id

@@ -63,7 +63,6 @@ impl OutboxStore for PostgresStore {
             // offset of the caller's `now` (none when the caller is the clock).
             let now = self.now(&tx, deferral.now).await?;
             let retry_at = now.to_db(deferral.retry_at);
-            // No loss: a failed attempt only postpones a row that is still undelivered.
             execute(
                 &tx,
                 "UPDATE outbox SET attempts = attempts + 1, next_attempt_at = $2, error = $3
@@ -80,8 +79,6 @@ impl OutboxStore for PostgresStore {
     async fn fail_outbox(&self, failure: OutboxFailure<'_>) -> Result<(), StoreError> {
         transaction!(self, Operation::Other, "giving up a delivery", |tx| async {
             let now = self.now(&tx, failure.now).await?;
-            // No duplicate: a row given up is never sent again; a sent row is never
-            // marked failed.
             execute(
                 &tx,
                 "UPDATE outbox SET attempts = attempts + 1, failed_at = $2, error = $3

@@ -20,9 +20,7 @@ impl OverheardStore for PostgresStore {
             |tx| {
                 async {
                 let now = self.now(&tx, heard.now).await?;
-                // Context only: the conversation row, never its version or timer.
                 let id = upsert_conversation(&tx, &heard.message.conversation, true, now.db).await?;
-                // No duplicate: a redelivered platform message is kept once.
                 let kept = execute(
                     &tx,
                     "INSERT INTO overheard (conversation_id, platform_message_id, author, text, received_at)
@@ -32,7 +30,6 @@ impl OverheardStore for PostgresStore {
                     "keeping an overheard message",
                 )
                 .await?;
-                // Bounded: only the newest `keep` stay, trimmed in the same write.
                 execute(
                     &tx,
                     "DELETE FROM overheard WHERE conversation_id = $1 AND id NOT IN (

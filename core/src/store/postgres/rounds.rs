@@ -214,7 +214,6 @@ impl RoundStore for PostgresStore {
         transaction!(self, Operation::Other, "storing a transcript", |tx| async {
             let now = self.now(&tx, write.now).await?;
             ensure_lease(&tx, write.lease, &row, now).await?;
-            // Transcribed once: a transcript already stored is never replaced.
             let stored = execute(
                 &tx,
                 "UPDATE messages SET transcript = $3

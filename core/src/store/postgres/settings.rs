@@ -63,7 +63,6 @@ impl SettingStore for PostgresStore {
             let current: Option<String> = query_opt(&tx, &read, &[&id.0], "reading a setting")
                 .await?
                 .and_then(|r| r.get(0));
-            // Applied once: the same value again writes nothing and stales nothing.
             if current.as_deref() == change.value {
                 return Ok(SettingOutcome::Unchanged);
             }
@@ -293,7 +292,6 @@ impl SettingStore for PostgresStore {
                 "forgetting an idle context",
             )
             .await?;
-            // Group chatter from before the quiet spell is no context for the fresh one.
             if n > 0 {
                 execute(
                     &tx,

@@ -68,7 +68,6 @@ impl ActionStore for SqliteStore {
         let key = done.key.clone();
         let result = done.result.to_owned();
         self.write("storing an action's result", move |tx| {
-            // A finished action is a fact: recorded by its reserving token, lease or not.
             let changed = tx
                 .prepare_cached(
                     "UPDATE actions SET state = 'done', result = ?3, is_error = ?4, updated_at = ?5

@@ -81,7 +81,6 @@ impl MessageStore for SqliteStore {
             let Some((id, answered)) = found else {
                 return Ok(IngestOutcome::EditIgnored);
             };
-            // Edits: only a still-pending message changes, and it counts as new.
             let changed = tx
                 .prepare_cached(
                     "UPDATE messages
@@ -95,7 +94,6 @@ impl MessageStore for SqliteStore {
             if changed == 0 {
                 return Ok(IngestOutcome::EditIgnored);
             }
-            // Rate limit: an applied edit counts in its author's window, as a message.
             tx.prepare_cached(
                 "INSERT INTO edits (message_id, user_id, platform, edited_at)
                  SELECT id, user_id, ?3, ?4 FROM messages WHERE conversation_id = ?1 AND platform_message_id = ?2",
@@ -126,7 +124,6 @@ impl MessageStore for SqliteStore {
                 .ctx("preparing a statement")?
                 .execute([id.0])
                 .ctx("resetting the context")?;
-            // A fresh context forgets the group context too.
             tx.prepare_cached("DELETE FROM overheard WHERE conversation_id = ?1")
                 .ctx("preparing a statement")?
                 .execute([id.0])
@@ -151,8 +148,6 @@ impl MessageStore for SqliteStore {
         asked: RecentQuery,
     ) -> Result<Vec<RecentConversation>, StoreError> {
         self.with_conn(move |conn| {
-            // No loss: catch-up resumes after the message stored last (the highest row
-            // id), never after one that merely has a larger platform id.
             let mut stmt = conn
                 .prepare_cached(
                     "SELECT c.key, c.is_group, m.platform_message_id

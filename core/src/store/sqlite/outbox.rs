@@ -65,7 +65,6 @@ impl OutboxStore for SqliteStore {
         // compared on.
         let error = deferral.error.to_owned();
         self.write("deferring a delivery", move |tx| {
-            // No loss: a failed attempt only postpones a row that is still undelivered.
             tx.prepare_cached(
                 "UPDATE outbox SET attempts = attempts + 1, next_attempt_at = ?2, error = ?3
                  WHERE id = ?1 AND sent_at IS NULL AND failed_at IS NULL",
@@ -81,8 +80,6 @@ impl OutboxStore for SqliteStore {
     async fn fail_outbox(&self, failure: OutboxFailure<'_>) -> Result<(), StoreError> {
         let error = failure.error.to_owned();
         self.write("giving up a delivery", move |tx| {
-            // No duplicate: a row given up is never sent again; a sent row is never
-            // marked failed.
             tx.prepare_cached(
                 "UPDATE outbox SET attempts = attempts + 1, failed_at = ?2, error = ?3
                  WHERE id = ?1 AND sent_at IS NULL AND failed_at IS NULL",

@@ -14,9 +14,7 @@ use crate::store::{OverheardStore, StoreError};
 impl OverheardStore for SqliteStore {
     async fn overhear(&self, heard: Overhearing) -> Result<bool, StoreError> {
         self.write("keeping an overheard message", move |tx| {
-            // Context only: the conversation row, never its version or timer.
             let id = upsert_conversation(tx, &heard.message.conversation, true, heard.now)?;
-            // No duplicate: a redelivered platform message is kept once.
             let kept = tx
                 .prepare_cached(
                     "INSERT INTO overheard (conversation_id, platform_message_id, author, text, received_at)
@@ -26,7 +24,6 @@ impl OverheardStore for SqliteStore {
                 .ctx("preparing a statement")?
                 .execute(params![id.0, heard.message.message_id, heard.message.author, heard.message.text, heard.now.0])
                 .ctx("keeping an overheard message")?;
-            // Bounded: only the newest `keep` stay, trimmed in the same write.
             tx.prepare_cached(
                 "DELETE FROM overheard WHERE conversation_id = ?1 AND id NOT IN (
                      SELECT id FROM overheard WHERE conversation_id = ?1 ORDER BY id DESC LIMIT ?2)",

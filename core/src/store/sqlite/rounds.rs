@@ -191,7 +191,6 @@ impl RoundStore for SqliteStore {
         self.write("storing a transcript", move |tx| {
             ensure_lease(tx, &lease, &row.resource, write.now)?;
             let conversation = conversation_of(&lease);
-            // Transcribed once: a transcript already stored is never replaced.
             let stored = tx
                 .execute(
                     "UPDATE messages SET transcript = ?3

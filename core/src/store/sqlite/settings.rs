@@ -44,7 +44,6 @@ impl SettingStore for SqliteStore {
                 .optional()
                 .ctx("reading a setting")?
                 .flatten();
-            // Applied once: the same value again writes nothing and stales nothing.
             if current == value {
                 return Ok(SettingOutcome::Unchanged);
             }
@@ -245,7 +244,6 @@ impl SettingStore for SqliteStore {
             .ctx("preparing a statement")?
             .execute(params![conversation.platform.as_str(), conversation.key, before])
             .ctx("forgetting an idle context")?;
-            // Group chatter from before the quiet spell is no context for the fresh one.
             if reset > 0 {
                 tx.prepare_cached(
                     "DELETE FROM overheard WHERE received_at <= ?3

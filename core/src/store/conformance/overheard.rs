@@ -2,8 +2,20 @@
 //! message, bounded per conversation, never pending, and forgotten by a reset.
 
 use super::{at, collect, due, holder, http, message, query, stored};
-use crate::domain::{Said, Version};
+use crate::domain::{ConversationId, Said, Version};
 use crate::store::{ContextReset, OverheardMessage, OverheardQuery, Overhearing, Store};
+
+/// The newest `limit` overheard messages of `conversation`, oldest first.
+async fn heard(store: &dyn Store, conversation: ConversationId, limit: usize) -> Vec<Said> {
+    let query = OverheardQuery {
+        conversation,
+        limit,
+    };
+    store
+        .overheard(query)
+        .await
+        .expect("reading overheard messages")
+}
 
 fn overheard(key: &str, id: &str, author: &str) -> OverheardMessage {
     OverheardMessage {
@@ -52,13 +64,7 @@ pub async fn overheard_messages_are_kept_once_and_bounded(store: &dyn Store) {
     let (id, version, _) = stored(store, message(http("g"), "m1"), &holder("a"), at(100)).await;
     assert_eq!(version, Version(1), "overheard messages bump no version");
     assert_eq!(
-        store
-            .overheard(OverheardQuery {
-                conversation: id,
-                limit: 10
-            })
-            .await
-            .unwrap(),
+        heard(store, id, 10).await,
         vec![
             Said::new("Bob", "text of o3"),
             Said::new("Bob", "text of o4"),
@@ -67,13 +73,7 @@ pub async fn overheard_messages_are_kept_once_and_bounded(store: &dyn Store) {
         "the newest three, oldest first"
     );
     assert_eq!(
-        store
-            .overheard(OverheardQuery {
-                conversation: id,
-                limit: 2
-            })
-            .await
-            .unwrap(),
+        heard(store, id, 2).await,
         vec![
             Said::new("Bob", "text of o4"),
             Said::new("Bob", "text of o5")
@@ -109,13 +109,7 @@ pub async fn overheard_messages_arm_no_timer(store: &dyn Store) {
     let (id, version, _) = stored(store, message(http("g1"), "m1"), &a, at(100)).await;
     assert_eq!(version, Version(1));
     assert_eq!(
-        store
-            .overheard(OverheardQuery {
-                conversation: id,
-                limit: 5
-            })
-            .await
-            .unwrap(),
+        heard(store, id, 5).await,
         vec![Said::new("Ann", "text of o1")],
         "each conversation its own"
     );
@@ -143,16 +137,7 @@ pub async fn a_reset_forgets_overheard_messages(store: &dyn Store) {
         })
         .await
         .unwrap();
-    assert!(
-        store
-            .overheard(OverheardQuery {
-                conversation: id,
-                limit: 5
-            })
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(heard(store, id, 5).await.is_empty());
     store
         .overhear(Overhearing {
             message: overheard("g", "o2", "Bob"),
@@ -162,13 +147,7 @@ pub async fn a_reset_forgets_overheard_messages(store: &dyn Store) {
         .await
         .unwrap();
     assert_eq!(
-        store
-            .overheard(OverheardQuery {
-                conversation: id,
-                limit: 5
-            })
-            .await
-            .unwrap(),
+        heard(store, id, 5).await,
         vec![Said::new("Bob", "text of o2")]
     );
 }

@@ -2,10 +2,21 @@
 //! fresh, and `/stop`.
 
 use super::{at, collect, committed, holder, http, mark, message, round, stale, stored};
+use crate::domain::{ConversationRef, Timestamp};
 use crate::store::{
     CommandClaim, ConversationSettings, IdleForget, ReplyCommit, RetryOutcome, RetryRequest,
-    Setting, SettingChange, SettingOutcome, Stop, Store,
+    Setting, SettingChange, SettingOutcome, Stop, Stopped, Store,
 };
+
+/// `/stop` of the direct conversation `conversation` at `now`.
+async fn stop(store: &dyn Store, conversation: &ConversationRef, now: Timestamp) -> Stopped {
+    let stop = Stop {
+        conversation,
+        is_group: false,
+        now,
+    };
+    store.stop_conversation(stop).await.expect("stopping")
+}
 
 async fn change(
     store: &dyn Store,
@@ -97,14 +108,7 @@ pub async fn stop_closes_the_pending_messages_and_the_generation(store: &dyn Sto
     let a = holder("a");
     let c1 = http("c1");
     let (id, lease, batch) = round(store, &c1, &a, &["m1", "m2"], at(1000)).await;
-    let stopped = store
-        .stop_conversation(Stop {
-            conversation: &c1,
-            is_group: false,
-            now: at(1100),
-        })
-        .await
-        .expect("stopping");
+    let stopped = stop(store, &c1, at(1100)).await;
     assert_eq!((stopped.conversation, stopped.closed.len()), (id, 2));
     assert!(stopped.version > batch.v0);
     // At 5 s the oldest message has waited past the 4 s cap: a stale reply would be
@@ -117,14 +121,7 @@ pub async fn stop_closes_the_pending_messages_and_the_generation(store: &dyn Sto
     assert!(after.pending.is_empty(), "{:?}", after.pending);
     assert_eq!(after.timer, None, "no timer is left");
     assert_eq!(store.is_settled(&c1).await.unwrap(), Some(true));
-    let nothing = store
-        .stop_conversation(Stop {
-            conversation: &c1,
-            is_group: false,
-            now: at(5100),
-        })
-        .await
-        .unwrap();
+    let nothing = stop(store, &c1, at(5100)).await;
     assert!(nothing.closed.is_empty(), "a second /stop closes nothing");
     stored(store, message(c1.clone(), "m3"), &a, at(5200)).await;
     let next = collect(store, id).await;

@@ -4,11 +4,27 @@ use super::{
     TTL, at, claim, claimed, collect, committed, holder, http, lost, message, ms, owed,
     pending_ids, release, reply, round, stored,
 };
-use crate::domain::{LeaseKey, Platform};
+use crate::domain::{Lease, LeaseKey, Platform, Timestamp};
 use crate::store::{
-    GiveUp, IdleDisarm, LeaseClaim, LeaseRelease, LeaseRenewal, PartSent, ReplyCommit,
-    RoundFailure, Store, StoreError,
+    Batch, CommitOutcome, GiveUp, IdleDisarm, LeaseClaim, LeaseRelease, LeaseRenewal, PartSent,
+    ReplyCommit, RoundFailure, Store, StoreError,
 };
+
+/// What the store answers a commit of the reply "late" under `lease`.
+async fn commit_late(
+    store: &dyn Store,
+    lease: &Lease,
+    batch: &Batch,
+    now: Timestamp,
+) -> Result<CommitOutcome, StoreError> {
+    let commit = ReplyCommit {
+        lease,
+        batch,
+        reply: reply("late"),
+        now,
+    };
+    store.commit_reply(commit).await
+}
 
 /// Exclusive: a lease is claimed only while free or expired, and every claim bumps
 /// the fencing token.
@@ -133,14 +149,7 @@ pub async fn fencing_refuses_an_earlier_claim_of_the_same_holder(store: &dyn Sto
         "a renewal under the earlier token",
     );
     lost(
-        store
-            .commit_reply(ReplyCommit {
-                lease: &old,
-                batch: &batch,
-                reply: reply("late"),
-                now,
-            })
-            .await,
+        commit_late(store, &old, &batch, now).await,
         "a commit under the earlier token",
     );
     lost(
@@ -165,14 +174,7 @@ pub async fn fencing_refuses_a_replaced_holder(store: &dyn Store) {
     let new = claimed(store, id, &b, old.expires_at).await;
     let now = old.expires_at.plus(ms(1));
     lost(
-        store
-            .commit_reply(ReplyCommit {
-                lease: &old,
-                batch: &batch,
-                reply: reply("late"),
-                now,
-            })
-            .await,
+        commit_late(store, &old, &batch, now).await,
         "a commit of the replaced holder",
     );
     lost(

@@ -238,22 +238,14 @@ pub async fn concurrent_picks_apply_once_and_never_slip_under_a_commit(store: &d
     let c1 = http("c1");
     for n in 0..4 {
         let value = format!("model-{n}");
-        let (one, two) = tokio::join!(
-            store.change_setting(SettingChange {
-                conversation: &c1,
-                is_group: false,
-                setting: Setting::Model,
-                value: Some(&value),
-                now: at(0)
-            }),
-            store.change_setting(SettingChange {
-                conversation: &c1,
-                is_group: false,
-                setting: Setting::Model,
-                value: Some(&value),
-                now: at(0)
-            }),
-        );
+        let pick = SettingChange {
+            conversation: &c1,
+            is_group: false,
+            setting: Setting::Model,
+            value: Some(&value),
+            now: at(0),
+        };
+        let (one, two) = tokio::join!(store.change_setting(pick), store.change_setting(pick));
         let outcomes = [one.unwrap(), two.unwrap()];
         let changed = outcomes
             .iter()

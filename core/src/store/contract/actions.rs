@@ -273,7 +273,7 @@ pub trait ActionStore: Send + Sync + 'static {
     /// reserved by that token (nothing changed).
     async fn finish_action(&self, result: ActionResult<'_>) -> Result<bool, StoreError>;
 
-    /// Every action of the batch, in the order stored. Given no
+    /// Every action of the batch starting at row `batch`, in the order stored. Given no
     /// `now`, its rows' times are as stored: the caller's timeline on SQLite and when
     /// the caller drives time, the database's on PostgreSQL in production (the rows
     /// are read for their states and results; deadlines come from
@@ -284,7 +284,7 @@ pub trait ActionStore: Send + Sync + 'static {
     /// `approved` (not yet run), oldest first.
     async fn open_approvals(&self, at: ConversationAt) -> Result<Vec<ActionRow>, StoreError>;
 
-    /// Answer the approval: `awaiting` → `approved` (or
+    /// Answer the approval `id` of `conversation`: `awaiting` → `approved` (or
     /// `refused`), once, by compare-and-swap (a double tap or two replicas: one
     /// decides, the other is told [`Decision::AlreadyDecided`]). Who may answer is the
     /// caller's check (the row's `requested_by`, or an admin).

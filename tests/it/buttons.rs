@@ -73,7 +73,7 @@ fn part<'a>(
 /// its next round with the answers its text names as quick replies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_notice_asking_for_approval_is_delivered_with_its_answers() {
-    use lull_core::store::{NewNotice, SqliteStore, prelude::*};
+    use lull_core::store::{Enqueue, NewNotice, SqliteStore, prelude::*};
     let db = crate::helpers::temp_db();
     let settings = crate::helpers::settings(200, 3000, 3000);
     let store = std::sync::Arc::new(SqliteStore::open(&db.path, settings.timers).unwrap());
@@ -86,17 +86,17 @@ async fn a_notice_asking_for_approval_is_delivered_with_its_answers() {
     node.outbound.wait_replies(1, SECS(10)).await;
     let question = lull_core::texts::approval_question(12, "counter__delete", "{}", "10m");
     store
-        .enqueue_notice(
-            NewNotice {
+        .enqueue_notice(Enqueue {
+            notice: NewNotice {
                 conversation: ConversationRef::new(Platform::Http, "c1"),
                 is_group: false,
                 text: question.clone(),
                 reply_to: None,
                 dedupe_key: "buttons-test-q12".into(),
             },
-            &lull_core::domain::HolderId::generate(),
-            lull_core::domain::Timestamp::now(),
-        )
+            holder: &lull_core::domain::HolderId::generate(),
+            now: lull_core::domain::Timestamp::now(),
+        })
         .await
         .unwrap();
     node.send("c1", "m2", "and now?").await;

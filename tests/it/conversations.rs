@@ -7,6 +7,7 @@ use lull_core::domain::Platform;
 
 use crate::dispatcher::wait_settled;
 use crate::helpers::{CountingEcho, Leases, Node, message, settings, temp_db};
+use lull_core::store::RecentQuery;
 
 /// `/reset` as a group's very first update must not record the group as a private
 /// chat: author names stay in the prompt, and catch-up still sees a group.
@@ -41,7 +42,11 @@ async fn a_group_whose_first_update_is_a_command_stays_a_group() {
     let recent = node
         .dispatcher
         .store()
-        .recent_conversations(Platform::Http, lull_core::domain::Timestamp(0), 10)
+        .recent_conversations(RecentQuery {
+            platform: Platform::Http,
+            since: lull_core::domain::Timestamp(0),
+            limit: 10,
+        })
         .await
         .unwrap();
     assert!(recent[0].is_group, "{recent:?}");

@@ -15,7 +15,9 @@ use lull_core::clock::SystemClock;
 use lull_core::dispatcher::Dispatcher;
 use lull_core::domain::{ConversationRef, HolderId, OutboxId, Platform, Timestamp};
 use lull_core::llm::echo::EchoResponder;
-use lull_core::store::{FaultPlan, NewMessage, OutboxKind, SqliteStore, Store, prelude::*};
+use lull_core::store::{
+    FaultPlan, NewMessage, OutboxKind, RecentQuery, SqliteStore, Store, prelude::*,
+};
 use lull_core::timing::TimerPolicy;
 use lull_port::health::Health;
 use lull_port::{Inbound, Outbound, OutgoingPart, SendError};
@@ -809,7 +811,11 @@ async fn recent_conversations_name_the_last_stored_message() {
             .unwrap();
     }
     let recent = store
-        .recent_conversations(Platform::Discord, Timestamp(5_000), 10)
+        .recent_conversations(RecentQuery {
+            platform: Platform::Discord,
+            since: Timestamp(5_000),
+            limit: 10,
+        })
         .await
         .unwrap();
     let got: Vec<_> = recent
@@ -824,7 +830,11 @@ async fn recent_conversations_name_the_last_stored_message() {
         .collect();
     assert_eq!(got, [("g1", true, "7"), ("dm", false, "100")]);
     let limited = store
-        .recent_conversations(Platform::Discord, Timestamp(0), 1)
+        .recent_conversations(RecentQuery {
+            platform: Platform::Discord,
+            since: Timestamp(0),
+            limit: 1,
+        })
         .await
         .unwrap();
     assert_eq!(limited.len(), 1);

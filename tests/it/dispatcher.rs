@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use lull_core::dispatcher::{Accepted, Event};
 use lull_core::domain::{ConversationRef, HolderId, LeaseKey, Platform};
 use lull_core::store::{
-    FaultPlan, MessageEdit, NewMessage, NewReply, SqliteStore, StoreError, prelude::*,
+    ConversationAt, FaultPlan, GiveUp, LeaseClaim, LeaseRenewal, MessageEdit, NewMessage, NewReply,
+    PartSent, ReplyCommit, SqliteStore, StoreError, StoredBy, prelude::*,
 };
 use lull_core::timing::TimerPolicy;
 use lull_port::SendError;
@@ -535,13 +536,23 @@ async fn fencing_refuses_a_commit_from_a_replaced_holder(backend: Backend) {
     };
     let key = LeaseKey::Conversation(id);
     let old = store
-        .claim_lease(&key, &HolderId::new("old"), ms(100), clock.now())
+        .claim_lease(LeaseClaim {
+            key: &key,
+            holder: &HolderId::new("old"),
+            ttl: ms(100),
+            now: clock.now(),
+        })
         .await
         .unwrap()
         .expect("free lease");
     assert!(
         store
-            .claim_lease(&key, &HolderId::new("new"), ms(100), clock.now())
+            .claim_lease(LeaseClaim {
+                key: &key,
+                holder: &HolderId::new("new"),
+                ttl: ms(100),
+                now: clock.now()
+            })
             .await
             .unwrap()
             .is_none(),
@@ -550,7 +561,12 @@ async fn fencing_refuses_a_commit_from_a_replaced_holder(backend: Backend) {
     let batch = store.collect(id, 10).await.unwrap();
     tokio::time::sleep(ms(150)).await;
     let new = store
-        .claim_lease(&key, &HolderId::new("new"), ms(10_000), clock.now())
+        .claim_lease(LeaseClaim {
+            key: &key,
+            holder: &HolderId::new("new"),
+            ttl: ms(10_000),
+            now: clock.now(),
+        })
         .await
         .unwrap()
         .expect("expired lease is claimable");
@@ -563,19 +579,35 @@ async fn fencing_refuses_a_commit_from_a_replaced_holder(backend: Backend) {
         held_out: Vec::new(),
     };
     let refused = store
-        .commit_reply(&old, &batch, reply("late"), clock.now())
+        .commit_reply(ReplyCommit {
+            lease: &old,
+            batch: &batch,
+            reply: reply("late"),
+            now: clock.now(),
+        })
         .await;
     assert!(
         matches!(refused, Err(StoreError::LeaseLost(_))),
         "{refused:?}"
     );
     assert!(matches!(
-        store.renew_lease(&old, ms(100), clock.now()).await,
+        store
+            .renew_lease(LeaseRenewal {
+                lease: &old,
+                ttl: ms(100),
+                now: clock.now()
+            })
+            .await,
         Err(StoreError::LeaseLost(_))
     ));
     let batch = store.collect(id, 10).await.unwrap();
     store
-        .commit_reply(&new, &batch, reply("fresh"), clock.now())
+        .commit_reply(ReplyCommit {
+            lease: &new,
+            batch: &batch,
+            reply: reply("fresh"),
+            now: clock.now(),
+        })
         .await
         .unwrap();
     let replies = db::replies(&db);
@@ -627,7 +659,12 @@ async fn giving_up_is_fenced_and_covers_each_message_once() {
     let id = ingest("m2").await;
     let key = LeaseKey::Conversation(id);
     let old = store
-        .claim_lease(&key, &HolderId::new("old"), ms(100), clock.now())
+        .claim_lease(LeaseClaim {
+            key: &key,
+            holder: &HolderId::new("old"),
+            ttl: ms(100),
+            now: clock.now(),
+        })
         .await
         .unwrap()
         .unwrap();
@@ -639,27 +676,58 @@ async fn giving_up_is_fenced_and_covers_each_message_once() {
         message_id: "m2".into(),
         text: "m2, edited".into(),
     };
-    store.edit(edit, &holder, clock.now()).await.unwrap();
+    store
+        .edit(
+            edit,
+            StoredBy {
+                holder: &holder,
+                now: clock.now(),
+            },
+        )
+        .await
+        .unwrap();
     ingest("m3").await;
     tokio::time::sleep(ms(150)).await;
     let new = store
-        .claim_lease(&key, &HolderId::new("new"), ms(10_000), clock.now())
+        .claim_lease(LeaseClaim {
+            key: &key,
+            holder: &HolderId::new("new"),
+            ttl: ms(10_000),
+            now: clock.now(),
+        })
         .await
         .unwrap()
         .unwrap();
-    let refused = store.give_up(&old, &batch, "too long", clock.now()).await;
+    let refused = store
+        .give_up(GiveUp {
+            lease: &old,
+            batch: &batch,
+            notice: "too long",
+            now: clock.now(),
+        })
+        .await;
     assert!(
         matches!(refused, Err(StoreError::LeaseLost(_))),
         "{refused:?}"
     );
     let notice = store
-        .give_up(&new, &batch, "too long", clock.now())
+        .give_up(GiveUp {
+            lease: &new,
+            batch: &batch,
+            notice: "too long",
+            now: clock.now(),
+        })
         .await
         .unwrap()
         .expect("m1 was pending");
     assert_eq!(
         store
-            .give_up(&new, &batch, "again", clock.now())
+            .give_up(GiveUp {
+                lease: &new,
+                batch: &batch,
+                notice: "again",
+                now: clock.now()
+            })
             .await
             .unwrap(),
         None,
@@ -677,7 +745,13 @@ async fn giving_up_is_fenced_and_covers_each_message_once() {
         1,
         "m2 and m3 keep theirs"
     );
-    let outbox = store.due_outbox(id, clock.now()).await.unwrap();
+    let outbox = store
+        .due_outbox(ConversationAt {
+            conversation: id,
+            now: clock.now(),
+        })
+        .await
+        .unwrap();
     assert_eq!(
         outbox[0].covers,
         ["m1"],
@@ -700,14 +774,29 @@ async fn giving_up_is_fenced_and_covers_each_message_once() {
         held_out: Vec::new(),
     };
     let committed = store
-        .commit_reply(&new, &batch, reply, clock.now())
+        .commit_reply(ReplyCommit {
+            lease: &new,
+            batch: &batch,
+            reply,
+            now: clock.now(),
+        })
         .await
         .unwrap();
     let lull_core::store::CommitOutcome::Committed { outbox: reply, .. } = committed else {
         panic!("{committed:?}");
     };
     for row in [&notice, &reply] {
-        store.mark_sent(row.id, 1, true, clock.now()).await.unwrap();
+        store
+            .mark_sent(
+                PartSent {
+                    outbox: row.id,
+                    parts_sent: 1,
+                    done: true,
+                },
+                clock.now(),
+            )
+            .await
+            .unwrap();
     }
     let verdict = db::check(&db.path);
     assert_eq!(

@@ -120,8 +120,9 @@ async fn postgres_announces_only_timers_earlier_than_every_known_one() {
     use std::time::Duration;
 
     use lull_core::domain::{HolderId, Platform};
-    use lull_core::store::conformance::at;
-    use lull_core::store::{IngestOutcome, PostgresStore, TimeSource, WorkQuery, prelude::*};
+    use lull_core::store::{
+        IngestOutcome, PostgresStore, TimeSource, WorkQuery, conformance::at, prelude::*,
+    };
 
     let Some(url) = crate::support::postgres::fresh_database() else {
         return;
@@ -229,7 +230,10 @@ async fn postgres_deadlines_are_on_the_database_clock_whatever_a_replica_clock_s
 
     use lull_core::clock::{Clock, SystemClock};
     use lull_core::domain::{HolderId, LeaseKey, Platform};
-    use lull_core::store::{IngestOutcome, PostgresStore, TimeSource, WorkQuery, prelude::*};
+    use lull_core::store::{
+        IngestOutcome, LeaseClaim, LeaseRelease, PostgresStore, RoundClaim, TimeSource, WorkQuery,
+        prelude::*,
+    };
 
     /// Whether the skewed replica (a) took the held lease, (b) found the timer due.
     async fn skewed_replica(url: &str, time: TimeSource) -> (bool, bool) {
@@ -253,11 +257,24 @@ async fn postgres_deadlines_are_on_the_database_clock_whatever_a_replica_clock_s
         let key = LeaseKey::Conversation(conversation);
         let ttl = Duration::from_secs(10);
         let held = store
-            .claim_lease(&key, &on_time, ttl, now)
+            .claim_lease(LeaseClaim {
+                key: &key,
+                holder: &on_time,
+                ttl,
+                now,
+            })
             .await
             .unwrap()
             .expect("a free lease");
-        let taken = store.claim_lease(&key, &ahead, ttl, skewed).await.unwrap();
+        let taken = store
+            .claim_lease(LeaseClaim {
+                key: &key,
+                holder: &ahead,
+                ttl,
+                now: skewed,
+            })
+            .await
+            .unwrap();
         let took = taken.is_some();
         let query = WorkQuery {
             platforms: vec![Platform::Http],
@@ -266,9 +283,23 @@ async fn postgres_deadlines_are_on_the_database_clock_whatever_a_replica_clock_s
             limit: 10,
         };
         // Released, so only the timer decides whether the conversation is due.
-        store.release_lease(&held, None, now).await.unwrap();
+        store
+            .release_lease(LeaseRelease {
+                lease: &held,
+                last_sent: None,
+                now,
+            })
+            .await
+            .unwrap();
         if let Some(taken) = taken {
-            store.release_lease(&taken, None, skewed).await.unwrap();
+            store
+                .release_lease(LeaseRelease {
+                    lease: &taken,
+                    last_sent: None,
+                    now: skewed,
+                })
+                .await
+                .unwrap();
         }
         let work = store.due_work(&query, skewed).await.unwrap();
         if time == TimeSource::Database {
@@ -280,7 +311,13 @@ async fn postgres_deadlines_are_on_the_database_clock_whatever_a_replica_clock_s
             );
             // A round it claims sees the timer on its own timeline too: not yet due.
             let claimed = store
-                .claim_round(conversation, &ahead, ttl, 10, skewed)
+                .claim_round(RoundClaim {
+                    conversation,
+                    holder: &ahead,
+                    ttl,
+                    history: 10,
+                    now: skewed,
+                })
                 .await
                 .unwrap()
                 .expect("the lease is free");
@@ -335,7 +372,7 @@ async fn postgres_a_call_through_a_frozen_path_fails_in_bounded_time() {
 
     use lull_core::clock::{Clock, SystemClock};
     use lull_core::domain::{HolderId, LeaseKey};
-    use lull_core::store::{IngestOutcome, prelude::*};
+    use lull_core::store::{IngestOutcome, LeaseClaim, LeaseRenewal, prelude::*};
 
     use crate::support::freeze_proxy::FreezeProxy;
 
@@ -354,12 +391,12 @@ async fn postgres_a_call_through_a_frozen_path_fails_in_bounded_time() {
     };
     let ttl = Duration::from_secs(60);
     let lease = store
-        .claim_lease(
-            &LeaseKey::Conversation(conversation),
-            &holder,
+        .claim_lease(LeaseClaim {
+            key: &LeaseKey::Conversation(conversation),
+            holder: &holder,
             ttl,
-            SystemClock.now(),
-        )
+            now: SystemClock.now(),
+        })
         .await
         .unwrap()
         .expect("a free lease");
@@ -368,7 +405,11 @@ async fn postgres_a_call_through_a_frozen_path_fails_in_bounded_time() {
     let started = Instant::now();
     let renewed = tokio::time::timeout(
         Duration::from_secs(30),
-        store.renew_lease(&lease, ttl, SystemClock.now()),
+        store.renew_lease(LeaseRenewal {
+            lease: &lease,
+            ttl,
+            now: SystemClock.now(),
+        }),
     )
     .await;
     let took = started.elapsed();
@@ -379,7 +420,13 @@ async fn postgres_a_call_through_a_frozen_path_fails_in_bounded_time() {
     assert!(took < Duration::from_secs(15), "failed only after {took:?}");
 
     proxy.thaw();
-    let renewed = store.renew_lease(&lease, ttl, SystemClock.now()).await;
+    let renewed = store
+        .renew_lease(LeaseRenewal {
+            lease: &lease,
+            ttl,
+            now: SystemClock.now(),
+        })
+        .await;
     assert!(renewed.is_ok(), "after the thaw: {renewed:?}");
 }
 
@@ -687,7 +734,8 @@ async fn postgres_action_expiries_are_translated_between_timelines() {
     use lull_core::clock::{Clock, SystemClock};
     use lull_core::domain::{HolderId, Timestamp};
     use lull_core::store::{
-        ActionKey, ActionReservation, Decision, IngestOutcome, NewAction, prelude::*,
+        ActionKey, ActionReservation, ApprovalAnswer, ConversationAt, Decision, IngestOutcome,
+        NewAction, Reserve, RoundClaim, prelude::*,
     };
 
     let Some(url) = crate::support::postgres::fresh_database() else {
@@ -706,7 +754,13 @@ async fn postgres_action_expiries_are_translated_between_timelines() {
         panic!("stored");
     };
     let claimed = store
-        .claim_round(conversation, &holder, Duration::from_secs(30), 5, behind())
+        .claim_round(RoundClaim {
+            conversation,
+            holder: &holder,
+            ttl: Duration::from_secs(30),
+            history: 5,
+            now: behind(),
+        })
         .await
         .unwrap()
         .expect("the round is free");
@@ -724,7 +778,12 @@ async fn postgres_action_expiries_are_translated_between_timelines() {
     let now = behind();
     let minute = Timestamp(now.0 + 60_000);
     let ActionReservation::Awaiting { row, .. } = store
-        .reserve_action(&claimed.lease, batch.v0, ask("t__minute", minute), now)
+        .reserve_action(Reserve {
+            lease: &claimed.lease,
+            v0: batch.v0,
+            action: ask("t__minute", minute),
+            now,
+        })
         .await
         .unwrap()
     else {
@@ -735,7 +794,13 @@ async fn postgres_action_expiries_are_translated_between_timelines() {
         "handed back on the caller's timeline"
     );
     assert!((row.created_at.0 - now.0).abs() < 2_000, "{row:?}");
-    let seen_ahead = store.open_approvals(conversation, ahead()).await.unwrap();
+    let seen_ahead = store
+        .open_approvals(ConversationAt {
+            conversation,
+            now: ahead(),
+        })
+        .await
+        .unwrap();
     assert_eq!(
         seen_ahead.len(),
         1,
@@ -748,23 +813,34 @@ async fn postgres_action_expiries_are_translated_between_timelines() {
     // A short question: expired once the database's clock passes it.
     let now = behind();
     let ActionReservation::Awaiting { row: brief, .. } = store
-        .reserve_action(
-            &claimed.lease,
-            batch.v0,
-            ask("t__brief", Timestamp(now.0 + 300)),
+        .reserve_action(Reserve {
+            lease: &claimed.lease,
+            v0: batch.v0,
+            action: ask("t__brief", Timestamp(now.0 + 300)),
             now,
-        )
+        })
         .await
         .unwrap()
     else {
         panic!("awaiting");
     };
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let open = store.open_approvals(conversation, behind()).await.unwrap();
+    let open = store
+        .open_approvals(ConversationAt {
+            conversation,
+            now: behind(),
+        })
+        .await
+        .unwrap();
     assert_eq!(open.iter().map(|r| r.id).collect::<Vec<_>>(), [row.id]);
     assert!(matches!(
         store
-            .decide_action(conversation, brief.id, true, behind())
+            .decide_action(ApprovalAnswer {
+                conversation,
+                id: brief.id,
+                approve: true,
+                now: behind()
+            })
             .await
             .unwrap(),
         Decision::Expired(_)

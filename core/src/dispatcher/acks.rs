@@ -26,7 +26,7 @@ use std::time::Duration;
 use lull_port::{ConversationRef, Outbound, SendError};
 
 use crate::domain::ConversationId;
-use crate::store::Store;
+use crate::store::{AckOf, AcksCovered, Store};
 
 /// One reaction call's time limit: a hanging endpoint holds nothing but its task.
 pub const CALL_LIMIT: Duration = Duration::from_secs(5);
@@ -79,7 +79,14 @@ impl Acks {
                 acks.call(&call, true).await;
                 return;
             }
-            match acks.store.claim_ack(id, &message_id).await {
+            match acks
+                .store
+                .claim_ack(AckOf {
+                    conversation: id,
+                    message_id: &message_id,
+                })
+                .await
+            {
                 Ok(true) => {}
                 Ok(false) => return,
                 Err(e) => {
@@ -92,7 +99,14 @@ impl Acks {
             }
             // The reply went out while the reaction was on its way: its deliverer took
             // the row (and cleared a reaction not yet there). Take it off now.
-            if let Ok(false) = acks.store.ack_open(id, &message_id).await {
+            if let Ok(false) = acks
+                .store
+                .ack_open(AckOf {
+                    conversation: id,
+                    message_id: &message_id,
+                })
+                .await
+            {
                 acks.call(&call, false).await;
             }
         });
@@ -115,7 +129,14 @@ impl Acks {
         }
         let acks = self.clone();
         tokio::spawn(async move {
-            let taken = match acks.store.take_acks(id, &covers).await {
+            let taken = match acks
+                .store
+                .take_acks(AcksCovered {
+                    conversation: id,
+                    covers: &covers,
+                })
+                .await
+            {
                 Ok(taken) => taken,
                 Err(e) => {
                     tracing::debug!(%conversation, error = %e, "could not take the ack reactions of a reply; they stay");

@@ -9,7 +9,7 @@ use super::{Dispatcher, controls, notices};
 use crate::access::{AccessList, AccessRule, Sender, Subject, SubjectKind};
 use crate::domain::{Platform, Timestamp};
 use crate::limits;
-use crate::store::StoreError;
+use crate::store::{CommandClaim, ContextReset, StoreError};
 use crate::texts;
 
 /// Answer a command at once, without the model. `text` is the whole message (the
@@ -32,7 +32,11 @@ pub(super) async fn answer(
     if claimed
         && !dispatcher
             .store
-            .claim_command(&incoming.conversation, &incoming.message_id, now)
+            .claim_command(CommandClaim {
+                conversation: &incoming.conversation,
+                message_id: &incoming.message_id,
+                now,
+            })
             .await?
     {
         tracing::debug!(conversation = %incoming.conversation, message = %incoming.message_id, "command already acted on; not again");
@@ -75,12 +79,12 @@ async fn act(
         Command::Reset | Command::New => {
             dispatcher
                 .store
-                .reset_context(
-                    &incoming.conversation,
-                    incoming.is_group,
-                    &dispatcher.holder,
+                .reset_context(ContextReset {
+                    conversation: &incoming.conversation,
+                    is_group: incoming.is_group,
+                    holder: &dispatcher.holder,
                     now,
-                )
+                })
                 .await?;
             texts::RESET_TEXT.to_owned()
         }

@@ -13,7 +13,9 @@ use lull_port::{Command, Incoming};
 use super::{Dispatcher, Event};
 use crate::domain::{ConversationId, Timestamp, Version};
 use crate::limits;
-use crate::store::{RetryOutcome, Setting, SettingOutcome, StoreError};
+use crate::store::{
+    RetryOutcome, RetryRequest, Setting, SettingChange, SettingOutcome, Stop, StoreError,
+};
 use crate::texts;
 
 /// How long the server's model list is kept before `/model` asks again.
@@ -65,7 +67,11 @@ pub(super) async fn answer(
         Command::Stop => {
             let stopped = d
                 .store
-                .stop_conversation(&incoming.conversation, incoming.is_group, now)
+                .stop_conversation(Stop {
+                    conversation: &incoming.conversation,
+                    is_group: incoming.is_group,
+                    now,
+                })
                 .await?;
             moved(d, stopped.conversation, stopped.version);
             let closed = stopped.closed.len() as u64;
@@ -84,7 +90,12 @@ pub(super) async fn answer(
         Command::Retry => {
             let outcome = d
                 .store
-                .retry_last_reply(&incoming.conversation, incoming.is_group, &d.holder, now)
+                .retry_last_reply(RetryRequest {
+                    conversation: &incoming.conversation,
+                    is_group: incoming.is_group,
+                    holder: &d.holder,
+                    now,
+                })
                 .await?;
             match outcome {
                 RetryOutcome::Retried {
@@ -229,13 +240,13 @@ async fn change(
 ) -> Result<bool, StoreError> {
     let outcome = d
         .store
-        .change_setting(
-            &incoming.conversation,
-            incoming.is_group,
+        .change_setting(SettingChange {
+            conversation: &incoming.conversation,
+            is_group: incoming.is_group,
             setting,
             value,
             now,
-        )
+        })
         .await?;
     Ok(match outcome {
         SettingOutcome::Changed {

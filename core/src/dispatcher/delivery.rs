@@ -27,7 +27,7 @@ use super::lease_keeper::{FACT_BACKOFF, LeaseKeeper, loud};
 use super::{Dispatcher, Event};
 use crate::domain::{ConversationId, Timestamp};
 use crate::metrics as names;
-use crate::store::{OutboxKind, OutboxRow, PartSent};
+use crate::store::{OutboxDeferral, OutboxFailure, OutboxKind, OutboxRow, PartSent};
 use crate::timing::DELIVERY_BACKOFF;
 use lull_port::{Outbound, OutgoingPart, SendError};
 
@@ -138,10 +138,7 @@ impl<'a> Delivery<'a> {
         };
         let mut failures = 0;
         loop {
-            let written = d
-                .store
-                .mark_sent(sent.outbox, sent.parts_sent, sent.done, d.clock.now())
-                .await;
+            let written = d.store.mark_sent(sent, d.clock.now()).await;
             let error = match written {
                 Ok(()) => {
                     let mut last = self.last_sent.lock().expect("last-sent poisoned");
@@ -241,9 +238,7 @@ impl<'a> Delivery<'a> {
                     if let Some(before) = before
                         && crate::switches::defer_marks()
                     {
-                        d.store
-                            .mark_sent(before.outbox, before.parts_sent, before.done, d.clock.now())
-                            .await?;
+                        d.store.mark_sent(before, d.clock.now()).await?;
                     }
                 }
                 PartResult::Deferred => return Err(Interrupt::Deferred),
@@ -311,12 +306,12 @@ impl<'a> Delivery<'a> {
                 };
             // No secret reaches the database, whatever an adapter's error quoted.
             d.store
-                .defer_outbox(
-                    row.id,
+                .defer_outbox(OutboxDeferral {
+                    id: row.id,
                     retry_at,
-                    &lull_port::secrets::redact(error.to_string()),
+                    error: &lull_port::secrets::redact(error.to_string()),
                     now,
-                )
+                })
                 .await?;
             let wait = now.until(retry_at);
             tracing::warn!(
@@ -353,7 +348,13 @@ impl<'a> Delivery<'a> {
     ) -> Result<(), Interrupt> {
         let error = lull_port::secrets::redact(error.to_string());
         let d = self.dispatcher;
-        d.store.fail_outbox(row.id, &error, now).await?;
+        d.store
+            .fail_outbox(OutboxFailure {
+                id: row.id,
+                error: &error,
+                now,
+            })
+            .await?;
         if row.kind == OutboxKind::Reply {
             metrics::counter!(names::REPLIES_FAILED).increment(1);
         }

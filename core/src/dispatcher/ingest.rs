@@ -9,7 +9,10 @@ use crate::access::Sender;
 use crate::domain::{ConversationId, Timestamp};
 use crate::limits;
 use crate::metrics as names;
-use crate::store::{IngestOutcome, MessageEdit, NewMessage, RateHold, RateWindow, StoreError};
+use crate::store::{
+    IdleForget, IngestOutcome, MessageEdit, NewMessage, RateCheck, RateHold, RateWindow,
+    StoreError, StoredBy,
+};
 use crate::texts;
 
 /// Accept an inbound update: `Ok` once it is stored for good (or deliberately not
@@ -87,7 +90,11 @@ pub(super) async fn ingest(
     if let Some(idle) = settings.controls.idle_reset
         && incoming.kind == IncomingKind::New
         && store
-            .forget_if_idle(&incoming.conversation, idle, now)
+            .forget_if_idle(IdleForget {
+                conversation: &incoming.conversation,
+                idle,
+                now,
+            })
             .await
             .map_err(not_stored)?
     {
@@ -112,7 +119,7 @@ pub(super) async fn ingest(
                 message_id: incoming.message_id,
                 text,
             };
-            store.edit(edit, holder, now).await
+            store.edit(edit, StoredBy { holder, now }).await
         }
         // Kept (or dropped) at the top, never stored as a message; a message that
         // opened a thread is a new message by then (see `threads`).
@@ -140,7 +147,12 @@ pub(super) async fn ingest(
                 };
                 match dispatcher
                     .store
-                    .hold_over_rate(conversation, &limited.user_id, rate, now)
+                    .hold_over_rate(RateCheck {
+                        conversation,
+                        user_id: &limited.user_id,
+                        rate,
+                        now,
+                    })
                     .await
                 {
                     Ok(None) => {}

@@ -33,7 +33,7 @@ use super::Dispatcher;
 use crate::clock::Clock;
 use crate::domain::Timestamp;
 use crate::domain::{Lease, LeaseKey};
-use crate::store::{PartSent, Store, StoreError};
+use crate::store::{LeaseClaim, LeaseRelease, LeaseRenewal, PartSent, Store, StoreError};
 use crate::timing::LeaseTiming;
 
 /// Claim `key` for this process by compare-and-swap and keep it renewed until the
@@ -46,7 +46,12 @@ pub(super) async fn claim(
     let claimed_at = dispatcher.clock.now();
     let lease = dispatcher
         .store
-        .claim_lease(&key, &dispatcher.holder, timing.ttl(), claimed_at)
+        .claim_lease(LeaseClaim {
+            key: &key,
+            holder: &dispatcher.holder,
+            ttl: timing.ttl(),
+            now: claimed_at,
+        })
         .await?;
     Ok(lease.map(|lease| LeaseKeeper::keep(dispatcher, lease, claimed_at)))
 }
@@ -229,7 +234,11 @@ impl LeaseKeeper {
             let lease = self.lease();
             let Err(e) = self
                 .store
-                .release_lease(&lease, last_sent, self.clock.now())
+                .release_lease(LeaseRelease {
+                    lease: &lease,
+                    last_sent,
+                    now: self.clock.now(),
+                })
                 .await
             else {
                 break;
@@ -325,7 +334,11 @@ async fn renew(r: Renewal, bounded: bool) {
         if bounded && left.is_zero() {
             return r.give_up(&current.key, "could not renew a lease before it expired");
         }
-        let renewing = r.store.renew_lease(&current, r.timing.ttl(), now);
+        let renewing = r.store.renew_lease(LeaseRenewal {
+            lease: &current,
+            ttl: r.timing.ttl(),
+            now,
+        });
         let renewed = if bounded {
             match tokio::time::timeout(left, renewing).await {
                 Ok(renewed) => renewed,

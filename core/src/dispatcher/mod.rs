@@ -73,7 +73,7 @@ use crate::domain::{HolderId, Platform, Timestamp};
 use crate::limits::Limits;
 use crate::llm::transcribe::Transcriber;
 use crate::llm::{HistoryBudget, Responder};
-use crate::store::{Store, StoreError};
+use crate::store::{RecentQuery, Store, StoreError, Typing};
 use crate::timing::{LeaseTiming, TimerPolicy};
 use crate::tools::{ToolSettings, Toolbox};
 
@@ -461,7 +461,11 @@ impl lull_port::Intake for Dispatcher {
     ) -> Result<Vec<lull_port::RecentConversation>, IngestError> {
         Ok(self
             .store
-            .recent_conversations(platform, since, limit)
+            .recent_conversations(RecentQuery {
+                platform,
+                since,
+                limit,
+            })
             .await?)
     }
 
@@ -479,7 +483,12 @@ impl lull_port::Intake for Dispatcher {
         let now = self.clock.now();
         if let Some(due_at) = self
             .store
-            .extend_timer(&conversation, &user_id, crate::rhythm::TYPING_HOLD, now)
+            .extend_timer(Typing {
+                conversation: &conversation,
+                user_id: &user_id,
+                hold: crate::rhythm::TYPING_HOLD,
+                now,
+            })
             .await?
         {
             tracing::debug!(%conversation, due_at = due_at.0, "the author is typing: the timer waits");

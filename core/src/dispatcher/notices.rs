@@ -8,7 +8,7 @@ use lull_port::Incoming;
 
 use super::Dispatcher;
 use crate::domain::{ConversationRef, Timestamp};
-use crate::store::{Batch, NewNotice, OutboxRow, StoreError};
+use crate::store::{Batch, Enqueue, NewNotice, OutboxRow, StoreError};
 
 /// Where a notice goes, and which message it answers.
 pub(super) struct Notice<'a> {
@@ -63,7 +63,13 @@ impl<'a> Notice<'a> {
             reply_to: self.reply_to,
             dedupe_key,
         };
-        d.store.enqueue_notice(notice, &d.holder, now).await
+        d.store
+            .enqueue_notice(Enqueue {
+                notice,
+                holder: &d.holder,
+                now,
+            })
+            .await
     }
 }
 

@@ -8,7 +8,7 @@ use lull_port::{Accepted, Content, Incoming, IngestError};
 use super::Dispatcher;
 use super::ingest::not_stored;
 use crate::access::Sender;
-use crate::store::OverheardMessage;
+use crate::store::{OverheardMessage, Overhearing};
 
 /// Keep an overheard message when group context is on, the chat is a group and its
 /// sender is one lull would answer there (`LULL_ALLOWED_USERS`, `LULL_ALLOWED_CHATS`,
@@ -46,7 +46,7 @@ pub(super) async fn overhear(
     let now = dispatcher.clock.now();
     let kept = dispatcher
         .store
-        .overhear(message, keep, now)
+        .overhear(Overhearing { message, keep, now })
         .await
         .map_err(not_stored)?;
     tracing::debug!(kept, "group message kept as context");

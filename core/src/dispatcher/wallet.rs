@@ -47,8 +47,8 @@ use crate::limits::{self, Limits};
 use crate::llm::{Generation, Prompt};
 use crate::metrics as names;
 use crate::store::{
-    Batch, Charged, HeldOut, OutboxRow, PendingMessage, Reservation, ScopeCharge, StoreError,
-    TokenCharge,
+    Batch, Charged, HeldOut, LeaseCharge, OutboxRow, PendingMessage, Reservation, ScopeCharge,
+    StoreError, TokenCharge,
 };
 use crate::texts;
 
@@ -355,7 +355,7 @@ pub(super) async fn reserve(
         Reservation::Reserve,
         day.clone(),
     );
-    let (scope, used, limit) = match d.store.charge_tokens(lease, &charge, now).await? {
+    let (scope, used, limit) = match charge_under(d, lease, &charge, now).await? {
         Charged::Charged => {
             if reply < limits.reply_tokens {
                 tracing::debug!(conversation = %batch.conversation, max_tokens = reply, "the reply is capped to what the token budget has left");
@@ -488,7 +488,7 @@ pub(super) async fn settle(
         },
         reserved.day.clone(),
     );
-    d.store.charge_tokens(lease, &charge, now).await?;
+    charge_under(d, lease, &charge, now).await?;
     Ok(())
 }
 
@@ -518,7 +518,7 @@ pub(super) async fn count_dropped(
         hold_until: None,
         reservation: Reservation::None,
     };
-    d.store.charge_tokens(lease, &charge, now).await?;
+    charge_under(d, lease, &charge, now).await?;
     Ok(())
 }
 
@@ -547,7 +547,7 @@ pub(super) async fn charge_transcription(
         Reservation::None,
         limits.timezone.day(now),
     );
-    let charged = d.store.charge_tokens(lease, &charge, now).await? == Charged::Charged;
+    let charged = charge_under(d, lease, &charge, now).await? == Charged::Charged;
     if charged {
         metrics::counter!(names::TOKENS, "kind" => "transcription").increment(tokens as u64);
     }
@@ -576,8 +576,21 @@ pub(super) async fn refund_transcription(
         Reservation::None,
         limits.timezone.day(now),
     );
-    d.store.charge_tokens(lease, &charge, now).await?;
+    charge_under(d, lease, &charge, now).await?;
     Ok(())
+}
+
+/// Charge `charge` under `lease` at `now` ([`LimitStore::charge_tokens`](crate::store::LimitStore::charge_tokens)):
+/// all its scopes or none, fenced by the lease like the final check.
+async fn charge_under(
+    d: &Dispatcher,
+    lease: &Lease,
+    charge: &TokenCharge,
+    now: Timestamp,
+) -> Result<Charged, StoreError> {
+    d.store
+        .charge_tokens(LeaseCharge { lease, charge, now })
+        .await
 }
 
 /// A charge on `day`: `per_author` to each of `authors` (against their own budget,

@@ -58,6 +58,7 @@ mod condition;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 mod contract;
+mod ddl;
 mod error;
 mod faults;
 mod lease_rows;

@@ -15,9 +15,40 @@ use super::{
 };
 use crate::access::SubjectKind;
 use crate::domain::{
-    ConversationId, ConversationRef, Lease, LeaseToken, OutboxId, Said, Timestamp, Version,
+    ConversationId, ConversationRef, HolderId, Lease, LeaseToken, OutboxId, Platform, Said,
+    Timestamp, Version,
 };
+use crate::rhythm::{Cue, Waits};
 use crate::timing::TimerPolicy;
+
+/// A message stored (or edited) in `conversation`, whose version the caller bumps and
+/// whose timer it arms for `holder`, in the transaction that stores it. The wait is
+/// picked the same way on every backend ([`Arming::due_at`]); only the write differs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Arming<'a> {
+    pub(crate) conversation: ConversationId,
+    pub(crate) platform: Platform,
+    pub(crate) policy: TimerPolicy,
+    pub(crate) cue: Cue,
+    pub(crate) holder: &'a HolderId,
+    pub(crate) now: Timestamp,
+}
+
+impl Arming<'_> {
+    /// When the timer is due: the adaptive wait for the conversation's rhythm
+    /// (`waits`) and its `pending` count, capped from the oldest pending message (or
+    /// `now`). The database may only push it later (a backoff, a limit's hold).
+    pub(crate) fn due_at(
+        &self,
+        waits: Option<Waits>,
+        pending: (u32, Option<Timestamp>),
+    ) -> Timestamp {
+        let (count, first_pending) = pending;
+        let wait = self.policy.debounce_for(waits, self.cue, count);
+        self.policy
+            .due_after(wait, self.now, first_pending.unwrap_or(self.now), count)
+    }
+}
 
 /// The conversation a conversation's lease is on. A poller lease is never used for
 /// conversation work: that would be a bug, not a condition of the database.

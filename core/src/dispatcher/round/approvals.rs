@@ -12,7 +12,10 @@
 use super::{Interrupt, Round};
 use crate::domain::Version;
 use crate::llm::{Prompt, ToolCall, ToolTurn};
-use crate::store::{ActionReservation, ActionRow, ActionState, Batch, Decision, NewAction};
+use crate::store::{
+    ActionReservation, ActionRow, ActionState, ApprovalAnswer, Batch, BatchOf, ConversationAt,
+    Decision, NewAction, Reserve,
+};
 use crate::texts;
 use crate::tools::Effect;
 
@@ -67,7 +70,13 @@ impl Round<'_> {
         let mut decided = Vec::new();
         for (message, answer) in answers {
             let now = d.clock.now();
-            let open = d.store.open_approvals(self.conversation, now).await?;
+            let open = d
+                .store
+                .open_approvals(ConversationAt {
+                    conversation: self.conversation,
+                    now,
+                })
+                .await?;
             let row = match answer.id {
                 Some(id) => open.into_iter().find(|r| r.id == id),
                 None if open.len() == 1 => open.into_iter().next(),
@@ -100,7 +109,12 @@ impl Round<'_> {
             if row.state == ActionState::Awaiting {
                 match d
                     .store
-                    .decide_action(self.conversation, row.id, answer.approve, now)
+                    .decide_action(ApprovalAnswer {
+                        conversation: self.conversation,
+                        id: row.id,
+                        approve: answer.approve,
+                        now,
+                    })
                     .await?
                 {
                     Decision::Decided(now) | Decision::AlreadyDecided(now) => row = now,
@@ -147,7 +161,12 @@ impl Round<'_> {
             let lease = self.keeper.lease();
             let result = match d
                 .store
-                .reserve_action(&lease, batch.v0, action, now)
+                .reserve_action(Reserve {
+                    lease: &lease,
+                    v0: batch.v0,
+                    action,
+                    now,
+                })
                 .await?
             {
                 ActionReservation::Reserved(reserved) => match spec {
@@ -179,7 +198,10 @@ impl Round<'_> {
                 .push(turn(&call_id, &row.tool, &row.arguments, result));
             decided.extend(
                 d.store
-                    .actions_of_batch(self.conversation, row.batch)
+                    .actions_of_batch(BatchOf {
+                        conversation: self.conversation,
+                        batch: row.batch,
+                    })
                     .await?
                     .into_iter()
                     .filter(|r| r.id == row.id),

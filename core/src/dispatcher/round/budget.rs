@@ -8,7 +8,7 @@ use crate::dispatcher::wallet::{self, Reserved, Spent};
 use crate::domain::Timestamp;
 use crate::llm::Prompt;
 use crate::metrics as names;
-use crate::store::{Batch, HeldOut, OutboxRow};
+use crate::store::{Batch, GiveUp, HeldOut, OutboxRow};
 
 impl Round<'_> {
     /// Who pays: in a group, a member whose budget cannot pay their share of a reply
@@ -45,7 +45,12 @@ impl Round<'_> {
             let text = wallet::refusal_text(d, &over, now);
             rows.extend(
                 d.store
-                    .give_up(&self.keeper.lease(), &collected, &text, d.clock.now())
+                    .give_up(GiveUp {
+                        lease: &self.keeper.lease(),
+                        batch: &collected,
+                        notice: &text,
+                        now: d.clock.now(),
+                    })
                     .await?,
             );
             return Ok(None);

@@ -9,7 +9,7 @@ use crate::dispatcher::bounds;
 use crate::dispatcher::drafts::newer_message;
 use crate::domain::Said;
 use crate::llm::{FailureKind, Generation, LlmError, Partial, Prompt};
-use crate::store::{Batch, OutboxRow, PendingMessage};
+use crate::store::{Batch, GiveUp, OutboxRow, OverheardQuery, PendingMessage, RoundFailure};
 use crate::texts;
 use crate::timing::FAILURE_BACKOFF;
 
@@ -50,7 +50,10 @@ impl Round<'_> {
         match self
             .dispatcher
             .store
-            .overheard(self.conversation, keep)
+            .overheard(OverheardQuery {
+                conversation: self.conversation,
+                limit: keep,
+            })
             .await
         {
             Ok(overheard) => overheard,
@@ -176,7 +179,12 @@ impl Round<'_> {
         };
         let given_up = d
             .store
-            .give_up(&self.keeper.lease(), batch, text, d.clock.now())
+            .give_up(GiveUp {
+                lease: &self.keeper.lease(),
+                batch,
+                notice: text,
+                now: d.clock.now(),
+            })
             .await?;
         if let Some(outbox) = &given_up {
             d.emit(Event::GaveUp {
@@ -205,7 +213,11 @@ impl Round<'_> {
         let retry_at = now.plus(wait);
         let attempts = d
             .store
-            .record_failure(&self.keeper.lease(), retry_at, now)
+            .record_failure(RoundFailure {
+                lease: &self.keeper.lease(),
+                retry_at,
+                now,
+            })
             .await?;
         tracing::warn!(%conversation, attempts, error = %error, retry_in_ms = now.until(retry_at).as_millis() as u64, "generation failed; messages stay pending");
         d.emit(Event::GenerationFailed {

@@ -9,7 +9,7 @@ use super::{Interrupt, Round, add_note};
 use crate::dispatcher::wallet;
 use crate::limits;
 use crate::llm::{Image, LlmError, Prompt};
-use crate::store::{Batch, OutboxRow};
+use crate::store::{Batch, OutboxRow, TranscriptWrite};
 use crate::texts;
 
 /// How long fetching one image may take before the round counts it as a transient
@@ -265,12 +265,12 @@ impl Round<'_> {
                 }
             };
             d.store
-                .store_transcript(
-                    &self.keeper.lease(),
-                    message.row,
-                    &transcript,
-                    d.clock.now(),
-                )
+                .store_transcript(TranscriptWrite {
+                    lease: &self.keeper.lease(),
+                    message: message.row,
+                    transcript: &transcript,
+                    now: d.clock.now(),
+                })
                 .await?;
             tracing::info!(conversation = %batch.conversation, chars = transcript.chars().count(), "voice message transcribed");
             message.transcript = Some(transcript);

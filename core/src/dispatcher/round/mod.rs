@@ -27,7 +27,10 @@ use super::{Dispatcher, Event};
 use crate::domain::ConversationId;
 use crate::llm::{FailureKind, Prompt};
 use crate::metrics as names;
-use crate::store::{Batch, Claimed, CommitOutcome, NewReply, OutboxRow, StoreError};
+use crate::store::{
+    Batch, Claimed, CommitOutcome, IdleDisarm, NewReply, OutboxRow, ReplyCommit, RoundClaim,
+    StoreError,
+};
 use crate::texts;
 use tools::Generated;
 
@@ -57,13 +60,13 @@ pub(super) async fn run(
     let claimed_at = d.clock.now();
     let claimed = d
         .store
-        .claim_round(
+        .claim_round(RoundClaim {
             conversation,
-            &d.holder,
-            d.settings.lease.ttl(),
-            d.settings.history,
-            claimed_at,
-        )
+            holder: &d.holder,
+            ttl: d.settings.lease.ttl(),
+            history: d.settings.history,
+            now: claimed_at,
+        })
         .await;
     let Claimed {
         lease,
@@ -154,7 +157,11 @@ impl Round<'_> {
         if batch.pending.is_empty() {
             if batch.timer.is_some() {
                 d.store
-                    .disarm_idle_timer(&self.keeper.lease(), batch.v0, now)
+                    .disarm_idle_timer(IdleDisarm {
+                        lease: &self.keeper.lease(),
+                        v0: batch.v0,
+                        now,
+                    })
                     .await?;
             }
             return Ok(());
@@ -300,7 +307,12 @@ impl Round<'_> {
         // The final check: lease still ours and nothing new since v0 (or the cap).
         match d
             .store
-            .commit_reply(&lease, &batch, reply, d.clock.now())
+            .commit_reply(ReplyCommit {
+                lease: &lease,
+                batch: &batch,
+                reply,
+                now: d.clock.now(),
+            })
             .await?
         {
             CommitOutcome::Committed {

@@ -25,8 +25,8 @@ use crate::domain::{LeaseToken, Version};
 use crate::llm::{FailureKind, Generation, LlmError, Prompt, ToolCall, ToolTurn};
 use crate::metrics as names;
 use crate::store::{
-    ActionKey, ActionReservation, ActionRow, ActionState, Batch, NewAction, OutboxRow,
-    canonical_json,
+    ActionKey, ActionReservation, ActionResult, ActionRow, ActionState, Batch, BatchOf, NewAction,
+    OutboxRow, Reserve, canonical_json,
 };
 use crate::texts;
 use crate::tools::{CallOutcome, Effect, ToolSpec, Toolbox, Users};
@@ -99,7 +99,10 @@ impl Round<'_> {
         {
             let taken = d
                 .store
-                .actions_of_batch(self.conversation, first.row)
+                .actions_of_batch(BatchOf {
+                    conversation: self.conversation,
+                    batch: first.row,
+                })
                 .await?;
             let lines = action_lines(&taken);
             if !lines.is_empty() {
@@ -325,7 +328,12 @@ impl Round<'_> {
             let lease = self.keeper.lease();
             let reservation = d
                 .store
-                .reserve_action(&lease, batch.v0, action, now)
+                .reserve_action(Reserve {
+                    lease: &lease,
+                    v0: batch.v0,
+                    action,
+                    now,
+                })
                 .await?;
             match reservation {
                 ActionReservation::Reserved(row) => {
@@ -460,7 +468,13 @@ impl Round<'_> {
         loop {
             match d
                 .store
-                .finish_action(key, token, text, is_error, d.clock.now())
+                .finish_action(ActionResult {
+                    key,
+                    token,
+                    result: text,
+                    is_error,
+                    now: d.clock.now(),
+                })
                 .await
             {
                 Ok(true) => return,
@@ -501,7 +515,10 @@ impl Round<'_> {
         }
         let mut taken = d
             .store
-            .actions_of_batch(self.conversation, first.row)
+            .actions_of_batch(BatchOf {
+                conversation: self.conversation,
+                batch: first.row,
+            })
             .await?;
         taken.extend(decided.iter().cloned());
         let lines = action_lines(&taken);

@@ -5,8 +5,8 @@
 use super::{at, claimed, collect, holder, http, lost, message, ms, round, stored};
 use crate::domain::{ConversationId, Lease, LeaseToken, Timestamp, Version};
 use crate::store::{
-    ActionKey, ActionReservation, ActionRow, ActionState, Decision, NewAction, Store,
-    canonical_json,
+    ActionKey, ActionReservation, ActionResult, ActionRow, ActionState, ApprovalAnswer, BatchOf,
+    ConversationAt, Decision, NewAction, Reserve, Store, canonical_json,
 };
 
 /// A call of `tool` (arguments `{"n": n}`) for the batch starting at row `batch` of
@@ -47,7 +47,12 @@ async fn reserve(
     now: Timestamp,
 ) -> ActionReservation {
     store
-        .reserve_action(lease, v0, action.clone(), now)
+        .reserve_action(Reserve {
+            lease,
+            v0,
+            action: action.clone(),
+            now,
+        })
         .await
         .expect("reserving an action")
 }
@@ -95,14 +100,23 @@ async fn asked(
 
 async fn of_batch(store: &dyn Store, conversation: ConversationId, batch: i64) -> Vec<ActionRow> {
     store
-        .actions_of_batch(conversation, batch)
+        .actions_of_batch(BatchOf {
+            conversation,
+            batch,
+        })
         .await
         .expect("reading a batch's actions")
 }
 
 async fn finish(store: &dyn Store, key: &ActionKey, token: LeaseToken, result: &str) -> bool {
     store
-        .finish_action(key, token, result, false, at(0))
+        .finish_action(ActionResult {
+            key,
+            token,
+            result,
+            is_error: false,
+            now: at(0),
+        })
         .await
         .expect("storing an action's result")
 }
@@ -115,14 +129,19 @@ async fn decide(
     now: Timestamp,
 ) -> Decision {
     store
-        .decide_action(conversation, id, approve, now)
+        .decide_action(ApprovalAnswer {
+            conversation,
+            id,
+            approve,
+            now,
+        })
         .await
         .expect("deciding an approval")
 }
 
 async fn open(store: &dyn Store, conversation: ConversationId, now: Timestamp) -> Vec<i64> {
     store
-        .open_approvals(conversation, now)
+        .open_approvals(ConversationAt { conversation, now })
         .await
         .expect("reading open approvals")
         .iter()
@@ -192,7 +211,12 @@ pub async fn a_stale_or_unfenced_reservation_stores_nothing(store: &dyn Store) {
     let expired = lease.expires_at;
     lost(
         store
-            .reserve_action(&lease, fresh, action.clone(), expired)
+            .reserve_action(Reserve {
+                lease: &lease,
+                v0: fresh,
+                action: action.clone(),
+                now: expired,
+            })
             .await,
         "an expired lease",
     );
@@ -200,7 +224,12 @@ pub async fn a_stale_or_unfenced_reservation_stores_nothing(store: &dyn Store) {
     let taken = claimed(store, id, &b, expired).await;
     lost(
         store
-            .reserve_action(&lease, fresh, action.clone(), expired.plus(ms(10)))
+            .reserve_action(Reserve {
+                lease: &lease,
+                v0: fresh,
+                action: action.clone(),
+                now: expired.plus(ms(10)),
+            })
             .await,
         "a replaced holder",
     );
@@ -451,8 +480,18 @@ pub async fn concurrent_decisions_decide_once(store: &dyn Store) {
         let ask = destructive(call(id, start, "db__drop", n, at(9000)));
         let pending = asked(store, &lease, batch.v0, &ask, at(1100)).await;
         let (yes, no) = tokio::join!(
-            store.decide_action(id, pending.id, true, at(1200)),
-            store.decide_action(id, pending.id, false, at(1200)),
+            store.decide_action(ApprovalAnswer {
+                conversation: id,
+                id: pending.id,
+                approve: true,
+                now: at(1200)
+            }),
+            store.decide_action(ApprovalAnswer {
+                conversation: id,
+                id: pending.id,
+                approve: false,
+                now: at(1200)
+            }),
         );
         let answers = [yes.unwrap(), no.unwrap()];
         let decided = answers
@@ -474,8 +513,18 @@ pub async fn concurrent_reservations_of_one_key_store_one_row(store: &dyn Store)
     let start = batch.pending[0].row;
     let action = call(id, start, "mail__send", 1, at(9000));
     let (one, two) = tokio::join!(
-        store.reserve_action(&lease, batch.v0, action.clone(), at(1100)),
-        store.reserve_action(&lease, batch.v0, action.clone(), at(1100)),
+        store.reserve_action(Reserve {
+            lease: &lease,
+            v0: batch.v0,
+            action: action.clone(),
+            now: at(1100)
+        }),
+        store.reserve_action(Reserve {
+            lease: &lease,
+            v0: batch.v0,
+            action: action.clone(),
+            now: at(1100)
+        }),
     );
     let (ActionReservation::Reserved(one), ActionReservation::Reserved(two)) =
         (one.unwrap(), two.unwrap())

@@ -1,11 +1,30 @@
 //! Conformance of the leases area: compare-and-swap claims, renewal, release, fencing.
 
 use super::{
-    TTL, at, claim, claimed, collect, committed, holder, http, lost, message, ms, pending_ids,
-    reply, round, stored,
+    TTL, at, claim, claimed, collect, committed, holder, http, lost, message, ms, owed,
+    pending_ids, release, reply, round, stored,
 };
-use crate::domain::{LeaseKey, Platform};
-use crate::store::{PartSent, Store, StoreError};
+use crate::domain::{Lease, LeaseKey, Platform, Timestamp};
+use crate::store::{
+    Batch, CommitOutcome, GiveUp, IdleDisarm, LeaseClaim, LeaseRelease, LeaseRenewal, PartSent,
+    ReplyCommit, RoundFailure, Store, StoreError,
+};
+
+/// What the store answers a commit of the reply "late" under `lease`.
+async fn commit_late(
+    store: &dyn Store,
+    lease: &Lease,
+    batch: &Batch,
+    now: Timestamp,
+) -> Result<CommitOutcome, StoreError> {
+    let commit = ReplyCommit {
+        lease,
+        batch,
+        reply: reply("late"),
+        now,
+    };
+    store.commit_reply(commit).await
+}
 
 /// Exclusive: a lease is claimed only while free or expired, and every claim bumps
 /// the fencing token.
@@ -56,36 +75,56 @@ pub async fn a_lease_is_renewed_and_released(store: &dyn Store) {
     let (id, _, _) = stored(store, message(http("c1"), "m1"), &a, at(0)).await;
     let key = LeaseKey::Conversation(id);
     let lease = claimed(store, id, &a, at(0)).await;
-    let renewed = store.renew_lease(&lease, TTL, at(5000)).await.unwrap();
+    let renewed = store
+        .renew_lease(LeaseRenewal {
+            lease: &lease,
+            ttl: TTL,
+            now: at(5000),
+        })
+        .await
+        .unwrap();
     assert_eq!(renewed.expires_at, at(5000).plus(TTL));
     assert_eq!(renewed.token, lease.token, "a renewal is no new claim");
     assert!(
         claim(store, &key, &b, lease.expires_at).await.is_none(),
         "a renewed lease outlives its first expiry"
     );
-    store
-        .release_lease(&renewed, None, renewed.expires_at)
-        .await
-        .unwrap();
+    release(store, &renewed, renewed.expires_at).await;
     let taken = claim(store, &key, &b, at(5001))
         .await
         .expect("a released lease is claimable at once");
     assert!(taken.token > renewed.token);
     lost(
-        store.renew_lease(&renewed, TTL, at(5002)).await,
+        store
+            .renew_lease(LeaseRenewal {
+                lease: &renewed,
+                ttl: TTL,
+                now: at(5002),
+            })
+            .await,
         "renewing a lease taken over",
     );
-    store
-        .release_lease(&renewed, None, renewed.expires_at)
-        .await
-        .unwrap();
+    release(store, &renewed, renewed.expires_at).await;
     assert!(
         claim(store, &key, &c, at(5003)).await.is_none(),
         "releasing a lost lease leaves the new holder's alone"
     );
-    store.renew_lease(&taken, TTL, at(5004)).await.unwrap();
+    store
+        .renew_lease(LeaseRenewal {
+            lease: &taken,
+            ttl: TTL,
+            now: at(5004),
+        })
+        .await
+        .unwrap();
     lost(
-        store.renew_lease(&taken, TTL, at(60_000)).await,
+        store
+            .renew_lease(LeaseRenewal {
+                lease: &taken,
+                ttl: TTL,
+                now: at(60_000),
+            })
+            .await,
         "renewing an expired lease",
     );
 }
@@ -100,15 +139,27 @@ pub async fn fencing_refuses_an_earlier_claim_of_the_same_holder(store: &dyn Sto
     assert!(new.token > old.token, "every claim bumps the token");
     let now = old.expires_at.plus(ms(1));
     lost(
-        store.renew_lease(&old, TTL, now).await,
+        store
+            .renew_lease(LeaseRenewal {
+                lease: &old,
+                ttl: TTL,
+                now,
+            })
+            .await,
         "a renewal under the earlier token",
     );
     lost(
-        store.commit_reply(&old, &batch, reply("late"), now).await,
+        commit_late(store, &old, &batch, now).await,
         "a commit under the earlier token",
     );
     lost(
-        store.record_failure(&old, at(60_000), now).await,
+        store
+            .record_failure(RoundFailure {
+                lease: &old,
+                retry_at: at(60_000),
+                now,
+            })
+            .await,
         "a failure recorded under the earlier token",
     );
     committed(store, &new, &batch, "fresh", now).await;
@@ -123,34 +174,58 @@ pub async fn fencing_refuses_a_replaced_holder(store: &dyn Store) {
     let new = claimed(store, id, &b, old.expires_at).await;
     let now = old.expires_at.plus(ms(1));
     lost(
-        store.commit_reply(&old, &batch, reply("late"), now).await,
+        commit_late(store, &old, &batch, now).await,
         "a commit of the replaced holder",
     );
     lost(
-        store.give_up(&old, &batch, "late", now).await,
+        store
+            .give_up(GiveUp {
+                lease: &old,
+                batch: &batch,
+                notice: "late",
+                now,
+            })
+            .await,
         "a give-up of the replaced holder",
     );
     lost(
-        store.record_failure(&old, at(60_000), now).await,
+        store
+            .record_failure(RoundFailure {
+                lease: &old,
+                retry_at: at(60_000),
+                now,
+            })
+            .await,
         "a failure recorded by the replaced holder",
     );
     lost(
-        store.disarm_idle_timer(&old, batch.v0, now).await,
+        store
+            .disarm_idle_timer(IdleDisarm {
+                lease: &old,
+                v0: batch.v0,
+                now,
+            })
+            .await,
         "a timer disarmed by the replaced holder",
     );
     let untouched = collect(store, id).await;
     assert_eq!(pending_ids(&untouched), ["m1"]);
     assert_eq!(untouched.timer.map(|t| t.attempts), Some(0));
-    assert!(store.due_outbox(id, now).await.unwrap().is_empty());
+    assert!(owed(store, id, now).await.is_empty());
     let (outbox, forced) = committed(store, &new, &untouched, "fresh", now).await;
     assert!(!forced);
-    assert_eq!(store.due_outbox(id, now).await.unwrap()[0].id, outbox);
+    assert_eq!(owed(store, id, now).await[0].id, outbox);
 
     stored(store, message(c1, "m2"), &a, now).await;
     let batch = collect(store, id).await;
     lost(
         store
-            .commit_reply(&new, &batch, reply("expired"), new.expires_at)
+            .commit_reply(ReplyCommit {
+                lease: &new,
+                batch: &batch,
+                reply: reply("expired"),
+                now: new.expires_at,
+            })
             .await,
         "a commit under an expired lease",
     );
@@ -169,31 +244,37 @@ pub async fn the_last_part_is_recorded_with_the_release(store: &dyn Store) {
         done,
     };
     store
-        .release_lease(&lease, Some(sent(1, false)), at(1100))
+        .release_lease(LeaseRelease {
+            lease: &lease,
+            last_sent: Some(sent(1, false)),
+            now: at(1100),
+        })
         .await
         .unwrap();
-    assert_eq!(
-        store.due_outbox(id, at(1100)).await.unwrap()[0].parts_sent,
-        1
-    );
+    assert_eq!(owed(store, id, at(1100)).await[0].parts_sent, 1);
     let again = claimed(store, id, &a, at(1200)).await;
     // The lease expires and another holder takes it before the release.
     let taker = claimed(store, id, &b, again.expires_at).await;
     store
-        .release_lease(&again, Some(sent(2, true)), again.expires_at)
+        .release_lease(LeaseRelease {
+            lease: &again,
+            last_sent: Some(sent(2, true)),
+            now: again.expires_at,
+        })
         .await
         .unwrap();
     assert!(
-        store
-            .due_outbox(id, again.expires_at)
-            .await
-            .unwrap()
-            .is_empty(),
+        owed(store, id, again.expires_at).await.is_empty(),
         "the last part was recorded though the lease was lost"
     );
     lost(
         store
-            .claim_lease(&LeaseKey::Conversation(id), &a, ms(3000), again.expires_at)
+            .claim_lease(LeaseClaim {
+                key: &LeaseKey::Conversation(id),
+                holder: &a,
+                ttl: ms(3000),
+                now: again.expires_at,
+            })
             .await
             .map(|l| l.ok_or(StoreError::LeaseLost(LeaseKey::Conversation(id))))
             .and_then(|r| r),

@@ -5,15 +5,15 @@
 use std::time::Duration;
 
 use super::{
-    TTL, at, claimed, collect, due, holder, http, lost, message, ms, pending_ids, query, reply,
-    round, stored,
+    TTL, at, claimed, collect, due, holder, http, lost, message, ms, owed, pending_ids, query,
+    release, reply, round, stored,
 };
 use crate::access::SubjectKind;
-use crate::domain::{ConversationRef, OutboxId, Platform, Timestamp};
+use crate::domain::{ConversationId, ConversationRef, Lease, OutboxId, Platform, Timestamp};
 use crate::store::{
-    AccessRule, Batch, Charged, CommitOutcome, HeldOut, IngestOutcome, MessageEdit, NewMessage,
-    NewReply, OutboxKind, RateHold, RateWindow, Reservation, ScopeCharge, Store, Subject,
-    TokenCharge,
+    AccessRule, Batch, Charged, CommitOutcome, ContextReset, HeldOut, IngestOutcome, LeaseCharge,
+    MessageEdit, NewMessage, NewReply, OutboxKind, RateCheck, RateHold, RateWindow, ReplyCommit,
+    Reservation, RoundClaim, ScopeCharge, Store, StoreError, StoredBy, Subject, TokenCharge,
 };
 
 /// Rate limit: past `max` messages of one user within the window (across their
@@ -29,16 +29,10 @@ pub async fn a_rate_limit_holds_the_conversation_until_the_window_has_room(store
     };
     let (c1, c2) = (http("c1"), http("c2"));
     let (id1, _, _) = stored(store, message(c1.clone(), "m1"), &a, at(0)).await;
-    assert_eq!(
-        store.hold_over_rate(id1, "u1", rate, at(0)).await.unwrap(),
-        None
-    );
+    assert_eq!(rate_hold(store, id1, "u1", rate, at(0)).await, None);
     let (id2, _, _) = stored(store, message(c2.clone(), "m2"), &a, at(1000)).await;
     assert_eq!(
-        store
-            .hold_over_rate(id2, "u1", rate, at(1000))
-            .await
-            .unwrap(),
+        rate_hold(store, id2, "u1", rate, at(1000)).await,
         None,
         "two messages are within a limit of two"
     );
@@ -46,18 +40,12 @@ pub async fn a_rate_limit_holds_the_conversation_until_the_window_has_room(store
     other.user_id = "u2".into();
     stored(store, other, &a, at(1500)).await;
     assert_eq!(
-        store
-            .hold_over_rate(id1, "u2", rate, at(1500))
-            .await
-            .unwrap(),
+        rate_hold(store, id1, "u2", rate, at(1500)).await,
         None,
         "another user counts apart"
     );
     let (_, _, _) = stored(store, message(c1.clone(), "m3"), &a, at(2000)).await;
-    let hold = store
-        .hold_over_rate(id1, "u1", rate, at(2000))
-        .await
-        .unwrap();
+    let hold = rate_hold(store, id1, "u1", rate, at(2000)).await;
     assert_eq!(
         hold,
         Some(RateHold {
@@ -75,10 +63,7 @@ pub async fn a_rate_limit_holds_the_conversation_until_the_window_has_room(store
         "a later message does not cut the hold short"
     );
     assert_eq!(
-        store
-            .hold_over_rate(id1, "u1", rate, at(3000))
-            .await
-            .unwrap(),
+        rate_hold(store, id1, "u1", rate, at(3000)).await,
         Some(RateHold {
             until: at(60_000),
             began: false
@@ -89,7 +74,15 @@ pub async fn a_rate_limit_holds_the_conversation_until_the_window_has_room(store
         pending_ids(&collect(store, id1).await),
         ["m1", "m-other", "m3", "m4"]
     );
-    store.reset_context(&c1, false, &a, at(3500)).await.unwrap();
+    store
+        .reset_context(ContextReset {
+            conversation: &c1,
+            is_group: false,
+            holder: &a,
+            now: at(3500),
+        })
+        .await
+        .unwrap();
     let timer = collect(store, id1).await.timer.expect("armed");
     assert_eq!(timer.due_at, at(60_000), "/reset is no way around a hold");
     let query = query(&a, 10);
@@ -102,10 +95,7 @@ pub async fn a_rate_limit_holds_the_conversation_until_the_window_has_room(store
     telegram.is_group = false;
     let (id3, _, _) = stored(store, telegram, &a, at(4000)).await;
     assert_eq!(
-        store
-            .hold_over_rate(id3, "u1", rate, at(4000))
-            .await
-            .unwrap(),
+        rate_hold(store, id3, "u1", rate, at(4000)).await,
         None,
         "the same user id on another platform counts apart"
     );
@@ -127,14 +117,32 @@ pub async fn edits_count_in_the_rate_window(store: &dyn Store) {
         message_id: "m1".into(),
         text: text.into(),
     };
-    let hold = async |now: Timestamp| store.hold_over_rate(id, "u1", rate, now).await.unwrap();
+    let hold = async |now: Timestamp| rate_hold(store, id, "u1", rate, now).await;
     assert!(matches!(
-        store.edit(edit("first edit"), &a, at(100)).await.unwrap(),
+        store
+            .edit(
+                edit("first edit"),
+                StoredBy {
+                    holder: &a,
+                    now: at(100)
+                }
+            )
+            .await
+            .unwrap(),
         IngestOutcome::Stored { .. }
     ));
     assert_eq!(hold(at(100)).await, None, "a message and an edit: two");
     assert_eq!(
-        store.edit(edit("first edit"), &a, at(150)).await.unwrap(),
+        store
+            .edit(
+                edit("first edit"),
+                StoredBy {
+                    holder: &a,
+                    now: at(150)
+                }
+            )
+            .await
+            .unwrap(),
         IngestOutcome::EditIgnored
     );
     assert_eq!(
@@ -143,7 +151,16 @@ pub async fn edits_count_in_the_rate_window(store: &dyn Store) {
         "an ignored edit counts for nothing"
     );
     assert!(matches!(
-        store.edit(edit("second edit"), &a, at(200)).await.unwrap(),
+        store
+            .edit(
+                edit("second edit"),
+                StoredBy {
+                    holder: &a,
+                    now: at(200)
+                }
+            )
+            .await
+            .unwrap(),
         IngestOutcome::Stored { .. }
     ));
     assert_eq!(
@@ -158,6 +175,38 @@ pub async fn edits_count_in_the_rate_window(store: &dyn Store) {
         collect(store, id).await.timer.expect("armed").due_at,
         at(60_000)
     );
+}
+
+/// The rate hold after a message of `user_id` was stored in `conversation` at `now`.
+async fn rate_hold(
+    store: &dyn Store,
+    conversation: ConversationId,
+    user_id: &str,
+    rate: RateWindow,
+    now: Timestamp,
+) -> Option<RateHold> {
+    let check = RateCheck {
+        conversation,
+        user_id,
+        rate,
+        now,
+    };
+    store
+        .hold_over_rate(check)
+        .await
+        .expect("applying the rate limit")
+}
+
+/// `charge` under `lease` at `now`.
+async fn charged(
+    store: &dyn Store,
+    lease: &Lease,
+    charge: &TokenCharge,
+    now: Timestamp,
+) -> Result<Charged, StoreError> {
+    store
+        .charge_tokens(LeaseCharge { lease, charge, now })
+        .await
 }
 
 fn scope(name: &str, tokens: i64, limit: Option<u64>) -> ScopeCharge {
@@ -198,7 +247,7 @@ pub async fn a_token_charge_is_all_or_nothing_and_fenced(store: &dyn Store) {
         scope("bot", 600, Some(5000)),
     ]);
     assert_eq!(
-        store.charge_tokens(&lease, &first, at(1000)).await.unwrap(),
+        charged(store, &lease, &first, at(1000)).await.unwrap(),
         Charged::Charged
     );
     assert_eq!(
@@ -210,7 +259,7 @@ pub async fn a_token_charge_is_all_or_nothing_and_fenced(store: &dyn Store) {
         scope("user:http:u1", 500, Some(1000)),
     ]);
     assert_eq!(
-        store.charge_tokens(&lease, &over, at(1100)).await.unwrap(),
+        charged(store, &lease, &over, at(1100)).await.unwrap(),
         Charged::Over {
             scope: "user:http:u1".into(),
             used: 600,
@@ -226,10 +275,7 @@ pub async fn a_token_charge_is_all_or_nothing_and_fenced(store: &dyn Store) {
     assert_eq!(timer.due_at, at(86_400_000), "held until the budget resets");
     let give_back = charge(vec![scope("user:http:u1", -700, Some(1000))]);
     assert_eq!(
-        store
-            .charge_tokens(&lease, &give_back, at(1200))
-            .await
-            .unwrap(),
+        charged(store, &lease, &give_back, at(1200)).await.unwrap(),
         Charged::Charged
     );
     assert_eq!(usage(store, "2026-12-01", &["user:http:u1"]).await, [0]);
@@ -241,9 +287,7 @@ pub async fn a_token_charge_is_all_or_nothing_and_fenced(store: &dyn Store) {
 
     let taker = claimed(store, id, &b, lease.expires_at).await;
     lost(
-        store
-            .charge_tokens(&lease, &first, lease.expires_at.plus(ms(1)))
-            .await,
+        charged(store, &lease, &first, lease.expires_at.plus(ms(1))).await,
         "a charge of the replaced holder",
     );
     assert_eq!(usage(store, "2026-12-01", &["bot"]).await, [600]);
@@ -266,7 +310,7 @@ pub async fn concurrent_token_charges_never_pass_a_budget(store: &dyn Store) {
     let results = futures_util::future::join_all(
         leases
             .iter()
-            .map(|lease| store.charge_tokens(lease, &each, at(1500))),
+            .map(|lease| charged(store, lease, &each, at(1500))),
     )
     .await;
     let charged = results
@@ -364,7 +408,7 @@ pub async fn charges_naming_their_scopes_in_any_order_never_deadlock(store: &dyn
         let results =
             futures_util::future::join_all(leases.iter().enumerate().map(|(n, lease)| {
                 let charge = if n % 2 == 0 { &reserve } else { &settle };
-                store.charge_tokens(lease, charge, at(1500))
+                charged(store, lease, charge, at(1500))
             }))
             .await;
         slowest = slowest.max(started.elapsed());
@@ -398,7 +442,7 @@ pub async fn a_refused_charge_without_a_hold_holds_nothing(store: &dyn Store) {
         ..charge(vec![scope("user:http:u1", 500, Some(100))])
     };
     assert_eq!(
-        store.charge_tokens(&lease, &over, at(1100)).await.unwrap(),
+        charged(store, &lease, &over, at(1100)).await.unwrap(),
         Charged::Over {
             scope: "user:http:u1".into(),
             used: 0,
@@ -422,7 +466,7 @@ pub async fn an_abandoned_reservation_is_given_back_at_the_next_claim_on_its_day
         scope("user:http:u1", 100, None),
         scope("bot", 100, None),
     ]);
-    store.charge_tokens(&lease, &spent, at(1000)).await.unwrap();
+    charged(store, &lease, &spent, at(1000)).await.unwrap();
     let reserved = reservation(
         vec![
             scope("user:http:u1", 500, Some(1000)),
@@ -431,20 +475,14 @@ pub async fn an_abandoned_reservation_is_given_back_at_the_next_claim_on_its_day
         Reservation::Reserve,
     );
     assert_eq!(
-        store
-            .charge_tokens(&lease, &reserved, at(1100))
-            .await
-            .unwrap(),
+        charged(store, &lease, &reserved, at(1100)).await.unwrap(),
         Charged::Charged
     );
     let next_day = TokenCharge {
         day: "2026-12-02".into(),
         ..charge(vec![scope("bot", 50, None)])
     };
-    store
-        .charge_tokens(&lease, &next_day, at(1100))
-        .await
-        .unwrap();
+    charged(store, &lease, &next_day, at(1100)).await.unwrap();
     assert_eq!(
         usage(store, "2026-12-01", &["user:http:u1", "bot"]).await,
         [600, 600]
@@ -453,7 +491,13 @@ pub async fn an_abandoned_reservation_is_given_back_at_the_next_claim_on_its_day
     // The holder is gone; the next claim (a day later) gives the reservation back.
     let later = lease.expires_at.plus(Duration::from_secs(86_400));
     let claimed = store
-        .claim_round(id, &b, TTL, 10, later)
+        .claim_round(RoundClaim {
+            conversation: id,
+            holder: &b,
+            ttl: TTL,
+            history: 10,
+            now: later,
+        })
         .await
         .unwrap()
         .expect("the lease expired");
@@ -464,12 +508,15 @@ pub async fn an_abandoned_reservation_is_given_back_at_the_next_claim_on_its_day
     );
     assert_eq!(usage(store, "2026-12-02", &["bot"]).await, [50]);
 
+    release(store, &claimed.lease, later).await;
     store
-        .release_lease(&claimed.lease, None, later)
-        .await
-        .unwrap();
-    store
-        .claim_round(id, &c, TTL, 10, later)
+        .claim_round(RoundClaim {
+            conversation: id,
+            holder: &c,
+            ttl: TTL,
+            history: 10,
+            now: later,
+        })
         .await
         .unwrap()
         .expect("released");
@@ -489,18 +536,18 @@ pub async fn a_settled_reservation_is_not_given_back(store: &dyn Store) {
         vec![scope("user:http:u1", 500, Some(1000))],
         Reservation::Reserve,
     );
-    store
-        .charge_tokens(&lease, &reserved, at(1100))
-        .await
-        .unwrap();
+    charged(store, &lease, &reserved, at(1100)).await.unwrap();
     let settled = reservation(vec![scope("user:http:u1", -300, None)], Reservation::Settle);
-    store
-        .charge_tokens(&lease, &settled, at(1200))
-        .await
-        .unwrap();
+    charged(store, &lease, &settled, at(1200)).await.unwrap();
     assert_eq!(usage(store, "2026-12-01", &["user:http:u1"]).await, [200]);
     store
-        .claim_round(id, &b, TTL, 10, lease.expires_at)
+        .claim_round(RoundClaim {
+            conversation: id,
+            holder: &b,
+            ttl: TTL,
+            history: 10,
+            now: lease.expires_at,
+        })
         .await
         .unwrap()
         .expect("the lease expired");
@@ -545,15 +592,15 @@ pub async fn held_out_messages_are_covered_by_their_notice_with_the_reply(store:
     let batch = collect(store, id).await;
     let (answered, held) = without(&batch, "u1");
     let outcome = store
-        .commit_reply(
-            &lease,
-            &answered,
-            NewReply {
+        .commit_reply(ReplyCommit {
+            lease: &lease,
+            batch: &answered,
+            reply: NewReply {
                 held_out: vec![held],
                 ..reply("answer to u2")
             },
-            at(1200),
-        )
+            now: at(1200),
+        })
         .await
         .unwrap();
     let CommitOutcome::Committed {
@@ -573,7 +620,7 @@ pub async fn held_out_messages_are_covered_by_their_notice_with_the_reply(store:
         (OutboxKind::Notice, "u1: not enough left", Some("m3"))
     );
     assert_eq!(notices[0].covers, ["m1", "m3"]);
-    let rows = store.due_outbox(id, at(1200)).await.unwrap();
+    let rows = owed(store, id, at(1200)).await;
     let ids: Vec<OutboxId> = rows.iter().map(|r| r.id).collect();
     assert_eq!(
         ids,
@@ -601,21 +648,21 @@ pub async fn a_stale_reply_stores_no_held_out_notice(store: &dyn Store) {
     stored(store, group_message(&group, "m3", "u2"), &a, at(1150)).await;
     let (answered, held) = without(&batch, "u1");
     let outcome = store
-        .commit_reply(
-            &lease,
-            &answered,
-            NewReply {
+        .commit_reply(ReplyCommit {
+            lease: &lease,
+            batch: &answered,
+            reply: NewReply {
                 held_out: vec![held],
                 ..reply("stale")
             },
-            at(1200),
-        )
+            now: at(1200),
+        })
         .await
         .unwrap();
     assert!(
         matches!(outcome, CommitOutcome::Stale { .. }),
         "{outcome:?}"
     );
-    assert!(store.due_outbox(id, at(1200)).await.unwrap().is_empty());
+    assert!(owed(store, id, at(1200)).await.is_empty());
     assert_eq!(pending_ids(&collect(store, id).await), ["m1", "m2", "m3"]);
 }

@@ -4,7 +4,9 @@ use lull_port::{Media, MediaKind};
 
 use super::{at, claimed, collect, committed, holder, http, message, pending_ids, stored};
 use crate::domain::{ConversationRef, Platform, Version};
-use crate::store::{IngestOutcome, MessageEdit, NewMessage, RecentConversation, Store};
+use crate::store::{
+    IngestOutcome, MessageEdit, NewMessage, RecentConversation, RecentQuery, Store, StoredBy,
+};
 
 /// No duplicate: a redelivered update is not stored or counted again; the same
 /// platform id in another conversation is another message.
@@ -59,7 +61,16 @@ pub async fn media_are_stored_with_their_message(store: &dyn Store) {
         text: "[image] [image] and now?".into(),
     };
     assert!(matches!(
-        store.edit(edit, &a, at(20)).await.unwrap(),
+        store
+            .edit(
+                edit,
+                StoredBy {
+                    holder: &a,
+                    now: at(20)
+                }
+            )
+            .await
+            .unwrap(),
         IngestOutcome::Stored { .. }
     ));
     let batch = collect(store, id).await;
@@ -107,7 +118,16 @@ pub async fn edits_change_only_pending_messages(store: &dyn Store) {
     };
     let (id, _, _) = stored(store, message(c1.clone(), "m1"), &a, at(0)).await;
     assert_eq!(
-        store.edit(edit("m1", "edited"), &a, at(500)).await.unwrap(),
+        store
+            .edit(
+                edit("m1", "edited"),
+                StoredBy {
+                    holder: &a,
+                    now: at(500)
+                }
+            )
+            .await
+            .unwrap(),
         IngestOutcome::Stored {
             conversation: id,
             version: Version(2),
@@ -131,7 +151,16 @@ pub async fn edits_change_only_pending_messages(store: &dyn Store) {
         ),
     ] {
         assert_eq!(
-            store.edit(ignored, &a, at(600)).await.unwrap(),
+            store
+                .edit(
+                    ignored,
+                    StoredBy {
+                        holder: &a,
+                        now: at(600)
+                    }
+                )
+                .await
+                .unwrap(),
             IngestOutcome::EditIgnored,
             "{why}"
         );
@@ -140,7 +169,13 @@ pub async fn edits_change_only_pending_messages(store: &dyn Store) {
     committed(store, &lease, &batch, "answer", at(1500)).await;
     assert_eq!(
         store
-            .edit(edit("m1", "too late"), &a, at(1600))
+            .edit(
+                edit("m1", "too late"),
+                StoredBy {
+                    holder: &a,
+                    now: at(1600)
+                }
+            )
             .await
             .unwrap(),
         IngestOutcome::EditIgnored,
@@ -169,7 +204,13 @@ pub async fn recent_conversations_resume_after_the_last_stored_message(store: &d
         at(250),
     )
     .await;
-    let recent = |platform, since, limit| store.recent_conversations(platform, since, limit);
+    let recent = |platform, since, limit| {
+        store.recent_conversations(RecentQuery {
+            platform,
+            since,
+            limit,
+        })
+    };
     let entry = |key: &str, is_group, last: &str| RecentConversation {
         conversation: http(key),
         is_group,

@@ -49,6 +49,7 @@ use crate::domain::{
     ConversationId, ConversationRef, HolderId, Lease, LeaseKey, OutboxId, Platform, Timestamp,
     Version,
 };
+use crate::store::{ConversationAt, LeaseClaim, LeaseRelease, OutboxRow, PartSent, ReplyCommit};
 use crate::timing::TimerPolicy;
 use std::time::Duration;
 
@@ -239,7 +240,12 @@ async fn stored(
 
 async fn claim(store: &dyn Store, key: &LeaseKey, by: &HolderId, now: Timestamp) -> Option<Lease> {
     store
-        .claim_lease(key, by, TTL, now)
+        .claim_lease(LeaseClaim {
+            key,
+            holder: by,
+            ttl: TTL,
+            now,
+        })
         .await
         .expect("claiming a lease")
 }
@@ -253,6 +259,38 @@ async fn claimed(
     claim(store, &LeaseKey::Conversation(conversation), by, now)
         .await
         .unwrap_or_else(|| panic!("the lease on {conversation} is free at {now:?}"))
+}
+
+/// Give `lease` back at `now`, with nothing delivered to record.
+async fn release(store: &dyn Store, lease: &Lease, now: Timestamp) {
+    let release = LeaseRelease {
+        lease,
+        last_sent: None,
+        now,
+    };
+    store
+        .release_lease(release)
+        .await
+        .expect("releasing a lease");
+}
+
+/// Record that the first `parts_sent` parts of `outbox` were delivered (`done`: all).
+async fn mark(store: &dyn Store, outbox: OutboxId, parts_sent: u32, done: bool, now: Timestamp) {
+    let sent = PartSent {
+        outbox,
+        parts_sent,
+        done,
+    };
+    store
+        .mark_sent(sent, now)
+        .await
+        .expect("marking parts sent");
+}
+
+/// The outbox rows of `conversation` due at `now`.
+async fn owed(store: &dyn Store, conversation: ConversationId, now: Timestamp) -> Vec<OutboxRow> {
+    let at = ConversationAt { conversation, now };
+    store.due_outbox(at).await.expect("reading the outbox")
 }
 
 async fn collect(store: &dyn Store, conversation: ConversationId) -> Batch {
@@ -297,7 +335,15 @@ async fn committed(
     text: &str,
     now: Timestamp,
 ) -> (OutboxId, bool) {
-    match store.commit_reply(lease, batch, reply(text), now).await {
+    match store
+        .commit_reply(ReplyCommit {
+            lease,
+            batch,
+            reply: reply(text),
+            now,
+        })
+        .await
+    {
         Ok(CommitOutcome::Committed { outbox, forced, .. }) => (outbox.id, forced),
         other => panic!("the reply {text:?} was not committed: {other:?}"),
     }
@@ -305,7 +351,15 @@ async fn committed(
 
 /// Commit a reply that must be refused as stale: the version the conversation is at.
 async fn stale(store: &dyn Store, lease: &Lease, batch: &Batch, now: Timestamp) -> Version {
-    match store.commit_reply(lease, batch, reply("stale"), now).await {
+    match store
+        .commit_reply(ReplyCommit {
+            lease,
+            batch,
+            reply: reply("stale"),
+            now,
+        })
+        .await
+    {
         Ok(CommitOutcome::Stale { version }) => version,
         other => panic!("the reply was not stale: {other:?}"),
     }

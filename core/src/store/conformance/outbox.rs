@@ -1,8 +1,11 @@
 //! Conformance of the outbox area: delivery order and the row's stored time.
 
-use super::{TTL, at, holder, http, message, reply, round, stored};
+use super::{TTL, at, holder, http, mark, message, owed, release, reply, round, stored};
 use crate::domain::Timestamp;
-use crate::store::{CommitOutcome, NewNotice, OutboxKind, OutboxRow, Store};
+use crate::store::{
+    CommitOutcome, ConversationAt, Enqueue, NewNotice, OutboxDeferral, OutboxFailure, OutboxKind,
+    OutboxRow, ReplyCommit, RoundClaim, Store,
+};
 
 /// Notices are queued at most once per key; delivery keeps outbox order (a row
 /// waiting for its retry holds back the rows behind it), records parts without going
@@ -20,14 +23,22 @@ pub async fn the_outbox_is_delivered_in_order(store: &dyn Store) {
     };
     assert!(
         store
-            .enqueue_notice(notice("first", "k1"), &a, at(10))
+            .enqueue_notice(Enqueue {
+                notice: notice("first", "k1"),
+                holder: &a,
+                now: at(10)
+            })
             .await
             .unwrap()
             .is_some()
     );
     assert!(
         store
-            .enqueue_notice(notice("first", "k1"), &a, at(15))
+            .enqueue_notice(Enqueue {
+                notice: notice("first", "k1"),
+                holder: &a,
+                now: at(15)
+            })
             .await
             .unwrap()
             .is_none(),
@@ -35,14 +46,18 @@ pub async fn the_outbox_is_delivered_in_order(store: &dyn Store) {
     );
     assert!(
         store
-            .enqueue_notice(notice("second", "k2"), &a, at(20))
+            .enqueue_notice(Enqueue {
+                notice: notice("second", "k2"),
+                holder: &a,
+                now: at(20)
+            })
             .await
             .unwrap()
             .is_some()
     );
     let texts =
         |rows: &[OutboxRow]| -> Vec<String> { rows.iter().map(|r| r.text.clone()).collect() };
-    let rows = store.due_outbox(id, at(20)).await.unwrap();
+    let rows = owed(store, id, at(20)).await;
     assert_eq!(texts(&rows), ["first", "second"]);
     assert!(
         rows.iter()
@@ -51,40 +66,66 @@ pub async fn the_outbox_is_delivered_in_order(store: &dyn Store) {
     let (first, second) = (rows[0].id, rows[1].id);
 
     store
-        .defer_outbox(first, at(1000), "timed out", at(20))
+        .defer_outbox(OutboxDeferral {
+            id: first,
+            retry_at: at(1000),
+            error: "timed out",
+            now: at(20),
+        })
         .await
         .unwrap();
     assert!(
-        store.due_outbox(id, at(999)).await.unwrap().is_empty(),
+        owed(store, id, at(999)).await.is_empty(),
         "the head waits for its retry, and the rows behind it wait too"
     );
-    let rows = store.due_outbox(id, at(1000)).await.unwrap();
+    let rows = owed(store, id, at(1000)).await;
     assert_eq!(texts(&rows), ["first", "second"]);
     assert_eq!(rows[0].attempts, 1, "the failed attempt is counted");
 
-    store.mark_sent(first, 2, false, at(1000)).await.unwrap();
-    store.mark_sent(first, 1, false, at(1001)).await.unwrap();
-    let rows = store.due_outbox(id, at(1001)).await.unwrap();
+    mark(store, first, 2, false, at(1000)).await;
+    mark(store, first, 1, false, at(1001)).await;
+    let rows = owed(store, id, at(1001)).await;
     assert_eq!(rows[0].parts_sent, 2, "parts sent never go backwards");
-    store.mark_sent(first, 3, true, at(1002)).await.unwrap();
+    mark(store, first, 3, true, at(1002)).await;
     store
-        .defer_outbox(first, at(9000), "late", at(1002))
+        .defer_outbox(OutboxDeferral {
+            id: first,
+            retry_at: at(9000),
+            error: "late",
+            now: at(1002),
+        })
         .await
         .unwrap();
-    store.fail_outbox(first, "late", at(1003)).await.unwrap();
-    let rows = store.due_outbox(id, at(1003)).await.unwrap();
+    store
+        .fail_outbox(OutboxFailure {
+            id: first,
+            error: "late",
+            now: at(1003),
+        })
+        .await
+        .unwrap();
+    let rows = owed(store, id, at(1003)).await;
     assert_eq!(texts(&rows), ["second"], "a sent row is done");
 
     store
-        .fail_outbox(second, "refused", at(1004))
+        .fail_outbox(OutboxFailure {
+            id: second,
+            error: "refused",
+            now: at(1004),
+        })
         .await
         .unwrap();
     store
-        .defer_outbox(second, at(1005), "again", at(1004))
+        .defer_outbox(OutboxDeferral {
+            id: second,
+            retry_at: at(1005),
+            error: "again",
+            now: at(1004),
+        })
         .await
         .unwrap();
     assert!(
-        store.due_outbox(id, at(10_000)).await.unwrap().is_empty(),
+        owed(store, id, at(10_000)).await.is_empty(),
         "a given-up row is never tried again"
     );
 }
@@ -101,38 +142,57 @@ pub async fn an_outbox_row_is_stored_at_one_time_in_every_read(store: &dyn Store
     let (a, b) = (holder("a"), holder("b"));
     let (id, lease, batch) = round(store, &http("c1"), &a, &["m1"], at(1000)).await;
     let outbox = match store
-        .commit_reply(&lease, &batch, reply("answer"), at(1000))
+        .commit_reply(ReplyCommit {
+            lease: &lease,
+            batch: &batch,
+            reply: reply("answer"),
+            now: at(1000),
+        })
         .await
     {
         Ok(CommitOutcome::Committed { outbox, .. }) => outbox,
         other => panic!("the reply was not committed: {other:?}"),
     };
     let stored_at = outbox.stored_at;
-    store.release_lease(&lease, None, at(1000)).await.unwrap();
+    release(store, &lease, at(1000)).await;
     let mut reads = vec![("commit_reply", outbox)];
     let due_outbox = async |now: Timestamp| {
-        let rows = store.due_outbox(id, now).await.expect("reading the outbox");
+        let rows = store
+            .due_outbox(ConversationAt {
+                conversation: id,
+                now,
+            })
+            .await
+            .expect("reading the outbox");
         assert_eq!(rows.len(), 1, "the reply is owed at {now:?}: {rows:?}");
         rows.into_iter().next().unwrap()
     };
     reads.push(("due_outbox", due_outbox(at(1000)).await));
     // A failed attempt (its retry due at once); the retry reads the row again.
     store
-        .defer_outbox(reads[0].1.id, at(3000), "timed out", at(3000))
+        .defer_outbox(OutboxDeferral {
+            id: reads[0].1.id,
+            retry_at: at(3000),
+            error: "timed out",
+            now: at(3000),
+        })
         .await
         .unwrap();
     reads.push(("due_outbox after a retry", due_outbox(at(3000)).await));
     let claimed = store
-        .claim_round(id, &b, TTL, 10, at(900_000))
+        .claim_round(RoundClaim {
+            conversation: id,
+            holder: &b,
+            ttl: TTL,
+            history: 10,
+            now: at(900_000),
+        })
         .await
         .unwrap()
         .expect("the lease was released");
     assert_eq!(claimed.owed.len(), 1, "{:?}", claimed.owed);
     reads.push(("claim_round", claimed.owed[0].clone()));
-    store
-        .release_lease(&claimed.lease, None, at(900_000))
-        .await
-        .unwrap();
+    release(store, &claimed.lease, at(900_000)).await;
     reads.push(("due_outbox a day later", due_outbox(at(86_400_000)).await));
     for (read, row) in &reads {
         assert_eq!(row.id, reads[0].1.id, "{read}");

@@ -2,8 +2,20 @@
 //! message, bounded per conversation, never pending, and forgotten by a reset.
 
 use super::{at, collect, due, holder, http, message, query, stored};
-use crate::domain::{Said, Version};
-use crate::store::{OverheardMessage, Store};
+use crate::domain::{ConversationId, Said, Version};
+use crate::store::{ContextReset, OverheardMessage, OverheardQuery, Overhearing, Store};
+
+/// The newest `limit` overheard messages of `conversation`, oldest first.
+async fn heard(store: &dyn Store, conversation: ConversationId, limit: usize) -> Vec<Said> {
+    let query = OverheardQuery {
+        conversation,
+        limit,
+    };
+    store
+        .overheard(query)
+        .await
+        .expect("reading overheard messages")
+}
 
 fn overheard(key: &str, id: &str, author: &str) -> OverheardMessage {
     OverheardMessage {
@@ -19,20 +31,32 @@ fn overheard(key: &str, id: &str, author: &str) -> OverheardMessage {
 pub async fn overheard_messages_are_kept_once_and_bounded(store: &dyn Store) {
     assert!(
         store
-            .overhear(overheard("g", "o1", "Ann"), 3, at(10))
+            .overhear(Overhearing {
+                message: overheard("g", "o1", "Ann"),
+                keep: 3,
+                now: at(10)
+            })
             .await
             .unwrap()
     );
     assert!(
         !store
-            .overhear(overheard("g", "o1", "Ann"), 3, at(11))
+            .overhear(Overhearing {
+                message: overheard("g", "o1", "Ann"),
+                keep: 3,
+                now: at(11)
+            })
             .await
             .unwrap(),
         "a redelivery is kept once"
     );
     for (n, id) in ["o2", "o3", "o4", "o5"].into_iter().enumerate() {
         let kept = store
-            .overhear(overheard("g", id, "Bob"), 3, at(20 + n as u64))
+            .overhear(Overhearing {
+                message: overheard("g", id, "Bob"),
+                keep: 3,
+                now: at(20 + n as u64),
+            })
             .await
             .unwrap();
         assert!(kept);
@@ -40,7 +64,7 @@ pub async fn overheard_messages_are_kept_once_and_bounded(store: &dyn Store) {
     let (id, version, _) = stored(store, message(http("g"), "m1"), &holder("a"), at(100)).await;
     assert_eq!(version, Version(1), "overheard messages bump no version");
     assert_eq!(
-        store.overheard(id, 10).await.unwrap(),
+        heard(store, id, 10).await,
         vec![
             Said::new("Bob", "text of o3"),
             Said::new("Bob", "text of o4"),
@@ -49,7 +73,7 @@ pub async fn overheard_messages_are_kept_once_and_bounded(store: &dyn Store) {
         "the newest three, oldest first"
     );
     assert_eq!(
-        store.overheard(id, 2).await.unwrap(),
+        heard(store, id, 2).await,
         vec![
             Said::new("Bob", "text of o4"),
             Said::new("Bob", "text of o5")
@@ -64,11 +88,19 @@ pub async fn overheard_messages_are_kept_once_and_bounded(store: &dyn Store) {
 pub async fn overheard_messages_arm_no_timer(store: &dyn Store) {
     let a = holder("a");
     store
-        .overhear(overheard("g1", "o1", "Ann"), 5, at(10))
+        .overhear(Overhearing {
+            message: overheard("g1", "o1", "Ann"),
+            keep: 5,
+            now: at(10),
+        })
         .await
         .unwrap();
     store
-        .overhear(overheard("g2", "o1", "Bob"), 5, at(10))
+        .overhear(Overhearing {
+            message: overheard("g2", "o1", "Bob"),
+            keep: 5,
+            now: at(10),
+        })
         .await
         .unwrap();
     let work = due(store, &query(&a, 10), at(1_000_000)).await;
@@ -77,7 +109,7 @@ pub async fn overheard_messages_arm_no_timer(store: &dyn Store) {
     let (id, version, _) = stored(store, message(http("g1"), "m1"), &a, at(100)).await;
     assert_eq!(version, Version(1));
     assert_eq!(
-        store.overheard(id, 5).await.unwrap(),
+        heard(store, id, 5).await,
         vec![Said::new("Ann", "text of o1")],
         "each conversation its own"
     );
@@ -88,21 +120,34 @@ pub async fn overheard_messages_arm_no_timer(store: &dyn Store) {
 pub async fn a_reset_forgets_overheard_messages(store: &dyn Store) {
     let a = holder("a");
     store
-        .overhear(overheard("g", "o1", "Ann"), 5, at(10))
+        .overhear(Overhearing {
+            message: overheard("g", "o1", "Ann"),
+            keep: 5,
+            now: at(10),
+        })
         .await
         .unwrap();
     let (id, _, _) = stored(store, message(http("g"), "m1"), &a, at(20)).await;
     store
-        .reset_context(&http("g"), true, &a, at(30))
+        .reset_context(ContextReset {
+            conversation: &http("g"),
+            is_group: true,
+            holder: &a,
+            now: at(30),
+        })
         .await
         .unwrap();
-    assert!(store.overheard(id, 5).await.unwrap().is_empty());
+    assert!(heard(store, id, 5).await.is_empty());
     store
-        .overhear(overheard("g", "o2", "Bob"), 5, at(40))
+        .overhear(Overhearing {
+            message: overheard("g", "o2", "Bob"),
+            keep: 5,
+            now: at(40),
+        })
         .await
         .unwrap();
     assert_eq!(
-        store.overheard(id, 5).await.unwrap(),
+        heard(store, id, 5).await,
         vec![Said::new("Bob", "text of o2")]
     );
 }

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::rhythm::Rhythm;
+use crate::store::{LeaseRelease, Typing};
 
 /// Answer the messages `ids`, stored at the times `times`, with one committed reply
 /// `after` ms after the last of them.
@@ -25,7 +26,11 @@ async fn answer(
     let batch = collect(store, id).await;
     committed(store, &lease, &batch, "answer", end).await;
     store
-        .release_lease(&lease, None, end)
+        .release_lease(LeaseRelease {
+            lease: &lease,
+            last_sent: None,
+            now: end,
+        })
         .await
         .expect("releasing");
     id
@@ -55,7 +60,7 @@ pub async fn a_commit_teaches_the_rhythm_of_its_burst(store: &dyn Store) {
     stored(store, message(c1.clone(), "m4"), &a, at(2900)).await;
     stale(store, &lease, &batch, at(3000)).await;
     assert_eq!(store.rhythm(id).await.unwrap(), learned, "a stale reply");
-    store.release_lease(&lease, None, at(3000)).await.unwrap();
+    release(store, &lease, at(3000)).await;
     // m3 came 1100 ms after m2 (more than a window of 1000): a burst of its own; m4
     // 1200 ms after m3, inside this burst.
     let lease = claimed(store, id, &a, at(4000)).await;
@@ -91,13 +96,13 @@ pub async fn ingest_arms_the_wait_the_rhythm_allows(store: &dyn Store) {
     let lease = claimed(store, id, &a, at(21_000)).await;
     let batch = collect(store, id).await;
     committed(store, &lease, &batch, "answer", at(21_000)).await;
-    store.release_lease(&lease, None, at(21_000)).await.unwrap();
+    release(store, &lease, at(21_000)).await;
     let (_, _, due_at) = stored(store, message(c1.clone(), "m3"), &a, at(40_000)).await;
     assert_eq!(due_at, at(40_200), "complete messages: the shortest wait");
     let lease = claimed(store, id, &a, at(40_300)).await;
     let batch = collect(store, id).await;
     committed(store, &lease, &batch, "answer", at(40_300)).await;
-    store.release_lease(&lease, None, at(40_300)).await.unwrap();
+    release(store, &lease, at(40_300)).await;
     let mut unfinished = message(c1.clone(), "m4");
     unfinished.text = "here is what I mean:".into();
     let (_, _, due_at) = stored(store, unfinished, &a, at(60_000)).await;
@@ -122,7 +127,12 @@ pub async fn a_typing_author_holds_the_timer_never_past_the_cap(store: &dyn Stor
         let c1 = c1.clone();
         async move {
             store
-                .extend_timer(&c1, user, ms(hold), at(now))
+                .extend_timer(Typing {
+                    conversation: &c1,
+                    user_id: user,
+                    hold: ms(hold),
+                    now: at(now),
+                })
                 .await
                 .expect("extending a timer")
         }
@@ -146,7 +156,12 @@ pub async fn a_typing_author_holds_the_timer_never_past_the_cap(store: &dyn Stor
     let unknown = http("nobody");
     assert_eq!(
         store
-            .extend_timer(&unknown, "u1", ms(2000), at(800))
+            .extend_timer(Typing {
+                conversation: &unknown,
+                user_id: "u1",
+                hold: ms(2000),
+                now: at(800)
+            })
             .await
             .unwrap(),
         None

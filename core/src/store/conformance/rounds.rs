@@ -4,12 +4,14 @@
 use lull_port::{Media, MediaKind};
 
 use super::{
-    TTL, at, claimed, collect, committed, due, holder, http, message, ms, pending_ids, query,
-    reply, round, stale, stored,
+    TTL, at, claimed, collect, committed, due, holder, http, message, ms, owed, pending_ids, query,
+    release, reply, round, stale, stored,
 };
 use crate::domain::{LeaseKey, Said, Version};
 use crate::store::{
-    CommitOutcome, Exchange, MessageEdit, NewMessage, OutboxKind, Store, StoreError,
+    CommitOutcome, ContextReset, Exchange, GiveUp, IdleDisarm, LeaseClaim, MessageEdit, NewMessage,
+    OutboxDeferral, OutboxKind, ReplyCommit, RoundClaim, RoundFailure, Store, StoreError, StoredBy,
+    TranscriptWrite,
 };
 
 /// A transcript is written under the conversation's lease (a replaced holder's write
@@ -32,32 +34,57 @@ pub async fn a_transcript_is_stored_once_under_the_lease(store: &dyn Store) {
     let row = collect(store, id).await.pending[0].row;
     let key = LeaseKey::Conversation(id);
     let old = store
-        .claim_lease(&key, &a, TTL, at(100))
+        .claim_lease(LeaseClaim {
+            key: &key,
+            holder: &a,
+            ttl: TTL,
+            now: at(100),
+        })
         .await
         .unwrap()
         .unwrap();
     // The lease expires and b takes over: a's late write is fenced off.
     let new = store
-        .claim_lease(&key, &b, TTL, at(100).plus(TTL))
+        .claim_lease(LeaseClaim {
+            key: &key,
+            holder: &b,
+            ttl: TTL,
+            now: at(100).plus(TTL),
+        })
         .await
         .unwrap()
         .unwrap();
     assert!(matches!(
         store
-            .store_transcript(&old, row, "from a", at(100).plus(TTL))
+            .store_transcript(TranscriptWrite {
+                lease: &old,
+                message: row,
+                transcript: "from a",
+                now: at(100).plus(TTL)
+            })
             .await,
         Err(StoreError::LeaseLost(_))
     ));
     let now = at(200).plus(TTL);
     assert!(
         store
-            .store_transcript(&new, row, "hello there", now)
+            .store_transcript(TranscriptWrite {
+                lease: &new,
+                message: row,
+                transcript: "hello there",
+                now
+            })
             .await
             .unwrap()
     );
     assert!(
         !store
-            .store_transcript(&new, row, "again", now)
+            .store_transcript(TranscriptWrite {
+                lease: &new,
+                message: row,
+                transcript: "again",
+                now
+            })
             .await
             .unwrap(),
         "stored once"
@@ -67,7 +94,12 @@ pub async fn a_transcript_is_stored_once_under_the_lease(store: &dyn Store) {
     assert_eq!(batch.pending[0].said(), "[voice message]: hello there");
     assert_eq!(batch.pending[0].media[0].duration_secs, Some(3));
     let committed = store
-        .commit_reply(&new, &batch, reply("hi"), now)
+        .commit_reply(ReplyCommit {
+            lease: &new,
+            batch: &batch,
+            reply: reply("hi"),
+            now,
+        })
         .await
         .unwrap();
     assert!(matches!(committed, CommitOutcome::Committed { .. }));
@@ -97,7 +129,7 @@ pub async fn a_commit_answers_the_batch(store: &dyn Store) {
         after.pending.is_empty() && after.timer.is_none(),
         "{after:?}"
     );
-    let rows = store.due_outbox(id, at(1200)).await.unwrap();
+    let rows = owed(store, id, at(1200)).await;
     assert_eq!(rows.len(), 1);
     let row = &rows[0];
     assert_eq!(
@@ -137,12 +169,12 @@ pub async fn a_newer_message_makes_the_reply_stale(store: &dyn Store) {
     let (id, lease, batch) = round(store, &c1, &a, &["m1"], at(1000)).await;
     stored(store, message(c1, "m2"), &a, at(1200)).await;
     assert_eq!(stale(store, &lease, &batch, at(1300)).await, Version(2));
-    assert!(store.due_outbox(id, at(1300)).await.unwrap().is_empty());
+    assert!(owed(store, id, at(1300)).await.is_empty());
     let next = collect(store, id).await;
     assert_eq!(pending_ids(&next), ["m1", "m2"]);
     assert!(next.timer.is_some(), "the timer stays armed");
     committed(store, &lease, &next, "both", at(1400)).await;
-    let rows = store.due_outbox(id, at(1400)).await.unwrap();
+    let rows = owed(store, id, at(1400)).await;
     assert_eq!(rows[0].covers, ["m1", "m2"]);
 }
 
@@ -158,11 +190,8 @@ pub async fn the_cap_forces_a_stale_reply_out(store: &dyn Store) {
     assert_eq!(due_at, at(4000), "capped from m1");
     let (outbox, forced) = committed(store, &lease, &batch, "forced", at(4000)).await;
     assert!(forced, "the cap forced it");
-    assert_eq!(store.due_outbox(id, at(4000)).await.unwrap()[0].id, outbox);
-    assert_eq!(
-        store.due_outbox(id, at(4000)).await.unwrap()[0].covers,
-        ["m1"]
-    );
+    assert_eq!(owed(store, id, at(4000)).await[0].id, outbox);
+    assert_eq!(owed(store, id, at(4000)).await[0].covers, ["m1"]);
     let next = collect(store, id).await;
     assert_eq!(pending_ids(&next), ["m2", "m3"]);
     assert_eq!(
@@ -184,18 +213,33 @@ pub async fn a_forced_reply_leaves_an_edited_message_pending(store: &dyn Store) 
         text: text.into(),
     };
     let (id, lease, batch) = round(store, &c1, &a, &["m1", "m2"], at(1100)).await;
-    store.edit(edit("m2, edited"), &a, at(3000)).await.unwrap();
+    store
+        .edit(
+            edit("m2, edited"),
+            StoredBy {
+                holder: &a,
+                now: at(3000),
+            },
+        )
+        .await
+        .unwrap();
     let (_, forced) = committed(store, &lease, &batch, "forced", at(4000)).await;
     assert!(forced);
-    assert_eq!(
-        store.due_outbox(id, at(4000)).await.unwrap()[0].covers,
-        ["m1"]
-    );
+    assert_eq!(owed(store, id, at(4000)).await[0].covers, ["m1"]);
     let next = collect(store, id).await;
     assert_eq!(pending_ids(&next), ["m2"]);
     assert_eq!(next.pending[0].text, "m2, edited");
 
-    store.edit(edit("m2, again"), &a, at(4100)).await.unwrap();
+    store
+        .edit(
+            edit("m2, again"),
+            StoredBy {
+                holder: &a,
+                now: at(4100),
+            },
+        )
+        .await
+        .unwrap();
     assert_eq!(
         stale(store, &lease, &next, at(4200)).await,
         Version(4),
@@ -211,19 +255,29 @@ pub async fn giving_up_covers_each_message_once(store: &dyn Store) {
     let (id, lease, batch) = round(store, &c1, &a, &["m1", "m2"], at(1100)).await;
     stored(store, message(c1, "m3"), &a, at(1200)).await;
     let notice = store
-        .give_up(&lease, &batch, "too long", at(1300))
+        .give_up(GiveUp {
+            lease: &lease,
+            batch: &batch,
+            notice: "too long",
+            now: at(1300),
+        })
         .await
         .unwrap()
         .expect("m1 and m2 were pending");
     assert_eq!(
         store
-            .give_up(&lease, &batch, "again", at(1300))
+            .give_up(GiveUp {
+                lease: &lease,
+                batch: &batch,
+                notice: "again",
+                now: at(1300)
+            })
             .await
             .unwrap(),
         None,
         "nothing is given up twice"
     );
-    let rows = store.due_outbox(id, at(1300)).await.unwrap();
+    let rows = owed(store, id, at(1300)).await;
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0], notice, "give_up returns the row it stored");
     assert_eq!(rows[0].kind, OutboxKind::Notice);
@@ -247,7 +301,11 @@ pub async fn a_timer_with_pending_messages_is_never_disarmed(store: &dyn Store) 
     let a = holder("a");
     let (id, lease, batch) = round(store, &http("c1"), &a, &["m1"], at(1000)).await;
     store
-        .disarm_idle_timer(&lease, batch.v0, at(1000))
+        .disarm_idle_timer(IdleDisarm {
+            lease: &lease,
+            v0: batch.v0,
+            now: at(1000),
+        })
         .await
         .unwrap();
     assert!(collect(store, id).await.timer.is_some());
@@ -262,14 +320,25 @@ pub async fn a_round_is_claimed_with_what_it_works_on(store: &dyn Store) {
     let (id, lease, batch) = round(store, &c1, &a, &["m1"], at(1000)).await;
     let (reply, _) = committed(store, &lease, &batch, "first answer", at(1000)).await;
     store
-        .defer_outbox(reply, at(5000), "timed out", at(1000))
+        .defer_outbox(OutboxDeferral {
+            id: reply,
+            retry_at: at(5000),
+            error: "timed out",
+            now: at(1000),
+        })
         .await
         .unwrap();
-    store.release_lease(&lease, None, at(1000)).await.unwrap();
+    release(store, &lease, at(1000)).await;
     stored(store, message(c1.clone(), "m2"), &a, at(1100)).await;
 
     let claimed = store
-        .claim_round(id, &b, ms(3000), 10, at(2000))
+        .claim_round(RoundClaim {
+            conversation: id,
+            holder: &b,
+            ttl: ms(3000),
+            history: 10,
+            now: at(2000),
+        })
         .await
         .unwrap()
         .expect("the lease is free");
@@ -287,18 +356,27 @@ pub async fn a_round_is_claimed_with_what_it_works_on(store: &dyn Store) {
     );
     assert!(
         store
-            .claim_round(id, &a, ms(3000), 10, at(2001))
+            .claim_round(RoundClaim {
+                conversation: id,
+                holder: &a,
+                ttl: ms(3000),
+                history: 10,
+                now: at(2001)
+            })
             .await
             .unwrap()
             .is_none(),
         "exclusive: a live lease refuses another claim"
     );
-    store
-        .release_lease(&claimed.lease, None, at(2002))
-        .await
-        .unwrap();
+    release(store, &claimed.lease, at(2002)).await;
     let later = store
-        .claim_round(id, &a, ms(3000), 10, at(5000))
+        .claim_round(RoundClaim {
+            conversation: id,
+            holder: &a,
+            ttl: ms(3000),
+            history: 10,
+            now: at(5000),
+        })
         .await
         .unwrap()
         .expect("released");
@@ -306,7 +384,7 @@ pub async fn a_round_is_claimed_with_what_it_works_on(store: &dyn Store) {
         later.lease.token > claimed.lease.token,
         "fencing tokens grow"
     );
-    assert_eq!(later.owed, store.due_outbox(id, at(5000)).await.unwrap());
+    assert_eq!(later.owed, owed(store, id, at(5000)).await);
     assert_eq!(later.owed.len(), 1);
     assert_eq!(later.owed[0].id, reply);
     assert!(!later.held_back);
@@ -320,10 +398,7 @@ pub async fn failures_back_off_and_reset_starts_afresh(store: &dyn Store) {
     let c1 = http("c1");
     let (id, lease, batch) = round(store, &c1, &a, &["m1"], at(1000)).await;
     committed(store, &lease, &batch, "answer", at(1000)).await;
-    store
-        .release_lease(&lease, None, lease.expires_at)
-        .await
-        .unwrap();
+    release(store, &lease, lease.expires_at).await;
 
     stored(store, message(c1.clone(), "m2"), &a, at(2000)).await;
     let lease = claimed(store, id, &a, at(3000)).await;
@@ -331,22 +406,27 @@ pub async fn failures_back_off_and_reset_starts_afresh(store: &dyn Store) {
     let retry_at = at(60_000);
     assert_eq!(
         store
-            .record_failure(&lease, retry_at, at(3000))
+            .record_failure(RoundFailure {
+                lease: &lease,
+                retry_at,
+                now: at(3000)
+            })
             .await
             .unwrap(),
         1
     );
     assert_eq!(
         store
-            .record_failure(&lease, retry_at, at(3100))
+            .record_failure(RoundFailure {
+                lease: &lease,
+                retry_at,
+                now: at(3100)
+            })
             .await
             .unwrap(),
         2
     );
-    store
-        .release_lease(&lease, None, lease.expires_at)
-        .await
-        .unwrap();
+    release(store, &lease, lease.expires_at).await;
     let (_, _, due_at) = stored(store, message(c1.clone(), "m3"), &a, at(3200)).await;
     assert_eq!(
         due_at, retry_at,
@@ -355,7 +435,15 @@ pub async fn failures_back_off_and_reset_starts_afresh(store: &dyn Store) {
     let timer = collect(store, id).await.timer.expect("armed");
     assert_eq!((timer.due_at, timer.attempts), (retry_at, 2));
 
-    store.reset_context(&c1, false, &b, at(4000)).await.unwrap();
+    store
+        .reset_context(ContextReset {
+            conversation: &c1,
+            is_group: false,
+            holder: &b,
+            now: at(4000),
+        })
+        .await
+        .unwrap();
     let fresh = collect(store, id).await;
     assert_eq!(
         pending_ids(&fresh),

@@ -1,8 +1,22 @@
 //! Conformance of the settings area: a conversation's own choices, applied once and
 //! fresh, and `/stop`.
 
-use super::{at, collect, committed, holder, http, message, round, stale, stored};
-use crate::store::{ConversationSettings, RetryOutcome, Setting, SettingOutcome, Store};
+use super::{at, collect, committed, holder, http, mark, message, round, stale, stored};
+use crate::domain::{ConversationRef, Timestamp};
+use crate::store::{
+    CommandClaim, ConversationSettings, IdleForget, ReplyCommit, RetryOutcome, RetryRequest,
+    Setting, SettingChange, SettingOutcome, Stop, Stopped, Store,
+};
+
+/// `/stop` of the direct conversation `conversation` at `now`.
+async fn stop(store: &dyn Store, conversation: &ConversationRef, now: Timestamp) -> Stopped {
+    let stop = Stop {
+        conversation,
+        is_group: false,
+        now,
+    };
+    store.stop_conversation(stop).await.expect("stopping")
+}
 
 async fn change(
     store: &dyn Store,
@@ -11,7 +25,13 @@ async fn change(
     value: Option<&str>,
 ) -> SettingOutcome {
     store
-        .change_setting(conversation, false, setting, value, at(0))
+        .change_setting(SettingChange {
+            conversation,
+            is_group: false,
+            setting,
+            value,
+            now: at(0),
+        })
         .await
         .expect("changing a setting")
 }
@@ -88,10 +108,7 @@ pub async fn stop_closes_the_pending_messages_and_the_generation(store: &dyn Sto
     let a = holder("a");
     let c1 = http("c1");
     let (id, lease, batch) = round(store, &c1, &a, &["m1", "m2"], at(1000)).await;
-    let stopped = store
-        .stop_conversation(&c1, false, at(1100))
-        .await
-        .expect("stopping");
+    let stopped = stop(store, &c1, at(1100)).await;
     assert_eq!((stopped.conversation, stopped.closed.len()), (id, 2));
     assert!(stopped.version > batch.v0);
     // At 5 s the oldest message has waited past the 4 s cap: a stale reply would be
@@ -104,7 +121,7 @@ pub async fn stop_closes_the_pending_messages_and_the_generation(store: &dyn Sto
     assert!(after.pending.is_empty(), "{:?}", after.pending);
     assert_eq!(after.timer, None, "no timer is left");
     assert_eq!(store.is_settled(&c1).await.unwrap(), Some(true));
-    let nothing = store.stop_conversation(&c1, false, at(5100)).await.unwrap();
+    let nothing = stop(store, &c1, at(5100)).await;
     assert!(nothing.closed.is_empty(), "a second /stop closes nothing");
     stored(store, message(c1.clone(), "m3"), &a, at(5200)).await;
     let next = collect(store, id).await;
@@ -120,7 +137,11 @@ pub async fn an_idle_conversation_starts_afresh(store: &dyn Store) {
     let idle = std::time::Duration::from_secs(60);
     assert!(
         !store
-            .forget_if_idle(&http("c0"), idle, at(0))
+            .forget_if_idle(IdleForget {
+                conversation: &http("c0"),
+                idle,
+                now: at(0)
+            })
             .await
             .unwrap(),
         "never seen"
@@ -130,7 +151,14 @@ pub async fn an_idle_conversation_starts_afresh(store: &dyn Store) {
         let (id, lease, batch) = round(store, &c, &a, &["m1"], at(1000)).await;
         committed(store, &lease, &batch, "answer", at(1000)).await;
         assert_eq!(
-            store.forget_if_idle(&c, idle, at(next_at)).await.unwrap(),
+            store
+                .forget_if_idle(IdleForget {
+                    conversation: &c,
+                    idle,
+                    now: at(next_at)
+                })
+                .await
+                .unwrap(),
             fresh,
             "{key}"
         );
@@ -139,7 +167,11 @@ pub async fn an_idle_conversation_starts_afresh(store: &dyn Store) {
         assert_eq!(history.is_empty(), fresh, "{key}: {history:?}");
         assert!(
             !store
-                .forget_if_idle(&c, idle, at(next_at + 1))
+                .forget_if_idle(IdleForget {
+                    conversation: &c,
+                    idle,
+                    now: at(next_at + 1)
+                })
                 .await
                 .unwrap(),
             "{key}: just active"
@@ -153,7 +185,14 @@ pub async fn an_idle_conversation_starts_afresh(store: &dyn Store) {
 pub async fn retry_answers_the_last_batch_again(store: &dyn Store) {
     let a = holder("a");
     let c1 = http("c1");
-    let retry = |now| store.retry_last_reply(&c1, false, &a, now);
+    let retry = |now| {
+        store.retry_last_reply(RetryRequest {
+            conversation: &c1,
+            is_group: false,
+            holder: &a,
+            now,
+        })
+    };
     assert_eq!(retry(at(0)).await.unwrap(), RetryOutcome::Nothing);
     let (id, lease, batch) = round(store, &c1, &a, &["m1", "m2"], at(1000)).await;
     assert_eq!(
@@ -167,7 +206,7 @@ pub async fn retry_answers_the_last_batch_again(store: &dyn Store) {
         RetryOutcome::Busy,
         "not sent yet"
     );
-    store.mark_sent(outbox, 1, true, at(1100)).await.unwrap();
+    mark(store, outbox, 1, true, at(1100)).await;
     let RetryOutcome::Retried {
         conversation,
         version,
@@ -199,10 +238,14 @@ pub async fn concurrent_picks_apply_once_and_never_slip_under_a_commit(store: &d
     let c1 = http("c1");
     for n in 0..4 {
         let value = format!("model-{n}");
-        let (one, two) = tokio::join!(
-            store.change_setting(&c1, false, Setting::Model, Some(&value), at(0)),
-            store.change_setting(&c1, false, Setting::Model, Some(&value), at(0)),
-        );
+        let pick = SettingChange {
+            conversation: &c1,
+            is_group: false,
+            setting: Setting::Model,
+            value: Some(&value),
+            now: at(0),
+        };
+        let (one, two) = tokio::join!(store.change_setting(pick), store.change_setting(pick));
         let outcomes = [one.unwrap(), two.unwrap()];
         let changed = outcomes
             .iter()
@@ -212,8 +255,19 @@ pub async fn concurrent_picks_apply_once_and_never_slip_under_a_commit(store: &d
     }
     let (id, lease, batch) = round(store, &c1, &a, &["m1"], at(1000)).await;
     let (pick, commit) = tokio::join!(
-        store.change_setting(&c1, false, Setting::Model, Some("late"), at(1100)),
-        store.commit_reply(&lease, &batch, super::reply("answer"), at(1100)),
+        store.change_setting(SettingChange {
+            conversation: &c1,
+            is_group: false,
+            setting: Setting::Model,
+            value: Some("late"),
+            now: at(1100)
+        }),
+        store.commit_reply(ReplyCommit {
+            lease: &lease,
+            batch: &batch,
+            reply: super::reply("answer"),
+            now: at(1100)
+        }),
     );
     let SettingOutcome::Changed { version, .. } = pick.unwrap() else {
         panic!("the pick was not applied");
@@ -243,20 +297,51 @@ pub async fn concurrent_picks_apply_once_and_never_slip_under_a_commit(store: &d
 pub async fn a_command_is_claimed_once(store: &dyn Store) {
     let c1 = http("c1");
     let c2 = http("c2");
-    assert!(store.claim_command(&c1, "cmd1", at(1000)).await.unwrap());
     assert!(
-        !store.claim_command(&c1, "cmd1", at(2000)).await.unwrap(),
+        store
+            .claim_command(CommandClaim {
+                conversation: &c1,
+                message_id: "cmd1",
+                now: at(1000)
+            })
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .claim_command(CommandClaim {
+                conversation: &c1,
+                message_id: "cmd1",
+                now: at(2000)
+            })
+            .await
+            .unwrap(),
         "redelivered"
     );
     assert!(
-        store.claim_command(&c2, "cmd1", at(2000)).await.unwrap(),
+        store
+            .claim_command(CommandClaim {
+                conversation: &c2,
+                message_id: "cmd1",
+                now: at(2000)
+            })
+            .await
+            .unwrap(),
         "another chat"
     );
     for n in 0..4 {
         let id = format!("race{n}");
         let (one, two) = tokio::join!(
-            store.claim_command(&c1, &id, at(3000)),
-            store.claim_command(&c1, &id, at(3000)),
+            store.claim_command(CommandClaim {
+                conversation: &c1,
+                message_id: &id,
+                now: at(3000)
+            }),
+            store.claim_command(CommandClaim {
+                conversation: &c1,
+                message_id: &id,
+                now: at(3000)
+            }),
         );
         assert!(
             one.unwrap() ^ two.unwrap(),
@@ -266,19 +351,34 @@ pub async fn a_command_is_claimed_once(store: &dyn Store) {
     // A claim given back (its act failed) is claimed again by the redelivery.
     store.release_command(&c2, "cmd1").await.unwrap();
     assert!(
-        store.claim_command(&c2, "cmd1", at(2500)).await.unwrap(),
+        store
+            .claim_command(CommandClaim {
+                conversation: &c2,
+                message_id: "cmd1",
+                now: at(2500)
+            })
+            .await
+            .unwrap(),
         "given back"
     );
     let days = crate::store::COMMAND_CLAIM_DAYS as u64 * 86_400_000;
     assert!(
         store
-            .claim_command(&c2, "new", at(days + 3000))
+            .claim_command(CommandClaim {
+                conversation: &c2,
+                message_id: "new",
+                now: at(days + 3000)
+            })
             .await
             .unwrap()
     );
     assert!(
         store
-            .claim_command(&c1, "cmd1", at(days + 3000))
+            .claim_command(CommandClaim {
+                conversation: &c1,
+                message_id: "cmd1",
+                now: at(days + 3000)
+            })
             .await
             .unwrap(),
         "kept for COMMAND_CLAIM_DAYS, then forgotten"

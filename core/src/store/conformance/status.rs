@@ -3,11 +3,13 @@
 
 use std::time::Duration;
 
-use super::{TTL, at, claim, claimed, collect, holder, http, message, reply, stored};
+use super::{
+    TTL, at, claim, claimed, collect, holder, http, mark, message, release, reply, stored,
+};
 use crate::domain::{LeaseKey, Platform, Timestamp, TokenUsage};
 use crate::store::{
-    CommitOutcome, ConnectionLease, ConversationTokens, LiveHolder, NewNotice, NewReply,
-    RateWindow, Recent, Store, StoreStatus,
+    CommitOutcome, ConnectionLease, ConversationTokens, Enqueue, LiveHolder, NewNotice, NewReply,
+    OutboxFailure, RateCheck, RateWindow, Recent, ReplyCommit, RoundFailure, Store, StoreStatus,
 };
 
 /// A scripted day: one reply sent (120 tokens), one given up, one conversation backing
@@ -39,36 +41,54 @@ pub async fn the_status_counts_what_the_rows_say(store: &dyn Store) {
         ..reply("answer")
     };
     let sent = match store
-        .commit_reply(&lease, &batch, with_usage, at(1100))
+        .commit_reply(ReplyCommit {
+            lease: &lease,
+            batch: &batch,
+            reply: with_usage,
+            now: at(1100),
+        })
         .await
     {
         Ok(CommitOutcome::Committed { outbox, .. }) => outbox.id,
         other => panic!("the reply was not committed: {other:?}"),
     };
-    store.mark_sent(sent, 1, true, at(1200)).await.unwrap();
-    store.release_lease(&lease, None, at(1200)).await.unwrap();
+    mark(store, sent, 1, true, at(1200)).await;
+    release(store, &lease, at(1200)).await;
 
     // c3: answered (no usage), and its delivery given up.
     let lease = claimed(store, c3, &a, at(1000)).await;
     let batch = collect(store, c3).await;
     let failed = match store
-        .commit_reply(&lease, &batch, reply("lost"), at(1100))
+        .commit_reply(ReplyCommit {
+            lease: &lease,
+            batch: &batch,
+            reply: reply("lost"),
+            now: at(1100),
+        })
         .await
     {
         Ok(CommitOutcome::Committed { outbox, .. }) => outbox.id,
         other => panic!("the reply was not committed: {other:?}"),
     };
     store
-        .fail_outbox(failed, "refused", at(1300))
+        .fail_outbox(OutboxFailure {
+            id: failed,
+            error: "refused",
+            now: at(1300),
+        })
         .await
         .unwrap();
-    store.release_lease(&lease, None, at(1300)).await.unwrap();
+    release(store, &lease, at(1300)).await;
 
     // c2: b is answering it, its last generation failed, a rate limit holds it, and the
     // user was told the model is down. b also holds the Telegram poller.
     let lease = claimed(store, c2, &b, at(1400)).await;
     store
-        .record_failure(&lease, at(60_000), at(1400))
+        .record_failure(RoundFailure {
+            lease: &lease,
+            retry_at: at(60_000),
+            now: at(1400),
+        })
         .await
         .unwrap();
     let rate = RateWindow {
@@ -76,22 +96,27 @@ pub async fn the_status_counts_what_the_rows_say(store: &dyn Store) {
         window: Duration::from_secs(60),
     };
     let hold = store
-        .hold_over_rate(c2, "u1", rate, at(1450))
+        .hold_over_rate(RateCheck {
+            conversation: c2,
+            user_id: "u1",
+            rate,
+            now: at(1450),
+        })
         .await
         .unwrap();
     assert!(hold.is_some(), "a rate of 0 holds the conversation");
     store
-        .enqueue_notice(
-            NewNotice {
+        .enqueue_notice(Enqueue {
+            notice: NewNotice {
                 conversation: http("c2"),
                 is_group: false,
                 text: "the model is down".into(),
                 reply_to: None,
                 dedupe_key: format!("model-down/{c2}/1"),
             },
-            &b,
-            at(1450),
-        )
+            holder: &b,
+            now: at(1450),
+        })
         .await
         .unwrap()
         .expect("the notice is queued");

@@ -1,6 +1,9 @@
 //! Conformance of the work area: due work between holders, settled conversations, health.
 
-use super::{at, claimed, collect, committed, due, holder, http, message, query, round, stored};
+use super::{
+    at, claimed, collect, committed, due, holder, http, mark, message, query, release, round,
+    stored,
+};
 use crate::domain::{ConversationRef, Platform};
 use crate::store::{DueWork, Store, WorkQuery};
 
@@ -59,10 +62,7 @@ pub async fn due_work_leaves_leased_conversations_alone(store: &dyn Store) {
         [leased, free],
         "an expired lease excludes no one"
     );
-    store
-        .release_lease(&lease, None, lease.expires_at)
-        .await
-        .unwrap();
+    release(store, &lease, lease.expires_at).await;
     assert_eq!(
         due(store, &query(&a, 10), at(1200)).await.ready,
         [leased, free]
@@ -77,10 +77,7 @@ pub async fn due_work_includes_undelivered_outbox_rows(store: &dyn Store) {
     let (outbox, _) = committed(store, &lease, &batch, "answer", at(1000)).await;
     let leased = due(store, &query(&b, 10), at(1000)).await;
     assert!(leased.ready.is_empty(), "the holder is delivering it");
-    store
-        .release_lease(&lease, None, lease.expires_at)
-        .await
-        .unwrap();
+    release(store, &lease, lease.expires_at).await;
     assert_eq!(
         due(store, &query(&b, 10), at(1000)).await.ready,
         [id],
@@ -89,7 +86,7 @@ pub async fn due_work_includes_undelivered_outbox_rows(store: &dyn Store) {
     let other = due(store, &query(&a, 10), at(1000)).await;
     assert_eq!((other.ready, other.next_at), (vec![], Some(at(1500))));
     assert_eq!(due(store, &query(&a, 10), at(1500)).await.ready, [id]);
-    store.mark_sent(outbox, 1, true, at(1600)).await.unwrap();
+    mark(store, outbox, 1, true, at(1600)).await;
     assert_eq!(
         due(store, &query(&a, 10), at(1600)).await,
         DueWork::default()
@@ -116,7 +113,7 @@ pub async fn settled_and_pending_conversations(store: &dyn Store) {
         Some(false),
         "undelivered"
     );
-    store.mark_sent(outbox, 1, true, at(1100)).await.unwrap();
+    mark(store, outbox, 1, true, at(1100)).await;
     assert_eq!(store.is_settled(&c1).await.unwrap(), Some(true));
 }
 

@@ -23,7 +23,7 @@
 use async_trait::async_trait;
 
 use crate::domain::{ConversationId, Lease, LeaseToken, Timestamp, Version};
-use crate::store::StoreError;
+use crate::store::{ConversationAt, StoreError};
 
 /// The idempotency key of an action: a hash of the conversation, the batch it
 /// serves, the tool and its canonical arguments ([`ActionKey::of`]). Passed to the
@@ -216,65 +216,79 @@ pub enum Decision {
     NotFound,
 }
 
+/// A reservation asked for ([`ActionStore::reserve_action`]): `action`, fenced by
+/// `lease` (holder, token, expiry) and by the conversation still being at `v0`.
+#[derive(Debug, Clone)]
+pub struct Reserve<'a> {
+    pub lease: &'a Lease,
+    pub v0: Version,
+    pub action: NewAction,
+    pub now: Timestamp,
+}
+
+/// The result of a call that ran ([`ActionStore::finish_action`]): stored only on
+/// the row `key` reserved by `token`, whatever became of that token's lease.
+#[derive(Debug, Clone, Copy)]
+pub struct ActionResult<'a> {
+    pub key: &'a ActionKey,
+    pub token: LeaseToken,
+    pub result: &'a str,
+    /// The tool reported a failure (the call ran all the same: still a fact).
+    pub is_error: bool,
+    pub now: Timestamp,
+}
+
+/// A batch as its actions are keyed: its conversation and its first pending message
+/// row (the `batch` of [`NewAction`] and [`ActionKey::of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchOf {
+    pub conversation: ConversationId,
+    pub batch: i64,
+}
+
+/// A person's answer to the approval `id` of `conversation`
+/// ([`ActionStore::decide_action`]); who may answer is checked before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApprovalAnswer {
+    pub conversation: ConversationId,
+    pub id: i64,
+    /// `true`: approved; `false`: refused.
+    pub approve: bool,
+    pub now: Timestamp,
+}
+
 /// The journal of actions (tool calls that act).
 #[async_trait]
 pub trait ActionStore: Send + Sync + 'static {
-    /// Reserve `action` for `lease`, in one transaction: the lease must still be the
-    /// caller's (else [`StoreError::LeaseLost`]) and the conversation still at `v0`
-    /// (else [`ActionReservation::Stale`], nothing written); then the row with the same key
-    /// decides ([`ActionReservation`]); without one, a new row is stored `reserved` (or
-    /// `awaiting` when it needs approval) with the lease's token.
-    async fn reserve_action(
-        &self,
-        lease: &Lease,
-        v0: Version,
-        action: NewAction,
-        now: Timestamp,
-    ) -> Result<ActionReservation, StoreError>;
+    /// Reserve the request's action for its lease, in one transaction: the lease must
+    /// still be the caller's (else [`StoreError::LeaseLost`]) and the conversation
+    /// still at `v0` (else [`ActionReservation::Stale`], nothing written); then the row
+    /// with the same key decides ([`ActionReservation`]); without one, a new row is
+    /// stored `reserved` (or `awaiting` when it needs approval) with the lease's token.
+    async fn reserve_action(&self, request: Reserve<'_>) -> Result<ActionReservation, StoreError>;
 
     /// Store the result of a call reserved by `token`: `reserved` (or `unknown`: the
     /// call did run after all) → `done`. Not fenced by the lease: an action that ran
     /// is a fact even when the lease was lost meanwhile. `false`: no row of that key
     /// reserved by that token (nothing changed).
-    async fn finish_action(
-        &self,
-        key: &ActionKey,
-        token: LeaseToken,
-        result: &str,
-        is_error: bool,
-        now: Timestamp,
-    ) -> Result<bool, StoreError>;
+    async fn finish_action(&self, result: ActionResult<'_>) -> Result<bool, StoreError>;
 
     /// Every action of the batch starting at row `batch`, in the order stored. Given no
     /// `now`, its rows' times are as stored: the caller's timeline on SQLite and when
     /// the caller drives time, the database's on PostgreSQL in production (the rows
     /// are read for their states and results; deadlines come from
     /// [`ActionStore::reserve_action`] and [`ActionStore::open_approvals`]).
-    async fn actions_of_batch(
-        &self,
-        conversation: ConversationId,
-        batch: i64,
-    ) -> Result<Vec<ActionRow>, StoreError>;
+    async fn actions_of_batch(&self, batch: BatchOf) -> Result<Vec<ActionRow>, StoreError>;
 
     /// The conversation's approvals: rows `awaiting` (not yet expired at `now`) and
     /// `approved` (not yet run), oldest first.
-    async fn open_approvals(
-        &self,
-        conversation: ConversationId,
-        now: Timestamp,
-    ) -> Result<Vec<ActionRow>, StoreError>;
+    async fn open_approvals(&self, at: ConversationAt) -> Result<Vec<ActionRow>, StoreError>;
 
     /// Answer the approval `id` of `conversation`: `awaiting` → `approved` (or
     /// `refused`), once, by compare-and-swap (a double tap or two replicas: one
     /// decides, the other is told [`Decision::AlreadyDecided`]). Who may answer is the
     /// caller's check (the row's `requested_by`, or an admin).
-    async fn decide_action(
-        &self,
-        conversation: ConversationId,
-        id: i64,
-        approve: bool,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError>;
+    async fn decide_action(&self, answer: ApprovalAnswer) -> Result<Decision, StoreError>;
 }
 
 #[cfg(test)]

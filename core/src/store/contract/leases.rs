@@ -16,35 +16,46 @@ pub struct PartSent {
     pub done: bool,
 }
 
+/// A claim of the lease `key` for `holder`, for `ttl` from `now`
+/// ([`LeaseStore::claim_lease`]).
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseClaim<'a> {
+    pub key: &'a LeaseKey,
+    pub holder: &'a HolderId,
+    pub ttl: std::time::Duration,
+    pub now: Timestamp,
+}
+
+/// A renewal of `lease` for `ttl` from `now` ([`LeaseStore::renew_lease`]).
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseRenewal<'a> {
+    pub lease: &'a Lease,
+    pub ttl: std::time::Duration,
+    pub now: Timestamp,
+}
+
+/// The end of a holding ([`LeaseStore::release_lease`]): `lease` given back, and the
+/// last part its holder delivered recorded with it.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseRelease<'a> {
+    pub lease: &'a Lease,
+    pub last_sent: Option<PartSent>,
+    pub now: Timestamp,
+}
+
 /// Leases: the compare-and-swap with an expiry that makes one process the holder of a
 /// conversation (or a platform poller).
 #[async_trait]
 pub trait LeaseStore: Send + Sync + 'static {
     /// Claim a lease by compare-and-swap: succeeds only if the lease is free or
     /// expired, and then bumps the fencing token. `None`: someone else holds it.
-    async fn claim_lease(
-        &self,
-        key: &LeaseKey,
-        holder: &HolderId,
-        ttl: std::time::Duration,
-        now: Timestamp,
-    ) -> Result<Option<Lease>, StoreError>;
+    async fn claim_lease(&self, claim: LeaseClaim<'_>) -> Result<Option<Lease>, StoreError>;
 
     /// Extend a lease this process holds. `Err(LeaseLost)` if it expired or was taken.
-    async fn renew_lease(
-        &self,
-        lease: &Lease,
-        ttl: std::time::Duration,
-        now: Timestamp,
-    ) -> Result<Lease, StoreError>;
+    async fn renew_lease(&self, renewal: LeaseRenewal<'_>) -> Result<Lease, StoreError>;
 
     /// Give a lease back so another process can claim it at once, and record
     /// `last_sent` (the last part the holder delivered) in the same transaction. A
     /// lease already lost is left alone; `last_sent` is recorded all the same.
-    async fn release_lease(
-        &self,
-        lease: &Lease,
-        last_sent: Option<PartSent>,
-        now: Timestamp,
-    ) -> Result<(), StoreError>;
+    async fn release_lease(&self, release: LeaseRelease<'_>) -> Result<(), StoreError>;
 }

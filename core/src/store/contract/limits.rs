@@ -77,6 +77,25 @@ pub enum Charged {
     },
 }
 
+/// A rate check of `user_id`'s messages, right after one of them was stored in
+/// `conversation` ([`LimitStore::hold_over_rate`]).
+#[derive(Debug, Clone, Copy)]
+pub struct RateCheck<'a> {
+    pub conversation: ConversationId,
+    pub user_id: &'a str,
+    pub rate: RateWindow,
+    pub now: Timestamp,
+}
+
+/// A token charge under `lease` ([`LimitStore::charge_tokens`]): checked against the
+/// lease like the final check, and a hold is put on the lease's conversation.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseCharge<'a> {
+    pub lease: &'a Lease,
+    pub charge: &'a TokenCharge,
+    pub now: Timestamp,
+}
+
 /// Limits: the rate hold, the token wallet (charges, reservations, usage) and the run-time
 /// access decisions.
 #[async_trait]
@@ -91,13 +110,7 @@ pub trait LimitStore: Send + Sync + 'static {
     /// extended, so held messages are answered together when it ends; later messages,
     /// `/reset` and a forced commit re-arm the timer no sooner. One transaction; `None`
     /// when the user is within the limit (or nothing is pending any more).
-    async fn hold_over_rate(
-        &self,
-        conversation: ConversationId,
-        user_id: &str,
-        rate: RateWindow,
-        now: Timestamp,
-    ) -> Result<Option<RateHold>, StoreError>;
+    async fn hold_over_rate(&self, check: RateCheck<'_>) -> Result<Option<RateHold>, StoreError>;
 
     /// Charge tokens under a conversation's lease, in one transaction that checks
     /// the lease like the final check (holder, token, expiry): every scope of
@@ -110,12 +123,7 @@ pub trait LimitStore: Send + Sync + 'static {
     /// in, so concurrent charges queue and never deadlock. A
     /// [`Reservation::Reserve`] that is charged is recorded under the lease's token
     /// and `charge.day`; a [`Reservation::Settle`] forgets the lease's record.
-    async fn charge_tokens(
-        &self,
-        lease: &Lease,
-        charge: &TokenCharge,
-        now: Timestamp,
-    ) -> Result<Charged, StoreError>;
+    async fn charge_tokens(&self, charge: LeaseCharge<'_>) -> Result<Charged, StoreError>;
 
     /// Tokens each of `scopes` used on `day` (0 for a scope with none), in order.
     async fn token_usage(&self, day: &str, scopes: &[String]) -> Result<Vec<u64>, StoreError>;

@@ -46,6 +46,34 @@ pub enum IngestOutcome {
     EditIgnored,
 }
 
+/// The process a message is stored by, and when: the timer the store arms for it is
+/// due for `holder` ([`MessageStore::edit`]).
+#[derive(Debug, Clone, Copy)]
+pub struct StoredBy<'a> {
+    pub holder: &'a HolderId,
+    pub now: Timestamp,
+}
+
+/// `/reset` of `conversation` ([`MessageStore::reset_context`]), taken by the process
+/// `holder`: the timer is armed due now for it. `is_group` describes the
+/// conversation should the reset be its first write.
+#[derive(Debug, Clone, Copy)]
+pub struct ContextReset<'a> {
+    pub conversation: &'a ConversationRef,
+    pub is_group: bool,
+    pub holder: &'a HolderId,
+    pub now: Timestamp,
+}
+
+/// Conversations of `platform` active at or after `since`, at most `limit` of them
+/// ([`MessageStore::recent_conversations`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecentQuery {
+    pub platform: Platform,
+    pub since: Timestamp,
+    pub limit: usize,
+}
+
 /// Messages: what ingest stores (messages, edits, a fresh context) and what adapters read
 /// back to catch up.
 #[async_trait]
@@ -63,12 +91,7 @@ pub trait MessageStore: Send + Sync + 'static {
     /// bump, timer re-armed, and in its author's rate window: see
     /// [`LimitStore::hold_over_rate`](crate::store::LimitStore::hold_over_rate)). Edits of answered or unknown messages, and edits
     /// that change nothing, are ignored (and not counted).
-    async fn edit(
-        &self,
-        edit: MessageEdit,
-        holder: &HolderId,
-        now: Timestamp,
-    ) -> Result<IngestOutcome, StoreError>;
+    async fn edit(&self, edit: MessageEdit, by: StoredBy<'_>) -> Result<IngestOutcome, StoreError>;
 
     /// Start a fresh context: earlier exchanges are kept but no longer offered as
     /// history. Pending messages are kept and answered in the fresh context, at once:
@@ -76,21 +99,17 @@ pub trait MessageStore: Send + Sync + 'static {
     /// process that took the command), so `/reset` always unsticks a conversation;
     /// but not before a limit's hold ends ([`LimitStore::hold_over_rate`](crate::store::LimitStore::hold_over_rate),
     /// [`LimitStore::charge_tokens`](crate::store::LimitStore::charge_tokens)): it is no way around a limit.
-    async fn reset_context(
-        &self,
-        conversation: &ConversationRef,
-        is_group: bool,
-        holder: &HolderId,
-        now: Timestamp,
-    ) -> Result<(), StoreError>;
+    /// The group context kept beside the conversation (overheard messages) is forgotten
+    /// in the same transaction.
+    async fn reset_context(&self, reset: ContextReset<'_>) -> Result<(), StoreError>;
 
     /// Conversations of `platform` whose last stored message arrived at or after
     /// `since`, most recently active first, at most `limit`. Each carries the platform
-    /// id of the message stored last, so an adapter can read back what it missed.
+    /// id of the message stored last, so an adapter can read back what it missed: the
+    /// last by row id (no loss: catch-up resumes after it), never one that merely has a
+    /// larger platform id.
     async fn recent_conversations(
         &self,
-        platform: Platform,
-        since: Timestamp,
-        limit: usize,
+        query: RecentQuery,
     ) -> Result<Vec<RecentConversation>, StoreError>;
 }

@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 
 use crate::domain::{ConversationId, ConversationRef, HolderId, OutboxId, Timestamp};
-use crate::store::{OutboxKind, StoreError};
+use crate::store::{OutboxKind, PartSent, StoreError};
 /// A notice is an outbox row that answers no message: help text, a "text only" hint,
 /// an access denial, a failure notice. It never enters the model's history.
 #[derive(Debug, Clone)]
@@ -47,55 +47,63 @@ pub struct OutboxRow {
     pub stored_at: Timestamp,
 }
 
+/// A conversation as of a time: what is due or open in it at `now` (on the caller's
+/// timeline, as every time a method is given).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConversationAt {
+    pub conversation: ConversationId,
+    pub now: Timestamp,
+}
+
+/// A notice to queue ([`OutboxStore::enqueue_notice`]) by the process `holder`.
+#[derive(Debug, Clone)]
+pub struct Enqueue<'a> {
+    pub notice: NewNotice,
+    pub holder: &'a HolderId,
+    pub now: Timestamp,
+}
+
+/// A failed delivery attempt to retry ([`OutboxStore::defer_outbox`]): not before
+/// `retry_at`, on the timeline of `now`.
+#[derive(Debug, Clone, Copy)]
+pub struct OutboxDeferral<'a> {
+    pub id: OutboxId,
+    pub retry_at: Timestamp,
+    pub error: &'a str,
+    pub now: Timestamp,
+}
+
+/// A failed delivery attempt that gives the row up ([`OutboxStore::fail_outbox`]).
+#[derive(Debug, Clone, Copy)]
+pub struct OutboxFailure<'a> {
+    pub id: OutboxId,
+    pub error: &'a str,
+    pub now: Timestamp,
+}
+
 /// The outbox: rows waiting for delivery (replies and notices), and the facts of their
 /// delivery.
 #[async_trait]
 pub trait OutboxStore: Send + Sync + 'static {
     /// Queue a notice for delivery, at most once per dedupe key. Returns the row if it
     /// was queued now (`None`: an earlier one with that key exists).
-    async fn enqueue_notice(
-        &self,
-        notice: NewNotice,
-        holder: &HolderId,
-        now: Timestamp,
-    ) -> Result<Option<OutboxRow>, StoreError>;
+    async fn enqueue_notice(&self, queue: Enqueue<'_>) -> Result<Option<OutboxRow>, StoreError>;
 
     /// Outbox rows of a conversation that are due for delivery, oldest first.
-    async fn due_outbox(
-        &self,
-        conversation: ConversationId,
-        now: Timestamp,
-    ) -> Result<Vec<OutboxRow>, StoreError>;
+    async fn due_outbox(&self, at: ConversationAt) -> Result<Vec<OutboxRow>, StoreError>;
 
     /// Record that the first `parts_sent` parts of a row were delivered; with `done`
     /// the row is sent. A fact, not a decision: never fenced, never goes backwards.
-    async fn mark_sent(
-        &self,
-        id: OutboxId,
-        parts_sent: u32,
-        done: bool,
-        now: Timestamp,
-    ) -> Result<(), StoreError>;
+    async fn mark_sent(&self, sent: PartSent, now: Timestamp) -> Result<(), StoreError>;
 
     /// A delivery attempt failed: count it and keep its error, and try again at
     /// `retry_at` (not before). Recorded before the next attempt, so a crash forgets no
     /// attempt. A sent or given-up row is left alone. `retry_at` is on the timeline of
     /// the caller's `now`, as every time a method is given.
-    async fn defer_outbox(
-        &self,
-        id: OutboxId,
-        retry_at: Timestamp,
-        error: &str,
-        now: Timestamp,
-    ) -> Result<(), StoreError>;
+    async fn defer_outbox(&self, deferral: OutboxDeferral<'_>) -> Result<(), StoreError>;
 
     /// A delivery attempt failed and the row is given up (dead-lettered: the platform
     /// refused it, or it kept failing past its deadline): count the attempt, keep its
     /// error, set `failed_at`; it is never tried again. A sent row is left alone.
-    async fn fail_outbox(
-        &self,
-        id: OutboxId,
-        error: &str,
-        now: Timestamp,
-    ) -> Result<(), StoreError>;
+    async fn fail_outbox(&self, failure: OutboxFailure<'_>) -> Result<(), StoreError>;
 }

@@ -18,24 +18,32 @@ pub struct OverheardMessage {
     pub text: String,
 }
 
+/// `message` to keep, with at most `keep` of its conversation
+/// ([`OverheardStore::overhear`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Overhearing {
+    pub message: OverheardMessage,
+    pub keep: usize,
+    pub now: Timestamp,
+}
+
+/// The newest `limit` overheard messages of `conversation`
+/// ([`OverheardStore::overheard`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OverheardQuery {
+    pub conversation: ConversationId,
+    pub limit: usize,
+}
+
 /// Overheard messages: at most `keep` per conversation, the newest.
 #[async_trait]
 pub trait OverheardStore: Send + Sync + 'static {
     /// Keep `message` and delete, in the same write, what falls beyond the newest
     /// `keep` of its conversation. `false` for a redelivery (kept once). Never
     /// touches the conversation's version, timer or lease.
-    async fn overhear(
-        &self,
-        message: OverheardMessage,
-        keep: usize,
-        now: Timestamp,
-    ) -> Result<bool, StoreError>;
+    async fn overhear(&self, overhearing: Overhearing) -> Result<bool, StoreError>;
 
     /// The newest `limit` overheard messages of a conversation, oldest first, with
     /// their authors. `/reset` (`MessageStore::reset_context`) forgets them.
-    async fn overheard(
-        &self,
-        conversation: ConversationId,
-        limit: usize,
-    ) -> Result<Vec<Said>, StoreError>;
+    async fn overheard(&self, query: OverheardQuery) -> Result<Vec<Said>, StoreError>;
 }

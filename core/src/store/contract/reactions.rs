@@ -7,6 +7,22 @@ use async_trait::async_trait;
 use crate::domain::ConversationId;
 use crate::store::StoreError;
 
+/// The ack on the pending message `message_id` of `conversation`
+/// ([`ReactionStore::claim_ack`], [`ReactionStore::ack_open`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AckOf<'a> {
+    pub conversation: ConversationId,
+    pub message_id: &'a str,
+}
+
+/// The acks carried by `covers`, the platform message ids a reply of `conversation`
+/// covers ([`ReactionStore::take_acks`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AcksCovered<'a> {
+    pub conversation: ConversationId,
+    pub covers: &'a [String],
+}
+
 /// Acks: one row per burst whose ack reaction was set and not yet cleared.
 ///
 /// A burst is the messages pending after one `answered_version`: the claim is unique
@@ -19,26 +35,14 @@ pub trait ReactionStore: Send + Sync + 'static {
     /// exactly one message per burst (the first claim to commit, on any process);
     /// `false` when another message of the burst carries it, or the message is no
     /// longer pending (already answered: no reaction is owed).
-    async fn claim_ack(
-        &self,
-        conversation: ConversationId,
-        message_id: &str,
-    ) -> Result<bool, StoreError>;
+    async fn claim_ack(&self, ack: AckOf<'_>) -> Result<bool, StoreError>;
 
     /// Whether the ack on `message_id` is still claimed and not taken: a process that
     /// just set the reaction clears it again at once when the reply overtook it.
-    async fn ack_open(
-        &self,
-        conversation: ConversationId,
-        message_id: &str,
-    ) -> Result<bool, StoreError>;
+    async fn ack_open(&self, ack: AckOf<'_>) -> Result<bool, StoreError>;
 
     /// Take the acks carried by `covers` (the platform message ids a reply covers):
     /// each row is deleted and returned once, to one caller, which clears the
     /// reaction.
-    async fn take_acks(
-        &self,
-        conversation: ConversationId,
-        covers: &[String],
-    ) -> Result<Vec<String>, StoreError>;
+    async fn take_acks(&self, covered: AcksCovered<'_>) -> Result<Vec<String>, StoreError>;
 }

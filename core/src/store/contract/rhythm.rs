@@ -10,6 +10,16 @@ use crate::domain::{ConversationId, ConversationRef, Timestamp};
 use crate::rhythm::Rhythm;
 use crate::store::StoreError;
 
+/// `user_id` typing in `conversation` at `now`: their pending messages may wait
+/// `hold` longer ([`RhythmStore::extend_timer`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Typing<'a> {
+    pub conversation: &'a ConversationRef,
+    pub user_id: &'a str,
+    pub hold: Duration,
+    pub now: Timestamp,
+}
+
 /// Rhythms: what a committed reply taught about its conversation.
 #[async_trait]
 pub trait RhythmStore: Send + Sync + 'static {
@@ -23,11 +33,5 @@ pub trait RhythmStore: Send + Sync + 'static {
     /// conversation's timer is pushed to `now + hold`, never past the cap (its oldest
     /// pending message + `max_wait`) and never earlier than it was. Returns the new due
     /// time, or `None` when no message of theirs is pending (nothing changed).
-    async fn extend_timer(
-        &self,
-        conversation: &ConversationRef,
-        user_id: &str,
-        hold: Duration,
-        now: Timestamp,
-    ) -> Result<Option<Timestamp>, StoreError>;
+    async fn extend_timer(&self, typing: Typing<'_>) -> Result<Option<Timestamp>, StoreError>;
 }

@@ -121,6 +121,65 @@ pub struct Claimed {
     pub held_back: bool,
 }
 
+/// A round's claim of `conversation` for `holder` ([`RoundStore::claim_round`]): the
+/// lease for `ttl` from `now`, and the batch read with `history` exchanges.
+#[derive(Debug, Clone, Copy)]
+pub struct RoundClaim<'a> {
+    pub conversation: ConversationId,
+    pub holder: &'a HolderId,
+    pub ttl: std::time::Duration,
+    pub history: usize,
+    pub now: Timestamp,
+}
+
+/// `reply` to `batch`, committed under `lease` if the final check passes
+/// ([`RoundStore::commit_reply`]).
+#[derive(Debug, Clone)]
+pub struct ReplyCommit<'a> {
+    pub lease: &'a Lease,
+    pub batch: &'a Batch,
+    pub reply: NewReply,
+    pub now: Timestamp,
+}
+
+/// A round giving up on `batch` under `lease`, with `notice` as its answer
+/// ([`RoundStore::give_up`]).
+#[derive(Debug, Clone, Copy)]
+pub struct GiveUp<'a> {
+    pub lease: &'a Lease,
+    pub batch: &'a Batch,
+    pub notice: &'a str,
+    pub now: Timestamp,
+}
+
+/// The transcript of the pending message row `message`, written under `lease`
+/// ([`RoundStore::store_transcript`]).
+#[derive(Debug, Clone, Copy)]
+pub struct TranscriptWrite<'a> {
+    pub lease: &'a Lease,
+    pub message: i64,
+    pub transcript: &'a str,
+    pub now: Timestamp,
+}
+
+/// The disarming of an idle conversation's timer under `lease`, if nothing is pending
+/// at `v0` ([`RoundStore::disarm_idle_timer`]).
+#[derive(Debug, Clone, Copy)]
+pub struct IdleDisarm<'a> {
+    pub lease: &'a Lease,
+    pub v0: Version,
+    pub now: Timestamp,
+}
+
+/// A failed generation under `lease`, to retry at `retry_at`
+/// ([`RoundStore::record_failure`]).
+#[derive(Debug, Clone, Copy)]
+pub struct RoundFailure<'a> {
+    pub lease: &'a Lease,
+    pub retry_at: Timestamp,
+    pub now: Timestamp,
+}
+
 /// Rounds: a conversation's round under its lease, from the claim and the batch to the
 /// final check (or the give-up), with what it records on the way.
 #[async_trait]
@@ -135,14 +194,7 @@ pub trait RoundStore: Send + Sync + 'static {
     /// The timer's due time and the rows' creation times are on the caller's timeline
     /// (a backend that keeps time on its own clock translates them), so the round
     /// compares them with its own clock.
-    async fn claim_round(
-        &self,
-        conversation: ConversationId,
-        holder: &HolderId,
-        ttl: std::time::Duration,
-        history: usize,
-        now: Timestamp,
-    ) -> Result<Option<Claimed>, StoreError>;
+    async fn claim_round(&self, claim: RoundClaim<'_>) -> Result<Option<Claimed>, StoreError>;
 
     /// Read the conversation's version, pending messages, recent history and timer in
     /// one snapshot.
@@ -158,13 +210,7 @@ pub trait RoundStore: Send + Sync + 'static {
     /// forces out covers only the collected messages not edited since (an edit makes
     /// a message pending again, to be answered with its new text); if every one was
     /// edited, the reply is stale.
-    async fn commit_reply(
-        &self,
-        lease: &Lease,
-        batch: &Batch,
-        reply: NewReply,
-        now: Timestamp,
-    ) -> Result<CommitOutcome, StoreError>;
+    async fn commit_reply(&self, commit: ReplyCommit<'_>) -> Result<CommitOutcome, StoreError>;
 
     /// Give up on a batch the model cannot answer (too long even when cut, or a
     /// request the server refuses), in one transaction under the lease (holder, token
@@ -176,41 +222,19 @@ pub trait RoundStore: Send + Sync + 'static {
     /// still pending). No duplicate: a message already covered is not covered again.
     /// The notice never enters the model's history. `None`: nothing was pending up to
     /// `v0`, and nothing was stored.
-    async fn give_up(
-        &self,
-        lease: &Lease,
-        batch: &Batch,
-        notice: &str,
-        now: Timestamp,
-    ) -> Result<Option<OutboxRow>, StoreError>;
+    async fn give_up(&self, give_up: GiveUp<'_>) -> Result<Option<OutboxRow>, StoreError>;
 
     /// Store the transcript of a pending message's voice note or audio, in one
     /// transaction under the lease (holder, token and expiry checked with the write:
     /// a replaced holder's transcript is refused with `LeaseLost`). Stored once: a
     /// message that has a transcript keeps it, so nothing is transcribed twice, even
     /// after a crash. `false`: it already had one.
-    async fn store_transcript(
-        &self,
-        lease: &Lease,
-        message: i64,
-        transcript: &str,
-        now: Timestamp,
-    ) -> Result<bool, StoreError>;
+    async fn store_transcript(&self, write: TranscriptWrite<'_>) -> Result<bool, StoreError>;
 
     /// Delete the timer of a conversation with nothing pending at `v0` (under lease).
-    async fn disarm_idle_timer(
-        &self,
-        lease: &Lease,
-        v0: Version,
-        now: Timestamp,
-    ) -> Result<(), StoreError>;
+    async fn disarm_idle_timer(&self, disarm: IdleDisarm<'_>) -> Result<(), StoreError>;
 
     /// A generation failed: push the timer to `retry_at` and count the attempt (under
     /// lease). Returns the number of consecutive failed attempts.
-    async fn record_failure(
-        &self,
-        lease: &Lease,
-        retry_at: Timestamp,
-        now: Timestamp,
-    ) -> Result<u32, StoreError>;
+    async fn record_failure(&self, failure: RoundFailure<'_>) -> Result<u32, StoreError>;
 }

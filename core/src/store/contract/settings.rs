@@ -81,6 +81,54 @@ pub enum RetryOutcome {
     Busy,
 }
 
+/// One setting of `conversation` set to `value` (`None`: cleared)
+/// ([`SettingStore::change_setting`]). `is_group` describes the conversation should
+/// this be its first write.
+#[derive(Debug, Clone, Copy)]
+pub struct SettingChange<'a> {
+    pub conversation: &'a ConversationRef,
+    pub is_group: bool,
+    pub setting: Setting,
+    pub value: Option<&'a str>,
+    pub now: Timestamp,
+}
+
+/// `/stop` of `conversation` ([`SettingStore::stop_conversation`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Stop<'a> {
+    pub conversation: &'a ConversationRef,
+    pub is_group: bool,
+    pub now: Timestamp,
+}
+
+/// `/retry` of `conversation`, taken by the process `holder`: the timer is armed due
+/// now for it ([`SettingStore::retry_last_reply`]).
+#[derive(Debug, Clone, Copy)]
+pub struct RetryRequest<'a> {
+    pub conversation: &'a ConversationRef,
+    pub is_group: bool,
+    pub holder: &'a HolderId,
+    pub now: Timestamp,
+}
+
+/// The claim of the command message `message_id` in `conversation`
+/// ([`SettingStore::claim_command`]).
+#[derive(Debug, Clone, Copy)]
+pub struct CommandClaim<'a> {
+    pub conversation: &'a ConversationRef,
+    pub message_id: &'a str,
+    pub now: Timestamp,
+}
+
+/// A fresh context for `conversation` if it has been quiet for `idle` at `now`
+/// ([`SettingStore::forget_if_idle`]).
+#[derive(Debug, Clone, Copy)]
+pub struct IdleForget<'a> {
+    pub conversation: &'a ConversationRef,
+    pub idle: std::time::Duration,
+    pub now: Timestamp,
+}
+
 /// Settings: a conversation's own choices, and `/stop`. Both move the conversation's
 /// version like a new message, in the transaction that writes them, so the final check
 /// of a generation in flight (on any process) finds it stale: a reply is never
@@ -98,38 +146,21 @@ pub trait SettingStore: Send + Sync + 'static {
     /// Set (`Some`) or clear (`None`) one setting, in one transaction: unless it already
     /// has that value, store it and bump the version (a conversation with nothing
     /// pending stays settled: its `answered_version` moves along).
-    async fn change_setting(
-        &self,
-        conversation: &ConversationRef,
-        is_group: bool,
-        setting: Setting,
-        value: Option<&str>,
-        now: Timestamp,
-    ) -> Result<SettingOutcome, StoreError>;
+    async fn change_setting(&self, change: SettingChange<'_>)
+    -> Result<SettingOutcome, StoreError>;
 
     /// `/stop`, in one transaction: every pending message is closed without a reply
     /// (it takes the new version, which is also the `answered_version`, so even a
     /// commit the cap forces covers none of them), the timer is deleted, and the
     /// version bumped (a generation in flight is stale).
-    async fn stop_conversation(
-        &self,
-        conversation: &ConversationRef,
-        is_group: bool,
-        now: Timestamp,
-    ) -> Result<Stopped, StoreError>;
+    async fn stop_conversation(&self, stop: Stop<'_>) -> Result<Stopped, StoreError>;
 
     /// `/retry`, in one transaction: the last reply since the context began, once
     /// delivered, stops covering its messages (its `reply_covers` rows go, so it leaves
     /// the history and no message is covered by two replies; the platform message
     /// stays), and they are pending again: they take a new version and the timer is
     /// armed due now for `holder` (not before a limit's hold ends).
-    async fn retry_last_reply(
-        &self,
-        conversation: &ConversationRef,
-        is_group: bool,
-        holder: &HolderId,
-        now: Timestamp,
-    ) -> Result<RetryOutcome, StoreError>;
+    async fn retry_last_reply(&self, retry: RetryRequest<'_>) -> Result<RetryOutcome, StoreError>;
 
     /// Claim a command message (`message_id` in `conversation`) before acting on it: `true`
     /// for the first caller only, across every process on the database, so a command
@@ -138,12 +169,7 @@ pub trait SettingStore: Send + Sync + 'static {
     /// sent after it, a late `/retry` never answers twice. A claim is kept for
     /// [`COMMAND_CLAIM_DAYS`] days (claims older than that are deleted by the next one);
     /// a crash after the claim and before the act loses the command, never repeats it.
-    async fn claim_command(
-        &self,
-        conversation: &ConversationRef,
-        message_id: &str,
-        now: Timestamp,
-    ) -> Result<bool, StoreError>;
+    async fn claim_command(&self, claim: CommandClaim<'_>) -> Result<bool, StoreError>;
 
     /// Give back the claim of a command whose act failed (nothing was changed), so its
     /// redelivery acts. Deleting a claim that is not there is no error.
@@ -158,10 +184,5 @@ pub trait SettingStore: Send + Sync + 'static {
     /// is dropped; pending ones are answered in the fresh context), and forget the group
     /// context kept from before the quiet spell. `true`: it was
     /// reset. A conversation never seen, or already fresh, is left alone.
-    async fn forget_if_idle(
-        &self,
-        conversation: &ConversationRef,
-        idle: std::time::Duration,
-        now: Timestamp,
-    ) -> Result<bool, StoreError>;
+    async fn forget_if_idle(&self, forget: IdleForget<'_>) -> Result<bool, StoreError>;
 }

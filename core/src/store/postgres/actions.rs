@@ -22,13 +22,13 @@ use super::clock::Now;
 use super::leases::ensure_lease;
 use super::messages::lock_conversation;
 use super::sql::{Tx, execute, query, query_one, query_opt};
-use crate::domain::{ConversationId, Lease, LeaseToken, Timestamp, Version};
+use crate::domain::{ConversationId, LeaseToken, Timestamp};
 use crate::store::faults::Operation;
 use crate::store::rules::{self, ActionStep, conversation_of};
 use crate::store::{
-    ActionKey, ActionReservation, ActionRow, ActionState, ActionStore, Decision, NewAction,
-    StoreError,
+    ActionKey, ActionReservation, ActionRow, ActionState, ActionStore, Decision, StoreError,
 };
+use crate::store::{ActionResult, ApprovalAnswer, BatchOf, ConversationAt, Reserve};
 
 /// A batch's actions, in the order stored (index `actions_batch`).
 const ACTIONS_OF_BATCH_SQL: &str = concat!(
@@ -55,19 +55,13 @@ const AS_STORED: Now = Now {
 
 #[async_trait]
 impl ActionStore for PostgresStore {
-    async fn reserve_action(
-        &self,
-        lease: &Lease,
-        v0: Version,
-        action: NewAction,
-        now: Timestamp,
-    ) -> Result<ActionReservation, StoreError> {
-        let row = self.row(&lease.key, &lease.holder);
-        let conversation = conversation_of(lease);
-        let caller = now;
+    async fn reserve_action(&self, ask: Reserve<'_>) -> Result<ActionReservation, StoreError> {
+        let row = self.row(&ask.lease.key, &ask.lease.holder);
+        let conversation = conversation_of(ask.lease);
+        let caller = ask.now;
         transaction!(self, Operation::Other, "reserving an action", |tx| async {
             let now = self.now(&tx, caller).await?;
-            ensure_lease(&tx, lease, &row, now).await?;
+            ensure_lease(&tx, ask.lease, &row, now).await?;
             let version = lock_conversation(&tx, conversation).await?;
             let found = query_opt(
                 &tx,
@@ -77,36 +71,41 @@ impl ActionStore for PostgresStore {
                     // The conversation's own (a key of another's is refused at insert).
                     " FROM actions WHERE key = $1 AND conversation_id = $2 FOR UPDATE"
                 ),
-                &[&action.key.0, &conversation.0],
+                &[&ask.action.key.0, &conversation.0],
                 "reading an action",
             )
             .await?
             .map(|r| action_row(&r, now))
             .transpose()?;
-            let step = rules::reserve_step(version, v0, found, action.clone(), lease.token, caller);
+            let step = rules::reserve_step(
+                version,
+                ask.v0,
+                found,
+                ask.action.clone(),
+                ask.lease.token,
+                caller,
+            );
             apply(&tx, conversation, step, now).await
         }
         .await)
     }
 
-    async fn finish_action(
-        &self,
-        key: &ActionKey,
-        token: LeaseToken,
-        result: &str,
-        is_error: bool,
-        now: Timestamp,
-    ) -> Result<bool, StoreError> {
-        let caller = now;
+    async fn finish_action(&self, done: ActionResult<'_>) -> Result<bool, StoreError> {
+        let caller = done.now;
         transaction!(self, Operation::Other, "storing an action's result", |tx| {
             async {
                 let now = self.now(&tx, caller).await?;
-                // A finished action is a fact: recorded by its reserving token, lease or not.
                 let changed = execute(
                     &tx,
                     "UPDATE actions SET state = 'done', result = $3, is_error = $4, updated_at = $5
                  WHERE key = $1 AND token = $2 AND state IN ('reserved', 'unknown')",
-                    &[&key.0, &token.0, &result, &is_error, &now.db.0],
+                    &[
+                        &done.key.0,
+                        &done.token.0,
+                        &done.result,
+                        &done.is_error,
+                        &now.db.0,
+                    ],
                     "storing an action's result",
                 )
                 .await?;
@@ -116,13 +115,9 @@ impl ActionStore for PostgresStore {
         })
     }
 
-    async fn actions_of_batch(
-        &self,
-        conversation: ConversationId,
-        batch: i64,
-    ) -> Result<Vec<ActionRow>, StoreError> {
+    async fn actions_of_batch(&self, of: BatchOf) -> Result<Vec<ActionRow>, StoreError> {
         transaction!(self, Operation::Read, "reading a batch's actions", |tx| {
-            let params: [&(dyn ToSql + Sync); 2] = [&conversation.0, &batch];
+            let params: [&(dyn ToSql + Sync); 2] = [&of.conversation.0, &of.batch];
             read_rows(
                 &tx,
                 ACTIONS_OF_BATCH_SQL,
@@ -134,16 +129,12 @@ impl ActionStore for PostgresStore {
         })
     }
 
-    async fn open_approvals(
-        &self,
-        conversation: ConversationId,
-        now: Timestamp,
-    ) -> Result<Vec<ActionRow>, StoreError> {
-        let caller = now;
+    async fn open_approvals(&self, at: ConversationAt) -> Result<Vec<ActionRow>, StoreError> {
+        let caller = at.now;
         transaction!(self, Operation::Read, "reading open approvals", |tx| {
             async {
                 let now = self.now(&tx, caller).await?;
-                let params: [&(dyn ToSql + Sync); 2] = [&conversation.0, &now.db.0];
+                let params: [&(dyn ToSql + Sync); 2] = [&at.conversation.0, &now.db.0];
                 read_rows(
                     &tx,
                     OPEN_APPROVALS_SQL,
@@ -157,14 +148,8 @@ impl ActionStore for PostgresStore {
         })
     }
 
-    async fn decide_action(
-        &self,
-        conversation: ConversationId,
-        id: i64,
-        approve: bool,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
-        let caller = now;
+    async fn decide_action(&self, answer: ApprovalAnswer) -> Result<Decision, StoreError> {
+        let caller = answer.now;
         transaction!(self, Operation::Other, "deciding an approval", |tx| async {
             let now = self.now(&tx, caller).await?;
             // Once: the row is locked, so a concurrent decider reads it after this
@@ -176,7 +161,7 @@ impl ActionStore for PostgresStore {
                     action_columns!(),
                     " FROM actions WHERE id = $1 AND conversation_id = $2 FOR UPDATE"
                 ),
-                &[&id, &conversation.0],
+                &[&answer.id, &answer.conversation.0],
                 "reading an approval",
             )
             .await?
@@ -184,8 +169,8 @@ impl ActionStore for PostgresStore {
             .transpose()?;
             apply(
                 &tx,
-                conversation,
-                rules::decide_step(found, approve, caller),
+                answer.conversation,
+                rules::decide_step(found, answer.approve, caller),
                 now,
             )
             .await

@@ -10,43 +10,42 @@ use super::sql::{Tx, execute, query_opt};
 use crate::domain::{HolderId, Lease, LeaseKey, LeaseToken, Timestamp};
 use crate::store::faults::Operation;
 use crate::store::lease_rows::LeaseRow;
-use crate::store::{LeaseStore, PartSent, StoreError};
+use crate::store::{LeaseClaim, LeaseRelease, LeaseRenewal};
+use crate::store::{LeaseStore, StoreError};
 
 #[async_trait]
 impl LeaseStore for PostgresStore {
-    async fn claim_lease(
-        &self,
-        key: &LeaseKey,
-        holder: &HolderId,
-        ttl: Duration,
-        now: Timestamp,
-    ) -> Result<Option<Lease>, StoreError> {
-        let row = self.row(key, holder);
-        let fixed = self.fixed_now(now);
+    async fn claim_lease(&self, asked: LeaseClaim<'_>) -> Result<Option<Lease>, StoreError> {
+        let row = self.row(asked.key, asked.holder);
+        let fixed = self.fixed_now(asked.now);
         // One round trip: the claim is one statement.
         statement!(self, Operation::Other, "claiming a lease", |client| async {
-            let claimed = claim(client, key.clone(), holder.clone(), &row, ttl, fixed).await?;
+            let claimed = claim(
+                client,
+                asked.key.clone(),
+                asked.holder.clone(),
+                &row,
+                asked.ttl,
+                fixed,
+            )
+            .await?;
             Ok(claimed.map(|(lease, _)| lease))
         }
         .await)
     }
 
-    async fn renew_lease(
-        &self,
-        lease: &Lease,
-        ttl: Duration,
-        now: Timestamp,
-    ) -> Result<Lease, StoreError> {
+    async fn renew_lease(&self, asked: LeaseRenewal<'_>) -> Result<Lease, StoreError> {
         #[cfg(feature = "test-switches")]
         if self.faults.renewals_frozen() {
             // A frozen process: it believes it renewed; the database never heard of it.
-            let mut lease = lease.clone();
-            lease.expires_at = now.plus(ttl);
+            let mut lease = asked.lease.clone();
+            lease.expires_at = asked.now.plus(asked.ttl);
             return Ok(lease);
         }
+        let lease = asked.lease;
         let row = self.row(&lease.key, &lease.holder);
-        let ttl = crate::domain::millis(ttl);
-        let fixed = self.fixed_now(now);
+        let ttl = crate::domain::millis(asked.ttl);
+        let fixed = self.fixed_now(asked.now);
         // One round trip: the renewal is one statement on the database's clock.
         statement!(self, Operation::Other, "renewing a lease", |client| {
             async {
@@ -76,15 +75,10 @@ impl LeaseStore for PostgresStore {
         })
     }
 
-    async fn release_lease(
-        &self,
-        lease: &Lease,
-        last_sent: Option<PartSent>,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
-        let row = self.row(&lease.key, &lease.holder);
-        let fixed = self.fixed_now(now);
-        let (outbox, parts, done) = match last_sent {
+    async fn release_lease(&self, giving_back: LeaseRelease<'_>) -> Result<(), StoreError> {
+        let row = self.row(&giving_back.lease.key, &giving_back.lease.holder);
+        let fixed = self.fixed_now(giving_back.now);
+        let (outbox, parts, done) = match giving_back.last_sent {
             Some(sent) => (Some(sent.outbox.0), sent.parts_sent as i32, sent.done),
             None => (None, 0, false),
         };
@@ -111,8 +105,8 @@ impl LeaseStore for PostgresStore {
                 ),
                 &[
                     &row.resource,
-                    &lease.holder.as_str(),
-                    &lease.token.0,
+                    &giving_back.lease.holder.as_str(),
+                    &giving_back.lease.token.0,
                     &outbox,
                     &parts,
                     &done,

@@ -7,29 +7,22 @@ use super::PostgresStore;
 use super::leases::ensure_lease;
 use super::messages::lock_conversation;
 use super::sql::{Tx, execute, query, query_one, query_opt};
-use crate::domain::{ConversationId, Lease, Timestamp};
+use crate::domain::{ConversationId, Timestamp};
 use crate::store::faults::Operation;
 use crate::store::rules::{self, RateVerdict, conversation_of};
-use crate::store::{
-    AccessRule, Charged, LimitStore, RateHold, RateWindow, Reservation, StoreError, TokenCharge,
-};
+use crate::store::{AccessRule, Charged, LimitStore, RateHold, Reservation, StoreError};
+use crate::store::{LeaseCharge, RateCheck};
 
 #[async_trait]
 impl LimitStore for PostgresStore {
-    async fn hold_over_rate(
-        &self,
-        conversation: ConversationId,
-        user_id: &str,
-        rate: RateWindow,
-        now: Timestamp,
-    ) -> Result<Option<RateHold>, StoreError> {
-        let window = crate::domain::millis(rate.window);
+    async fn hold_over_rate(&self, check: RateCheck<'_>) -> Result<Option<RateHold>, StoreError> {
+        let window = crate::domain::millis(check.rate.window);
         transaction!(self, Operation::Other, "applying the rate limit", |tx| {
             async {
-                let now = self.now(&tx, now).await?;
+                let now = self.now(&tx, check.now).await?;
                 // The conversation's writers queue here (the lock order: conversation,
                 // then timer), so a hold is decided on the timer as it is.
-                lock_conversation(&tx, conversation).await?;
+                lock_conversation(&tx, check.conversation).await?;
                 let past_limit = query_opt(
                     &tx,
                     "SELECT at FROM (
@@ -41,18 +34,18 @@ impl LimitStore for PostgresStore {
                          WHERE e.user_id = $1 AND e.edited_at > $3
                            AND e.platform = (SELECT platform FROM conversations WHERE id = $2)) recent
                      ORDER BY at DESC LIMIT 1 OFFSET $4",
-                    &[&user_id, &conversation.0, &(now.db.0 - window), &i64::from(rate.max)],
+                    &[&check.user_id, &check.conversation.0, &(now.db.0 - window), &i64::from(check.rate.max)],
                     "counting a user's recent messages",
                 )
                 .await?;
                 let Some(past_limit) = past_limit.map(|r| r.get::<_, i64>(0)) else {
                     return Ok(None);
                 };
-                let until = Timestamp(past_limit).plus(rate.window);
+                let until = Timestamp(past_limit).plus(check.rate.window);
                 let held = query_opt(
                     &tx,
                     "SELECT held_until FROM timers WHERE conversation_id = $1 FOR UPDATE",
-                    &[&conversation.0],
+                    &[&check.conversation.0],
                     "reading the timer",
                 )
                 .await?;
@@ -63,7 +56,7 @@ impl LimitStore for PostgresStore {
                         began: false,
                     })),
                     RateVerdict::Begin(until) => {
-                        hold_timer(&tx, conversation, until).await?;
+                        hold_timer(&tx, check.conversation, until).await?;
                         Ok(Some(RateHold {
                             until: now.to_caller(until),
                             began: true,
@@ -75,28 +68,23 @@ impl LimitStore for PostgresStore {
         })
     }
 
-    async fn charge_tokens(
-        &self,
-        lease: &Lease,
-        charge: &TokenCharge,
-        now: Timestamp,
-    ) -> Result<Charged, StoreError> {
-        let row = self.row(&lease.key, &lease.holder);
+    async fn charge_tokens(&self, charging: LeaseCharge<'_>) -> Result<Charged, StoreError> {
+        let row = self.row(&charging.lease.key, &charging.lease.holder);
         // Budget rows are locked in one order, sorted once here (by scope, each
         // scope once), every row of the charge before any is written: concurrent
         // charges queue on the first row they share and never deadlock.
-        let scopes = crate::store::rules::sorted_scopes(&charge.scopes);
-        let conversation = conversation_of(lease);
+        let scopes = crate::store::rules::sorted_scopes(&charging.charge.scopes);
+        let conversation = conversation_of(charging.lease);
         transaction!(self, Operation::Other, "charging tokens", |tx| {
             async {
-                let now = self.now(&tx, now).await?;
-                ensure_lease(&tx, lease, &row, now).await?;
+                let now = self.now(&tx, charging.now).await?;
+                ensure_lease(&tx, charging.lease, &row, now).await?;
                 for scope in &scopes {
                     execute(
                         &tx,
                         "INSERT INTO token_usage (scope, day, tokens) VALUES ($1, $2, 0)
                          ON CONFLICT (scope, day) DO NOTHING",
-                        &[&scope.scope, &charge.day],
+                        &[&scope.scope, &charging.charge.day],
                         "reading a token budget",
                     )
                     .await?;
@@ -105,13 +93,13 @@ impl LimitStore for PostgresStore {
                     let used: i64 = query_one(
                         &tx,
                         "SELECT tokens FROM token_usage WHERE scope = $1 AND day = $2 FOR UPDATE",
-                        &[&scope.scope, &charge.day],
+                        &[&scope.scope, &charging.charge.day],
                         "reading a token budget",
                     )
                     .await?
                     .get(0);
                     if let Some(over) = rules::over_budget(scope, used) {
-                        if let Some(until) = charge.hold_until {
+                        if let Some(until) = charging.charge.hold_until {
                             hold_timer(&tx, conversation, now.to_db(until)).await?;
                         }
                         return Ok(over);
@@ -122,12 +110,12 @@ impl LimitStore for PostgresStore {
                     execute(
                         &tx,
                         "UPDATE token_usage SET tokens = GREATEST(tokens + $3::int8, 0) WHERE scope = $1 AND day = $2",
-                        &[&scope.scope, &charge.day, &scope.tokens],
+                        &[&scope.scope, &charging.charge.day, &scope.tokens],
                         "charging tokens",
                     )
                     .await?;
                 }
-                match charge.reservation {
+                match charging.charge.reservation {
                     Reservation::None => {}
                     Reservation::Reserve => {
                         // Every reservation expires: recorded under the lease's token, it
@@ -139,7 +127,7 @@ impl LimitStore for PostgresStore {
                                  VALUES ($1, $2, $3, $4, $5)
                                  ON CONFLICT (conversation_id, lease_token, day, scope)
                                  DO UPDATE SET tokens = token_reservations.tokens + EXCLUDED.tokens",
-                                &[&conversation.0, &lease.token.0, &charge.day, &scope.scope, &scope.tokens],
+                                &[&conversation.0, &charging.lease.token.0, &charging.charge.day, &scope.scope, &scope.tokens],
                                 "recording a reservation",
                             )
                             .await?;
@@ -149,7 +137,7 @@ impl LimitStore for PostgresStore {
                         execute(
                             &tx,
                             "DELETE FROM token_reservations WHERE conversation_id = $1 AND lease_token = $2",
-                            &[&conversation.0, &lease.token.0],
+                            &[&conversation.0, &charging.lease.token.0],
                             "settling a reservation",
                         )
                         .await?;

@@ -6,13 +6,14 @@ use super::clock::TimeSource;
 use super::sql::{Tx, execute, query, query_one, query_opt};
 use super::{CHANNEL, PostgresStore};
 use crate::clock::{Clock, SystemClock};
-use crate::domain::{ConversationId, ConversationRef, HolderId, Platform, Timestamp, Version};
+use crate::domain::{ConversationId, ConversationRef, HolderId, Timestamp, Version};
 use crate::rhythm::{Cue, Waits};
 use crate::store::faults::Operation;
+use crate::store::rules::Arming;
+use crate::store::{ContextReset, RecentQuery, StoredBy};
 use crate::store::{
     IngestOutcome, MessageEdit, MessageStore, NewMessage, RecentConversation, StoreError,
 };
-use crate::timing::TimerPolicy;
 
 #[async_trait]
 impl MessageStore for PostgresStore {
@@ -78,16 +79,11 @@ impl MessageStore for PostgresStore {
         })
     }
 
-    async fn edit(
-        &self,
-        edit: MessageEdit,
-        holder: &HolderId,
-        now: Timestamp,
-    ) -> Result<IngestOutcome, StoreError> {
+    async fn edit(&self, edit: MessageEdit, by: StoredBy<'_>) -> Result<IngestOutcome, StoreError> {
         let policy = self.timers;
         transaction!(self, Operation::Intake, "editing a message", |tx| {
             async {
-                let now = self.now(&tx, now).await?;
+                let now = self.now(&tx, by.now).await?;
                 let found = query_opt(
                     &tx,
                     "SELECT id, answered_version FROM conversations WHERE platform = $1 AND key = $2 FOR UPDATE",
@@ -99,7 +95,6 @@ impl MessageStore for PostgresStore {
                     return Ok(IngestOutcome::EditIgnored);
                 };
                 let (id, answered): (i64, i64) = (found.get(0), found.get(1));
-                // Edits: only a still-pending message changes, and it counts as new.
                 let changed = execute(
                     &tx,
                     "UPDATE messages
@@ -112,7 +107,6 @@ impl MessageStore for PostgresStore {
                 if changed == 0 {
                     return Ok(IngestOutcome::EditIgnored);
                 }
-                // Rate limit: an applied edit counts in its author's window, as a message.
                 execute(
                     &tx,
                     "INSERT INTO edits (message_id, user_id, platform, edited_at)
@@ -123,8 +117,9 @@ impl MessageStore for PostgresStore {
                 .await?;
                 let conversation = ConversationId(id);
                 let cue = Cue::of(&edit.text, 0);
-                let (version, due_at) =
-                    bump_and_arm(&tx, conversation, edit.conversation.platform, policy, cue, holder, now.db).await?;
+                let platform = edit.conversation.platform;
+                let arming = Arming { conversation, platform, policy, cue, holder: by.holder, now: now.db };
+                let (version, due_at) = bump_and_arm(&tx, arming).await?;
                 Ok(IngestOutcome::Stored {
                     conversation,
                     version,
@@ -135,17 +130,12 @@ impl MessageStore for PostgresStore {
         })
     }
 
-    async fn reset_context(
-        &self,
-        conversation: &ConversationRef,
-        is_group: bool,
-        holder: &HolderId,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
+    async fn reset_context(&self, reset: ContextReset<'_>) -> Result<(), StoreError> {
         transaction!(self, Operation::Other, "resetting the context", |tx| {
             async {
-                let now = self.now(&tx, now).await?;
-                let id = upsert_conversation(&tx, conversation, is_group, now.db).await?;
+                let now = self.now(&tx, reset.now).await?;
+                let id =
+                    upsert_conversation(&tx, reset.conversation, reset.is_group, now.db).await?;
                 execute(
                     &tx,
                     "UPDATE conversations SET context_version = version WHERE id = $1",
@@ -153,7 +143,6 @@ impl MessageStore for PostgresStore {
                     "resetting the context",
                 )
                 .await?;
-                // A fresh context forgets the group context too.
                 execute(
                     &tx,
                     "DELETE FROM overheard WHERE conversation_id = $1",
@@ -167,7 +156,7 @@ impl MessageStore for PostgresStore {
                     "UPDATE timers SET attempts = 0, retry_at = 0, armed_by = $3,
                      due_at = GREATEST(LEAST(due_at, $2), held_until)
                  WHERE conversation_id = $1",
-                    &[&id.0, &now.db.0, &holder.as_str()],
+                    &[&id.0, &now.db.0, &reset.holder.as_str()],
                     "clearing the failure backoff",
                 )
                 .await?;
@@ -179,9 +168,7 @@ impl MessageStore for PostgresStore {
 
     async fn recent_conversations(
         &self,
-        platform: Platform,
-        since: Timestamp,
-        limit: usize,
+        asked: RecentQuery,
     ) -> Result<Vec<RecentConversation>, StoreError> {
         transaction!(
             self,
@@ -191,11 +178,9 @@ impl MessageStore for PostgresStore {
                 async {
                     let now = self.now(&tx, SystemClock.now()).await?;
                     let since = match self.time {
-                        TimeSource::Database => now.to_db(since),
-                        TimeSource::Caller => since,
+                        TimeSource::Database => now.to_db(asked.since),
+                        TimeSource::Caller => asked.since,
                     };
-                    // No loss: catch-up resumes after the message stored last (the highest row
-                    // id), never after one that merely has a larger platform id.
                     let rows = query(
                         &tx,
                         "SELECT c.key, c.is_group, m.platform_message_id
@@ -204,14 +189,14 @@ impl MessageStore for PostgresStore {
                          WHERE c.platform = $1 AND m.received_at >= $2
                          ORDER BY m.received_at DESC, m.id DESC
                          LIMIT $3",
-                        &[&platform.as_str(), &since.0, &(limit as i64)],
+                        &[&asked.platform.as_str(), &since.0, &(asked.limit as i64)],
                         "finding recent conversations",
                     )
                     .await?;
                     Ok(rows
                         .into_iter()
                         .map(|r| RecentConversation {
-                            conversation: ConversationRef::new(platform, r.get::<_, String>(0)),
+                            conversation: ConversationRef::new(asked.platform, r.get::<_, String>(0)),
                             is_group: r.get(1),
                             last_message_id: r.get(2),
                         })
@@ -267,22 +252,14 @@ pub(super) async fn pending_after(
 /// timer with the wait its rhythm and the message's `cue` call for, and announce it.
 /// Must run in the transaction that stored the message, with the conversation row
 /// locked.
-async fn bump_and_arm(
-    tx: &Tx<'_>,
-    conversation: ConversationId,
-    platform: Platform,
-    policy: TimerPolicy,
-    cue: Cue,
-    holder: &HolderId,
-    now: Timestamp,
-) -> Result<(Version, Timestamp), StoreError> {
+async fn bump_and_arm(tx: &Tx<'_>, arming: Arming<'_>) -> Result<(Version, Timestamp), StoreError> {
     // Version counter: bumped in the same transaction that stores the message; the
     // rhythm comes back with it (no statement of its own).
     let row = query_one(
         tx,
         "UPDATE conversations SET version = version + 1 WHERE id = $1
          RETURNING version, answered_version, rhythm_first_ms, rhythm_burst_ms",
-        &[&conversation.0],
+        &[&arming.conversation.0],
         "bumping the version",
     )
     .await?;
@@ -294,9 +271,8 @@ async fn bump_and_arm(
         }),
         _ => None,
     };
-    let (pending, first_pending) = pending_after(tx, conversation, answered).await?;
-    let wait = policy.debounce_for(waits, cue, pending);
-    let due_at = policy.due_after(wait, now, first_pending.unwrap_or(now), pending);
+    let pending = pending_after(tx, arming.conversation, answered).await?;
+    let due_at = arming.due_at(waits, pending);
     // Capped debounce: every message re-arms the timer, never past the cap, and never
     // sooner than a failed generation's backoff (`retry_at`).
     let row = query_one(
@@ -310,12 +286,12 @@ async fn bump_and_arm(
              armed_by = excluded.armed_by
          RETURNING due_at",
         &[
-            &conversation.0,
-            &platform.as_str(),
+            &arming.conversation.0,
+            &arming.platform.as_str(),
             &due_at.0,
             &version,
-            &now.0,
-            &holder.as_str(),
+            &arming.now.0,
+            &arming.holder.as_str(),
         ],
         "arming the timer",
     )
@@ -324,7 +300,7 @@ async fn bump_and_arm(
     query(
         tx,
         "SELECT pg_notify($1, $2)",
-        &[&CHANNEL, &platform.as_str()],
+        &[&CHANNEL, &arming.platform.as_str()],
         "announcing the timer",
     )
     .await?;

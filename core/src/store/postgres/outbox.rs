@@ -6,23 +6,19 @@ use super::PostgresStore;
 use super::clock::on_caller_timeline;
 use super::messages::upsert_conversation;
 use super::sql::{Tx, execute, query, query_opt};
-use crate::domain::{ConversationId, ConversationRef, HolderId, OutboxId, Timestamp};
+use crate::domain::{ConversationId, ConversationRef, OutboxId, Timestamp};
 use crate::store::faults::Operation;
 use crate::store::rules;
-use crate::store::{NewNotice, OutboxKind, OutboxRow, OutboxStore, PartSent, StoreError};
+use crate::store::{ConversationAt, Enqueue, OutboxDeferral, OutboxFailure};
+use crate::store::{OutboxKind, OutboxRow, OutboxStore, PartSent, StoreError};
 
 #[async_trait]
 impl OutboxStore for PostgresStore {
-    async fn enqueue_notice(
-        &self,
-        notice: NewNotice,
-        holder: &HolderId,
-        now: Timestamp,
-    ) -> Result<Option<OutboxRow>, StoreError> {
+    async fn enqueue_notice(&self, queue: Enqueue<'_>) -> Result<Option<OutboxRow>, StoreError> {
         transaction!(self, Operation::Other, "queueing a notice", |tx| {
             async {
-                let now = self.now(&tx, now).await?;
-                let conversation = upsert_conversation(&tx, &notice.conversation, notice.is_group, now.db).await?;
+                let now = self.now(&tx, queue.now).await?;
+                let conversation = upsert_conversation(&tx, &queue.notice.conversation, queue.notice.is_group, now.db).await?;
                 // At most one notice per dedupe key.
                 let id = query_opt(
                     &tx,
@@ -30,45 +26,30 @@ impl OutboxStore for PostgresStore {
                      VALUES ($1, 'notice', $2, $3, $4, $5, $6, $6)
                      ON CONFLICT (dedupe_key) DO NOTHING
                      RETURNING id",
-                    &[&conversation.0, &notice.text, &notice.reply_to, &notice.dedupe_key, &holder.as_str(), &now.db.0],
+                    &[&conversation.0, &queue.notice.text, &queue.notice.reply_to, &queue.notice.dedupe_key, &queue.holder.as_str(), &now.db.0],
                     "queueing a notice",
                 )
                 .await?;
                 Ok(id.map(|r| {
-                    let (conversation, text) = (notice.conversation.clone(), notice.text.clone());
-                    rules::outbox_row(OutboxKind::Notice, r.get(0), conversation, text, notice.reply_to.clone(), Vec::new(), now.stored())
+                    let (conversation, text) = (queue.notice.conversation.clone(), queue.notice.text.clone());
+                    rules::outbox_row(OutboxKind::Notice, r.get(0), conversation, text, queue.notice.reply_to.clone(), Vec::new(), now.stored())
                 }))
             }
             .await
         })
     }
 
-    async fn due_outbox(
-        &self,
-        conversation: ConversationId,
-        now: Timestamp,
-    ) -> Result<Vec<OutboxRow>, StoreError> {
+    async fn due_outbox(&self, at: ConversationAt) -> Result<Vec<OutboxRow>, StoreError> {
         transaction!(self, Operation::Read, "reading the outbox", |tx| async {
-            let now = self.now(&tx, now).await?;
-            let mut owed = read_owed(&tx, conversation, now.db).await?.0;
+            let now = self.now(&tx, at.now).await?;
+            let mut owed = read_owed(&tx, at.conversation, now.db).await?.0;
             on_caller_timeline(&mut owed, now);
             Ok(owed)
         }
         .await)
     }
 
-    async fn mark_sent(
-        &self,
-        id: OutboxId,
-        parts_sent: u32,
-        done: bool,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
-        let sent = PartSent {
-            outbox: id,
-            parts_sent,
-            done,
-        };
+    async fn mark_sent(&self, sent: PartSent, now: Timestamp) -> Result<(), StoreError> {
         let fixed = self.fixed_now(now);
         // One round trip: the mark is one statement, on the database's clock.
         statement!(self, Operation::Other, "marking a reply sent", |client| {
@@ -76,24 +57,17 @@ impl OutboxStore for PostgresStore {
         })
     }
 
-    async fn defer_outbox(
-        &self,
-        id: OutboxId,
-        retry_at: Timestamp,
-        error: &str,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
+    async fn defer_outbox(&self, deferral: OutboxDeferral<'_>) -> Result<(), StoreError> {
         transaction!(self, Operation::Other, "deferring a delivery", |tx| async {
             // The caller's deadline, moved onto the database's timeline by the
             // offset of the caller's `now` (none when the caller is the clock).
-            let now = self.now(&tx, now).await?;
-            let retry_at = now.to_db(retry_at);
-            // No loss: a failed attempt only postpones a row that is still undelivered.
+            let now = self.now(&tx, deferral.now).await?;
+            let retry_at = now.to_db(deferral.retry_at);
             execute(
                 &tx,
                 "UPDATE outbox SET attempts = attempts + 1, next_attempt_at = $2, error = $3
                  WHERE id = $1 AND sent_at IS NULL AND failed_at IS NULL",
-                &[&id.0, &retry_at.0, &error],
+                &[&deferral.id.0, &retry_at.0, &deferral.error],
                 "deferring a delivery",
             )
             .await?;
@@ -102,21 +76,14 @@ impl OutboxStore for PostgresStore {
         .await)
     }
 
-    async fn fail_outbox(
-        &self,
-        id: OutboxId,
-        error: &str,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
+    async fn fail_outbox(&self, failure: OutboxFailure<'_>) -> Result<(), StoreError> {
         transaction!(self, Operation::Other, "giving up a delivery", |tx| async {
-            let now = self.now(&tx, now).await?;
-            // No duplicate: a row given up is never sent again; a sent row is never
-            // marked failed.
+            let now = self.now(&tx, failure.now).await?;
             execute(
                 &tx,
                 "UPDATE outbox SET attempts = attempts + 1, failed_at = $2, error = $3
                  WHERE id = $1 AND sent_at IS NULL AND failed_at IS NULL",
-                &[&id.0, &now.db.0, &error],
+                &[&failure.id.0, &now.db.0, &failure.error],
                 "giving up a delivery",
             )
             .await?;

@@ -5,43 +5,36 @@ use async_trait::async_trait;
 use super::PostgresStore;
 use super::messages::upsert_conversation;
 use super::sql::{execute, query};
-use crate::domain::{ConversationId, Said, Timestamp};
+use crate::domain::Said;
 use crate::store::faults::Operation;
-use crate::store::{OverheardMessage, OverheardStore, StoreError};
+use crate::store::{OverheardQuery, Overhearing};
+use crate::store::{OverheardStore, StoreError};
 
 #[async_trait]
 impl OverheardStore for PostgresStore {
-    async fn overhear(
-        &self,
-        message: OverheardMessage,
-        keep: usize,
-        now: Timestamp,
-    ) -> Result<bool, StoreError> {
+    async fn overhear(&self, heard: Overhearing) -> Result<bool, StoreError> {
         transaction!(
             self,
             Operation::Other,
             "keeping an overheard message",
             |tx| {
                 async {
-                let now = self.now(&tx, now).await?;
-                // Context only: the conversation row, never its version or timer.
-                let id = upsert_conversation(&tx, &message.conversation, true, now.db).await?;
-                // No duplicate: a redelivered platform message is kept once.
+                let now = self.now(&tx, heard.now).await?;
+                let id = upsert_conversation(&tx, &heard.message.conversation, true, now.db).await?;
                 let kept = execute(
                     &tx,
                     "INSERT INTO overheard (conversation_id, platform_message_id, author, text, received_at)
                      VALUES ($1, $2, $3, $4, $5)
                      ON CONFLICT (conversation_id, platform_message_id) DO NOTHING",
-                    &[&id.0, &message.message_id, &message.author, &message.text, &now.db.0],
+                    &[&id.0, &heard.message.message_id, &heard.message.author, &heard.message.text, &now.db.0],
                     "keeping an overheard message",
                 )
                 .await?;
-                // Bounded: only the newest `keep` stay, trimmed in the same write.
                 execute(
                     &tx,
                     "DELETE FROM overheard WHERE conversation_id = $1 AND id NOT IN (
                          SELECT id FROM overheard WHERE conversation_id = $1 ORDER BY id DESC LIMIT $2)",
-                    &[&id.0, &(keep as i64)],
+                    &[&id.0, &(heard.keep as i64)],
                     "trimming overheard messages",
                 )
                 .await?;
@@ -52,11 +45,7 @@ impl OverheardStore for PostgresStore {
         )
     }
 
-    async fn overheard(
-        &self,
-        conversation: ConversationId,
-        limit: usize,
-    ) -> Result<Vec<Said>, StoreError> {
+    async fn overheard(&self, asked: OverheardQuery) -> Result<Vec<Said>, StoreError> {
         transaction!(self, Operation::Read, "reading overheard messages", |tx| {
             async {
                 let rows = query(
@@ -65,7 +54,7 @@ impl OverheardStore for PostgresStore {
                          SELECT id, author, text FROM overheard WHERE conversation_id = $1
                          ORDER BY id DESC LIMIT $2) newest
                      ORDER BY id",
-                    &[&conversation.0, &(limit as i64)],
+                    &[&asked.conversation.0, &(asked.limit as i64)],
                     "reading overheard messages",
                 )
                 .await?;

@@ -4,17 +4,13 @@ use async_trait::async_trait;
 
 use super::PostgresStore;
 use super::sql::{execute, query};
-use crate::domain::ConversationId;
 use crate::store::faults::Operation;
+use crate::store::{AckOf, AcksCovered};
 use crate::store::{ReactionStore, StoreError};
 
 #[async_trait]
 impl ReactionStore for PostgresStore {
-    async fn claim_ack(
-        &self,
-        conversation: ConversationId,
-        message_id: &str,
-    ) -> Result<bool, StoreError> {
+    async fn claim_ack(&self, asked: AckOf<'_>) -> Result<bool, StoreError> {
         transaction!(self, Operation::Other, "claiming an ack reaction", |tx| {
             async {
                 // Once per burst: unique on (conversation, answered_version), and only
@@ -29,7 +25,7 @@ impl ReactionStore for PostgresStore {
                          WHERE m.conversation_id = c.id AND m.platform_message_id = $2::text
                            AND m.version > c.answered_version)
                      ON CONFLICT (conversation_id, burst) DO NOTHING",
-                    &[&conversation.0, &message_id],
+                    &[&asked.conversation.0, &asked.message_id],
                     "claiming an ack reaction",
                 )
                 .await?;
@@ -39,17 +35,13 @@ impl ReactionStore for PostgresStore {
         })
     }
 
-    async fn ack_open(
-        &self,
-        conversation: ConversationId,
-        message_id: &str,
-    ) -> Result<bool, StoreError> {
+    async fn ack_open(&self, asked: AckOf<'_>) -> Result<bool, StoreError> {
         transaction!(self, Operation::Read, "reading an ack reaction", |tx| {
             async {
                 let rows = query(
                     &tx,
                     "SELECT 1 FROM acks WHERE conversation_id = $1 AND platform_message_id = $2",
-                    &[&conversation.0, &message_id],
+                    &[&asked.conversation.0, &asked.message_id],
                     "reading an ack reaction",
                 )
                 .await?;
@@ -59,12 +51,8 @@ impl ReactionStore for PostgresStore {
         })
     }
 
-    async fn take_acks(
-        &self,
-        conversation: ConversationId,
-        covers: &[String],
-    ) -> Result<Vec<String>, StoreError> {
-        let covers = covers.to_vec();
+    async fn take_acks(&self, taking: AcksCovered<'_>) -> Result<Vec<String>, StoreError> {
+        let covers = taking.covers.to_vec();
         transaction!(self, Operation::Other, "taking ack reactions", |tx| {
             async {
                 // Cleared once: each row goes to the one caller that deletes it.
@@ -72,7 +60,7 @@ impl ReactionStore for PostgresStore {
                     &tx,
                     "DELETE FROM acks WHERE conversation_id = $1 AND platform_message_id = ANY($2)
                      RETURNING platform_message_id",
-                    &[&conversation.0, &covers],
+                    &[&taking.conversation.0, &covers],
                     "taking ack reactions",
                 )
                 .await?;

@@ -2,14 +2,13 @@
 //! conversation row already locked), read back. Times are on the database's timeline,
 //! as the messages' arrival times it learns from.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
 
 use super::PostgresStore;
 use super::sql::{Tx, execute, query_opt};
-use crate::domain::{ConversationId, ConversationRef, Timestamp};
+use crate::domain::{ConversationId, Timestamp};
 use crate::rhythm::Rhythm;
+use crate::store::Typing;
 use crate::store::faults::Operation;
 use crate::store::{RhythmStore, StoreError};
 use crate::timing::TimerPolicy;
@@ -22,18 +21,12 @@ impl RhythmStore for PostgresStore {
         })
     }
 
-    async fn extend_timer(
-        &self,
-        conversation: &ConversationRef,
-        user_id: &str,
-        hold: Duration,
-        now: Timestamp,
-    ) -> Result<Option<Timestamp>, StoreError> {
+    async fn extend_timer(&self, typing: Typing<'_>) -> Result<Option<Timestamp>, StoreError> {
         let max_wait = self.timers.max_wait().as_millis() as i64;
         transaction!(self, Operation::Other, "extending a timer", |tx| {
             async {
-                let now = self.now(&tx, now).await?;
-                let until = now.db.plus(hold).0;
+                let now = self.now(&tx, typing.now).await?;
+                let until = now.db.plus(typing.hold).0;
                 // Capped debounce: a typing author holds the timer, never past the
                 // oldest pending message + max_wait, never sooner than it was due.
                 let row = query_opt(
@@ -46,7 +39,7 @@ impl RhythmStore for PostgresStore {
                                    WHERE c.id = timers.conversation_id AND m.version > c.answered_version
                                      AND m.user_id = $3)
                      RETURNING due_at",
-                    &[&conversation.platform.as_str(), &conversation.key, &user_id, &until, &max_wait],
+                    &[&typing.conversation.platform.as_str(), &typing.conversation.key, &typing.user_id, &until, &max_wait],
                     "extending a timer",
                 )
                 .await?;

@@ -1,7 +1,5 @@
 //! The rounds area on PostgreSQL: a conversation's round under its lease.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
 
 use super::PostgresStore;
@@ -12,43 +10,45 @@ use super::outbox::{OWED, owed_rows};
 use super::sql::Context as _;
 use super::sql::{Tx, execute, query, query_one, query_opt};
 use crate::domain::{
-    ConversationId, ConversationRef, HolderId, Lease, LeaseKey, LeaseToken, Platform, Said,
-    Timestamp, Version,
+    ConversationId, ConversationRef, Lease, LeaseKey, LeaseToken, Platform, Said, Timestamp,
+    Version,
 };
 use crate::store::faults::Operation;
 use crate::store::rules::{self, conversation_of};
 use crate::store::{
-    Batch, Claimed, CommitOutcome, NewReply, OutboxKind, OutboxRow, PendingMessage, RoundStore,
-    StoreError, TimerState,
+    Batch, Claimed, CommitOutcome, OutboxKind, OutboxRow, PendingMessage, RoundStore, StoreError,
+    TimerState,
 };
+use crate::store::{GiveUp, IdleDisarm, ReplyCommit, RoundClaim, RoundFailure, TranscriptWrite};
 use crate::timing::TimerPolicy;
 
 #[async_trait]
 impl RoundStore for PostgresStore {
-    async fn claim_round(
-        &self,
-        conversation: ConversationId,
-        holder: &HolderId,
-        ttl: Duration,
-        history: usize,
-        now: Timestamp,
-    ) -> Result<Option<Claimed>, StoreError> {
-        let key = LeaseKey::Conversation(conversation);
-        let row = self.row(&key, holder);
-        let fixed = self.fixed_now(now);
+    async fn claim_round(&self, asked: RoundClaim<'_>) -> Result<Option<Claimed>, StoreError> {
+        let key = LeaseKey::Conversation(asked.conversation);
+        let row = self.row(&key, asked.holder);
+        let fixed = self.fixed_now(asked.now);
         // Five round trips: BEGIN, the claim (on the clock it reads), the give-back of
         // abandoned reservations, then every read of the batch and the outbox at once
         // (pipelined), and COMMIT.
         transaction!(self, Operation::Other, "claiming a round", |tx| async {
-            let claimed = claim(&tx, key.clone(), holder.clone(), &row, ttl, fixed).await?;
+            let claimed = claim(
+                &tx,
+                key.clone(),
+                asked.holder.clone(),
+                &row,
+                asked.ttl,
+                fixed,
+            )
+            .await?;
             let Some((lease, claimed_at)) = claimed else {
                 return Ok(None);
             };
-            let now = self.now_read(claimed_at, now);
-            give_back_orphans(&tx, conversation, lease.token).await?;
+            let now = self.now_read(claimed_at, asked.now);
+            give_back_orphans(&tx, asked.conversation, lease.token).await?;
             // What the round works on, read under the lease it just claimed.
             let (batch, (mut owed, held_back)) =
-                read_batch_and_owed(&tx, conversation, history, Some(now.db)).await?;
+                read_batch_and_owed(&tx, asked.conversation, asked.history, Some(now.db)).await?;
             // On the caller's timeline: its deadlines are counted on its own clock.
             let mut batch = batch;
             if let Some(timer) = batch.timer.as_mut() {
@@ -78,29 +78,23 @@ impl RoundStore for PostgresStore {
         .await)
     }
 
-    async fn commit_reply(
-        &self,
-        lease: &Lease,
-        batch: &Batch,
-        reply: NewReply,
-        now: Timestamp,
-    ) -> Result<CommitOutcome, StoreError> {
-        let conversation = batch.conversation_id;
-        let v0 = batch.v0;
-        let reply_to = batch.last_message_id().map(str::to_owned);
-        let row = self.row(&lease.key, &lease.holder);
+    async fn commit_reply(&self, asked: ReplyCommit<'_>) -> Result<CommitOutcome, StoreError> {
+        let conversation = asked.batch.conversation_id;
+        let v0 = asked.batch.v0;
+        let reply_to = asked.batch.last_message_id().map(str::to_owned);
+        let row = self.row(&asked.lease.key, &asked.lease.holder);
         let policy = self.timers;
         transaction!(self, Operation::Other, "committing a reply", |tx| {
             async {
-                let (now, version) = self.fence(&tx, lease, &row, conversation, now).await?;
-                let oldest = batch.oldest_pending_at().unwrap_or(now.db);
+                let (now, version) = self.fence(&tx, asked.lease, &row, conversation, asked.now).await?;
+                let oldest = asked.batch.oldest_pending_at().unwrap_or(now.db);
                 // Fresh: stale unless the cap forces it out (`rules::commit_verdict`).
                 let Some(forced) = rules::commit_verdict(policy, version, v0, oldest, now.db) else {
                     return Ok(CommitOutcome::Stale {
                         version: Version(version),
                     });
                 };
-                let collected: Vec<i64> = batch.pending.iter().map(|m| m.row).collect();
+                let collected: Vec<i64> = asked.batch.pending.iter().map(|m| m.row).collect();
                 // No duplicate: a message edited since it was collected is pending again
                 // (its version is past v0), so the reply covers only what is unchanged.
                 let covered: Vec<i64> = if forced {
@@ -122,7 +116,7 @@ impl RoundStore for PostgresStore {
                         version: Version(version),
                     });
                 }
-                let usage = reply.usage.unwrap_or_default();
+                let usage = asked.reply.usage.unwrap_or_default();
                 // The reply and the messages it covers: one statement.
                 let outbox: i64 = query_one(
                     &tx,
@@ -137,16 +131,16 @@ impl RoundStore for PostgresStore {
                      SELECT id FROM reply",
                     &[
                         &conversation.0,
-                        &reply.text,
+                        &asked.reply.text,
                         &reply_to,
                         &v0.0,
-                        &lease.token.0,
+                        &asked.lease.token.0,
                         &forced,
-                        &reply.usage.map(|_| usage.prompt as i64),
-                        &reply.usage.map(|_| usage.completion as i64),
-                        &(reply.llm_ms as i64),
+                        &asked.reply.usage.map(|_| usage.prompt as i64),
+                        &asked.reply.usage.map(|_| usage.completion as i64),
+                        &(asked.reply.llm_ms as i64),
                         &now.db.0,
-                        &lease.holder.as_str(),
+                        &asked.lease.holder.as_str(),
                         &covered,
                     ],
                     "storing a reply",
@@ -154,17 +148,17 @@ impl RoundStore for PostgresStore {
                 .await?
                 .get(0);
                 let notices =
-                    store_held_out(&tx, lease, &batch.conversation, &reply.held_out, v0, forced, now)
+                    store_held_out(&tx, asked.lease, &asked.batch.conversation, &asked.reply.held_out, v0, forced, now)
                         .await?;
                 answer_through(&tx, conversation, v0, policy).await?;
-                let received: Vec<Timestamp> = batch.pending.iter().map(|m| m.received_at).collect();
+                let received: Vec<Timestamp> = asked.batch.pending.iter().map(|m| m.received_at).collect();
                 super::rhythm::learn(&tx, conversation, &received, policy).await?;
                 let covers = rules::covered_ids(
-                    batch.pending.iter().map(|m| (m.row, m.message_id.as_str())),
+                    asked.batch.pending.iter().map(|m| (m.row, m.message_id.as_str())),
                     &covered,
                 );
-                let conversation = batch.conversation.clone();
-                let text = reply.text.clone();
+                let conversation = asked.batch.conversation.clone();
+                let text = asked.reply.text.clone();
                 Ok(CommitOutcome::Committed {
                     notices,
                     outbox: rules::outbox_row(OutboxKind::Reply, outbox, conversation, text, reply_to.clone(), covers, now.stored()),
@@ -175,21 +169,15 @@ impl RoundStore for PostgresStore {
         })
     }
 
-    async fn give_up(
-        &self,
-        lease: &Lease,
-        batch: &Batch,
-        notice: &str,
-        now: Timestamp,
-    ) -> Result<Option<OutboxRow>, StoreError> {
-        let conversation = batch.conversation_id;
-        let v0 = batch.v0;
-        let reply_to = batch.last_message_id().map(str::to_owned);
-        let row = self.row(&lease.key, &lease.holder);
+    async fn give_up(&self, giving_up: GiveUp<'_>) -> Result<Option<OutboxRow>, StoreError> {
+        let conversation = giving_up.batch.conversation_id;
+        let v0 = giving_up.batch.v0;
+        let reply_to = giving_up.batch.last_message_id().map(str::to_owned);
+        let row = self.row(&giving_up.lease.key, &giving_up.lease.holder);
         let policy = self.timers;
         transaction!(self, Operation::Other, "giving up on a batch", |tx| {
             async {
-                let (now, _) = self.fence(&tx, lease, &row, conversation, now).await?;
+                let (now, _) = self.fence(&tx, giving_up.lease, &row, conversation, giving_up.now).await?;
                 // What this give-up ends: messages still pending up to v0. No duplicate: a
                 // message already covered is never covered again.
                 let covered: Vec<(i64, String)> = query(
@@ -208,36 +196,29 @@ impl RoundStore for PostgresStore {
                 if covered.is_empty() {
                     return Ok(None);
                 }
-                let notice_row = CoveringNotice { text: notice, reply_to: &reply_to, v0, lease, now: &now };
+                let notice_row = CoveringNotice { text: giving_up.notice, reply_to: &reply_to, v0, lease: giving_up.lease, now: &now };
                 let outbox = notice_row.store(&tx, conversation, &covered, "storing a give-up notice").await?;
                 answer_through(&tx, conversation, v0, policy).await?;
                 let covers = covered.into_iter().map(|(_, id)| id).collect();
-                let conversation = batch.conversation.clone();
-                let text = notice.to_owned();
+                let conversation = giving_up.batch.conversation.clone();
+                let text = giving_up.notice.to_owned();
                 Ok(Some(rules::outbox_row(OutboxKind::Notice, outbox, conversation, text, reply_to.clone(), covers, now.stored())))
             }
             .await
         })
     }
 
-    async fn store_transcript(
-        &self,
-        lease: &Lease,
-        message: i64,
-        transcript: &str,
-        now: Timestamp,
-    ) -> Result<bool, StoreError> {
-        let row = self.row(&lease.key, &lease.holder);
-        let conversation = conversation_of(lease);
+    async fn store_transcript(&self, write: TranscriptWrite<'_>) -> Result<bool, StoreError> {
+        let row = self.row(&write.lease.key, &write.lease.holder);
+        let conversation = conversation_of(write.lease);
         transaction!(self, Operation::Other, "storing a transcript", |tx| async {
-            let now = self.now(&tx, now).await?;
-            ensure_lease(&tx, lease, &row, now).await?;
-            // Transcribed once: a transcript already stored is never replaced.
+            let now = self.now(&tx, write.now).await?;
+            ensure_lease(&tx, write.lease, &row, now).await?;
             let stored = execute(
                 &tx,
                 "UPDATE messages SET transcript = $3
                  WHERE id = $1 AND conversation_id = $2 AND transcript IS NULL",
-                &[&message, &conversation.0, &transcript],
+                &[&write.message, &conversation.0, &write.transcript],
                 "storing a transcript",
             )
             .await?;
@@ -246,24 +227,19 @@ impl RoundStore for PostgresStore {
         .await)
     }
 
-    async fn disarm_idle_timer(
-        &self,
-        lease: &Lease,
-        v0: Version,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
-        let row = self.row(&lease.key, &lease.holder);
-        let conversation = conversation_of(lease);
+    async fn disarm_idle_timer(&self, disarm: IdleDisarm<'_>) -> Result<(), StoreError> {
+        let row = self.row(&disarm.lease.key, &disarm.lease.holder);
+        let conversation = conversation_of(disarm.lease);
         transaction!(self, Operation::Other, "disarming an idle timer", |tx| {
             async {
-                self.fence(&tx, lease, &row, conversation, now).await?;
+                self.fence(&tx, disarm.lease, &row, conversation, disarm.now).await?;
                 // No loss: a timer with messages pending is never disarmed.
                 execute(
                     &tx,
                     "DELETE FROM timers WHERE conversation_id = $1 AND armed_version <= $2
                        AND NOT EXISTS (SELECT 1 FROM messages m JOIN conversations c ON c.id = m.conversation_id
                                        WHERE c.id = $1 AND m.version > c.answered_version)",
-                    &[&conversation.0, &v0.0],
+                    &[&conversation.0, &disarm.v0.0],
                     "disarming an idle timer",
                 )
                 .await?;
@@ -273,22 +249,17 @@ impl RoundStore for PostgresStore {
         })
     }
 
-    async fn record_failure(
-        &self,
-        lease: &Lease,
-        retry_at: Timestamp,
-        now: Timestamp,
-    ) -> Result<u32, StoreError> {
-        let row = self.row(&lease.key, &lease.holder);
-        let conversation = conversation_of(lease);
+    async fn record_failure(&self, failure: RoundFailure<'_>) -> Result<u32, StoreError> {
+        let row = self.row(&failure.lease.key, &failure.lease.holder);
+        let conversation = conversation_of(failure.lease);
         transaction!(
             self,
             Operation::Other,
             "recording a failed generation",
             |tx| {
                 async {
-                    let (now, _) = self.fence(&tx, lease, &row, conversation, now).await?;
-                    let retry_at = now.to_db(retry_at);
+                    let (now, _) = self.fence(&tx, failure.lease, &row, conversation, failure.now).await?;
+                    let retry_at = now.to_db(failure.retry_at);
                     let attempts = query_opt(
                         &tx,
                         "UPDATE timers SET attempts = attempts + 1, retry_at = $2, due_at = GREATEST(due_at, $2)

@@ -8,12 +8,13 @@ use async_trait::async_trait;
 use super::PostgresStore;
 use super::messages::upsert_conversation;
 use super::sql::{Tx, execute, query, query_one, query_opt};
-use crate::domain::{ConversationId, ConversationRef, HolderId, Timestamp, Version};
+use crate::domain::{ConversationId, ConversationRef, Version};
 use crate::store::faults::Operation;
 use crate::store::{
-    COMMAND_CLAIM_DAYS, ConversationSettings, RetryOutcome, Setting, SettingOutcome, SettingStore,
-    Stopped, StoreError,
+    COMMAND_CLAIM_DAYS, ConversationSettings, RetryOutcome, SettingOutcome, SettingStore, Stopped,
+    StoreError,
 };
+use crate::store::{CommandClaim, IdleForget, RetryRequest, SettingChange, Stop};
 
 #[async_trait]
 impl SettingStore for PostgresStore {
@@ -44,13 +45,9 @@ impl SettingStore for PostgresStore {
 
     async fn change_setting(
         &self,
-        conversation: &ConversationRef,
-        is_group: bool,
-        setting: Setting,
-        value: Option<&str>,
-        now: Timestamp,
+        change: SettingChange<'_>,
     ) -> Result<SettingOutcome, StoreError> {
-        let column = setting.column();
+        let column = change.setting.column();
         let read = format!("SELECT {column} FROM conversation_settings WHERE conversation_id = $1");
         let write = format!(
             "INSERT INTO conversation_settings (conversation_id, {column}, updated_at)
@@ -59,21 +56,20 @@ impl SettingStore for PostgresStore {
              SET {column} = excluded.{column}, updated_at = excluded.updated_at"
         );
         transaction!(self, Operation::Other, "changing a setting", |tx| async {
-            let now = self.now(&tx, now).await?;
+            let now = self.now(&tx, change.now).await?;
             // Locks the conversation row: a second change of it waits here, so the
             // value read next is the one in force.
-            let id = upsert_conversation(&tx, conversation, is_group, now.db).await?;
+            let id = upsert_conversation(&tx, change.conversation, change.is_group, now.db).await?;
             let current: Option<String> = query_opt(&tx, &read, &[&id.0], "reading a setting")
                 .await?
                 .and_then(|r| r.get(0));
-            // Applied once: the same value again writes nothing and stales nothing.
-            if current.as_deref() == value {
+            if current.as_deref() == change.value {
                 return Ok(SettingOutcome::Unchanged);
             }
             execute(
                 &tx,
                 &write,
-                &[&id.0, &value, &now.db.0],
+                &[&id.0, &change.value, &now.db.0],
                 "storing a setting",
             )
             .await?;
@@ -86,17 +82,12 @@ impl SettingStore for PostgresStore {
         .await)
     }
 
-    async fn stop_conversation(
-        &self,
-        conversation: &ConversationRef,
-        is_group: bool,
-        now: Timestamp,
-    ) -> Result<Stopped, StoreError> {
+    async fn stop_conversation(&self, stop: Stop<'_>) -> Result<Stopped, StoreError> {
         transaction!(self, Operation::Other, "stopping a conversation", |tx| {
             async {
-                let now = self.now(&tx, now).await?;
+                let now = self.now(&tx, stop.now).await?;
                 // Locks the conversation row (ingest and the final check queue there too).
-                let id = upsert_conversation(&tx, conversation, is_group, now.db).await?;
+                let id = upsert_conversation(&tx, stop.conversation, stop.is_group, now.db).await?;
                 let row = query_one(
                     &tx,
                     "SELECT version + $2, answered_version FROM conversations WHERE id = $1",
@@ -144,22 +135,16 @@ impl SettingStore for PostgresStore {
         })
     }
 
-    async fn retry_last_reply(
-        &self,
-        conversation: &ConversationRef,
-        is_group: bool,
-        holder: &HolderId,
-        now: Timestamp,
-    ) -> Result<RetryOutcome, StoreError> {
+    async fn retry_last_reply(&self, retry: RetryRequest<'_>) -> Result<RetryOutcome, StoreError> {
         transaction!(
             self,
             Operation::Other,
             "answering the last batch again",
             |tx| {
                 async {
-            let now = self.now(&tx, now).await?;
+            let now = self.now(&tx, retry.now).await?;
             // Locks the conversation row (ingest and the final check queue there too).
-            let id = upsert_conversation(&tx, conversation, is_group, now.db).await?;
+            let id = upsert_conversation(&tx, retry.conversation, retry.is_group, now.db).await?;
             let row = query_one(
                 &tx,
                 "SELECT version, answered_version, context_version FROM conversations WHERE id = $1",
@@ -221,7 +206,7 @@ impl SettingStore for PostgresStore {
                      due_at = GREATEST(excluded.due_at, timers.held_until),
                      armed_version = excluded.armed_version, armed_at = excluded.armed_at,
                      armed_by = excluded.armed_by, attempts = 0, retry_at = 0",
-                &[&id.0, &conversation.platform.as_str(), &now.db.0, &new, &holder.as_str()],
+                &[&id.0, &retry.conversation.platform.as_str(), &now.db.0, &new, &retry.holder.as_str()],
                 "arming the timer",
             )
             .await?;
@@ -236,14 +221,9 @@ impl SettingStore for PostgresStore {
         )
     }
 
-    async fn claim_command(
-        &self,
-        conversation: &ConversationRef,
-        message_id: &str,
-        now: Timestamp,
-    ) -> Result<bool, StoreError> {
+    async fn claim_command(&self, asked: CommandClaim<'_>) -> Result<bool, StoreError> {
         transaction!(self, Operation::Other, "claiming a command", |tx| async {
-            let now = self.now(&tx, now).await?;
+            let now = self.now(&tx, asked.now).await?;
             let expired = now.db.0 - COMMAND_CLAIM_DAYS * 86_400_000;
             execute(
                 &tx,
@@ -259,9 +239,9 @@ impl SettingStore for PostgresStore {
                 "INSERT INTO command_claims (platform, key, message_id, claimed_at)
                  VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
                 &[
-                    &conversation.platform.as_str(),
-                    &conversation.key,
-                    &message_id,
+                    &asked.conversation.platform.as_str(),
+                    &asked.conversation.key,
+                    &asked.message_id,
                     &now.db.0,
                 ],
                 "claiming a command",
@@ -295,16 +275,11 @@ impl SettingStore for PostgresStore {
         )
     }
 
-    async fn forget_if_idle(
-        &self,
-        conversation: &ConversationRef,
-        idle: std::time::Duration,
-        now: Timestamp,
-    ) -> Result<bool, StoreError> {
-        let idle = crate::domain::millis(idle);
+    async fn forget_if_idle(&self, forget: IdleForget<'_>) -> Result<bool, StoreError> {
+        let idle = crate::domain::millis(forget.idle);
         transaction!(self, Operation::Other, "forgetting an idle context", |tx| {
             async {
-            let now = self.now(&tx, now).await?;
+            let now = self.now(&tx, forget.now).await?;
             let before = now.db.0 - idle;
             // The last message by the index (conversation, version): a seek, not a scan.
             let n = execute(
@@ -313,17 +288,16 @@ impl SettingStore for PostgresStore {
                  WHERE platform = $1 AND key = $2 AND context_version < version
                    AND (SELECT received_at FROM messages m WHERE m.conversation_id = conversations.id
                         ORDER BY m.version DESC LIMIT 1) <= $3",
-                &[&conversation.platform.as_str(), &conversation.key, &before],
+                &[&forget.conversation.platform.as_str(), &forget.conversation.key, &before],
                 "forgetting an idle context",
             )
             .await?;
-            // Group chatter from before the quiet spell is no context for the fresh one.
             if n > 0 {
                 execute(
                     &tx,
                     "DELETE FROM overheard WHERE received_at <= $3
                        AND conversation_id = (SELECT id FROM conversations WHERE platform = $1 AND key = $2)",
-                    &[&conversation.platform.as_str(), &conversation.key, &before],
+                    &[&forget.conversation.platform.as_str(), &forget.conversation.key, &before],
                     "forgetting old group context",
                 )
                 .await?;

@@ -9,12 +9,12 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::SqliteStore;
 use super::leases::ensure_lease;
 use super::sql::Context;
-use crate::domain::{ConversationId, Lease, LeaseToken, Timestamp, Version};
+use crate::domain::{ConversationId, LeaseToken, Timestamp};
 use crate::store::rules::{self, ActionStep, conversation_of};
 use crate::store::{
-    ActionKey, ActionReservation, ActionRow, ActionState, ActionStore, Decision, NewAction,
-    StoreError,
+    ActionKey, ActionReservation, ActionRow, ActionState, ActionStore, Decision, StoreError,
 };
+use crate::store::{ActionResult, ApprovalAnswer, BatchOf, ConversationAt, Reserve};
 
 /// A batch's actions, in the order stored (index `actions_batch`).
 pub(super) const ACTIONS_OF_BATCH_SQL: &str = concat!(
@@ -33,17 +33,11 @@ pub(super) const OPEN_APPROVALS_SQL: &str = concat!(
 
 #[async_trait]
 impl ActionStore for SqliteStore {
-    async fn reserve_action(
-        &self,
-        lease: &Lease,
-        v0: Version,
-        action: NewAction,
-        now: Timestamp,
-    ) -> Result<ActionReservation, StoreError> {
-        let lease = lease.clone();
+    async fn reserve_action(&self, ask: Reserve<'_>) -> Result<ActionReservation, StoreError> {
+        let lease = ask.lease.clone();
         let row = self.lease_rows.row(&lease.key, &lease.holder);
         self.write("reserving an action", move |tx| {
-            ensure_lease(tx, &lease, &row.resource, now)?;
+            ensure_lease(tx, &lease, &row.resource, ask.now)?;
             let conversation = conversation_of(&lease);
             let version: i64 = tx
                 .prepare_cached("SELECT version FROM conversations WHERE id = ?1")
@@ -59,70 +53,63 @@ impl ActionStore for SqliteStore {
                     " FROM actions WHERE key = ?1 AND conversation_id = ?2"
                 ))
                 .ctx("preparing a statement")?
-                .query_row(params![action.key.0, conversation.0], action_row)
+                .query_row(params![ask.action.key.0, conversation.0], action_row)
                 .optional()
                 .ctx("reading an action")?
                 .transpose()?;
-            let step = rules::reserve_step(version, v0, found, action, lease.token, now);
-            apply(tx, conversation, step, now)
+            let step =
+                rules::reserve_step(version, ask.v0, found, ask.action, lease.token, ask.now);
+            apply(tx, conversation, step, ask.now)
         })
         .await
     }
 
-    async fn finish_action(
-        &self,
-        key: &ActionKey,
-        token: LeaseToken,
-        result: &str,
-        is_error: bool,
-        now: Timestamp,
-    ) -> Result<bool, StoreError> {
-        let key = key.clone();
-        let result = result.to_owned();
+    async fn finish_action(&self, done: ActionResult<'_>) -> Result<bool, StoreError> {
+        let key = done.key.clone();
+        let result = done.result.to_owned();
         self.write("storing an action's result", move |tx| {
-            // A finished action is a fact: recorded by its reserving token, lease or not.
             let changed = tx
                 .prepare_cached(
                     "UPDATE actions SET state = 'done', result = ?3, is_error = ?4, updated_at = ?5
                      WHERE key = ?1 AND token = ?2 AND state IN ('reserved', 'unknown')",
                 )
                 .ctx("preparing a statement")?
-                .execute(params![key.0, token.0, result, is_error, now.0])
+                .execute(params![
+                    key.0,
+                    done.token.0,
+                    result,
+                    done.is_error,
+                    done.now.0
+                ])
                 .ctx("storing an action's result")?;
             Ok(changed == 1)
         })
         .await
     }
 
-    async fn actions_of_batch(
-        &self,
-        conversation: ConversationId,
-        batch: i64,
-    ) -> Result<Vec<ActionRow>, StoreError> {
+    async fn actions_of_batch(&self, of: BatchOf) -> Result<Vec<ActionRow>, StoreError> {
         self.with_conn(move |conn| {
-            read_rows(conn, ACTIONS_OF_BATCH_SQL, params![conversation.0, batch])
+            read_rows(
+                conn,
+                ACTIONS_OF_BATCH_SQL,
+                params![of.conversation.0, of.batch],
+            )
         })
         .await
     }
 
-    async fn open_approvals(
-        &self,
-        conversation: ConversationId,
-        now: Timestamp,
-    ) -> Result<Vec<ActionRow>, StoreError> {
+    async fn open_approvals(&self, at: ConversationAt) -> Result<Vec<ActionRow>, StoreError> {
         self.with_conn(move |conn| {
-            read_rows(conn, OPEN_APPROVALS_SQL, params![conversation.0, now.0])
+            read_rows(
+                conn,
+                OPEN_APPROVALS_SQL,
+                params![at.conversation.0, at.now.0],
+            )
         })
         .await
     }
 
-    async fn decide_action(
-        &self,
-        conversation: ConversationId,
-        id: i64,
-        approve: bool,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
+    async fn decide_action(&self, answer: ApprovalAnswer) -> Result<Decision, StoreError> {
         self.write("deciding an approval", move |tx| {
             // Once: the writer runs one decision at a time, so the row read here is
             // the row the compare-and-swap moves.
@@ -133,15 +120,15 @@ impl ActionStore for SqliteStore {
                     " FROM actions WHERE id = ?1 AND conversation_id = ?2"
                 ))
                 .ctx("preparing a statement")?
-                .query_row(params![id, conversation.0], action_row)
+                .query_row(params![answer.id, answer.conversation.0], action_row)
                 .optional()
                 .ctx("reading an approval")?
                 .transpose()?;
             apply(
                 tx,
-                conversation,
-                rules::decide_step(found, approve, now),
-                now,
+                answer.conversation,
+                rules::decide_step(found, answer.approve, answer.now),
+                answer.now,
             )
         })
         .await

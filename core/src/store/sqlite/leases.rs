@@ -10,34 +10,24 @@ use super::outbox::mark_part_sent;
 use super::sql::Context;
 use crate::domain::{HolderId, Lease, LeaseKey, LeaseToken, Timestamp};
 use crate::store::lease_rows::LeaseRow;
-use crate::store::{LeaseStore, PartSent, StoreError};
+use crate::store::{LeaseClaim, LeaseRelease, LeaseRenewal};
+use crate::store::{LeaseStore, StoreError};
 
 #[async_trait]
 impl LeaseStore for SqliteStore {
-    async fn claim_lease(
-        &self,
-        key: &LeaseKey,
-        holder: &HolderId,
-        ttl: Duration,
-        now: Timestamp,
-    ) -> Result<Option<Lease>, StoreError> {
-        let key = key.clone();
-        let holder = holder.clone();
+    async fn claim_lease(&self, asked: LeaseClaim<'_>) -> Result<Option<Lease>, StoreError> {
+        let key = asked.key.clone();
+        let holder = asked.holder.clone();
         let row = self.lease_rows.row(&key, &holder);
         self.write("claiming a lease", move |tx| {
-            claim(tx, key, holder, &row, ttl, now)
+            claim(tx, key, holder, &row, asked.ttl, asked.now)
         })
         .await
     }
 
-    async fn renew_lease(
-        &self,
-        lease: &Lease,
-        ttl: Duration,
-        now: Timestamp,
-    ) -> Result<Lease, StoreError> {
-        let mut lease = lease.clone();
-        let expires_at = now.plus(ttl);
+    async fn renew_lease(&self, asked: LeaseRenewal<'_>) -> Result<Lease, StoreError> {
+        let mut lease = asked.lease.clone();
+        let expires_at = asked.now.plus(asked.ttl);
         #[cfg(feature = "test-switches")]
         if self.faults.renewals_frozen() {
             // A frozen process: it believes it renewed; the database never heard of it.
@@ -58,7 +48,7 @@ impl LeaseStore for SqliteStore {
                     lease.holder.as_str(),
                     lease.token.0,
                     expires_at.0,
-                    now.0
+                    asked.now.0
                 ])
                 .ctx("renewing a lease")?;
             if changed == 0 {
@@ -70,17 +60,12 @@ impl LeaseStore for SqliteStore {
         .await
     }
 
-    async fn release_lease(
-        &self,
-        lease: &Lease,
-        last_sent: Option<PartSent>,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
-        let lease = lease.clone();
+    async fn release_lease(&self, giving_back: LeaseRelease<'_>) -> Result<(), StoreError> {
+        let lease = giving_back.lease.clone();
         let row = self.lease_rows.row(&lease.key, &lease.holder);
         self.write("releasing a lease", move |tx| {
-            if let Some(sent) = last_sent {
-                mark_part_sent(tx, sent, now)?;
+            if let Some(sent) = giving_back.last_sent {
+                mark_part_sent(tx, sent, giving_back.now)?;
             }
             // Only our own claim is released: a lease taken over since stays with its holder.
             tx.prepare_cached(

@@ -6,22 +6,15 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::SqliteStore;
 use super::leases::ensure_lease;
 use super::sql::Context;
-use crate::domain::{ConversationId, Lease, Timestamp};
+use crate::domain::{ConversationId, Timestamp};
 use crate::store::rules::{self, RateVerdict, conversation_of};
-use crate::store::{
-    AccessRule, Charged, LimitStore, RateHold, RateWindow, Reservation, StoreError, TokenCharge,
-};
+use crate::store::{AccessRule, Charged, LimitStore, RateHold, Reservation, StoreError};
+use crate::store::{LeaseCharge, RateCheck};
 
 #[async_trait]
 impl LimitStore for SqliteStore {
-    async fn hold_over_rate(
-        &self,
-        conversation: ConversationId,
-        user_id: &str,
-        rate: RateWindow,
-        now: Timestamp,
-    ) -> Result<Option<RateHold>, StoreError> {
-        let user_id = user_id.to_owned();
+    async fn hold_over_rate(&self, check: RateCheck<'_>) -> Result<Option<RateHold>, StoreError> {
+        let user_id = check.user_id.to_owned();
         self.write("applying the rate limit", move |tx| {
             // Rate limit: the newest message or edit past the limit within the
             // window, if any; the window has room again once it has left.
@@ -41,9 +34,9 @@ impl LimitStore for SqliteStore {
                 .query_row(
                     params![
                         user_id,
-                        conversation.0,
-                        now.0 - crate::domain::millis(rate.window),
-                        rate.max,
+                        check.conversation.0,
+                        check.now.0 - crate::domain::millis(check.rate.window),
+                        check.rate.max,
                     ],
                     |r| r.get(0),
                 )
@@ -52,18 +45,18 @@ impl LimitStore for SqliteStore {
             let Some(past_limit) = past_limit else {
                 return Ok(None);
             };
-            let until = Timestamp(past_limit).plus(rate.window);
+            let until = Timestamp(past_limit).plus(check.rate.window);
             let held: Option<i64> = tx
                 .prepare_cached("SELECT held_until FROM timers WHERE conversation_id = ?1")
                 .ctx("preparing a statement")?
-                .query_row([conversation.0], |r| r.get(0))
+                .query_row([check.conversation.0], |r| r.get(0))
                 .optional()
                 .ctx("reading the timer")?;
-            match rules::rate_verdict(held, until, now) {
+            match rules::rate_verdict(held, until, check.now) {
                 RateVerdict::Nothing => Ok(None),
                 RateVerdict::Kept(until) => Ok(Some(RateHold { until, began: false })),
                 RateVerdict::Begin(until) => {
-                    hold_timer(tx, conversation, until)?;
+                    hold_timer(tx, check.conversation, until)?;
                     Ok(Some(RateHold { until, began: true }))
                 }
             }
@@ -71,18 +64,13 @@ impl LimitStore for SqliteStore {
         .await
     }
 
-    async fn charge_tokens(
-        &self,
-        lease: &Lease,
-        charge: &TokenCharge,
-        now: Timestamp,
-    ) -> Result<Charged, StoreError> {
-        let lease = lease.clone();
-        let charge = charge.clone();
+    async fn charge_tokens(&self, charging: LeaseCharge<'_>) -> Result<Charged, StoreError> {
+        let lease = charging.lease.clone();
+        let charge = charging.charge.clone();
         let row = self.lease_rows.row(&lease.key, &lease.holder);
         self.write("charging tokens", move |tx| {
             // Budgets: charged under the lease, fenced like the final check.
-            ensure_lease(tx, &lease, &row.resource, now)?;
+            ensure_lease(tx, &lease, &row.resource, charging.now)?;
             let conversation = conversation_of(&lease);
             // One order for every charge (SQLite has one writer; PostgreSQL locks
             // the rows in this order).

@@ -5,13 +5,14 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::SqliteStore;
 use super::sql::Context;
-use crate::domain::{ConversationId, ConversationRef, HolderId, Platform, Timestamp, Version};
+use crate::domain::{ConversationId, ConversationRef, HolderId, Timestamp, Version};
 use crate::rhythm::{Cue, Waits};
 use crate::store::faults::Operation;
+use crate::store::rules::Arming;
+use crate::store::{ContextReset, RecentQuery, StoredBy};
 use crate::store::{
     IngestOutcome, MessageEdit, MessageStore, NewMessage, RecentConversation, StoreError,
 };
-use crate::timing::TimerPolicy;
 
 #[async_trait]
 impl MessageStore for SqliteStore {
@@ -50,8 +51,9 @@ impl MessageStore for SqliteStore {
                 return Ok(IngestOutcome::Duplicate { conversation });
             }
             let cue = Cue::of(&message.text, message.media.len());
-            let (version, due_at) =
-                bump_and_arm(tx, conversation, message.conversation.platform, policy, cue, &holder, now)?;
+            let platform = message.conversation.platform;
+            let arming = Arming { conversation, platform, policy, cue, holder: &holder, now };
+            let (version, due_at) = bump_and_arm(tx, arming)?;
             Ok(IngestOutcome::Stored {
                 conversation,
                 version,
@@ -61,13 +63,8 @@ impl MessageStore for SqliteStore {
         .await
     }
 
-    async fn edit(
-        &self,
-        edit: MessageEdit,
-        holder: &HolderId,
-        now: Timestamp,
-    ) -> Result<IngestOutcome, StoreError> {
-        let holder = holder.clone();
+    async fn edit(&self, edit: MessageEdit, by: StoredBy<'_>) -> Result<IngestOutcome, StoreError> {
+        let holder = by.holder.clone();
         let policy = self.timers;
         self.write_as(Operation::Intake, "editing a message", move |tx| {
             let found: Option<(i64, i64)> = tx
@@ -84,7 +81,6 @@ impl MessageStore for SqliteStore {
             let Some((id, answered)) = found else {
                 return Ok(IngestOutcome::EditIgnored);
             };
-            // Edits: only a still-pending message changes, and it counts as new.
             let changed = tx
                 .prepare_cached(
                     "UPDATE messages
@@ -98,18 +94,18 @@ impl MessageStore for SqliteStore {
             if changed == 0 {
                 return Ok(IngestOutcome::EditIgnored);
             }
-            // Rate limit: an applied edit counts in its author's window, as a message.
             tx.prepare_cached(
                 "INSERT INTO edits (message_id, user_id, platform, edited_at)
                  SELECT id, user_id, ?3, ?4 FROM messages WHERE conversation_id = ?1 AND platform_message_id = ?2",
             )
             .ctx("preparing a statement")?
-            .execute(params![id, edit.message_id, edit.conversation.platform.as_str(), now.0])
+            .execute(params![id, edit.message_id, edit.conversation.platform.as_str(), by.now.0])
             .ctx("recording an edit")?;
             let conversation = ConversationId(id);
             let cue = Cue::of(&edit.text, 0);
-            let (version, due_at) =
-                bump_and_arm(tx, conversation, edit.conversation.platform, policy, cue, &holder, now)?;
+            let platform = edit.conversation.platform;
+            let arming = Arming { conversation, platform, policy, cue, holder: &holder, now: by.now };
+            let (version, due_at) = bump_and_arm(tx, arming)?;
             Ok(IngestOutcome::Stored {
                 conversation,
                 version,
@@ -119,22 +115,15 @@ impl MessageStore for SqliteStore {
         .await
     }
 
-    async fn reset_context(
-        &self,
-        conversation: &ConversationRef,
-        is_group: bool,
-        holder: &HolderId,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
-        let conversation = conversation.clone();
-        let holder = holder.clone();
+    async fn reset_context(&self, reset: ContextReset<'_>) -> Result<(), StoreError> {
+        let conversation = reset.conversation.clone();
+        let holder = reset.holder.clone();
         self.write("resetting the context", move |tx| {
-            let id = upsert_conversation(tx, &conversation, is_group, now)?;
+            let id = upsert_conversation(tx, &conversation, reset.is_group, reset.now)?;
             tx.prepare_cached("UPDATE conversations SET context_version = version WHERE id = ?1")
                 .ctx("preparing a statement")?
                 .execute([id.0])
                 .ctx("resetting the context")?;
-            // A fresh context forgets the group context too.
             tx.prepare_cached("DELETE FROM overheard WHERE conversation_id = ?1")
                 .ctx("preparing a statement")?
                 .execute([id.0])
@@ -147,7 +136,7 @@ impl MessageStore for SqliteStore {
                  WHERE conversation_id = ?1",
             )
             .ctx("preparing a statement")?
-            .execute(params![id.0, now.0, holder.as_str()])
+            .execute(params![id.0, reset.now.0, holder.as_str()])
             .ctx("clearing the failure backoff")?;
             Ok(())
         })
@@ -156,13 +145,9 @@ impl MessageStore for SqliteStore {
 
     async fn recent_conversations(
         &self,
-        platform: Platform,
-        since: Timestamp,
-        limit: usize,
+        asked: RecentQuery,
     ) -> Result<Vec<RecentConversation>, StoreError> {
         self.with_conn(move |conn| {
-            // No loss: catch-up resumes after the message stored last (the highest row
-            // id), never after one that merely has a larger platform id.
             let mut stmt = conn
                 .prepare_cached(
                     "SELECT c.key, c.is_group, m.platform_message_id
@@ -173,9 +158,9 @@ impl MessageStore for SqliteStore {
                      LIMIT ?3",
                 )
                 .ctx("finding recent conversations")?;
-            stmt.query_map(params![platform.as_str(), since.0, limit as i64], |r| {
+            stmt.query_map(params![asked.platform.as_str(), asked.since.0, asked.limit as i64], |r| {
                 Ok(RecentConversation {
-                    conversation: ConversationRef::new(platform, r.get::<_, String>(0)?),
+                    conversation: ConversationRef::new(asked.platform, r.get::<_, String>(0)?),
                     is_group: r.get(1)?,
                     last_message_id: r.get(2)?,
                 })
@@ -214,15 +199,7 @@ pub(super) fn upsert_conversation(
 /// Bump the version of a conversation that just got a message (or an edit) and arm
 /// its timer, with the wait its rhythm and the message's `cue` call for. Must run in
 /// the transaction that stored the message.
-fn bump_and_arm(
-    tx: &Connection,
-    conversation: ConversationId,
-    platform: Platform,
-    policy: TimerPolicy,
-    cue: Cue,
-    holder: &HolderId,
-    now: Timestamp,
-) -> Result<(Version, Timestamp), StoreError> {
+fn bump_and_arm(tx: &Connection, arming: Arming<'_>) -> Result<(Version, Timestamp), StoreError> {
     // Version counter: bumped in the same transaction that stores the message.
     // The rhythm's stored waits come back with it (no statement of their own).
     let (version, answered, waits): (i64, i64, Option<Waits>) = tx
@@ -231,7 +208,7 @@ fn bump_and_arm(
              RETURNING version, answered_version, rhythm_first_ms, rhythm_burst_ms",
         )
         .ctx("preparing a statement")?
-        .query_row([conversation.0], |r| {
+        .query_row([arming.conversation.0], |r| {
             let waits = match (r.get(2)?, r.get(3)?) {
                 (Some(first_ms), Some(burst_ms)) => Some(Waits { first_ms, burst_ms }),
                 _ => None,
@@ -239,9 +216,7 @@ fn bump_and_arm(
             Ok((r.get(0)?, r.get(1)?, waits))
         })
         .ctx("bumping the version")?;
-    let (pending, first_pending) = pending_after(tx, conversation, answered)?;
-    let wait = policy.debounce_for(waits, cue, pending);
-    let due_at = policy.due_after(wait, now, first_pending.unwrap_or(now), pending);
+    let due_at = arming.due_at(waits, pending_after(tx, arming.conversation, answered)?);
     // Capped debounce: every message re-arms the timer, never past the cap, and never
     // sooner than a failed generation's backoff (`retry_at`) or a limit's hold
     // (`held_until`).
@@ -258,7 +233,14 @@ fn bump_and_arm(
         )
         .ctx("preparing a statement")?
         .query_row(
-            params![conversation.0, platform.as_str(), due_at.0, version, now.0, holder.as_str()],
+            params![
+                arming.conversation.0,
+                arming.platform.as_str(),
+                due_at.0,
+                version,
+                arming.now.0,
+                arming.holder.as_str()
+            ],
             |r| r.get(0),
         )
         .ctx("arming the timer")?;

@@ -6,21 +6,17 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::messages::upsert_conversation;
 use super::sql::Context;
 use super::{SqliteStore, stored_at};
-use crate::domain::{ConversationId, ConversationRef, HolderId, OutboxId, Timestamp};
+use crate::domain::{ConversationId, ConversationRef, OutboxId, Timestamp};
 use crate::store::rules;
-use crate::store::{NewNotice, OutboxKind, OutboxRow, OutboxStore, PartSent, StoreError};
+use crate::store::{ConversationAt, Enqueue, OutboxDeferral, OutboxFailure};
+use crate::store::{OutboxKind, OutboxRow, OutboxStore, PartSent, StoreError};
 
 #[async_trait]
 impl OutboxStore for SqliteStore {
-    async fn enqueue_notice(
-        &self,
-        notice: NewNotice,
-        holder: &HolderId,
-        now: Timestamp,
-    ) -> Result<Option<OutboxRow>, StoreError> {
-        let holder = holder.clone();
+    async fn enqueue_notice(&self, queue: Enqueue<'_>) -> Result<Option<OutboxRow>, StoreError> {
+        let holder = queue.holder.clone();
         self.write("queueing a notice", move |tx| {
-            let conversation = upsert_conversation(tx, &notice.conversation, notice.is_group, now)?;
+            let conversation = upsert_conversation(tx, &queue.notice.conversation, queue.notice.is_group, queue.now)?;
             // At most one notice per dedupe key.
             let id: Option<i64> = tx
                 .prepare_cached(
@@ -33,11 +29,11 @@ impl OutboxStore for SqliteStore {
                 .query_row(
                     params![
                         conversation.0,
-                        notice.text,
-                        notice.reply_to,
-                        notice.dedupe_key,
+                        queue.notice.text,
+                        queue.notice.reply_to,
+                        queue.notice.dedupe_key,
                         holder.as_str(),
-                        now.0,
+                        queue.now.0,
                     ],
                     |r| r.get(0),
                 )
@@ -45,80 +41,51 @@ impl OutboxStore for SqliteStore {
                 .ctx("queueing a notice")?;
             let _ = conversation;
             Ok(id.map(|id| {
-                let at = stored_at(now);
-                rules::outbox_row(OutboxKind::Notice, id, notice.conversation, notice.text, notice.reply_to, Vec::new(), at)
+                let at = stored_at(queue.now);
+                rules::outbox_row(OutboxKind::Notice, id, queue.notice.conversation, queue.notice.text, queue.notice.reply_to, Vec::new(), at)
             }))
         })
         .await
     }
 
-    async fn due_outbox(
-        &self,
-        conversation: ConversationId,
-        now: Timestamp,
-    ) -> Result<Vec<OutboxRow>, StoreError> {
-        self.with_conn(move |conn| Ok(read_owed(conn, conversation, now)?.rows))
+    async fn due_outbox(&self, at: ConversationAt) -> Result<Vec<OutboxRow>, StoreError> {
+        self.with_conn(move |conn| Ok(read_owed(conn, at.conversation, at.now)?.rows))
             .await
     }
 
-    async fn mark_sent(
-        &self,
-        id: OutboxId,
-        parts_sent: u32,
-        done: bool,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
-        let sent = PartSent {
-            outbox: id,
-            parts_sent,
-            done,
-        };
+    async fn mark_sent(&self, sent: PartSent, now: Timestamp) -> Result<(), StoreError> {
         self.write("marking a reply sent", move |tx| {
             mark_part_sent(tx, sent, now)
         })
         .await
     }
 
-    async fn defer_outbox(
-        &self,
-        id: OutboxId,
-        retry_at: Timestamp,
-        error: &str,
+    async fn defer_outbox(&self, deferral: OutboxDeferral<'_>) -> Result<(), StoreError> {
         // One host, one clock: `retry_at` is already on the timeline deadlines are
         // compared on.
-        _now: Timestamp,
-    ) -> Result<(), StoreError> {
-        let error = error.to_owned();
+        let error = deferral.error.to_owned();
         self.write("deferring a delivery", move |tx| {
-            // No loss: a failed attempt only postpones a row that is still undelivered.
             tx.prepare_cached(
                 "UPDATE outbox SET attempts = attempts + 1, next_attempt_at = ?2, error = ?3
                  WHERE id = ?1 AND sent_at IS NULL AND failed_at IS NULL",
             )
             .ctx("preparing a statement")?
-            .execute(params![id.0, retry_at.0, error])
+            .execute(params![deferral.id.0, deferral.retry_at.0, error])
             .ctx("deferring a delivery")?;
             Ok(())
         })
         .await
     }
 
-    async fn fail_outbox(
-        &self,
-        id: OutboxId,
-        error: &str,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
-        let error = error.to_owned();
+    async fn fail_outbox(&self, failure: OutboxFailure<'_>) -> Result<(), StoreError> {
+        let error = failure.error.to_owned();
         self.write("giving up a delivery", move |tx| {
-            // No duplicate: a row given up is never sent again; a sent row is never
-            // marked failed.
             tx.prepare_cached(
                 "UPDATE outbox SET attempts = attempts + 1, failed_at = ?2, error = ?3
                  WHERE id = ?1 AND sent_at IS NULL AND failed_at IS NULL",
             )
             .ctx("preparing a statement")?
-            .execute(params![id.0, now.0, error])
+            .execute(params![failure.id.0, failure.now.0, error])
             .ctx("giving up a delivery")?;
             Ok(())
         })

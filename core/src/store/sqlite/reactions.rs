@@ -5,17 +5,13 @@ use rusqlite::{OptionalExtension, params};
 
 use super::SqliteStore;
 use super::sql::Context;
-use crate::domain::ConversationId;
+use crate::store::{AckOf, AcksCovered};
 use crate::store::{ReactionStore, StoreError};
 
 #[async_trait]
 impl ReactionStore for SqliteStore {
-    async fn claim_ack(
-        &self,
-        conversation: ConversationId,
-        message_id: &str,
-    ) -> Result<bool, StoreError> {
-        let message_id = message_id.to_owned();
+    async fn claim_ack(&self, asked: AckOf<'_>) -> Result<bool, StoreError> {
+        let message_id = asked.message_id.to_owned();
         self.write("claiming an ack reaction", move |tx| {
             // Once per burst: unique on (conversation, answered_version), and only for
             // a message still pending.
@@ -30,25 +26,21 @@ impl ReactionStore for SqliteStore {
                      ON CONFLICT (conversation_id, burst) DO NOTHING",
                 )
                 .ctx("preparing a statement")?
-                .execute(params![conversation.0, message_id])
+                .execute(params![asked.conversation.0, message_id])
                 .ctx("claiming an ack reaction")?;
             Ok(claimed == 1)
         })
         .await
     }
 
-    async fn ack_open(
-        &self,
-        conversation: ConversationId,
-        message_id: &str,
-    ) -> Result<bool, StoreError> {
-        let message_id = message_id.to_owned();
+    async fn ack_open(&self, asked: AckOf<'_>) -> Result<bool, StoreError> {
+        let message_id = asked.message_id.to_owned();
         self.with_conn(move |conn| {
             conn.prepare_cached(
                 "SELECT 1 FROM acks WHERE conversation_id = ?1 AND platform_message_id = ?2",
             )
             .ctx("preparing a statement")?
-            .query_row(params![conversation.0, message_id], |_| Ok(()))
+            .query_row(params![asked.conversation.0, message_id], |_| Ok(()))
             .optional()
             .map(|found| found.is_some())
             .ctx("reading an ack reaction")
@@ -56,12 +48,8 @@ impl ReactionStore for SqliteStore {
         .await
     }
 
-    async fn take_acks(
-        &self,
-        conversation: ConversationId,
-        covers: &[String],
-    ) -> Result<Vec<String>, StoreError> {
-        let covers = covers.to_vec();
+    async fn take_acks(&self, taking: AcksCovered<'_>) -> Result<Vec<String>, StoreError> {
+        let covers = taking.covers.to_vec();
         self.write("taking ack reactions", move |tx| {
             let mut taken = Vec::new();
             let mut take = tx
@@ -73,7 +61,7 @@ impl ReactionStore for SqliteStore {
             for message_id in covers {
                 // Cleared once: the row goes to the one caller that deletes it.
                 if let Some(id) = take
-                    .query_row(params![conversation.0, message_id], |r| r.get(0))
+                    .query_row(params![taking.conversation.0, message_id], |r| r.get(0))
                     .optional()
                     .ctx("taking an ack reaction")?
                 {

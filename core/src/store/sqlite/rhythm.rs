@@ -1,14 +1,13 @@
 //! The rhythm area on SQLite: learned in the commit's transaction, read back.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::SqliteStore;
 use super::sql::Context;
-use crate::domain::{ConversationId, ConversationRef, Timestamp};
+use crate::domain::{ConversationId, Timestamp};
 use crate::rhythm::Rhythm;
+use crate::store::Typing;
 use crate::store::{RhythmStore, StoreError};
 use crate::timing::TimerPolicy;
 
@@ -18,16 +17,10 @@ impl RhythmStore for SqliteStore {
         self.with_conn(move |conn| read(conn, conversation)).await
     }
 
-    async fn extend_timer(
-        &self,
-        conversation: &ConversationRef,
-        user_id: &str,
-        hold: Duration,
-        now: Timestamp,
-    ) -> Result<Option<Timestamp>, StoreError> {
-        let (conversation, user_id) = (conversation.clone(), user_id.to_owned());
+    async fn extend_timer(&self, typing: Typing<'_>) -> Result<Option<Timestamp>, StoreError> {
+        let (conversation, user_id) = (typing.conversation.clone(), typing.user_id.to_owned());
         let max_wait = self.timers.max_wait().as_millis() as i64;
-        let until = now.plus(hold).0;
+        let until = typing.now.plus(typing.hold).0;
         self.write("extending a timer", move |tx| {
             // Capped debounce: a typing author holds the timer, never past the oldest
             // pending message + max_wait, never sooner than it was due.

@@ -1,7 +1,5 @@
 //! The rounds area on SQLite: a conversation's round under its lease.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
@@ -11,37 +9,31 @@ use super::outbox::read_owed;
 use super::sql::Context;
 use super::{SqliteStore, stored_at};
 use crate::domain::{
-    ConversationId, ConversationRef, HolderId, Lease, LeaseKey, LeaseToken, Platform, Said,
-    Timestamp, Version,
+    ConversationId, ConversationRef, Lease, LeaseKey, LeaseToken, Platform, Said, Timestamp,
+    Version,
 };
 use crate::store::rules::{self, conversation_of};
 use crate::store::{
-    Batch, Claimed, CommitOutcome, Exchange, NewReply, OutboxKind, OutboxRow, PendingMessage,
-    RoundStore, StoreError, TimerState,
+    Batch, Claimed, CommitOutcome, Exchange, OutboxKind, OutboxRow, PendingMessage, RoundStore,
+    StoreError, TimerState,
 };
+use crate::store::{GiveUp, IdleDisarm, ReplyCommit, RoundClaim, RoundFailure, TranscriptWrite};
 use crate::timing::TimerPolicy;
 
 #[async_trait]
 impl RoundStore for SqliteStore {
-    async fn claim_round(
-        &self,
-        conversation: ConversationId,
-        holder: &HolderId,
-        ttl: Duration,
-        history: usize,
-        now: Timestamp,
-    ) -> Result<Option<Claimed>, StoreError> {
-        let key = LeaseKey::Conversation(conversation);
-        let holder = holder.clone();
+    async fn claim_round(&self, asked: RoundClaim<'_>) -> Result<Option<Claimed>, StoreError> {
+        let key = LeaseKey::Conversation(asked.conversation);
+        let holder = asked.holder.clone();
         let row = self.lease_rows.row(&key, &holder);
         self.write("claiming a round", move |tx| {
-            let Some(lease) = claim(tx, key, holder, &row, ttl, now)? else {
+            let Some(lease) = claim(tx, key, holder, &row, asked.ttl, asked.now)? else {
                 return Ok(None);
             };
-            give_back_orphans(tx, conversation, lease.token)?;
+            give_back_orphans(tx, asked.conversation, lease.token)?;
             // What the round works on, read under the lease it just claimed.
-            let batch = read_batch(tx, conversation, history)?;
-            let owed = read_owed(tx, conversation, now)?;
+            let batch = read_batch(tx, asked.conversation, asked.history)?;
+            let owed = read_owed(tx, asked.conversation, asked.now)?;
             Ok(Some(Claimed {
                 lease,
                 batch,
@@ -67,37 +59,32 @@ impl RoundStore for SqliteStore {
         .await
     }
 
-    async fn commit_reply(
-        &self,
-        lease: &Lease,
-        batch: &Batch,
-        reply: NewReply,
-        now: Timestamp,
-    ) -> Result<CommitOutcome, StoreError> {
-        let lease = lease.clone();
-        let conversation = batch.conversation_id;
-        let v0 = batch.v0;
-        let covered: Vec<i64> = batch.pending.iter().map(|m| m.row).collect();
-        let message_ids: Vec<(i64, String)> = batch
+    async fn commit_reply(&self, asked: ReplyCommit<'_>) -> Result<CommitOutcome, StoreError> {
+        let lease = asked.lease.clone();
+        let conversation = asked.batch.conversation_id;
+        let v0 = asked.batch.v0;
+        let covered: Vec<i64> = asked.batch.pending.iter().map(|m| m.row).collect();
+        let message_ids: Vec<(i64, String)> = asked
+            .batch
             .pending
             .iter()
             .map(|m| (m.row, m.message_id.clone()))
             .collect();
-        let reference = batch.conversation.clone();
-        let reply_to = batch.last_message_id().map(str::to_owned);
-        let oldest = batch.oldest_pending_at().unwrap_or(now);
-        let received: Vec<Timestamp> = batch.pending.iter().map(|m| m.received_at).collect();
+        let reference = asked.batch.conversation.clone();
+        let reply_to = asked.batch.last_message_id().map(str::to_owned);
+        let oldest = asked.batch.oldest_pending_at().unwrap_or(asked.now);
+        let received: Vec<Timestamp> = asked.batch.pending.iter().map(|m| m.received_at).collect();
         let row = self.lease_rows.row(&lease.key, &lease.holder);
         let policy = self.timers;
         self.write("committing a reply", move |tx| {
-            ensure_lease(tx, &lease, &row.resource, now)?;
+            ensure_lease(tx, &lease, &row.resource, asked.now)?;
             let version: i64 = tx
                 .prepare_cached("SELECT version FROM conversations WHERE id = ?1")
                 .ctx("preparing a statement")?
                 .query_row([conversation.0], |r| r.get(0))
                 .ctx("reading the version")?;
             // Fresh: stale unless the cap forces it out (`rules::commit_verdict`).
-            let Some(forced) = rules::commit_verdict(policy, version, v0, oldest, now) else {
+            let Some(forced) = rules::commit_verdict(policy, version, v0, oldest, asked.now) else {
                 return Ok(CommitOutcome::Stale {
                     version: Version(version),
                 });
@@ -114,7 +101,7 @@ impl RoundStore for SqliteStore {
                     version: Version(version),
                 });
             }
-            let usage = reply.usage.unwrap_or_default();
+            let usage = asked.reply.usage.unwrap_or_default();
             let outbox: i64 = tx
                 .prepare_cached(
                     "INSERT INTO outbox (conversation_id, kind, text, reply_to, version, lease_token, forced,
@@ -126,22 +113,22 @@ impl RoundStore for SqliteStore {
                 .query_row(
                     params![
                         conversation.0,
-                        &reply.text,
+                        &asked.reply.text,
                         reply_to,
                         v0.0,
                         lease.token.0,
                         forced,
-                        reply.usage.map(|_| usage.prompt as i64),
-                        reply.usage.map(|_| usage.completion as i64),
-                        reply.llm_ms as i64,
-                        now.0,
+                        asked.reply.usage.map(|_| usage.prompt as i64),
+                        asked.reply.usage.map(|_| usage.completion as i64),
+                        asked.reply.llm_ms as i64,
+                        asked.now.0,
                         lease.holder.as_str(),
                     ],
                     |r| r.get(0),
                 )
                 .ctx("storing a reply")?;
             record_covers(tx, outbox, &covered)?;
-            let notices = store_held_out(tx, &lease, &reference, &reply.held_out, v0, forced, now)?;
+            let notices = store_held_out(tx, &lease, &reference, &asked.reply.held_out, v0, forced, asked.now)?;
             answer_through(tx, conversation, v0, policy)?;
             super::rhythm::learn(tx, conversation, &received, policy)?;
             let covers = rules::covered_ids(
@@ -150,30 +137,24 @@ impl RoundStore for SqliteStore {
             );
             Ok(CommitOutcome::Committed {
                 notices,
-                outbox: rules::outbox_row(OutboxKind::Reply, outbox, reference, reply.text, reply_to, covers, stored_at(now)),
+                outbox: rules::outbox_row(OutboxKind::Reply, outbox, reference, asked.reply.text, reply_to, covers, stored_at(asked.now)),
                 forced,
             })
         })
         .await
     }
 
-    async fn give_up(
-        &self,
-        lease: &Lease,
-        batch: &Batch,
-        notice: &str,
-        now: Timestamp,
-    ) -> Result<Option<OutboxRow>, StoreError> {
-        let lease = lease.clone();
-        let conversation = batch.conversation_id;
-        let v0 = batch.v0;
-        let reply_to = batch.last_message_id().map(str::to_owned);
-        let reference = batch.conversation.clone();
-        let notice = notice.to_owned();
+    async fn give_up(&self, giving_up: GiveUp<'_>) -> Result<Option<OutboxRow>, StoreError> {
+        let lease = giving_up.lease.clone();
+        let conversation = giving_up.batch.conversation_id;
+        let v0 = giving_up.batch.v0;
+        let reply_to = giving_up.batch.last_message_id().map(str::to_owned);
+        let reference = giving_up.batch.conversation.clone();
+        let notice = giving_up.notice.to_owned();
         let row = self.lease_rows.row(&lease.key, &lease.holder);
         let policy = self.timers;
         self.write("giving up on a batch", move |tx| {
-            ensure_lease(tx, &lease, &row.resource, now)?;
+            ensure_lease(tx, &lease, &row.resource, giving_up.now)?;
             // What this give-up ends: messages still pending up to v0 (an edit since
             // the batch was collected moved its message past v0: it stays pending).
             // No duplicate: a message already covered is never covered again.
@@ -194,34 +175,27 @@ impl RoundStore for SqliteStore {
             if covered.is_empty() {
                 return Ok(None);
             }
-            let notice_row = CoveringNotice { text: &notice, reply_to: &reply_to, v0, lease: &lease, now };
+            let notice_row = CoveringNotice { text: &notice, reply_to: &reply_to, v0, lease: &lease, now: giving_up.now };
             let outbox = notice_row.store(tx, conversation, &covered, "storing a give-up notice")?;
             answer_through(tx, conversation, v0, policy)?;
             let covers = covered.into_iter().map(|(_, id)| id).collect();
-            Ok(Some(rules::outbox_row(OutboxKind::Notice, outbox, reference, notice, reply_to, covers, stored_at(now))))
+            Ok(Some(rules::outbox_row(OutboxKind::Notice, outbox, reference, notice, reply_to, covers, stored_at(giving_up.now))))
         })
         .await
     }
 
-    async fn store_transcript(
-        &self,
-        lease: &Lease,
-        message: i64,
-        transcript: &str,
-        now: Timestamp,
-    ) -> Result<bool, StoreError> {
-        let lease = lease.clone();
+    async fn store_transcript(&self, write: TranscriptWrite<'_>) -> Result<bool, StoreError> {
+        let lease = write.lease.clone();
         let row = self.lease_rows.row(&lease.key, &lease.holder);
-        let transcript = transcript.to_owned();
+        let transcript = write.transcript.to_owned();
         self.write("storing a transcript", move |tx| {
-            ensure_lease(tx, &lease, &row.resource, now)?;
+            ensure_lease(tx, &lease, &row.resource, write.now)?;
             let conversation = conversation_of(&lease);
-            // Transcribed once: a transcript already stored is never replaced.
             let stored = tx
                 .execute(
                     "UPDATE messages SET transcript = ?3
                      WHERE id = ?1 AND conversation_id = ?2 AND transcript IS NULL",
-                    params![message, conversation.0, transcript],
+                    params![write.message, conversation.0, transcript],
                 )
                 .ctx("storing a transcript")?;
             Ok(stored == 1)
@@ -229,16 +203,11 @@ impl RoundStore for SqliteStore {
         .await
     }
 
-    async fn disarm_idle_timer(
-        &self,
-        lease: &Lease,
-        v0: Version,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
-        let lease = lease.clone();
+    async fn disarm_idle_timer(&self, disarm: IdleDisarm<'_>) -> Result<(), StoreError> {
+        let lease = disarm.lease.clone();
         let row = self.lease_rows.row(&lease.key, &lease.holder);
         self.write("disarming an idle timer", move |tx| {
-            ensure_lease(tx, &lease, &row.resource, now)?;
+            ensure_lease(tx, &lease, &row.resource, disarm.now)?;
             let conversation = conversation_of(&lease);
             tx.prepare_cached(
                 "DELETE FROM timers WHERE conversation_id = ?1 AND armed_version <= ?2
@@ -246,23 +215,18 @@ impl RoundStore for SqliteStore {
                                  WHERE c.id = ?1 AND m.version > c.answered_version)",
             )
             .ctx("preparing a statement")?
-            .execute(params![conversation.0, v0.0])
+            .execute(params![conversation.0, disarm.v0.0])
             .ctx("disarming an idle timer")?;
             Ok(())
         })
         .await
     }
 
-    async fn record_failure(
-        &self,
-        lease: &Lease,
-        retry_at: Timestamp,
-        now: Timestamp,
-    ) -> Result<u32, StoreError> {
-        let lease = lease.clone();
+    async fn record_failure(&self, failure: RoundFailure<'_>) -> Result<u32, StoreError> {
+        let lease = failure.lease.clone();
         let row = self.lease_rows.row(&lease.key, &lease.holder);
         self.write("recording a failed generation", move |tx| {
-            ensure_lease(tx, &lease, &row.resource, now)?;
+            ensure_lease(tx, &lease, &row.resource, failure.now)?;
             let conversation = conversation_of(&lease);
             let attempts: Option<u32> = tx
                 .prepare_cached(
@@ -271,7 +235,7 @@ impl RoundStore for SqliteStore {
                      WHERE conversation_id = ?1 RETURNING attempts",
                 )
                 .ctx("preparing a statement")?
-                .query_row(params![conversation.0, retry_at.0], |r| r.get(0))
+                .query_row(params![conversation.0, failure.retry_at.0], |r| r.get(0))
                 .optional()
                 .ctx("recording a failed generation")?;
             Ok(attempts.unwrap_or(0))

@@ -9,6 +9,8 @@ use std::time::Duration;
 use rusqlite::Connection;
 use rusqlite_migration::{M, Migrations};
 
+use crate::store::ddl;
+
 const V1_CORE: &str = r#"
 -- One row per conversation. `version` counts stored messages and edits; the reply
 -- that covered everything up to `answered_version` has been committed.
@@ -245,16 +247,7 @@ CREATE INDEX actions_batch ON actions (conversation_id, batch, id);
 CREATE INDEX actions_open ON actions (conversation_id, id) WHERE state IN ('awaiting', 'approved');
 "#;
 
-const V9_STATUS: &str = r#"
--- The status page (GET /, GET /api/status) reads the last day and the last thirty days
--- of the outbox, and the timers a limit holds or a failure backs off, by range scans on
--- these instead of walking every row.
-CREATE INDEX outbox_sent ON outbox (sent_at) WHERE sent_at IS NOT NULL;
-CREATE INDEX outbox_failed ON outbox (failed_at) WHERE failed_at IS NOT NULL;
-CREATE INDEX outbox_created ON outbox (created_at);
-CREATE INDEX timers_held ON timers (held_until);
-CREATE INDEX timers_retrying ON timers (conversation_id) WHERE attempts > 0;
-"#;
+const V9_STATUS: &str = ddl::STATUS_INDEXES;
 
 const V10_SETTINGS: &str = r#"
 -- A conversation's own choices (/model, /persona, /prompt); NULL: the default. A

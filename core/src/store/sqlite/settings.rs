@@ -8,11 +8,12 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::SqliteStore;
 use super::messages::upsert_conversation;
 use super::sql::Context;
-use crate::domain::{ConversationId, ConversationRef, HolderId, Timestamp, Version};
+use crate::domain::{ConversationId, ConversationRef, Version};
 use crate::store::{
-    COMMAND_CLAIM_DAYS, ConversationSettings, RetryOutcome, Setting, SettingOutcome, SettingStore,
-    Stopped, StoreError,
+    COMMAND_CLAIM_DAYS, ConversationSettings, RetryOutcome, SettingOutcome, SettingStore, Stopped,
+    StoreError,
 };
+use crate::store::{CommandClaim, IdleForget, RetryRequest, SettingChange, Stop};
 
 #[async_trait]
 impl SettingStore for SqliteStore {
@@ -27,17 +28,13 @@ impl SettingStore for SqliteStore {
 
     async fn change_setting(
         &self,
-        conversation: &ConversationRef,
-        is_group: bool,
-        setting: Setting,
-        value: Option<&str>,
-        now: Timestamp,
+        change: SettingChange<'_>,
     ) -> Result<SettingOutcome, StoreError> {
-        let conversation = conversation.clone();
-        let value = value.map(str::to_owned);
-        let column = setting.column();
+        let conversation = change.conversation.clone();
+        let value = change.value.map(str::to_owned);
+        let column = change.setting.column();
         self.write("changing a setting", move |tx| {
-            let id = upsert_conversation(tx, &conversation, is_group, now)?;
+            let id = upsert_conversation(tx, &conversation, change.is_group, change.now)?;
             let current: Option<String> = tx
                 .prepare_cached(&format!(
                     "SELECT {column} FROM conversation_settings WHERE conversation_id = ?1"
@@ -47,7 +44,6 @@ impl SettingStore for SqliteStore {
                 .optional()
                 .ctx("reading a setting")?
                 .flatten();
-            // Applied once: the same value again writes nothing and stales nothing.
             if current == value {
                 return Ok(SettingOutcome::Unchanged);
             }
@@ -58,7 +54,7 @@ impl SettingStore for SqliteStore {
                  SET {column} = excluded.{column}, updated_at = excluded.updated_at"
             ))
             .ctx("preparing a statement")?
-            .execute(params![id.0, value, now.0])
+            .execute(params![id.0, value, change.now.0])
             .ctx("storing a setting")?;
             let version = bump(tx, id)?;
             Ok(SettingOutcome::Changed {
@@ -69,15 +65,10 @@ impl SettingStore for SqliteStore {
         .await
     }
 
-    async fn stop_conversation(
-        &self,
-        conversation: &ConversationRef,
-        is_group: bool,
-        now: Timestamp,
-    ) -> Result<Stopped, StoreError> {
-        let conversation = conversation.clone();
+    async fn stop_conversation(&self, stop: Stop<'_>) -> Result<Stopped, StoreError> {
+        let conversation = stop.conversation.clone();
         self.write("stopping a conversation", move |tx| {
-            let id = upsert_conversation(tx, &conversation, is_group, now)?;
+            let id = upsert_conversation(tx, &conversation, stop.is_group, stop.now)?;
             let (version, answered): (i64, i64) = tx
                 .prepare_cached(
                     "SELECT version + ?2, answered_version FROM conversations WHERE id = ?1",
@@ -118,17 +109,11 @@ impl SettingStore for SqliteStore {
         .await
     }
 
-    async fn retry_last_reply(
-        &self,
-        conversation: &ConversationRef,
-        is_group: bool,
-        holder: &HolderId,
-        now: Timestamp,
-    ) -> Result<RetryOutcome, StoreError> {
-        let conversation = conversation.clone();
-        let holder = holder.clone();
+    async fn retry_last_reply(&self, retry: RetryRequest<'_>) -> Result<RetryOutcome, StoreError> {
+        let conversation = retry.conversation.clone();
+        let holder = retry.holder.clone();
         self.write("answering the last batch again", move |tx| {
-            let id = upsert_conversation(tx, &conversation, is_group, now)?;
+            let id = upsert_conversation(tx, &conversation, retry.is_group, retry.now)?;
             let (version, answered, context): (i64, i64, i64) = tx
                 .prepare_cached(
                     "SELECT version, answered_version, context_version FROM conversations WHERE id = ?1",
@@ -184,7 +169,7 @@ impl SettingStore for SqliteStore {
                      armed_by = excluded.armed_by, attempts = 0, retry_at = 0",
             )
             .ctx("preparing a statement")?
-            .execute(params![id.0, conversation.platform.as_str(), now.0, new, holder.as_str()])
+            .execute(params![id.0, conversation.platform.as_str(), retry.now.0, new, holder.as_str()])
             .ctx("arming the timer")?;
             Ok(RetryOutcome::Retried {
                 conversation: id,
@@ -195,15 +180,10 @@ impl SettingStore for SqliteStore {
         .await
     }
 
-    async fn claim_command(
-        &self,
-        conversation: &ConversationRef,
-        message_id: &str,
-        now: Timestamp,
-    ) -> Result<bool, StoreError> {
-        let conversation = conversation.clone();
-        let message_id = message_id.to_owned();
-        let expired = now.0 - COMMAND_CLAIM_DAYS * 86_400_000;
+    async fn claim_command(&self, asked: CommandClaim<'_>) -> Result<bool, StoreError> {
+        let conversation = asked.conversation.clone();
+        let message_id = asked.message_id.to_owned();
+        let expired = asked.now.0 - COMMAND_CLAIM_DAYS * 86_400_000;
         self.write("claiming a command", move |tx| {
             tx.prepare_cached("DELETE FROM command_claims WHERE claimed_at < ?1")
                 .ctx("preparing a statement")?
@@ -219,7 +199,7 @@ impl SettingStore for SqliteStore {
                 conversation.platform.as_str(),
                 conversation.key,
                 message_id,
-                now.0
+                asked.now.0
             ])
             .map(|n| n > 0)
             .ctx("claiming a command")
@@ -250,14 +230,9 @@ impl SettingStore for SqliteStore {
         .await
     }
 
-    async fn forget_if_idle(
-        &self,
-        conversation: &ConversationRef,
-        idle: std::time::Duration,
-        now: Timestamp,
-    ) -> Result<bool, StoreError> {
-        let conversation = conversation.clone();
-        let before = now.0 - crate::domain::millis(idle);
+    async fn forget_if_idle(&self, forget: IdleForget<'_>) -> Result<bool, StoreError> {
+        let conversation = forget.conversation.clone();
+        let before = forget.now.0 - crate::domain::millis(forget.idle);
         self.write("forgetting an idle context", move |tx| {
             // The last message by the index (conversation, version): a seek, not a scan.
             let reset = tx.prepare_cached(
@@ -269,7 +244,6 @@ impl SettingStore for SqliteStore {
             .ctx("preparing a statement")?
             .execute(params![conversation.platform.as_str(), conversation.key, before])
             .ctx("forgetting an idle context")?;
-            // Group chatter from before the quiet spell is no context for the fresh one.
             if reset > 0 {
                 tx.prepare_cached(
                     "DELETE FROM overheard WHERE received_at <= ?3

@@ -1,0 +1,17 @@
+//! DDL that both dialects write byte for byte alike, written once here and named by
+//! both migration lists (`sqlite/schema.rs`, `postgres/schema.rs`). A migration moves
+//! here only with its text unchanged: a released migration is never edited, and the
+//! text of one that is shared stays the same in both lists.
+
+/// The status page's range-scan indexes: SQLite's ninth migration, PostgreSQL's
+/// seventh.
+pub(super) const STATUS_INDEXES: &str = r#"
+-- The status page (GET /, GET /api/status) reads the last day and the last thirty days
+-- of the outbox, and the timers a limit holds or a failure backs off, by range scans on
+-- these instead of walking every row.
+CREATE INDEX outbox_sent ON outbox (sent_at) WHERE sent_at IS NOT NULL;
+CREATE INDEX outbox_failed ON outbox (failed_at) WHERE failed_at IS NOT NULL;
+CREATE INDEX outbox_created ON outbox (created_at);
+CREATE INDEX timers_held ON timers (held_until);
+CREATE INDEX timers_retrying ON timers (conversation_id) WHERE attempts > 0;
+"#;

@@ -18,6 +18,7 @@ mod drafts;
 mod edits;
 mod faults;
 mod group_context;
+mod grouped_ingest;
 mod health;
 mod helpers;
 mod http_api;

@@ -3,6 +3,7 @@
 use async_trait::async_trait;
 
 use super::clock::TimeSource;
+use super::ingest::Call;
 use super::sql::{Tx, execute, query, query_one, query_opt};
 use super::{CHANNEL, PostgresStore};
 use crate::clock::{Clock, SystemClock};
@@ -24,58 +25,38 @@ impl MessageStore for PostgresStore {
         now: Timestamp,
     ) -> Result<IngestOutcome, StoreError> {
         let policy = self.timers;
-        let media = crate::store::encode_media(&message.media);
-        let fixed = self.fixed_now(now);
         // The range this message's wait is picked in; the function picks it from the
         // conversation's stored waits (`rhythm::Waits::pick`, in SQL).
         let (wait_min, wait_max) = policy.wait_range(Cue::of(&message.text, message.media.len()));
-        let (wait_min, wait_max, max_wait) = (
-            crate::domain::millis(wait_min),
-            crate::domain::millis(wait_max),
-            crate::domain::millis(policy.max_wait()),
-        );
-        let max_batch = i64::from(policy.max_batch());
         // One round trip: the whole transaction is `lull_ingest` (schema V14), which keeps
         // the invariants of the multi-statement ingest it replaced, in the same lock
-        // order (the conversation row first).
-        statement!(self, Operation::Intake, "storing a message", |client| {
-            async {
-                let row = query_one(
-                    client,
-                    "SELECT o_conversation, o_version, o_due_at, o_now FROM lull_ingest(
-                         $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
-                    &[
-                        &message.conversation.platform.as_str(),
-                        &message.conversation.key,
-                        &message.is_group,
-                        &message.message_id,
-                        &message.user_id,
-                        &message.author,
-                        &message.text,
-                        &media,
-                        &holder.as_str(),
-                        &fixed,
-                        &wait_min,
-                        &wait_max,
-                        &max_wait,
-                        &max_batch,
-                    ],
-                    "storing a message",
-                )
-                .await?;
-                let conversation = ConversationId(row.get(0));
-                let now = self.now_read(Timestamp(row.get(3)), now);
-                match (row.get::<_, Option<i64>>(1), row.get::<_, Option<i64>>(2)) {
-                    (Some(version), Some(due_at)) => Ok(IngestOutcome::Stored {
-                        conversation,
-                        version: Version(version),
-                        due_at: now.to_caller(Timestamp(due_at)),
-                    }),
-                    // No duplicate: a redelivered platform message is stored once.
-                    _ => Ok(IngestOutcome::Duplicate { conversation }),
-                }
-            }
-            .await
+        // order (the conversation row first); under load, with the messages that wait
+        // with it (`ingest.rs`).
+        let call = Call {
+            platform: message.conversation.platform.as_str(),
+            media: crate::store::encode_media(&message.media),
+            key: message.conversation.key,
+            is_group: message.is_group,
+            message_id: message.message_id,
+            user_id: message.user_id,
+            author: message.author,
+            text: message.text,
+            holder: holder.as_str().to_owned(),
+            fixed: self.fixed_now(now),
+            wait_min: crate::domain::millis(wait_min),
+            wait_max: crate::domain::millis(wait_max),
+        };
+        let answer = self.ingest_call(call).await?;
+        let conversation = ConversationId(answer.conversation);
+        let now = self.now_read(answer.now, now);
+        Ok(match answer.stored {
+            Some((version, due_at)) => IngestOutcome::Stored {
+                conversation,
+                version: Version(version),
+                due_at: now.to_caller(Timestamp(due_at)),
+            },
+            // No duplicate: a redelivered platform message is stored once.
+            None => IngestOutcome::Duplicate { conversation },
         })
     }
 

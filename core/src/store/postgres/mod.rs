@@ -94,6 +94,7 @@ mod clock;
 mod sql;
 
 mod actions;
+mod ingest;
 mod leases;
 mod limits;
 mod listen;
@@ -160,7 +161,9 @@ const TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
 /// The channel timers are announced on.
 const CHANNEL: &str = "lull_armed";
 
-/// A [`Store`](super::Store) on a PostgreSQL database.
+/// A [`Store`](super::Store) on a PostgreSQL database. A clone is the same store
+/// (one pool, one ingest queue, one listener).
+#[derive(Clone)]
 pub struct PostgresStore {
     pool: Pool,
     /// The URL with its password hidden, for messages.
@@ -178,6 +181,11 @@ pub struct PostgresStore {
     served: Arc<listen::Served>,
     /// The LISTEN connection's task, stopped with the store.
     _listener: Arc<listen::Listener>,
+    /// Messages waiting for a free ingest sender (`ingest.rs`).
+    ingests: Arc<ingest::Ingests>,
+    /// Whether messages that wait together are stored together (off only for the
+    /// counter-test: every message its own call, as many in flight as callers).
+    grouped: bool,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -317,6 +325,8 @@ impl PostgresStore {
             armed,
             served,
             _listener: listener,
+            ingests: Arc::default(),
+            grouped: true,
         })
     }
 
@@ -374,6 +384,15 @@ impl PostgresStore {
     #[cfg(feature = "test-switches")]
     pub fn without_lease_checks(mut self) -> Self {
         self.lease_rows = LeaseRows::PerHolder;
+        self
+    }
+
+    /// The counter-test's switch for grouped ingest: every message is its own call of
+    /// `lull_ingest`, sent at once, however many are in flight. Exists only in builds
+    /// with the `test-switches` feature.
+    #[cfg(feature = "test-switches")]
+    pub fn without_grouped_ingest(mut self) -> Self {
+        self.grouped = false;
         self
     }
 

@@ -27,6 +27,7 @@ const ALL: &[&str] = &[
     V12_OVERHEARD,
     V13_THREADS,
     V14_ONE_ROUND_TRIP,
+    V15_INGEST_TOGETHER,
 ];
 
 /// The schema version this build migrates to.
@@ -417,6 +418,44 @@ BEGIN
     IF v_known IS NULL OR o_due_at < v_known THEN
         PERFORM pg_notify('lull_armed', p_platform);
     END IF;
+END $$;
+"#;
+
+/// Messages that reach one process together stored in one call (`postgres::ingest`).
+const V15_INGEST_TOGETHER: &str = r#"
+-- Store a group of messages in one call (one round trip, one transaction, one commit):
+-- each exactly as `lull_ingest` stores one, so every invariant of a single ingest
+-- holds for each message of the group. What grouping adds is the lock order across
+-- conversations: the group takes its conversation rows in one order, by (platform,
+-- key) in this database's collation, the same order every group of every replica
+-- takes them in, and a single `lull_ingest` takes one; so two groups never wait on
+-- each other in a circle (a group that waits for a row waits for a transaction
+-- that needs no row later in the order than the one it waits on). Messages of one
+-- conversation are stored in the order given (the array index breaks the tie), so
+-- their versions follow their arrival. A statement-level loop, not a set-based
+-- UPDATE: a set-based statement locks rows in its plan's order, which no caller
+-- controls. Returns, for each message, its index in the arrays (1-based) and what
+-- `lull_ingest` returned for it.
+CREATE FUNCTION lull_ingest_many(
+    p_platform TEXT[], p_key TEXT[], p_is_group BOOLEAN[], p_message_id TEXT[], p_user_id TEXT[],
+    p_author TEXT[], p_text TEXT[], p_media TEXT[], p_holder TEXT[], p_now BIGINT[],
+    p_wait_min_ms BIGINT[], p_wait_max_ms BIGINT[], p_max_wait_ms BIGINT, p_max_batch BIGINT)
+RETURNS TABLE (o_index INT, o_conversation BIGINT, o_version BIGINT, o_due_at BIGINT, o_now BIGINT)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_i INT;
+BEGIN
+    FOR v_i IN SELECT s.i FROM generate_subscripts(p_key, 1) AS s(i)
+               ORDER BY p_platform[s.i], p_key[s.i], s.i LOOP
+        o_index := v_i;
+        SELECT r.o_conversation, r.o_version, r.o_due_at, r.o_now
+          INTO o_conversation, o_version, o_due_at, o_now
+          FROM lull_ingest(p_platform[v_i], p_key[v_i], p_is_group[v_i], p_message_id[v_i],
+                           p_user_id[v_i], p_author[v_i], p_text[v_i], p_media[v_i],
+                           p_holder[v_i], p_now[v_i], p_wait_min_ms[v_i], p_wait_max_ms[v_i],
+                           p_max_wait_ms, p_max_batch) AS r;
+        RETURN NEXT;
+    END LOOP;
 END $$;
 "#;
 

@@ -10,8 +10,8 @@
 use lull_port::{Media, MediaKind};
 
 use super::{
-    AccessRule, ActionReservation, ActionRow, ActionState, Charged, Decision, Exchange, HeldOut,
-    NewAction, OutboxKind, OutboxRow, ScopeCharge, StoreError, Subject,
+    AccessRule, ActionReservation, ActionRow, ActionState, Charged, CommitOutcome, Decision,
+    Exchange, HeldOut, NewAction, OutboxKind, OutboxRow, ScopeCharge, StoreError, Subject,
 };
 use crate::access::SubjectKind;
 use crate::domain::{
@@ -75,6 +75,35 @@ pub(crate) fn commit_verdict(
     // collected, unless the cap forces it out.
     let forced = version != v0.0;
     (!forced || policy.cap_reached(now, oldest)).then_some(forced)
+}
+
+/// A commit the final check refused: the conversation is at `version` now.
+pub(crate) fn stale(version: i64) -> CommitOutcome {
+    CommitOutcome::Stale {
+        version: Version(version),
+    }
+}
+
+/// What a committed reply hands back: its outbox row `reply`, covering those of the
+/// batch's collected messages (`collected`: row, platform id) that the commit
+/// covered (`covered`, by row: a message edited since it was collected is left
+/// pending), and the notices stored with it.
+pub(crate) fn committed<'a>(
+    collected: impl IntoIterator<Item = (i64, &'a str)>,
+    covered: &[i64],
+    reply: OutboxRow,
+    notices: Vec<OutboxRow>,
+    forced: bool,
+) -> CommitOutcome {
+    let outbox = OutboxRow {
+        covers: covered_ids(collected, covered),
+        ..reply
+    };
+    CommitOutcome::Committed {
+        notices,
+        outbox,
+        forced,
+    }
 }
 
 /// When an outbox row was stored, as [`OutboxRow`] reports it: `created_at` on the

@@ -90,9 +90,7 @@ impl RoundStore for PostgresStore {
                 let oldest = asked.batch.oldest_pending_at().unwrap_or(now.db);
                 // Fresh: stale unless the cap forces it out (`rules::commit_verdict`).
                 let Some(forced) = rules::commit_verdict(policy, version, v0, oldest, now.db) else {
-                    return Ok(CommitOutcome::Stale {
-                        version: Version(version),
-                    });
+                    return Ok(rules::stale(version));
                 };
                 let collected: Vec<i64> = asked.batch.pending.iter().map(|m| m.row).collect();
                 // No duplicate: a message edited since it was collected is pending again
@@ -112,9 +110,7 @@ impl RoundStore for PostgresStore {
                     collected
                 };
                 if covered.is_empty() {
-                    return Ok(CommitOutcome::Stale {
-                        version: Version(version),
-                    });
+                    return Ok(rules::stale(version));
                 }
                 let usage = asked.reply.usage.unwrap_or_default();
                 // The reply and the messages it covers: one statement.
@@ -153,17 +149,10 @@ impl RoundStore for PostgresStore {
                 answer_through(&tx, conversation, v0, policy).await?;
                 let received: Vec<Timestamp> = asked.batch.pending.iter().map(|m| m.received_at).collect();
                 super::rhythm::learn(&tx, conversation, &received, policy).await?;
-                let covers = rules::covered_ids(
-                    asked.batch.pending.iter().map(|m| (m.row, m.message_id.as_str())),
-                    &covered,
-                );
                 let conversation = asked.batch.conversation.clone();
-                let text = asked.reply.text.clone();
-                Ok(CommitOutcome::Committed {
-                    notices,
-                    outbox: rules::outbox_row(OutboxKind::Reply, outbox, conversation, text, reply_to.clone(), covers, now.stored()),
-                    forced,
-                })
+                let reply = rules::outbox_row(OutboxKind::Reply, outbox, conversation, asked.reply.text.clone(), reply_to.clone(), Vec::new(), now.stored());
+                let collected = asked.batch.pending.iter().map(|m| (m.row, m.message_id.as_str()));
+                Ok(rules::committed(collected, &covered, reply, notices, forced))
             }
             .await
         })

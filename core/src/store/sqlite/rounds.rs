@@ -85,9 +85,7 @@ impl RoundStore for SqliteStore {
                 .ctx("reading the version")?;
             // Fresh: stale unless the cap forces it out (`rules::commit_verdict`).
             let Some(forced) = rules::commit_verdict(policy, version, v0, oldest, asked.now) else {
-                return Ok(CommitOutcome::Stale {
-                    version: Version(version),
-                });
+                return Ok(rules::stale(version));
             };
             // No duplicate: a message edited since it was collected is pending again
             // (its version is past v0), so the reply covers only what is unchanged.
@@ -97,9 +95,7 @@ impl RoundStore for SqliteStore {
                 covered
             };
             if covered.is_empty() {
-                return Ok(CommitOutcome::Stale {
-                    version: Version(version),
-                });
+                return Ok(rules::stale(version));
             }
             let usage = asked.reply.usage.unwrap_or_default();
             let outbox: i64 = tx
@@ -131,15 +127,9 @@ impl RoundStore for SqliteStore {
             let notices = store_held_out(tx, &lease, &reference, &asked.reply.held_out, v0, forced, asked.now)?;
             answer_through(tx, conversation, v0, policy)?;
             super::rhythm::learn(tx, conversation, &received, policy)?;
-            let covers = rules::covered_ids(
-                message_ids.iter().map(|(row, id)| (*row, id.as_str())),
-                &covered,
-            );
-            Ok(CommitOutcome::Committed {
-                notices,
-                outbox: rules::outbox_row(OutboxKind::Reply, outbox, reference, asked.reply.text, reply_to, covers, stored_at(asked.now)),
-                forced,
-            })
+            let reply = rules::outbox_row(OutboxKind::Reply, outbox, reference, asked.reply.text, reply_to, Vec::new(), stored_at(asked.now));
+            let collected = message_ids.iter().map(|(row, id)| (*row, id.as_str()));
+            Ok(rules::committed(collected, &covered, reply, notices, forced))
         })
         .await
     }

@@ -218,6 +218,76 @@ async fn postgres_announces_only_timers_earlier_than_every_known_one() {
     }
 }
 
+/// An edit re-arms its conversation's timer and announces it only as an ingest does:
+/// when it is due before every future timer of its platform (a later one wakes no
+/// replica: they all wake before it anyway).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_an_edit_announces_only_an_earlier_timer() {
+    use std::time::Duration;
+
+    use lull_core::domain::{ConversationRef, HolderId, Platform};
+    use lull_core::store::{
+        IngestOutcome, MessageEdit, PostgresStore, StoredBy, TimeSource, conformance::at,
+        prelude::*,
+    };
+
+    let Some(url) = crate::support::postgres::fresh_database() else {
+        return;
+    };
+    let timers = lull_core::store::conformance::policy();
+    let here = PostgresStore::open(&url, timers, TimeSource::Caller)
+        .await
+        .unwrap();
+    let elsewhere = PostgresStore::open(&url, timers, TimeSource::Caller)
+        .await
+        .unwrap();
+    let woken = elsewhere
+        .wake_ups()
+        .expect("PostgreSQL announces armed timers");
+    let wait = |limit| tokio::time::timeout(limit, woken.notified());
+    let quiet = Duration::from_millis(400);
+    wait(Duration::from_secs(10)).await.expect("listening");
+    let holder = HolderId::new("here");
+    for (key, t) in [("a", 0), ("b", 100)] {
+        here.ingest(
+            message_in(Platform::Http, key, &format!("{key}0")),
+            &holder,
+            at(t),
+        )
+        .await
+        .unwrap();
+    }
+    // a's timer was announced, b's (later) not; drain what came.
+    let _ = wait(quiet).await;
+    let edit = |key: &str, t| {
+        let edit = MessageEdit {
+            conversation: ConversationRef::new(Platform::Http, key),
+            message_id: format!("{key}0"),
+            text: format!("edited at {t}"),
+        };
+        here.edit(
+            edit,
+            StoredBy {
+                holder: &holder,
+                now: at(t),
+            },
+        )
+    };
+    // An edit of b re-arms b's timer, still after a's: no wake-up.
+    let edited = edit("b", 200).await.unwrap();
+    assert!(matches!(edited, IngestOutcome::Stored { .. }), "{edited:?}");
+    assert!(
+        wait(quiet).await.is_err(),
+        "an edit announced a timer due after another"
+    );
+    // Every timer past: an edit's timer is the earliest again, and announced.
+    let edited = edit("a", 60_000).await.unwrap();
+    assert!(matches!(edited, IngestOutcome::Stored { .. }), "{edited:?}");
+    wait(Duration::from_secs(10))
+        .await
+        .expect("an edit's timer due before every other is announced");
+}
+
 /// One clock for leases and timers: on the database's clock, a replica whose clock
 /// runs a minute ahead can neither claim a lease another replica holds nor find a
 /// timer due early, and the next deadline it is told is on its own timeline. The

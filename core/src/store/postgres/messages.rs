@@ -229,8 +229,9 @@ pub(super) async fn pending_after(
     ))
 }
 
-/// Bump the version of a conversation that just got a message (or an edit), arm its
-/// timer with the wait its rhythm and the message's `cue` call for, and announce it.
+/// Bump the version of a conversation whose message was just edited, arm its timer
+/// with the wait its rhythm and the edit's `cue` call for, and announce it when it is
+/// due before every other future timer of its platform.
 /// Must run in the transaction that stored the message, with the conversation row
 /// locked.
 async fn bump_and_arm(tx: &Tx<'_>, arming: Arming<'_>) -> Result<(Version, Timestamp), StoreError> {
@@ -255,17 +256,21 @@ async fn bump_and_arm(tx: &Tx<'_>, arming: Arming<'_>) -> Result<(Version, Times
     let pending = pending_after(tx, arming.conversation, answered).await?;
     let due_at = arming.due_at(waits, pending);
     // Capped debounce: every message re-arms the timer, never past the cap, and never
-    // sooner than a failed generation's backoff (`retry_at`).
+    // sooner than a failed generation's backoff (`retry_at`). With it, what the replicas
+    // already look at: the platform's earliest future timer, read (in the statement's
+    // snapshot) before this one moves.
     let row = query_one(
         tx,
-        "INSERT INTO timers (conversation_id, platform, due_at, armed_version, armed_at, armed_by)
+        "WITH known AS (
+             SELECT due_at FROM timers WHERE platform = $2 AND due_at > $5 ORDER BY due_at LIMIT 1)
+         INSERT INTO timers (conversation_id, platform, due_at, armed_version, armed_at, armed_by)
          VALUES ($1, $2, $3, $4, $5, $6)
          ON CONFLICT (conversation_id) DO UPDATE SET
              due_at = GREATEST(excluded.due_at, timers.retry_at, timers.held_until),
              armed_version = excluded.armed_version,
              armed_at = excluded.armed_at,
              armed_by = excluded.armed_by
-         RETURNING due_at",
+         RETURNING due_at, (SELECT due_at FROM known)",
         &[
             &arming.conversation.0,
             &arming.platform.as_str(),
@@ -277,15 +282,20 @@ async fn bump_and_arm(tx: &Tx<'_>, arming: Arming<'_>) -> Result<(Version, Times
         "arming the timer",
     )
     .await?;
-    // Wake-ups: sent at commit, so only a timer that exists wakes other replicas.
-    query(
-        tx,
-        "SELECT pg_notify($1, $2)",
-        &[&CHANNEL, &arming.platform.as_str()],
-        "announcing the timer",
-    )
-    .await?;
-    Ok((Version(version), Timestamp(row.get(0))))
+    let (due_at, known): (i64, Option<i64>) = (row.get(0), row.get(1));
+    // Wake-ups, as `lull_ingest` sends them: sent at commit (only a timer that exists
+    // wakes other replicas), and only for a timer due before every one the replicas
+    // already wake for.
+    if known.is_none_or(|known| due_at < known) {
+        query(
+            tx,
+            "SELECT pg_notify($1, $2)",
+            &[&CHANNEL, &arming.platform.as_str()],
+            "announcing the timer",
+        )
+        .await?;
+    }
+    Ok((Version(version), Timestamp(due_at)))
 }
 
 /// Lock a conversation row for the rest of the transaction (after its lease row, in

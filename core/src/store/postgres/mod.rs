@@ -20,7 +20,10 @@
 //!   first (`FOR UPDATE`, or the upsert's `ON CONFLICT DO UPDATE` that creates it):
 //!   the version bump, the pending count and the timer arm are then decided with no
 //!   other writer of the conversation in between. `ingest` is one call of the
-//!   schema's `lull_ingest` function (migration 14), its statements in that order.
+//!   schema's `lull_ingest` function (migration 14), its statements in that order;
+//!   messages stored together (`ingest.rs`, `lull_ingest_many`, migration 15) take
+//!   their conversation rows in one order, by (platform, key), the same in every
+//!   group of every replica, so groups queue instead of deadlocking.
 //! - `claim_lease`, `claim_round`: the compare-and-swap upsert `INSERT … ON CONFLICT
 //!   DO UPDATE … WHERE free or expired RETURNING token` waits for a concurrent claim
 //!   and decides on the row that claim left (the conflict path reads the latest row
@@ -57,7 +60,8 @@
 //! # Round trips
 //! The hot paths send as few round trips as their decisions allow: `ingest`,
 //! `claim_lease`, `renew_lease`, `mark_sent` and `release_lease` are one statement each
-//! (no BEGIN, no COMMIT: a statement is its own transaction), reading the database's
+//! (no BEGIN, no COMMIT: a statement is its own transaction; under load, messages that
+//! wait for a free ingest sender share one: `ingest.rs`), reading the database's
 //! clock inside the statement and handing back the time it used where the caller needs
 //! the translation (`clock.rs`). The rest run in `transaction!`s whose independent
 //! statements are prepared first and then sent together (pipelined: the server runs
@@ -84,7 +88,8 @@
 //! This file opens the pool, migrates and inspects the database (`lull check`). The
 //! contract's areas are one file each, named as in the SQLite backend and the
 //! conformance suite: `messages.rs`, `leases.rs`, `rounds.rs`, `outbox.rs`, `work.rs`,
-//! `limits.rs`, `actions.rs`. `clock.rs` holds the clock translation (`Now`, `db_now!`), `sql.rs` the
+//! `limits.rs`, `actions.rs`; `ingest.rs` stores messages that arrive together in one
+//! call. `clock.rs` holds the clock translation (`Now`, `db_now!`), `sql.rs` the
 //! statement helpers (errors with their context, `query`/`execute`, `transaction!`),
 //! `schema.rs` the migrations, `listen.rs` the wake-ups.
 
@@ -128,11 +133,9 @@ pub use clock::TimeSource;
 use limits::{ACCESS_RULES, access_rules_of};
 use sql::{describe, pool_reason};
 
-/// Connections per process. A message is one call of about a millisecond (one round
-/// trip, its share of a commit's WAL flush), so by Little's law the ~10,000 messages a
-/// second a server on a few cores commits need about ten calls in flight across all
-/// replicas; sixteen per process leaves room for rounds and deliveries beside a full
-/// ingest load, and lets commits of one process share WAL flushes. Four replicas
+/// Connections per process. Ingest keeps at most `ingest::SENDERS` (4) calls in
+/// flight, storing the messages that wait meanwhile together; sixteen per process
+/// leaves the rest to rounds and deliveries beside a full ingest load. Four replicas
 /// then use at most 4 × (16 + 1 listener) = 68 connections, within PostgreSQL's
 /// default `max_connections` (100); docs/scaling-out.md says what to set for more.
 /// Opened lazily: an idle process keeps one or two.

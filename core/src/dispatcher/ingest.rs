@@ -4,6 +4,7 @@
 
 use lull_port::{Accepted, Command, Content, Incoming, IncomingKind, IngestError};
 
+use super::not_stored::not_stored;
 use super::{Dispatcher, Event, commands, notices};
 use crate::access::Sender;
 use crate::domain::{ConversationId, Timestamp};
@@ -216,23 +217,6 @@ fn with_markers(media: &[lull_port::Media], text: &str) -> String {
         (false, true) => markers.join(" "),
         (false, false) => format!("{} {text}", markers.join(" ")),
     }
-}
-
-/// The update was not stored: the adapter must not acknowledge it. A database that
-/// is busy, full or failing is reported by the store (once per change); anything else
-/// is unexpected and logged here.
-pub(super) fn not_stored(error: StoreError) -> IngestError {
-    if !matches!(
-        error,
-        StoreError::Busy
-            | StoreError::Full
-            | StoreError::Pool(_)
-            | StoreError::Damaged(_)
-            | StoreError::Io(_)
-    ) {
-        tracing::error!(error = %error, "could not store an update");
-    }
-    IngestError::from(error)
 }
 
 /// A message was held by the rate limit: count it, and tell the user once per hold

@@ -45,6 +45,7 @@ pub mod events;
 mod ingest;
 mod interrupt;
 mod lease_keeper;
+mod not_stored;
 mod notices;
 mod overheard;
 mod round;

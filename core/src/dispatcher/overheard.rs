@@ -6,7 +6,7 @@
 use lull_port::{Accepted, Content, Incoming, IngestError};
 
 use super::Dispatcher;
-use super::ingest::not_stored;
+use super::not_stored::not_stored;
 use crate::access::Sender;
 use crate::store::{OverheardMessage, Overhearing};
 

@@ -7,7 +7,7 @@
 use lull_port::{Incoming, IncomingKind, IngestError};
 
 use super::Dispatcher;
-use super::ingest::not_stored;
+use super::not_stored::not_stored;
 
 /// `incoming` as ingest handles it: a message that opened a thread is a new message
 /// (its thread remembered first, so the follow-ups that arrive after it need no

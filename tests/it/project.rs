@@ -133,221 +133,32 @@ fn the_crate_graph_points_one_way() {
 }
 
 /// No two modules of a crate import each other in a circle, directly or through
-/// others: each `crate::`/`super::` path in a module's code (its tests left out) is
-/// an edge to the module it names, counted between the two siblings under their
-/// lowest common ancestor (`dispatcher::round::generate` naming
-/// `dispatcher::delivery` is `round → delivery`; a module naming its own parent or
-/// child is no edge: a parent declares and re-exports its children). A cycle among
-/// the siblings of any module fails with its path.
+/// others (`scripts/module-cycles`, which reads every `crate::`, `super::` and
+/// `self::` path of each crate's modules; on the code before `dispatcher::not_stored`
+/// it finds `ingest`, `overheard` and `threads`).
 #[test]
 fn no_modules_import_each_other_in_a_circle() {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    for krate in ["src", "port/src", "core/src", "adapters"] {
-        let graph = module_graph(&root.join(krate));
-        let edges: usize = graph.values().map(|to| to.len()).sum();
-        eprintln!("{krate}: {} modules import {edges} siblings", graph.len());
-        // The checker reads the code: the core's rooms name each other often.
-        assert!(
-            krate != "core/src" || edges > 50,
-            "{krate}: only {edges} edges found"
-        );
-        if let Some(cycle) = find_cycle(&graph) {
-            panic!(
-                "{krate}: modules import each other in a circle: {}",
-                cycle.join(" → ")
-            );
-        }
-    }
-}
-
-type Module = Vec<String>;
-
-/// The sibling-level import edges of the crate under `src`.
-fn module_graph(
-    src: &std::path::Path,
-) -> std::collections::BTreeMap<Module, std::collections::BTreeSet<Module>> {
-    let mut files = Vec::new();
-    let mut todo = vec![src.to_path_buf()];
-    while let Some(dir) = todo.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                todo.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                files.push(path);
-            }
-        }
-    }
-    let module_of = |path: &std::path::Path| -> Module {
-        let relative = path.strip_prefix(src).unwrap().with_extension("");
-        let mut parts: Module = relative
-            .iter()
-            .map(|p| p.to_string_lossy().into_owned())
-            .collect();
-        if matches!(
-            parts.last().map(String::as_str),
-            Some("mod" | "lib" | "main")
-        ) {
-            parts.pop();
-        }
-        parts
-    };
-    let known: std::collections::BTreeSet<Module> = files.iter().map(|f| module_of(f)).collect();
-    let mut graph: std::collections::BTreeMap<Module, std::collections::BTreeSet<Module>> =
-        Default::default();
-    for file in &files {
-        let from = module_of(file);
-        let text = std::fs::read_to_string(file).unwrap();
-        // The module's own code: its test module (at the end, by this code base's
-        // habit) may reach anywhere.
-        let code: String = text
-            .split("#[cfg(test)]")
-            .next()
-            .unwrap()
-            .lines()
-            .filter(|l| !l.trim_start().starts_with("//"))
-            .collect::<Vec<_>>()
-            .join("\n");
-        for path in paths_in(&code) {
-            let (base, rest) = match path.first().map(String::as_str) {
-                Some("crate") => (Vec::new(), &path[1..]),
-                Some("super") => {
-                    let supers = path.iter().take_while(|p| *p == "super").count();
-                    // A file module's `super` is its parent; `mod.rs`'s is the
-                    // directory's parent, the same thing for the module path.
-                    let keep = from.len().saturating_sub(supers);
-                    (from[..keep].to_vec(), &path[supers..])
-                }
-                _ => continue,
-            };
-            let mut full = base;
-            full.extend(rest.iter().cloned());
-            // The longest prefix that is a module of this crate.
-            let Some(to) = (0..=full.len())
-                .rev()
-                .map(|n| full[..n].to_vec())
-                .find(|m| known.contains(m))
-            else {
-                continue;
-            };
-            let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
-            if common == from.len() || common == to.len() {
-                continue;
-            }
-            graph
-                .entry(from[..=common].to_vec())
-                .or_default()
-                .insert(to[..=common].to_vec());
-        }
-    }
-    graph
-}
-
-/// Every `crate::…`, `super::…` path in `code`, `use` trees expanded
-/// (`super::{a, b::{c}}` gives `super::a`, `super::b::c`).
-fn paths_in(code: &str) -> Vec<Vec<String>> {
-    fn ident(s: &[u8], mut i: usize) -> (String, usize) {
-        let start = i;
-        while i < s.len() && (s[i].is_ascii_alphanumeric() || s[i] == b'_') {
-            i += 1;
-        }
-        (String::from_utf8_lossy(&s[start..i]).into_owned(), i)
-    }
-    /// The paths of the use tree starting at `i` (after a `::`), with `prefix`.
-    fn tree(s: &[u8], mut i: usize, prefix: Vec<String>, out: &mut Vec<Vec<String>>) -> usize {
-        while i < s.len() && s[i].is_ascii_whitespace() {
-            i += 1;
-        }
-        if i < s.len() && s[i] == b'{' {
-            i += 1;
-            loop {
-                while i < s.len() && (s[i].is_ascii_whitespace() || s[i] == b',') {
-                    i += 1;
-                }
-                if i >= s.len() || s[i] == b'}' {
-                    return i + 1;
-                }
-                let before = i;
-                i = tree(s, i, prefix.clone(), out);
-                if i == before {
-                    i += 1;
-                }
-            }
-        }
-        let (name, next) = ident(s, i);
-        if name.is_empty() {
-            out.push(prefix);
-            return i;
-        }
-        let mut path = prefix;
-        path.push(name);
-        if s[next..].starts_with(b"::") {
-            return tree(s, next + 2, path, out);
-        }
-        out.push(path);
-        next
-    }
-    let s = code.as_bytes();
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < s.len() {
-        let boundary =
-            i == 0 || !(s[i - 1].is_ascii_alphanumeric() || s[i - 1] == b'_' || s[i - 1] == b':');
-        let head = ["crate::", "super::"]
-            .into_iter()
-            .find(|h| s[i..].starts_with(h.as_bytes()));
-        match head {
-            Some(h) if boundary => {
-                let mut prefix = vec![h.trim_end_matches("::").to_owned()];
-                let mut j = i + h.len();
-                while s[j..].starts_with(b"super::") {
-                    prefix.push("super".into());
-                    j += "super::".len();
-                }
-                i = tree(s, j, prefix, &mut out).max(i + 1);
-            }
-            _ => i += 1,
-        }
-    }
-    out
-}
-
-/// A cycle in `graph`, as the modules along it (the first repeated at the end).
-fn find_cycle(
-    graph: &std::collections::BTreeMap<Module, std::collections::BTreeSet<Module>>,
-) -> Option<Vec<String>> {
-    fn visit(
-        node: &Module,
-        graph: &std::collections::BTreeMap<Module, std::collections::BTreeSet<Module>>,
-        state: &mut std::collections::BTreeMap<Module, bool>,
-        stack: &mut Vec<Module>,
-    ) -> Option<Vec<String>> {
-        match state.get(node) {
-            Some(true) => {
-                let start = stack.iter().position(|m| m == node).unwrap();
-                let mut cycle: Vec<String> = stack[start..].iter().map(|m| m.join("::")).collect();
-                cycle.push(node.join("::"));
-                return Some(cycle);
-            }
-            Some(false) => return None,
-            None => {}
-        }
-        state.insert(node.clone(), true);
-        stack.push(node.clone());
-        for next in graph.get(node).into_iter().flatten() {
-            if let Some(cycle) = visit(next, graph, state, stack) {
-                return Some(cycle);
-            }
-        }
-        stack.pop();
-        state.insert(node.clone(), false);
-        None
-    }
-    let mut state = Default::default();
-    for node in graph.keys() {
-        if let Some(cycle) = visit(node, graph, &mut state, &mut Vec::new()) {
-            return Some(cycle);
-        }
-    }
-    None
+    let out = Command::new("python3")
+        .arg("scripts/module-cycles")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run python3 scripts/module-cycles");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // It read the code: the core's rooms name each other often.
+    let core = text
+        .lines()
+        .find(|l| l.starts_with("core/src:"))
+        .expect("the core read");
+    let edges: usize = core
+        .split(" edges")
+        .next()
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .expect("an edge count");
+    assert!(edges > 100, "{core}");
 }

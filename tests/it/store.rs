@@ -131,6 +131,7 @@ async fn postgres_announces_only_timers_earlier_than_every_known_one() {
     let open = || PostgresStore::open(&url, timers, TimeSource::Caller);
     let here = open().await.unwrap();
     let elsewhere = open().await.unwrap();
+    let mut announced = crate::support::postgres::Announcements::listen(&url).await;
     let woken = elsewhere
         .wake_ups()
         .expect("PostgreSQL announces armed timers");
@@ -159,25 +160,35 @@ async fn postgres_announces_only_timers_earlier_than_every_known_one() {
             .await
             .unwrap();
         assert!(matches!(stored, IngestOutcome::Stored { .. }), "{stored:?}");
-        let heard = wait(quiet).await.is_ok();
-        assert_eq!(heard, i == 0, "message {i} of the burst announced: {heard}");
+        let expected: &[&str] = if i == 0 { &["http"] } else { &[] };
+        assert_eq!(
+            announced.since_last().await,
+            expected,
+            "message {i} of the burst"
+        );
     }
+    wait(Duration::from_secs(10))
+        .await
+        .expect("the other process was woken by the first");
     // A second conversation due after the first (every replica wakes before it
-    // anyway), and another platform's first timer (announced, but not to a process
-    // that does not serve it): neither wakes the other process.
-    for (later, why) in [
-        (
-            message_in(Platform::Http, "b", "b0"),
-            "a later timer announced",
-        ),
-        (
-            message_in(Platform::Telegram, "t", "t0"),
-            "a telegram timer woke an http-only process",
-        ),
-    ] {
-        here.ingest(later, &armer, at(300)).await.unwrap();
-        assert!(wait(quiet).await.is_err(), "{why}");
-    }
+    // anyway): not announced.
+    here.ingest(message_in(Platform::Http, "b", "b0"), &armer, at(300))
+        .await
+        .unwrap();
+    assert!(
+        announced.since_last().await.is_empty(),
+        "a later timer announced"
+    );
+    // Another platform's first timer: announced, but not to a process that does not
+    // serve it.
+    here.ingest(message_in(Platform::Telegram, "t", "t0"), &armer, at(300))
+        .await
+        .unwrap();
+    assert_eq!(announced.since_last().await, ["telegram"]);
+    assert!(
+        wait(quiet).await.is_err(),
+        "a telegram timer woke an http-only process"
+    );
 
     // The process that armed them is gone. The other one, told of the first timer
     // only, is told when to look next, and then finds both.
@@ -204,7 +215,7 @@ async fn postgres_announces_only_timers_earlier_than_every_known_one() {
     // With every timer past, the next one is announced; one due sooner than every
     // other (a full batch is due at once) is too, and one due later is not.
     let again = open().await.unwrap();
-    for (i, announced) in [(1, true), (2, false), (3, true)] {
+    for (i, expected) in [(1, true), (2, false), (3, true)] {
         again
             .ingest(
                 message_in(Platform::Http, "b", &format!("b{i}")),
@@ -213,8 +224,8 @@ async fn postgres_announces_only_timers_earlier_than_every_known_one() {
             )
             .await
             .unwrap();
-        let heard = wait(quiet).await.is_ok();
-        assert_eq!(heard, announced, "message b{i} announced: {heard}");
+        let expected: &[&str] = if expected { &["http"] } else { &[] };
+        assert_eq!(announced.since_last().await, expected, "message b{i}");
     }
 }
 
@@ -223,8 +234,6 @@ async fn postgres_announces_only_timers_earlier_than_every_known_one() {
 /// replica: they all wake before it anyway).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_an_edit_announces_only_an_earlier_timer() {
-    use std::time::Duration;
-
     use lull_core::domain::{ConversationRef, HolderId, Platform};
     use lull_core::store::{
         IngestOutcome, MessageEdit, PostgresStore, StoredBy, TimeSource, conformance::at,
@@ -238,15 +247,7 @@ async fn postgres_an_edit_announces_only_an_earlier_timer() {
     let here = PostgresStore::open(&url, timers, TimeSource::Caller)
         .await
         .unwrap();
-    let elsewhere = PostgresStore::open(&url, timers, TimeSource::Caller)
-        .await
-        .unwrap();
-    let woken = elsewhere
-        .wake_ups()
-        .expect("PostgreSQL announces armed timers");
-    let wait = |limit| tokio::time::timeout(limit, woken.notified());
-    let quiet = Duration::from_millis(400);
-    wait(Duration::from_secs(10)).await.expect("listening");
+    let mut announced = crate::support::postgres::Announcements::listen(&url).await;
     let holder = HolderId::new("here");
     for (key, t) in [("a", 0), ("b", 100)] {
         here.ingest(
@@ -257,8 +258,11 @@ async fn postgres_an_edit_announces_only_an_earlier_timer() {
         .await
         .unwrap();
     }
-    // a's timer was announced, b's (later) not; drain what came.
-    let _ = wait(quiet).await;
+    assert_eq!(
+        announced.since_last().await,
+        ["http"],
+        "a's timer, not b's (later)"
+    );
     let edit = |key: &str, t| {
         let edit = MessageEdit {
             conversation: ConversationRef::new(Platform::Http, key),
@@ -273,19 +277,17 @@ async fn postgres_an_edit_announces_only_an_earlier_timer() {
             },
         )
     };
-    // An edit of b re-arms b's timer, still after a's: no wake-up.
+    // An edit of b re-arms b's timer, still after a's: not announced.
     let edited = edit("b", 200).await.unwrap();
     assert!(matches!(edited, IngestOutcome::Stored { .. }), "{edited:?}");
     assert!(
-        wait(quiet).await.is_err(),
+        announced.since_last().await.is_empty(),
         "an edit announced a timer due after another"
     );
     // Every timer past: an edit's timer is the earliest again, and announced.
     let edited = edit("a", 60_000).await.unwrap();
     assert!(matches!(edited, IngestOutcome::Stored { .. }), "{edited:?}");
-    wait(Duration::from_secs(10))
-        .await
-        .expect("an edit's timer due before every other is announced");
+    assert_eq!(announced.since_last().await, ["http"]);
 }
 
 /// One clock for leases and timers: on the database's clock, a replica whose clock

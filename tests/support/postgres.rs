@@ -306,3 +306,64 @@ impl Drop for Cluster {
         let _ = stop.status();
     }
 }
+
+/// The timer announcements (`NOTIFY lull_armed`) committed on a database, read on a
+/// `LISTEN` session of the test's own, in commit order: what a replica's listener
+/// would be told, without the timing of a wake-up.
+pub struct Announcements {
+    client: tokio_postgres::Client,
+    heard: tokio::sync::mpsc::UnboundedReceiver<(String, String)>,
+    probes: u64,
+}
+
+impl Announcements {
+    pub async fn listen(url: &str) -> Announcements {
+        let (client, mut connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .expect("a LISTEN session");
+        let (tx, heard) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+            while let Some(Ok(message)) = futures_util::StreamExt::next(&mut messages).await {
+                if let tokio_postgres::AsyncMessage::Notification(n) = message {
+                    let _ = tx.send((n.channel().to_owned(), n.payload().to_owned()));
+                }
+            }
+        });
+        client
+            .batch_execute("LISTEN lull_armed; LISTEN lull_test_probe")
+            .await
+            .expect("LISTEN");
+        Announcements {
+            client,
+            heard,
+            probes: 0,
+        }
+    }
+
+    /// The platforms announced since the last call: a probe is notified and the
+    /// announcements read up to it. Notifications reach a listener in the order their
+    /// transactions committed, so every announcement committed before this call is
+    /// among them, and none committed after.
+    pub async fn since_last(&mut self) -> Vec<String> {
+        self.probes += 1;
+        let probe = self.probes.to_string();
+        self.client
+            .execute("SELECT pg_notify('lull_test_probe', $1)", &[&probe])
+            .await
+            .expect("a probe");
+        let mut announced = Vec::new();
+        loop {
+            let (channel, payload) =
+                tokio::time::timeout(std::time::Duration::from_secs(30), self.heard.recv())
+                    .await
+                    .expect("the probe comes back")
+                    .expect("the LISTEN session is open");
+            match channel.as_str() {
+                "lull_test_probe" if payload == probe => return announced,
+                "lull_armed" => announced.push(payload),
+                _ => {}
+            }
+        }
+    }
+}

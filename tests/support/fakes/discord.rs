@@ -189,6 +189,9 @@ pub enum PostFault {
     Refuse { status: u16, retry_after: f64 },
     /// Create the message, then answer 500: the response was lost.
     LoseResponse,
+    /// Create nothing and never answer: a request that hangs until its sender gives up
+    /// or is killed.
+    Hang,
 }
 
 /// What a user sends.
@@ -1216,7 +1219,24 @@ async fn get_messages(
     axum::Json(Value::Array(page)).into_response()
 }
 
+/// Marks the answer of a post that is to hang ([`PostFault::Hang`]).
+#[derive(Clone, Copy)]
+struct Hung;
+
 async fn post_message(
+    shared: State<Arc<Shared>>,
+    id: Path<u64>,
+    body: axum::Json<Value>,
+) -> Response {
+    let response = post_message_now(shared, id, body);
+    if response.extensions().get::<Hung>().is_some() {
+        // Recorded, and never answered: not even the status line.
+        std::future::pending::<()>().await;
+    }
+    response
+}
+
+fn post_message_now(
     State(shared): State<Arc<Shared>>,
     Path(id): Path<u64>,
     axum::Json(body): axum::Json<Value>,
@@ -1268,6 +1288,14 @@ async fn post_message(
                 .into_response();
         }
         return error(status, 0, "injected failure");
+    }
+    if matches!(fault, Some(PostFault::Hang)) {
+        refuse(&mut inner, 0);
+        drop(inner);
+        shared.changed.notify_waiters();
+        let mut hung = StatusCode::OK.into_response();
+        hung.extensions_mut().insert(Hung);
+        return hung;
     }
     if nonce.as_ref().is_some_and(|n| n.chars().count() > 25) {
         refuse(&mut inner, 400);

@@ -42,6 +42,25 @@ fn commits(db: &Postgres) -> i64 {
     count(db, "SELECT COUNT(DISTINCT xmin::text) FROM messages")
 }
 
+/// Store `message` through `store`, which must store it (not as a redelivery).
+async fn stored(store: &PostgresStore, holder: &HolderId, message: NewMessage) {
+    let outcome = store
+        .ingest(message, holder, Timestamp(0))
+        .await
+        .expect("stored");
+    assert!(
+        matches!(outcome, IngestOutcome::Stored { .. }),
+        "{outcome:?}"
+    );
+}
+
+/// Wait for every task, failing on the first that failed.
+async fn finish(mut tasks: tokio::task::JoinSet<()>) {
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap();
+    }
+}
+
 /// `conversations` conversations of `each` messages, each conversation's sent one
 /// after the other by its own task (so its versions must follow its messages), all
 /// conversations at once: every message stored once, in order.
@@ -52,21 +71,17 @@ async fn send_at_once(store: PostgresStore, conversations: usize, each: usize) {
         let (store, holder) = (store.clone(), holder.clone());
         tasks.spawn(async move {
             for i in 0..each {
-                let stored = store
-                    .ingest(
-                        message(&format!("c{c}"), &format!("c{c}-{i}"), &format!("m{i}")),
-                        &holder,
-                        Timestamp(0),
-                    )
-                    .await
-                    .expect("stored");
-                assert!(matches!(stored, IngestOutcome::Stored { .. }), "{stored:?}");
+                let id = format!("c{c}-{i}");
+                stored(
+                    &store,
+                    &holder,
+                    message(&format!("c{c}"), &id, &format!("m{i}")),
+                )
+                .await;
             }
         });
     }
-    while let Some(done) = tasks.join_next().await {
-        done.unwrap();
-    }
+    finish(tasks).await;
 }
 
 /// Every conversation's messages, by version: texts `m0`, `m1`, … in order, each once.
@@ -238,22 +253,13 @@ async fn four_replicas_at_once(url: &str, round: usize) {
                     } else {
                         format!("n{round}r{r}t{t}i{i}")
                     };
-                    let stored = store
-                        .ingest(
-                            message(&key, &format!("{round}r{r}t{t}i{i}"), "x"),
-                            &holder,
-                            Timestamp(0),
-                        )
-                        .await
-                        .expect("stored");
-                    assert!(matches!(stored, IngestOutcome::Stored { .. }), "{stored:?}");
+                    let id = format!("{round}r{r}t{t}i{i}");
+                    stored(&store, &holder, message(&key, &id, "x")).await;
                 }
             });
         }
     }
-    while let Some(done) = tasks.join_next().await {
-        done.unwrap();
-    }
+    finish(tasks).await;
     drop(stores);
 }
 

@@ -337,3 +337,37 @@ async fn postgres_replicas_storing_together_never_deadlock_counter_test() {
     eprintln!("without the order: {found} deadlock(s)");
     assert!(found > 0, "groups stored in their own orders deadlocked");
 }
+
+/// A group that fails for a reason the same for all its messages (a busy database,
+/// here from the fault plan, after the call's own retries) is every caller's answer
+/// at once: no caller waits for one more bounded call per message before hearing it.
+/// (Storing each alone after such a failure took 5 store calls a message here: over
+/// 500 for these 100.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_busy_database_fails_a_group_at_once() {
+    use lull_core::store::{FaultPlan, StoreError};
+
+    let Some(url) = crate::support::postgres::fresh_database() else {
+        return;
+    };
+    let faults = Arc::new(FaultPlan::default());
+    let store = open(&url).await.with_faults(faults.clone());
+    faults.busy_intake(true);
+    let holder = Arc::new(HolderId::new("grouped"));
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..100 {
+        let (store, holder) = (store.clone(), holder.clone());
+        tasks.spawn(async move {
+            let message = message(&format!("c{}", i % 10), &format!("m{i}"), "x");
+            store.ingest(message, &holder, Timestamp(0)).await
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        let result = done.unwrap();
+        assert!(matches!(result, Err(StoreError::Busy)), "{result:?}");
+    }
+    let calls = faults.intake_calls();
+    assert!(calls < 100, "{calls} store calls for 100 messages");
+    let db = Postgres(url);
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM messages"), 0);
+}

@@ -5,7 +5,7 @@ use crate::domain::{ConversationId, LeaseKey};
 /// Why a store operation failed. `Busy` and `Full` are conditions of the database
 /// the caller may wait out; `LeaseLost` means the caller no longer owns what it was
 /// acting on and must abandon its work.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// Locked by another writer past the busy timeout: wait and try again.
     #[error("the database is busy (locked by another writer longer than the busy timeout)")]

@@ -16,9 +16,11 @@
 //!   its message may not be stored. A group that fails as a whole (a message the
 //!   database refuses, a lost connection, a busy database) has rolled back: each of
 //!   its messages is then tried alone, so one bad message fails alone and the others
-//!   are stored (a message the failed call did commit, on a connection lost after the
-//!   commit, is found again as a duplicate: the ingest is idempotent on the platform
-//!   message id).
+//!   are stored. A transient failure (busy, full, the connection lost), the same for
+//!   every message, is every caller's answer at once: nothing was acknowledged, the
+//!   platform delivers again, and a message the failed call did commit (a connection
+//!   lost after the commit) is found as a duplicate (the ingest is idempotent on the
+//!   platform message id).
 //! - **Order**: a caller hears "stored" only once its message is committed; messages
 //!   of one conversation that wait together are stored in the order they queued.
 //! - **No stranded message**: a sender that finishes hands its slot to a drain task
@@ -43,6 +45,9 @@ pub(super) const SENDERS: usize = 4;
 /// The most messages one call stores: a bound on the transaction's length (how long
 /// its conversation rows stay locked) and on the arrays sent.
 pub(super) const GROUP_MAX: usize = 64;
+
+/// What a group's call is doing, in its errors.
+const TOGETHER: &str = "storing messages together";
 
 /// One message's arguments of `lull_ingest`, owned (a queued message outlives its
 /// caller's borrow).
@@ -207,12 +212,8 @@ impl PostgresStore {
         let fixed: Vec<Option<i64>> = calls.iter().map(|c| c.fixed).collect();
         let wait_min: Vec<i64> = calls.iter().map(|c| c.wait_min).collect();
         let wait_max: Vec<i64> = calls.iter().map(|c| c.wait_max).collect();
-        let rows = statement!(
-            self,
-            Operation::Intake,
-            "storing messages together",
-            |client| {
-                async {
+        let rows = statement!(self, Operation::Intake, TOGETHER, |client| {
+            async {
                 query(
                     client,
                     "SELECT o_index, o_conversation, o_version, o_due_at, o_now FROM lull_ingest_many(
@@ -221,13 +222,12 @@ impl PostgresStore {
                         &platforms, &keys, &groups, &ids, &users, &authors, &texts, &media,
                         &holders, &fixed, &wait_min, &wait_max, &max_wait, &max_batch,
                     ],
-                    "storing messages together",
+                    TOGETHER,
                 )
                 .await
             }
             .await
-            }
-        )?;
+        })?;
         let mut answers: Vec<Option<Answer>> = vec![None; calls.len()];
         for row in &rows {
             let index = usize::try_from(row.get::<_, i32>(0) - 1).ok();
@@ -239,7 +239,7 @@ impl PostgresStore {
             .into_iter()
             .map(|a| {
                 a.ok_or_else(|| StoreError::Backend {
-                    context: "storing messages together",
+                    context: TOGETHER,
                     message: "the database answered for fewer messages than it was sent".into(),
                 })
             })
@@ -302,8 +302,16 @@ impl PostgresStore {
                     let _ = waiting.answer.send(Ok(answer));
                 }
             }
+            Err(error) if error.is_transient() => {
+                // Busy, full or unreachable (after the call's own retries): the same
+                // for every message of the group, so each caller hears it now instead
+                // of after one more bounded call per message.
+                for waiting in group {
+                    let _ = waiting.answer.send(Err(error.clone()));
+                }
+            }
             Err(error) => {
-                // Rolled back as a whole: each message alone, so only a message the
+                // Refused as a whole: each message alone, so only a message the
                 // database refuses fails (and every caller hears about its own).
                 tracing::debug!(
                     messages = group.len(),

@@ -22,8 +22,9 @@
 //!   other writer of the conversation in between. `ingest` is one call of the
 //!   schema's `lull_ingest` function (migration 14), its statements in that order;
 //!   messages stored together (`ingest.rs`, `lull_ingest_many`, migration 15) take
-//!   their conversation rows in one order, by (platform, key), the same in every
-//!   group of every replica, so groups queue instead of deadlocking.
+//!   all their conversation rows first, by (platform, key), then the `pending_shards`
+//!   counter rows their timers touch, by shard: the same order in every group of
+//!   every replica, so groups queue instead of deadlocking.
 //! - `claim_lease`, `claim_round`: the compare-and-swap upsert `INSERT … ON CONFLICT
 //!   DO UPDATE … WHERE free or expired RETURNING token` waits for a concurrent claim
 //!   and decides on the row that claim left (the conflict path reads the latest row

@@ -291,9 +291,10 @@ async fn postgres_replicas_storing_together_never_deadlock() {
     assert_eq!(deadlocks(&db).await, 0, "deadlocks between groups");
 }
 
-/// The counter-test: the same load with `lull_ingest_many` replaced, in this test's
-/// database, by one that stores a group in the order it was sent (both orders
-/// removed: conversations by key, messages by counter shard); the server then finds deadlocks between groups, which the check above
+/// The counter-test: the same load with `lull_ingest_many` and `lull_ingest_rows`
+/// replaced, in this test's database, by ones that lock a group's rows in the order
+/// they were sent (both orders removed from both: conversations by key, counter rows
+/// by shard); the server then finds deadlocks between groups, which the check above
 /// refuses. (The store retries a deadlocked group and then stores its messages one
 /// by one, so nothing is lost either way: the cost is the wait.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -305,27 +306,40 @@ async fn postgres_replicas_storing_together_never_deadlock_counter_test() {
     detect_deadlocks_quickly(&db);
     // Open once so the schema exists, then take the order out.
     drop(open(&url).await);
-    let function = count(
-        &db,
-        "SELECT COUNT(*) FROM pg_proc WHERE proname = 'lull_ingest_many'",
-    );
-    assert_eq!(function, 1);
-    let definition = &rows(
-        &db,
-        "SELECT pg_get_functiondef('lull_ingest_many'::regproc)",
-    )[0][0];
-    let mut unordered = definition.clone();
-    for order in [
-        "ORDER BY p_platform[s.i], p_key[s.i], s.i",
-        "ORDER BY v_ids[s.i] % 16, v_ids[s.i], s.i",
+    // A small group is stored row by row (`lull_ingest_rows`), a larger one as sets.
+    for (function, orders) in [
+        (
+            "lull_ingest_rows",
+            [
+                ("ORDER BY p_platform[s.i], p_key[s.i], s.i", "ORDER BY s.i"),
+                ("ORDER BY v_ids[s.i] % 16, v_ids[s.i], s.i", "ORDER BY s.i"),
+            ],
+        ),
+        (
+            "lull_ingest_many",
+            [
+                ("ORDER BY g.platform, g.key", "ORDER BY MIN(g.i)"),
+                (
+                    "ORDER BY l.conversation % 16, l.conversation",
+                    "ORDER BY l.i",
+                ),
+            ],
+        ),
     ] {
-        assert!(
-            unordered.contains(order),
-            "the counter-test takes out {order}"
-        );
-        unordered = unordered.replace(order, "ORDER BY s.i");
+        let definition = &rows(
+            &db,
+            &format!("SELECT pg_get_functiondef('{function}'::regproc)"),
+        )[0][0];
+        let mut unordered = definition.clone();
+        for (order, sent) in orders {
+            assert!(
+                unordered.contains(order),
+                "the counter-test takes out {order}"
+            );
+            unordered = unordered.replace(order, sent);
+        }
+        rows(&db, &unordered);
     }
-    rows(&db, &unordered);
     let mut found = 0;
     for round in 0..5 {
         four_replicas_at_once(&url, round).await;

@@ -23,6 +23,7 @@ mod health;
 mod helpers;
 mod http_api;
 mod ingest;
+mod ingest_as_sets;
 mod last_step;
 mod limits;
 mod llm;

@@ -28,6 +28,7 @@ const ALL: &[&str] = &[
     V13_THREADS,
     V14_ONE_ROUND_TRIP,
     V15_INGEST_TOGETHER,
+    V16_INGEST_AS_SETS,
 ];
 
 /// The schema version this build migrates to.
@@ -477,6 +478,11 @@ BEGIN
     END LOOP;
 END $$;
 "#;
+
+/// Messages stored together as sets: `lull_ingest_many` replaced, same arguments and
+/// results, a few statements a group instead of about ten a message (the file's
+/// header states the invariants and the lock order it keeps).
+const V16_INGEST_AS_SETS: &str = include_str!("migrations/v16_ingest_as_sets.sql");
 
 /// Bring the schema up to date: each missing migration in its own transaction under
 /// the advisory lock, recorded in `lull_migrations` in that same transaction.

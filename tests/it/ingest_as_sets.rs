@@ -87,7 +87,7 @@ fn calls(seed: u64) -> Vec<Call> {
             let platform = if k == 2 || k == 6 { "telegram" } else { "http" };
             let key = format!("k{k}");
             // About one in eight is a redelivery of a message sent before.
-            let message_id = match sent.iter().filter(|s| s.1 == key).last() {
+            let message_id = match sent.iter().rfind(|s| s.1 == key) {
                 Some(earlier) if rng.u8(0..8) == 0 => earlier.2.clone(),
                 _ => format!("m{i}"),
             };
@@ -148,7 +148,7 @@ async fn one_by_one(client: &Client, calls: &[Call]) -> Vec<Answer> {
 
 /// Before message `i`: every `ANSWER_EVERY` messages, one conversation answered.
 async fn answer_at(client: &Client, i: usize) {
-    if i == 0 || i % ANSWER_EVERY != 0 {
+    if i == 0 || !i.is_multiple_of(ANSWER_EVERY) {
         return;
     }
     let key = format!("k{}", (i / ANSWER_EVERY) % 8);

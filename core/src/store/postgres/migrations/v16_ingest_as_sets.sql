@@ -71,6 +71,15 @@ BEGIN
 
     -- 2. The messages, the versions, the timers, in one statement (one snapshot: the
     -- reads below see the database as it was before this statement's writes).
+    -- Every row it reads or writes is found through an index by the group's keys:
+    -- the plan is made once per connection and kept, often while the tables are
+    -- still empty, when a scan of a whole table (or a hash of it) looks cheapest and
+    -- then costs a group time in proportion to the table. So lookups are written as
+    -- lateral ones, and for this transaction (this call) the planner is told not to
+    -- scan or hash what an index finds.
+    PERFORM set_config('enable_seqscan', 'off', TRUE),
+            set_config('enable_hashjoin', 'off', TRUE),
+            set_config('enable_mergejoin', 'off', TRUE);
     WITH input AS (
         SELECT u.i::INT AS i, u.platform, u.key, u.message_id, u.user_id, u.author, u.text,
                u.media, u.holder, COALESCE(u.now, v_clock) AS now, u.wait_min, u.wait_max
@@ -79,11 +88,17 @@ BEGIN
                AS u(platform, key, message_id, user_id, author, text, media, holder, now,
                     wait_min, wait_max, i)
     ),
+    -- The group's conversations, each found by its key (a lateral lookup: the plan
+    -- cached for the first groups of a new database would otherwise scan the table).
     conv AS (
-        SELECT c.id, c.platform, c.key, c.version, c.answered_version,
-               c.rhythm_first_ms, c.rhythm_burst_ms
-          FROM conversations c
-         WHERE (c.platform, c.key) IN (SELECT DISTINCT n.platform, n.key FROM input n)
+        SELECT c.*
+          FROM (SELECT DISTINCT n.platform, n.key FROM input n) n
+         CROSS JOIN LATERAL (
+               SELECT c.id, c.platform, c.key, c.version, c.answered_version,
+                      c.rhythm_first_ms, c.rhythm_burst_ms
+                 FROM conversations c
+                WHERE c.platform = n.platform AND c.key = n.key
+                LIMIT 1) c
     ),
     message AS (
         SELECT n.*, c.id AS conversation, c.version AS base_version, c.answered_version,
@@ -94,9 +109,12 @@ BEGIN
     fresh AS (
         SELECT DISTINCT ON (m.conversation, m.message_id) m.*
           FROM message m
-         WHERE NOT EXISTS (SELECT 1 FROM messages s
-                            WHERE s.conversation_id = m.conversation
-                              AND s.platform_message_id = m.message_id)
+          LEFT JOIN LATERAL (
+               SELECT TRUE AS found FROM messages s
+                WHERE s.conversation_id = m.conversation
+                  AND s.platform_message_id = m.message_id
+                LIMIT 1) before ON TRUE
+         WHERE before.found IS NULL
          ORDER BY m.conversation, m.message_id, m.i
     ),
     -- Each stored message's place in its conversation's part of the group.
@@ -107,10 +125,11 @@ BEGIN
     ),
     -- What was pending before the group.
     pending AS (
-        SELECT s.conversation_id, COUNT(*) AS n, MIN(s.received_at) AS first
-          FROM messages s JOIN conv c ON s.conversation_id = c.id
-         WHERE s.version > c.answered_version
-         GROUP BY s.conversation_id
+        SELECT c.id AS conversation_id, p.n, p.first
+          FROM conv c
+         CROSS JOIN LATERAL (
+               SELECT COUNT(*) AS n, MIN(s.received_at) AS first FROM messages s
+                WHERE s.conversation_id = c.id AND s.version > c.answered_version) p
     ),
     -- Version counter and capped debounce, message by message (`lull_ingest`'s
     -- arithmetic, with the pending count and first pending time up to the message).
@@ -154,8 +173,9 @@ BEGIN
             armed_by = excluded.armed_by
         RETURNING t.conversation_id, t.platform, t.due_at, t.retry_at, t.held_until
     ),
-    -- What the replicas already look at: each platform's earliest future timer.
-    known AS (
+    -- What the replicas already look at: each platform's earliest future timer (read
+    -- once per platform, not once per timer armed).
+    known AS MATERIALIZED (
         SELECT x.platform,
                (SELECT MIN(t.due_at) FROM timers t
                  WHERE t.platform = x.platform AND t.due_at > x.now) AS due_at

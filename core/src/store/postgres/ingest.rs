@@ -2,14 +2,17 @@
 //! the PostgreSQL ingest.
 //!
 //! A message is one call of `lull_ingest` (one round trip, one transaction). Under
-//! load most of that call is the commit's WAL flush and the round trip, both paid
-//! once per transaction, so a process keeps at most [`SENDERS`] ingest calls in
-//! flight: a message that finds a sender free is sent at once, on its caller's task
-//! (no hop, no added latency when the load is light); messages that find every
-//! sender busy queue, and the next sender to finish takes up to [`GROUP_MAX`] of them
-//! in one call of `lull_ingest_many` (schema V15), which stores each exactly as
-//! `lull_ingest` does, in one transaction, taking the conversation rows in one order
-//! shared by every replica (no deadlock between groups).
+//! load most of that call is the commit's WAL flush, the round trip and the server's
+//! work per statement, all paid once per call, so a process keeps at most
+//! [`SENDERS`] ingest call in flight: a message that finds the sender free is sent at
+//! once, on its caller's task (no hop, no added latency when the load is light);
+//! messages that find it busy queue, and when it finishes it takes up to
+//! [`GROUP_MAX`] of them
+//! in one call of `lull_ingest_many`, which stores each exactly as `lull_ingest`
+//! does, in one transaction, taking the conversation rows in one order shared by
+//! every replica (no deadlock between groups): a group of eight or more as sets, a
+//! few statements for the whole group (schema V16), a smaller one row by row
+//! (`lull_ingest_rows`, V15's body), whichever costs the server less.
 //!
 //! Invariants:
 //! - **No loss**: each caller gets the answer for its own message, or an error when
@@ -38,13 +41,25 @@ use crate::domain::Timestamp;
 use crate::store::StoreError;
 use crate::store::faults::Operation;
 
-/// Ingest calls one process keeps in flight. A commit's WAL flush is shared by the
-/// transactions that commit together, so a few concurrent groups keep the server's
-/// disk busy while leaving most of the pool (`POOL_SIZE`) to rounds and deliveries.
-pub(super) const SENDERS: usize = 4;
+/// Ingest calls one process keeps in flight: one. The server's CPU, not its disk,
+/// bounds the ingest (a group's commit shares its flush anyway), and it spends less
+/// per message the larger the group (`scripts/pg-ingest-cost`), so every call more
+/// in flight only splits the waiting messages into smaller groups; with several
+/// replicas the calls in flight add up (four replicas with four senders each sent
+/// groups of about two). Measured with `cargo bench --bench perf -- --postgres-only`
+/// against 2 and 4 in the same run: the most messages a second with one, two and
+/// four replicas, and the shortest tail (BENCHMARKS.md).
+pub(super) const SENDERS: usize = 1;
 /// The most messages one call stores: a bound on the transaction's length (how long
 /// its conversation rows stay locked) and on the arrays sent.
 pub(super) const GROUP_MAX: usize = 64;
+
+/// The smallest group stored as sets (`lull_ingest_many`, schema V16); a smaller one
+/// is stored row by row (`lull_ingest_rows`), called directly, as the set-based
+/// statement costs the server more to start than a few single stores (the
+/// migration's header has the figures). The function itself makes the same choice
+/// at the same size, for any other caller.
+const SETS_FROM: usize = 8;
 
 /// What a group's call is doing, in its errors.
 const TOGETHER: &str = "storing messages together";
@@ -94,8 +109,8 @@ pub(super) struct Ingests {
 #[derive(Default)]
 struct State {
     queue: VecDeque<Waiting>,
-    /// Senders in flight, at most [`SENDERS`]: callers sending their own message and
-    /// drain tasks.
+    /// Senders in flight, at most [`SENDERS`]: a caller sending its own message or a
+    /// drain task.
     sending: usize,
 }
 
@@ -212,12 +227,18 @@ impl PostgresStore {
         let fixed: Vec<Option<i64>> = calls.iter().map(|c| c.fixed).collect();
         let wait_min: Vec<i64> = calls.iter().map(|c| c.wait_min).collect();
         let wait_max: Vec<i64> = calls.iter().map(|c| c.wait_max).collect();
+        let sql = if calls.len() < SETS_FROM {
+            "SELECT o_index, o_conversation, o_version, o_due_at, o_now FROM lull_ingest_rows(
+                 $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
+        } else {
+            "SELECT o_index, o_conversation, o_version, o_due_at, o_now FROM lull_ingest_many(
+                 $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
+        };
         let rows = statement!(self, Operation::Intake, TOGETHER, |client| {
             async {
                 query(
                     client,
-                    "SELECT o_index, o_conversation, o_version, o_due_at, o_now FROM lull_ingest_many(
-                         $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+                    sql,
                     &[
                         &platforms, &keys, &groups, &ids, &users, &authors, &texts, &media,
                         &holders, &fixed, &wait_min, &wait_max, &max_wait, &max_batch,

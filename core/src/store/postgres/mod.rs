@@ -21,10 +21,11 @@
 //!   the version bump, the pending count and the timer arm are then decided with no
 //!   other writer of the conversation in between. `ingest` is one call of the
 //!   schema's `lull_ingest` function (migration 14), its statements in that order;
-//!   messages stored together (`ingest.rs`, `lull_ingest_many`, migration 15) take
-//!   all their conversation rows first, by (platform, key), then the `pending_shards`
-//!   counter rows their timers touch, by shard: the same order in every group of
-//!   every replica, so groups queue instead of deadlocking.
+//!   messages stored together (`ingest.rs`, `lull_ingest_many`, migrations 15 and
+//!   16, row by row or as sets) take all their conversation rows first, by
+//!   (platform, key), then the `pending_shards` counter rows their timers touch, by
+//!   shard: the same order in every group of every replica, so groups queue instead
+//!   of deadlocking.
 //! - `claim_lease`, `claim_round`: the compare-and-swap upsert `INSERT … ON CONFLICT
 //!   DO UPDATE … WHERE free or expired RETURNING token` waits for a concurrent claim
 //!   and decides on the row that claim left (the conflict path reads the latest row
@@ -134,9 +135,9 @@ pub use clock::TimeSource;
 use limits::{ACCESS_RULES, access_rules_of};
 use sql::{describe, pool_reason};
 
-/// Connections per process. Ingest keeps at most `ingest::SENDERS` (4) calls in
+/// Connections per process. Ingest keeps at most `ingest::SENDERS` (1) call in
 /// flight, storing the messages that wait meanwhile together; sixteen per process
-/// leaves the rest to rounds and deliveries beside a full ingest load. Four replicas
+/// leave the rest to rounds and deliveries beside a full ingest load. Four replicas
 /// then use at most 4 × (16 + 1 listener) = 68 connections, within PostgreSQL's
 /// default `max_connections` (100); docs/scaling-out.md says what to set for more.
 /// Opened lazily: an idle process keeps one or two.

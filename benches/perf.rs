@@ -48,6 +48,10 @@ struct Sizes {
     reps: usize,
     /// Messages per ingest measurement.
     ingest_messages: usize,
+    /// Messages per PostgreSQL ingest measurement (and one-row transactions of its
+    /// limits): 3,000 took half a second, too short to be measured twice alike
+    /// (connections opened and statements prepared as the load starts).
+    postgres_messages: usize,
     /// Timers armed far ahead (lateness, idle) and conversations drained at once.
     timers: usize,
     /// Seconds of 10-per-second traffic in the lateness measurement.
@@ -65,6 +69,7 @@ impl Sizes {
         Sizes {
             reps: 3,
             ingest_messages: 3000,
+            postgres_messages: 12_000,
             timers: 10_000,
             lateness_seconds: 20,
             idle_seconds: 20,
@@ -77,6 +82,7 @@ impl Sizes {
         Sizes {
             reps: 1,
             ingest_messages: 500,
+            postgres_messages: 500,
             timers: 1000,
             lateness_seconds: 5,
             idle_seconds: 5,
@@ -680,11 +686,11 @@ async fn postgres_rows(
     cluster: &Cluster,
     scratch: &Path,
 ) {
-    let limit = postgres_limit(cluster, 1, sizes.ingest_messages, scratch);
+    let limit = postgres_limit(cluster, 1, sizes.postgres_messages, scratch);
     let limit_64 = postgres_limit(
         cluster,
         POSTGRES_CLIENTS,
-        sizes.ingest_messages * 4,
+        sizes.postgres_messages * 4,
         scratch,
     );
     table.record(
@@ -707,7 +713,7 @@ async fn postgres_rows(
         let (rate, latencies) = ingest(
             &bots,
             POSTGRES_CLIENTS,
-            sizes.ingest_messages,
+            sizes.postgres_messages,
             &format!("pg{rep}r{n}"),
         )
         .await;
@@ -728,7 +734,7 @@ async fn postgres_rows(
                 order + 3,
                 &format!("PostgreSQL due-work queries per ingested message, {n} replica(s)"),
                 "queries/msg",
-                (after - before) / sizes.ingest_messages as f64,
+                (after - before) / sizes.postgres_messages as f64,
                 "all replicas together; goal: flat in replicas",
             );
         }

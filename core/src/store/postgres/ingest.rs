@@ -10,7 +10,7 @@
 //! [`GROUP_MAX`] of them
 //! in one call of `lull_ingest_many`, which stores each exactly as `lull_ingest`
 //! does, in one transaction, taking the conversation rows in one order shared by
-//! every replica (no deadlock between groups): a group of eight or more as sets, a
+//! every replica (no deadlock between groups): a group of four or more as sets, a
 //! few statements for the whole group (schema V16), a smaller one row by row
 //! (`lull_ingest_rows`, V15's body), whichever costs the server less.
 //!
@@ -59,7 +59,7 @@ pub(super) const GROUP_MAX: usize = 64;
 /// statement costs the server more to start than a few single stores (the
 /// migration's header has the figures). The function itself makes the same choice
 /// at the same size, for any other caller.
-const SETS_FROM: usize = 8;
+const SETS_FROM: usize = 4;
 
 /// What a group's call is doing, in its errors.
 const TOGETHER: &str = "storing messages together";

@@ -1,11 +1,12 @@
 -- Store a group of messages as sets: V15's `lull_ingest_many`, same arguments and
--- results, but for a group of at least eight messages each step is one statement for
+-- results, but for a group of at least four messages each step is one statement for
 -- the whole group instead of one call of `lull_ingest` (about ten statements) per
 -- message, and a conversation's timer is armed once per group (by its last message)
 -- instead of once per message. The set-based statement costs more to start than a
--- few single calls (measured per message, server CPU, one client: 2 messages 550 µs
--- as sets against 290 row by row, 4: 300 against 235, 16: 115 against 170), so a
--- smaller group is stored row by row: V15's function, kept as `lull_ingest_rows`.
+-- single store (server time per message, one client, `scripts/pg-ingest-cost`'s
+-- load: 2 messages about 240 µs as sets against 220 row by row, 4: 180 against 165,
+-- 16: 80 against 140), so a group of two or three is stored row by row: V15's
+-- function, kept as `lull_ingest_rows`.
 --
 -- Every message is stored exactly as `lull_ingest` stores it, in the order given
 -- within its conversation:
@@ -52,7 +53,7 @@ DECLARE
     v_announce TEXT[];
     v_platform TEXT;
 BEGIN
-    IF cardinality(p_key) < 8 THEN
+    IF cardinality(p_key) < 4 THEN
         RETURN QUERY SELECT * FROM lull_ingest_rows(
             p_platform, p_key, p_is_group, p_message_id, p_user_id, p_author, p_text, p_media,
             p_holder, p_now, p_wait_min_ms, p_wait_max_ms, p_max_wait_ms, p_max_batch);
@@ -75,11 +76,14 @@ BEGIN
     -- the plan is made once per connection and kept, often while the tables are
     -- still empty, when a scan of a whole table (or a hash of it) looks cheapest and
     -- then costs a group time in proportion to the table. So lookups are written as
-    -- lateral ones, and for this transaction (this call) the planner is told not to
-    -- scan or hash what an index finds.
+    -- lateral ones, and for this transaction (the store calls this function as a
+    -- transaction of its own) the planner is told not to scan or hash what an index
+    -- finds, and to keep the one plan it makes instead of planning this statement
+    -- anew at every call (which it otherwise chose to do, at about 0.7 ms a call).
     PERFORM set_config('enable_seqscan', 'off', TRUE),
             set_config('enable_hashjoin', 'off', TRUE),
-            set_config('enable_mergejoin', 'off', TRUE);
+            set_config('enable_mergejoin', 'off', TRUE),
+            set_config('plan_cache_mode', 'force_generic_plan', TRUE);
     WITH input AS (
         SELECT u.i::INT AS i, u.platform, u.key, u.message_id, u.user_id, u.author, u.text,
                u.media, u.holder, COALESCE(u.now, v_clock) AS now, u.wait_min, u.wait_max

@@ -134,6 +134,14 @@ async fn a_telegram_tap_is_a_message_from_the_tapper_answered_once() {
     let tapped_at = Instant::now();
     t.fake.push_callback(tap.clone());
     t.fake.push_callback(tap);
+    // The failing answer is one of cbq-1's (a failed answer is not retried, and the
+    // answers run on tasks of their own, which a loaded machine may reorder): cbq-2
+    // is delivered once it has failed.
+    t.fake
+        .wait_for("the first answer failed", SECS(15), |f| {
+            (!f.faulted("answerCallbackQuery").is_empty()).then_some(())
+        })
+        .await;
     t.fake
         .push_callback(callback_query("cbq-2", chat, &first, "/reset"));
     let sent = t.fake.wait_sent(chat, 2, SECS(15)).await;

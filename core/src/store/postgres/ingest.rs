@@ -7,12 +7,12 @@
 //! [`SENDERS`] ingest call in flight: a message that finds the sender free is sent at
 //! once, on its caller's task (no hop, no added latency when the load is light);
 //! messages that find it busy queue, and when it finishes it takes up to
-//! [`GROUP_MAX`] of them
-//! in one call of `lull_ingest_many`, which stores each exactly as `lull_ingest`
+//! [`GROUP_MAX`] of them in one call, which stores each exactly as `lull_ingest`
 //! does, in one transaction, taking the conversation rows in one order shared by
-//! every replica (no deadlock between groups): a group of four or more as sets, a
-//! few statements for the whole group (schema V16), a smaller one row by row
-//! (`lull_ingest_rows`, V15's body), whichever costs the server less.
+//! every replica (no deadlock between groups): a group of [`SETS_FROM`] or more as
+//! sets (`lull_ingest_many`, schema V16, a few statements for the whole group), a
+//! smaller one row by row (`lull_ingest_rows`, V15's function), whichever costs the
+//! server less.
 //!
 //! Invariants:
 //! - **No loss**: each caller gets the answer for its own message, or an error when
@@ -55,10 +55,10 @@ pub(super) const SENDERS: usize = 1;
 pub(super) const GROUP_MAX: usize = 64;
 
 /// The smallest group stored as sets (`lull_ingest_many`, schema V16); a smaller one
-/// is stored row by row (`lull_ingest_rows`), called directly, as the set-based
-/// statement costs the server more to start than a few single stores (the
-/// migration's header has the figures). The function itself makes the same choice
-/// at the same size, for any other caller.
+/// is stored row by row (`lull_ingest_rows`), as the set-based statement costs the
+/// server more to start than a few single stores (the migration's header has the
+/// figures; `scripts/pg-ingest-cost` measures both at each size). The only place
+/// the choice is made.
 const SETS_FROM: usize = 4;
 
 /// What a group's call is doing, in its errors.

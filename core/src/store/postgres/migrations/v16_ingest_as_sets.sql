@@ -1,12 +1,15 @@
 -- Store a group of messages as sets: V15's `lull_ingest_many`, same arguments and
--- results, but for a group of at least four messages each step is one statement for
--- the whole group instead of one call of `lull_ingest` (about ten statements) per
--- message, and a conversation's timer is armed once per group (by its last message)
--- instead of once per message. The set-based statement costs more to start than a
--- single store (server time per message, one client, `scripts/pg-ingest-cost`'s
--- load: 2 messages about 240 µs as sets against 220 row by row, 4: 180 against 165,
--- 16: 80 against 140), so a group of two or three is stored row by row: V15's
--- function, kept as `lull_ingest_rows`.
+-- results, but each step is one statement for the whole group instead of one call
+-- of `lull_ingest` (about ten statements) per message, and a conversation's timer is
+-- armed once per group (by its last message) instead of once per message. The
+-- set-based statement costs more to start than a single store (server time per
+-- message, one client, `scripts/pg-ingest-cost`'s load, two runs: 2 messages
+-- 239–286 µs as sets against 203–206 row by row, 4: 140–162 against 151–161, 16:
+-- 83–88 against 122–130), so the
+-- store sends a group of two or three row by row, to V15's function, kept as
+-- `lull_ingest_rows` (`store::postgres::ingest::SETS_FROM` makes that choice, in
+-- one place). A process of the previous release calling `lull_ingest_many` during
+-- a rolling upgrade gets this function: same answers, stored as sets.
 --
 -- Every message is stored exactly as `lull_ingest` stores it, in the order given
 -- within its conversation:
@@ -53,13 +56,6 @@ DECLARE
     v_announce TEXT[];
     v_platform TEXT;
 BEGIN
-    IF cardinality(p_key) < 4 THEN
-        RETURN QUERY SELECT * FROM lull_ingest_rows(
-            p_platform, p_key, p_is_group, p_message_id, p_user_id, p_author, p_text, p_media,
-            p_holder, p_now, p_wait_min_ms, p_wait_max_ms, p_max_wait_ms, p_max_batch);
-        RETURN;
-    END IF;
-
     -- 1. The conversation rows, in (platform, key) order; a group stays a group.
     INSERT INTO conversations AS c (platform, key, is_group, created_at)
     SELECT g.platform, g.key, bool_or(g.is_group), MIN(COALESCE(g.now, v_clock))
@@ -127,7 +123,8 @@ BEGIN
           FROM fresh f
         WINDOW w AS (PARTITION BY f.conversation ORDER BY f.i)
     ),
-    -- What was pending before the group.
+    -- What was pending before the group (a row for every conversation: an
+    -- aggregate without grouping always answers one).
     pending AS (
         SELECT c.id AS conversation_id, p.n, p.first
           FROM conv c
@@ -139,14 +136,14 @@ BEGIN
     -- arithmetic, with the pending count and first pending time up to the message).
     timed AS (
         SELECT k.*, k.base_version + k.nth AS version,
-               CASE WHEN COALESCE(p.n, 0) + k.nth >= p_max_batch THEN k.now
+               CASE WHEN p.n + k.nth >= p_max_batch THEN k.now
                     ELSE LEAST(k.now + LEAST(GREATEST(COALESCE(
-                                 CASE WHEN COALESCE(p.n, 0) + k.nth >= 2 THEN k.rhythm_burst_ms
+                                 CASE WHEN p.n + k.nth >= 2 THEN k.rhythm_burst_ms
                                       ELSE k.rhythm_first_ms END,
                                  k.wait_max), k.wait_min), k.wait_max),
                                LEAST(p.first, k.first_new) + p_max_wait_ms)
                END AS due_at
-          FROM counted k LEFT JOIN pending p ON p.conversation_id = k.conversation
+          FROM counted k JOIN pending p ON p.conversation_id = k.conversation
     ),
     stored AS (
         INSERT INTO messages (conversation_id, platform_message_id, user_id, author, text,

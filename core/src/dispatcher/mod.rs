@@ -35,6 +35,7 @@
 //!
 //! [`Dispatcher`] holds what they share; it is also the adapters' [`lull_port::Intake`].
 
+mod access_rules;
 mod acks;
 mod bounds;
 mod commands;
@@ -304,10 +305,10 @@ pub struct Dispatcher {
     /// something happened here (or, for other processes' work, every
     /// `GAUGE_QUIET_POLLS` polls), so an idle process makes one database call a poll.
     events_emitted: std::sync::atomic::AtomicU64,
-    /// The admins' run-time access decisions as last read, and when: read again once
-    /// older than `poll_every` (so a decision taken in another process counts here
-    /// within that), and at once after this process recorded one.
-    access_rules: std::sync::Mutex<Option<(std::time::Instant, Arc<Vec<AccessRule>>)>>,
+    /// The admins' run-time access decisions as last read: read again once older than
+    /// `poll_every` (so a decision taken in another process counts here within that),
+    /// and at once after this process recorded one.
+    access_rules: access_rules::AccessRules,
     /// The server's model list as last read, for `/model` (`controls`).
     models: controls::ModelList,
 }
@@ -341,7 +342,7 @@ impl Dispatcher {
             sleeping_until: AtomicI64::new(i64::MAX),
             events,
             events_emitted: std::sync::atomic::AtomicU64::new(0),
-            access_rules: std::sync::Mutex::new(None),
+            access_rules: access_rules::AccessRules::default(),
             models: controls::ModelList::default(),
         })
     }
@@ -365,20 +366,14 @@ impl Dispatcher {
 
     /// The run-time access decisions, at most `poll_every` old.
     async fn access_rules(&self) -> Result<Arc<Vec<AccessRule>>, StoreError> {
-        if let Some((read_at, rules)) = self.access_rules.lock().expect("not poisoned").as_ref()
-            && read_at.elapsed() < self.settings.poll_every
-        {
-            return Ok(rules.clone());
-        }
-        let rules = Arc::new(self.store.access_rules().await?);
-        *self.access_rules.lock().expect("not poisoned") =
-            Some((std::time::Instant::now(), rules.clone()));
-        Ok(rules)
+        self.access_rules
+            .get(self.settings.poll_every, || self.store.access_rules())
+            .await
     }
 
     /// Forget the cached access decisions (this process just recorded one).
     fn forget_access_rules(&self) {
-        *self.access_rules.lock().expect("not poisoned") = None;
+        self.access_rules.forget();
     }
 
     /// Observe what the dispatcher does from now on.

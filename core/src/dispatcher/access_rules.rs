@@ -1,0 +1,176 @@
+//! The admins' run-time access decisions as this process last read them.
+//!
+//! Every inbound message is checked against them, so they are read from the store
+//! at most once per `poll_every`, however many messages arrive meanwhile:
+//! - **one read at a time**: callers that find the copy stale together wait for one
+//!   read instead of each sending its own (a burst of callers would otherwise take a
+//!   pooled connection each, opening connections the process then keeps);
+//! - **a forgotten copy stays forgotten**: a decision this process records makes the
+//!   copy stale at once, and a read that started before the decision (and may have
+//!   missed it) does not put its answer back as fresh.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::access::AccessRule;
+use crate::store::StoreError;
+
+/// The copy, and the one read that refreshes it.
+#[derive(Default)]
+pub(super) struct AccessRules {
+    copy: Mutex<Copy>,
+    /// Held by the caller reading the store; the others wait on it, then find the
+    /// copy fresh.
+    reading: tokio::sync::Mutex<()>,
+}
+
+#[derive(Default)]
+struct Copy {
+    /// The rules and when the read that found them started.
+    read: Option<(Instant, Arc<Vec<AccessRule>>)>,
+    /// Bumped by [`AccessRules::forget`]: a read answers only for the generation it
+    /// started in.
+    generation: u64,
+}
+
+impl AccessRules {
+    /// The rules, read again (by `read`: the store's) when the copy is older than
+    /// `max_age` or forgotten.
+    pub(super) async fn get<R>(
+        &self,
+        max_age: Duration,
+        read: impl FnOnce() -> R,
+    ) -> Result<Arc<Vec<AccessRule>>, StoreError>
+    where
+        R: Future<Output = Result<Vec<AccessRule>, StoreError>>,
+    {
+        if let Some(rules) = self.fresh(max_age) {
+            return Ok(rules);
+        }
+        let _reading = self.reading.lock().await;
+        // Someone else's read may have finished while this caller waited.
+        if let Some(rules) = self.fresh(max_age) {
+            return Ok(rules);
+        }
+        let (started, generation) = (Instant::now(), self.copy().generation);
+        let rules = Arc::new(read().await?);
+        let mut copy = self.copy();
+        if copy.generation == generation {
+            copy.read = Some((started, rules.clone()));
+        }
+        Ok(rules)
+    }
+
+    /// Make the copy stale (this process just recorded a decision).
+    pub(super) fn forget(&self) {
+        let mut copy = self.copy();
+        copy.read = None;
+        copy.generation += 1;
+    }
+
+    fn fresh(&self, max_age: Duration) -> Option<Arc<Vec<AccessRule>>> {
+        match &self.copy().read {
+            Some((read_at, rules)) if read_at.elapsed() < max_age => Some(rules.clone()),
+            _ => None,
+        }
+    }
+
+    fn copy(&self) -> std::sync::MutexGuard<'_, Copy> {
+        self.copy.lock().expect("access rules copy")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::access::{Subject, SubjectKind};
+    use crate::domain::{Platform, Timestamp};
+
+    const AGE: Duration = Duration::from_secs(60);
+
+    fn rule(name: &str) -> AccessRule {
+        AccessRule {
+            subject: Subject {
+                platform: Platform::Telegram,
+                kind: SubjectKind::User,
+                id: name.into(),
+            },
+            allowed: true,
+            set_by: "telegram:1".into(),
+            set_at: Timestamp(0),
+        }
+    }
+
+    /// Sixteen callers that find the copy stale together cause one read.
+    #[tokio::test]
+    async fn callers_that_find_the_copy_stale_together_share_one_read() {
+        let rules = Arc::new(AccessRules::default());
+        let reads = Arc::new(AtomicUsize::new(0));
+        let mut callers = tokio::task::JoinSet::new();
+        for _ in 0..16 {
+            let (rules, reads) = (rules.clone(), reads.clone());
+            callers.spawn(async move {
+                rules
+                    .get(AGE, || async {
+                        reads.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        Ok(vec![rule("a")])
+                    })
+                    .await
+                    .unwrap()
+            });
+        }
+        while let Some(got) = callers.join_next().await {
+            assert_eq!(*got.unwrap(), vec![rule("a")]);
+        }
+        assert_eq!(reads.load(Ordering::SeqCst), 1);
+    }
+
+    /// A copy older than the age, or forgotten, is read again.
+    #[tokio::test]
+    async fn a_stale_or_forgotten_copy_is_read_again() {
+        let rules = AccessRules::default();
+        let reads = AtomicUsize::new(0);
+        let read = || async {
+            reads.fetch_add(1, Ordering::SeqCst);
+            Ok(vec![])
+        };
+        rules.get(AGE, read).await.unwrap();
+        rules.get(AGE, read).await.unwrap();
+        assert_eq!(reads.load(Ordering::SeqCst), 1, "fresh: not read again");
+        rules.get(Duration::ZERO, read).await.unwrap();
+        assert_eq!(reads.load(Ordering::SeqCst), 2, "stale: read again");
+        rules.forget();
+        rules.get(AGE, read).await.unwrap();
+        assert_eq!(reads.load(Ordering::SeqCst), 3, "forgotten: read again");
+    }
+
+    /// A read that started before a decision was recorded answers its caller, but
+    /// is not kept: the next caller reads again and sees the decision.
+    #[tokio::test]
+    async fn a_read_overtaken_by_a_forget_is_not_kept() {
+        let rules = AccessRules::default();
+        let early = rules.get(AGE, || async {
+            // The decision is recorded while this read is on its way.
+            rules.forget();
+            Ok(vec![])
+        });
+        assert!(early.await.unwrap().is_empty());
+        let later = rules.get(AGE, || async { Ok(vec![rule("b")]) });
+        assert_eq!(*later.await.unwrap(), vec![rule("b")]);
+    }
+
+    /// A failed read fails its caller and leaves the copy stale.
+    #[tokio::test]
+    async fn a_failed_read_is_not_kept() {
+        let rules = AccessRules::default();
+        let failed = rules
+            .get(AGE, || async { Err(StoreError::Pool("down".into())) })
+            .await;
+        assert!(failed.is_err());
+        let next = rules.get(AGE, || async { Ok(vec![rule("c")]) });
+        assert_eq!(*next.await.unwrap(), vec![rule("c")]);
+    }
+}

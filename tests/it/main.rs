@@ -45,4 +45,5 @@ mod telegram;
 mod telegram_webhook;
 mod threads;
 mod tools;
+mod warm_connections;
 mod webhook;

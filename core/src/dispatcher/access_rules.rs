@@ -4,7 +4,9 @@
 //! at most once per `poll_every`, however many messages arrive meanwhile:
 //! - **one read at a time**: callers that find the copy stale together wait for one
 //!   read instead of each sending its own (a burst of callers would otherwise take a
-//!   pooled connection each, opening connections the process then keeps);
+//!   pooled connection each, opening connections the process then keeps), and share
+//!   its answer, a failure too (a database that hangs fails them after one read's
+//!   deadline, not one deadline per caller in turn);
 //! - **a forgotten copy stays forgotten**: a decision this process records makes the
 //!   copy stale at once, and a read that started before the decision (and may have
 //!   missed it) does not put its answer back as fresh.
@@ -31,6 +33,10 @@ struct Copy {
     /// Bumped by [`AccessRules::forget`]: a read answers only for the generation it
     /// started in.
     generation: u64,
+    /// Reads finished, and the last one's failure: a caller that waited while a
+    /// read failed answers with that failure.
+    reads: u64,
+    failed: Option<StoreError>,
 }
 
 impl AccessRules {
@@ -44,21 +50,45 @@ impl AccessRules {
     where
         R: Future<Output = Result<Vec<AccessRule>, StoreError>>,
     {
-        if let Some(rules) = self.fresh(max_age) {
-            return Ok(rules);
-        }
+        let reads = {
+            let copy = self.copy();
+            if let Some(rules) = copy.fresh(max_age) {
+                return Ok(rules);
+            }
+            copy.reads
+        };
         let _reading = self.reading.lock().await;
-        // Someone else's read may have finished while this caller waited.
-        if let Some(rules) = self.fresh(max_age) {
-            return Ok(rules);
-        }
-        let (started, generation) = (Instant::now(), self.copy().generation);
-        let rules = Arc::new(read().await?);
+        let generation = {
+            let copy = self.copy();
+            // Someone else's read finished while this caller waited: its answer.
+            if let Some(rules) = copy.fresh(max_age) {
+                return Ok(rules);
+            }
+            if copy.reads != reads
+                && let Some(failed) = &copy.failed
+            {
+                return Err(failed.clone());
+            }
+            copy.generation
+        };
+        let started = Instant::now();
+        let read = read().await;
         let mut copy = self.copy();
-        if copy.generation == generation {
-            copy.read = Some((started, rules.clone()));
+        copy.reads += 1;
+        match read {
+            Ok(rules) => {
+                let rules = Arc::new(rules);
+                copy.failed = None;
+                if copy.generation == generation {
+                    copy.read = Some((started, rules.clone()));
+                }
+                Ok(rules)
+            }
+            Err(failed) => {
+                copy.failed = Some(failed.clone());
+                Err(failed)
+            }
         }
-        Ok(rules)
     }
 
     /// Make the copy stale (this process just recorded a decision).
@@ -68,15 +98,17 @@ impl AccessRules {
         copy.generation += 1;
     }
 
+    fn copy(&self) -> std::sync::MutexGuard<'_, Copy> {
+        self.copy.lock().expect("access rules copy")
+    }
+}
+
+impl Copy {
     fn fresh(&self, max_age: Duration) -> Option<Arc<Vec<AccessRule>>> {
-        match &self.copy().read {
+        match &self.read {
             Some((read_at, rules)) if read_at.elapsed() < max_age => Some(rules.clone()),
             _ => None,
         }
-    }
-
-    fn copy(&self) -> std::sync::MutexGuard<'_, Copy> {
-        self.copy.lock().expect("access rules copy")
     }
 }
 
@@ -103,29 +135,41 @@ mod tests {
         }
     }
 
-    /// Sixteen callers that find the copy stale together cause one read.
-    #[tokio::test]
-    async fn callers_that_find_the_copy_stale_together_share_one_read() {
+    type Answer = Result<Arc<Vec<AccessRule>>, StoreError>;
+
+    /// Sixteen callers at once on a stale copy, each read answering `answer` after
+    /// 50 ms: their answers, and how many reads were sent.
+    async fn crowd(answer: Result<Vec<AccessRule>, StoreError>) -> (Vec<Answer>, usize) {
         let rules = Arc::new(AccessRules::default());
         let reads = Arc::new(AtomicUsize::new(0));
         let mut callers = tokio::task::JoinSet::new();
         for _ in 0..16 {
-            let (rules, reads) = (rules.clone(), reads.clone());
+            let (rules, reads, answer) = (rules.clone(), reads.clone(), answer.clone());
             callers.spawn(async move {
                 rules
                     .get(AGE, || async {
                         reads.fetch_add(1, Ordering::SeqCst);
                         tokio::time::sleep(Duration::from_millis(50)).await;
-                        Ok(vec![rule("a")])
+                        answer
                     })
                     .await
-                    .unwrap()
             });
         }
+        let mut answers = Vec::new();
         while let Some(got) = callers.join_next().await {
-            assert_eq!(*got.unwrap(), vec![rule("a")]);
+            answers.push(got.unwrap());
         }
-        assert_eq!(reads.load(Ordering::SeqCst), 1);
+        (answers, reads.load(Ordering::SeqCst))
+    }
+
+    /// Sixteen callers that find the copy stale together cause one read.
+    #[tokio::test]
+    async fn callers_that_find_the_copy_stale_together_share_one_read() {
+        let (answers, reads) = crowd(Ok(vec![rule("a")])).await;
+        for answer in answers {
+            assert_eq!(*answer.unwrap(), vec![rule("a")]);
+        }
+        assert_eq!(reads, 1);
     }
 
     /// A copy older than the age, or forgotten, is read again.
@@ -160,6 +204,18 @@ mod tests {
         assert!(early.await.unwrap().is_empty());
         let later = rules.get(AGE, || async { Ok(vec![rule("b")]) });
         assert_eq!(*later.await.unwrap(), vec![rule("b")]);
+    }
+
+    /// Callers that waited while a read failed share its failure: one read, not one
+    /// each in turn (a hanging database would keep the last caller waiting one
+    /// deadline per caller before it).
+    #[tokio::test]
+    async fn callers_waiting_on_a_failed_read_share_its_failure() {
+        let (answers, reads) = crowd(Err(StoreError::Pool("no answer".into()))).await;
+        for answer in answers {
+            assert!(matches!(answer, Err(StoreError::Pool(_))), "{answer:?}");
+        }
+        assert_eq!(reads, 1);
     }
 
     /// A failed read fails its caller and leaves the copy stale.

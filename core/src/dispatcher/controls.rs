@@ -5,8 +5,8 @@
 //! check of a generation in flight on any process finds it stale, and this process
 //! stops its own generation at once ([`Event::Moved`]).
 
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use lull_port::{Command, Incoming};
 
@@ -18,13 +18,9 @@ use crate::store::{
 };
 use crate::texts;
 
-/// How long the server's model list is kept before `/model` asks again.
+/// How long the server's model list (`GET /models`) is kept before `/model` asks
+/// again: one request per this, whatever the number of `/model` commands.
 const MODEL_LIST_TTL: Duration = Duration::from_secs(300);
-
-/// The server's model list as last read (`GET /models`), and when: one request per
-/// [`MODEL_LIST_TTL`], whatever the number of `/model` commands.
-#[derive(Default)]
-pub(super) struct ModelList(Mutex<Option<(Instant, Arc<Vec<String>>)>>);
 
 /// Answer `/model`, `/persona`, `/prompt`, `/stop` or `/status` (`args`: the words
 /// after the command; `rest`: the text after the command word, for `/prompt`).
@@ -123,20 +119,17 @@ async fn offered_models(d: &Dispatcher) -> Result<Arc<Vec<String>>, String> {
     if !controls.models.is_empty() {
         return Ok(Arc::new(controls.models.clone()));
     }
-    if let Some((read_at, list)) = d.models.0.lock().expect("not poisoned").as_ref()
-        && read_at.elapsed() < MODEL_LIST_TTL
-    {
-        return Ok(list.clone());
-    }
-    let mut list = d.responder.models().await.map_err(|e| e.to_string())?;
-    if list.is_empty() {
-        return Err("the model server lists none".to_owned());
-    }
-    list.sort();
-    list.dedup();
-    let list = Arc::new(list);
-    *d.models.0.lock().expect("not poisoned") = Some((Instant::now(), list.clone()));
-    Ok(list)
+    d.models
+        .get(MODEL_LIST_TTL, || async {
+            let mut list = d.responder.models().await.map_err(|e| e.to_string())?;
+            if list.is_empty() {
+                return Err("the model server lists none".to_owned());
+            }
+            list.sort();
+            list.dedup();
+            Ok(list)
+        })
+        .await
 }
 
 /// The model answering this conversation now.

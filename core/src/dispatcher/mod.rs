@@ -35,7 +35,6 @@
 //!
 //! [`Dispatcher`] holds what they share; it is also the adapters' [`lull_port::Intake`].
 
-mod access_rules;
 mod acks;
 mod bounds;
 mod commands;
@@ -49,6 +48,7 @@ mod lease_keeper;
 mod not_stored;
 mod notices;
 mod overheard;
+mod refreshed;
 mod round;
 mod scheduler;
 mod sessions;
@@ -308,9 +308,10 @@ pub struct Dispatcher {
     /// The admins' run-time access decisions as last read: read again once older than
     /// `poll_every` (so a decision taken in another process counts here within that),
     /// and at once after this process recorded one.
-    access_rules: access_rules::AccessRules,
-    /// The server's model list as last read, for `/model` (`controls`).
-    models: controls::ModelList,
+    access_rules: refreshed::Refreshed<Vec<AccessRule>, StoreError>,
+    /// The server's model list as last read, for `/model` (`controls`): read again
+    /// once older than `controls::MODEL_LIST_TTL`. `Err`: why there is none.
+    models: refreshed::Refreshed<Vec<String>, String>,
 }
 
 impl Dispatcher {
@@ -342,8 +343,8 @@ impl Dispatcher {
             sleeping_until: AtomicI64::new(i64::MAX),
             events,
             events_emitted: std::sync::atomic::AtomicU64::new(0),
-            access_rules: access_rules::AccessRules::default(),
-            models: controls::ModelList::default(),
+            access_rules: refreshed::Refreshed::default(),
+            models: refreshed::Refreshed::default(),
         })
     }
 

@@ -1,112 +1,123 @@
-//! The admins' run-time access decisions as this process last read them.
-//!
-//! Every inbound message is checked against them, so they are read from the store
-//! at most once per `poll_every`, however many messages arrive meanwhile:
+//! A value read from elsewhere and kept for a while: the admins' access decisions
+//! (from the store, checked for every inbound message) and the model server's list
+//! (for `/model`). However many callers ask meanwhile, it is read at most once per
+//! its age:
 //! - **one read at a time**: callers that find the copy stale together wait for one
-//!   read instead of each sending its own (a burst of callers would otherwise take a
-//!   pooled connection each, opening connections the process then keeps), and share
-//!   its answer, a failure too (a database that hangs fails them after one read's
-//!   deadline, not one deadline per caller in turn);
-//! - **a forgotten copy stays forgotten**: a decision this process records makes the
-//!   copy stale at once, and a read that started before the decision (and may have
-//!   missed it) does not put its answer back as fresh.
+//!   read instead of each sending its own (a burst of callers would otherwise each
+//!   take a pooled connection, opening connections the process then keeps, or each
+//!   ask the model server), and share its answer, a failure too (a source that hangs
+//!   fails them after one read's deadline, not one deadline per caller in turn);
+//! - **a forgotten copy stays forgotten**: [`Refreshed::forget`] (a decision this
+//!   process just recorded) makes the copy stale at once, and a read that started
+//!   before it (and may have missed the decision) does not put its answer back as
+//!   fresh.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::access::AccessRule;
-use crate::store::StoreError;
-
-/// The copy, and the one read that refreshes it.
-#[derive(Default)]
-pub(super) struct AccessRules {
-    copy: Mutex<Copy>,
-    /// Held by the caller reading the store; the others wait on it, then find the
-    /// copy fresh.
+/// The copy, and the one read that refreshes it. `E` is the read's error, shared by
+/// the callers that waited for it.
+pub(super) struct Refreshed<T, E> {
+    kept: Mutex<Kept<T, E>>,
+    /// Held by the caller reading; the others wait on it, then find the copy fresh
+    /// (or the read failed).
     reading: tokio::sync::Mutex<()>,
 }
 
-#[derive(Default)]
-struct Copy {
-    /// The rules and when the read that found them started.
-    read: Option<(Instant, Arc<Vec<AccessRule>>)>,
-    /// Bumped by [`AccessRules::forget`]: a read answers only for the generation it
+struct Kept<T, E> {
+    /// The value and when the read that found it started.
+    read: Option<(Instant, Arc<T>)>,
+    /// Bumped by [`Refreshed::forget`]: a read answers only for the generation it
     /// started in.
     generation: u64,
     /// Reads finished, and the last one's failure: a caller that waited while a
     /// read failed answers with that failure.
     reads: u64,
-    failed: Option<StoreError>,
+    failed: Option<E>,
 }
 
-impl AccessRules {
-    /// The rules, read again (by `read`: the store's) when the copy is older than
-    /// `max_age` or forgotten.
+impl<T, E> Default for Refreshed<T, E> {
+    fn default() -> Self {
+        Refreshed {
+            kept: Mutex::new(Kept {
+                read: None,
+                generation: 0,
+                reads: 0,
+                failed: None,
+            }),
+            reading: tokio::sync::Mutex::new(()),
+        }
+    }
+}
+
+impl<T, E: Clone> Refreshed<T, E> {
+    /// The value, read again (by `read`) when the copy is older than `max_age` or
+    /// forgotten.
     pub(super) async fn get<R>(
         &self,
         max_age: Duration,
         read: impl FnOnce() -> R,
-    ) -> Result<Arc<Vec<AccessRule>>, StoreError>
+    ) -> Result<Arc<T>, E>
     where
-        R: Future<Output = Result<Vec<AccessRule>, StoreError>>,
+        R: Future<Output = Result<T, E>>,
     {
         let reads = {
-            let copy = self.copy();
-            if let Some(rules) = copy.fresh(max_age) {
-                return Ok(rules);
+            let kept = self.kept();
+            if let Some(value) = kept.fresh(max_age) {
+                return Ok(value);
             }
-            copy.reads
+            kept.reads
         };
         let _reading = self.reading.lock().await;
         let generation = {
-            let copy = self.copy();
+            let kept = self.kept();
             // Someone else's read finished while this caller waited: its answer.
-            if let Some(rules) = copy.fresh(max_age) {
-                return Ok(rules);
+            if let Some(value) = kept.fresh(max_age) {
+                return Ok(value);
             }
-            if copy.reads != reads
-                && let Some(failed) = &copy.failed
+            if kept.reads != reads
+                && let Some(failed) = &kept.failed
             {
                 return Err(failed.clone());
             }
-            copy.generation
+            kept.generation
         };
         let started = Instant::now();
         let read = read().await;
-        let mut copy = self.copy();
-        copy.reads += 1;
+        let mut kept = self.kept();
+        kept.reads += 1;
         match read {
-            Ok(rules) => {
-                let rules = Arc::new(rules);
-                copy.failed = None;
-                if copy.generation == generation {
-                    copy.read = Some((started, rules.clone()));
+            Ok(value) => {
+                let value = Arc::new(value);
+                kept.failed = None;
+                if kept.generation == generation {
+                    kept.read = Some((started, value.clone()));
                 }
-                Ok(rules)
+                Ok(value)
             }
             Err(failed) => {
-                copy.failed = Some(failed.clone());
+                kept.failed = Some(failed.clone());
                 Err(failed)
             }
         }
     }
 
-    /// Make the copy stale (this process just recorded a decision).
+    /// Make the copy stale (this process just changed what it holds).
     pub(super) fn forget(&self) {
-        let mut copy = self.copy();
-        copy.read = None;
-        copy.generation += 1;
+        let mut kept = self.kept();
+        kept.read = None;
+        kept.generation += 1;
     }
 
-    fn copy(&self) -> std::sync::MutexGuard<'_, Copy> {
-        self.copy.lock().expect("access rules copy")
+    fn kept(&self) -> MutexGuard<'_, Kept<T, E>> {
+        self.kept.lock().expect("refreshed copy")
     }
 }
 
-impl Copy {
-    fn fresh(&self, max_age: Duration) -> Option<Arc<Vec<AccessRule>>> {
+impl<T, E> Kept<T, E> {
+    fn fresh(&self, max_age: Duration) -> Option<Arc<T>> {
         match &self.read {
-            Some((read_at, rules)) if read_at.elapsed() < max_age => Some(rules.clone()),
+            Some((read_at, value)) if read_at.elapsed() < max_age => Some(value.clone()),
             _ => None,
         }
     }
@@ -117,8 +128,11 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
-    use crate::access::{Subject, SubjectKind};
+    use crate::access::{AccessRule, Subject, SubjectKind};
     use crate::domain::{Platform, Timestamp};
+    use crate::store::StoreError;
+
+    type AccessRules = Refreshed<Vec<AccessRule>, StoreError>;
 
     const AGE: Duration = Duration::from_secs(60);
 

@@ -227,12 +227,20 @@ impl PostgresStore {
         let fixed: Vec<Option<i64>> = calls.iter().map(|c| c.fixed).collect();
         let wait_min: Vec<i64> = calls.iter().map(|c| c.wait_min).collect();
         let wait_max: Vec<i64> = calls.iter().map(|c| c.wait_max).collect();
+        // The two ways of storing a group take the same arguments and answer alike.
+        macro_rules! group_call {
+            ($function:literal) => {
+                concat!(
+                    "SELECT o_index, o_conversation, o_version, o_due_at, o_now FROM ",
+                    $function,
+                    "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
+                )
+            };
+        }
         let sql = if calls.len() < SETS_FROM {
-            "SELECT o_index, o_conversation, o_version, o_due_at, o_now FROM lull_ingest_rows(
-                 $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
+            group_call!("lull_ingest_rows")
         } else {
-            "SELECT o_index, o_conversation, o_version, o_due_at, o_now FROM lull_ingest_many(
-                 $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
+            group_call!("lull_ingest_many")
         };
         let rows = statement!(self, Operation::Intake, TOGETHER, |client| {
             async {

@@ -47,6 +47,16 @@ impl Bots {
     }
 
     async fn start(&self, name: &str, extra: &[(&str, &str)]) -> LullProcess {
+        self.start_unsetting(name, extra, &[]).await
+    }
+
+    /// [`Bots::start`], with the variables `unset` left out.
+    async fn start_unsetting(
+        &self,
+        name: &str,
+        extra: &[(&str, &str)],
+        unset: &[&str],
+    ) -> LullProcess {
         let mut env = vec![
             ("DATABASE_URL", format!("sqlite:{}", self.db().display())),
             ("LULL_WEBHOOK_URL", self.webhook.url.clone()),
@@ -60,6 +70,7 @@ impl Bots {
             ("RUST_LOG", "debug".into()),
         ];
         env.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
+        env.retain(|(k, _)| !unset.contains(k));
         let mut lull = LullProcess::start(self.dir.path(), name, &["run"], &env);
         lull.wait_healthy(SECS(20)).await;
         lull
@@ -137,6 +148,32 @@ async fn until<T>(what: &str, mut found: impl FnMut() -> Option<T>) -> T {
         assert!(Instant::now() < deadline, "no {what} within 15 s");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// Without `LULL_MODELS`, `/model` lists the model server's models. A list the
+/// server fails (a 500) is said to the user and not kept: the next `/model` asks
+/// again and lists; a list it gave is kept, so a third `/model` asks nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_list_the_server_fails_is_said_and_asked_for_again() {
+    let b = Bots::new().await;
+    b.model.fail_model_lists(&[500]);
+    let lull = b.start_unsetting("lull", &[], &["LULL_MODELS"]).await;
+    b.say(&lull, "m1", "1", "/model").await;
+    let failed = b.wait_text("m1", "can't list the models").await;
+    assert!(!failed.text.contains("sk-controls-test"), "{}", failed.text);
+    b.say(&lull, "m1", "2", "/model").await;
+    b.wait_text("m1", "fake-model").await;
+    b.say(&lull, "m1", "3", "/model").await;
+    until("the second list", || {
+        let lists = b.webhook.received().into_iter();
+        (lists
+            .filter(|r| r.conversation == "m1" && r.text.contains("fake-model"))
+            .count()
+            == 2)
+            .then_some(())
+    })
+    .await;
+    assert_eq!(b.model.model_lists(), 2, "{}", lull.logs());
 }
 
 /// `/model NAME` changes the model the server receives for that conversation only; the

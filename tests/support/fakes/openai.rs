@@ -29,7 +29,6 @@
 //! delay; every call is recorded (model, file bytes).
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -250,6 +249,10 @@ struct Inner {
     transcriptions: Mutex<Vec<(String, Vec<u8>)>>,
     /// The model list has no `created` (as `llama-cpp-python`'s).
     models_without_created: std::sync::atomic::AtomicBool,
+    /// Statuses the next model-list requests answer, in order (then the list).
+    model_list_failures: Mutex<std::collections::VecDeque<u16>>,
+    /// Model-list requests received.
+    model_lists: std::sync::atomic::AtomicUsize,
 }
 
 pub struct FakeOpenAi {
@@ -302,6 +305,23 @@ impl FakeOpenAi {
         self.inner
             .models_without_created
             .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Answer the next model-list requests (`GET /models`) with these error
+    /// statuses, in order.
+    pub fn fail_model_lists(&self, statuses: &[u16]) {
+        self.inner
+            .model_list_failures
+            .lock()
+            .unwrap()
+            .extend(statuses.iter().copied());
+    }
+
+    /// Model-list requests received so far.
+    pub fn model_lists(&self) -> usize {
+        self.inner
+            .model_lists
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Answer the next transcription requests with these error statuses, in order.
@@ -937,18 +957,26 @@ fn stream_tool_calls(inner: &Arc<Inner>, body: &Value, calls: Vec<Value>) -> Res
         .into_response()
 }
 
-async fn models(State(inner): State<Arc<Inner>>) -> Result<axum::Json<Value>, Infallible> {
+async fn models(State(inner): State<Arc<Inner>>) -> Response {
+    inner
+        .model_lists
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    if let Some(status) = inner.model_list_failures.lock().unwrap().pop_front() {
+        return error(status, "the fake fails this model list");
+    }
     if inner
         .models_without_created
         .load(std::sync::atomic::Ordering::SeqCst)
     {
-        return Ok(axum::Json(json!({
+        return axum::Json(json!({
             "object": "list",
             "data": [{ "id": "fake-model", "object": "model", "owned_by": "me", "permissions": [] }]
-        })));
+        }))
+        .into_response();
     }
-    Ok(axum::Json(json!({
+    axum::Json(json!({
         "object": "list",
         "data": [{ "id": "fake-model", "object": "model", "created": 0, "owned_by": "fake" }]
-    })))
+    }))
+    .into_response()
 }

@@ -84,7 +84,7 @@ async fn counter_test(database: Option<String>) {
 }
 
 /// The same run on PostgreSQL (three processes on one database of a cluster of this
-/// test's own), and the server restarted halfway (`pg_ctl stop -m fast`, down for
+/// test's own), and the server restarted halfway (a fast shutdown, down for
 /// [`stress::SERVER_DOWN`], started again) between the two kills, while rounds hold
 /// leases: every connection drops, ingest is refused until the server is back, renewals
 /// and commits fail mid-round. Still no message answered twice, none lost, every reply

@@ -200,20 +200,34 @@ pub fn open(path: &Path) -> Connection {
 /// process would) and hold it for `hold` on a thread of its own; returns once the lock
 /// is held.
 pub fn hold_write_lock(path: &Path, hold: std::time::Duration) {
+    assert!(
+        try_hold_write_lock(path, hold, std::time::Duration::from_secs(30)),
+        "the write lock not taken within 30 s"
+    );
+}
+
+/// [`hold_write_lock`], waiting at most `wait` for the lock: `false` (nothing held) if
+/// other writers kept it longer.
+pub fn try_hold_write_lock(
+    path: &Path,
+    hold: std::time::Duration,
+    wait: std::time::Duration,
+) -> bool {
     let path = path.to_owned();
     let (locked, is_locked) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let conn = Connection::open(&path).expect("open db");
-        conn.busy_timeout(std::time::Duration::from_secs(30))
-            .unwrap();
-        conn.execute_batch("BEGIN IMMEDIATE")
-            .expect("take the write lock");
-        locked.send(()).unwrap();
+        conn.busy_timeout(wait).unwrap();
+        if conn.execute_batch("BEGIN IMMEDIATE").is_err() {
+            locked.send(false).unwrap();
+            return;
+        }
+        locked.send(true).unwrap();
         std::thread::sleep(hold);
         conn.execute_batch("COMMIT")
             .expect("give the write lock back");
     });
-    is_locked.recv().expect("the lock taken");
+    is_locked.recv().expect("the lock taken or not")
 }
 
 pub fn replies(db: &(impl Database + ?Sized)) -> Vec<ReplyRow> {

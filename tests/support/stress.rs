@@ -132,6 +132,18 @@ pub const RESTART_TTL_MS: u64 = 4800;
 /// receiver holds the write lock: past the one, within the lease's TTL.
 const BUSY_TIMEOUT_MS: u64 = 700;
 const LOCK_HELD: Duration = Duration::from_millis(1200);
+/// How long the receiver waits for the write lock before letting a reply go without
+/// it: far within [`SEEN_WITHIN`].
+const LOCK_WAIT: Duration = Duration::from_millis(100);
+/// An acceptance answered later than this after its request arrived is not taken as
+/// seen by lull. lull gives up at [`WEBHOOK_TIMEOUT_MS`] counted from before the
+/// request arrived, and a sender at its limit can miss an answer that came a little
+/// earlier (reqwest looks at its deadline before the response; a process off the CPU
+/// then reads both at once); nor is the handler always dropped the moment the sender
+/// hangs up. So an answer near the limit says nothing about what lull saw, and its
+/// second delivery is the at-least-once retry receivers deduplicate, not a fact lull
+/// forgot.
+const SEEN_WITHIN: Duration = Duration::from_millis(WEBHOOK_TIMEOUT_MS / 2);
 
 impl StressPlan {
     /// The short run CI does on every submission.
@@ -179,9 +191,13 @@ pub struct StressReport {
     pub token_regressions: usize,
     /// Replies whose text is not exactly the messages they claim to cover.
     pub text_mismatches: usize,
-    /// Replies lull saw accepted more than once with no kill between: a delivery it
-    /// failed to record (a dropped sent-mark, a send past its lease).
+    /// Replies lull saw accepted (answered within [`SEEN_WITHIN`]) and delivered again
+    /// with no kill between: a delivery it failed to record (a dropped sent-mark, a
+    /// send past its lease).
     pub double_deliveries: usize,
+    /// Acceptances answered too late after their request to be taken as seen by lull
+    /// (near its time limit): not counted as deliveries it saw.
+    pub late_answers: usize,
     /// Times the receiver held the write lock right after accepting a reply.
     pub locks_after_accept: usize,
     /// Kills of a process while the webhook had rate limited one of its deliveries.
@@ -192,6 +208,9 @@ pub struct StressReport {
     pub doubled: Vec<String>,
     /// The disruptions, when (for the failure message).
     pub events: Vec<String>,
+    /// For each double delivery: every POST of the reply and the log lines naming it
+    /// (for the failure message).
+    pub traces: Vec<String>,
     /// The same reply POSTed again after a kill between the POST and recording it
     /// (receivers deduplicate on `reply_id`).
     pub redeliveries: usize,
@@ -244,6 +263,9 @@ impl fmt::Display for StressReport {
             self.text_mismatches,
             self.elapsed.as_secs_f64()
         )?;
+        if self.late_answers > 0 {
+            write!(f, " late_answers={}", self.late_answers)?;
+        }
         if self.path_freezes > 0 {
             write!(f, " path_freezes={}", self.path_freezes)?;
         }
@@ -254,6 +276,9 @@ impl fmt::Display for StressReport {
                 self.doubled.join("; "),
                 self.events.join("; ")
             )?;
+            for trace in &self.traces {
+                write!(f, "\n{trace}")?;
+            }
         }
         if self.server_restarts > 0 {
             write!(
@@ -295,7 +320,7 @@ pub async fn run(plan: &StressPlan) -> StressReport {
         ("LULL_MAX_WAIT_MS", plan.max_wait_ms.to_string()),
         ("LULL_LEASE_TTL_MS", plan.lease_ttl_ms.to_string()),
         ("LULL_POLL_MS", plan.poll_ms.to_string()),
-        ("RUST_LOG", "warn".into()),
+        ("RUST_LOG", "warn,lull_core::dispatcher=debug".into()),
     ];
     if !plan.leases {
         env.push(("LULL_TEST_DISABLE_LEASE", "1".into()));
@@ -425,6 +450,7 @@ pub async fn run(plan: &StressPlan) -> StressReport {
         .collect();
     let doubled = double_deliveries(&webhook, &breaks);
     report.double_deliveries = doubled.len();
+    report.late_answers = late_answers(&webhook);
     let at = |t: Instant| t.duration_since(started).as_secs_f64();
     report.doubled = doubled
         .iter()
@@ -435,6 +461,10 @@ pub async fn run(plan: &StressPlan) -> StressReport {
                 at(*second)
             )
         })
+        .collect();
+    report.traces = doubled
+        .iter()
+        .map(|(reply, _, _)| trace_of(*reply, &webhook, &processes, &db_path, started))
         .collect();
     report.events = disrupted
         .kill_times
@@ -582,7 +612,7 @@ impl AfterAccept {
         {
             // Down before the answer goes out: the write recording it fails.
             let stopped = Instant::now();
-            cluster.stop();
+            cluster.stop_at_once();
             let me = self.clone();
             std::thread::spawn(move || {
                 std::thread::sleep(SERVER_DOWN);
@@ -609,10 +639,17 @@ impl AfterAccept {
         if self
             .locks_left
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
+            .is_err()
         {
-            db::hold_write_lock(path, LOCK_HELD);
+            return;
+        }
+        // Taken at once or not at all: an answer held back while other writers keep
+        // the lock would reach lull near its time limit, where lull may not see it.
+        if db::try_hold_write_lock(path, LOCK_HELD, LOCK_WAIT) {
             self.locks.fetch_add(1, Ordering::SeqCst);
+        } else {
+            self.locks_left.fetch_add(1, Ordering::SeqCst);
+            *self.locked_until.lock().unwrap() = Instant::now();
         }
     }
 }
@@ -748,30 +785,92 @@ fn holder_of(db_path: &db::Location, key: &str) -> Option<u32> {
     live_holder_pids(db_path, Some(key)).into_iter().next()
 }
 
-/// Replies lull saw accepted more than once (the webhook answered 2xx to a sender
-/// still waiting) with no break (a kill, a silent path: `breaks`, as intervals) between
-/// the two: each such second acceptance is a delivery that was made and then forgotten.
-/// (reply, first acceptance, second).
+/// Replies lull saw accepted and then delivered again, with no break (a kill, a silent
+/// path: `breaks`, as intervals) between the two: each such later acceptance is a
+/// delivery that was made and then forgotten. Seen: answered 2xx within
+/// [`SEEN_WITHIN`] of the request's arrival; the later acceptance counts whenever it
+/// was answered. (reply, first acceptance, later one.)
 fn double_deliveries(
     webhook: &Webhook,
     breaks: &[(Instant, Instant)],
 ) -> Vec<(i64, Instant, Instant)> {
-    let mut by_reply: BTreeMap<i64, Vec<Instant>> = BTreeMap::new();
+    let mut by_reply: BTreeMap<i64, Vec<(Instant, bool)>> = BTreeMap::new();
     for answered in webhook.answered() {
         by_reply
             .entry(answered.reply_id)
             .or_default()
-            .push(answered.at);
+            .push((answered.at, answered.took < SEEN_WITHIN));
     }
     by_reply
         .iter()
-        .flat_map(|(reply, times)| times.windows(2).map(move |pair| (*reply, pair[0], pair[1])))
+        .flat_map(|(reply, times)| {
+            times
+                .windows(2)
+                .filter(|pair| pair[0].1)
+                .map(move |pair| (*reply, pair[0].0, pair[1].0))
+        })
         .filter(|(_, first, second)| {
             !breaks
                 .iter()
                 .any(|(from, to)| *from <= *second && *to >= *first)
         })
         .collect()
+}
+
+/// Acceptances answered too late to be taken as seen by lull (see [`SEEN_WITHIN`]).
+fn late_answers(webhook: &Webhook) -> usize {
+    webhook
+        .answered()
+        .iter()
+        .filter(|a| a.took >= SEEN_WITHIN)
+        .count()
+}
+
+/// What happened to reply `reply`: every POST of it (when, its webhook id) and every
+/// line any process logged naming its outbox row or its conversation.
+fn trace_of(
+    reply: i64,
+    webhook: &Webhook,
+    processes: &[AsyncMutex<LullProcess>],
+    db_path: &db::Location,
+    started: Instant,
+) -> String {
+    let at = |t: Instant| t.duration_since(started).as_secs_f64();
+    let conversation = db::count(
+        db_path,
+        &format!("SELECT conversation_id FROM outbox WHERE id = {reply}"),
+    );
+    let mut out = format!("  reply {reply}:");
+    for request in webhook.request_log() {
+        let Ok(body) = serde_json::from_slice::<serde_json::Value>(&request.body) else {
+            continue;
+        };
+        if body["reply_id"].as_i64() != Some(reply) {
+            continue;
+        }
+        out += &format!(
+            "\n    POST at {:.2}s, webhook-id {}",
+            at(request.at),
+            request.webhook_id.as_deref().unwrap_or("-")
+        );
+    }
+    let names = [
+        format!("outbox={reply} "),
+        format!("conversation={conversation} "),
+        format!("conversation/{conversation} "),
+    ];
+    for process in processes {
+        let Ok(process) = process.try_lock() else {
+            continue;
+        };
+        for line in process.logs().lines() {
+            let line = format!("{line} ");
+            if names.iter().any(|name| line.contains(name)) {
+                out += &format!("\n    {}: {}", process.name, line.trim_end());
+            }
+        }
+    }
+    out
 }
 
 /// Around an outage from `stopped` to `back`: how many acknowledged messages were

@@ -48,14 +48,19 @@ struct Payload {
     kind: String,
 }
 
-/// A 2xx the webhook answered to a sender still waiting for it: the sender saw the
-/// reply accepted. A sender that gave up first (lull's time limit, a lost lease) closes
-/// the connection, the handler is dropped, and no answer is recorded.
+/// A 2xx the webhook answered on a connection still open. A sender that gave up long
+/// before (lull's time limit, a lost lease) closed the connection, its handler was
+/// dropped, and no answer is recorded. Near the sender's time limit the two race: the
+/// handler is not always dropped the moment the sender hangs up, and a sender can miss
+/// an answer that came just before its limit. Only an answer well within the limit
+/// (`took`) says the sender saw the reply accepted.
 #[derive(Debug, Clone)]
 pub struct Answered {
     pub reply_id: i64,
     pub conversation: String,
     pub at: Instant,
+    /// From the request's arrival to this answer.
+    pub took: Duration,
 }
 
 /// Run before a reply accepted at once is answered (on a blocking thread), e.g. to take
@@ -206,12 +211,13 @@ impl Webhook {
         *self.inner.before_answer.lock().unwrap() = Some(hook);
     }
 
-    /// Every 2xx answered to a sender still waiting, in order (see [`Answered`]).
+    /// Every 2xx answered on a connection still open, in order (see [`Answered`]).
     pub fn answered(&self) -> Vec<Answered> {
         self.inner.answered.lock().unwrap().clone()
     }
 
-    /// How many times the sender saw reply `reply_id` accepted.
+    /// How many times reply `reply_id` was answered 2xx on an open connection: how many
+    /// times the sender saw it accepted, when no answer came near its time limit.
     pub fn times_answered(&self, reply_id: i64) -> usize {
         self.answered()
             .iter()
@@ -376,6 +382,7 @@ async fn receive(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
+    let arrived = Instant::now();
     inner.in_flight.fetch_add(1, Ordering::SeqCst);
     let _in_flight = InFlight(inner.clone());
     let webhook_id = header(&headers, "webhook-id");
@@ -441,6 +448,7 @@ async fn receive(
             reply_id: received.reply_id,
             conversation: received.conversation.clone(),
             at: Instant::now(),
+            took: arrived.elapsed(),
         });
         inner.changed.notify_waiters();
         StatusCode::OK.into_response()

@@ -16,11 +16,11 @@
 //! write lock past the busy timeout a few times; on PostgreSQL the server restart comes
 //! right after a reply was accepted, and one replica's path to the database goes silent
 //! for a while ([`StressPlan::freeze_path`]); kills land in the middle of rate-limit
-//! waits. At
-//! the end the checker compares what the webhook received and what the database holds
-//! against the invariants: no message covered twice, none uncovered, every reply fresh
-//! (or forced by the cap), fencing tokens only growing, and no reply seen accepted
-//! twice by lull unless a kill fell between (a delivered part is a fact).
+//! waits. At the end the checker compares what the webhook received and what the
+//! database holds against the invariants: no message covered twice, none uncovered,
+//! every reply fresh (or forced by the cap), fencing tokens only growing, and no reply
+//! sent again once lull saw it accepted, unless a kill fell between (a delivered part
+//! is a fact).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -191,9 +191,9 @@ pub struct StressReport {
     pub token_regressions: usize,
     /// Replies whose text is not exactly the messages they claim to cover.
     pub text_mismatches: usize,
-    /// Replies lull saw accepted (answered within [`SEEN_WITHIN`]) and delivered again
-    /// with no kill between: a delivery it failed to record (a dropped sent-mark, a
-    /// send past its lease).
+    /// Replies lull saw accepted (answered within [`SEEN_WITHIN`]) and sent again with
+    /// no kill between: a delivery it failed to record (a dropped sent-mark, a send
+    /// past its lease).
     pub double_deliveries: usize,
     /// Acceptances answered too late after their request to be taken as seen by lull
     /// (near its time limit): not counted as deliveries it saw.
@@ -456,7 +456,7 @@ pub async fn run(plan: &StressPlan) -> StressReport {
         .iter()
         .map(|(reply, first, second)| {
             format!(
-                "reply {reply} accepted at {:.2}s and {:.2}s",
+                "reply {reply} accepted at {:.2}s and sent again at {:.2}s",
                 at(*first),
                 at(*second)
             )
@@ -785,36 +785,43 @@ fn holder_of(db_path: &db::Location, key: &str) -> Option<u32> {
     live_holder_pids(db_path, Some(key)).into_iter().next()
 }
 
-/// Replies lull saw accepted and then delivered again, with no break (a kill, a silent
-/// path: `breaks`, as intervals) between the two: each such later acceptance is a
-/// delivery that was made and then forgotten. Seen: answered 2xx within
-/// [`SEEN_WITHIN`] of the request's arrival; the later acceptance counts whenever it
-/// was answered. (reply, first acceptance, later one.)
+/// Replies lull saw accepted and then sent again, with no break (a kill, a silent
+/// path: `breaks`, as intervals) between the two: each such later POST, whatever the
+/// receiver answered it, is a delivery that was made and then forgotten. Seen:
+/// answered 2xx within [`SEEN_WITHIN`] of the request's arrival. (reply, the seen
+/// acceptance, the next POST of the reply.)
 fn double_deliveries(
     webhook: &Webhook,
     breaks: &[(Instant, Instant)],
 ) -> Vec<(i64, Instant, Instant)> {
-    let mut by_reply: BTreeMap<i64, Vec<(Instant, bool)>> = BTreeMap::new();
-    for answered in webhook.answered() {
-        by_reply
-            .entry(answered.reply_id)
-            .or_default()
-            .push((answered.at, answered.took < SEEN_WITHIN));
-    }
-    by_reply
+    let posts: Vec<(i64, Instant)> = webhook
+        .request_log()
         .iter()
-        .flat_map(|(reply, times)| {
-            times
-                .windows(2)
-                .filter(|pair| pair[0].1)
-                .map(move |pair| (*reply, pair[0].0, pair[1].0))
+        .filter_map(|request| Some((reply_of(request)?, request.at)))
+        .collect();
+    webhook
+        .answered()
+        .into_iter()
+        .filter(|seen| seen.took < SEEN_WITHIN)
+        .filter_map(|seen| {
+            let again = posts
+                .iter()
+                .filter(|(reply, at)| *reply == seen.reply_id && *at > seen.at)
+                .map(|(_, at)| *at)
+                .min()?;
+            Some((seen.reply_id, seen.at, again))
         })
-        .filter(|(_, first, second)| {
+        .filter(|(_, first, again)| {
             !breaks
                 .iter()
-                .any(|(from, to)| *from <= *second && *to >= *first)
+                .any(|(from, to)| *from <= *again && *to >= *first)
         })
         .collect()
+}
+
+/// The reply a POST delivers, if its body says.
+fn reply_of(request: &super::fakes::webhook::Request) -> Option<i64> {
+    serde_json::from_slice::<serde_json::Value>(&request.body).ok()?["reply_id"].as_i64()
 }
 
 /// Acceptances answered too late to be taken as seen by lull (see [`SEEN_WITHIN`]).
@@ -842,10 +849,7 @@ fn trace_of(
     );
     let mut out = format!("  reply {reply}:");
     for request in webhook.request_log() {
-        let Ok(body) = serde_json::from_slice::<serde_json::Value>(&request.body) else {
-            continue;
-        };
-        if body["reply_id"].as_i64() != Some(reply) {
+        if reply_of(&request) != Some(reply) {
             continue;
         }
         out += &format!(

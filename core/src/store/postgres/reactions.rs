@@ -1,4 +1,8 @@
 //! The reactions area on PostgreSQL: one ack reaction per pending burst.
+//!
+//! Each call is one statement, its own transaction: one round trip. A claim is made
+//! for every message stored while its reply waits (on platforms with reactions), so
+//! BEGIN and COMMIT around it would triple what a message costs beside its ingest.
 
 use async_trait::async_trait;
 
@@ -11,35 +15,40 @@ use crate::store::{ReactionStore, StoreError};
 #[async_trait]
 impl ReactionStore for PostgresStore {
     async fn claim_ack(&self, asked: AckOf<'_>) -> Result<bool, StoreError> {
-        transaction!(self, Operation::Other, "claiming an ack reaction", |tx| {
-            async {
-                // Once per burst: unique on (conversation, answered_version), and only
-                // for a message still pending; a concurrent claim of the same burst
-                // waits for this one's commit and then inserts nothing.
-                let claimed = execute(
-                    &tx,
-                    "INSERT INTO acks (conversation_id, burst, platform_message_id)
+        statement!(
+            self,
+            Operation::Other,
+            "claiming an ack reaction",
+            |client| {
+                async {
+                    // Once per burst: unique on (conversation, answered_version), and only
+                    // for a message still pending; a concurrent claim of the same burst
+                    // waits for this one's commit and then inserts nothing.
+                    let claimed = execute(
+                        client,
+                        "INSERT INTO acks (conversation_id, burst, platform_message_id)
                      SELECT c.id, c.answered_version, $2::text FROM conversations c
                      WHERE c.id = $1 AND EXISTS (
                          SELECT 1 FROM messages m
                          WHERE m.conversation_id = c.id AND m.platform_message_id = $2::text
                            AND m.version > c.answered_version)
                      ON CONFLICT (conversation_id, burst) DO NOTHING",
-                    &[&asked.conversation.0, &asked.message_id],
-                    "claiming an ack reaction",
-                )
-                .await?;
-                Ok(claimed == 1)
+                        &[&asked.conversation.0, &asked.message_id],
+                        "claiming an ack reaction",
+                    )
+                    .await?;
+                    Ok(claimed == 1)
+                }
+                .await
             }
-            .await
-        })
+        )
     }
 
     async fn ack_open(&self, asked: AckOf<'_>) -> Result<bool, StoreError> {
-        transaction!(self, Operation::Read, "reading an ack reaction", |tx| {
+        statement!(self, Operation::Read, "reading an ack reaction", |client| {
             async {
                 let rows = query(
-                    &tx,
+                    client,
                     "SELECT 1 FROM acks WHERE conversation_id = $1 AND platform_message_id = $2",
                     &[&asked.conversation.0, &asked.message_id],
                     "reading an ack reaction",
@@ -53,11 +62,11 @@ impl ReactionStore for PostgresStore {
 
     async fn take_acks(&self, taking: AcksCovered<'_>) -> Result<Vec<String>, StoreError> {
         let covers = taking.covers.to_vec();
-        transaction!(self, Operation::Other, "taking ack reactions", |tx| {
+        statement!(self, Operation::Other, "taking ack reactions", |client| {
             async {
                 // Cleared once: each row goes to the one caller that deletes it.
                 let rows = query(
-                    &tx,
+                    client,
                     "DELETE FROM acks WHERE conversation_id = $1 AND platform_message_id = ANY($2)
                      RETURNING platform_message_id",
                     &[&taking.conversation.0, &covers],

@@ -60,6 +60,7 @@ pub mod domain;
 pub mod limits;
 pub mod llm;
 pub mod metrics;
+pub mod refreshed;
 pub mod rhythm;
 pub mod store;
 mod switches;

@@ -15,8 +15,9 @@
 mod page;
 
 use std::collections::BTreeMap;
+use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -28,10 +29,10 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use secrecy::{ExposeSecret, SecretString};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
-use tokio::sync::Mutex;
 
 use lull_core::clock::Clock;
 use lull_core::domain::HolderId;
+use lull_core::refreshed::Refreshed;
 use lull_core::store::{Store, StoreStatus};
 use lull_core::tools::ServerState;
 use lull_port::health::Health;
@@ -102,7 +103,8 @@ struct Inner {
     /// The MCP servers' state, asked at each read (`None`: no tools in this build or
     /// process; the page then shows no MCP section).
     mcp_servers: Option<McpServers>,
-    cache: Mutex<Option<(Instant, Arc<Snapshot>)>>,
+    /// The snapshot as last read, read again once older than [`CACHE_TTL`].
+    cache: Refreshed<Snapshot, Infallible>,
 }
 
 /// What the page and `/api/status` show: one moment's numbers.
@@ -153,7 +155,7 @@ impl StatusPage {
                 access,
                 holder,
                 mcp_servers,
-                cache: Mutex::new(None),
+                cache: Refreshed::default(),
             }),
         }
     }
@@ -170,15 +172,15 @@ impl StatusPage {
     /// The snapshot, read again when the kept one is older than [`CACHE_TTL`]. Callers
     /// arriving meanwhile wait for that one read instead of starting their own.
     async fn snapshot(&self) -> Arc<Snapshot> {
-        let mut cache = self.inner.cache.lock().await;
-        if let Some((at, snapshot)) = cache.as_ref()
-            && at.elapsed() < CACHE_TTL
-        {
-            return snapshot.clone();
+        let read = self
+            .inner
+            .cache
+            .get(CACHE_TTL, || async { Ok(self.read().await) })
+            .await;
+        match read {
+            Ok(snapshot) => snapshot,
+            Err(never) => match never {},
         }
-        let snapshot = Arc::new(self.read().await);
-        *cache = Some((Instant::now(), snapshot.clone()));
-        snapshot
     }
 
     async fn read(&self) -> Snapshot {

@@ -48,7 +48,6 @@ mod lease_keeper;
 mod not_stored;
 mod notices;
 mod overheard;
-mod refreshed;
 mod round;
 mod scheduler;
 mod sessions;
@@ -75,6 +74,7 @@ use crate::domain::{HolderId, Platform, Timestamp};
 use crate::limits::Limits;
 use crate::llm::transcribe::Transcriber;
 use crate::llm::{HistoryBudget, Responder};
+use crate::refreshed::Refreshed;
 use crate::store::{RecentQuery, Store, StoreError, Typing};
 use crate::timing::{LeaseTiming, TimerPolicy};
 use crate::tools::{ToolSettings, Toolbox};
@@ -308,10 +308,10 @@ pub struct Dispatcher {
     /// The admins' run-time access decisions as last read: read again once older than
     /// `poll_every` (so a decision taken in another process counts here within that),
     /// and at once after this process recorded one.
-    access_rules: refreshed::Refreshed<Vec<AccessRule>, StoreError>,
+    access_rules: Refreshed<Vec<AccessRule>, StoreError>,
     /// The server's model list as last read, for `/model` (`controls`): read again
     /// once older than `controls::MODEL_LIST_TTL`. `Err`: why there is none.
-    models: refreshed::Refreshed<Vec<String>, String>,
+    models: Refreshed<Vec<String>, String>,
 }
 
 impl Dispatcher {
@@ -343,8 +343,8 @@ impl Dispatcher {
             sleeping_until: AtomicI64::new(i64::MAX),
             events,
             events_emitted: std::sync::atomic::AtomicU64::new(0),
-            access_rules: refreshed::Refreshed::default(),
-            models: refreshed::Refreshed::default(),
+            access_rules: Refreshed::default(),
+            models: Refreshed::default(),
         })
     }
 

@@ -1,7 +1,7 @@
 //! A value read from elsewhere and kept for a while: the admins' access decisions
-//! (from the store, checked for every inbound message) and the model server's list
-//! (for `/model`). However many callers ask meanwhile, it is read at most once per
-//! its age:
+//! (from the store, checked for every inbound message), the model server's list (for
+//! `/model`) and the status page's snapshot. However many callers ask meanwhile, it
+//! is read at most once per its age:
 //! - **one read at a time**: callers that find the copy stale together wait for one
 //!   read instead of each sending its own (a burst of callers would otherwise each
 //!   take a pooled connection, opening connections the process then keeps, or each
@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 /// The copy, and the one read that refreshes it. `E` is the read's error, shared by
 /// the callers that waited for it.
-pub(super) struct Refreshed<T, E> {
+pub struct Refreshed<T, E> {
     kept: Mutex<Kept<T, E>>,
     /// Held by the caller reading; the others wait on it, then find the copy fresh
     /// (or the read failed).
@@ -53,11 +53,7 @@ impl<T, E> Default for Refreshed<T, E> {
 impl<T, E: Clone> Refreshed<T, E> {
     /// The value, read again (by `read`) when the copy is older than `max_age` or
     /// forgotten.
-    pub(super) async fn get<R>(
-        &self,
-        max_age: Duration,
-        read: impl FnOnce() -> R,
-    ) -> Result<Arc<T>, E>
+    pub async fn get<R>(&self, max_age: Duration, read: impl FnOnce() -> R) -> Result<Arc<T>, E>
     where
         R: Future<Output = Result<T, E>>,
     {
@@ -103,7 +99,7 @@ impl<T, E: Clone> Refreshed<T, E> {
     }
 
     /// Make the copy stale (this process just changed what it holds).
-    pub(super) fn forget(&self) {
+    pub fn forget(&self) {
         let mut kept = self.kept();
         kept.read = None;
         kept.generation += 1;

@@ -414,13 +414,21 @@ pub fn quick_replies(text: &str) -> Vec<lull_port::QuickReply> {
     replies
 }
 
+/// The most models `/model` lists: a server may offer hundreds, and a message with a
+/// button each would be refused by the platform (or fill several messages).
+pub const MODELS_LISTED: usize = 20;
+
 /// What `/model` lists: each model with the command that picks it (one per line,
-/// `/model N: NAME`, which [`pick_replies`] turns into buttons), the one in force marked.
+/// `/model N: NAME`, which [`pick_replies`] turns into buttons), the one in force
+/// marked; at most [`MODELS_LISTED`], the others counted.
 pub fn models_text(models: &[String], in_force: &str) -> String {
     let mut text = format!("This chat uses {in_force}. Pick a model:\n");
-    for (n, model) in (1..).zip(models) {
+    for (n, model) in (1..).zip(models.iter().take(MODELS_LISTED)) {
         let mark = if model == in_force { " (in use)" } else { "" };
         text.push_str(&format!("/model {n}: {model}{mark}\n"));
+    }
+    if models.len() > MODELS_LISTED {
+        text.push_str(&format!("…and {} more.\n", models.len() - MODELS_LISTED));
     }
     text.push_str("Or send /model NAME (/model default: the default).");
     text
@@ -433,10 +441,13 @@ pub fn no_models_text(why: &str) -> String {
 
 /// What `/model NAME` says of a name that is not offered.
 pub fn unknown_model_text(name: &str, models: &[String]) -> String {
-    format!(
-        "There is no model {name} here. The models: {}.",
-        models.join(", ")
-    )
+    let listed = models[..models.len().min(MODELS_LISTED)].join(", ");
+    let more = models.len().saturating_sub(MODELS_LISTED);
+    if more > 0 {
+        format!("There is no model {name} here. The models: {listed}, and {more} more.")
+    } else {
+        format!("There is no model {name} here. The models: {listed}.")
+    }
 }
 
 /// What `/model NAME` or `/persona NAME` answers once applied (`changed: false`: it
@@ -600,6 +611,25 @@ pub fn menus() -> lull_port::Menus {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A server offering hundreds of models: the first MODELS_LISTED are listed, each
+    /// with its button, and the rest counted; an unknown name is answered alike.
+    #[test]
+    fn a_long_model_list_is_cut_and_counted() {
+        let models: Vec<String> = (1..=300).map(|i| format!("model-{i:04}")).collect();
+        let text = models_text(&models, "model-0001");
+        assert_eq!(pick_replies(&text).len(), MODELS_LISTED);
+        assert!(text.contains("/model 20: model-0020\n"), "{text}");
+        assert!(!text.contains("model-0021"), "{text}");
+        assert!(text.contains("…and 280 more."), "{text}");
+        let unknown = unknown_model_text("nope", &models);
+        assert!(unknown.ends_with("model-0020, and 280 more."), "{unknown}");
+        let few = unknown_model_text("nope", &models[..2]);
+        assert_eq!(
+            few,
+            "There is no model nope here. The models: model-0001, model-0002."
+        );
+    }
 
     #[test]
     fn a_list_of_models_gets_one_button_per_pick_each_a_quick_reply() {

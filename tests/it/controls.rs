@@ -176,6 +176,48 @@ async fn a_model_list_the_server_fails_is_said_and_asked_for_again() {
     assert_eq!(b.model.model_lists(), 2, "{}", lull.logs());
 }
 
+/// A model list that never comes is given up after `LULL_LLM_TIMEOUT_MS`, and one
+/// that is not a list (a damaged body) is refused: each is said to the user and not
+/// kept, and the next `/model` asks again and lists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_list_that_hangs_or_is_damaged_is_said_and_asked_for_again() {
+    use crate::support::fakes::openai::ListAnswer;
+    let b = Bots::new().await;
+    b.model
+        .script_model_lists(&[ListAnswer::Hang, ListAnswer::Damaged]);
+    let lull = b
+        .start_unsetting("lull", &[("LULL_LLM_TIMEOUT_MS", "1500")], &["LULL_MODELS"])
+        .await;
+    b.say(&lull, "m1", "1", "/model").await;
+    b.say(&lull, "m2", "1", "/model").await;
+    b.wait_text("m1", "can't list the models").await;
+    b.wait_text("m2", "can't list the models").await;
+    b.say(&lull, "m3", "1", "/model").await;
+    b.wait_text("m3", "fake-model").await;
+    assert_eq!(b.model.model_lists(), 3, "{}", lull.logs());
+}
+
+/// A server offering hundreds of models: `/model` lists the first
+/// `texts::MODELS_LISTED` with a button each and counts the rest, in one short
+/// message; a model past them is still picked by its number.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_model_list_is_cut_to_one_message() {
+    use crate::support::fakes::openai::ListAnswer;
+    let b = Bots::new().await;
+    b.model.script_model_lists(&[ListAnswer::Many(300)]);
+    let lull = b.start_unsetting("lull", &[], &["LULL_MODELS"]).await;
+    b.say(&lull, "m1", "1", "/model").await;
+    let listed = b.wait_text("m1", "…and 280 more.").await;
+    assert!(
+        listed.text.contains("/model 20: model-0020"),
+        "{}",
+        listed.text
+    );
+    assert!(!listed.text.contains("model-0021"), "{}", listed.text);
+    b.say(&lull, "m1", "2", "/model 250").await;
+    b.wait_text("m1", "now uses the model model-0250").await;
+}
+
 /// `/model NAME` changes the model the server receives for that conversation only; the
 /// pick holds on another process and after a restart; an unknown name is refused with
 /// the list, and `/model` lists the models with the one in use.

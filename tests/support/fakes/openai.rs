@@ -151,6 +151,19 @@ impl Stream {
 }
 
 /// How a [`Stream`] ends.
+/// How the fake answers one model-list request (`GET /models`) instead of its list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListAnswer {
+    /// This error status.
+    Status(u16),
+    /// Never.
+    Hang,
+    /// 200 with a body that is not a model list.
+    Damaged,
+    /// A list of this many models, `model-0001` onwards.
+    Many(usize),
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StreamEnd {
     /// A finish reason, the usage chunk, `[DONE]`.
@@ -249,8 +262,8 @@ struct Inner {
     transcriptions: Mutex<Vec<(String, Vec<u8>)>>,
     /// The model list has no `created` (as `llama-cpp-python`'s).
     models_without_created: std::sync::atomic::AtomicBool,
-    /// Statuses the next model-list requests answer, in order (then the list).
-    model_list_failures: Mutex<std::collections::VecDeque<u16>>,
+    /// How the next model-list requests are answered, in order (then the list).
+    model_list_script: Mutex<std::collections::VecDeque<ListAnswer>>,
     /// Model-list requests received.
     model_lists: std::sync::atomic::AtomicUsize,
 }
@@ -310,11 +323,17 @@ impl FakeOpenAi {
     /// Answer the next model-list requests (`GET /models`) with these error
     /// statuses, in order.
     pub fn fail_model_lists(&self, statuses: &[u16]) {
+        let answers: Vec<ListAnswer> = statuses.iter().map(|s| ListAnswer::Status(*s)).collect();
+        self.script_model_lists(&answers);
+    }
+
+    /// Answer the next model-list requests (`GET /models`) so, in order.
+    pub fn script_model_lists(&self, answers: &[ListAnswer]) {
         self.inner
-            .model_list_failures
+            .model_list_script
             .lock()
             .unwrap()
-            .extend(statuses.iter().copied());
+            .extend(answers.iter().copied());
     }
 
     /// Model-list requests received so far.
@@ -961,8 +980,27 @@ async fn models(State(inner): State<Arc<Inner>>) -> Response {
     inner
         .model_lists
         .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    if let Some(status) = inner.model_list_failures.lock().unwrap().pop_front() {
-        return error(status, "the fake fails this model list");
+    let scripted = inner.model_list_script.lock().unwrap().pop_front();
+    match scripted {
+        Some(ListAnswer::Status(status)) => {
+            return error(status, "the fake fails this model list");
+        }
+        Some(ListAnswer::Hang) => return std::future::pending().await,
+        Some(ListAnswer::Damaged) => {
+            return (
+                StatusCode::OK,
+                [("content-type", "application/json")],
+                "{\"data\": [{\"id\"",
+            )
+                .into_response();
+        }
+        Some(ListAnswer::Many(n)) => {
+            let data: Vec<Value> = (1..=n)
+                .map(|i| json!({ "id": format!("model-{i:04}"), "object": "model", "created": 0, "owned_by": "fake" }))
+                .collect();
+            return axum::Json(json!({ "object": "list", "data": data })).into_response();
+        }
+        None => {}
     }
     if inner
         .models_without_created

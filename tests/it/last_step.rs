@@ -188,6 +188,52 @@ async fn the_webhook_counts_an_answer_only_if_the_sender_still_waited() {
     assert_eq!(webhook.times_answered(7), 1);
 }
 
+/// The stress checker's rule on the same ground: a reply sent again after a quick
+/// acceptance is a double delivery; one sent again after an acceptance answered near
+/// the sender's limit (which the sender may not have seen) is not, nor one sent again
+/// after a break (a kill) between the two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stress_checker_counts_a_resend_only_after_an_acceptance_seen() {
+    use crate::support::fakes::webhook::Answer;
+    use crate::support::stress::double_deliveries;
+    let webhook = Webhook::start().await;
+    webhook.script([
+        Answer::Ok,
+        Answer::Status(500),
+        Answer::Slow(Duration::from_millis(300)),
+        Answer::Ok,
+        Answer::Ok,
+        Answer::Ok,
+    ]);
+    let client = reqwest::Client::new();
+    let post = |reply: i64| {
+        let body = serde_json::json!({
+            "conversation": "c", "text": "t", "covers": ["1"], "reply_id": reply, "kind": "reply"
+        });
+        client.post(&webhook.url).json(&body).send()
+    };
+    // Seen, then sent again (refused this time): a double delivery.
+    post(7).await.unwrap();
+    post(7).await.unwrap();
+    // Answered 300 ms after it arrived: not taken as seen.
+    post(8).await.unwrap();
+    post(8).await.unwrap();
+    // Seen, then a kill, then sent again: the window no holder can close.
+    post(9).await.unwrap();
+    let kill = Instant::now();
+    post(9).await.unwrap();
+    let doubled: Vec<i64> = double_deliveries(&webhook, &[(kill, kill)])
+        .into_iter()
+        .map(|(reply, _, _)| reply)
+        .collect();
+    assert_eq!(doubled, [7]);
+    assert_eq!(
+        double_deliveries(&webhook, &[]).len(),
+        2,
+        "without the kill, 9 too"
+    );
+}
+
 /// Two `lull run` processes on one PostgreSQL database; A reaches it through a proxy
 /// that goes silent (no reset, no error) while A's webhook POST is in flight (the
 /// receiver answers it slowly). B takes the conversation over once A's lease expired

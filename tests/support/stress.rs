@@ -790,7 +790,7 @@ fn holder_of(db_path: &db::Location, key: &str) -> Option<u32> {
 /// receiver answered it, is a delivery that was made and then forgotten. Seen:
 /// answered 2xx within [`SEEN_WITHIN`] of the request's arrival. (reply, the seen
 /// acceptance, the next POST of the reply.)
-fn double_deliveries(
+pub fn double_deliveries(
     webhook: &Webhook,
     breaks: &[(Instant, Instant)],
 ) -> Vec<(i64, Instant, Instant)> {

@@ -12,6 +12,17 @@ use crate::store::faults::Operation;
 use crate::store::{AckOf, AcksCovered};
 use crate::store::{ReactionStore, StoreError};
 
+/// Once per burst: unique on (conversation, answered_version), and only for a message
+/// still pending; a concurrent claim of the same burst waits for this one's commit
+/// and then inserts nothing.
+const CLAIM_ACK: &str = "INSERT INTO acks (conversation_id, burst, platform_message_id)
+     SELECT c.id, c.answered_version, $2::text FROM conversations c
+     WHERE c.id = $1 AND EXISTS (
+         SELECT 1 FROM messages m
+         WHERE m.conversation_id = c.id AND m.platform_message_id = $2::text
+           AND m.version > c.answered_version)
+     ON CONFLICT (conversation_id, burst) DO NOTHING";
+
 #[async_trait]
 impl ReactionStore for PostgresStore {
     async fn claim_ack(&self, asked: AckOf<'_>) -> Result<bool, StoreError> {
@@ -21,18 +32,9 @@ impl ReactionStore for PostgresStore {
             "claiming an ack reaction",
             |client| {
                 async {
-                    // Once per burst: unique on (conversation, answered_version), and only
-                    // for a message still pending; a concurrent claim of the same burst
-                    // waits for this one's commit and then inserts nothing.
                     let claimed = execute(
                         client,
-                        "INSERT INTO acks (conversation_id, burst, platform_message_id)
-                     SELECT c.id, c.answered_version, $2::text FROM conversations c
-                     WHERE c.id = $1 AND EXISTS (
-                         SELECT 1 FROM messages m
-                         WHERE m.conversation_id = c.id AND m.platform_message_id = $2::text
-                           AND m.version > c.answered_version)
-                     ON CONFLICT (conversation_id, burst) DO NOTHING",
+                        CLAIM_ACK,
                         &[&asked.conversation.0, &asked.message_id],
                         "claiming an ack reaction",
                     )

@@ -100,12 +100,12 @@ impl Rhythm {
             .windows(2)
             .map(|w| (w[1] - w[0]).clamp(0, u32::MAX as i64) as u32)
             .collect();
-        if let Some(before) = self.last_at {
+        // A burst that went on after its reply: answered too early.
+        let too_early = self.last_at.and_then(|before| {
             let gap = first - before.0;
-            if (0..window_ms as i64).contains(&gap) {
-                gaps.push(gap as u32);
-            }
-        }
+            (0..window_ms as i64).contains(&gap).then_some(gap as u32)
+        });
+        gaps.extend(too_early);
         let cap = window_ms.saturating_mul(SAMPLE_CAP_WINDOWS);
         let mut gap_ms = self.gap_ms;
         for gap in gaps.iter().map(|g| (*g).min(cap)) {
@@ -118,11 +118,16 @@ impl Rhythm {
             };
         }
         let target = if gaps.is_empty() { 0 } else { 1000 };
-        let multi_permille = if self.bursts == 0 {
+        let multi_permille = if self.bursts == 0 || too_early.is_some() {
+            // A split burst teaches at once: the next wait is not short again.
             target
         } else {
             (self.multi_permille as i64 + (target as i64 - self.multi_permille as i64) / 4) as u32
         };
+        if let Some(gap) = too_early {
+            // And its gap is waited for in full the next time, not a share of it.
+            gap_ms = gap_ms.max(gap.min(cap));
+        }
         Rhythm {
             bursts: self.bursts.saturating_add(1),
             gap_ms,
@@ -163,19 +168,42 @@ impl Rhythm {
 }
 
 /// What one message says about whether its thought is finished, from its text alone.
+///
+/// Invariant: only a message that reads complete may wait less than the full window; a
+/// fragment waits at least what the fixed debounce waits, whatever the rhythm learned,
+/// so adaptive waiting never splits a burst the fixed window would answer once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cue {
-    /// Nothing tells: the rhythm decides.
-    None,
-    /// The thought goes on: it ends with ":" (or ",", "…", "-"), or it is only a photo or a
-    /// voice note whose words usually follow.
+    /// It reads complete (closing punctuation, a question, an emoji, a link or a code
+    /// block alone, or a long sentence that does not end on a joining word): the
+    /// rhythm decides the wait.
+    Complete,
+    /// The thought goes on: a short message without closing punctuation ("so", "I was
+    /// thinking"), one ending on a joining word ("… and", "… because the") or with ":",
+    /// ",", "…", "-", or only a photo or a voice note whose words usually follow. It
+    /// waits the full window.
     Unfinished,
 }
+
+/// A message of at least this many words reads complete without closing punctuation
+/// (unless it ends on a joining word): people who never punctuate still write whole
+/// sentences; a fragment is usually shorter.
+pub const COMPLETE_FROM_WORDS: usize = 8;
+
+/// Words a thought does not end on (English): a message ending with one goes on.
+const JOINING_WORDS: &[&str] = &[
+    "a", "about", "after", "also", "an", "and", "as", "at", "because", "before", "but", "by",
+    "for", "from", "if", "in", "into", "is", "like", "my", "of", "on", "or", "so", "than", "that",
+    "the", "then", "to", "was", "were", "when", "where", "which", "while", "with", "your",
+];
 
 impl Cue {
     /// The cue of a message as the store keeps it: `text` with its media markers
     /// (`[image] what is this?`), `media` its number of attachments.
     pub fn of(text: &str, media: usize) -> Cue {
+        if crate::switches::no_text_cues() {
+            return Cue::Complete;
+        }
         let mut rest = text.trim();
         let mut marked = false;
         loop {
@@ -190,14 +218,61 @@ impl Cue {
                 break;
             }
         }
-        if rest.is_empty() && (marked || media > 0) {
-            return Cue::Unfinished;
+        if rest.is_empty() {
+            return if marked || media > 0 {
+                Cue::Unfinished
+            } else {
+                Cue::Complete
+            };
         }
-        if rest.ends_with([':', ',', '…', '-', '–']) {
-            return Cue::Unfinished;
+        if reads_complete(rest) {
+            Cue::Complete
+        } else {
+            Cue::Unfinished
         }
-        Cue::None
     }
+}
+
+/// Whether `text` (trimmed, not empty) reads as a finished thought (see [`Cue`]).
+fn reads_complete(text: &str) -> bool {
+    let Some(last) = text.chars().next_back() else {
+        return true;
+    };
+    if matches!(
+        last,
+        ':' | ',' | '…' | '-' | '–' | '—' | '&' | '+' | '/' | '('
+    ) {
+        return false;
+    }
+    if matches!(
+        last,
+        '.' | '!' | '?' | ')' | ']' | '"' | '\'' | '”' | '’' | '»' | ';'
+    ) {
+        // "etc." and "e.g." end sentences too; "..." is "…".
+        return !text.ends_with("..");
+    }
+    // A code block, or a link alone.
+    if text.starts_with("```") && text.ends_with("```") && text.len() > 6 {
+        return true;
+    }
+    let mut words = text.split_whitespace();
+    let first = words.next().unwrap_or("");
+    if words.next().is_none() && (first.starts_with("http://") || first.starts_with("https://")) {
+        return true;
+    }
+    // An emoji or another symbol closes a thought as punctuation does.
+    if !last.is_alphanumeric() && !last.is_ascii_punctuation() {
+        return true;
+    }
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let last_word = words
+        .last()
+        .map(|w| {
+            w.trim_matches(|c: char| !c.is_alphanumeric())
+                .to_lowercase()
+        })
+        .unwrap_or_default();
+    words.len() >= COMPLETE_FROM_WORDS && !JOINING_WORDS.contains(&last_word.as_str())
 }
 
 /// The two waits a known rhythm allows ([`Rhythm::first_wait`], [`Rhythm::burst_window`]),
@@ -278,7 +353,7 @@ mod tests {
     fn complete_messages_learn_the_shortest_wait() {
         let r = learn_all(&[&[0], &[20_000], &[45_000], &[70_000]]);
         assert_eq!((r.bursts, r.gap_ms, r.multi_permille), (4, 0, 0));
-        assert_eq!(adaptive_wait(&r, Cue::None, 1, MIN, MAX), MIN);
+        assert_eq!(adaptive_wait(&r, Cue::Complete, 1, MIN, MAX), MIN);
     }
 
     #[test]
@@ -290,19 +365,19 @@ mod tests {
         ]);
         assert_eq!(r.multi_permille, 1000);
         assert!(r.gap_ms >= 600 && r.gap_ms <= 900, "{r:?}");
-        let wait = adaptive_wait(&r, Cue::None, 1, MIN, MAX);
+        let wait = adaptive_wait(&r, Cue::Complete, 1, MIN, MAX);
         assert!(wait >= ms(900) && wait <= MAX, "{wait:?}");
-        assert_eq!(wait, adaptive_wait(&r, Cue::None, 3, MIN, MAX));
+        assert_eq!(wait, adaptive_wait(&r, Cue::Complete, 3, MIN, MAX));
     }
 
     #[test]
     fn an_unknown_conversation_waits_the_full_window() {
         assert_eq!(
-            adaptive_wait(&Rhythm::default(), Cue::None, 1, MIN, MAX),
+            adaptive_wait(&Rhythm::default(), Cue::Complete, 1, MIN, MAX),
             MAX
         );
         let once = learn_all(&[&[0]]);
-        assert_eq!(adaptive_wait(&once, Cue::None, 1, MIN, MAX), MAX);
+        assert_eq!(adaptive_wait(&once, Cue::Complete, 1, MIN, MAX), MAX);
     }
 
     #[test]
@@ -311,7 +386,7 @@ mod tests {
         let r = learn_all(&[&[0], &[900], &[30_000]]);
         assert_eq!(r.gap_ms, 900);
         assert!(r.multi_permille > SINGLES_BELOW, "{r:?}");
-        assert!(adaptive_wait(&r, Cue::None, 1, MIN, MAX) > MIN);
+        assert!(adaptive_wait(&r, Cue::Complete, 1, MIN, MAX) > MIN);
         // Further apart than a window: answered apart rightly.
         let r = learn_all(&[&[0], &[1600], &[30_000]]);
         assert_eq!((r.gap_ms, r.multi_permille), (0, 0));
@@ -325,7 +400,7 @@ mod tests {
             "a sample counts for at most two windows"
         );
         for r in [slow, Rhythm::default(), learn_all(&[&[0], &[99_000]])] {
-            for cue in [Cue::None, Cue::Unfinished] {
+            for cue in [Cue::Complete, Cue::Unfinished] {
                 for pending in [1, 2, 5] {
                     let w = adaptive_wait(&r, cue, pending, MIN, MAX);
                     assert!(w >= MIN && w <= MAX, "{r:?} {cue:?} {pending}: {w:?}");
@@ -340,7 +415,7 @@ mod tests {
         assert_eq!(adaptive_wait(&r, Cue::Unfinished, 1, MIN, MAX), MAX);
         // A burst under way gets the burst window even before the rhythm says so.
         let r = r.learn(&[Timestamp(60_000), Timestamp(61_000)], MAX);
-        assert!(adaptive_wait(&r, Cue::None, 1, MIN, MAX) > MIN);
+        assert!(adaptive_wait(&r, Cue::Complete, 1, MIN, MAX) > MIN);
     }
 
     #[test]
@@ -351,17 +426,71 @@ mod tests {
             r = r.learn(&[Timestamp(40_000 * i)], MAX);
         }
         assert!(r.multi_permille <= SINGLES_BELOW, "{r:?}");
-        assert_eq!(adaptive_wait(&r, Cue::None, 1, MIN, MAX), MIN);
+        assert_eq!(adaptive_wait(&r, Cue::Complete, 1, MIN, MAX), MIN);
     }
 
     #[test]
     fn cues_of_unfinished_thoughts() {
-        assert_eq!(Cue::of("here is the thing:", 0), Cue::Unfinished);
-        assert_eq!(Cue::of("so,", 0), Cue::Unfinished);
-        assert_eq!(Cue::of("[image]", 1), Cue::Unfinished);
-        assert_eq!(Cue::of("[voice message]", 1), Cue::Unfinished);
-        assert_eq!(Cue::of("[image] what is this?", 1), Cue::None);
-        assert_eq!(Cue::of("thanks!", 0), Cue::None);
-        assert_eq!(Cue::of("hey", 0), Cue::None);
+        for unfinished in [
+            "here is the thing:",
+            "so,",
+            "so",
+            "I was thinking",
+            "about the trip",
+            "hey",
+            "wait...",
+            "and then I went to the shop to buy the",
+            "it broke because",
+            "[image]",
+            "[voice message]",
+        ] {
+            assert_eq!(Cue::of(unfinished, 1), Cue::Unfinished, "{unfinished:?}");
+        }
+        for complete in [
+            "[image] what is this?",
+            "thanks!",
+            "what about the trip?",
+            "ok.",
+            "sounds good 👍",
+            "https://example.com/a/b",
+            "```fn main() {}```",
+            "I finally sorted out the tax form last night for real",
+            "(see above)",
+        ] {
+            assert_eq!(Cue::of(complete, 0), Cue::Complete, "{complete:?}");
+        }
+    }
+
+    /// Defect of issue 37: after eight complete questions the learned wait is the
+    /// shortest; fragments 400 ms apart must still wait the full window each.
+    #[test]
+    fn fragments_after_complete_messages_wait_the_full_window() {
+        let times: Vec<[i64; 1]> = (0..8).map(|n| [n * 20_000]).collect();
+        let bursts: Vec<&[i64]> = times.iter().map(|t| &t[..]).collect();
+        let r = learn_all(&bursts);
+        assert_eq!(
+            adaptive_wait(&r, Cue::of("What is it?", 0), 1, MIN, MAX),
+            MIN
+        );
+        for (pending, text) in [(1, "so"), (2, "I was thinking"), (3, "about the trip")] {
+            let wait = adaptive_wait(&r, Cue::of(text, 0), pending, MIN, MAX);
+            assert_eq!(wait, MAX, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn a_burst_answered_too_early_teaches_at_once() {
+        let times: Vec<[i64; 1]> = (0..8).map(|n| [n * 20_000]).collect();
+        let bursts: Vec<&[i64]> = times.iter().map(|t| &t[..]).collect();
+        let r = learn_all(&bursts);
+        assert_eq!(adaptive_wait(&r, Cue::Complete, 1, MIN, MAX), MIN);
+        // The next burst went on 900 ms after its reply's last message.
+        let r = r.learn(&[Timestamp(140_000)], MAX);
+        let r = r.learn(&[Timestamp(140_900)], MAX);
+        assert_eq!(r.multi_permille, 1000, "{r:?}");
+        assert!(
+            adaptive_wait(&r, Cue::Complete, 1, MIN, MAX) >= ms(900),
+            "{r:?}"
+        );
     }
 }

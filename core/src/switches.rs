@@ -27,7 +27,7 @@ pub(crate) fn no_journal() -> bool {
     *ON.get_or_init(|| on("LULL_TEST_NO_JOURNAL"))
 }
 
-/// `LULL_TEST_UNFENCED_CONTROLS=1`: a changed setting and `/stop` leave the
+/// `LULL_TEST_UNFENCED_CONTROLS=1`: a changed setting, `/new` and `/stop` leave the
 /// conversation's version alone (the behaviour of bots whose settings are not part of
 /// the final check): a generation in flight is neither stopped nor found stale.
 pub(crate) fn unfenced_controls() -> bool {
@@ -64,6 +64,14 @@ pub(crate) fn no_command_dedupe() -> bool {
 pub(crate) fn no_burst_window() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| on("LULL_TEST_NO_BURST_WINDOW"))
+}
+
+/// `LULL_TEST_NO_TEXT_CUES=1`: adaptive waiting reads no text: every message counts as
+/// complete and its wait comes from the rhythm's timing alone (the behaviour before text
+/// cues: a fragment after a run of complete messages waits the shortest window).
+pub(crate) fn no_text_cues() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| on("LULL_TEST_NO_TEXT_CUES"))
 }
 
 /// `LULL_TEST_BUSY_TIMEOUT_MS=N`: SQLite's busy timeout is `N` ms instead of `default`

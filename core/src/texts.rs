@@ -280,13 +280,20 @@ pub fn reused_result(result: &str) -> String {
 /// How every result of unknown outcome starts (what a report looks for).
 pub const OUTCOME_UNKNOWN_PREFIX: &str = "Outcome unknown:";
 
-/// An action whose tool gave no answer in time: it may have acted.
-pub fn timed_out_action_result(error: &str) -> String {
+/// An action whose tool gave no answer (in time, or at all: `error` says which): it
+/// may have acted.
+pub fn unknown_action_result(error: &str) -> String {
     format!(
-        "{OUTCOME_UNKNOWN_PREFIX} the tool did not answer in time ({error}); it may or may not have acted. \
+        "{OUTCOME_UNKNOWN_PREFIX} the tool gave no answer ({error}); it may or may not have acted. \
 It will not be run again automatically. Tell the user the outcome is unknown."
     )
 }
+
+/// A call that acts, refused because newer messages arrived, in a round the cap
+/// forces out: not run; the reply goes out, and the newer messages get their own.
+pub const MOVED_ON_RESULT: &str = "Not run: the conversation moved on (newer messages arrived) \
+before this action could be taken, so it was not done. Answer what you can without it and tell \
+the user it was not done; their newer messages will be answered next.";
 
 /// An earlier attempt of the call was interrupted before its result was stored.
 pub const OUTCOME_UNKNOWN_RESULT: &str = "Outcome unknown: an earlier attempt to run this action was \
@@ -343,6 +350,13 @@ and there is not exactly one waiting; nothing was run. Ask them to answer with i
 /// An approval answered by someone other than the person who asked, or an admin.
 pub const NOT_YOURS_TO_APPROVE_RESULT: &str = "Not run: only the person whose message asked for this \
 action, or an admin, may approve it.";
+
+/// A `/cancel` that came after its call was reserved or ran (`state`).
+pub fn too_late_to_cancel_result(state: &str) -> String {
+    format!(
+        "Not cancelled: the action was already taken before the /cancel arrived (it is {state}). Tell the user."
+    )
+}
 
 /// An approval answered after its question expired.
 pub const APPROVAL_EXPIRED_RESULT: &str =

@@ -121,7 +121,7 @@ impl TimerPolicy {
     /// thought goes on.
     pub fn wait_range(&self, cue: Cue) -> (Duration, Duration) {
         match (self.mode, cue) {
-            (DebounceMode::Adaptive, Cue::None) => (self.min_debounce, self.debounce),
+            (DebounceMode::Adaptive, Cue::Complete) => (self.min_debounce, self.debounce),
             _ => (self.debounce, self.debounce),
         }
     }
@@ -292,17 +292,20 @@ mod tests {
         let quiet = [Timestamp(0), Timestamp(30_000), Timestamp(60_000)]
             .iter()
             .fold(Rhythm::default(), |r, t| r.learn(&[*t], p.debounce()));
-        assert_eq!(p.debounce_for(p.waits_of(&quiet), Cue::None, 1), ms(300));
+        assert_eq!(
+            p.debounce_for(p.waits_of(&quiet), Cue::Complete, 1),
+            ms(300)
+        );
         assert_eq!(
             p.debounce_for(p.waits_of(&quiet), Cue::Unfinished, 1),
             ms(1500)
         );
         assert_eq!(
-            p.debounce_for(p.waits_of(&Rhythm::default()), Cue::None, 1),
+            p.debounce_for(p.waits_of(&Rhythm::default()), Cue::Complete, 1),
             ms(1500)
         );
         assert_eq!(
-            policy().debounce_for(p.waits_of(&quiet), Cue::None, 1),
+            policy().debounce_for(p.waits_of(&quiet), Cue::Complete, 1),
             ms(1500),
             "fixed"
         );

@@ -155,6 +155,10 @@ impl Timestamp {
         Timestamp(self.0.saturating_add(millis(d)))
     }
 
+    pub fn minus(self, d: std::time::Duration) -> Timestamp {
+        Timestamp(self.0.saturating_sub(millis(d)))
+    }
+
     /// Time from `self` until `later`, zero if `later` is not after `self`.
     pub fn until(self, later: Timestamp) -> std::time::Duration {
         std::time::Duration::from_millis(later.0.saturating_sub(self.0).max(0) as u64)

@@ -454,6 +454,58 @@ async fn counter_test_unfenced_pick_sends_the_old_models_reply() {
     );
 }
 
+/// `/new` while a reply is written (on another process): that reply, written from the
+/// history `/new` forgot, is dropped; the message is answered again in the fresh
+/// context, once. Before issue 37 `/new` left the version alone and the old reply was
+/// delivered after "I've forgotten our conversation so far" (2 requests).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_mid_generation_drops_the_reply_written_before_it() {
+    let reset = control_mid_generation("/new", true, &[]).await;
+    let first: Vec<&Received> = reset
+        .replies
+        .iter()
+        .filter(|r| r.covers.contains(&"q1".to_owned()))
+        .collect();
+    assert_eq!(first.len(), 1, "q1 answered once: {:#?}", reset.replies);
+    assert_eq!(reset.requests, 3, "q1 twice (the first dropped), then q2");
+}
+
+/// Its counter-test: unfenced, the reply written before `/new` goes out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counter_test_unfenced_new_sends_the_reply_written_before_it() {
+    let reset = control_mid_generation("/new", true, &[("LULL_TEST_UNFENCED_CONTROLS", "1")]).await;
+    assert_eq!(reset.requests, 2, "the reply from before /new is sent");
+}
+
+/// A model picked while a reply is written whose message has waited the cap: the
+/// change fences even that forced reply (README: "dropped and written again"); the
+/// message is answered again by the picked model, once. Before issue 37 the old
+/// model's reply went out (2 requests).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_picked_mid_generation_at_the_cap_makes_it_stale() {
+    let at_cap = [("LULL_MAX_WAIT_MS", "1000")];
+    let changed = control_mid_generation("/model big-model", true, &at_cap).await;
+    let first: Vec<&Received> = changed
+        .replies
+        .iter()
+        .filter(|r| r.covers.contains(&"q1".to_owned()))
+        .collect();
+    assert_eq!(first.len(), 1, "q1 answered once: {:#?}", changed.replies);
+    assert_eq!(changed.requests, 3, "q1 twice (the first dropped), then q2");
+    assert_eq!(changed.last_model, "big-model");
+}
+
+/// Its counter-test: unfenced, the forced reply of the old model goes out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counter_test_unfenced_pick_at_the_cap_sends_the_old_models_reply() {
+    let unfenced = [
+        ("LULL_MAX_WAIT_MS", "1000"),
+        ("LULL_TEST_UNFENCED_CONTROLS", "1"),
+    ];
+    let changed = control_mid_generation("/model big-model", true, &unfenced).await;
+    assert_eq!(changed.requests, 2, "the old model's forced reply is sent");
+}
+
 /// In a Telegram group only admins pick the model, by command or by button; `/model`
 /// shows an inline keyboard, and an admin's pick tapped twice is applied once; the
 /// group's next answer comes from the picked model.

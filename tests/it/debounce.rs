@@ -291,3 +291,72 @@ async fn usage_shows_an_admin_the_tokens_of_an_overtaken_generation() {
         Some(&(tokens as f64))
     );
 }
+
+/// The defect of issue 37: eight complete questions, each answered (the rhythm learns
+/// the shortest wait), then a thought typed in three fragments 400 ms apart. With the
+/// fixed window that burst gets one reply; adaptive waiting must not do worse.
+fn complete_then_fragments() -> Vec<Person> {
+    use crate::support::trace::{Burst, Sent};
+    let mut bursts = Vec::new();
+    let mut at = Duration::ZERO;
+    let mut id = 0;
+    let mut sent = |at: Duration, text: &str| {
+        id += 1;
+        Sent {
+            at,
+            id: format!("m{id}"),
+            text: text.to_owned(),
+        }
+    };
+    for n in 0..8 {
+        let text = format!("What is the answer to question {n}?");
+        bursts.push(Burst {
+            messages: vec![sent(at, &text)],
+        });
+        at += Duration::from_millis(2500);
+    }
+    let fragments = ["so", "I was thinking", "about the trip"]
+        .iter()
+        .enumerate()
+        .map(|(n, text)| sent(at + Duration::from_millis(400 * n as u64), text))
+        .collect();
+    bursts.push(Burst {
+        messages: fragments,
+    });
+    vec![Person {
+        conversation: "switching".into(),
+        style: Style::Fragments,
+        bursts,
+    }]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fragments_after_complete_messages_get_one_reply() {
+    let answered = run(&complete_then_fragments(), &[("LULL_DEBOUNCE", "adaptive")]).await;
+    let last = answered.last().unwrap();
+    assert_eq!((last.messages, last.replies), (3, 1), "{answered:#?}");
+    // The complete questions after the first two were still answered sooner than the
+    // fixed window.
+    assert!(
+        answered[2..8]
+            .iter()
+            .all(|a| a.wait < Duration::from_millis(DEBOUNCE_MS / 2)),
+        "{answered:#?}"
+    );
+}
+
+/// Counter-test: reading no text (timing alone, as before issue 37), the same burst is
+/// answered in pieces.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_text_cues_the_fragments_are_split() {
+    let answered = run(
+        &complete_then_fragments(),
+        &[
+            ("LULL_DEBOUNCE", "adaptive"),
+            ("LULL_TEST_NO_TEXT_CUES", "1"),
+        ],
+    )
+    .await;
+    let last = answered.last().unwrap();
+    assert!(last.replies > 1, "{answered:#?}");
+}

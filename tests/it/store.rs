@@ -846,6 +846,7 @@ async fn postgres_action_expiries_are_translated_between_timelines() {
         needs_approval: true,
         requested_by: None,
         expires_at,
+        approved: None,
     };
     let now = behind();
     let minute = Timestamp(now.0 + 60_000);
@@ -867,10 +868,13 @@ async fn postgres_action_expiries_are_translated_between_timelines() {
     );
     assert!((row.created_at.0 - now.0).abs() < 2_000, "{row:?}");
     let seen_ahead = store
-        .open_approvals(ConversationAt {
-            conversation,
-            now: ahead(),
-        })
+        .open_approvals(
+            ConversationAt {
+                conversation,
+                now: ahead(),
+            },
+            Duration::ZERO,
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -898,10 +902,13 @@ async fn postgres_action_expiries_are_translated_between_timelines() {
     };
     tokio::time::sleep(Duration::from_millis(500)).await;
     let open = store
-        .open_approvals(ConversationAt {
-            conversation,
-            now: behind(),
-        })
+        .open_approvals(
+            ConversationAt {
+                conversation,
+                now: behind(),
+            },
+            Duration::ZERO,
+        )
         .await
         .unwrap();
     assert_eq!(open.iter().map(|r| r.id).collect::<Vec<_>>(), [row.id]);

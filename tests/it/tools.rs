@@ -740,6 +740,51 @@ async fn expired_or_foreign_approvals_are_refused() {
     bot.assert_invariants(5).await;
 }
 
+/// In a group, the approval belongs to everyone whose message the call answered, not
+/// only to the last one to write: Ann asks for a deletion and Bob chats right after, in
+/// the same burst; Carol (not in it) may not approve, Ann may. Before issue 37 only Bob
+/// could ("only the person…" to Ann).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_asker_of_the_burst_may_approve_and_no_one_else() {
+    let bot = ToolBot::start(Setup {
+        agent: Agent {
+            calls: vec![("counter__delete".into(), json!({ "what": "notes" }))],
+            ..Agent::default()
+        },
+        ..Setup::default()
+    })
+    .await;
+    bot.say_in_group("g1", "1", "ann", "delete the notes").await;
+    bot.say_in_group("g1", "2", "bob", "lol ok").await;
+    let notices = bot.webhook.wait_notices(1, LONG).await;
+    let id = approval_id(&notices[0].text);
+    let replies = bot.webhook.wait_replies(1, LONG).await;
+    assert!(
+        replies[0].text.contains("lol ok"),
+        "one burst: {:?}",
+        replies[0]
+    );
+    bot.say_in_group("g1", "3", "carol", &format!("/approve {id}"))
+        .await;
+    let replies = bot.webhook.wait_replies(2, LONG).await;
+    assert!(
+        replies[1].text.contains("only the person"),
+        "{:?}",
+        replies[1]
+    );
+    assert_eq!(bot.executed("delete"), 0);
+    bot.say_in_group("g1", "4", "ann", &format!("/approve {id}"))
+        .await;
+    let replies = bot.webhook.wait_replies(3, LONG).await;
+    assert!(
+        replies[2].text.contains("✓ counter__delete"),
+        "{:?}",
+        replies[2]
+    );
+    assert_eq!(bot.executed("delete"), 1);
+    bot.assert_invariants(3).await;
+}
+
 fn approval_id(question: &str) -> String {
     question
         .split("/approve ")
@@ -782,6 +827,80 @@ async fn a_failing_tool_becomes_an_error_result_and_the_reply_arrives() {
         );
         bot.assert_invariants(1).await;
     }
+}
+
+/// A server that dies in the middle of a call that acts (it did its side effect, then
+/// exited before answering): the outcome is unknown, stored `unknown` in the journal and
+/// said so in the reply, never "failed" (a person told "failed" asks again and gets a
+/// second side effect). Before issue 37 the reply said "✗ counter__die failed".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_dies_mid_call_reports_the_outcome_unknown() {
+    let bot = ToolBot::start(Setup {
+        agent: Agent::calling("counter__die", json!({})),
+        ..Setup::default()
+    })
+    .await;
+    bot.say("c1", "1", "do it").await;
+    let replies = bot.wait_shown(1, LONG).await;
+    let text = &replies[0].text;
+    assert!(
+        text.contains("⚠ counter__die {}: outcome unknown"),
+        "{text}\n{}",
+        bot.logs()
+    );
+    assert!(!text.contains("✗") && !text.contains("failed"), "{text}");
+    assert_eq!(bot.executed("die"), 1);
+    let states = db::rows(&bot.database, "SELECT state FROM actions");
+    assert_eq!(states, [["unknown"]], "the journal says unknown");
+    bot.assert_invariants(1).await;
+}
+
+/// A busy chat with a tool that acts: a message every 400 ms, a 3 s cap, a model that
+/// takes a second and calls `append` every round. The cap still bounds the wait: once
+/// the oldest message has waited it, the call refused for the newer messages is told
+/// "not run" and the forced reply goes out, well before the chat goes quiet. Before
+/// issue 37 the refused reservation ended every round without a reply (none for 30 s,
+/// 33 model calls).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_that_acts_keeps_the_cap_in_a_busy_chat() {
+    let bot = ToolBot::start(Setup {
+        agent: Agent {
+            calls: vec![append("busy")],
+            think: Duration::from_millis(500),
+            answer_after: Duration::from_millis(500),
+            ..Agent::default()
+        },
+        extra: &[("LULL_MAX_WAIT_MS", "3000"), ("LULL_DEBOUNCE", "fixed")],
+        ..Setup::default()
+    })
+    .await;
+    let started = Instant::now();
+    let mut first_reply = None;
+    for n in 0..25 {
+        bot.say("c1", &n.to_string(), &format!("message {n}")).await;
+        if first_reply.is_none() && !bot.webhook.shown().is_empty() {
+            first_reply = Some(started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    let quiet = started.elapsed();
+    let first_reply = first_reply.unwrap_or_else(|| {
+        panic!(
+            "no reply in {quiet:?} of a busy chat with a 3 s cap\n{}",
+            bot.logs()
+        )
+    });
+    println!("first reply after {first_reply:?} (cap 3 s, model 1 s)");
+    let shown = bot.webhook.shown();
+    assert!(
+        shown[0].text.contains("Not run: the conversation moved on"),
+        "the forced reply says the call was not run: {:?}",
+        shown[0]
+    );
+    let v = bot.verdict().await;
+    assert_eq!((v.duplicates, v.lost, v.stale), (0, 0, 0), "{v:?}");
+    // Only the last batch, at rest, could reserve the call: it ran at most once a batch.
+    assert!(bot.executed("append") <= v.replies, "{v:?}");
 }
 
 /// A model that refuses `tools` is asked again without them, and answers.

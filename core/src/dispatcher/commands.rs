@@ -77,7 +77,7 @@ async fn act(
             texts::admins_only(command.name())
         }
         Command::Reset | Command::New => {
-            dispatcher
+            let reset = dispatcher
                 .store
                 .reset_context(ContextReset {
                     conversation: &incoming.conversation,
@@ -86,6 +86,9 @@ async fn act(
                     now,
                 })
                 .await?;
+            // A generation in flight here stops at once (elsewhere the final check
+            // finds the version moved).
+            controls::moved(dispatcher, reset.conversation, reset.version);
             texts::RESET_TEXT.to_owned()
         }
         Command::Usage => usage(dispatcher, incoming, admin, args, now).await?,

@@ -14,7 +14,7 @@ use super::{Dispatcher, Event};
 use crate::domain::{ConversationId, Timestamp, Version};
 use crate::limits;
 use crate::store::{
-    RetryOutcome, RetryRequest, Setting, SettingChange, SettingOutcome, Stop, StoreError,
+    BatchOf, RetryOutcome, RetryRequest, Setting, SettingChange, SettingOutcome, Stop, StoreError,
 };
 use crate::texts;
 
@@ -81,7 +81,24 @@ pub(super) async fn answer(
                     stopped.closed,
                 );
             }
-            texts::stopped_text(closed)
+            let mut text = texts::stopped_text(closed);
+            // Actions the closed batch took are facts: no reply will report them now.
+            if let Some(batch) = stopped.batch
+                && d.toolbox().is_some()
+            {
+                let taken = d
+                    .store
+                    .actions_of_batch(BatchOf {
+                        conversation: stopped.conversation,
+                        batch,
+                    })
+                    .await?;
+                let lines = super::round::action_lines(&taken);
+                if !lines.is_empty() {
+                    text.push_str(&texts::actions_report(&lines));
+                }
+            }
+            text
         }
         Command::Retry => {
             let outcome = d
@@ -256,7 +273,7 @@ async fn change(
 
 /// Tell this process's round in flight, if any, that its batch is stale (rounds on
 /// other processes find it at their next look, and the final check refuses it anyway).
-fn moved(d: &Dispatcher, conversation: ConversationId, version: Version) {
+pub(super) fn moved(d: &Dispatcher, conversation: ConversationId, version: Version) {
     d.emit(Event::Moved {
         conversation,
         version,

@@ -380,8 +380,11 @@ pub(crate) enum ActionStep<A> {
 ///   round asking again, reserved still;
 /// - `reserved` by another token: in flight until its expiry; after it, abandoned:
 ///   reserved again for `token` when the tool is idempotent, else stored `unknown`;
-/// - `awaiting`: still awaiting until it expires, then stored `refused`;
-/// - `approved`: reserved for `token` (the approved call runs once, in this round).
+/// - `awaiting`: still awaiting until it expires, then stored `refused`; with the
+///   person's yes ([`NewAction::approved`]) reserved for `token` if the question was
+///   open when the yes arrived, else stored `refused`;
+/// - `approved`: reserved for `token` while its question is open (the approved call
+///   runs once, in this round), else stored `refused`.
 pub(crate) fn reserve_step(
     version: i64,
     v0: Version,
@@ -442,12 +445,25 @@ pub(crate) fn reserve_step(
         ActionState::Reserved if action.idempotent => update(reserve, R::Reserved),
         ActionState::Reserved => update(mark(ActionState::Unknown), R::Unknown),
         ActionState::Unknown => ActionStep::Answer(R::Unknown(row)),
+        // The person's yes, taken with the reservation: judged open at the answer's
+        // arrival, not now.
+        ActionState::Awaiting | ActionState::Approved if action.approved.is_some() => {
+            let answered_at = now.minus(action.approved.unwrap_or_default());
+            if row.expires_at > answered_at {
+                update(reserve, R::Reserved)
+            } else {
+                update(mark(ActionState::Refused), R::Refused)
+            }
+        }
         ActionState::Awaiting if live => ActionStep::Answer(R::Awaiting {
             row,
             asked_now: false,
         }),
         ActionState::Awaiting => update(mark(ActionState::Refused), R::Refused),
-        ActionState::Approved => update(reserve, R::Reserved),
+        // Approved by an earlier version, apart from its reservation: approved rows
+        // expire with their question.
+        ActionState::Approved if live => update(reserve, R::Reserved),
+        ActionState::Approved => update(mark(ActionState::Refused), R::Refused),
         ActionState::Refused => ActionStep::Answer(R::Refused(row)),
     }
 }
@@ -455,7 +471,8 @@ pub(crate) fn reserve_step(
 /// What answering the approval `found` (the row of that id in the conversation, read
 /// in the deciding transaction and locked or written there alone) does at `now`: only
 /// an `awaiting` row moves, once: to `approved` (or `refused`) while its question is
-/// open, to `refused` (told [`Decision::Expired`]) once it has expired.
+/// open, to `refused` (told [`Decision::Expired`]) once it has expired; an `approved`
+/// row not yet run moves to `refused` on a `/cancel`.
 pub(crate) fn decide_step(
     found: Option<ActionRow>,
     approve: bool,
@@ -464,7 +481,10 @@ pub(crate) fn decide_step(
     let Some(row) = found else {
         return ActionStep::Answer(Decision::NotFound);
     };
-    if row.state != ActionState::Awaiting {
+    // Open: awaiting, or approved and not yet run (a `/cancel` still refuses it).
+    let open =
+        row.state == ActionState::Awaiting || (row.state == ActionState::Approved && !approve);
+    if !open {
         return ActionStep::Answer(Decision::AlreadyDecided(row));
     }
     let (state, answer): (_, fn(ActionRow) -> Decision) = if row.expires_at <= now {
@@ -639,6 +659,7 @@ mod tests {
             needs_approval,
             requested_by: None,
             expires_at: Timestamp(9_000),
+            approved: None,
         }
     }
 
@@ -726,6 +747,35 @@ mod tests {
         let (write, answer) = written(step(Some(journal_row(S::Approved, 0, 5_000)), false, true));
         assert_eq!((write.state, write.token), (S::Reserved, ours));
         assert!(matches!(answer, R::Reserved(_)));
+        // Approved rows expire with their question.
+        let (write, _) = written(step(Some(journal_row(S::Approved, 0, 1_000)), false, true));
+        assert_eq!(write.state, S::Refused);
+        // A yes taken with the reservation: open when it arrived (500 ms ago, the
+        // question expiring 200 ms ago) runs; a yes that arrived after the expiry does not.
+        let approved = |ago_ms: u64, expires_at: i64| {
+            let action = NewAction {
+                approved: Some(std::time::Duration::from_millis(ago_ms)),
+                ..asked_for(false, true)
+            };
+            let found = Some(journal_row(S::Awaiting, 0, expires_at));
+            reserve_step(7, Version(7), found, action, ours, now)
+        };
+        let (write, answer) = written(approved(500, 800));
+        assert_eq!((write.state, write.token), (S::Reserved, ours));
+        assert!(matches!(answer, R::Reserved(_)));
+        let (write, answer) = written(approved(100, 800));
+        assert_eq!(write.state, S::Refused);
+        assert!(matches!(answer, R::Refused(_)));
+        // Still fenced: a yes in a batch that moved on reserves nothing.
+        let moved = NewAction {
+            approved: Some(std::time::Duration::ZERO),
+            ..asked_for(false, true)
+        };
+        let found = Some(journal_row(S::Awaiting, 0, 9_000));
+        assert!(matches!(
+            reserve_step(8, Version(7), found, moved, ours, now),
+            ActionStep::Answer(R::Stale { .. })
+        ));
         // Facts stay, told as they are.
         for state in [S::Done, S::Unknown, S::Refused] {
             let row = journal_row(state, 2, 0);
@@ -759,13 +809,31 @@ mod tests {
         let (write, answer) = written(decide_step(expired, true, now));
         assert_eq!(write.state, ActionState::Refused);
         assert!(matches!(answer, Decision::Expired(_)));
+        // An approved call not yet run is still refused by a `/cancel`.
+        let (write, answer) = written(decide_step(
+            Some(journal_row(ActionState::Approved, 0, 1_001)),
+            false,
+            now,
+        ));
+        assert_eq!(write.state, ActionState::Refused);
+        assert!(matches!(answer, Decision::Decided(_)));
         assert!(matches!(
             decide_step(
                 Some(journal_row(ActionState::Approved, 0, 1_001)),
-                false,
+                true,
                 now
             ),
             ActionStep::Answer(Decision::AlreadyDecided(_))
         ));
+        for fact in [
+            ActionState::Reserved,
+            ActionState::Done,
+            ActionState::Refused,
+        ] {
+            assert!(matches!(
+                decide_step(Some(journal_row(fact, 2, 1_001)), false, now),
+                ActionStep::Answer(Decision::AlreadyDecided(_))
+            ));
+        }
     }
 }

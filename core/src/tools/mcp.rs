@@ -255,12 +255,23 @@ impl Toolbox for McpToolbox {
                 ),
                 CallOutcome::Timeout,
             ),
-            Ok(Err(e)) => ToolOutput::error(
+            // A JSON-RPC error is the server's answer: the call did not act.
+            Ok(Err(e @ rmcp::ServiceError::McpError(_))) => ToolOutput::error(
                 format!(
                     "the tool {name} failed: {}",
                     redact(lull_port::secrets::chain(&e))
                 ),
                 CallOutcome::Error,
+            ),
+            // Anything else failed after the request was written (the server died,
+            // the connection closed or broke, an HTTP error that is not an answer):
+            // it may have acted. Unknown is told, not guessed (docs/tools.md).
+            Ok(Err(e)) => ToolOutput::error(
+                format!(
+                    "the connection to the tool {name} ended before it answered: {}",
+                    redact(lull_port::secrets::chain(&e))
+                ),
+                CallOutcome::Lost,
             ),
             Ok(Ok(result)) => output(&result, self.settings.max_result_chars),
         }

@@ -95,19 +95,31 @@ pub struct ToolSpec {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CallOutcome {
     Ok,
-    /// The tool reported a failure (`isError`), or the server failed the request.
+    /// The tool reported a failure (`isError`), the server answered the request with
+    /// a JSON-RPC error, or the call could not be sent at all: it did not act.
     Error,
     /// No answer within the call's deadline.
     Timeout,
+    /// The request was written, then the call failed without an answer (the server
+    /// died, the connection closed or broke, an HTTP error that is no JSON-RPC
+    /// answer): it may or may not have acted.
+    Lost,
 }
 
 impl CallOutcome {
+    /// Whether the call may have acted without lull knowing: its request was written
+    /// and no answer came (a timeout, or a failure after the request: [`CallOutcome::Lost`]).
+    pub fn is_unknown(self) -> bool {
+        matches!(self, CallOutcome::Timeout | CallOutcome::Lost)
+    }
+
     /// The metric label.
     pub fn label(self) -> &'static str {
         match self {
             CallOutcome::Ok => "ok",
             CallOutcome::Error => "error",
             CallOutcome::Timeout => "timeout",
+            CallOutcome::Lost => "lost",
         }
     }
 }

@@ -2,15 +2,20 @@
 //! `/cancel ID`), sent as a message in the conversation, so it reaches a round like
 //! any message and is decided under the conversation's lease.
 //!
-//! The decision is the journal's compare-and-swap
-//! ([`ActionStore::decide_action`](crate::store::ActionStore::decide_action)): a
-//! double tap, or the same answer reaching two replicas, decides once; the approved
-//! call is then reserved like any call that acts, so it runs once. Only the person
-//! whose message led to the call, or an admin, may answer; a tool's output never can
-//! (only a person's message is read here). An expired question is refused.
+//! The answers of one batch make one decision per approval: a `/cancel` anywhere in
+//! the batch wins over an `/approve` (two quick taps). A yes is taken with the call's
+//! reservation, in one write fenced by the lease and `v0`
+//! ([`NewAction::approved`](crate::store::NewAction::approved)): a batch that moved on
+//! (a `/cancel` just arrived) decides nothing and runs nothing, and the next round,
+//! covering the newer messages too, decides again; a double tap, or the same answer
+//! reaching two replicas, runs the call once. A no is the journal's compare-and-swap
+//! ([`ActionStore::decide_action`](crate::store::ActionStore::decide_action)), which also
+//! refuses a call approved but not yet run. Only the people whose messages led to the
+//! call, or an admin, may answer; a tool's output never can (only a person's message is
+//! read here). A question that had expired when the answer arrived is refused.
 
 use super::{Interrupt, Round};
-use crate::domain::Version;
+use crate::domain::{Timestamp, Version};
 use crate::llm::{Prompt, ToolCall, ToolTurn};
 use crate::store::{
     ActionReservation, ActionRow, ActionState, ApprovalAnswer, Batch, BatchOf, ConversationAt,
@@ -43,12 +48,25 @@ fn answer_in(text: &str) -> Option<Answered> {
     Some(Answered { approve, id })
 }
 
+/// The decision a batch's answers make on one approval: the last answer decides,
+/// except that a `/cancel` anywhere in the batch wins over an `/approve` (two quick taps
+/// on different buttons: the safe one wins).
+struct Decided<'a> {
+    row: ActionRow,
+    approve: bool,
+    /// The first `/approve` of it, by arrival: its expiry is judged then.
+    approved_at: Option<Timestamp>,
+    /// The message whose answer is shown to the model as the decision.
+    message: &'a crate::store::PendingMessage,
+}
+
 impl Round<'_> {
     /// Decide the approvals the batch's messages answer, run the approved calls
-    /// (reserved, once), and show the model each as a tool turn. Returns the journal
+    /// (reserved, once: the yes and the reservation are one write, fenced by the
+    /// lease and `v0`), and show the model each as a tool turn. Returns the journal
     /// rows decided here, for the reply's report; `Err(version)`: a newer message
-    /// arrived before an approved call could be reserved (nothing ran; the next
-    /// round, covering it, decides again).
+    /// arrived before an approved call could be reserved (nothing ran, nothing was
+    /// decided; the next round, covering it, decides again — a `/cancel` in it wins).
     pub(super) async fn take_approvals(
         &self,
         batch: &Batch,
@@ -63,135 +81,35 @@ impl Round<'_> {
             .iter()
             .filter_map(|m| answer_in(&m.text).map(|a| (m, a)))
             .collect();
-        if answers.is_empty() {
+        let Some(earliest) = answers.iter().map(|(m, _)| m.received_at).min() else {
             return Ok(Ok(Vec::new()));
-        }
-        let admins = &d.settings.access.admins;
-        let mut decided = Vec::new();
-        for (message, answer) in answers {
-            let now = d.clock.now();
-            let open = d
-                .store
-                .open_approvals(ConversationAt {
+        };
+        let now = d.clock.now();
+        // Expiry is judged when an answer arrived, not when this round reads it.
+        let open = d
+            .store
+            .open_approvals(
+                ConversationAt {
                     conversation: self.conversation,
                     now,
-                })
-                .await?;
-            let row = match answer.id {
-                Some(id) => open.into_iter().find(|r| r.id == id),
-                None if open.len() == 1 => open.into_iter().next(),
-                None => None,
-            };
-            let call_id = format!("approval_{}", message.row);
-            let Some(row) = row else {
-                // Nothing open by that id: decided already, expired, or never asked.
-                let text = match answer.id {
-                    Some(id) => texts::no_open_approval_result(id),
-                    None => texts::WHICH_APPROVAL_RESULT.to_owned(),
-                };
-                prompt.turns.push(turn(&call_id, "approval", "{}", text));
-                continue;
-            };
-            let may = row.requested_by.as_deref() == Some(message.user_id.as_str())
-                || admins.contains(batch.conversation.platform, &message.user_id);
-            if !may {
-                tracing::info!(conversation = %self.conversation, action = row.id, "an approval answered by someone who may not; refused");
-                prompt.turns.push(turn(
-                    &call_id,
-                    &row.tool,
-                    &row.arguments,
-                    texts::NOT_YOURS_TO_APPROVE_RESULT.to_owned(),
-                ));
-                continue;
-            }
-            // The row as the decision left it (the report shows what is true now).
-            let mut row = row;
-            if row.state == ActionState::Awaiting {
-                match d
-                    .store
-                    .decide_action(ApprovalAnswer {
-                        conversation: self.conversation,
-                        id: row.id,
-                        approve: answer.approve,
-                        now,
-                    })
+                },
+                earliest.until(now),
+            )
+            .await?;
+        let decisions = self.decisions(batch, &answers, &open, prompt);
+        let mut decided = Vec::new();
+        for decision in decisions {
+            let call_id = format!("approval_{}", decision.message.row);
+            let (row, result) = if decision.approve {
+                match self
+                    .run_approved(batch, toolbox.as_ref(), &decision, now)
                     .await?
                 {
-                    Decision::Decided(now) | Decision::AlreadyDecided(now) => row = now,
-                    Decision::Expired(row) => {
-                        prompt.turns.push(turn(
-                            &call_id,
-                            &row.tool,
-                            &row.arguments,
-                            texts::APPROVAL_EXPIRED_RESULT.to_owned(),
-                        ));
-                        decided.push(row);
-                        continue;
-                    }
-                    Decision::NotFound => continue,
+                    Ok(result) => (decision.row, result),
+                    Err(version) => return Ok(Err(version)),
                 }
-            }
-            if !answer.approve || row.state == ActionState::Refused {
-                prompt.turns.push(turn(
-                    &call_id,
-                    &row.tool,
-                    &row.arguments,
-                    texts::REFUSED_ACTION_RESULT.to_owned(),
-                ));
-                decided.push(row);
-                continue;
-            }
-            // Approved: reserved like any call that acts (so it runs once), then run.
-            let spec = toolbox.tools().into_iter().find(|t| t.name == row.tool);
-            let idempotent = matches!(
-                spec.as_ref().map(|s| s.effect),
-                Some(Effect::Destructive { idempotent: true } | Effect::Acts { idempotent: true })
-            );
-            let action = NewAction {
-                key: row.key.clone(),
-                batch: row.batch,
-                tool: row.tool.clone(),
-                arguments: row.arguments.clone(),
-                idempotent,
-                needs_approval: true,
-                requested_by: row.requested_by.clone(),
-                expires_at: now
-                    .plus(d.settings.tools.call_timeout + super::tools::RESERVATION_MARGIN),
-            };
-            let lease = self.keeper.lease();
-            let result = match d
-                .store
-                .reserve_action(Reserve {
-                    lease: &lease,
-                    v0: batch.v0,
-                    action,
-                    now,
-                })
-                .await?
-            {
-                ActionReservation::Reserved(reserved) => match spec {
-                    Some(spec) => {
-                        let arguments =
-                            serde_json::from_str(&reserved.arguments).unwrap_or_default();
-                        self.run_reserved(batch, toolbox.as_ref(), &spec, arguments, &reserved)
-                            .await?
-                    }
-                    None => texts::unknown_tool_result(&row.tool),
-                },
-                ActionReservation::Done(done) => {
-                    texts::reused_result(&done.result.unwrap_or_default())
-                }
-                ActionReservation::Stale { version } => {
-                    // A newer message: the next round (covering this answer too)
-                    // decides again; the approval stays approved.
-                    return Ok(Err(version));
-                }
-                ActionReservation::Unknown(_) | ActionReservation::InFlight { .. } => {
-                    texts::OUTCOME_UNKNOWN_RESULT.to_owned()
-                }
-                ActionReservation::Awaiting { .. } | ActionReservation::Refused(_) => {
-                    texts::REFUSED_ACTION_RESULT.to_owned()
-                }
+            } else {
+                self.cancel(&decision, now).await?
             };
             prompt
                 .turns
@@ -208,6 +126,157 @@ impl Round<'_> {
             );
         }
         Ok(Ok(decided))
+    }
+
+    /// The batch's answers, one decision per open approval they name (a `/cancel`
+    /// anywhere wins), in the order of the approvals; answers naming nothing open, or
+    /// given by someone who may not, are told to the model here.
+    fn decisions<'a>(
+        &self,
+        batch: &Batch,
+        answers: &[(&'a crate::store::PendingMessage, Answered)],
+        open: &[ActionRow],
+        prompt: &mut Prompt,
+    ) -> Vec<Decided<'a>> {
+        let admins = &self.dispatcher.settings.access.admins;
+        let mut decided: Vec<Decided<'a>> = Vec::new();
+        for (message, answer) in answers {
+            let call_id = format!("approval_{}", message.row);
+            let row = match answer.id {
+                Some(id) => open.iter().find(|r| r.id == id),
+                None if open.len() == 1 => open.first(),
+                None => None,
+            };
+            let Some(row) = row else {
+                // Nothing open by that id: decided already, expired, or never asked.
+                let text = match answer.id {
+                    Some(id) => texts::no_open_approval_result(id),
+                    None => texts::WHICH_APPROVAL_RESULT.to_owned(),
+                };
+                prompt.turns.push(turn(&call_id, "approval", "{}", text));
+                continue;
+            };
+            let may = row.askers().contains(&message.user_id)
+                || admins.contains(batch.conversation.platform, &message.user_id);
+            if !may {
+                tracing::info!(conversation = %self.conversation, action = row.id, "an approval answered by someone who may not; refused");
+                prompt.turns.push(turn(
+                    &call_id,
+                    &row.tool,
+                    &row.arguments,
+                    texts::NOT_YOURS_TO_APPROVE_RESULT.to_owned(),
+                ));
+                continue;
+            }
+            let approved_at = answer.approve.then_some(message.received_at);
+            match decided.iter_mut().find(|d| d.row.id == row.id) {
+                Some(earlier) => {
+                    earlier.approve &= answer.approve;
+                    earlier.approved_at = earlier.approved_at.or(approved_at);
+                    earlier.message = message;
+                }
+                None => decided.push(Decided {
+                    row: row.clone(),
+                    approve: answer.approve,
+                    approved_at,
+                    message,
+                }),
+            }
+        }
+        decided.sort_by_key(|d| d.row.id);
+        decided
+    }
+
+    /// Refuse an approval (`/cancel`): an open question, or a call approved but not
+    /// yet run. The row after it, and what the model is told.
+    async fn cancel(
+        &self,
+        decision: &Decided<'_>,
+        now: Timestamp,
+    ) -> Result<(ActionRow, String), Interrupt> {
+        let answer = ApprovalAnswer {
+            conversation: self.conversation,
+            id: decision.row.id,
+            approve: false,
+            now,
+        };
+        Ok(match self.dispatcher.store.decide_action(answer).await? {
+            Decision::Decided(row) | Decision::Expired(row) => {
+                (row, texts::REFUSED_ACTION_RESULT.to_owned())
+            }
+            // Too late to refuse: reserved (running) or done by an earlier round.
+            Decision::AlreadyDecided(row) if row.state != ActionState::Refused => {
+                let told = texts::too_late_to_cancel_result(row.state.as_str());
+                (row, told)
+            }
+            Decision::AlreadyDecided(row) => (row, texts::REFUSED_ACTION_RESULT.to_owned()),
+            Decision::NotFound => (
+                decision.row.clone(),
+                texts::no_open_approval_result(decision.row.id),
+            ),
+        })
+    }
+
+    /// Take an approval's yes: the decision and the reservation in one write fenced by
+    /// the lease and `v0`, then run the call once. `Err(version)`: a newer message
+    /// arrived first (nothing decided, nothing ran), unless the cap forces this round's
+    /// reply out (then the call is told not run, and the approval stays open).
+    async fn run_approved(
+        &self,
+        batch: &Batch,
+        toolbox: &dyn crate::tools::Toolbox,
+        decision: &Decided<'_>,
+        now: Timestamp,
+    ) -> Result<Result<String, Version>, Interrupt> {
+        let d = self.dispatcher;
+        let row = &decision.row;
+        let spec = toolbox.tools().into_iter().find(|t| t.name == row.tool);
+        let idempotent = matches!(
+            spec.as_ref().map(|s| s.effect),
+            Some(Effect::Destructive { idempotent: true } | Effect::Acts { idempotent: true })
+        );
+        let action = NewAction {
+            key: row.key.clone(),
+            batch: row.batch,
+            tool: row.tool.clone(),
+            arguments: row.arguments.clone(),
+            idempotent,
+            needs_approval: true,
+            requested_by: row.requested_by.clone(),
+            expires_at: now.plus(d.settings.tools.call_timeout + super::tools::RESERVATION_MARGIN),
+            approved: Some(decision.approved_at.unwrap_or(now).until(now)),
+        };
+        let lease = self.keeper.lease();
+        let reserve = Reserve {
+            lease: &lease,
+            v0: batch.v0,
+            action,
+            now,
+        };
+        Ok(Ok(match d.store.reserve_action(reserve).await? {
+            ActionReservation::Reserved(reserved) => match spec {
+                Some(spec) => {
+                    let arguments = serde_json::from_str(&reserved.arguments).unwrap_or_default();
+                    self.run_reserved(batch, toolbox, &spec, arguments, &reserved)
+                        .await?
+                }
+                None => texts::unknown_tool_result(&row.tool),
+            },
+            ActionReservation::Done(done) => texts::reused_result(&done.result.unwrap_or_default()),
+            ActionReservation::Stale { .. } if self.at_cap(batch) => {
+                texts::MOVED_ON_RESULT.to_owned()
+            }
+            ActionReservation::Stale { version } => return Ok(Err(version)),
+            ActionReservation::Unknown(_) | ActionReservation::InFlight { .. } => {
+                texts::OUTCOME_UNKNOWN_RESULT.to_owned()
+            }
+            ActionReservation::Refused(refused) if refused.expires_at <= now => {
+                texts::APPROVAL_EXPIRED_RESULT.to_owned()
+            }
+            ActionReservation::Awaiting { .. } | ActionReservation::Refused(_) => {
+                texts::REFUSED_ACTION_RESULT.to_owned()
+            }
+        }))
     }
 }
 

@@ -177,12 +177,16 @@ impl Round<'_> {
             tracing::error!(%conversation, batch = batch.pending.len(), error = %error, "the model server refused the request; telling the user and moving on. Check {}", error.setting());
             texts::REFUSED_TEXT
         };
+        // Actions the batch took are facts: the notice that ends it says so, since no
+        // reply will.
+        let report = self.actions_report(batch, &[]).await?;
+        let notice = format!("{text}{report}");
         let given_up = d
             .store
             .give_up(GiveUp {
                 lease: &self.keeper.lease(),
                 batch,
-                notice: text,
+                notice: &notice,
                 now: d.clock.now(),
             })
             .await?;

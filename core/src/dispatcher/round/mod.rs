@@ -13,6 +13,8 @@ mod generate;
 mod media;
 mod tools;
 
+pub(super) use tools::action_lines;
+
 use std::sync::Arc;
 use std::time::Instant;
 

@@ -25,11 +25,11 @@ use crate::domain::{LeaseToken, Version};
 use crate::llm::{FailureKind, Generation, LlmError, Prompt, ToolCall, ToolTurn};
 use crate::metrics as names;
 use crate::store::{
-    ActionKey, ActionReservation, ActionResult, ActionRow, ActionState, Batch, BatchOf, NewAction,
-    OutboxRow, Reserve, canonical_json,
+    ActionKey, ActionReservation, ActionResult, ActionRow, ActionState, Askers, Batch, BatchOf,
+    NewAction, OutboxRow, Reserve, canonical_json,
 };
 use crate::texts;
-use crate::tools::{CallOutcome, Effect, ToolSpec, Toolbox, Users};
+use crate::tools::{Effect, ToolSpec, Toolbox, Users};
 
 /// How a round's generation ended.
 pub(super) enum Generated {
@@ -236,6 +236,15 @@ impl Round<'_> {
         version
     }
 
+    /// Whether the batch's oldest message has waited the cap: its reply is committed
+    /// (forced) whatever arrives from now on.
+    pub(super) fn at_cap(&self, batch: &Batch) -> bool {
+        let d = self.dispatcher;
+        batch
+            .oldest_pending_at()
+            .is_some_and(|oldest| d.settings.timers.cap_reached(d.clock.now(), oldest))
+    }
+
     /// What a generation stopped mid-way is charged: its prompt (estimated: the
     /// server never reported the usage of a request it did not finish).
     fn overtaken_spent(&self, prompt: &Prompt) -> Spent {
@@ -322,8 +331,9 @@ impl Round<'_> {
                 arguments: canonical.clone(),
                 idempotent,
                 needs_approval: destructive,
-                requested_by: batch.pending.last().map(|m| m.user_id.clone()),
+                requested_by: Askers::of(batch.pending.iter().map(|m| m.user_id.as_str())).stored(),
                 expires_at,
+                approved: None,
             };
             let lease = self.keeper.lease();
             let reservation = d
@@ -364,8 +374,13 @@ impl Round<'_> {
                 }
                 ActionReservation::Unknown(row) => {
                     count(&spec.server, &spec.tool, "unknown");
-                    tracing::warn!(conversation = %self.conversation, tool = %spec.name, action = row.id, "an earlier attempt of this action was interrupted; outcome unknown, not run again");
-                    return Ok(Answer::Result(texts::OUTCOME_UNKNOWN_RESULT.to_owned()));
+                    tracing::warn!(conversation = %self.conversation, tool = %spec.name, action = row.id, "an earlier attempt of this action gave no answer; outcome unknown, not run again");
+                    // Its recorded reason when it ended without an answer; else it
+                    // was interrupted before anything was recorded.
+                    let told = row
+                        .result
+                        .unwrap_or_else(|| texts::OUTCOME_UNKNOWN_RESULT.to_owned());
+                    return Ok(Answer::Result(told));
                 }
                 ActionReservation::Awaiting { row, asked_now } => {
                     if asked_now {
@@ -390,6 +405,14 @@ impl Round<'_> {
                     return Ok(Answer::Result(texts::REFUSED_ACTION_RESULT.to_owned()));
                 }
                 ActionReservation::Stale { version } => {
+                    if self.at_cap(batch) {
+                        // The cap forces this round's reply out whatever arrives: the
+                        // call is not run on the old picture, and the round goes on to
+                        // that reply (no loss: the bound holds with tools as without).
+                        count(&spec.server, &spec.tool, "moved");
+                        tracing::info!(conversation = %self.conversation, tool = %spec.name, v0 = batch.v0.0, version = version.0, "a newer message arrived before an action at the cap; not run, the forced reply says so");
+                        return Ok(Answer::Result(texts::MOVED_ON_RESULT.to_owned()));
+                    }
                     count(&spec.server, &spec.tool, "stale");
                     tracing::debug!(conversation = %self.conversation, tool = %spec.name, v0 = batch.v0.0, version = version.0, "a newer message arrived before an action; not acting on the old picture");
                     return Ok(Answer::Stale(version));
@@ -421,21 +444,23 @@ impl Round<'_> {
             () = self.stop.cancelled() => return Err(Interrupt::Stopped),
         };
         count(&spec.server, &spec.tool, output.outcome.label());
-        // An action without an answer in time may or may not have acted: recorded,
+        // An action without an answer (in time, or at all: the server died, the
+        // connection broke after the request) may or may not have acted: recorded,
         // and told, as of unknown outcome (never as a plain failure).
-        let text = if output.outcome == CallOutcome::Timeout {
-            tracing::warn!(conversation = %self.conversation, tool = %spec.name, "an action timed out; its outcome is unknown");
-            texts::timed_out_action_result(&output.text)
+        let unknown = output.outcome.is_unknown();
+        let text = if unknown {
+            tracing::warn!(conversation = %self.conversation, tool = %spec.name, outcome = output.outcome.label(), "an action gave no answer; its outcome is unknown");
+            texts::unknown_action_result(&output.text)
         } else {
             output.text.clone()
         };
-        self.record(&row.key, row.token, &text, output.is_error)
+        self.record(&row.key, row.token, &text, output.is_error, unknown)
             .await;
         // The result is recorded; the round goes on only under its lease.
         if self.keeper.is_lost() {
             return Err(Interrupt::LeaseLost);
         }
-        Ok(if output.outcome == CallOutcome::Timeout {
+        Ok(if unknown {
             text
         } else {
             result_text(&output.text, output.is_error)
@@ -461,7 +486,14 @@ impl Round<'_> {
 
     /// Record a call's result, retried until it lands (a finished action is a fact;
     /// after the hard stop, a few more tries, then one error line).
-    async fn record(&self, key: &ActionKey, token: LeaseToken, text: &str, is_error: bool) {
+    async fn record(
+        &self,
+        key: &ActionKey,
+        token: LeaseToken,
+        text: &str,
+        is_error: bool,
+        unknown: bool,
+    ) {
         let d = self.dispatcher;
         let mut tries_after_stop = 0;
         let mut attempt = 0u32;
@@ -473,6 +505,7 @@ impl Round<'_> {
                     token,
                     result: text,
                     is_error,
+                    unknown,
                     now: d.clock.now(),
                 })
                 .await
@@ -531,11 +564,12 @@ impl Round<'_> {
 }
 
 /// One line per action of the journal, as the user and the model are told them.
-fn action_lines(rows: &[ActionRow]) -> Vec<String> {
+pub(in crate::dispatcher) fn action_lines(rows: &[ActionRow]) -> Vec<String> {
     rows.iter()
         .map(|row| {
             let call = format!("{} {}", row.tool, shortened(&row.arguments));
             match row.state {
+                // Rows of versions before unknown outcomes were stored as such.
                 ActionState::Done
                     if row.is_error
                         && row
@@ -543,10 +577,13 @@ fn action_lines(rows: &[ActionRow]) -> Vec<String> {
                             .as_deref()
                             .is_some_and(|r| r.starts_with(texts::OUTCOME_UNKNOWN_PREFIX)) =>
                 {
-                    format!("⚠ {call}: outcome unknown (no answer in time)")
+                    format!("⚠ {call}: outcome unknown (no answer)")
                 }
                 ActionState::Done if row.is_error => format!("✗ {call} failed"),
                 ActionState::Done => format!("✓ {call}"),
+                ActionState::Unknown if row.result.is_some() => {
+                    format!("⚠ {call}: outcome unknown (no answer)")
+                }
                 ActionState::Unknown | ActionState::Reserved => {
                     format!("⚠ {call}: outcome unknown")
                 }

@@ -28,6 +28,7 @@ fn call(
         needs_approval: false,
         requested_by: Some("u1".into()),
         expires_at,
+        approved: None,
     }
 }
 
@@ -109,12 +110,24 @@ async fn of_batch(store: &dyn Store, conversation: ConversationId, batch: i64) -
 }
 
 async fn finish(store: &dyn Store, key: &ActionKey, token: LeaseToken, result: &str) -> bool {
+    finish_as(store, key, token, result, false).await
+}
+
+/// Store a result, `unknown` when the call ended without an answer.
+async fn finish_as(
+    store: &dyn Store,
+    key: &ActionKey,
+    token: LeaseToken,
+    result: &str,
+    unknown: bool,
+) -> bool {
     store
         .finish_action(ActionResult {
             key,
             token,
             result,
-            is_error: false,
+            is_error: unknown,
+            unknown,
             now: at(0),
         })
         .await
@@ -141,7 +154,10 @@ async fn decide(
 
 async fn open(store: &dyn Store, conversation: ConversationId, now: Timestamp) -> Vec<i64> {
     store
-        .open_approvals(ConversationAt { conversation, now })
+        .open_approvals(
+            ConversationAt { conversation, now },
+            std::time::Duration::ZERO,
+        )
         .await
         .expect("reading open approvals")
         .iter()
@@ -190,6 +206,39 @@ pub async fn a_reservation_is_stored_once_and_finished_once(store: &dyn Store) {
         "a fact is not rewritten"
     );
     assert_eq!(of_batch(store, id, start).await, vec![done]);
+}
+
+/// A call that ended without an answer after its request was written is stored
+/// `unknown`, with the reason as its result: a later round of the batch is told so and
+/// never runs it again (it is not idempotent), and a late real result of the same
+/// token still makes it `done`.
+pub async fn a_call_without_an_answer_is_stored_unknown(store: &dyn Store) {
+    let a = holder("a");
+    let (id, lease, batch) = round(store, &http("c1"), &a, &["m1"], at(1000)).await;
+    let start = batch.pending[0].row;
+    let action = call(id, start, "files__write", 1, at(6000));
+    reserved(store, &lease, batch.v0, &action, at(1100)).await;
+    assert!(
+        finish_as(
+            store,
+            &action.key,
+            lease.token,
+            "Outcome unknown: closed",
+            true
+        )
+        .await
+    );
+    let ActionReservation::Unknown(row) = reserve(store, &lease, batch.v0, &action, at(1200)).await
+    else {
+        panic!("an unanswered call is unknown");
+    };
+    assert_eq!(
+        (row.state, row.result.as_deref()),
+        (ActionState::Unknown, Some("Outcome unknown: closed"))
+    );
+    assert!(finish(store, &action.key, lease.token, "written").await);
+    let rows = of_batch(store, id, start).await;
+    assert_eq!(rows[0].state, ActionState::Done, "a late answer is a fact");
 }
 
 /// A reservation is the final check moved in front of the side effect: at a version
@@ -336,8 +385,9 @@ pub async fn an_approval_is_asked_once_and_decided_once(store: &dyn Store) {
     };
     assert_eq!(approved.state, ActionState::Approved);
     assert_eq!(
-        decide(store, id, row.id, false, at(1500)).await,
-        Decision::AlreadyDecided(approved.clone())
+        decide(store, id, row.id, true, at(1500)).await,
+        Decision::AlreadyDecided(approved.clone()),
+        "a double tap decides once"
     );
     assert_eq!(
         open(store, id, at(1600)).await,
@@ -351,7 +401,23 @@ pub async fn an_approval_is_asked_once_and_decided_once(store: &dyn Store) {
     let running = reserved(store, &lease, batch.v0, &run, at(1700)).await;
     assert_eq!((running.id, running.expires_at), (row.id, at(7000)));
     assert!(open(store, id, at(1800)).await.is_empty());
+    let Decision::AlreadyDecided(late) = decide(store, id, row.id, false, at(1850)).await else {
+        panic!("a /cancel after the reservation is too late");
+    };
+    assert_eq!(late.state, ActionState::Reserved);
     assert!(finish(store, &drop_table.key, lease.token, "dropped").await);
+    // Approved, then cancelled before it ran: refused, never run.
+    let purge = destructive(call(id, start, "db__purge", 1, question));
+    let pending = asked(store, &lease, batch.v0, &purge, at(1860)).await;
+    decide(store, id, pending.id, true, at(1870)).await;
+    let Decision::Decided(cancelled) = decide(store, id, pending.id, false, at(1880)).await else {
+        panic!("an approved call not yet run is still cancelled");
+    };
+    assert_eq!(cancelled.state, ActionState::Refused);
+    assert!(matches!(
+        reserve(store, &lease, batch.v0, &purge, at(1890)).await,
+        ActionReservation::Refused(_)
+    ));
     // Refused: never run.
     let wipe = destructive(call(id, start, "db__wipe", 1, question));
     let pending = asked(store, &lease, batch.v0, &wipe, at(1900)).await;
@@ -471,7 +537,60 @@ pub async fn a_batch_lists_its_actions_and_open_approvals_only_open_ones(store: 
     assert_eq!(open(store, other, at(1900)).await.len(), 1);
 }
 
-/// Two answers at once (a double tap, two replicas): exactly one decides.
+/// A yes taken with the reservation (the round's way): judged open at the answer's
+/// arrival, so an answer that came before the question expired runs although the round
+/// reads it after; one that came after does not; and a batch that moved on takes
+/// nothing (the question stays open for the round that covers the newer messages).
+pub async fn a_yes_is_taken_with_its_reservation_judged_at_its_arrival(store: &dyn Store) {
+    use std::time::Duration;
+    let a = holder("a");
+    let (id, lease, batch) = round(store, &http("c1"), &a, &["m1"], at(1000)).await;
+    let start = batch.pending[0].row;
+    let ask = destructive(call(id, start, "db__drop", 1, at(3000)));
+    let row = asked(store, &lease, batch.v0, &ask, at(1100)).await;
+    // Read at 3.5 s, the answers having arrived at 2.5 s: still open then.
+    let listed = store
+        .open_approvals(
+            ConversationAt {
+                conversation: id,
+                now: at(3500),
+            },
+            Duration::from_millis(1000),
+        )
+        .await
+        .unwrap();
+    assert_eq!(listed.iter().map(|r| r.id).collect::<Vec<_>>(), [row.id]);
+    let yes = |ago: u64| NewAction {
+        approved: Some(Duration::from_millis(ago)),
+        expires_at: at(9000),
+        ..ask.clone()
+    };
+    stored(store, message(http("c1"), "m2"), &a, at(3400)).await;
+    assert!(
+        matches!(
+            reserve(store, &lease, batch.v0, &yes(1000), at(3500)).await,
+            ActionReservation::Stale { .. }
+        ),
+        "a batch that moved on takes nothing"
+    );
+    let fresh = collect(store, id).await;
+    let running = reserved(store, &lease, fresh.v0, &yes(1000), at(3500)).await;
+    assert_eq!((running.id, running.state), (row.id, ActionState::Reserved));
+
+    let late = destructive(call(id, start, "db__wipe", 1, at(3000)));
+    asked(store, &lease, fresh.v0, &late, at(1100)).await;
+    let after = NewAction {
+        approved: Some(Duration::from_millis(100)),
+        ..late.clone()
+    };
+    assert!(matches!(
+        reserve(store, &lease, fresh.v0, &after, at(3500)).await,
+        ActionReservation::Refused(_)
+    ));
+}
+
+/// Two answers at once (a double tap, two replicas): two yeses decide once; a yes and
+/// a no end refused in either order (the no decides, after the yes or instead of it).
 pub async fn concurrent_decisions_decide_once(store: &dyn Store) {
     let a = holder("a");
     let (id, lease, batch) = round(store, &http("c1"), &a, &["m1"], at(1000)).await;
@@ -494,15 +613,30 @@ pub async fn concurrent_decisions_decide_once(store: &dyn Store) {
             }),
         );
         let answers = [yes.unwrap(), no.unwrap()];
+        assert!(
+            matches!(&answers[1], Decision::Decided(row) if row.state == ActionState::Refused),
+            "{answers:?}"
+        );
+        let rows = of_batch(store, id, start).await;
+        let row = rows.iter().find(|r| r.id == pending.id).unwrap();
+        assert_eq!(row.state, ActionState::Refused, "{answers:?}");
+        let ask = destructive(call(id, start, "db__keep", n, at(9000)));
+        let pending = asked(store, &lease, batch.v0, &ask, at(1100)).await;
+        let tap = || {
+            store.decide_action(ApprovalAnswer {
+                conversation: id,
+                id: pending.id,
+                approve: true,
+                now: at(1200),
+            })
+        };
+        let (one, two) = tokio::join!(tap(), tap());
+        let answers = [one.unwrap(), two.unwrap()];
         let decided = answers
             .iter()
             .filter(|d| matches!(d, Decision::Decided(_)))
             .count();
-        let already = answers
-            .iter()
-            .filter(|d| matches!(d, Decision::AlreadyDecided(_)))
-            .count();
-        assert_eq!((decided, already), (1, 1), "{answers:?}");
+        assert_eq!(decided, 1, "{answers:?}");
     }
 }
 

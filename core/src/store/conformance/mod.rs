@@ -107,6 +107,7 @@ macro_rules! store_conformance {
             a_stale_reply_stores_no_held_out_notice,
             an_access_decision_replaces_the_earlier_one,
             a_reservation_is_stored_once_and_finished_once,
+            a_call_without_an_answer_is_stored_unknown,
             a_stale_or_unfenced_reservation_stores_nothing,
             an_abandoned_reservation_is_in_flight_then_unknown,
             an_abandoned_idempotent_reservation_is_reserved_again,
@@ -114,11 +115,13 @@ macro_rules! store_conformance {
             an_expired_approval_is_refused,
             a_batch_lists_its_actions_and_open_approvals_only_open_ones,
             concurrent_decisions_decide_once,
+            a_yes_is_taken_with_its_reservation_judged_at_its_arrival,
             concurrent_reservations_of_one_key_store_one_row,
             the_status_counts_what_the_rows_say,
             a_setting_is_applied_once_and_per_conversation,
             a_setting_changed_mid_generation_makes_the_reply_stale,
             stop_closes_the_pending_messages_and_the_generation,
+            a_control_fences_even_a_forced_reply,
             an_idle_conversation_starts_afresh,
             retry_answers_the_last_batch_again,
             concurrent_picks_apply_once_and_never_slip_under_a_commit,
@@ -206,7 +209,8 @@ fn message(conversation: ConversationRef, id: &str) -> NewMessage {
         message_id: id.into(),
         user_id: "u1".into(),
         author: "Ann".into(),
-        text: format!("text of {id}"),
+        // A complete sentence: adaptive waiting gives a fragment the full window.
+        text: format!("text of {id}."),
         media: Vec::new(),
     }
 }

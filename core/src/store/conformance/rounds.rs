@@ -153,8 +153,8 @@ pub async fn a_commit_answers_the_batch(store: &dyn Store) {
         next.history,
         [Exchange {
             user: vec![
-                Said::new("Ann", "text of m1"),
-                Said::new("Ann", "text of m2")
+                Said::new("Ann", "text of m1."),
+                Said::new("Ann", "text of m2.")
             ],
             reply: "answer".into(),
         }]

@@ -1,11 +1,13 @@
 //! Conformance of the settings area: a conversation's own choices, applied once and
 //! fresh, and `/stop`.
 
-use super::{at, collect, committed, holder, http, mark, message, round, stale, stored};
+use super::{
+    at, collect, committed, holder, http, mark, message, pending_ids, release, round, stale, stored,
+};
 use crate::domain::{ConversationRef, Timestamp};
 use crate::store::{
-    CommandClaim, ConversationSettings, IdleForget, ReplyCommit, RetryOutcome, RetryRequest,
-    Setting, SettingChange, SettingOutcome, Stop, Stopped, Store,
+    CommandClaim, ContextReset, ConversationSettings, IdleForget, ReplyCommit, RetryOutcome,
+    RetryRequest, Setting, SettingChange, SettingOutcome, Stop, Stopped, Store,
 };
 
 /// `/stop` of the direct conversation `conversation` at `now`.
@@ -99,6 +101,71 @@ pub async fn a_setting_changed_mid_generation_makes_the_reply_stale(store: &dyn 
     );
     committed(store, &lease, &again, "answer", at(1200)).await;
     assert!(collect(store, id).await.pending.is_empty());
+}
+
+/// A control fences even a reply the cap would force out: after a setting change, and
+/// after `/new`, a round that collected its batch before the control commits nothing at
+/// the cap (its messages took the control's version); the round after it answers the
+/// same messages, and after `/new` only its reply is history.
+pub async fn a_control_fences_even_a_forced_reply(store: &dyn Store) {
+    let a = holder("a");
+    let c1 = http("c1");
+    let (id, lease, batch) = round(store, &c1, &a, &["m1", "m2"], at(1000)).await;
+    let SettingOutcome::Changed { version, .. } =
+        change(store, &c1, Setting::Prompt, Some("Be brief.")).await
+    else {
+        panic!("the prompt was not changed");
+    };
+    // At 5 s the oldest message has waited past the 4 s cap: a reply stale by a new
+    // message would be forced out; one stale by a control is not.
+    assert_eq!(stale(store, &lease, &batch, at(5000)).await, version);
+    let again = collect(store, id).await;
+    assert_eq!(pending_ids(&again), ["m1", "m2"], "still pending");
+    committed(store, &lease, &again, "first answer", at(5100)).await;
+    release(store, &lease, at(5200)).await;
+
+    // m3 is stored at 0 (the helper's timeline): its cap has passed by 6 s.
+    let (_, lease, batch) = round(store, &c1, &a, &["m3"], at(6000)).await;
+    let reset = store
+        .reset_context(ContextReset {
+            conversation: &c1,
+            is_group: false,
+            holder: &a,
+            now: at(6100),
+        })
+        .await
+        .expect("resetting");
+    assert_eq!(reset.conversation, id);
+    assert!(reset.version > batch.v0, "/new moves the version");
+    assert_eq!(stale(store, &lease, &batch, at(6200)).await, reset.version);
+    let fresh = collect(store, id).await;
+    assert_eq!(pending_ids(&fresh), ["m3"], "kept for the fresh context");
+    assert!(fresh.history.is_empty(), "{:?}", fresh.history);
+    committed(store, &lease, &fresh, "fresh answer", at(6300)).await;
+    stored(store, message(c1.clone(), "m4"), &a, at(6400)).await;
+    let after = collect(store, id).await;
+    let replies: Vec<&str> = after.history.iter().map(|e| e.reply.as_str()).collect();
+    assert_eq!(
+        replies,
+        ["fresh answer"],
+        "only the answer after /new is history"
+    );
+    // With nothing pending, /new leaves the conversation settled.
+    committed(store, &lease, &after, "last", at(6500)).await;
+    store
+        .reset_context(ContextReset {
+            conversation: &c1,
+            is_group: false,
+            holder: &a,
+            now: at(6600),
+        })
+        .await
+        .expect("resetting");
+    let settled = collect(store, id).await;
+    assert!(
+        settled.pending.is_empty() && settled.timer.is_none(),
+        "{settled:?}"
+    );
 }
 
 /// `/stop` closes every pending message without a reply: the reply in flight is stale

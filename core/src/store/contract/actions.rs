@@ -10,12 +10,15 @@
 //! call reads the row instead of running the call again.
 //!
 //! States, and the only moves between them:
-//! - `reserved` → `done` ([`ActionStore::finish_action`], by the reserving token);
+//! - `reserved` → `done` ([`ActionStore::finish_action`], by the reserving token), or
+//!   `unknown` when the call failed after its request was written;
 //! - `reserved` → `unknown` (its reservation expired without a result, found by a
 //!   later round; a tool declared idempotent is reserved again instead);
-//! - `awaiting` → `approved` | `refused` ([`ActionStore::decide_action`], once;
-//!   `awaiting` past its expiry → `refused` when found);
-//! - `approved` → `reserved` (the next round's reservation of it).
+//! - `awaiting` → `reserved` (the person's `/approve`, taken with the reservation in one
+//!   fenced write: [`NewAction::approved`]) | `refused` ([`ActionStore::decide_action`]:
+//!   `/cancel`; `awaiting` past its expiry → `refused` when found);
+//! - `approved` (rows of earlier versions, decided apart from their reservation) →
+//!   `reserved` while its question is open, `refused` by a `/cancel` or once expired.
 //!
 //! `done`, `unknown` and `refused` are facts: nothing moves them again, except that a
 //! late result of the reserving token turns `unknown` into `done` (the call did run).
@@ -95,7 +98,8 @@ pub enum ActionState {
     Unknown,
     /// A destructive call waiting for the person's yes.
     Awaiting,
-    /// The person said yes; the next round runs it.
+    /// The person said yes, decided apart from the reservation (earlier versions);
+    /// reserved while its question is open, refused after, or by a `/cancel`.
     Approved,
     /// Said no, or the question expired: never run.
     Refused,
@@ -156,9 +160,68 @@ pub struct ActionRow {
     /// For a reservation: when, without a result, it counts as abandoned. For an
     /// approval: when the question expires. On the caller's timeline.
     pub expires_at: Timestamp,
-    /// The user whose message led to the call (who may approve it, besides admins).
+    /// The users whose messages led to the call (who may approve it, besides admins),
+    /// as [`Askers::stored`] writes them; read them with [`ActionRow::askers`].
     pub requested_by: Option<String>,
     pub created_at: Timestamp,
+}
+
+impl ActionRow {
+    /// The users who may answer this action's approval besides admins: every author of
+    /// the messages the call answered.
+    pub fn askers(&self) -> Askers {
+        Askers::parse(self.requested_by.as_deref())
+    }
+}
+
+/// The authors of the messages a call answers: in a group, everyone whose message was
+/// in the batch asked for it, not only the last one to write (who may be someone
+/// chatting 0.2 s after the request).
+///
+/// Stored in one text column: a single id as itself (as rows before several askers
+/// were kept), several (or one that starts with `[`) as a JSON array, so no single id
+/// can read as a list.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Askers(pub Vec<String>);
+
+impl Askers {
+    /// The distinct ids of `authors`, in order of first appearance.
+    pub fn of<'a>(authors: impl IntoIterator<Item = &'a str>) -> Askers {
+        let mut ids: Vec<String> = Vec::new();
+        for id in authors {
+            if !ids.iter().any(|known| known == id) {
+                ids.push(id.to_owned());
+            }
+        }
+        Askers(ids)
+    }
+
+    /// The column's text (`None`: nobody).
+    pub fn stored(&self) -> Option<String> {
+        match self.0.as_slice() {
+            [] => None,
+            [one] if !one.starts_with('[') => Some(one.clone()),
+            many => Some(serde_json::Value::from(many.to_vec()).to_string()),
+        }
+    }
+
+    /// The askers a stored column names.
+    pub fn parse(stored: Option<&str>) -> Askers {
+        let Some(text) = stored else {
+            return Askers::default();
+        };
+        if text.starts_with('[')
+            && let Ok(ids) = serde_json::from_str::<Vec<String>>(text)
+        {
+            return Askers(ids);
+        }
+        Askers(vec![text.to_owned()])
+    }
+
+    /// Whether `user` is one of them.
+    pub fn contains(&self, user: &str) -> bool {
+        self.0.iter().any(|id| id == user)
+    }
 }
 
 /// A call to reserve ([`ActionStore::reserve_action`]).
@@ -173,9 +236,17 @@ pub struct NewAction {
     pub idempotent: bool,
     /// A destructive call: stored `awaiting` the person's yes instead of reserved.
     pub needs_approval: bool,
+    /// [`Askers::stored`] of the batch's authors.
     pub requested_by: Option<String>,
     /// The reservation's expiry (or the question's, for an approval).
     pub expires_at: Timestamp,
+    /// A person's `/approve` of this (awaiting) call, read in the round's batch: it
+    /// arrived this long before the reservation's `now`. The decision and the
+    /// reservation are one write, fenced like any reservation (lease, `v0`): an
+    /// `awaiting` row whose question was still open when the answer arrived moves
+    /// straight to `reserved`; one that had expired by then is `refused`. `None` for a
+    /// call the model asks for.
+    pub approved: Option<std::time::Duration>,
 }
 
 /// What a reservation found ([`ActionStore::reserve_action`]).
@@ -235,6 +306,10 @@ pub struct ActionResult<'a> {
     pub result: &'a str,
     /// The tool reported a failure (the call ran all the same: still a fact).
     pub is_error: bool,
+    /// The call failed after its request was written (no answer in time, the server
+    /// died or the connection broke): it may or may not have acted. Stored `unknown`
+    /// (with `result` saying why), never `done`: unknown is told, not guessed.
+    pub unknown: bool,
     pub now: Timestamp,
 }
 
@@ -268,7 +343,8 @@ pub trait ActionStore: Send + Sync + 'static {
     async fn reserve_action(&self, request: Reserve<'_>) -> Result<ActionReservation, StoreError>;
 
     /// Store the result of a call reserved by `token`: `reserved` (or `unknown`: the
-    /// call did run after all) → `done`. Not fenced by the lease: an action that ran
+    /// call did run after all) → `done`, or → `unknown` when the result is that the
+    /// outcome is unknown ([`ActionResult::unknown`]). Not fenced by the lease: an action that ran
     /// is a fact even when the lease was lost meanwhile. `false`: no row of that key
     /// reserved by that token (nothing changed).
     async fn finish_action(&self, result: ActionResult<'_>) -> Result<bool, StoreError>;
@@ -280,20 +356,42 @@ pub trait ActionStore: Send + Sync + 'static {
     /// [`ActionStore::reserve_action`] and [`ActionStore::open_approvals`]).
     async fn actions_of_batch(&self, batch: BatchOf) -> Result<Vec<ActionRow>, StoreError>;
 
-    /// The conversation's approvals: rows `awaiting` (not yet expired at `now`) and
-    /// `approved` (not yet run), oldest first.
-    async fn open_approvals(&self, at: ConversationAt) -> Result<Vec<ActionRow>, StoreError>;
+    /// The conversation's approvals: rows `awaiting` whose question was still open
+    /// `answered` before `now` (when the answers being read arrived: expiry is judged
+    /// at an answer's arrival, not when a round reads it) and `approved` (not yet run),
+    /// oldest first.
+    async fn open_approvals(
+        &self,
+        at: ConversationAt,
+        answered: std::time::Duration,
+    ) -> Result<Vec<ActionRow>, StoreError>;
 
     /// Answer the approval `id` of `conversation`: `awaiting` → `approved` (or
-    /// `refused`), once, by compare-and-swap (a double tap or two replicas: one
-    /// decides, the other is told [`Decision::AlreadyDecided`]). Who may answer is the
-    /// caller's check (the row's `requested_by`, or an admin).
+    /// `refused`), or `approved` → `refused` (a `/cancel` of a call approved but not
+    /// yet run), once, by compare-and-swap (a double tap or two replicas: one decides,
+    /// the other is told [`Decision::AlreadyDecided`]). Who may answer is the caller's
+    /// check ([`ActionRow::askers`], or an admin). A round takes a yes with the
+    /// reservation instead ([`NewAction::approved`]).
     async fn decide_action(&self, answer: ApprovalAnswer) -> Result<Decision, StoreError>;
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn askers_are_stored_so_no_single_id_reads_as_a_list() {
+        let one = Askers::of(["ann", "ann"]);
+        assert_eq!(one.stored().as_deref(), Some("ann"));
+        let two = Askers::of(["ann", "bob", "ann"]);
+        assert_eq!(two.stored().as_deref(), Some(r#"["ann","bob"]"#));
+        for askers in [one, two, Askers::of([r#"["ann"]"#])] {
+            assert_eq!(Askers::parse(askers.stored().as_deref()), askers);
+        }
+        let tricky = Askers::of([r#"["ann"]"#]);
+        assert!(!Askers::parse(tricky.stored().as_deref()).contains("ann"));
+        assert_eq!(Askers::parse(None), Askers::default());
+    }
 
     #[test]
     fn canonical_json_sorts_keys_at_every_depth_and_drops_spaces() {

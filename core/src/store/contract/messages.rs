@@ -65,6 +65,14 @@ pub struct ContextReset<'a> {
     pub now: Timestamp,
 }
 
+/// What [`MessageStore::reset_context`] did: the conversation's row and the version the
+/// reset moved it to (a round in flight at an older `v0` is stale).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContextWasReset {
+    pub conversation: ConversationId,
+    pub version: Version,
+}
+
 /// Conversations of `platform` active at or after `since`, at most `limit` of them
 /// ([`MessageStore::recent_conversations`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,7 +109,12 @@ pub trait MessageStore: Send + Sync + 'static {
     /// [`LimitStore::charge_tokens`](crate::store::LimitStore::charge_tokens)): it is no way around a limit.
     /// The group context kept beside the conversation (overheard messages) is forgotten
     /// in the same transaction.
-    async fn reset_context(&self, reset: ContextReset<'_>) -> Result<(), StoreError>;
+    ///
+    /// Fresh: the reset moves the conversation's version like every control, and the
+    /// pending messages take the new version, so a generation in flight (its reply
+    /// written from the history the reset forgot) fails its final check, even a commit
+    /// the cap forces (it covers only messages unchanged since it collected them).
+    async fn reset_context(&self, reset: ContextReset<'_>) -> Result<ContextWasReset, StoreError>;
 
     /// Conversations of `platform` whose last stored message arrived at or after
     /// `since`, most recently active first, at most `limit`. Each carries the platform

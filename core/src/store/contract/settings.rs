@@ -64,6 +64,9 @@ pub struct Stopped {
     /// The platform message ids of the pending messages closed without a reply (their
     /// ack reactions are taken off).
     pub closed: Vec<String>,
+    /// The first closed message's row: the batch the closed messages' actions are
+    /// keyed by ([`BatchOf`](crate::store::BatchOf)); `None` when nothing was pending.
+    pub batch: Option<i64>,
 }
 
 /// What `/retry` did.

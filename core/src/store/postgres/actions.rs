@@ -97,7 +97,8 @@ impl ActionStore for PostgresStore {
                 let now = self.now(&tx, caller).await?;
                 let changed = execute(
                     &tx,
-                    "UPDATE actions SET state = 'done', result = $3, is_error = $4, updated_at = $5
+                    "UPDATE actions SET state = CASE WHEN $6 THEN 'unknown' ELSE 'done' END,
+                         result = $3, is_error = $4, updated_at = $5
                  WHERE key = $1 AND token = $2 AND state IN ('reserved', 'unknown')",
                     &[
                         &done.key.0,
@@ -105,6 +106,7 @@ impl ActionStore for PostgresStore {
                         &done.result,
                         &done.is_error,
                         &now.db.0,
+                        &done.unknown,
                     ],
                     "storing an action's result",
                 )
@@ -129,12 +131,18 @@ impl ActionStore for PostgresStore {
         })
     }
 
-    async fn open_approvals(&self, at: ConversationAt) -> Result<Vec<ActionRow>, StoreError> {
+    async fn open_approvals(
+        &self,
+        at: ConversationAt,
+        answered: std::time::Duration,
+    ) -> Result<Vec<ActionRow>, StoreError> {
         let caller = at.now;
         transaction!(self, Operation::Read, "reading open approvals", |tx| {
             async {
                 let now = self.now(&tx, caller).await?;
-                let params: [&(dyn ToSql + Sync); 2] = [&at.conversation.0, &now.db.0];
+                // Open when the answers arrived, not now.
+                let open_at = now.db.minus(answered);
+                let params: [&(dyn ToSql + Sync); 2] = [&at.conversation.0, &open_at.0];
                 read_rows(
                     &tx,
                     OPEN_APPROVALS_SQL,

@@ -11,7 +11,7 @@ use crate::domain::{ConversationId, ConversationRef, HolderId, Timestamp, Versio
 use crate::rhythm::{Cue, Waits};
 use crate::store::faults::Operation;
 use crate::store::rules::Arming;
-use crate::store::{ContextReset, RecentQuery, StoredBy};
+use crate::store::{ContextReset, ContextWasReset, RecentQuery, StoredBy};
 use crate::store::{
     IngestOutcome, MessageEdit, MessageStore, NewMessage, RecentConversation, StoreError,
 };
@@ -111,19 +111,27 @@ impl MessageStore for PostgresStore {
         })
     }
 
-    async fn reset_context(&self, reset: ContextReset<'_>) -> Result<(), StoreError> {
+    async fn reset_context(&self, reset: ContextReset<'_>) -> Result<ContextWasReset, StoreError> {
         transaction!(self, Operation::Other, "resetting the context", |tx| {
             async {
                 let now = self.now(&tx, reset.now).await?;
                 let id =
                     upsert_conversation(&tx, reset.conversation, reset.is_group, now.db).await?;
-                execute(
+                // History offers replies after the version the reset found; the version
+                // moves past it (fresh: a reply in flight, written from the forgotten
+                // history, is stale), and the pending messages move with it.
+                let version = query_one(
                     &tx,
-                    "UPDATE conversations SET context_version = version WHERE id = $1",
-                    &[&id.0],
+                    "UPDATE conversations SET context_version = version, version = version + $2,
+                         answered_version = CASE WHEN answered_version = version
+                                                 THEN version + $2 ELSE answered_version END
+                     WHERE id = $1 RETURNING version",
+                    &[&id.0, &super::settings::step()],
                     "resetting the context",
                 )
-                .await?;
+                .await?
+                .get(0);
+                super::settings::fence_pending(&tx, id).await?;
                 execute(
                     &tx,
                     "DELETE FROM overheard WHERE conversation_id = $1",
@@ -141,7 +149,10 @@ impl MessageStore for PostgresStore {
                     "clearing the failure backoff",
                 )
                 .await?;
-                Ok(())
+                Ok(ContextWasReset {
+                    conversation: id,
+                    version: Version(version),
+                })
             }
             .await
         })

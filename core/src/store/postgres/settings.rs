@@ -98,17 +98,16 @@ impl SettingStore for PostgresStore {
                 let (version, answered): (i64, i64) = (row.get(0), row.get(1));
                 // No reply to a closed message: it takes the new version, past every v0
                 // collected before, so even a commit the cap forces covers none of them.
-                let closed = query(
+                let rows = query(
                     &tx,
                     "UPDATE messages SET version = $2 WHERE conversation_id = $1 AND version > $3
-                     RETURNING platform_message_id",
+                     RETURNING id, platform_message_id",
                     &[&id.0, &version, &answered],
                     "closing pending messages",
                 )
-                .await?
-                .iter()
-                .map(|r| r.get(0))
-                .collect();
+                .await?;
+                let batch = rows.iter().map(|r| r.get::<_, i64>(0)).min();
+                let closed = rows.iter().map(|r| r.get(1)).collect();
                 // Fresh: the version moves (a generation in flight is stale) and the closed
                 // messages are answered by nothing.
                 execute(
@@ -129,6 +128,7 @@ impl SettingStore for PostgresStore {
                     conversation: id,
                     version: Version(version),
                     closed,
+                    batch,
                 })
             }
             .await
@@ -323,12 +323,35 @@ async fn bump(tx: &Tx<'_>, id: ConversationId) -> Result<Version, StoreError> {
         "bumping the version",
     )
     .await?;
+    fence_pending(tx, id).await?;
     Ok(Version(row.get(0)))
+}
+
+/// After a control moved the version (a setting, `/new`): the pending messages take
+/// the new version, as an edit would give them, so a round that collected them before
+/// the control covers none of them, even in a commit the cap forces (it covers only
+/// messages unchanged since `v0`). They stay pending: the next round answers them
+/// under the new setting or context. Must run in the transaction that moved the
+/// version (the conversation row locked), after it.
+pub(super) async fn fence_pending(tx: &Tx<'_>, id: ConversationId) -> Result<(), StoreError> {
+    if step() == 0 {
+        return Ok(());
+    }
+    // Fresh: no reply written before a control covers a message after it.
+    execute(
+        tx,
+        "UPDATE messages m SET version = c.version FROM conversations c
+         WHERE c.id = $1 AND m.conversation_id = $1 AND m.version > c.answered_version",
+        &[&id.0],
+        "fencing pending messages",
+    )
+    .await?;
+    Ok(())
 }
 
 /// How far a change of a setting or `/stop` moves the version: 1 (0 only with the
 /// counter-test's switch, which leaves a generation in flight unfenced).
-fn step() -> i64 {
+pub(super) fn step() -> i64 {
     if crate::switches::unfenced_controls() {
         0
     } else {

@@ -70,7 +70,8 @@ impl ActionStore for SqliteStore {
         self.write("storing an action's result", move |tx| {
             let changed = tx
                 .prepare_cached(
-                    "UPDATE actions SET state = 'done', result = ?3, is_error = ?4, updated_at = ?5
+                    "UPDATE actions SET state = CASE WHEN ?6 THEN 'unknown' ELSE 'done' END,
+                         result = ?3, is_error = ?4, updated_at = ?5
                      WHERE key = ?1 AND token = ?2 AND state IN ('reserved', 'unknown')",
                 )
                 .ctx("preparing a statement")?
@@ -79,7 +80,8 @@ impl ActionStore for SqliteStore {
                     done.token.0,
                     result,
                     done.is_error,
-                    done.now.0
+                    done.now.0,
+                    done.unknown
                 ])
                 .ctx("storing an action's result")?;
             Ok(changed == 1)
@@ -98,12 +100,18 @@ impl ActionStore for SqliteStore {
         .await
     }
 
-    async fn open_approvals(&self, at: ConversationAt) -> Result<Vec<ActionRow>, StoreError> {
+    async fn open_approvals(
+        &self,
+        at: ConversationAt,
+        answered: std::time::Duration,
+    ) -> Result<Vec<ActionRow>, StoreError> {
+        // Open when the answers arrived, not now.
+        let open_at = at.now.minus(answered);
         self.with_conn(move |conn| {
             read_rows(
                 conn,
                 OPEN_APPROVALS_SQL,
-                params![at.conversation.0, at.now.0],
+                params![at.conversation.0, open_at.0],
             )
         })
         .await

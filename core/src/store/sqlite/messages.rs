@@ -9,7 +9,7 @@ use crate::domain::{ConversationId, ConversationRef, HolderId, Timestamp, Versio
 use crate::rhythm::{Cue, Waits};
 use crate::store::faults::Operation;
 use crate::store::rules::Arming;
-use crate::store::{ContextReset, RecentQuery, StoredBy};
+use crate::store::{ContextReset, ContextWasReset, RecentQuery, StoredBy};
 use crate::store::{
     IngestOutcome, MessageEdit, MessageStore, NewMessage, RecentConversation, StoreError,
 };
@@ -115,15 +115,26 @@ impl MessageStore for SqliteStore {
         .await
     }
 
-    async fn reset_context(&self, reset: ContextReset<'_>) -> Result<(), StoreError> {
+    async fn reset_context(&self, reset: ContextReset<'_>) -> Result<ContextWasReset, StoreError> {
         let conversation = reset.conversation.clone();
         let holder = reset.holder.clone();
         self.write("resetting the context", move |tx| {
             let id = upsert_conversation(tx, &conversation, reset.is_group, reset.now)?;
-            tx.prepare_cached("UPDATE conversations SET context_version = version WHERE id = ?1")
+            // History offers replies after the version the reset found; the version
+            // moves past it (fresh: a reply in flight, written from the forgotten
+            // history, is stale), and the pending messages move with it.
+            let version = tx
+                .prepare_cached(
+                    "UPDATE conversations SET context_version = version, version = version + ?2,
+                         answered_version = CASE WHEN answered_version = version
+                                                 THEN version + ?2 ELSE answered_version END
+                     WHERE id = ?1 RETURNING version",
+                )
                 .ctx("preparing a statement")?
-                .execute([id.0])
+                .query_row([id.0, super::settings::step()], |r| r.get(0))
+                .map(Version)
                 .ctx("resetting the context")?;
+            super::settings::fence_pending(tx, id)?;
             tx.prepare_cached("DELETE FROM overheard WHERE conversation_id = ?1")
                 .ctx("preparing a statement")?
                 .execute([id.0])
@@ -138,7 +149,10 @@ impl MessageStore for SqliteStore {
             .ctx("preparing a statement")?
             .execute(params![id.0, reset.now.0, holder.as_str()])
             .ctx("clearing the failure backoff")?;
-            Ok(())
+            Ok(ContextWasReset {
+                conversation: id,
+                version,
+            })
         })
         .await
     }

@@ -78,16 +78,20 @@ impl SettingStore for SqliteStore {
                 .ctx("reading the version")?;
             // No reply to a closed message: it takes the new version, past every v0
             // collected before, so even a commit the cap forces covers none of them.
-            let closed = tx
+            let rows = tx
                 .prepare_cached(
                     "UPDATE messages SET version = ?2 WHERE conversation_id = ?1 AND version > ?3
-                     RETURNING platform_message_id",
+                     RETURNING id, platform_message_id",
                 )
                 .ctx("preparing a statement")?
-                .query_map(params![id.0, version, answered], |r| r.get(0))
+                .query_map(params![id.0, version, answered], |r| {
+                    Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
+                })
                 .ctx("closing pending messages")?
-                .collect::<Result<Vec<String>, _>>()
+                .collect::<Result<Vec<_>, _>>()
                 .ctx("closing pending messages")?;
+            let batch = rows.iter().map(|(row, _)| *row).min();
+            let closed = rows.into_iter().map(|(_, id)| id).collect();
             // Fresh: the version moves (a generation in flight is stale) and the closed
             // messages are answered by nothing.
             tx.prepare_cached(
@@ -104,6 +108,7 @@ impl SettingStore for SqliteStore {
                 conversation: id,
                 version: Version(version),
                 closed,
+                batch,
             })
         })
         .await
@@ -272,6 +277,32 @@ fn bump(tx: &Connection, id: ConversationId) -> Result<Version, StoreError> {
     .query_row([id.0, step()], |r| r.get(0))
     .map(Version)
     .ctx("bumping the version")
+    .and_then(|version| {
+        fence_pending(tx, id)?;
+        Ok(version)
+    })
+}
+
+/// After a control moved the version (a setting, `/new`): the pending messages take
+/// the new version, as an edit would give them, so a round that collected them before
+/// the control covers none of them, even in a commit the cap forces (it covers only
+/// messages unchanged since `v0`). They stay pending: the next round answers them
+/// under the new setting or context. Must run in the transaction that moved the
+/// version, after it.
+pub(super) fn fence_pending(tx: &Connection, id: ConversationId) -> Result<(), StoreError> {
+    if step() == 0 {
+        return Ok(());
+    }
+    // Fresh: no reply written before a control covers a message after it.
+    tx.prepare_cached(
+        "UPDATE messages SET version = (SELECT version FROM conversations WHERE id = ?1)
+         WHERE conversation_id = ?1
+           AND version > (SELECT answered_version FROM conversations WHERE id = ?1)",
+    )
+    .ctx("preparing a statement")?
+    .execute([id.0])
+    .ctx("fencing pending messages")?;
+    Ok(())
 }
 
 fn read_settings(
@@ -301,7 +332,7 @@ fn read_settings(
 
 /// How far a change of a setting or `/stop` moves the version: 1 (0 only with the
 /// counter-test's switch, which leaves a generation in flight unfenced).
-fn step() -> i64 {
+pub(super) fn step() -> i64 {
     if crate::switches::unfenced_controls() {
         0
     } else {

@@ -115,15 +115,17 @@ async fn get_me(config: &PlatformConfig) -> Result<teloxide::types::Me, String> 
 }
 
 /// Register lull's command menus with `setMyCommands`: everyone's in private chats
-/// (scope `all_private_chats`), and everyone's with the admins' for the
-/// administrators of every group (`all_chat_administrators`); other group members
-/// see Telegram's default (none). Called once at start by every process (the same
-/// menus each time: the calls are idempotent). The error names the scope that
-/// failed, without the token; the caller logs it and carries on.
+/// (scope `all_private_chats`), the commands any member may use in every group
+/// (`all_group_chats`: `/status`, `/usage`, `/help`…), and everyone's with the admins'
+/// for the administrators of every group (`all_chat_administrators`, which Telegram
+/// prefers for them over `all_group_chats`). Called once at start by every process
+/// (the same menus each time: the calls are idempotent). The error names the scope
+/// that failed, without the token; the caller logs it and carries on.
 pub async fn set_menus(config: &PlatformConfig, menus: &Menus) -> Result<(), String> {
     let (bot, redactor) = bot(config).map_err(|e| e.to_string())?;
     let scopes = [
         (BotCommandScope::AllPrivateChats, menus.everyone.clone()),
+        (BotCommandScope::AllGroupChats, menus.for_group_members()),
         (BotCommandScope::AllChatAdministrators, menus.for_admins()),
     ];
     for (scope, commands) in scopes {

@@ -501,6 +501,9 @@ pub fn personas_text(personas: &[&str], in_force: Option<&str>) -> String {
 
 /// What `/persona NAME` says of a name that is not offered.
 pub fn unknown_persona_text(name: &str, personas: &[&str]) -> String {
+    if personas.is_empty() {
+        return format!("There is no persona {name} here: no personas are set up (LULL_PERSONAS).");
+    }
     format!(
         "There is no persona {name} here. The personas: {}.",
         personas.join(", ")

@@ -154,6 +154,17 @@ pub enum Command {
     Unknown,
 }
 
+/// Who may use a command ([`Command::who`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Who {
+    /// Everyone lull answers.
+    Anyone,
+    /// In a group, lull's admins (`LULL_ADMINS`); in a private chat, its person.
+    AdminsInGroups,
+    /// Lull's admins everywhere, and the person at `lull chat` (who runs lull).
+    Admins,
+}
+
 impl Command {
     /// Parse a message text as a command. Adapters strip platform decorations first
     /// (Telegram's `/cmd@botname`, a leading mention); anything after the command
@@ -186,6 +197,28 @@ impl Command {
             "status" => Some(Command::Status),
             "approve" | "cancel" => None,
             _ => Some(Command::Unknown),
+        }
+    }
+
+    /// Who may use the command, decided here once for every adapter: a command is
+    /// answered the same way on Telegram, Discord, the http adapter and `lull chat`.
+    /// `has_argument`: words follow the command (`/model NAME` picks, `/model` lists).
+    pub fn who(self, has_argument: bool) -> Who {
+        match self {
+            Command::Start
+            | Command::Help
+            | Command::Usage
+            | Command::Status
+            | Command::Unknown => Who::Anyone,
+            Command::Model | Command::Persona if !has_argument => Who::Anyone,
+            Command::Reset
+            | Command::New
+            | Command::Model
+            | Command::Persona
+            | Command::Stop
+            | Command::Retry => Who::AdminsInGroups,
+            // A system prompt steers every answer; access decisions admit people.
+            Command::Prompt | Command::Allow | Command::Deny => Who::Admins,
         }
     }
 

@@ -36,6 +36,7 @@ pub use domain::{ConversationRef, DraftId, OutboxId, OutboxKind, Platform, Times
 pub use health::{AdapterState, Health};
 pub use intake::{
     Accepted, Command, Content, Incoming, IncomingKind, IngestError, Intake, RecentConversation,
+    Who,
 };
 pub use media::{Media, MediaBytes, MediaError, MediaKind};
 pub use menu::{MenuCommand, Menus};

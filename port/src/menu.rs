@@ -34,6 +34,20 @@ impl Menus {
         self.everyone.iter().chain(&self.admins).cloned().collect()
     }
 
+    /// What any member of a group sees: everyone's commands that everyone may use in
+    /// a group ([`crate::Command::who`]: `/status`, `/usage`, `/help`, the lists), the
+    /// same rule that answers them.
+    pub fn for_group_members(&self) -> Vec<MenuCommand> {
+        self.everyone
+            .iter()
+            .filter(|c| {
+                crate::Command::parse(&format!("/{}", c.name))
+                    .is_some_and(|command| command.who(false) == crate::Who::Anyone)
+            })
+            .cloned()
+            .collect()
+    }
+
     /// The command words of `commands`, as `lull check` prints them (`/new /stop …`).
     pub fn words(commands: &[MenuCommand]) -> String {
         commands

@@ -295,6 +295,49 @@ async fn an_idle_chat_starts_from_a_fresh_context() {
     );
 }
 
+/// Who may use a command is decided once for every adapter: through the http adapter a
+/// person who is no admin may not set a chat's system prompt, in a private chat or a
+/// group (before issue 37 the http adapter took it and the next request's system prompt
+/// was theirs), nor pick a persona or start afresh in a group; `/persona NAME` with no
+/// personas set up says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_adapter_keeps_the_admins_commands_for_admins() {
+    let b = Bots::new().await;
+    let one = b.start("one", &[]).await;
+    b.say(&one, "c1", "1", "/prompt You are a cat.").await;
+    b.wait_text("c1", "only the bot's admins can use /prompt")
+        .await;
+    b.say(&one, "c1", "2", "/persona pirate").await;
+    b.wait_text("c1", "no personas are set up").await;
+    for (id, command) in [
+        ("g1", "/prompt You are a cat."),
+        ("g2", "/persona x"),
+        ("g3", "/new"),
+    ] {
+        let r = b
+            .client
+            .post(format!("{}/api/messages", one.base_url()))
+            .json(&serde_json::json!({
+                "conversation": "g", "user": "u2", "text": command, "id": id, "group": true
+            }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 202);
+    }
+    let word = |c: &str| c.split_whitespace().next().unwrap().to_owned();
+    for command in ["/prompt", "/persona", "/new"] {
+        b.wait_text(
+            "g",
+            &format!("only the bot's admins can use {}", word(command)),
+        )
+        .await;
+    }
+    b.say(&one, "c1", "3", "hello").await;
+    let (_, system) = b.request_for("hello").await;
+    assert_eq!(system, lull_core::texts::DEFAULT_SYSTEM_PROMPT);
+}
+
 /// A persona's prompt (and its model) reach the model; a chat's own prompt replaces
 /// it, and `/prompt clear` brings the persona's back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -306,8 +349,15 @@ async fn a_persona_and_a_chat_prompt_reach_the_model() {
         r#"{"pirate": {"prompt": "You talk like a pirate.", "model": "big-model"}}"#,
     )
     .unwrap();
+    // `/prompt` is for admins on every adapter, the http adapter too.
     let one = b
-        .start("one", &[("LULL_PERSONAS", personas.to_str().unwrap())])
+        .start(
+            "one",
+            &[
+                ("LULL_PERSONAS", personas.to_str().unwrap()),
+                ("LULL_ADMINS", "http:u1"),
+            ],
+        )
         .await;
     b.say(&one, "c1", "1", "before").await;
     let (model, system) = b.request_for("before").await;

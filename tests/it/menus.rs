@@ -1,5 +1,5 @@
 //! Command menus registered at start, through the real binary: Telegram's
-//! `setMyCommands` for private chats and group admins; a failing call never holds
+//! `setMyCommands` for private chats, group members and group admins; a failing call never holds
 //! the start up.
 
 use std::time::Duration;
@@ -10,8 +10,8 @@ use crate::support::fakes::telegram::{Fault, text_message};
 
 const SECS: fn(u64) -> Duration = Duration::from_secs;
 
-/// Both scopes get their menu once at start: everyone's commands in private chats,
-/// with the admins' own added for group administrators.
+/// Each scope gets its menu once at start: everyone's commands in private chats, what
+/// any member may use in groups, with the admins' own added for group administrators.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn telegram_menus_are_registered_at_start() {
     let tg = crate::telegram::start(&[]).await;
@@ -19,10 +19,10 @@ async fn telegram_menus_are_registered_at_start() {
         .fake
         .wait_for("both menus", SECS(10), |f| {
             let sets = f.command_sets();
-            (sets.len() >= 2).then_some(sets)
+            (sets.len() >= 3).then_some(sets)
         })
         .await;
-    assert_eq!(sets.len(), 2, "{sets:?}");
+    assert_eq!(sets.len(), 3, "{sets:?}");
     let private = sets
         .iter()
         .find(|s| s.scope == json!({"type": "all_private_chats"}))
@@ -43,6 +43,17 @@ async fn telegram_menus_are_registered_at_start() {
         );
     }
     assert!(!names(private).iter().any(|n| n == "prompt"));
+    // Ordinary group members see what they may use (before issue 37: nothing).
+    let members = sets
+        .iter()
+        .find(|s| s.scope == json!({"type": "all_group_chats"}))
+        .expect("the group members' menu");
+    for word in ["usage", "status", "help"] {
+        assert!(names(members).iter().any(|n| n == word), "{members:?}");
+    }
+    for word in ["new", "stop", "prompt"] {
+        assert!(!names(members).iter().any(|n| n == word), "{members:?}");
+    }
     assert!(names(admins).starts_with(&names(private)));
     assert!(names(admins).iter().any(|n| n == "prompt"));
     tg.finish();

@@ -785,6 +785,94 @@ async fn every_asker_of_the_burst_may_approve_and_no_one_else() {
     bot.assert_invariants(3).await;
 }
 
+/// `/approve` then `/cancel` of the same question in one burst (two quick taps): the
+/// cancel wins, nothing runs, and the model is told it was not approved. Before issue
+/// 37 the first answer decided: the deletion ran and the model was told "nothing was
+/// run".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_in_the_same_burst_wins_over_an_approve() {
+    let bot = ToolBot::start(Setup {
+        agent: Agent {
+            calls: vec![("counter__delete".into(), json!({ "what": "notes" }))],
+            ..Agent::default()
+        },
+        ..Setup::default()
+    })
+    .await;
+    bot.say("c1", "1", "delete my notes").await;
+    let notices = bot.webhook.wait_notices(1, LONG).await;
+    let id = approval_id(&notices[0].text);
+    bot.wait_shown(1, LONG).await;
+    bot.say("c1", "2", &format!("/approve {id}")).await;
+    bot.say("c1", "3", &format!("/cancel {id}")).await;
+    let replies = bot.wait_shown(2, LONG).await;
+    assert_eq!(replies[1].covers, ["2", "3"], "one burst: {:?}", replies[1]);
+    assert!(
+        replies[1].text.contains("✗ counter__delete"),
+        "{:?}",
+        replies[1]
+    );
+    assert_eq!(bot.executed("delete"), 0, "{:#?}", bot.executions());
+    // A later /approve finds nothing open.
+    bot.say("c1", "4", &format!("/approve {id}")).await;
+    let replies = bot.wait_shown(3, LONG).await;
+    assert!(replies[2].text.contains("no approval"), "{:?}", replies[2]);
+    assert_eq!(bot.executed("delete"), 0);
+    bot.assert_invariants(3).await;
+}
+
+/// `/stop` after a call acted but before the reply that would report it: the answer to
+/// `/stop` lists what was done (before issue 37 nobody was told).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_after_an_action_says_what_was_done() {
+    let bot = ToolBot::start(Setup {
+        agent: Agent {
+            calls: vec![append("milk")],
+            answer_after: Duration::from_secs(5),
+            ..Agent::default()
+        },
+        ..Setup::default()
+    })
+    .await;
+    bot.say("c1", "1", "note milk").await;
+    bot.wait_executed("append", 1, LONG).await;
+    bot.say("c1", "2", "/stop").await;
+    let deadline = Instant::now() + LONG;
+    let stopped = loop {
+        if let Some(r) = bot
+            .webhook
+            .received()
+            .into_iter()
+            .find(|r| r.text.starts_with("Stopped."))
+        {
+            break r;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no answer to /stop\n{}",
+            bot.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        stopped
+            .text
+            .contains("✓ counter__append {\"text\":\"milk\"}"),
+        "{stopped:?}"
+    );
+    // The dropped reply never comes.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(
+        bot.webhook
+            .replies()
+            .iter()
+            .all(|r| !r.text.starts_with("[model]")),
+        "{:#?}",
+        bot.webhook.replies()
+    );
+    assert_eq!(bot.executed("append"), 1);
+}
+
 fn approval_id(question: &str) -> String {
     question
         .split("/approve ")

@@ -3,7 +3,7 @@
 //! at ingest, without the model, bypassing the debounce; a command never joins a
 //! burst of messages. The answer is a notice, once per command message.
 
-use lull_port::{Command, Incoming};
+use lull_port::{Command, Incoming, Who};
 
 use super::{Dispatcher, controls, notices};
 use crate::access::{AccessList, AccessRule, Sender, Subject, SubjectKind};
@@ -57,6 +57,17 @@ pub(super) async fn answer(
     answered(dispatcher, incoming, command, acted?, now).await
 }
 
+/// Whether the sender may use `command` ([`Command::who`], the one rule for every
+/// adapter): an admin always; in a private chat its person for the commands that change
+/// only that chat; the person at `lull chat`, who runs lull, for everything.
+fn may_use(command: Command, incoming: &Incoming, admin: bool, has_argument: bool) -> bool {
+    match command.who(has_argument) {
+        Who::Anyone => true,
+        Who::AdminsInGroups => admin || !incoming.is_group,
+        Who::Admins => admin || incoming.conversation.platform == Platform::Console,
+    }
+}
+
 /// The command's act and the sentence that answers it.
 async fn act(
     dispatcher: &Dispatcher,
@@ -67,14 +78,13 @@ async fn act(
     args: &[&str],
     now: Timestamp,
 ) -> Result<String, StoreError> {
+    if !may_use(command, incoming, admin, !args.is_empty()) {
+        return Ok(texts::admins_only(command.name()));
+    }
     Ok(match command {
         Command::Start | Command::Help => texts::HELP_TEXT.to_owned(),
         Command::Unknown => {
             texts::unknown_command_text(text.split_whitespace().next().unwrap_or(""))
-        }
-        // In a group only an admin resets; anyone resets their private chat.
-        Command::Reset | Command::New if incoming.is_group && !admin => {
-            texts::admins_only(command.name())
         }
         Command::Reset | Command::New => {
             let reset = dispatcher
@@ -102,9 +112,8 @@ async fn act(
                 .trim_start()
                 .split_once(char::is_whitespace)
                 .map_or("", |(_, rest)| rest);
-            controls::answer(dispatcher, incoming, command, admin, rest, now).await?
+            controls::answer(dispatcher, incoming, command, rest, now).await?
         }
-        Command::Allow | Command::Deny if !admin => texts::admins_only(command.name()),
         Command::Allow | Command::Deny => match subject(incoming, args) {
             Ok(subject) => {
                 let allowed = command == Command::Allow;

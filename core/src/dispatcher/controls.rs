@@ -28,26 +28,16 @@ pub(super) async fn answer(
     d: &Dispatcher,
     incoming: &Incoming,
     command: Command,
-    admin: bool,
     rest: &str,
     now: Timestamp,
 ) -> Result<String, StoreError> {
-    // In a group only an admin changes what lull does; anyone in their private chat.
-    let may_change = admin || !incoming.is_group;
+    // Who may use each command was decided by the caller (`Command::who`).
     let arg = rest.trim();
     Ok(match command {
         Command::Model if arg.is_empty() => list_models(d, incoming).await?,
         Command::Persona if arg.is_empty() => list_personas(d, incoming).await?,
-        Command::Model | Command::Persona | Command::Stop | Command::Retry if !may_change => {
-            texts::admins_only(command.name())
-        }
         Command::Model => pick_model(d, incoming, arg, now).await?,
         Command::Persona => pick_persona(d, incoming, arg, now).await?,
-        // A system prompt steers every answer: admins only (and the local user, who
-        // runs lull), in private chats too.
-        Command::Prompt if !(admin || incoming.conversation.platform.is_local()) => {
-            texts::admins_only(command.name())
-        }
         Command::Prompt if arg.is_empty() => texts::PROMPT_USAGE_TEXT.to_owned(),
         Command::Prompt => {
             let clear = arg.eq_ignore_ascii_case("clear");

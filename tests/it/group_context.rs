@@ -85,11 +85,17 @@ async fn the_model_sees_the_newest_group_messages_with_their_authors_when_addres
     tg.fake.wait_sent(chat, 1, SECS(15)).await;
     assert_eq!(model.requests().len(), 1, "one request: the question's");
     let turn = user_turn(&model, 0);
-    let context = "User12: shall we meet at noon?\nUser11: noon works\nUser13: bring the maps";
-    let (before, question) = turn.split_once(context).expect(&turn);
-    assert!(before.contains("not addressed to you"), "{turn}");
-    assert!(question.ends_with("User12: where do we meet?"), "{turn}");
-    assert!(!turn.contains("too old"), "{turn}");
+    assert_eq!(turn, "User12: where do we meet?", "the question alone");
+    // The context is a message of its own before it, each message quoted.
+    let messages = model.messages(0);
+    let (role, context) = &messages[messages.len() - 2];
+    assert_eq!(role, "user");
+    let quoted = r#""User12": "shall we meet at noon?"
+"User11": "noon works"
+"User13": "bring the maps""#;
+    let (before, _) = context.split_once(quoted).expect(context);
+    assert!(before.contains("not addressed to you"), "{context}");
+    assert!(!context.contains("too old"), "{context}");
     tg.finish();
 }
 
@@ -158,7 +164,7 @@ async fn new_forgets_the_group_context() {
     tg.fake.push_message(mention(chat, 11, "which plan?"));
     let sent = tg.fake.wait_sent(chat, 2, SECS(15)).await;
     assert!(
-        sent[1].text.contains("User12: the new plan"),
+        sent[1].text.contains(r#""User12": "the new plan""#),
         "{}",
         sent[1].text
     );
@@ -198,7 +204,7 @@ async fn group_context_is_off_by_default_and_only_for_admitted_senders() {
     tg.fake.push_message(mention(chat, 11, "hi"));
     let sent = tg.fake.wait_sent(chat, 1, SECS(15)).await;
     assert!(
-        sent[0].text.contains("User11: a member's words"),
+        sent[0].text.contains(r#""User11": "a member's words""#),
         "{}",
         sent[0].text
     );
@@ -223,7 +229,7 @@ async fn a_discord_channel_s_chatter_is_context_for_a_mention() {
     h.fake
         .say(Say::new(channel, ALICE, "what did Bob ask?").mention());
     let sent = h.fake.wait_sent(channel, 1, WAIT).await;
-    let bob = format!("user{}: lunch at one?", BOB % 1000);
+    let bob = format!(r#""user{}": "lunch at one?""#, BOB % 1000);
     let alice = format!("user{}: what did Bob ask?", ALICE % 1000);
     assert!(sent[0].content.contains(&bob), "{}", sent[0].content);
     assert!(sent[0].content.ends_with(&alice), "{}", sent[0].content);

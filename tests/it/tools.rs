@@ -1053,6 +1053,28 @@ async fn admins_only_tools_and_a_narrow_environment() {
         (0..n).any(|i| offered(i).iter().any(|n| n.starts_with("vault__"))),
         "an admin is offered the admins-only server's tools"
     );
+    // In a group where a non-admin spoke, a prompt offering the admins-only tools
+    // leaves the others' words out (before issue 37 Ann's text was in its history).
+    bot.say_in_group("g1", "2", "boss", "dump again").await;
+    bot.webhook.wait_replies(3, LONG).await;
+    let n = bot.model.requests().len();
+    let admin_prompts: Vec<usize> = (0..n)
+        .filter(|i| offered(*i).iter().any(|n| n.starts_with("vault__")))
+        .filter(|i| {
+            bot.model
+                .messages(*i)
+                .iter()
+                .any(|(_, text)| text.contains("dump again"))
+        })
+        .collect();
+    assert!(!admin_prompts.is_empty(), "the admin is offered them in g1");
+    for i in admin_prompts {
+        let messages = bot.model.messages(i);
+        assert!(
+            messages.iter().all(|(_, text)| !text.contains("ann:")),
+            "{messages:?}"
+        );
+    }
     let dumped = std::fs::read_to_string(env_file.path()).unwrap();
     for secret in [
         "sk-tools-test-secret",

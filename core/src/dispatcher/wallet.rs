@@ -182,8 +182,13 @@ pub(super) fn prompt_tokens(limits: &Limits, prompt: &Prompt) -> u64 {
         .sum();
     let batch: u64 = prompt.batch.iter().map(|s| said(&s.author, &s.text)).sum();
     let note = prompt.note.as_deref().map_or(0, limits::text_tokens);
+    // Group context is a message of its own.
+    let context = prompt
+        .context_turn()
+        .map_or(0, |c| limits::text_tokens(&c) + limits::MESSAGE_TOKENS);
     limits.system_tokens
         + limits::MESSAGE_TOKENS * 2
+        + context
         + history
         + batch
         + note

@@ -79,7 +79,11 @@ impl Responder for EchoResponder {
     async fn respond(&self, prompt: &Prompt, partial: &Partial) -> Result<Generation, LlmError> {
         let n = prompt.batch.len();
         let plural = if n == 1 { "" } else { "s" };
-        let text = format!("[echo] {n} message{plural}:\n{}", prompt.user_turn());
+        let turn = match prompt.context_turn() {
+            Some(context) => format!("{context}\n\n{}", prompt.user_turn()),
+            None => prompt.user_turn(),
+        };
+        let text = format!("[echo] {n} message{plural}:\n{turn}");
         let delay = self.delay.sample();
         if partial.is_watched() {
             stream_words(&text, delay, partial).await;

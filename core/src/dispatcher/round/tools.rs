@@ -109,6 +109,13 @@ impl Round<'_> {
                 add_note(prompt, &texts::actions_taken_note(&lines));
             }
         }
+        // Admins-only tools are offered only to a prompt whose every text comes from
+        // admins: in a group, others' words (history, group context) are left out of
+        // it (docs/tools.md); the batch's authors were checked by `offered`.
+        if batch.is_group && offered.iter().any(|t| t.users == Users::Admins) {
+            prompt.history.clear();
+            prompt.overheard.clear();
+        }
         prompt.tools = offered.into();
         let steps = d.settings.tools.steps.max(1);
         let mut spent = Spent::default();

@@ -50,6 +50,11 @@ impl OpenAiResponder {
                 .into(),
             );
         }
+        // Group context in a message of its own: overheard text never shares the turn
+        // (or its structure) with what lull answers.
+        if let Some(context) = prompt.context_turn() {
+            messages.push(ChatCompletionRequestUserMessage::from(context.as_str()).into());
+        }
         messages.push(user_turn(prompt).into());
         for turn in &prompt.turns {
             let calls = turn

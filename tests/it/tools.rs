@@ -740,6 +740,26 @@ async fn expired_or_foreign_approvals_are_refused() {
     bot.assert_invariants(5).await;
 }
 
+/// One 4xx on a tool turn that does not name tools (here "fake failure 400") is answered
+/// without tools that once, and the next round offers the tools again. Before issue 37
+/// any 4xx turned tools off for the whole process until a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_that_names_no_tools_keeps_them_offered() {
+    let bot = ToolBot::start(Setup::default()).await;
+    bot.model.fallback(Behavior::Answer);
+    bot.model.script([Behavior::Status(400)]);
+    bot.say("c1", "1", "hello").await;
+    let replies = bot.webhook.wait_replies(1, LONG).await;
+    assert_eq!(replies[0].text, "[model] hello");
+    bot.say("c2", "1", "again").await;
+    bot.webhook.wait_replies(2, LONG).await;
+    let requests = bot.model.requests();
+    let offers = |n: usize| requests[n].body.get("tools").is_some_and(|t| t.is_array());
+    assert!(offers(0) && !offers(1), "asked again without tools once");
+    assert!(offers(2), "the tools are offered again");
+    bot.assert_invariants(2).await;
+}
+
 /// In a group, the approval belongs to everyone whose message the call answered, not
 /// only to the last one to write: Ann asks for a deletion and Bob chats right after, in
 /// the same burst; Carol (not in it) may not approve, Ann may. Before issue 37 only Bob

@@ -52,6 +52,7 @@ mod round;
 mod scheduler;
 mod sessions;
 mod threads;
+mod tool_refusals;
 mod wallet;
 
 use std::collections::HashMap;
@@ -281,9 +282,9 @@ pub struct Dispatcher {
     /// waiting to retry a failed send (the row stays in the outbox for the next
     /// start), so an unreachable receiver does not hold the stop for the whole grace.
     draining: CancellationToken,
-    /// Set once the model refused `tools` (a model without tool support): later
-    /// rounds of this process offer none (logged once).
-    tools_refused: std::sync::atomic::AtomicBool,
+    /// Models that refused `tools` (without tool support): later rounds of this
+    /// process offer them none for a while (module docs of `tool_refusals`).
+    tool_refusals: tool_refusals::ToolRefusals,
     outbounds: HashMap<Platform, Arc<dyn Outbound>>,
     settings: DispatchSettings,
     clock: Arc<dyn Clock>,
@@ -332,7 +333,7 @@ impl Dispatcher {
             images_refused: std::sync::atomic::AtomicBool::new(false),
             draining: CancellationToken::new(),
             toolbox: std::sync::OnceLock::new(),
-            tools_refused: std::sync::atomic::AtomicBool::new(false),
+            tool_refusals: tool_refusals::ToolRefusals::default(),
             outbounds: outbounds.into_iter().map(|o| (o.platform(), o)).collect(),
             settings,
             clock,

@@ -88,8 +88,13 @@ impl Round<'_> {
     ) -> Result<Generated, Interrupt> {
         let d = self.dispatcher;
         let toolbox = d.toolbox().cloned();
+        let model = prompt
+            .choices
+            .model
+            .clone()
+            .unwrap_or_else(|| d.settings.controls.default_model.clone());
         let offered = match &toolbox {
-            Some(toolbox) if !d.tools_refused.load(std::sync::atomic::Ordering::Relaxed) => {
+            Some(toolbox) if !d.tool_refusals.refused(&model, std::time::Instant::now()) => {
                 self.offered(toolbox.as_ref(), batch)
             }
             _ => Vec::new(),
@@ -152,11 +157,12 @@ impl Round<'_> {
                     };
                     match again {
                         Ok(generation) => {
-                            if !d
-                                .tools_refused
-                                .swap(true, std::sync::atomic::Ordering::Relaxed)
+                            // Remembered only when the refusal named tools, for this
+                            // model, for a while (`tool_refusals`).
+                            if d.tool_refusals
+                                .record(&model, &error, std::time::Instant::now())
                             {
-                                tracing::warn!(conversation = %self.conversation, error = %error, tools = tools.len(), "the model refused the tools; answering without them from now on (set LULL_TOOLS=off for a model without tool support)");
+                                tracing::warn!(conversation = %self.conversation, %model, error = %error, tools = tools.len(), "the model refused the tools; answering without them for a while (set LULL_TOOLS=off for a model without tool support)");
                             }
                             generation
                         }

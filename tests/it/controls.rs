@@ -24,6 +24,9 @@ const MODELS: &str = "fake-model,big-model";
 /// How long the model takes to answer when a test stops or changes it mid-generation.
 const SLOW: Duration = Duration::from_millis(2500);
 
+/// When a control comes, after the model was asked, to find the batch past a 1 s cap.
+const AFTER_CAP: Duration = Duration::from_millis(1200);
+
 /// Processes on one SQLite file behind the http adapter, answering with the fake model.
 struct Bots {
     dir: tempfile::TempDir,
@@ -404,6 +407,16 @@ async fn control_mid_generation(
     elsewhere: bool,
     extra: &[(&str, &str)],
 ) -> MidGeneration {
+    control_after(control, Duration::ZERO, elsewhere, extra).await
+}
+
+/// [`control_mid_generation`], the control sent `delay` after the model was asked.
+async fn control_after(
+    control: &str,
+    delay: Duration,
+    elsewhere: bool,
+    extra: &[(&str, &str)],
+) -> MidGeneration {
     let b = Bots::new().await;
     let one = b.start("one", extra).await;
     let two = if elsewhere {
@@ -414,6 +427,7 @@ async fn control_mid_generation(
     b.model.script([Behavior::Slow(SLOW)]);
     b.say(&one, "c1", "q1", "question one").await;
     b.wait_requests(1).await;
+    tokio::time::sleep(delay).await;
     let sent_at = Instant::now();
     b.say(two.as_ref().unwrap_or(&one), "c1", "ctl", control)
         .await;
@@ -527,14 +541,15 @@ async fn counter_test_unfenced_new_sends_the_reply_written_before_it() {
     assert_eq!(reset.requests, 2, "the reply from before /new is sent");
 }
 
-/// A model picked while a reply is written whose message has waited the cap: the
-/// change fences even that forced reply (README: "dropped and written again"); the
-/// message is answered again by the picked model, once. Before issue 37 the old
-/// model's reply went out (2 requests).
+/// A model picked while a reply is written whose message has already waited the cap
+/// (the pick comes 1.2 s into the 2.5 s answer, the cap is 1 s): the change fences even
+/// that forced reply (README: "dropped and written again"); the message is answered
+/// again by the picked model, once. Before issue 37 the old model's reply went out (2
+/// requests).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_picked_mid_generation_at_the_cap_makes_it_stale() {
     let at_cap = [("LULL_MAX_WAIT_MS", "1000")];
-    let changed = control_mid_generation("/model big-model", true, &at_cap).await;
+    let changed = control_after("/model big-model", AFTER_CAP, true, &at_cap).await;
     let first: Vec<&Received> = changed
         .replies
         .iter()
@@ -552,7 +567,7 @@ async fn counter_test_unfenced_pick_at_the_cap_sends_the_old_models_reply() {
         ("LULL_MAX_WAIT_MS", "1000"),
         ("LULL_TEST_UNFENCED_CONTROLS", "1"),
     ];
-    let changed = control_mid_generation("/model big-model", true, &unfenced).await;
+    let changed = control_after("/model big-model", AFTER_CAP, true, &unfenced).await;
     assert_eq!(changed.requests, 2, "the old model's forced reply is sent");
 }
 

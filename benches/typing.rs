@@ -1,7 +1,8 @@
 //! The latency bench on a typing trace: how long lull waits after a person's last
 //! message before it asks the model, with a fixed and with an adaptive debounce, on
 //! the same scripted trace (`tests/support/trace.rs`: people of complete messages,
-//! people of 2–5 fragments with log-normal gaps, photos followed by their caption),
+//! people of 2–5 fragments with log-normal gaps, photos followed by their caption,
+//! and people who switch from complete messages to fragments),
 //! replayed in one run through the http adapter of two `lull run` processes (the
 //! release binary, the `echo` responder with a fixed 200 ms model delay); and how
 //! quickly an overtaken generation is stopped.
@@ -204,6 +205,32 @@ fn record(table: &mut Table, column: usize, answered: &[Answered], calls: f64) {
         split as f64,
         "",
     );
+    // People who write complete messages, then switch to fragments (issue 37): the
+    // rhythm learned from the first must not split the second.
+    let switched = |a: &&Answered| a.style == Style::Switching && a.messages >= 2;
+    let switched_split = answered
+        .iter()
+        .filter(switched)
+        .filter(|a| a.replies > 1)
+        .count();
+    let switched_multi = answered.iter().filter(switched).count();
+    table.record(
+        11,
+        &format!("fragment bursts after complete messages split (of {switched_multi})"),
+        "bursts",
+        column,
+        switched_split as f64,
+        "adaptive ≤ fixed",
+    );
+    let switched_singles = waits(&|a| a.messages == 1 && a.style == Style::Switching);
+    table.record(
+        12,
+        "wait p50, their complete messages",
+        "ms",
+        column,
+        p(&switched_singles, 50.0),
+        "",
+    );
 }
 
 /// An overtaken generation, `trials` times: a message is answered by a model that
@@ -277,7 +304,14 @@ fn main() {
     let mut stops = Vec::new();
     runtime.block_on(async {
         for rep in 0..reps {
-            let people = trace::trace(1000 * rep as u64 + 1, "p", people, Shape::human());
+            let mut people = trace::trace(1000 * rep as u64 + 1, "p", people, Shape::human());
+            let switchers = (people.len() / 5).max(2);
+            people.extend(trace::switchers(
+                1000 * rep as u64 + 500,
+                "s",
+                switchers,
+                Shape::human(),
+            ));
             let (fixed, adaptive) =
                 tokio::join!(replay(&people, "fixed"), replay(&people, "adaptive"));
             record(&mut table, 0, &fixed.0, fixed.1);

@@ -28,6 +28,10 @@ pub enum Style {
     Fragments,
     /// Some turns are a photo followed by its caption; the others complete messages.
     Photo,
+    /// Complete messages for the first half of the turns, then a thought in 2–5
+    /// fragments each turn: the rhythm learned from the first half must not split the
+    /// second (issue 37).
+    Switching,
 }
 
 /// One message of the trace: when it is sent (from the start of the replay), its
@@ -168,6 +172,14 @@ pub fn trace(seed: u64, prefix: &str, people: usize, shape: Shape) -> Vec<Person
         .collect()
 }
 
+/// `people` people of [`Style::Switching`], each in conversation `<prefix><n>`, from
+/// `seed`.
+pub fn switchers(seed: u64, prefix: &str, people: usize, shape: Shape) -> Vec<Person> {
+    (0..people)
+        .map(|n| person(seed + n as u64, format!("{prefix}{n}"), Style::Switching, shape))
+        .collect()
+}
+
 /// One person of style `style`.
 pub fn person(seed: u64, conversation: String, style: Style, shape: Shape) -> Person {
     let mut rng = fastrand::Rng::with_seed(seed);
@@ -178,11 +190,14 @@ pub fn person(seed: u64, conversation: String, style: Style, shape: Shape) -> Pe
     let gap = |rng: &mut fastrand::Rng| {
         lognormal(rng, shape.gap_median, shape.gap_sigma, shape.gap_clamp)
     };
-    for _ in 0..shape.turns {
+    for turn in 0..shape.turns {
         let texts: Vec<(Duration, String)> = match style {
             Style::Complete => vec![(Duration::ZERO, complete(&mut rng))],
             Style::Fragments if rng.f64() < 0.2 => vec![(Duration::ZERO, complete(&mut rng))],
-            Style::Fragments => {
+            Style::Switching if turn < shape.turns / 2 => {
+                vec![(Duration::ZERO, complete(&mut rng))]
+            }
+            Style::Fragments | Style::Switching => {
                 let n = rng.usize(2..=5);
                 fragments(&mut rng, n)
                     .into_iter()

@@ -44,6 +44,7 @@ mod stress;
 mod telegram;
 mod telegram_webhook;
 mod threads;
+mod tool_stress;
 mod tools;
 mod warm_connections;
 mod webhook;

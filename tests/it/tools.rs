@@ -21,26 +21,28 @@ fn server_script() -> PathBuf {
 
 /// A lull process (or several, on one database) with the counting MCP server and a
 /// tool-calling model.
-struct ToolBot {
-    dir: tempfile::TempDir,
-    database: Location,
-    lulls: Vec<LullProcess>,
-    webhook: Webhook,
-    model: FakeOpenAi,
+pub(crate) struct ToolBot {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) database: Location,
+    pub(crate) lulls: Vec<LullProcess>,
+    pub(crate) webhook: Webhook,
+    pub(crate) model: FakeOpenAi,
     client: reqwest::Client,
 }
 
 /// How to start a [`ToolBot`].
-struct Setup<'a> {
-    agent: Agent,
-    processes: usize,
-    extra: &'a [(&'a str, &'a str)],
+pub(crate) struct Setup<'a> {
+    pub(crate) agent: Agent,
+    pub(crate) processes: usize,
+    pub(crate) extra: &'a [(&'a str, &'a str)],
     /// Extra server settings merged into the `counter` server's config.
-    server: Value,
+    pub(crate) server: Value,
     /// More servers, `(name, config)`.
-    more_servers: Vec<(&'a str, Value)>,
+    pub(crate) more_servers: Vec<(&'a str, Value)>,
     /// A PostgreSQL database (`postgres://…`) instead of a SQLite file.
-    postgres: Option<String>,
+    pub(crate) postgres: Option<String>,
+    /// How long the server's slow tools take (`MCP_SLOW_MS`).
+    pub(crate) slow_ms: u64,
 }
 
 impl Default for Setup<'_> {
@@ -52,21 +54,23 @@ impl Default for Setup<'_> {
             server: json!({}),
             more_servers: Vec::new(),
             postgres: None,
+            slow_ms: 2000,
         }
     }
 }
 
 impl ToolBot {
-    async fn start(setup: Setup<'_>) -> ToolBot {
+    pub(crate) async fn start(setup: Setup<'_>) -> ToolBot {
         let dir = tempfile::tempdir().unwrap();
         let webhook = Webhook::start().await;
         let model = FakeOpenAi::start().await;
         model.fallback(Behavior::Agent(setup.agent));
+        let slow_ms = setup.slow_ms.to_string();
         let counter_env = |dir: &Path| {
             json!({
                 "MCP_COUNT_FILE": dir.join("executions.jsonl").display().to_string(),
                 "MCP_NOTES_FILE": dir.join("notes.txt").display().to_string(),
-                "MCP_SLOW_MS": "2000",
+                "MCP_SLOW_MS": slow_ms,
             })
         };
         let mut counter = json!({
@@ -156,7 +160,7 @@ impl ToolBot {
     }
 
     /// Every execution the server logged, in order: `(tool, line)`.
-    fn executions(&self) -> Vec<Value> {
+    pub(crate) fn executions(&self) -> Vec<Value> {
         executions(self.dir.path())
     }
 
@@ -197,7 +201,7 @@ impl ToolBot {
         }
     }
 
-    fn logs(&self) -> String {
+    pub(crate) fn logs(&self) -> String {
         self.lulls
             .iter()
             .map(|l| l.logs())
@@ -206,7 +210,7 @@ impl ToolBot {
     }
 
     /// The database's verdict once nothing is pending or undelivered.
-    async fn verdict(&self) -> db::Verdict {
+    pub(crate) async fn verdict(&self) -> db::Verdict {
         db::settled(&self.database, Duration::from_secs(30)).await
     }
 

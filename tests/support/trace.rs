@@ -176,7 +176,14 @@ pub fn trace(seed: u64, prefix: &str, people: usize, shape: Shape) -> Vec<Person
 /// `seed`.
 pub fn switchers(seed: u64, prefix: &str, people: usize, shape: Shape) -> Vec<Person> {
     (0..people)
-        .map(|n| person(seed + n as u64, format!("{prefix}{n}"), Style::Switching, shape))
+        .map(|n| {
+            person(
+                seed + n as u64,
+                format!("{prefix}{n}"),
+                Style::Switching,
+                shape,
+            )
+        })
         .collect()
 }
 

@@ -9,9 +9,13 @@
 //!
 //! Access ([`Access`]): on a loopback `LULL_HTTP_ADDR` the page is open; elsewhere only
 //! with `LULL_HTTP_TOKEN`, given as `Authorization: Bearer …` or once in the login form,
-//! which sets an `HttpOnly`, `SameSite=Strict` cookie holding a digest of the token (not
-//! the token). No secret ever travels in a URL; every comparison is in constant time.
+//! which sets an `HttpOnly`, `SameSite=Strict` cookie holding a session that expires
+//! after [`login::SESSION_LIFETIME`] (`Secure` when a proxy says the request came over
+//! HTTPS), never the token ([`login`]); the form takes at most [`login::MAX_FAILURES`]
+//! wrong tokens a minute. No secret ever travels in a URL; every comparison is in
+//! constant time.
 
+mod login;
 mod page;
 
 use std::collections::BTreeMap;
@@ -28,10 +32,9 @@ use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusHandle;
 use secrecy::{ExposeSecret, SecretString};
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 
 use lull_core::clock::Clock;
-use lull_core::domain::HolderId;
+use lull_core::domain::{HolderId, Timestamp};
 use lull_core::refreshed::Refreshed;
 use lull_core::store::{Store, StoreStatus};
 use lull_core::tools::ServerState;
@@ -53,8 +56,9 @@ pub enum Access {
     /// Off loopback with a token: the bearer token, or the login form's cookie.
     Token {
         token: SecretString,
-        /// The cookie value a login sets: a digest of the token, never the token.
-        cookie: String,
+        /// The sessions the login form's cookie holds (derived from the token, never
+        /// the token).
+        sessions: login::Sessions,
     },
     /// Off loopback without a token: refused, naming the variable to set.
     Closed,
@@ -66,20 +70,12 @@ impl Access {
         match token {
             _ if addr.ip().is_loopback() => Access::Open,
             Some(token) => {
-                let cookie = cookie_value(&token);
-                Access::Token { token, cookie }
+                let sessions = login::Sessions::new(&token);
+                Access::Token { token, sessions }
             }
             None => Access::Closed,
         }
     }
-}
-
-/// The login cookie's value for `token`: SHA-256 of a fixed label and the token, hex.
-fn cookie_value(token: &SecretString) -> String {
-    let mut hash = Sha256::new();
-    hash.update(b"lull status page login\0");
-    hash.update(token.expose_secret().as_bytes());
-    hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The hook that names each MCP server's state (`Toolbox::servers` of the dispatcher's
@@ -105,6 +101,8 @@ struct Inner {
     mcp_servers: Option<McpServers>,
     /// The snapshot as last read, read again once older than [`CACHE_TTL`].
     cache: Refreshed<Snapshot, Infallible>,
+    /// Wrong tokens the login form was given lately.
+    failures: login::Failures,
 }
 
 /// What the page and `/api/status` show: one moment's numbers.
@@ -156,6 +154,7 @@ impl StatusPage {
                 holder,
                 mcp_servers,
                 cache: Refreshed::default(),
+                failures: login::Failures::default(),
             }),
         }
     }
@@ -224,8 +223,9 @@ impl StatusPage {
                 "The status page is off: LULL_HTTP_ADDR is not a loopback address. Set LULL_HTTP_TOKEN to open it with that token.\n",
             )
                 .into_response()),
-            Access::Token { token, cookie } => {
-                if bearer(headers, token) || has_cookie(headers, cookie) {
+            Access::Token { token, sessions } => {
+                let now = self.inner.clock.now();
+                if bearer(headers, token) || has_session(headers, sessions, now) {
                     None
                 } else if json {
                     Some((
@@ -274,7 +274,7 @@ async fn login_form(State(status): State<StatusPage>) -> Response {
     match status.inner.access {
         Access::Token { .. } => html(StatusCode::OK, page::login(None)),
         // Nothing to log in to: the page is open, or off whatever is typed.
-        Access::Open => redirect_home(None),
+        Access::Open => redirect_home(None, false),
         Access::Closed => status
             .refusal(&HeaderMap::new(), false)
             .expect("closed access refuses"),
@@ -283,17 +283,31 @@ async fn login_form(State(status): State<StatusPage>) -> Response {
 
 /// `POST /login` with the form body `token=…`: the right token sets the cookie and goes
 /// to the page; a wrong one is refused with the form again (401).
-async fn login(State(status): State<StatusPage>, body: Bytes) -> Response {
-    let Access::Token { token, cookie } = &status.inner.access else {
+async fn login(State(status): State<StatusPage>, headers: HeaderMap, body: Bytes) -> Response {
+    let Access::Token { token, sessions } = &status.inner.access else {
         return login_form(State(status)).await;
     };
+    let tried = std::time::Instant::now();
+    if let Err(wait) = status.inner.failures.check(tried) {
+        let seconds = wait.as_secs().max(1).to_string();
+        let mut response = html(
+            StatusCode::TOO_MANY_REQUESTS,
+            page::login(Some("Too many wrong tokens: wait a minute and try again.")),
+        );
+        if let Ok(value) = HeaderValue::from_str(&seconds) {
+            response.headers_mut().insert(header::RETRY_AFTER, value);
+        }
+        return response;
+    }
     let given = url::form_urlencoded::parse(&body)
         .find(|(name, _)| name == "token")
         .map(|(_, value)| value.into_owned())
         .unwrap_or_default();
     if same_secret(given.trim().as_bytes(), token.expose_secret().as_bytes()) {
-        redirect_home(Some(cookie))
+        let session = sessions.issue(status.inner.clock.now());
+        redirect_home(Some(&session), over_https(&headers))
     } else {
+        status.inner.failures.record(tried);
         tracing::info!("the status page's login form was given a wrong token");
         html(
             StatusCode::UNAUTHORIZED,
@@ -302,11 +316,30 @@ async fn login(State(status): State<StatusPage>, body: Bytes) -> Response {
     }
 }
 
-fn redirect_home(cookie: Option<&str>) -> Response {
+/// Whether a reverse proxy says the request came over HTTPS (`X-Forwarded-Proto`, or
+/// `Forwarded: proto=https`): lull itself serves plain HTTP.
+fn over_https(headers: &HeaderMap) -> bool {
+    let said = |name: &str| {
+        headers
+            .get_all(name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .map(str::to_ascii_lowercase)
+            .collect::<Vec<_>>()
+    };
+    said("x-forwarded-proto")
+        .iter()
+        .any(|v| v.trim() == "https")
+        || said("forwarded").iter().any(|v| v.contains("proto=https"))
+}
+
+fn redirect_home(session: Option<&str>, secure: bool) -> Response {
     let mut response = (StatusCode::SEE_OTHER, [(header::LOCATION, "/")]).into_response();
-    if let Some(value) = cookie
+    let max_age = login::SESSION_LIFETIME.as_secs();
+    let secure = if secure { "; Secure" } else { "" };
+    if let Some(value) = session
         && let Ok(set) = HeaderValue::from_str(&format!(
-            "{COOKIE}={value}; HttpOnly; SameSite=Strict; Path=/"
+            "{COOKIE}={value}; HttpOnly; SameSite=Strict; Path=/; Max-Age={max_age}{secure}"
         ))
     {
         response.headers_mut().insert(header::SET_COOKIE, set);
@@ -338,9 +371,8 @@ fn bearer(headers: &HeaderMap, token: &SecretString) -> bool {
         .any(|(_, given)| same_secret(given.trim().as_bytes(), token.expose_secret().as_bytes()))
 }
 
-/// Whether a `Cookie` header carries the login cookie with `expected`, compared in
-/// constant time.
-fn has_cookie(headers: &HeaderMap, expected: &str) -> bool {
+/// Whether a `Cookie` header carries a login cookie holding a session open at `now`.
+fn has_session(headers: &HeaderMap, sessions: &login::Sessions, now: Timestamp) -> bool {
     headers
         .get_all(header::COOKIE)
         .iter()
@@ -348,7 +380,7 @@ fn has_cookie(headers: &HeaderMap, expected: &str) -> bool {
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
         .filter(|(name, _)| *name == COOKIE)
-        .any(|(_, value)| same_secret(value.as_bytes(), expected.as_bytes()))
+        .any(|(_, value)| sessions.valid(value, now))
 }
 
 /// Equal bytes, in a time that depends on the lengths alone.
@@ -409,19 +441,26 @@ mod tests {
         assert!(matches!(Access::new(loopback, token()), Access::Open));
         assert!(matches!(Access::new(loopback, None), Access::Open));
         assert!(matches!(Access::new(anywhere, None), Access::Closed));
-        let Access::Token { cookie, .. } = Access::new(anywhere, token()) else {
+        let Access::Token { sessions, .. } = Access::new(anywhere, token()) else {
             panic!("a token opens a non-loopback page");
         };
-        assert!(!cookie.contains("s3cret") && cookie.len() == 64);
+        let now = Timestamp(1_700_000_000_000);
+        let cookie = sessions.issue(now);
         let mut headers = HeaderMap::new();
         headers.insert(
             header::COOKIE,
             HeaderValue::from_str(&format!("a=b; {COOKIE}={cookie}")).unwrap(),
         );
-        assert!(has_cookie(&headers, &cookie));
-        assert!(!has_cookie(
+        assert!(has_session(&headers, &sessions, now));
+        assert!(!has_session(
             &headers,
-            &cookie_value(&SecretString::from("other"))
+            &sessions,
+            now.plus(login::SESSION_LIFETIME)
+        ));
+        assert!(!has_session(
+            &headers,
+            &login::Sessions::new(&SecretString::from("other")),
+            now
         ));
         headers.insert(
             header::AUTHORIZATION,

@@ -527,6 +527,26 @@ async fn off_loopback_the_page_needs_the_token() {
     let forged = format!("{}x", &pair[..pair.len() - 1]);
     let r = get("/").header("cookie", forged).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 401, "a forged cookie is refused");
+    // The session expires (before issue 37 the cookie was good for ever), and is
+    // `Secure` when a proxy says the login came over HTTPS.
+    assert!(cookie.contains("Max-Age=43200"), "{cookie}");
+    assert!(!cookie.contains("Secure"), "plain HTTP: {cookie}");
+    let r = login(TOKEN)
+        .header("x-forwarded-proto", "https")
+        .send()
+        .await
+        .unwrap();
+    let secure = r.headers()["set-cookie"].to_str().unwrap().to_owned();
+    assert!(secure.contains("; Secure"), "{secure}");
+    // Wrong tokens are limited: ten a minute (one was tried above), then 429 even for
+    // the right one.
+    for n in 0..9 {
+        let r = login("wrong").send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 401, "wrong token {n}");
+    }
+    let r = login(TOKEN).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 429);
+    assert!(r.headers().get("retry-after").is_some());
     for path in ["/healthz", "/metrics"] {
         assert_eq!(
             get(path).send().await.unwrap().status().as_u16(),

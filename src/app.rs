@@ -507,7 +507,7 @@ fn status_page(
         dispatcher.store().clone(),
         health.clone(),
         Some(metrics.clone()),
-        clock,
+        (clock, config.dispatch.limits.timezone.clone()),
         access,
         Some(dispatcher.holder().clone()),
         Some(mcp_servers),

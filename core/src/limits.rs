@@ -262,6 +262,31 @@ impl TimeZone {
         self.zoned(at).date().to_string()
     }
 
+    /// When the day `at` falls on began here.
+    pub fn day_start(&self, at: Timestamp) -> Timestamp {
+        let zoned = self.zoned(at);
+        zoned
+            .date()
+            .to_zoned(self.zone.clone())
+            .map_or(at, |z| Timestamp(z.timestamp().as_millisecond()))
+    }
+
+    /// The `n` days up to the one `at` falls on, oldest first, as [`TimeZone::day`]
+    /// names them.
+    pub fn days_up_to(&self, at: Timestamp, n: usize) -> Vec<String> {
+        let mut date = self.zoned(at).date();
+        let mut days = Vec::with_capacity(n);
+        for _ in 0..n {
+            days.push(date.to_string());
+            match date.yesterday() {
+                Ok(before) => date = before,
+                Err(_) => break,
+            }
+        }
+        days.reverse();
+        days
+    }
+
     /// When the day after the one `at` falls on begins here: when budgets reset.
     pub fn next_day(&self, at: Timestamp) -> Timestamp {
         let zoned = self.zoned(at);
@@ -291,6 +316,19 @@ impl TimeZone {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn days_back_and_the_start_of_today_follow_the_time_zone() {
+        // 2026-12-01 23:30 UTC is 2026-12-02 00:30 in Berlin.
+        let at = Timestamp(1_796_167_800_000);
+        let berlin: TimeZone = "Europe/Berlin".parse().unwrap();
+        assert_eq!(
+            berlin.days_up_to(at, 3),
+            ["2026-11-30", "2026-12-01", "2026-12-02"]
+        );
+        assert_eq!(berlin.day_start(at), Timestamp(at.0 - 30 * 60_000));
+        assert_eq!(TimeZone::utc().days_up_to(at, 1), ["2026-12-01"]);
+    }
 
     #[test]
     fn days_and_their_ends_follow_the_time_zone() {

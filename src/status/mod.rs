@@ -35,8 +35,9 @@ use serde::Serialize;
 
 use lull_core::clock::Clock;
 use lull_core::domain::{HolderId, Timestamp};
+use lull_core::limits::TimeZone;
 use lull_core::refreshed::Refreshed;
-use lull_core::store::{Store, StoreStatus};
+use lull_core::store::{DAYS, StatusQuery, Store, StoreStatus};
 use lull_core::tools::ServerState;
 use lull_port::health::Health;
 
@@ -93,6 +94,8 @@ struct Inner {
     health: Health,
     metrics: Option<PrometheusHandle>,
     clock: Arc<dyn Clock>,
+    /// `LULL_TIMEZONE`: the days tokens are counted by, as for `/usage` and budgets.
+    timezone: TimeZone,
     access: Access,
     /// This process as a lease holder (`None`: not known, as in tests of the router).
     holder: Option<HolderId>,
@@ -139,7 +142,7 @@ impl StatusPage {
         store: Arc<dyn Store>,
         health: Health,
         metrics: Option<PrometheusHandle>,
-        clock: Arc<dyn Clock>,
+        (clock, timezone): (Arc<dyn Clock>, TimeZone),
         access: Access,
         holder: Option<HolderId>,
         mcp_servers: Option<McpServers>,
@@ -150,6 +153,7 @@ impl StatusPage {
                 health,
                 metrics,
                 clock,
+                timezone,
                 access,
                 holder,
                 mcp_servers,
@@ -185,7 +189,13 @@ impl StatusPage {
     async fn read(&self) -> Snapshot {
         let inner = &self.inner;
         let now = inner.clock.now();
-        let (database, store) = match inner.store.status(now, TOP).await {
+        let asked = StatusQuery {
+            now,
+            top: TOP,
+            days: inner.timezone.days_up_to(now, DAYS),
+            today_since: inner.timezone.day_start(now),
+        };
+        let (database, store) = match inner.store.status(asked).await {
             Ok(status) => ("ok".to_owned(), status),
             Err(e) => {
                 tracing::warn!(error = %e, "the status page could not read the database");

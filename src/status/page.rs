@@ -242,7 +242,7 @@ pub(super) fn render(s: &Snapshot) -> String {
     let tokens_today = st.tokens_per_day.last().map_or(0, |d| d.tokens);
     let _ = write!(
         out,
-        "<section class=\"wide\"><h2>Tokens per day (UTC, last 30 days) — today \
+        "<section class=\"wide\"><h2>Tokens per day (last 30 days, LULL_TIMEZONE's days; as /usage counts them) — today \
          <span id=\"tokens-today\" data-value=\"{tokens_today}\">{tokens_today}</span></h2>{}</section>",
         bar_chart(&st.tokens_per_day)
     );
@@ -254,7 +254,7 @@ pub(super) fn render(s: &Snapshot) -> String {
         n = st.sent.day
     );
 
-    out.push_str("<section class=\"wide\"><h2>Top conversations by tokens today (UTC)</h2>");
+    out.push_str("<section class=\"wide\"><h2>Top conversations by tokens today</h2>");
     if st.top_conversations.is_empty() {
         out.push_str("<p class=\"muted\" id=\"top-conversations\" data-count=\"0\">No tokens spent today.</p>");
     } else {

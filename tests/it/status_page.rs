@@ -141,20 +141,35 @@ async fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
     }
 }
 
-/// Tokens and replies per conversation key, as the database holds them (an independent
-/// read of what the page must show).
+/// Tokens (the wallet's total, as `/usage` counts them) and replies per conversation
+/// key, as the database holds them (an independent read of what the page must show).
 fn tokens_in(db: &Path) -> Vec<(String, u64, u64)> {
     let conn = rusqlite::Connection::open(db).unwrap();
     conn.prepare(
-        "SELECT c.key, SUM(COALESCE(o.prompt_tokens, 0) + COALESCE(o.completion_tokens, 0)), COUNT(*)
-         FROM outbox o JOIN conversations c ON c.id = o.conversation_id
-         WHERE o.kind = 'reply' GROUP BY c.key ORDER BY c.key",
+        "SELECT c.key, u.tokens,
+             (SELECT COUNT(*) FROM outbox o WHERE o.conversation_id = c.id AND o.kind = 'reply')
+         FROM token_usage u JOIN conversations c ON u.scope = 'conversation:' || c.platform || ':' || c.key
+         ORDER BY c.key",
     )
     .unwrap()
     .query_map([], |r| Ok((r.get(0)?, r.get::<_, i64>(1)? as u64, r.get::<_, i64>(2)? as u64)))
     .unwrap()
     .map(Result::unwrap)
     .collect()
+}
+
+/// What the stored replies report spending (the page's count before issue 37), and the
+/// bot's wallet total.
+fn reply_and_wallet_tokens(db: &Path) -> (u64, u64) {
+    let conn = rusqlite::Connection::open(db).unwrap();
+    let count = |sql: &str| conn.query_row(sql, [], |r| r.get::<_, i64>(0)).unwrap() as u64;
+    (
+        count(
+            "SELECT COALESCE(SUM(COALESCE(prompt_tokens, 0) + COALESCE(completion_tokens, 0)), 0)
+             FROM outbox WHERE kind = 'reply'",
+        ),
+        count("SELECT COALESCE(SUM(tokens), 0) FROM token_usage WHERE scope = 'bot'"),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -240,7 +255,11 @@ async fn the_status_page_shows_a_scripted_run() {
     let db_tokens = tokens_in(&dir.path().join("lull.db"));
     let total: u64 = db_tokens.iter().map(|(_, t, _)| t).sum();
     assert_eq!(db_tokens.len(), 3, "{db_tokens:?}");
-    assert!(total > 0);
+    // One total, named the same everywhere: the wallet's, which counts the stopped
+    // generation of c2 too (the stored replies alone report less).
+    let (in_replies, wallet) = reply_and_wallet_tokens(&dir.path().join("lull.db"));
+    assert_eq!(total, wallet);
+    assert!(wallet > in_replies, "{wallet} {in_replies}");
     assert_eq!(store["pending"], 0, "{status:#}");
     assert_eq!(store["held"], 0);
     assert_eq!(store["retrying"], 0);

@@ -15,3 +15,11 @@ CREATE INDEX outbox_created ON outbox (created_at);
 CREATE INDEX timers_held ON timers (held_until);
 CREATE INDEX timers_retrying ON timers (conversation_id) WHERE attempts > 0;
 "#;
+
+/// The status page's top conversations of a day: the budget scopes of one day, by
+/// tokens (the primary key leads with the scope). SQLite's sixteenth migration,
+/// PostgreSQL's seventeenth.
+pub(super) const TOKEN_USAGE_BY_DAY: &str = r#"
+-- The status page reads one day's conversation totals, most tokens first.
+CREATE INDEX token_usage_by_day ON token_usage (day, tokens);
+"#;

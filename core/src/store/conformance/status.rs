@@ -6,19 +6,61 @@ use std::time::Duration;
 use super::{
     TTL, at, claim, claimed, collect, holder, http, mark, message, release, reply, stored,
 };
-use crate::domain::{LeaseKey, Platform, Timestamp, TokenUsage};
+use crate::domain::{Lease, LeaseKey, Platform, Timestamp, TokenUsage};
+use crate::limits::TimeZone;
 use crate::store::{
-    CommitOutcome, ConnectionLease, ConversationTokens, Enqueue, LiveHolder, NewNotice, NewReply,
-    OutboxFailure, RateCheck, RateWindow, Recent, ReplyCommit, RoundFailure, Store, StoreStatus,
+    CommitOutcome, ConnectionLease, ConversationTokens, Enqueue, LeaseCharge, LiveHolder,
+    NewNotice, NewReply, OutboxFailure, RateCheck, RateWindow, Recent, ReplyCommit, Reservation,
+    RoundFailure, ScopeCharge, StatusQuery, Store, StoreStatus, TokenCharge,
 };
 
-/// A scripted day: one reply sent (120 tokens), one given up, one conversation backing
-/// off after a failed generation and held by a rate limit, a model-down notice, a
-/// poller lease. Read at once, every count shows it; read a day later, the hour and day
-/// windows are empty, the tokens moved back a day, the leases expired.
+/// The status read at `now`: five top conversations, thirty UTC days.
+async fn status_at(store: &dyn Store, now: Timestamp) -> StoreStatus {
+    let utc = TimeZone::utc();
+    let asked = StatusQuery {
+        now,
+        top: 5,
+        days: utc.days_up_to(now, 30),
+        today_since: utc.day_start(now),
+    };
+    store.status(asked).await.expect("reading the status")
+}
+
+/// Charge `tokens` to `conversation` and the bot under `lease`, on `now`'s UTC day, as
+/// the wallet does for every model call.
+async fn spend(store: &dyn Store, lease: &Lease, conversation: &str, tokens: i64, now: Timestamp) {
+    let charge = TokenCharge {
+        day: TimeZone::utc().day(now),
+        scopes: [format!("conversation:http:{conversation}"), "bot".into()]
+            .into_iter()
+            .map(|scope| ScopeCharge {
+                scope,
+                tokens,
+                limit: None,
+            })
+            .collect(),
+        hold_until: None,
+        reservation: Reservation::None,
+    };
+    store
+        .charge_tokens(LeaseCharge {
+            lease,
+            charge: &charge,
+            now,
+        })
+        .await
+        .expect("charging tokens");
+}
+
+/// A scripted day: one reply sent (120 tokens), one given up whose generation was also
+/// charged 30 tokens for a dropped attempt, one conversation backing off after a failed
+/// generation and held by a rate limit, a model-down notice, a poller lease. Read at
+/// once, every count shows it, and the tokens are the wallet's total (150, not the 120
+/// the stored replies report); read a day later, the hour and day windows are empty, the
+/// tokens moved back a day, the leases expired.
 pub async fn the_status_counts_what_the_rows_say(store: &dyn Store) {
     let (a, b) = (holder("a"), holder("b"));
-    let empty = store.status(at(0), 5).await.expect("reading the status");
+    let empty = status_at(store, at(0)).await;
     assert_eq!(
         (empty.pending, empty.answering, empty.replies_per_hour.len()),
         (0, 0, 24)
@@ -52,11 +94,14 @@ pub async fn the_status_counts_what_the_rows_say(store: &dyn Store) {
         Ok(CommitOutcome::Committed { outbox, .. }) => outbox.id,
         other => panic!("the reply was not committed: {other:?}"),
     };
+    spend(store, &lease, "c1", 120, at(1100)).await;
     mark(store, sent, 1, true, at(1200)).await;
     release(store, &lease, at(1200)).await;
 
-    // c3: answered (no usage), and its delivery given up.
+    // c3: a generation dropped (30 tokens, no reply stored), then answered (no usage),
+    // and its delivery given up.
     let lease = claimed(store, c3, &a, at(1000)).await;
+    spend(store, &lease, "c3", 30, at(1050)).await;
     let batch = collect(store, c3).await;
     let failed = match store
         .commit_reply(ReplyCommit {
@@ -126,7 +171,7 @@ pub async fn the_status_counts_what_the_rows_say(store: &dyn Store) {
         .expect("the poller lease is free");
 
     let now = at(2000);
-    let status = store.status(now, 5).await.expect("reading the status");
+    let status = status_at(store, now).await;
     let one = Recent { hour: 1, day: 1 };
     let mut hours = vec![0; 24];
     hours[23] = 1;
@@ -156,26 +201,38 @@ pub async fn the_status_counts_what_the_rows_say(store: &dyn Store) {
             model_failures: one,
             replies_per_hour: hours,
             tokens_per_day: Vec::new(),
-            top_conversations: vec![ConversationTokens {
-                conversation: c1.0,
-                platform: "http".into(),
-                key: "c1".into(),
-                tokens: 120,
-                replies: 1,
-            }],
+            top_conversations: vec![
+                ConversationTokens {
+                    conversation: c1.0,
+                    platform: "http".into(),
+                    key: "c1".into(),
+                    tokens: 120,
+                    replies: 1,
+                },
+                ConversationTokens {
+                    conversation: c3.0,
+                    platform: "http".into(),
+                    key: "c3".into(),
+                    tokens: 30,
+                    replies: 1,
+                },
+            ],
         }
     );
     let today = status.tokens_per_day.last().expect("thirty days");
-    assert_eq!(today.tokens, 120);
+    assert_eq!(
+        today.tokens, 150,
+        "the wallet's total, dropped attempts too"
+    );
     assert_eq!(today.day, utc(now));
     assert_eq!(
         status.tokens_per_day.iter().map(|d| d.tokens).sum::<u64>(),
-        120
+        150
     );
 
     // A day later: the windows are empty, yesterday's tokens are a day back.
     let later = Timestamp(now.0 + 86_400_000);
-    let status = store.status(later, 5).await.expect("reading the status");
+    let status = status_at(store, later).await;
     assert_eq!(status.sent, Recent::default());
     assert_eq!(status.failed, Recent::default());
     assert_eq!(status.generated, Recent::default());
@@ -184,7 +241,7 @@ pub async fn the_status_counts_what_the_rows_say(store: &dyn Store) {
     assert!(status.holders.is_empty() && status.connections.is_empty());
     assert_eq!((status.answering, status.held, status.retrying), (0, 0, 1));
     let days: Vec<u64> = status.tokens_per_day.iter().map(|d| d.tokens).collect();
-    assert_eq!(days[28..], [120, 0]);
+    assert_eq!(days[28..], [150, 0]);
     assert_eq!(status.tokens_per_day[28].day, utc(now));
 }
 

@@ -1,6 +1,11 @@
 //! The status area of the contract: what the operator's status page shows, read as
-//! aggregates over indexed ranges (live leases, the last day of the outbox, the last
-//! thirty days of replies), never a walk over every conversation or message.
+//! aggregates over indexed ranges (live leases, the last day of the outbox, thirty days
+//! of the bot's token totals), never a walk over every conversation or message.
+//!
+//! Tokens are the wallet's totals (`token_usage`), the one count `/usage`, the budgets
+//! and `lull_daily_tokens_used` read too: every model call is in it, a stopped or
+//! dropped generation's as much as a delivered reply's, on days as the deployment's
+//! time zone (`LULL_TIMEZONE`) names them.
 
 use async_trait::async_trait;
 
@@ -11,8 +16,7 @@ use crate::store::StoreError;
 
 /// One hour, in milliseconds: the width of a bucket of [`StoreStatus::replies_per_hour`].
 pub const HOUR_MS: i64 = 3_600_000;
-/// One day, in milliseconds: the width of a bucket of [`StoreStatus::tokens_per_day`]
-/// (UTC days).
+/// One day, in milliseconds.
 pub const DAY_MS: i64 = 86_400_000;
 /// Hours in [`StoreStatus::replies_per_hour`].
 pub const HOURS: usize = 24;
@@ -47,7 +51,8 @@ pub struct Recent {
     pub day: u64,
 }
 
-/// Tokens the model spent on one UTC day, by the replies committed that day.
+/// Tokens the model spent on one day (the deployment's time zone): the bot's total,
+/// as `/usage` counts it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct DayTokens {
     /// `2026-12-01`.
@@ -55,7 +60,8 @@ pub struct DayTokens {
     pub tokens: u64,
 }
 
-/// A conversation by the tokens its replies spent today (UTC): ids only, no text.
+/// A conversation by the tokens it spent today (its wallet total, as `/usage` shows an
+/// admin), with the replies it got since today began: ids only, no text.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ConversationTokens {
     /// The conversation's row id ([`ConversationId`]).
@@ -114,9 +120,34 @@ pub(crate) struct StatusRows {
     pub(crate) failed: Vec<(i64, u64)>,
     /// (hour bucket, replies generated, model-down notices).
     pub(crate) created: Vec<(i64, u64, u64)>,
-    /// (UTC epoch day, tokens).
-    pub(crate) tokens: Vec<(i64, u64)>,
+    /// (day, tokens) of the bot's total, for the asked days that have any.
+    pub(crate) tokens: Vec<(String, u64)>,
     pub(crate) top: Vec<ConversationTokens>,
+}
+
+/// What [`StatusStore::status`] is asked: the moment, how many top conversations, and
+/// the days to show tokens for as the deployment's time zone names them (oldest first;
+/// the last is today), with when today began there.
+#[derive(Debug, Clone)]
+pub struct StatusQuery {
+    pub now: Timestamp,
+    pub top: usize,
+    pub days: Vec<String>,
+    pub today_since: Timestamp,
+}
+
+/// The bot's token totals of `days` (`token_usage`, scope `bot`), a range of the
+/// primary key: the first and last day of the range.
+pub(crate) fn token_days(days: &[String]) -> (String, String) {
+    (
+        days.first().cloned().unwrap_or_default(),
+        days.last().cloned().unwrap_or_default(),
+    )
+}
+
+/// The conversation a `conversation:PLATFORM:KEY` budget scope names.
+pub(crate) fn scope_conversation(scope: &str) -> Option<(&str, &str)> {
+    scope.strip_prefix("conversation:")?.split_once(':')
 }
 
 /// The bounds of a status read, in the store's time.
@@ -124,19 +155,12 @@ pub(crate) struct StatusRows {
 pub(crate) struct StatusBounds {
     /// Rows after this (exclusive) fall in the last 24 hours.
     pub(crate) day_ago: i64,
-    /// The first millisecond of the oldest of the [`DAYS`] UTC days.
-    pub(crate) first_day: i64,
-    /// The first millisecond of today (UTC).
-    pub(crate) today: i64,
 }
 
 impl StatusBounds {
     pub(crate) fn at(now: Timestamp) -> Self {
-        let today = now.0.div_euclid(DAY_MS) * DAY_MS;
         StatusBounds {
             day_ago: now.0 - HOURS as i64 * HOUR_MS,
-            first_day: today - (DAYS as i64 - 1) * DAY_MS,
-            today,
         }
     }
 }
@@ -151,9 +175,8 @@ macro_rules! hour_bucket {
 pub(crate) use hour_bucket;
 
 impl StatusRows {
-    /// The status as the page shows it, the same for every backend.
-    pub(crate) fn assemble(self, now: Timestamp) -> StoreStatus {
-        let bounds = StatusBounds::at(now);
+    /// The status as the page shows it, the same for every backend: `days` as asked.
+    pub(crate) fn assemble(self, days: &[String]) -> StoreStatus {
         let hourly = |rows: &[(i64, u64)]| {
             let mut hours = vec![0u64; HOURS];
             for &(bucket, n) in rows {
@@ -206,19 +229,16 @@ impl StatusRows {
             holder.connections.sort();
         }
         connections.sort_by(|a, b| a.resource.cmp(&b.resource));
-        let first_epoch_day = bounds.first_day / DAY_MS;
-        let tokens_per_day = (0..DAYS as i64)
-            .map(|i| {
-                let day = first_epoch_day + i;
-                DayTokens {
-                    day: utc_day(day),
-                    tokens: self
-                        .tokens
-                        .iter()
-                        .filter(|&&(d, _)| d == day)
-                        .map(|&(_, t)| t)
-                        .sum(),
-                }
+        let tokens_per_day = days
+            .iter()
+            .map(|day| DayTokens {
+                day: day.clone(),
+                tokens: self
+                    .tokens
+                    .iter()
+                    .filter(|(d, _)| d == day)
+                    .map(|&(_, t)| t)
+                    .sum(),
             })
             .collect();
         StoreStatus {
@@ -239,21 +259,14 @@ impl StatusRows {
     }
 }
 
-/// A UTC day since the Unix epoch, as `2026-12-01`.
-fn utc_day(epoch_day: i64) -> String {
-    jiff::Timestamp::from_millisecond(epoch_day * DAY_MS)
-        .map(|t| t.strftime("%Y-%m-%d").to_string())
-        .unwrap_or_else(|_| format!("day {epoch_day}"))
-}
-
 /// Status: the operator's read-only view of the whole deployment.
 #[async_trait]
 pub trait StatusStore: Send + Sync + 'static {
-    /// What the database knows at `now` ([`StoreStatus`]), with at most `top`
-    /// conversations in [`StoreStatus::top_conversations`]. Read-only and a few short
-    /// statements, each a seek or a range scan on an index (live leases, timers held or
-    /// retrying, the outbox of the last day and of the last thirty days): it takes no
-    /// write lock and costs the same whatever the number of conversations and messages
-    /// older than thirty days, so a round never waits for it.
-    async fn status(&self, now: Timestamp, top: usize) -> Result<StoreStatus, StoreError>;
+    /// What the database knows at `asked.now` ([`StoreStatus`]), with at most
+    /// `asked.top` conversations in [`StoreStatus::top_conversations`] and the tokens of
+    /// `asked.days`. Read-only and a few short statements, each a seek or a range scan on
+    /// an index (live leases, timers held or retrying, the outbox of the last day, the
+    /// token totals of the asked days): it takes no write lock and costs the same
+    /// whatever the number of conversations and messages, so a round never waits for it.
+    async fn status(&self, asked: StatusQuery) -> Result<StoreStatus, StoreError>;
 }

@@ -29,6 +29,7 @@ const ALL: &[&str] = &[
     V14_ONE_ROUND_TRIP,
     V15_INGEST_TOGETHER,
     V16_INGEST_AS_SETS,
+    ddl::TOKEN_USAGE_BY_DAY,
 ];
 
 /// The schema version this build migrates to.

@@ -5,19 +5,20 @@
 use async_trait::async_trait;
 
 use super::PostgresStore;
-use super::sql::{query, query_one};
+use super::sql::{Tx, query, query_one, query_opt};
 use crate::domain::Timestamp;
-use crate::store::contract::status::{StatusBounds, StatusRows, hour_bucket};
+use crate::store::contract::status::{
+    StatusBounds, StatusRows, hour_bucket, scope_conversation, token_days,
+};
 use crate::store::faults::Operation;
-use crate::store::{ConversationTokens, StatusStore, StoreError, StoreStatus};
+use crate::store::{ConversationTokens, StatusQuery, StatusStore, StoreError, StoreStatus};
 
 #[async_trait]
 impl StatusStore for PostgresStore {
-    async fn status(&self, now: Timestamp, top: usize) -> Result<StoreStatus, StoreError> {
-        let top = top as i64;
+    async fn status(&self, asked: StatusQuery) -> Result<StoreStatus, StoreError> {
         transaction!(self, Operation::Read, "reading the status", |tx| {
             async {
-            let now = self.now(&tx, now).await?;
+            let now = self.now(&tx, asked.now).await?;
             let bounds = StatusBounds::at(now.db);
             let count = |row: tokio_postgres::Row| row.get::<_, i64>(0).max(0) as u64;
             let pairs = |rows: Vec<tokio_postgres::Row>| -> Vec<(i64, u64)> {
@@ -122,41 +123,19 @@ impl StatusStore for PostgresStore {
                 )
             })
             .collect();
-            // Index outbox_created: thirty days of rows.
-            let tokens = pairs(
-                query(
-                    &tx,
-                    "SELECT created_at / 86400000,
-                         SUM(COALESCE(prompt_tokens, 0) + COALESCE(completion_tokens, 0))::int8
-                     FROM outbox WHERE created_at >= $1 AND kind = 'reply' GROUP BY 1",
-                    &[&bounds.first_day],
-                    "counting tokens per day",
-                )
-                .await?,
-            );
-            let top = query(
+            // The primary key of token_usage: the bot's totals of the asked days.
+            let (first, last) = token_days(&asked.days);
+            let tokens = query(
                 &tx,
-                "SELECT t.conversation_id, c.platform, c.key, t.tokens, t.replies FROM (
-                     SELECT conversation_id,
-                            SUM(COALESCE(prompt_tokens, 0) + COALESCE(completion_tokens, 0))::int8 AS tokens,
-                            COUNT(*) AS replies
-                     FROM outbox WHERE created_at >= $1 AND kind = 'reply' GROUP BY conversation_id) t
-                 JOIN conversations c ON c.id = t.conversation_id
-                 WHERE t.tokens > 0
-                 ORDER BY t.tokens DESC, t.conversation_id LIMIT $2",
-                &[&bounds.today, &top],
-                "reading today's top conversations",
+                "SELECT day, tokens FROM token_usage WHERE scope = 'bot' AND day >= $1 AND day <= $2",
+                &[&first, &last],
+                "counting tokens per day",
             )
             .await?
             .into_iter()
-            .map(|r| ConversationTokens {
-                conversation: r.get(0),
-                platform: r.get(1),
-                key: r.get(2),
-                tokens: r.get::<_, i64>(3).max(0) as u64,
-                replies: r.get::<_, i64>(4).max(0) as u64,
-            })
+            .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1).max(0) as u64))
             .collect();
+            let top = read_top(&tx, &asked, now.to_db(asked.today_since)).await?;
             Ok(StatusRows {
                 pending,
                 held,
@@ -168,9 +147,58 @@ impl StatusStore for PostgresStore {
                 tokens,
                 top,
             }
-            .assemble(now.db))
+            .assemble(&asked.days))
         }
         .await
         })
     }
+}
+
+/// Today's most expensive conversations: their budget scopes' totals (index
+/// `token_usage_by_day`), then each one's row and the replies it got since
+/// `since` (index `outbox_history`), at most `asked.top` seeks.
+async fn read_top(
+    tx: &Tx<'_>,
+    asked: &StatusQuery,
+    since: Timestamp,
+) -> Result<Vec<ConversationTokens>, StoreError> {
+    let context = "reading today's top conversations";
+    let today = asked.days.last().cloned().unwrap_or_default();
+    let scopes = query(
+        tx,
+        "SELECT scope, tokens FROM token_usage
+         WHERE day = $1 AND scope LIKE 'conversation:%' AND tokens > 0
+         ORDER BY tokens DESC, scope LIMIT $2",
+        &[&today, &(asked.top as i64)],
+        context,
+    )
+    .await?;
+    let mut top = Vec::with_capacity(scopes.len());
+    for row in scopes {
+        let scope: String = row.get(0);
+        let tokens = row.get::<_, i64>(1).max(0) as u64;
+        let Some((platform, key)) = scope_conversation(&scope) else {
+            continue;
+        };
+        let found = query_opt(
+            tx,
+            "SELECT c.id,
+                 (SELECT COUNT(*) FROM outbox o WHERE o.conversation_id = c.id AND o.kind = 'reply'
+                                                  AND o.created_at >= $3)
+             FROM conversations c WHERE c.platform = $1 AND c.key = $2",
+            &[&platform, &key, &since.0],
+            context,
+        )
+        .await?;
+        if let Some(found) = found {
+            top.push(ConversationTokens {
+                conversation: found.get(0),
+                platform: platform.to_owned(),
+                key: key.to_owned(),
+                tokens,
+                replies: found.get::<_, i64>(1).max(0) as u64,
+            });
+        }
+    }
+    Ok(top)
 }

@@ -347,6 +347,7 @@ const ALL: &[&str] = &[
     V13_RHYTHM,
     V14_OVERHEARD,
     V15_THREADS,
+    ddl::TOKEN_USAGE_BY_DAY,
 ];
 
 /// The schema version this build migrates to.

@@ -2,13 +2,15 @@
 //! (never the writer, so a round's write never queues behind it).
 
 use async_trait::async_trait;
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, OptionalExtension, params};
 
 use super::SqliteStore;
 use super::sql::Context;
 use crate::domain::Timestamp;
-use crate::store::contract::status::{StatusBounds, StatusRows, hour_bucket};
-use crate::store::{ConversationTokens, StatusStore, StoreError, StoreStatus};
+use crate::store::contract::status::{
+    StatusBounds, StatusRows, hour_bucket, scope_conversation, token_days,
+};
+use crate::store::{ConversationTokens, StatusQuery, StatusStore, StoreError, StoreStatus};
 
 /// Live leases (index `leases_held`).
 pub(super) const LIVE_LEASES_SQL: &str =
@@ -39,38 +41,37 @@ pub(super) const CREATED_SQL: &str = concat!(
        SUM(CASE WHEN kind = 'notice' AND dedupe_key LIKE 'model-down/%' THEN 1 ELSE 0 END)
      FROM outbox WHERE created_at > ?1 GROUP BY 1"
 );
-/// Tokens per UTC day of the last thirty (index `outbox_created`).
-pub(super) const TOKENS_SQL: &str = "SELECT created_at / 86400000,
-         SUM(COALESCE(prompt_tokens, 0) + COALESCE(completion_tokens, 0))
-     FROM outbox WHERE created_at >= ?1 AND kind = 'reply' GROUP BY 1";
-/// Today's most expensive conversations (index `outbox_created`, named: the planner
-/// would rather walk the whole outbox in conversation order to group it without a sort).
-pub(super) const TOP_SQL: &str =
-    "SELECT t.conversation_id, c.platform, c.key, t.tokens, t.replies FROM (
-         SELECT conversation_id,
-                SUM(COALESCE(prompt_tokens, 0) + COALESCE(completion_tokens, 0)) AS tokens,
-                COUNT(*) AS replies
-         FROM outbox INDEXED BY outbox_created
-         WHERE created_at >= ?1 AND kind = 'reply' GROUP BY conversation_id) t
-     JOIN conversations c ON c.id = t.conversation_id
-     WHERE t.tokens > 0
-     ORDER BY t.tokens DESC, t.conversation_id LIMIT ?2";
+/// The bot's token totals of a range of days (the primary key of `token_usage`).
+pub(super) const TOKENS_SQL: &str =
+    "SELECT day, tokens FROM token_usage WHERE scope = 'bot' AND day >= ?1 AND day <= ?2";
+/// Today's most expensive conversations by their budget scope (index
+/// `token_usage_by_day`: one day's scopes, most tokens first).
+pub(super) const TOP_SQL: &str = "SELECT scope, tokens FROM token_usage
+     WHERE day = ?1 AND scope LIKE 'conversation:%' AND tokens > 0
+     ORDER BY tokens DESC, scope LIMIT ?2";
+/// A top conversation's row and the replies it got since today began (index
+/// `outbox_history`: that conversation's replies).
+pub(super) const TOP_ROW_SQL: &str = "SELECT c.id,
+         (SELECT COUNT(*) FROM outbox o WHERE o.conversation_id = c.id AND o.kind = 'reply'
+                                          AND o.created_at >= ?3)
+     FROM conversations c WHERE c.platform = ?1 AND c.key = ?2";
 
 #[async_trait]
 impl StatusStore for SqliteStore {
-    async fn status(&self, now: Timestamp, top: usize) -> Result<StoreStatus, StoreError> {
+    async fn status(&self, asked: StatusQuery) -> Result<StoreStatus, StoreError> {
         self.with_conn(move |conn| {
             // One read transaction: every count is of the same snapshot.
             let tx = conn.transaction().ctx("starting a status read")?;
-            let rows = read_status(&tx, now, top)?;
+            let rows = read_status(&tx, &asked)?;
             tx.finish().ctx("ending a status read")?;
-            Ok(rows.assemble(now))
+            Ok(rows.assemble(&asked.days))
         })
         .await
     }
 }
 
-fn read_status(conn: &Connection, now: Timestamp, top: usize) -> Result<StatusRows, StoreError> {
+fn read_status(conn: &Connection, asked: &StatusQuery) -> Result<StatusRows, StoreError> {
+    let now = asked.now;
     let bounds = StatusBounds::at(now);
     let count = |sql: &str, args: &[&dyn rusqlite::ToSql], context: &'static str| {
         conn.prepare_cached(sql)
@@ -117,21 +118,17 @@ fn read_status(conn: &Connection, now: Timestamp, top: usize) -> Result<StatusRo
         .ctx("counting generated replies")?
         .collect::<Result<_, _>>()
         .ctx("counting generated replies")?;
-    let top = conn
-        .prepare_cached(TOP_SQL)
-        .ctx("reading today's top conversations")?
-        .query_map(params![bounds.today, top as i64], |r| {
-            Ok(ConversationTokens {
-                conversation: r.get(0)?,
-                platform: r.get(1)?,
-                key: r.get(2)?,
-                tokens: r.get::<_, i64>(3)?.max(0) as u64,
-                replies: r.get::<_, i64>(4)?.max(0) as u64,
-            })
+    let top = read_top(conn, asked)?;
+    let (first, last) = token_days(&asked.days);
+    let tokens = conn
+        .prepare_cached(TOKENS_SQL)
+        .ctx("counting tokens per day")?
+        .query_map(params![first, last], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?.max(0) as u64))
         })
-        .ctx("reading today's top conversations")?
+        .ctx("counting tokens per day")?
         .collect::<Result<_, _>>()
-        .ctx("reading today's top conversations")?;
+        .ctx("counting tokens per day")?;
     Ok(StatusRows {
         // Kept by triggers on timers: one row, whatever the number of conversations.
         pending: count(
@@ -145,9 +142,47 @@ fn read_status(conn: &Connection, now: Timestamp, top: usize) -> Result<StatusRo
         sent: pairs(SENT_SQL, bounds.day_ago, "counting sent replies")?,
         failed: pairs(FAILED_SQL, bounds.day_ago, "counting failed replies")?,
         created,
-        tokens: pairs(TOKENS_SQL, bounds.first_day, "counting tokens per day")?
-            .into_iter()
-            .collect(),
+        tokens,
         top,
     })
+}
+
+/// Today's most expensive conversations: their budget scopes' totals, then each one's
+/// row and replies (at most `asked.top` seeks).
+fn read_top(conn: &Connection, asked: &StatusQuery) -> Result<Vec<ConversationTokens>, StoreError> {
+    let context = "reading today's top conversations";
+    let today = asked.days.last().cloned().unwrap_or_default();
+    let scopes: Vec<(String, u64)> = conn
+        .prepare_cached(TOP_SQL)
+        .ctx(context)?
+        .query_map(params![today, asked.top as i64], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?.max(0) as u64))
+        })
+        .ctx(context)?
+        .collect::<Result<_, _>>()
+        .ctx(context)?;
+    let mut top = Vec::with_capacity(scopes.len());
+    for (scope, tokens) in scopes {
+        let Some((platform, key)) = scope_conversation(&scope) else {
+            continue;
+        };
+        let row: Option<(i64, i64)> = conn
+            .prepare_cached(TOP_ROW_SQL)
+            .ctx(context)?
+            .query_row(params![platform, key, asked.today_since.0], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()
+            .ctx(context)?;
+        if let Some((conversation, replies)) = row {
+            top.push(ConversationTokens {
+                conversation,
+                platform: platform.to_owned(),
+                key: key.to_owned(),
+                tokens,
+                replies: replies.max(0) as u64,
+            });
+        }
+    }
+    Ok(top)
 }

@@ -105,6 +105,11 @@ async fn a_backup_taken_while_messages_arrive_restores_with_every_acknowledged_o
         !copy.with_extension("db-wal").exists(),
         "the copy is a whole file"
     );
+    // The copy has an idempotency salt of its own: restored, it never sends a tool
+    // server the keys its original sent for other calls.
+    let salt = |path: &std::path::Path| db::rows(path, "SELECT salt FROM instance")[0][0].clone();
+    assert_eq!(salt(&copy).len(), 32);
+    assert_ne!(salt(&copy), salt(&app.db()), "the copy's salt is its own");
 
     // Restored: a fresh process on the copy alone answers what it holds, once.
     let restored = tempfile::tempdir().unwrap();

@@ -339,6 +339,9 @@ async fn a_burst_gets_one_reply_after_the_tool_turn_and_acts_once() {
             .is_some_and(|k| k.starts_with("act_")),
         "the idempotency key reaches the server: {append}"
     );
+    // Salted by this database: not the journal's own key.
+    let journal = db::rows(&bot.database, "SELECT key FROM actions");
+    assert_ne!(append["meta"]["idempotencyKey"], journal[0][0].as_str());
     // The lookup is read-only: never journaled, so not in the report.
     assert!(!reply.text.contains("counter__lookup {"), "{reply:?}");
 }

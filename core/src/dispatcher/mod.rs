@@ -285,6 +285,8 @@ pub struct Dispatcher {
     /// Models that refused `tools` (without tool support): later rounds of this
     /// process offer them none for a while (module docs of `tool_refusals`).
     tool_refusals: tool_refusals::ToolRefusals,
+    /// The database's salt for the idempotency keys tool servers see, read once.
+    idempotency_salt: tokio::sync::OnceCell<String>,
     outbounds: HashMap<Platform, Arc<dyn Outbound>>,
     settings: DispatchSettings,
     clock: Arc<dyn Clock>,
@@ -334,6 +336,7 @@ impl Dispatcher {
             draining: CancellationToken::new(),
             toolbox: std::sync::OnceLock::new(),
             tool_refusals: tool_refusals::ToolRefusals::default(),
+            idempotency_salt: tokio::sync::OnceCell::new(),
             outbounds: outbounds.into_iter().map(|o| (o.platform(), o)).collect(),
             settings,
             clock,
@@ -364,6 +367,16 @@ impl Dispatcher {
     /// The toolbox, when tools are on.
     pub fn toolbox(&self) -> Option<&Arc<dyn Toolbox>> {
         self.toolbox.get()
+    }
+
+    /// The database's idempotency salt
+    /// ([`ActionStore::idempotency_salt`](crate::store::ActionStore::idempotency_salt)), read at
+    /// most once per process (a failed read is tried again next time).
+    async fn idempotency_salt(&self) -> Result<&str, StoreError> {
+        self.idempotency_salt
+            .get_or_try_init(|| self.store.idempotency_salt())
+            .await
+            .map(String::as_str)
     }
 
     /// The run-time access decisions, at most `poll_every` old.

@@ -5,7 +5,9 @@
 //! every transaction committed before it began (every message acknowledged by then)
 //! and nothing of one committed after, whatever other processes write meanwhile. The
 //! copy is a complete file of its own (no `-wal` beside it), checked before it is
-//! reported. PostgreSQL has its own tool for this, `pg_dump`.
+//! reported, with an idempotency salt of its own (a restored copy never sends a tool
+//! server the keys its original sent). PostgreSQL has its own tool for this, `pg_dump`
+//! (a restored dump keeps its salt: see docs/tools.md).
 
 use std::path::{Path, PathBuf};
 
@@ -76,7 +78,29 @@ pub fn backup(url: &DatabaseUrl, target: &Path) -> Result<BackupReport, BackupEr
     conn.execute("VACUUM INTO ?1", [target_text])
         .map_err(|e| failed(e.to_string()))?;
     drop(conn);
+    new_salt(target).map_err(|e| failed(format!("giving the copy its own salt: {e}")))?;
     check_copy(target)
+}
+
+/// Give the copy an idempotency salt of its own: a restored backup runs again from an
+/// earlier point, reusing row ids the original went on to use, so the keys it sends
+/// tool servers must differ from the original's (`ActionKey::for_server`). A database
+/// from before the salt (no `instance` table) is left as it is: it gets one when it is
+/// migrated.
+fn new_salt(copy: &Path) -> rusqlite::Result<()> {
+    let conn = Connection::open(copy)?;
+    let has_instance: bool = conn.query_row(
+        "SELECT COUNT(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'instance'",
+        [],
+        |r| r.get(0),
+    )?;
+    if has_instance {
+        conn.execute(
+            "UPDATE instance SET salt = lower(hex(randomblob(16))) WHERE id = 1",
+            [],
+        )?;
+    }
+    Ok(())
 }
 
 /// Open the copy, run SQLite's integrity check and count what it holds.

@@ -450,8 +450,11 @@ impl Round<'_> {
             conversation: self.conversation,
             action: row.id,
         });
+        // The key the server sees is salted by this database (a second deployment or a
+        // restored backup never sends the same key for another call).
+        let key = row.key.for_server(d.idempotency_salt().await?);
         let output = tokio::select! {
-            output = self.calling(batch, toolbox, spec, arguments, Some(&row.key.0)) => output,
+            output = self.calling(batch, toolbox, spec, arguments, Some(&key)) => output,
             // Only the hard stop leaves a running call: its reservation expires into
             // "outcome unknown".
             () = self.stop.cancelled() => return Err(Interrupt::Stopped),

@@ -241,6 +241,14 @@ pub async fn a_call_without_an_answer_is_stored_unknown(store: &dyn Store) {
     assert_eq!(rows[0].state, ActionState::Done, "a late answer is a fact");
 }
 
+/// The database's idempotency salt: made once, the same at every read.
+pub async fn the_idempotency_salt_is_made_once(store: &dyn Store) {
+    let salt = store.idempotency_salt().await.expect("reading the salt");
+    assert_eq!(salt.len(), 32, "{salt}");
+    assert!(salt.bytes().all(|b| b.is_ascii_hexdigit()), "{salt}");
+    assert_eq!(store.idempotency_salt().await.unwrap(), salt);
+}
+
 /// A reservation is the final check moved in front of the side effect: at a version
 /// past `v0` it is stale, and a lease that expired, or was taken over, is refused;
 /// neither stores anything.

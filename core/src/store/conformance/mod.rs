@@ -108,6 +108,7 @@ macro_rules! store_conformance {
             an_access_decision_replaces_the_earlier_one,
             a_reservation_is_stored_once_and_finished_once,
             a_call_without_an_answer_is_stored_unknown,
+            the_idempotency_salt_is_made_once,
             a_stale_or_unfenced_reservation_stores_nothing,
             an_abandoned_reservation_is_in_flight_then_unknown,
             an_abandoned_idempotent_reservation_is_reserved_again,

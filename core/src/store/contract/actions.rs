@@ -54,6 +54,22 @@ impl ActionKey {
     }
 }
 
+impl ActionKey {
+    /// The key as a tool server sees it (`_meta.idempotencyKey`): this key salted with
+    /// the database's own salt ([`ActionStore::idempotency_salt`]), so two deployments
+    /// sharing a server, or a restored backup and its original, never send the same key
+    /// for different calls. The journal keeps the unsalted key.
+    pub fn for_server(&self, salt: &str) -> String {
+        use sha2::Digest as _;
+        let mut hash = sha2::Sha256::new();
+        for part in [salt, self.0.as_str()] {
+            hash.update((part.len() as u64).to_be_bytes());
+            hash.update(part.as_bytes());
+        }
+        format!("act_{}", hex_of(&hash.finalize()[..16]))
+    }
+}
+
 fn hex_of(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -349,6 +365,11 @@ pub trait ActionStore: Send + Sync + 'static {
     /// reserved by that token (nothing changed).
     async fn finish_action(&self, result: ActionResult<'_>) -> Result<bool, StoreError>;
 
+    /// This database's salt for the idempotency keys tool servers see
+    /// ([`ActionKey::for_server`]): made once, at the migration that added it, and new
+    /// in every copy `lull backup` writes.
+    async fn idempotency_salt(&self) -> Result<String, StoreError>;
+
     /// Every action of the batch starting at row `batch`, in the order stored. Given no
     /// `now`, its rows' times are as stored: the caller's timeline on SQLite and when
     /// the caller drives time, the database's on PostgreSQL in production (the rows
@@ -378,6 +399,16 @@ pub trait ActionStore: Send + Sync + 'static {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_servers_key_is_salted_by_the_database() {
+        let key = ActionKey::of(ConversationId(1), 2, "t", "{}");
+        let here = key.for_server("salt-a");
+        assert_eq!(here, key.for_server("salt-a"), "stable for one database");
+        assert_ne!(here, key.for_server("salt-b"), "another database's differs");
+        assert_ne!(here, key.0);
+        assert!(here.starts_with("act_") && here.len() == 36, "{here}");
+    }
 
     #[test]
     fn askers_are_stored_so_no_single_id_reads_as_a_list() {

@@ -117,6 +117,25 @@ impl ActionStore for PostgresStore {
         })
     }
 
+    async fn idempotency_salt(&self) -> Result<String, StoreError> {
+        transaction!(
+            self,
+            Operation::Read,
+            "reading the idempotency salt",
+            |tx| async {
+                Ok(query_one(
+                    &tx,
+                    "SELECT salt FROM instance WHERE id = 1",
+                    &[],
+                    "reading the idempotency salt",
+                )
+                .await?
+                .get(0))
+            }
+            .await
+        )
+    }
+
     async fn actions_of_batch(&self, of: BatchOf) -> Result<Vec<ActionRow>, StoreError> {
         transaction!(self, Operation::Read, "reading a batch's actions", |tx| {
             let params: [&(dyn ToSql + Sync); 2] = [&of.conversation.0, &of.batch];

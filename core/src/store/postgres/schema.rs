@@ -30,6 +30,7 @@ const ALL: &[&str] = &[
     V15_INGEST_TOGETHER,
     V16_INGEST_AS_SETS,
     ddl::TOKEN_USAGE_BY_DAY,
+    V18_INSTANCE,
 ];
 
 /// The schema version this build migrates to.
@@ -483,6 +484,17 @@ END $$;
 /// Messages stored together as sets: `lull_ingest_many` replaced, same arguments and
 /// results, a few statements a group instead of about ten a message (the file's
 /// header states the invariants and the lock order it keeps).
+const V18_INSTANCE: &str = r#"
+-- This database's own salt: the idempotency keys sent to tool servers are derived from
+-- it, so two deployments sharing an MCP server never send the same key for different
+-- calls. One row.
+CREATE TABLE instance (
+    id   INTEGER PRIMARY KEY CHECK (id = 1),
+    salt TEXT    NOT NULL
+);
+INSERT INTO instance (id, salt) VALUES (1, md5(random()::text || clock_timestamp()::text));
+"#;
+
 const V16_INGEST_AS_SETS: &str = include_str!("migrations/v16_ingest_as_sets.sql");
 
 /// Bring the schema up to date: each missing migration in its own transaction under

@@ -89,6 +89,16 @@ impl ActionStore for SqliteStore {
         .await
     }
 
+    async fn idempotency_salt(&self) -> Result<String, StoreError> {
+        self.with_conn(|conn| {
+            conn.prepare_cached("SELECT salt FROM instance WHERE id = 1")
+                .ctx("reading the idempotency salt")?
+                .query_row([], |r| r.get(0))
+                .ctx("reading the idempotency salt")
+        })
+        .await
+    }
+
     async fn actions_of_batch(&self, of: BatchOf) -> Result<Vec<ActionRow>, StoreError> {
         self.with_conn(move |conn| {
             read_rows(

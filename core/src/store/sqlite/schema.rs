@@ -330,6 +330,17 @@ CREATE TABLE threads (
 );
 "#;
 
+const V17_INSTANCE: &str = r#"
+-- This database's own salt: the idempotency keys sent to tool servers are derived from
+-- it, so two deployments sharing an MCP server (or a restored backup, whose copy gets a
+-- salt of its own) never send the same key for different calls. One row.
+CREATE TABLE instance (
+    id   INTEGER PRIMARY KEY CHECK (id = 1),
+    salt TEXT    NOT NULL
+);
+INSERT INTO instance (id, salt) VALUES (1, lower(hex(randomblob(16))));
+"#;
+
 /// Every migration, oldest first. The schema version (`user_version`) counts them.
 const ALL: &[&str] = &[
     V1_CORE,
@@ -348,6 +359,7 @@ const ALL: &[&str] = &[
     V14_OVERHEARD,
     V15_THREADS,
     ddl::TOKEN_USAGE_BY_DAY,
+    V17_INSTANCE,
 ];
 
 /// The schema version this build migrates to.

@@ -448,6 +448,21 @@ async fn control_after(
     }
 }
 
+/// A control that made the reply in flight stale: q1 answered once, by the round after
+/// it (q1 twice, the first dropped, then q2), with `model` when one was picked.
+fn assert_written_again(changed: &MidGeneration, model: Option<&str>) {
+    let first: Vec<&Received> = changed
+        .replies
+        .iter()
+        .filter(|r| r.covers.contains(&"q1".to_owned()))
+        .collect();
+    assert_eq!(first.len(), 1, "q1 answered once: {:#?}", changed.replies);
+    assert_eq!(changed.requests, 3, "q1 twice (the first dropped), then q2");
+    if let Some(model) = model {
+        assert_eq!(changed.last_model, model);
+    }
+}
+
 /// `/stop` mid-generation: the reply being written is never sent, the message it
 /// answered is closed (the next reply covers only the next message), one confirmation.
 async fn assert_stopped(stopped: &MidGeneration) {
@@ -493,14 +508,7 @@ async fn counter_test_unfenced_stop_lets_the_generation_through() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_picked_mid_generation_makes_it_stale() {
     let changed = control_mid_generation("/model big-model", true, &[]).await;
-    let first: Vec<&Received> = changed
-        .replies
-        .iter()
-        .filter(|r| r.covers.contains(&"q1".to_owned()))
-        .collect();
-    assert_eq!(first.len(), 1, "q1 answered once: {:#?}", changed.replies);
-    assert_eq!(changed.requests, 3, "q1 twice (the first dropped), then q2");
-    assert_eq!(changed.last_model, "big-model");
+    assert_written_again(&changed, Some("big-model"));
 }
 
 /// Its counter-test: unfenced, the reply written by the old model goes out.
@@ -525,13 +533,7 @@ async fn counter_test_unfenced_pick_sends_the_old_models_reply() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_mid_generation_drops_the_reply_written_before_it() {
     let reset = control_mid_generation("/new", true, &[]).await;
-    let first: Vec<&Received> = reset
-        .replies
-        .iter()
-        .filter(|r| r.covers.contains(&"q1".to_owned()))
-        .collect();
-    assert_eq!(first.len(), 1, "q1 answered once: {:#?}", reset.replies);
-    assert_eq!(reset.requests, 3, "q1 twice (the first dropped), then q2");
+    assert_written_again(&reset, None);
 }
 
 /// Its counter-test: unfenced, the reply written before `/new` goes out.
@@ -550,14 +552,7 @@ async fn counter_test_unfenced_new_sends_the_reply_written_before_it() {
 async fn a_model_picked_mid_generation_at_the_cap_makes_it_stale() {
     let at_cap = [("LULL_MAX_WAIT_MS", "1000")];
     let changed = control_after("/model big-model", AFTER_CAP, true, &at_cap).await;
-    let first: Vec<&Received> = changed
-        .replies
-        .iter()
-        .filter(|r| r.covers.contains(&"q1".to_owned()))
-        .collect();
-    assert_eq!(first.len(), 1, "q1 answered once: {:#?}", changed.replies);
-    assert_eq!(changed.requests, 3, "q1 twice (the first dropped), then q2");
-    assert_eq!(changed.last_model, "big-model");
+    assert_written_again(&changed, Some("big-model"));
 }
 
 /// Its counter-test: unfenced, the forced reply of the old model goes out.

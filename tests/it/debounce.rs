@@ -2,9 +2,10 @@
 //! the http adapter of real `lull run` processes: a person who sends one complete
 //! message at a time is answered sooner than the fixed debounce allows, once their
 //! rhythm is known; a person who types in fragments is never answered in the middle
-//! of a burst. Each check has its counter-test: with `LULL_DEBOUNCE=fixed` the first
-//! check fails, with the learned burst window switched off (`LULL_TEST_NO_BURST_WINDOW`)
-//! the second does.
+//! of a burst, nor a person who switches from complete messages to fragments. Each
+//! check has its counter-test: with `LULL_DEBOUNCE=fixed` the first check fails, with
+//! the learned burst window and the text cues switched off (`LULL_TEST_NO_BURST_WINDOW`,
+//! `LULL_TEST_NO_TEXT_CUES`) the second does, with the text cues off the third.
 
 use std::time::Duration;
 
@@ -142,7 +143,8 @@ async fn adaptive_waiting_does_not_split_a_fragment_burst() {
 }
 
 /// Counter-test: with the learned burst window off (a known conversation always waits
-/// the shortest window), the same person's bursts are split.
+/// the shortest window) and the text read for nothing (the trace's fragments read
+/// unfinished, which alone would keep them whole), the same person's bursts are split.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_debounce_that_only_shortens_splits_the_bursts() {
     let people = fragment_person();
@@ -151,6 +153,7 @@ async fn a_debounce_that_only_shortens_splits_the_bursts() {
         &[
             ("LULL_DEBOUNCE", "adaptive"),
             ("LULL_TEST_NO_BURST_WINDOW", "1"),
+            ("LULL_TEST_NO_TEXT_CUES", "1"),
         ],
     )
     .await;

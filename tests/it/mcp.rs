@@ -226,7 +226,9 @@ async fn a_server_that_dies_is_an_error_then_restarted() {
     let f = Fixture::start(json!({}), fast()).await;
     let started = Instant::now();
     let out = f.toolbox.call("t__die", Map::new(), None).await;
-    assert_eq!(out.outcome, CallOutcome::Error, "{out:?}");
+    // It died after the request was written: it may have acted (issue 37).
+    assert_eq!(out.outcome, CallOutcome::Lost, "{out:?}");
+    assert!(out.is_error && out.outcome.is_unknown(), "{out:?}");
     assert!(
         started.elapsed() < Duration::from_secs(2),
         "no wait for the deadline"

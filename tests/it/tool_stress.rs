@@ -256,19 +256,22 @@ fn assert_acted_once(report: &Report) {
     assert!(report.side_effects > 0 && report.kills > 0, "{report:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn tool_stress_with_kills_mid_call_acts_once() {
-    let report = run(Plan {
+/// The SQLite plan: three processes on one file.
+fn sqlite_plan(switches: &'static [(&'static str, &'static str)]) -> Plan {
+    Plan {
         processes: 3,
         conversations: 10,
         bursts: 3,
         kills: 4,
         postgres: None,
-        switches: &[],
+        switches,
         seed: 37,
-    })
-    .await;
-    assert_acted_once(&report);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tool_stress_with_kills_mid_call_acts_once() {
+    assert_acted_once(&run(sqlite_plan(&[])).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -293,15 +296,6 @@ async fn postgres_tool_stress_with_kills_mid_call_acts_once() {
 /// (a round dropped as stale, overtaken or killed acts again when its batch is answered).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn counter_test_tool_stress_without_the_journal_doubles_side_effects() {
-    let report = run(Plan {
-        processes: 3,
-        conversations: 10,
-        bursts: 3,
-        kills: 4,
-        postgres: None,
-        switches: &[("LULL_TEST_NO_JOURNAL", "1")],
-        seed: 37,
-    })
-    .await;
+    let report = run(sqlite_plan(&[("LULL_TEST_NO_JOURNAL", "1")])).await;
     assert!(report.doubled_by_decision > 0, "{report:?}");
 }

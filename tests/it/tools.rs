@@ -159,6 +159,22 @@ impl ToolBot {
         assert_eq!(r.status().as_u16(), 202);
     }
 
+    /// `user` says `text` in the group `conversation` (message `id`); the `n`th reply
+    /// delivered, once it is, which must contain `expect`.
+    async fn group_reply(
+        &self,
+        (conversation, id, user): (&str, &str, &str),
+        text: &str,
+        n: usize,
+        expect: &str,
+    ) -> Received {
+        self.say_in_group(conversation, id, user, text).await;
+        let replies = self.webhook.wait_replies(n, LONG).await;
+        let reply = replies[n - 1].clone();
+        assert!(reply.text.contains(expect), "{expect:?} in {reply:?}");
+        reply
+    }
+
     /// Every execution the server logged, in order: `(tool, line)`.
     pub(crate) fn executions(&self) -> Vec<Value> {
         executions(self.dir.path())
@@ -726,23 +742,12 @@ async fn expired_or_foreign_approvals_are_refused() {
     let notices = bot.webhook.wait_notices(2, LONG).await;
     let id = approval_id(&notices[1].text);
     bot.webhook.wait_replies(3, LONG).await;
-    bot.say_in_group("g1", "2", "bob", &format!("/approve {id}"))
+    let approve = format!("/approve {id}");
+    bot.group_reply(("g1", "2", "bob"), &approve, 4, "only the person")
         .await;
-    let replies = bot.webhook.wait_replies(4, LONG).await;
-    assert!(
-        replies[3].text.contains("only the person"),
-        "{:?}",
-        replies[3]
-    );
     assert_eq!(bot.executed("delete"), 0);
-    bot.say_in_group("g1", "3", "ann", &format!("/approve {id}"))
+    bot.group_reply(("g1", "3", "ann"), &approve, 5, "✓ counter__delete")
         .await;
-    let replies = bot.webhook.wait_replies(5, LONG).await;
-    assert!(
-        replies[4].text.contains("✓ counter__delete"),
-        "{:?}",
-        replies[4]
-    );
     assert_eq!(bot.executed("delete"), 1);
     bot.assert_invariants(5).await;
 }
@@ -791,23 +796,12 @@ async fn every_asker_of_the_burst_may_approve_and_no_one_else() {
         "one burst: {:?}",
         replies[0]
     );
-    bot.say_in_group("g1", "3", "carol", &format!("/approve {id}"))
+    let approve = format!("/approve {id}");
+    bot.group_reply(("g1", "3", "carol"), &approve, 2, "only the person")
         .await;
-    let replies = bot.webhook.wait_replies(2, LONG).await;
-    assert!(
-        replies[1].text.contains("only the person"),
-        "{:?}",
-        replies[1]
-    );
     assert_eq!(bot.executed("delete"), 0);
-    bot.say_in_group("g1", "4", "ann", &format!("/approve {id}"))
+    bot.group_reply(("g1", "4", "ann"), &approve, 3, "✓ counter__delete")
         .await;
-    let replies = bot.webhook.wait_replies(3, LONG).await;
-    assert!(
-        replies[2].text.contains("✓ counter__delete"),
-        "{:?}",
-        replies[2]
-    );
     assert_eq!(bot.executed("delete"), 1);
     bot.assert_invariants(3).await;
 }

@@ -91,7 +91,7 @@ impl SettingStore for PostgresStore {
                 let row = query_one(
                     &tx,
                     "SELECT version + $2, answered_version FROM conversations WHERE id = $1",
-                    &[&id.0, &step()],
+                    &[&id.0, &super::messages::step()],
                     "reading the version",
                 )
                 .await?;
@@ -319,42 +319,10 @@ async fn bump(tx: &Tx<'_>, id: ConversationId) -> Result<Version, StoreError> {
              answered_version = CASE WHEN answered_version = version
                                      THEN version + $2 ELSE answered_version END
          WHERE id = $1 RETURNING version",
-        &[&id.0, &step()],
+        &[&id.0, &super::messages::step()],
         "bumping the version",
     )
     .await?;
-    fence_pending(tx, id).await?;
+    super::messages::fence_pending(tx, id).await?;
     Ok(Version(row.get(0)))
-}
-
-/// After a control moved the version (a setting, `/new`): the pending messages take
-/// the new version, as an edit would give them, so a round that collected them before
-/// the control covers none of them, even in a commit the cap forces (it covers only
-/// messages unchanged since `v0`). They stay pending: the next round answers them
-/// under the new setting or context. Must run in the transaction that moved the
-/// version (the conversation row locked), after it.
-pub(super) async fn fence_pending(tx: &Tx<'_>, id: ConversationId) -> Result<(), StoreError> {
-    if step() == 0 {
-        return Ok(());
-    }
-    // Fresh: no reply written before a control covers a message after it.
-    execute(
-        tx,
-        "UPDATE messages m SET version = c.version FROM conversations c
-         WHERE c.id = $1 AND m.conversation_id = $1 AND m.version > c.answered_version",
-        &[&id.0],
-        "fencing pending messages",
-    )
-    .await?;
-    Ok(())
-}
-
-/// How far a change of a setting or `/stop` moves the version: 1 (0 only with the
-/// counter-test's switch, which leaves a generation in flight unfenced).
-pub(super) fn step() -> i64 {
-    if crate::switches::unfenced_controls() {
-        0
-    } else {
-        1
-    }
 }

@@ -131,10 +131,10 @@ impl MessageStore for SqliteStore {
                      WHERE id = ?1 RETURNING version",
                 )
                 .ctx("preparing a statement")?
-                .query_row([id.0, super::settings::step()], |r| r.get(0))
+                .query_row([id.0, step()], |r| r.get(0))
                 .map(Version)
                 .ctx("resetting the context")?;
-            super::settings::fence_pending(tx, id)?;
+            fence_pending(tx, id)?;
             tx.prepare_cached("DELETE FROM overheard WHERE conversation_id = ?1")
                 .ctx("preparing a statement")?
                 .execute([id.0])
@@ -280,4 +280,36 @@ pub(super) fn pending_after(
         ))
     })
     .ctx("counting pending messages")
+}
+
+/// After a control moved the version (a setting, `/new`): the pending messages take
+/// the new version, as an edit would give them, so a round that collected them before
+/// the control covers none of them, even in a commit the cap forces (it covers only
+/// messages unchanged since `v0`). They stay pending: the next round answers them
+/// under the new setting or context. Must run in the transaction that moved the
+/// version, after it.
+pub(super) fn fence_pending(tx: &Connection, id: ConversationId) -> Result<(), StoreError> {
+    if step() == 0 {
+        return Ok(());
+    }
+    // Fresh: no reply written before a control covers a message after it.
+    tx.prepare_cached(
+        "UPDATE messages SET version = (SELECT version FROM conversations WHERE id = ?1)
+         WHERE conversation_id = ?1
+           AND version > (SELECT answered_version FROM conversations WHERE id = ?1)",
+    )
+    .ctx("preparing a statement")?
+    .execute([id.0])
+    .ctx("fencing pending messages")?;
+    Ok(())
+}
+
+/// How far a change of a setting or `/stop` moves the version: 1 (0 only with the
+/// counter-test's switch, which leaves a generation in flight unfenced).
+pub(super) fn step() -> i64 {
+    if crate::switches::unfenced_controls() {
+        0
+    } else {
+        1
+    }
 }

@@ -553,11 +553,12 @@ mod tests {
             (SENT_SQL, "USING INDEX outbox_sent"),
             (FAILED_SQL, "USING INDEX outbox_failed"),
             (CREATED_SQL, "USING INDEX outbox_created"),
-            (TOKENS_SQL, "USING INDEX outbox_created"),
-            (TOP_SQL, "USING INDEX outbox_created"),
+            (TOKENS_SQL, "USING INDEX sqlite_autoindex_token_usage_1 (scope=? AND day>? AND day<?)"),
+            (TOP_SQL, "USING INDEX token_usage_by_day (day=?"),
+            (TOP_ROW_SQL, "USING INDEX outbox_history"),
         ] {
             let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
-            let params = [0i64, 5i64];
+            let params = [0i64, 5i64, 0i64];
             let plan: Vec<String> = stmt
                 .query_map(
                     rusqlite::params_from_iter(params[..stmt.parameter_count()].iter()),

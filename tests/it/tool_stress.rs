@@ -98,12 +98,17 @@ async fn run(plan: Plan) -> Report {
     let mut kills = 0;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     while kills < plan.kills {
-        // Kill while a call runs (a start the server has not ended), when one does.
+        // Kill the process whose call is running (a start the server has not ended),
+        // when one is; else one at random.
         let deadline = Instant::now() + Duration::from_secs(3);
-        while Instant::now() < deadline && !call_running(&bot) {
+        let mut running = None;
+        while Instant::now() < deadline && running.is_none() {
+            running = call_running(&bot);
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let victim = rng.usize(..bot.lulls.len());
+        let victim = running
+            .and_then(|parent| bot.lulls.iter().position(|l| l.pid() == Some(parent)))
+            .unwrap_or_else(|| rng.usize(..bot.lulls.len()));
         bot.lulls[victim].kill9();
         kills += 1;
         tokio::time::sleep(Duration::from_millis(rng.u64(200..600))).await;
@@ -168,9 +173,10 @@ async fn run(plan: Plan) -> Report {
     report
 }
 
-/// Whether the server has a `slow_append` started and not ended.
-fn call_running(bot: &ToolBot) -> bool {
-    let mut open: BTreeMap<String, i64> = BTreeMap::new();
+/// The lull process (its pid) whose server has a `slow_append` started and not ended,
+/// if any.
+fn call_running(bot: &ToolBot) -> Option<u32> {
+    let mut open: BTreeMap<String, (i64, Option<u32>)> = BTreeMap::new();
     for e in bot.executions() {
         if e["tool"] != "slow_append" {
             continue;
@@ -179,9 +185,13 @@ fn call_running(bot: &ToolBot) -> bool {
             .as_str()
             .unwrap_or_default()
             .to_owned();
-        *open.entry(text).or_default() += if e["at"] == "start" { 1 } else { -1 };
+        let entry = open.entry(text).or_default();
+        entry.0 += if e["at"] == "start" { 1 } else { -1 };
+        entry.1 = e["parent"].as_u64().map(|p| p as u32);
     }
-    open.values().any(|n| *n > 0)
+    open.values()
+        .find(|(n, _)| *n > 0)
+        .and_then(|(_, parent)| *parent)
 }
 
 /// One conversation: `bursts` bursts of 1–3 messages (the first names the batch), sent

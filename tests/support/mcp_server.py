@@ -7,7 +7,8 @@ MCP_PAGE_SIZE tools, default 3, so the client must follow `nextCursor`) and
 `tools/call`; `notifications/*` are taken silently. Calls run on threads, so a slow or
 hanging call does not hold the others up.
 
-Every execution is appended as one JSON line {"tool", "arguments", "meta", "at"} to
+Every execution is appended as one JSON line {"tool", "arguments", "meta", "at",
+"parent"} (parent: the pid of the process that started the server) to
 the file named by MCP_COUNT_FILE (when set); `at` is "start" or "end" for the slow
 tools (a call killed in between leaves only its start), "run" for the others.
 
@@ -47,7 +48,10 @@ def log(tool, arguments, meta, at):
     path = os.environ.get("MCP_COUNT_FILE")
     if not path:
         return
-    entry = {"tool": tool, "arguments": arguments, "meta": meta, "at": at}
+    # The parent: the lull process that started this server (a stress run kills the
+    # one whose call is running).
+    entry = {"tool": tool, "arguments": arguments, "meta": meta, "at": at,
+             "parent": os.getppid()}
     with log_lock, open(path, "a") as f:
         f.write(json.dumps(entry) + "\n")
 

@@ -553,7 +553,10 @@ mod tests {
             (SENT_SQL, "USING INDEX outbox_sent"),
             (FAILED_SQL, "USING INDEX outbox_failed"),
             (CREATED_SQL, "USING INDEX outbox_created"),
-            (TOKENS_SQL, "USING INDEX sqlite_autoindex_token_usage_1 (scope=? AND day>? AND day<?)"),
+            (
+                TOKENS_SQL,
+                "USING INDEX sqlite_autoindex_token_usage_1 (scope=? AND day>? AND day<?)",
+            ),
             (TOP_SQL, "USING INDEX token_usage_by_day (day=?"),
             (TOP_ROW_SQL, "USING INDEX outbox_history"),
         ] {

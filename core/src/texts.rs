@@ -351,6 +351,14 @@ and there is not exactly one waiting; nothing was run. Ask them to answer with i
 pub const NOT_YOURS_TO_APPROVE_RESULT: &str = "Not run: only the person whose message asked for this \
 action, or an admin, may approve it.";
 
+/// Over a budget, the messages wait for tomorrow's tokens; the approvals among them
+/// were taken all the same (`report`: the actions, as a reply ends with them).
+pub fn approvals_taken_held(report: &str) -> String {
+    format!(
+        "Your approval was taken, but there are no tokens left for a written answer until the budget resets.{report}"
+    )
+}
+
 /// A `/cancel` that came after its call was reserved or ran (`state`).
 pub fn too_late_to_cancel_result(state: &str) -> String {
     format!(

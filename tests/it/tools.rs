@@ -806,6 +806,46 @@ async fn every_asker_of_the_burst_may_approve_and_no_one_else() {
     bot.assert_invariants(3).await;
 }
 
+/// A person whose budget ran out can still approve: an approval costs no tokens, so it is
+/// taken before anyone pays; the written answer waits for the budget, and a notice says
+/// what was done. Before issue 37 the `/approve` was held with the rest until the budget
+/// reset, long after the question expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_person_over_budget_can_still_approve() {
+    let bot = ToolBot::start(Setup {
+        agent: Agent {
+            calls: vec![("counter__delete".into(), json!({ "what": "notes" }))],
+            ..Agent::default()
+        },
+        // The question's round spends about 74 tokens of 120: the next reply's
+        // estimate no longer fits.
+        extra: &[("LULL_USER_DAILY_TOKENS", "120"), ("LULL_MAX_TOKENS", "10")],
+        ..Setup::default()
+    })
+    .await;
+    bot.say("c1", "1", "delete my notes").await;
+    let notices = bot.webhook.wait_notices(1, LONG).await;
+    let id = approval_id(&notices[0].text);
+    bot.wait_shown(1, LONG).await;
+    bot.say("c1", "2", &format!("/approve {id}")).await;
+    bot.wait_executed("delete", 1, LONG).await;
+    let deadline = Instant::now() + LONG;
+    let told = loop {
+        let notices = bot.webhook.notices();
+        if let Some(n) = notices
+            .iter()
+            .find(|n| n.text.contains("approval was taken"))
+        {
+            break n.clone();
+        }
+        assert!(Instant::now() < deadline, "{notices:#?}\n{}", bot.logs());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(told.text.contains("✓ counter__delete"), "{told:?}");
+    assert_eq!(bot.executed("delete"), 1);
+    assert_eq!(bot.webhook.replies().len(), 1, "the written answer waits");
+}
+
 /// `/approve` then `/cancel` of the same question in one burst (two quick taps): the
 /// cancel wins, nothing runs, and the model is told it was not approved. Before issue
 /// 37 the first answer decided: the deletion ran and the model was told "nothing was

@@ -16,7 +16,7 @@
 
 use super::{Interrupt, Round};
 use crate::domain::{Timestamp, Version};
-use crate::llm::{Prompt, ToolCall, ToolTurn};
+use crate::llm::{ToolCall, ToolTurn};
 use crate::store::{
     ActionReservation, ActionRow, ActionState, ApprovalAnswer, Batch, BatchOf, ConversationAt,
     Decision, NewAction, Reserve,
@@ -48,6 +48,15 @@ fn answer_in(text: &str) -> Option<Answered> {
     Some(Answered { approve, id })
 }
 
+/// What a round's approvals did ([`Round::take_approvals`]).
+#[derive(Debug, Default)]
+pub(super) struct Approvals {
+    /// The journal rows decided, for the reply's report.
+    pub(super) decided: Vec<ActionRow>,
+    /// A tool turn per answer, shown to the model after the batch.
+    pub(super) turns: Vec<ToolTurn>,
+}
+
 /// The decision a batch's answers make on one approval: the last answer decides,
 /// except that a `/cancel` anywhere in the batch wins over an `/approve` (two quick taps
 /// on different buttons: the safe one wins).
@@ -63,18 +72,20 @@ struct Decided<'a> {
 impl Round<'_> {
     /// Decide the approvals the batch's messages answer, run the approved calls
     /// (reserved, once: the yes and the reservation are one write, fenced by the
-    /// lease and `v0`), and show the model each as a tool turn. Returns the journal
-    /// rows decided here, for the reply's report; `Err(version)`: a newer message
-    /// arrived before an approved call could be reserved (nothing ran, nothing was
-    /// decided; the next round, covering it, decides again — a `/cancel` in it wins).
+    /// lease and `v0`), and return the journal rows decided here (for the reply's
+    /// report) with a tool turn for each, to show the model. Taken before anyone pays:
+    /// an approval costs no tokens, so a person over their budget can still answer one.
+    /// `Err(version)`: a newer message arrived before an approved call could be
+    /// reserved (nothing ran, nothing was decided; the next round, covering it,
+    /// decides again — a `/cancel` in it wins).
     pub(super) async fn take_approvals(
         &self,
         batch: &Batch,
-        prompt: &mut Prompt,
-    ) -> Result<Result<Vec<ActionRow>, Version>, Interrupt> {
+    ) -> Result<Result<Approvals, Version>, Interrupt> {
         let d = self.dispatcher;
+        let mut turns = Vec::new();
         let Some(toolbox) = d.toolbox().cloned() else {
-            return Ok(Ok(Vec::new()));
+            return Ok(Ok(Approvals::default()));
         };
         let answers: Vec<_> = batch
             .pending
@@ -82,7 +93,7 @@ impl Round<'_> {
             .filter_map(|m| answer_in(&m.text).map(|a| (m, a)))
             .collect();
         let Some(earliest) = answers.iter().map(|(m, _)| m.received_at).min() else {
-            return Ok(Ok(Vec::new()));
+            return Ok(Ok(Approvals::default()));
         };
         let now = d.clock.now();
         // Expiry is judged when an answer arrived, not when this round reads it.
@@ -96,7 +107,7 @@ impl Round<'_> {
                 earliest.until(now),
             )
             .await?;
-        let decisions = self.decisions(batch, &answers, &open, prompt);
+        let decisions = self.decisions(batch, &answers, &open, &mut turns);
         let mut decided = Vec::new();
         for decision in decisions {
             let call_id = format!("approval_{}", decision.message.row);
@@ -111,9 +122,7 @@ impl Round<'_> {
             } else {
                 self.cancel(&decision, now).await?
             };
-            prompt
-                .turns
-                .push(turn(&call_id, &row.tool, &row.arguments, result));
+            turns.push(turn(&call_id, &row.tool, &row.arguments, result));
             decided.extend(
                 d.store
                     .actions_of_batch(BatchOf {
@@ -125,7 +134,7 @@ impl Round<'_> {
                     .filter(|r| r.id == row.id),
             );
         }
-        Ok(Ok(decided))
+        Ok(Ok(Approvals { decided, turns }))
     }
 
     /// The batch's answers, one decision per open approval they name (a `/cancel`
@@ -136,7 +145,7 @@ impl Round<'_> {
         batch: &Batch,
         answers: &[(&'a crate::store::PendingMessage, Answered)],
         open: &[ActionRow],
-        prompt: &mut Prompt,
+        turns: &mut Vec<ToolTurn>,
     ) -> Vec<Decided<'a>> {
         let admins = &self.dispatcher.settings.access.admins;
         let mut decided: Vec<Decided<'a>> = Vec::new();
@@ -153,14 +162,14 @@ impl Round<'_> {
                     Some(id) => texts::no_open_approval_result(id),
                     None => texts::WHICH_APPROVAL_RESULT.to_owned(),
                 };
-                prompt.turns.push(turn(&call_id, "approval", "{}", text));
+                turns.push(turn(&call_id, "approval", "{}", text));
                 continue;
             };
             let may = row.askers().contains(&message.user_id)
                 || admins.contains(batch.conversation.platform, &message.user_id);
             if !may {
                 tracing::info!(conversation = %self.conversation, action = row.id, "an approval answered by someone who may not; refused");
-                prompt.turns.push(turn(
+                turns.push(turn(
                     &call_id,
                     &row.tool,
                     &row.arguments,

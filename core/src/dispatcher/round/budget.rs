@@ -15,11 +15,13 @@ impl Round<'_> {
     /// is left out, and a notice answers their messages with the reply (see `wallet`);
     /// what they sent is neither transcribed nor fetched. Returns the batch without
     /// them and those notices; `None` when every member who wrote is over their
-    /// budget: then one notice ended the batch (it joins `rows`).
+    /// budget: then one notice ended the batch (it joins `rows`), ending with `taken`
+    /// (the report of the actions the batch's approvals took, if any).
     pub(super) async fn who_pays(
         &self,
         collected: Batch,
         rows: &mut Vec<OutboxRow>,
+        taken: &str,
         now: Timestamp,
     ) -> Result<Option<(Batch, Vec<HeldOut>)>, Interrupt> {
         let d = self.dispatcher;
@@ -42,7 +44,7 @@ impl Round<'_> {
             // Every member who wrote is over their budget: each is told, and the
             // notice ends the batch, so the group is not held for them.
             metrics::counter!(names::LIMITED, "reason" => "user_budget").increment(1);
-            let text = wallet::refusal_text(d, &over, now);
+            let text = wallet::refusal_text(d, &over, now) + taken;
             rows.extend(
                 d.store
                     .give_up(GiveUp {

@@ -24,7 +24,6 @@ use super::delivery::Delivery;
 use super::interrupt::Interrupt;
 use super::lease_keeper::LeaseKeeper;
 use super::notices::Notice;
-use super::wallet::Spent;
 use super::{Dispatcher, Event};
 use crate::domain::ConversationId;
 use crate::llm::{FailureKind, Prompt};
@@ -172,8 +171,24 @@ impl Round<'_> {
             return Ok(());
         }
 
-        // Who pays: in a group, a member over budget is left out (see `budget`).
-        let Some((mut batch, held_out)) = self.who_pays(batch, rows, now).await? else {
+        // Approvals the batch answers are decided (and the approved calls run) first:
+        // they cost no tokens, so a person over their budget can still answer one.
+        let approvals = match self.take_approvals(&batch).await? {
+            Ok(approvals) => approvals,
+            Err(version) => {
+                self.stopped_stale(&batch, version);
+                return Ok(());
+            }
+        };
+        let decided = approvals.decided;
+        // Who pays: in a group, a member over budget is left out (see `budget`); a
+        // notice that ends the batch says what its approvals did.
+        let taken = if decided.is_empty() {
+            String::new()
+        } else {
+            self.actions_report(&batch, &decided).await?
+        };
+        let Some((mut batch, held_out)) = self.who_pays(batch, rows, &taken, now).await? else {
             return Ok(());
         };
 
@@ -238,21 +253,19 @@ impl Round<'_> {
         }
 
         let Some(reserved) = self.reserve(&batch, &prompt, rows).await? else {
-            // Over a budget: the messages wait, held until it resets.
+            // Over a budget: the messages wait, held until it resets; what their
+            // approvals did is said now (the reply that will report it waits too).
+            if !decided.is_empty() {
+                let key = format!("approvals-held/{}/{}", batch.conversation, batch.v0.0);
+                let text = texts::approvals_taken_held(&taken);
+                rows.extend(self.notice(&batch, &text, key).await?);
+            }
             return Ok(());
         };
         // The reply may take no more than was reserved for it.
         prompt.max_tokens = reserved.max_tokens();
         let started = Instant::now();
-        // Approvals the batch answers are decided (and the approved calls run) first.
-        let decided = match self.take_approvals(&batch, &mut prompt).await? {
-            Ok(decided) => decided,
-            Err(version) => {
-                self.settle(&batch, &reserved, Spent::default()).await?;
-                self.stopped_stale(&batch, version);
-                return Ok(());
-            }
-        };
+        prompt.turns.extend(approvals.turns);
         let mut generated = self.generate_acting(&batch, &mut prompt, rows).await?;
         if let Generated::Failed { error, spent } = &generated
             && error.kind() == FailureKind::Refused

@@ -372,7 +372,7 @@ impl Dispatcher {
     /// The database's idempotency salt
     /// ([`ActionStore::idempotency_salt`](crate::store::ActionStore::idempotency_salt)), read at
     /// most once per process (a failed read is tried again next time).
-    async fn idempotency_salt(&self) -> Result<&str, StoreError> {
+    pub(super) async fn idempotency_salt(&self) -> Result<&str, StoreError> {
         self.idempotency_salt
             .get_or_try_init(|| self.store.idempotency_salt())
             .await

@@ -255,6 +255,8 @@ impl Round<'_> {
             expires_at: now.plus(d.settings.tools.call_timeout + super::tools::RESERVATION_MARGIN),
             approved: Some(decision.approved_at.unwrap_or(now).until(now)),
         };
+        // Read before the reservation: once reserved, nothing may fail before the call.
+        let salt = d.idempotency_salt().await?;
         let lease = self.keeper.lease();
         let reserve = Reserve {
             lease: &lease,
@@ -266,7 +268,7 @@ impl Round<'_> {
             ActionReservation::Reserved(reserved) => match spec {
                 Some(spec) => {
                     let arguments = serde_json::from_str(&reserved.arguments).unwrap_or_default();
-                    self.run_reserved(batch, toolbox, &spec, arguments, &reserved)
+                    self.run_reserved(batch, toolbox, &spec, arguments, (&reserved, salt))
                         .await?
                 }
                 None => texts::unknown_tool_result(&row.tool),

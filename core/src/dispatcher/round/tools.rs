@@ -329,6 +329,9 @@ impl Round<'_> {
         };
         let canonical = canonical_json(&serde_json::Value::Object(arguments.clone()));
         let key = ActionKey::of(self.conversation, first.row, &spec.name, &canonical);
+        // Read before the reservation: once reserved, nothing may fail before the call
+        // (a reservation that never ran would be reported as of unknown outcome).
+        let salt = d.idempotency_salt().await?;
         let settings = d.settings.tools;
         loop {
             let now = d.clock.now();
@@ -361,7 +364,7 @@ impl Round<'_> {
             match reservation {
                 ActionReservation::Reserved(row) => {
                     let result = self
-                        .run_reserved(batch, toolbox, spec, arguments, &row)
+                        .run_reserved(batch, toolbox, spec, arguments, (&row, salt))
                         .await?;
                     return Ok(Answer::Result(result));
                 }
@@ -435,14 +438,16 @@ impl Round<'_> {
     }
 
     /// Run a call reserved for this round, and record its result (a fact, recorded
-    /// even if the lease was lost meanwhile).
+    /// even if the lease was lost meanwhile). `salt`: the database's idempotency salt,
+    /// read before the reservation ([`ActionKey::for_server`]): between the reservation
+    /// and the call nothing may fail.
     pub(super) async fn run_reserved(
         &self,
         batch: &Batch,
         toolbox: &dyn Toolbox,
         spec: &ToolSpec,
         arguments: serde_json::Map<String, serde_json::Value>,
-        row: &ActionRow,
+        (row, salt): (&ActionRow, &str),
     ) -> Result<String, Interrupt> {
         let d = self.dispatcher;
         tracing::info!(conversation = %self.conversation, tool = %spec.name, action = row.id, "running an action (reserved)");
@@ -452,7 +457,7 @@ impl Round<'_> {
         });
         // The key the server sees is salted by this database (a second deployment or a
         // restored backup never sends the same key for another call).
-        let key = row.key.for_server(d.idempotency_salt().await?);
+        let key = row.key.for_server(salt);
         let output = tokio::select! {
             output = self.calling(batch, toolbox, spec, arguments, Some(&key)) => output,
             // Only the hard stop leaves a running call: its reservation expires into

@@ -120,18 +120,7 @@ impl MessageStore for PostgresStore {
                 // History offers replies after the version the reset found; the version
                 // moves past it (fresh: a reply in flight, written from the forgotten
                 // history, is stale), and the pending messages move with it.
-                let version = query_one(
-                    &tx,
-                    "UPDATE conversations SET context_version = version, version = version + $2,
-                         answered_version = CASE WHEN answered_version = version
-                                                 THEN version + $2 ELSE answered_version END
-                     WHERE id = $1 RETURNING version",
-                    &[&id.0, &step()],
-                    "resetting the context",
-                )
-                .await?
-                .get(0);
-                fence_pending(&tx, id).await?;
+                let version = control_moved(&tx, id, true).await?;
                 execute(
                     &tx,
                     "DELETE FROM overheard WHERE conversation_id = $1",
@@ -151,7 +140,7 @@ impl MessageStore for PostgresStore {
                 .await?;
                 Ok(ContextWasReset {
                     conversation: id,
-                    version: Version(version),
+                    version,
                 })
             }
             .await
@@ -326,13 +315,39 @@ pub(super) async fn lock_conversation(
         .ok_or(StoreError::NoConversation(conversation))
 }
 
+/// A control (a setting, `/new`) moves the conversation's version, as a message does,
+/// and the pending messages with it ([`fence_pending`]); `forget_context`: history
+/// starts after the version found (`/new`). With nothing pending the conversation stays
+/// settled. Returns the new version. Must run in the control's transaction, under the
+/// conversation row's lock.
+pub(super) async fn control_moved(
+    tx: &Tx<'_>,
+    id: ConversationId,
+    forget_context: bool,
+) -> Result<Version, StoreError> {
+    // Fresh: a generation collected before the control fails its final check.
+    let row = query_one(
+        tx,
+        "UPDATE conversations SET version = version + $2,
+             context_version = CASE WHEN $3 THEN version ELSE context_version END,
+             answered_version = CASE WHEN answered_version = version
+                                     THEN version + $2 ELSE answered_version END
+         WHERE id = $1 RETURNING version",
+        &[&id.0, &step(), &forget_context],
+        "moving the version",
+    )
+    .await?;
+    fence_pending(tx, id).await?;
+    Ok(Version(row.get(0)))
+}
+
 /// After a control moved the version (a setting, `/new`): the pending messages take
 /// the new version, as an edit would give them, so a round that collected them before
 /// the control covers none of them, even in a commit the cap forces (it covers only
 /// messages unchanged since `v0`). They stay pending: the next round answers them
 /// under the new setting or context. Must run in the transaction that moved the
 /// version (the conversation row locked), after it.
-pub(super) async fn fence_pending(tx: &Tx<'_>, id: ConversationId) -> Result<(), StoreError> {
+async fn fence_pending(tx: &Tx<'_>, id: ConversationId) -> Result<(), StoreError> {
     if step() == 0 {
         return Ok(());
     }

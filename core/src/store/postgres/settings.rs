@@ -7,8 +7,8 @@ use async_trait::async_trait;
 
 use super::PostgresStore;
 use super::messages::upsert_conversation;
-use super::sql::{Tx, execute, query, query_one, query_opt};
-use crate::domain::{ConversationId, ConversationRef, Version};
+use super::sql::{execute, query, query_one, query_opt};
+use crate::domain::{ConversationRef, Version};
 use crate::store::faults::Operation;
 use crate::store::{
     COMMAND_CLAIM_DAYS, ConversationSettings, RetryOutcome, SettingOutcome, SettingStore, Stopped,
@@ -73,7 +73,7 @@ impl SettingStore for PostgresStore {
                 "storing a setting",
             )
             .await?;
-            let version = bump(&tx, id).await?;
+            let version = super::messages::control_moved(&tx, id, false).await?;
             Ok(SettingOutcome::Changed {
                 conversation: id,
                 version,
@@ -307,22 +307,4 @@ impl SettingStore for PostgresStore {
         .await
         })
     }
-}
-
-/// Fresh: a changed setting moves the version like a new message, so a generation in
-/// flight is stale; a settled conversation (nothing pending) stays settled. Runs under
-/// the conversation row's lock.
-async fn bump(tx: &Tx<'_>, id: ConversationId) -> Result<Version, StoreError> {
-    let row = query_one(
-        tx,
-        "UPDATE conversations SET version = version + $2,
-             answered_version = CASE WHEN answered_version = version
-                                     THEN version + $2 ELSE answered_version END
-         WHERE id = $1 RETURNING version",
-        &[&id.0, &super::messages::step()],
-        "bumping the version",
-    )
-    .await?;
-    super::messages::fence_pending(tx, id).await?;
-    Ok(Version(row.get(0)))
 }

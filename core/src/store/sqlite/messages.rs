@@ -123,18 +123,7 @@ impl MessageStore for SqliteStore {
             // History offers replies after the version the reset found; the version
             // moves past it (fresh: a reply in flight, written from the forgotten
             // history, is stale), and the pending messages move with it.
-            let version = tx
-                .prepare_cached(
-                    "UPDATE conversations SET context_version = version, version = version + ?2,
-                         answered_version = CASE WHEN answered_version = version
-                                                 THEN version + ?2 ELSE answered_version END
-                     WHERE id = ?1 RETURNING version",
-                )
-                .ctx("preparing a statement")?
-                .query_row([id.0, step()], |r| r.get(0))
-                .map(Version)
-                .ctx("resetting the context")?;
-            fence_pending(tx, id)?;
+            let version = control_moved(tx, id, true)?;
             tx.prepare_cached("DELETE FROM overheard WHERE conversation_id = ?1")
                 .ctx("preparing a statement")?
                 .execute([id.0])
@@ -282,13 +271,39 @@ pub(super) fn pending_after(
     .ctx("counting pending messages")
 }
 
+/// A control (a setting, `/new`) moves the conversation's version, as a message does,
+/// and the pending messages with it ([`fence_pending`]); `forget_context`: history
+/// starts after the version found (`/new`). With nothing pending the conversation stays
+/// settled. Returns the new version. Must run in the control's transaction.
+pub(super) fn control_moved(
+    tx: &Connection,
+    id: ConversationId,
+    forget_context: bool,
+) -> Result<Version, StoreError> {
+    // Fresh: a generation collected before the control fails its final check.
+    let version = tx
+        .prepare_cached(
+            "UPDATE conversations SET version = version + ?2,
+                 context_version = CASE WHEN ?3 THEN version ELSE context_version END,
+                 answered_version = CASE WHEN answered_version = version
+                                         THEN version + ?2 ELSE answered_version END
+             WHERE id = ?1 RETURNING version",
+        )
+        .ctx("preparing a statement")?
+        .query_row(params![id.0, step(), forget_context], |r| r.get(0))
+        .map(Version)
+        .ctx("moving the version")?;
+    fence_pending(tx, id)?;
+    Ok(version)
+}
+
 /// After a control moved the version (a setting, `/new`): the pending messages take
 /// the new version, as an edit would give them, so a round that collected them before
 /// the control covers none of them, even in a commit the cap forces (it covers only
 /// messages unchanged since `v0`). They stay pending: the next round answers them
 /// under the new setting or context. Must run in the transaction that moved the
 /// version, after it.
-pub(super) fn fence_pending(tx: &Connection, id: ConversationId) -> Result<(), StoreError> {
+fn fence_pending(tx: &Connection, id: ConversationId) -> Result<(), StoreError> {
     if step() == 0 {
         return Ok(());
     }

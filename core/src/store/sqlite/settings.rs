@@ -8,7 +8,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::SqliteStore;
 use super::messages::upsert_conversation;
 use super::sql::Context;
-use crate::domain::{ConversationId, ConversationRef, Version};
+use crate::domain::{ConversationRef, Version};
 use crate::store::{
     COMMAND_CLAIM_DAYS, ConversationSettings, RetryOutcome, SettingOutcome, SettingStore, Stopped,
     StoreError,
@@ -56,7 +56,7 @@ impl SettingStore for SqliteStore {
             .ctx("preparing a statement")?
             .execute(params![id.0, value, change.now.0])
             .ctx("storing a setting")?;
-            let version = bump(tx, id)?;
+            let version = super::messages::control_moved(tx, id, false)?;
             Ok(SettingOutcome::Changed {
                 conversation: id,
                 version,
@@ -264,25 +264,6 @@ impl SettingStore for SqliteStore {
         })
         .await
     }
-}
-
-/// Fresh: a changed setting moves the version like a new message, so a generation in
-/// flight is stale; a settled conversation (nothing pending) stays settled.
-fn bump(tx: &Connection, id: ConversationId) -> Result<Version, StoreError> {
-    tx.prepare_cached(
-        "UPDATE conversations SET version = version + ?2,
-             answered_version = CASE WHEN answered_version = version
-                                     THEN version + ?2 ELSE answered_version END
-         WHERE id = ?1 RETURNING version",
-    )
-    .ctx("preparing a statement")?
-    .query_row([id.0, super::messages::step()], |r| r.get(0))
-    .map(Version)
-    .ctx("bumping the version")
-    .and_then(|version| {
-        super::messages::fence_pending(tx, id)?;
-        Ok(version)
-    })
 }
 
 fn read_settings(

@@ -73,20 +73,12 @@ pub(super) async fn answer(
             }
             let mut text = texts::stopped_text(closed);
             // Actions the closed batch took are facts: no reply will report them now.
-            if let Some(batch) = stopped.batch
-                && d.toolbox().is_some()
-            {
-                let taken = d
-                    .store
-                    .actions_of_batch(BatchOf {
-                        conversation: stopped.conversation,
-                        batch,
-                    })
-                    .await?;
-                let lines = super::round::action_lines(&taken);
-                if !lines.is_empty() {
-                    text.push_str(&texts::actions_report(&lines));
-                }
+            if let Some(batch) = stopped.batch {
+                let of = BatchOf {
+                    conversation: stopped.conversation,
+                    batch,
+                };
+                text.push_str(&super::round::batch_report(d, of, &[]).await?);
             }
             text
         }

@@ -13,7 +13,7 @@ mod generate;
 mod media;
 mod tools;
 
-pub(super) use tools::action_lines;
+pub(super) use tools::batch_report;
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -560,32 +560,40 @@ impl Round<'_> {
         batch: &Batch,
         decided: &[ActionRow],
     ) -> Result<String, Interrupt> {
-        let d = self.dispatcher;
         let Some(first) = batch.pending.first() else {
             return Ok(String::new());
         };
-        if d.toolbox().is_none() {
-            return Ok(String::new());
-        }
-        let mut taken = d
-            .store
-            .actions_of_batch(BatchOf {
-                conversation: self.conversation,
-                batch: first.row,
-            })
-            .await?;
-        taken.extend(decided.iter().cloned());
-        let lines = action_lines(&taken);
-        Ok(if lines.is_empty() {
-            String::new()
-        } else {
-            texts::actions_report(&lines)
-        })
+        let of = BatchOf {
+            conversation: self.conversation,
+            batch: first.row,
+        };
+        Ok(batch_report(self.dispatcher, of, decided).await?)
     }
 }
 
+/// The report of the actions of the batch `of`, and of `decided` (approvals decided
+/// for it), as a reply or a notice that ends the batch ends with it (empty: none, or
+/// no tools).
+pub(in crate::dispatcher) async fn batch_report(
+    d: &crate::dispatcher::Dispatcher,
+    of: BatchOf,
+    decided: &[ActionRow],
+) -> Result<String, crate::store::StoreError> {
+    if d.toolbox().is_none() {
+        return Ok(String::new());
+    }
+    let mut taken = d.store.actions_of_batch(of).await?;
+    taken.extend(decided.iter().cloned());
+    let lines = action_lines(&taken);
+    Ok(if lines.is_empty() {
+        String::new()
+    } else {
+        texts::actions_report(&lines)
+    })
+}
+
 /// One line per action of the journal, as the user and the model are told them.
-pub(in crate::dispatcher) fn action_lines(rows: &[ActionRow]) -> Vec<String> {
+fn action_lines(rows: &[ActionRow]) -> Vec<String> {
     rows.iter()
         .map(|row| {
             let call = format!("{} {}", row.tool, shortened(&row.arguments));

@@ -657,10 +657,7 @@ async fn two_processes_appends(postgres: Option<String>, extra: &[(&str, &str)])
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_destructive_call_runs_once_after_approval_across_a_restart() {
     let mut bot = ToolBot::start(Setup {
-        agent: Agent {
-            calls: vec![("counter__delete".into(), json!({ "what": "notes" }))],
-            ..Agent::default()
-        },
+        agent: deleter(),
         ..Setup::default()
     })
     .await;
@@ -714,10 +711,7 @@ async fn a_destructive_call_runs_once_after_approval_across_a_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_or_foreign_approvals_are_refused() {
     let bot = ToolBot::start(Setup {
-        agent: Agent {
-            calls: vec![("counter__delete".into(), json!({ "what": "notes" }))],
-            ..Agent::default()
-        },
+        agent: deleter(),
         extra: &[("LULL_APPROVAL_TTL", "3s")],
         ..Setup::default()
     })
@@ -779,10 +773,7 @@ async fn a_refusal_that_names_no_tools_keeps_them_offered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_asker_of_the_burst_may_approve_and_no_one_else() {
     let bot = ToolBot::start(Setup {
-        agent: Agent {
-            calls: vec![("counter__delete".into(), json!({ "what": "notes" }))],
-            ..Agent::default()
-        },
+        agent: deleter(),
         // Ann's and Bob's messages are one burst even on a loaded machine.
         extra: &[("LULL_DEBOUNCE_MS", "1000")],
         ..Setup::default()
@@ -815,34 +806,20 @@ async fn every_asker_of_the_burst_may_approve_and_no_one_else() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_person_over_budget_can_still_approve() {
     let bot = ToolBot::start(Setup {
-        agent: Agent {
-            calls: vec![("counter__delete".into(), json!({ "what": "notes" }))],
-            ..Agent::default()
-        },
+        agent: deleter(),
         // The question's round spends about 74 tokens of 120: the next reply's
         // estimate no longer fits.
         extra: &[("LULL_USER_DAILY_TOKENS", "120"), ("LULL_MAX_TOKENS", "10")],
         ..Setup::default()
     })
     .await;
-    bot.say("c1", "1", "delete my notes").await;
-    let notices = bot.webhook.wait_notices(1, LONG).await;
-    let id = approval_id(&notices[0].text);
-    bot.wait_shown(1, LONG).await;
+    let id = ask_to_delete(&bot, "c1").await;
     bot.say("c1", "2", &format!("/approve {id}")).await;
     bot.wait_executed("delete", 1, LONG).await;
-    let deadline = Instant::now() + LONG;
-    let told = loop {
-        let notices = bot.webhook.notices();
-        if let Some(n) = notices
-            .iter()
-            .find(|n| n.text.contains("approval was taken"))
-        {
-            break n.clone();
-        }
-        assert!(Instant::now() < deadline, "{notices:#?}\n{}", bot.logs());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let told = bot
+        .webhook
+        .wait_until_received(LONG, |r| r.text.contains("approval was taken"))
+        .await;
     assert!(told.text.contains("✓ counter__delete"), "{told:?}");
     assert_eq!(bot.executed("delete"), 1);
     assert_eq!(bot.webhook.replies().len(), 1, "the written answer waits");
@@ -855,19 +832,13 @@ async fn a_person_over_budget_can_still_approve() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_in_the_same_burst_wins_over_an_approve() {
     let bot = ToolBot::start(Setup {
-        agent: Agent {
-            calls: vec![("counter__delete".into(), json!({ "what": "notes" }))],
-            ..Agent::default()
-        },
+        agent: deleter(),
         // The two answers are one burst even on a loaded machine.
         extra: &[("LULL_DEBOUNCE_MS", "1000")],
         ..Setup::default()
     })
     .await;
-    bot.say("c1", "1", "delete my notes").await;
-    let notices = bot.webhook.wait_notices(1, LONG).await;
-    let id = approval_id(&notices[0].text);
-    bot.wait_shown(1, LONG).await;
+    let id = ask_to_delete(&bot, "c1").await;
     bot.say("c1", "2", &format!("/approve {id}")).await;
     bot.say("c1", "3", &format!("/cancel {id}")).await;
     let replies = bot.wait_shown(2, LONG).await;
@@ -902,23 +873,10 @@ async fn stop_after_an_action_says_what_was_done() {
     bot.say("c1", "1", "note milk").await;
     bot.wait_executed("append", 1, LONG).await;
     bot.say("c1", "2", "/stop").await;
-    let deadline = Instant::now() + LONG;
-    let stopped = loop {
-        if let Some(r) = bot
-            .webhook
-            .received()
-            .into_iter()
-            .find(|r| r.text.starts_with("Stopped."))
-        {
-            break r;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no answer to /stop\n{}",
-            bot.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let stopped = bot
+        .webhook
+        .wait_until_received(LONG, |r| r.text.starts_with("Stopped."))
+        .await;
     assert!(
         stopped
             .text
@@ -936,6 +894,21 @@ async fn stop_after_an_action_says_what_was_done() {
         bot.webhook.replies()
     );
     assert_eq!(bot.executed("append"), 1);
+}
+
+/// A model that asks to delete the notes: the destructive call of the approval tests.
+fn deleter() -> Agent {
+    Agent::calling("counter__delete", json!({ "what": "notes" }))
+}
+
+/// "delete my notes" in `conversation`, once its question and its reply are shown: the
+/// approval id asked for.
+async fn ask_to_delete(bot: &ToolBot, conversation: &str) -> String {
+    bot.say(conversation, "1", "delete my notes").await;
+    let notices = bot.webhook.wait_notices(1, LONG).await;
+    let id = approval_id(&notices[0].text);
+    bot.wait_shown(1, LONG).await;
+    id
 }
 
 fn approval_id(question: &str) -> String {
@@ -1362,10 +1335,7 @@ async fn a_telegram_draft_shows_the_tool_while_it_runs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_call_is_never_run_and_reported_so() {
     let bot = ToolBot::start(Setup {
-        agent: Agent {
-            calls: vec![("counter__delete".into(), json!({ "what": "notes" }))],
-            ..Agent::default()
-        },
+        agent: deleter(),
         ..Setup::default()
     })
     .await;

@@ -19,7 +19,7 @@ use crate::domain::{Timestamp, Version};
 use crate::llm::{ToolCall, ToolTurn};
 use crate::store::{
     ActionReservation, ActionRow, ActionState, ApprovalAnswer, Batch, BatchOf, ConversationAt,
-    Decision, NewAction, Reserve,
+    Decision, NewAction, OutboxRow, Reserve,
 };
 use crate::texts;
 use crate::tools::Effect;
@@ -55,6 +55,27 @@ pub(super) struct Approvals {
     pub(super) decided: Vec<ActionRow>,
     /// A tool turn per answer, shown to the model after the batch.
     pub(super) turns: Vec<ToolTurn>,
+    /// The report of what they did (empty: nothing decided), for a notice that must
+    /// say it when no reply will yet.
+    pub(super) report: String,
+}
+
+impl Round<'_> {
+    /// Over a budget the batch waits, held until it resets; what its approvals did is
+    /// said now (the reply that will report it waits too). Returns the notice, if queued
+    /// now.
+    pub(super) async fn approvals_held(
+        &self,
+        batch: &Batch,
+        approvals: &Approvals,
+    ) -> Result<Option<OutboxRow>, Interrupt> {
+        if approvals.decided.is_empty() {
+            return Ok(None);
+        }
+        let key = format!("approvals-held/{}/{}", batch.conversation, batch.v0.0);
+        let text = texts::approvals_taken_held(&approvals.report);
+        self.notice(batch, &text, key).await
+    }
 }
 
 /// The decision a batch's answers make on one approval: the last answer decides,
@@ -75,10 +96,29 @@ impl Round<'_> {
     /// lease and `v0`), and return the journal rows decided here (for the reply's
     /// report) with a tool turn for each, to show the model. Taken before anyone pays:
     /// an approval costs no tokens, so a person over their budget can still answer one.
-    /// `Err(version)`: a newer message arrived before an approved call could be
-    /// reserved (nothing ran, nothing was decided; the next round, covering it,
-    /// decides again — a `/cancel` in it wins).
+    /// `None`: a newer message arrived before an approved call could be reserved
+    /// (nothing ran, nothing was decided; the round ends, and the next one, covering
+    /// it, decides again — a `/cancel` in it wins).
     pub(super) async fn take_approvals(
+        &self,
+        batch: &Batch,
+    ) -> Result<Option<Approvals>, Interrupt> {
+        Ok(match self.decide_approvals(batch).await? {
+            Ok(mut approvals) => {
+                if !approvals.decided.is_empty() {
+                    approvals.report = self.actions_report(batch, &approvals.decided).await?;
+                }
+                Some(approvals)
+            }
+            Err(version) => {
+                self.stopped_stale(batch, version);
+                None
+            }
+        })
+    }
+
+    /// [`Round::take_approvals`] before the report: `Err(version)` when stale.
+    async fn decide_approvals(
         &self,
         batch: &Batch,
     ) -> Result<Result<Approvals, Version>, Interrupt> {
@@ -134,7 +174,11 @@ impl Round<'_> {
                     .filter(|r| r.id == row.id),
             );
         }
-        Ok(Ok(Approvals { decided, turns }))
+        Ok(Ok(Approvals {
+            decided,
+            turns,
+            report: String::new(),
+        }))
     }
 
     /// The batch's answers, one decision per open approval they name (a `/cancel`

@@ -173,22 +173,14 @@ impl Round<'_> {
 
         // Approvals the batch answers are decided (and the approved calls run) first:
         // they cost no tokens, so a person over their budget can still answer one.
-        let approvals = match self.take_approvals(&batch).await? {
-            Ok(approvals) => approvals,
-            Err(version) => {
-                self.stopped_stale(&batch, version);
-                return Ok(());
-            }
+        let Some(approvals) = self.take_approvals(&batch).await? else {
+            return Ok(());
         };
-        let decided = approvals.decided;
         // Who pays: in a group, a member over budget is left out (see `budget`); a
         // notice that ends the batch says what its approvals did.
-        let taken = if decided.is_empty() {
-            String::new()
-        } else {
-            self.actions_report(&batch, &decided).await?
-        };
-        let Some((mut batch, held_out)) = self.who_pays(batch, rows, &taken, now).await? else {
+        let Some((mut batch, held_out)) =
+            self.who_pays(batch, rows, &approvals.report, now).await?
+        else {
             return Ok(());
         };
 
@@ -253,19 +245,15 @@ impl Round<'_> {
         }
 
         let Some(reserved) = self.reserve(&batch, &prompt, rows).await? else {
-            // Over a budget: the messages wait, held until it resets; what their
-            // approvals did is said now (the reply that will report it waits too).
-            if !decided.is_empty() {
-                let key = format!("approvals-held/{}/{}", batch.conversation, batch.v0.0);
-                let text = texts::approvals_taken_held(&taken);
-                rows.extend(self.notice(&batch, &text, key).await?);
-            }
+            // Over a budget: the messages wait, held until it resets.
+            rows.extend(self.approvals_held(&batch, &approvals).await?);
             return Ok(());
         };
         // The reply may take no more than was reserved for it.
         prompt.max_tokens = reserved.max_tokens();
         let started = Instant::now();
         prompt.turns.extend(approvals.turns);
+        let decided = approvals.decided;
         let mut generated = self.generate_acting(&batch, &mut prompt, rows).await?;
         if let Generated::Failed { error, spent } = &generated
             && error.kind() == FailureKind::Refused

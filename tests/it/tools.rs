@@ -290,6 +290,15 @@ fn executions(dir: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// A model that appends "milk" at once and writes its answer `answer_after` the result.
+fn appends_milk(answer_after: Duration) -> Agent {
+    Agent {
+        calls: vec![append("milk")],
+        answer_after,
+        ..Agent::default()
+    }
+}
+
 fn append(text: &str) -> (String, Value) {
     ("counter__append".into(), json!({ "text": text }))
 }
@@ -400,11 +409,7 @@ async fn a_message_before_the_call_keeps_the_stale_batch_from_acting() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_after_the_append_does_not_repeat_it() {
     let bot = ToolBot::start(Setup {
-        agent: Agent {
-            calls: vec![append("milk")],
-            answer_after: Duration::from_millis(1500),
-            ..Agent::default()
-        },
+        agent: appends_milk(Duration::from_millis(1500)),
         ..Setup::default()
     })
     .await;
@@ -437,11 +442,7 @@ async fn a_message_after_the_append_does_not_repeat_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counter_test_without_the_journal_the_append_is_doubled() {
     let bot = ToolBot::start(Setup {
-        agent: Agent {
-            calls: vec![append("milk")],
-            answer_after: Duration::from_millis(1500),
-            ..Agent::default()
-        },
+        agent: appends_milk(Duration::from_millis(1500)),
         extra: &[("LULL_TEST_NO_JOURNAL", "1")],
         ..Setup::default()
     })
@@ -482,11 +483,7 @@ async fn counter_test_without_the_journal_a_crash_doubles_the_append() {
 /// the server executed, and the one reply.
 async fn crash_after_the_append(extra: &[(&str, &str)]) -> (usize, String) {
     let mut bot = ToolBot::start(Setup {
-        agent: Agent {
-            calls: vec![append("milk")],
-            answer_after: Duration::from_millis(2500),
-            ..Agent::default()
-        },
+        agent: appends_milk(Duration::from_millis(2500)),
         extra,
         ..Setup::default()
     })
@@ -862,11 +859,7 @@ async fn a_cancel_in_the_same_burst_wins_over_an_approve() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_after_an_action_says_what_was_done() {
     let bot = ToolBot::start(Setup {
-        agent: Agent {
-            calls: vec![append("milk")],
-            answer_after: Duration::from_secs(5),
-            ..Agent::default()
-        },
+        agent: appends_milk(Duration::from_secs(5)),
         ..Setup::default()
     })
     .await;

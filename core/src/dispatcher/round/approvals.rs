@@ -1,4 +1,4 @@
-//! Approvals: a destructive call waits for the person's yes (`/approve ID`, or
+//! The **approvals** stage: a destructive call waits for the person's yes (`/approve ID`, or
 //! `/cancel ID`), sent as a message in the conversation, so it reaches a round like
 //! any message and is decided under the conversation's lease.
 //!
@@ -14,7 +14,7 @@
 //! call, or an admin, may answer; a tool's output never can (only a person's message is
 //! read here). A question that had expired when the answer arrived is refused.
 
-use super::{Interrupt, Round};
+use super::{Answering, Ending, Flow, Interrupt, Round, StaleAt};
 use crate::domain::{Timestamp, Version};
 use crate::llm::{ToolCall, ToolTurn};
 use crate::store::{
@@ -48,7 +48,7 @@ fn answer_in(text: &str) -> Option<Answered> {
     Some(Answered { approve, id })
 }
 
-/// What a round's approvals did ([`Round::take_approvals`]).
+/// What a round's approvals did ([`Round::approvals`]).
 #[derive(Debug, Default)]
 pub(super) struct Approvals {
     /// The journal rows decided, for the reply's report.
@@ -91,33 +91,30 @@ struct Decided<'a> {
 }
 
 impl Round<'_> {
-    /// Decide the approvals the batch's messages answer, run the approved calls
-    /// (reserved, once: the yes and the reservation are one write, fenced by the
-    /// lease and `v0`), and return the journal rows decided here (for the reply's
-    /// report) with a tool turn for each, to show the model. Taken before anyone pays:
-    /// an approval costs no tokens, so a person over their budget can still answer one.
-    /// `None`: a newer message arrived before an approved call could be reserved
-    /// (nothing ran, nothing was decided; the round ends, and the next one, covering
-    /// it, decides again — a `/cancel` in it wins).
-    pub(super) async fn take_approvals(
-        &self,
-        batch: &Batch,
-    ) -> Result<Option<Approvals>, Interrupt> {
-        Ok(match self.decide_approvals(batch).await? {
-            Ok(mut approvals) => {
-                if !approvals.decided.is_empty() {
-                    approvals.report = self.actions_report(batch, &approvals.decided).await?;
-                }
-                Some(approvals)
-            }
+    /// The `approvals` stage: decide the approvals the batch's messages answer, run
+    /// the approved calls (reserved, once: the yes and the reservation are one write,
+    /// fenced by the lease and `v0`), and keep the journal rows decided here (for the
+    /// reply's report) with a tool turn for each, to show the model. Taken before
+    /// anyone pays: an approval costs no tokens, so a person over their budget can
+    /// still answer one. Ends stale when a newer message arrived before an approved
+    /// call could be reserved (nothing ran, nothing was decided; the next round,
+    /// covering it, decides again — a `/cancel` in it wins).
+    pub(super) async fn approvals(&self, a: &mut Answering) -> Result<Flow, Interrupt> {
+        let mut approvals = match self.decide_approvals(&a.batch).await? {
+            Ok(approvals) => approvals,
             Err(version) => {
-                self.stopped_stale(batch, version);
-                None
+                let at = StaleAt::BeforeAction;
+                return Ok(Flow::End(Ending::Stale { version, at }));
             }
-        })
+        };
+        if !approvals.decided.is_empty() {
+            approvals.report = self.actions_report(&a.batch, &approvals.decided).await?;
+        }
+        a.approvals = approvals;
+        Ok(Flow::Go)
     }
 
-    /// [`Round::take_approvals`] before the report: `Err(version)` when stale.
+    /// [`Round::approvals`] before the report: `Err(version)` when stale.
     async fn decide_approvals(
         &self,
         batch: &Batch,
@@ -296,7 +293,8 @@ impl Round<'_> {
             idempotent,
             needs_approval: true,
             requested_by: row.requested_by.clone(),
-            expires_at: now.plus(d.settings.tools.call_timeout + super::tools::RESERVATION_MARGIN),
+            expires_at: now
+                .plus(d.settings.tools.call_timeout + super::actions::RESERVATION_MARGIN),
             approved: Some(decision.approved_at.unwrap_or(now).until(now)),
         };
         // Read before the reservation: once reserved, nothing may fail before the call.

@@ -1,9 +1,9 @@
-//! The round's side of the budget: who pays before anything is read, a reservation
-//! before the model is asked, the settle after. The rules themselves (shares, the
+//! The round's side of the budget, its stages **pay** (who pays, before anything is
+//! read), **reserve** (before the model is asked) and **settle** (after). The rules themselves (shares, the
 //! estimate, what a reservation holds) are the wallet's ([`crate::dispatcher::wallet`]);
 //! here they are applied under this round's lease.
 
-use super::{Interrupt, Round};
+use super::{Answering, Ending, Flow, Interrupt, Reservation, Round};
 use crate::dispatcher::wallet::{self, Reserved, Spent};
 use crate::domain::Timestamp;
 use crate::llm::Prompt;
@@ -11,6 +11,45 @@ use crate::metrics as names;
 use crate::store::{Batch, GiveUp, HeldOut, OutboxRow};
 
 impl Round<'_> {
+    /// The `pay` stage: the batch without the members over their budget (their
+    /// notices go with the reply); ends when every member who wrote is over theirs.
+    pub(super) async fn pay(&self, a: &mut Answering) -> Result<Flow, Interrupt> {
+        let now = self.dispatcher.clock.now();
+        let paid = self
+            .who_pays(a.batch.clone(), &mut a.rows, &a.approvals.report, now)
+            .await?;
+        let Some((batch, held_out)) = paid else {
+            return Ok(Flow::End(Ending::Quiet));
+        };
+        a.batch = batch;
+        a.held_out = held_out;
+        Ok(Flow::Go)
+    }
+
+    /// The `reserve` stage: over a budget, the messages wait, held until it resets
+    /// (what the batch's approvals did is said now); else the reply may take no more
+    /// than was reserved for it.
+    pub(super) async fn reserve_budget(&self, a: &mut Answering) -> Result<Flow, Interrupt> {
+        let Some(reserved) = self.reserve(&a.batch, &a.prompt, &mut a.rows).await? else {
+            a.rows
+                .extend(self.approvals_held(&a.batch, &a.approvals).await?);
+            return Ok(Flow::End(Ending::Quiet));
+        };
+        a.prompt.max_tokens = reserved.max_tokens();
+        a.reservation = Reservation::Open(reserved);
+        Ok(Flow::Go)
+    }
+
+    /// The `settle` stage: spent whether or not the reply is committed, so charged
+    /// before the final check.
+    pub(super) async fn settle_spent(&self, a: &mut Answering) -> Result<Flow, Interrupt> {
+        if let Reservation::Open(reserved) = &a.reservation {
+            self.settle(&a.batch, reserved, a.spent).await?;
+            a.reservation = Reservation::Settled(reserved.clone());
+        }
+        Ok(Flow::Go)
+    }
+
     /// Who pays: in a group, a member whose budget cannot pay their share of a reply
     /// is left out, and a notice answers their messages with the reply (see `wallet`);
     /// what they sent is neither transcribed nor fetched. Returns the batch without

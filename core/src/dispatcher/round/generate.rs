@@ -1,9 +1,13 @@
-//! Asking the model: the prompt of a batch, one generation shown as a live draft (or
+//! Asking the model, the stages **context** (the prompt of a batch) and **generate**:
+//! one generation shown as a live draft (or
 //! "typing…") while it is written, the reply bounded before it is committed, and
 //! what a failure leaves (the messages kept pending with a notice, or the batch
 //! ended when retrying cannot help).
 
-use super::{Interrupt, Round};
+use std::time::Instant;
+
+use super::tools::Generated;
+use super::{Answering, Ending, Flow, Interrupt, Round, StaleAt, add_note};
 use crate::dispatcher::Event;
 use crate::dispatcher::bounds;
 use crate::dispatcher::drafts::newer_message;
@@ -14,6 +18,67 @@ use crate::texts;
 use crate::timing::FAILURE_BACKOFF;
 
 impl Round<'_> {
+    /// The `context` stage: the prompt of the batch as `pay` and `transcribe` left it,
+    /// with the chat's settings — read after the claim read `v0`, so a change since
+    /// moved the version and the final check refuses a reply written with older ones —
+    /// the group context, and what transcribing left to tell the model.
+    pub(super) async fn context(&self, a: &mut Answering) -> Result<Flow, Interrupt> {
+        let d = self.dispatcher;
+        let mut prompt = self.prompt(&a.batch);
+        let chosen = d.store.conversation_settings(&a.batch.conversation).await?;
+        prompt.choices = d.settings.controls.choices(&chosen);
+        prompt.overheard = self.overheard(&a.batch).await;
+        for note in &a.audio.model {
+            add_note(&mut prompt, note);
+        }
+        a.prompt = prompt;
+        Ok(Flow::Go)
+    }
+
+    /// The `generate` stage: the model asked once (its tool calls answered in between,
+    /// the approvals' turns shown after the batch). A model without vision that
+    /// refuses the images is asked again with the text alone, and the chat told once.
+    pub(super) async fn generate_reply(&self, a: &mut Answering) -> Result<Flow, Interrupt> {
+        let started = Instant::now();
+        a.prompt.turns.append(&mut a.approvals.turns);
+        let mut generated = self
+            .generate_acting(&a.batch, &mut a.prompt, &mut a.rows)
+            .await?;
+        if let Generated::Failed { error, spent } = &generated
+            && error.kind() == FailureKind::Refused
+            && !a.prompt.images.is_empty()
+        {
+            tracing::warn!(conversation = %self.conversation, error = %error, "the model refused the images; answering the text without them (set LULL_VISION=off for a model without vision)");
+            let spent_before = *spent;
+            self.dispatcher
+                .images_refused
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            a.prompt.images.clear();
+            add_note(&mut a.prompt, texts::NO_VISION_NOTE);
+            a.rows.extend(self.no_vision_notice(&a.batch).await?);
+            generated = self
+                .generate_acting(&a.batch, &mut a.prompt, &mut a.rows)
+                .await?;
+            generated.add_spent(spent_before);
+        }
+        Ok(match generated {
+            Generated::Reply { generation, spent } => {
+                a.spent = spent;
+                a.generation = Some((generation, started.elapsed()));
+                Flow::Go
+            }
+            Generated::Failed { error, spent } => {
+                a.spent = spent;
+                Flow::End(Ending::Failed(error))
+            }
+            Generated::Stale { version, spent } => {
+                a.spent = spent;
+                let at = StaleAt::BeforeAction;
+                Flow::End(Ending::Stale { version, at })
+            }
+        })
+    }
+
     /// The prompt for `batch`, without images yet.
     pub(super) fn prompt(&self, batch: &Batch) -> Prompt {
         self.prompt_of(batch, &batch.pending)

@@ -1,15 +1,16 @@
-//! What a round reads of a batch's media before the model is asked: voice messages
-//! transcribed (each transcript stored under the lease before the next, charged to
+//! What a round reads of a batch's media before the model is asked, its stages
+//! **transcribe** and **images**: voice messages transcribed (each transcript stored under the lease before the next, charged to
 //! its sender first), then images fetched through the adapter within the round's
 //! bounds. What could not be read is told: to the model as a note, to the user once.
 
-use lull_port::{MediaError, MediaKind};
+use lull_port::{ConversationRef, Media, MediaBytes, MediaError, MediaKind, Outbound};
 
-use super::{Interrupt, Round, add_note};
+use super::{Answering, Ending, Flow, Interrupt, Round, add_note};
 use crate::dispatcher::wallet;
 use crate::limits;
+use crate::llm::transcribe::Transcriber;
 use crate::llm::{Image, LlmError, Prompt};
-use crate::store::{Batch, OutboxRow, TranscriptWrite};
+use crate::store::{Batch, OutboxRow, PendingMessage, TranscriptWrite};
 use crate::texts;
 
 /// How long fetching one image may take before the round counts it as a transient
@@ -65,6 +66,53 @@ pub(super) fn quote_transcripts(batch: &Batch, reply: String) -> String {
 }
 
 impl Round<'_> {
+    /// The `transcribe` stage: before the budget is reserved, so the estimate counts
+    /// the transcripts (stored once, whatever the budget says). A voice message too
+    /// long is told plainly, once per message; the rest of the burst is answered.
+    pub(super) async fn transcribe_batch(&self, a: &mut Answering) -> Result<Flow, Interrupt> {
+        let d = self.dispatcher;
+        a.audio = match self.transcribe(&mut a.batch).await? {
+            Ok(notes) => notes,
+            Err(error) => return Ok(Flow::End(Ending::Unread(error))),
+        };
+        for &(row, secs) in &a.audio.too_long {
+            let text = texts::too_long_audio_text(secs, d.settings.max_audio_seconds);
+            let key = format!("audio-too-long/{}/{row}", a.batch.conversation);
+            a.rows.extend(self.notice(&a.batch, &text, key).await?);
+        }
+        Ok(Flow::Go)
+    }
+
+    /// The `images` stage: the batch's images into the prompt; an image too big, or
+    /// more than one reply reads, is told once; a model known to refuse images says so.
+    pub(super) async fn images(&self, a: &mut Answering) -> Result<Flow, Interrupt> {
+        let d = self.dispatcher;
+        let (too_big, left_out) = match self.fetch_images(&a.batch, &mut a.prompt).await? {
+            Ok(fetched) => fetched,
+            Err(error) => return Ok(Flow::End(Ending::Unread(error))),
+        };
+        let batch = &a.batch;
+        for (row, size) in too_big {
+            let text = texts::too_big_text(size, d.settings.max_image_bytes);
+            let key = format!("image-too-big/{}/{row}", batch.conversation);
+            a.rows.extend(self.notice(batch, &text, key).await?);
+        }
+        if left_out > 0 {
+            let first = batch.pending.first().map_or(0, |m| m.row);
+            let key = format!("images-left-out/{}/{first}", batch.conversation);
+            let text = texts::too_many_images_text(a.prompt.images.len(), left_out);
+            a.rows.extend(self.notice(batch, &text, key).await?);
+        }
+        if a.prompt
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains(texts::NO_VISION_NOTE))
+        {
+            a.rows.extend(self.no_vision_notice(batch).await?);
+        }
+        Ok(Flow::Go)
+    }
+
     /// Fetch the images of the pending batch through the adapter (`LULL_VISION=auto`
     /// only) into `prompt`. An image too large or gone is left out with a note to the
     /// model; the images too large are returned (message row, size) so the user is
@@ -190,79 +238,33 @@ impl Round<'_> {
                 notes.model.push(texts::AUDIO_TOO_LONG_NOTE);
                 continue;
             }
-            let fetched = tokio::time::timeout(
-                MEDIA_FETCH_TIMEOUT,
-                outbound.fetch_media(media, MAX_AUDIO_BYTES),
-            )
-            .await
-            .unwrap_or_else(|_| {
-                Err(MediaError::Transient(format!(
-                    "no answer within {MEDIA_FETCH_TIMEOUT:?}"
-                )))
-            });
-            let audio = match fetched {
-                Ok(audio) => audio,
-                Err(MediaError::TooBig { .. }) => {
-                    notes
-                        .too_long
-                        .push((message.row, media.duration_secs.unwrap_or(0)));
-                    notes.model.push(texts::AUDIO_TOO_LONG_NOTE);
-                    continue;
-                }
-                Err(MediaError::Transient(why)) if attempts < MEDIA_ATTEMPTS => {
-                    return Ok(Err(LlmError::Connect(format!(
-                        "fetching a voice message from {}: {why}",
-                        batch.conversation.platform
-                    ))));
-                }
-                // Gone, or still failing after as many rounds: answered without it.
-                Err(MediaError::Gone(why) | MediaError::Transient(why)) => {
-                    tracing::warn!(conversation = %batch.conversation, error = %why, "a voice message could not be fetched; answering without it");
-                    notes.model.push(texts::AUDIO_MISSING_NOTE);
-                    continue;
-                }
-            };
-            // Budgets: a transcription is charged to its sender and the bot before it
-            // is asked for (by its length, else by its size), and given back if it fails.
-            let secs = media.duration_secs.map_or_else(
-                || (audio.bytes.len() as u64).div_ceil(limits::AUDIO_BYTES_PER_SECOND),
-                u64::from,
-            );
-            let lease = self.keeper.lease();
-            let now = d.clock.now();
-            if !wallet::charge_transcription(d, &lease, &conversation, &message.user_id, secs, now)
-                .await?
+            let heard = match self
+                .fetch_audio(
+                    outbound.as_ref(),
+                    (&conversation, message),
+                    media,
+                    attempts,
+                    &mut notes,
+                )
+                .await
             {
-                tracing::info!(conversation = %batch.conversation, user = %message.user_id, secs, "not enough left of a token budget to transcribe a voice message; answering without it");
-                notes.model.push(texts::AUDIO_NO_BUDGET_NOTE);
-                continue;
-            }
-            let transcribed = transcriber.transcribe(&audio.bytes, &audio.mime).await;
-            if transcribed.is_err() {
-                wallet::refund_transcription(
-                    d,
-                    &lease,
-                    &conversation,
-                    &message.user_id,
-                    secs,
-                    d.clock.now(),
-                )
-                .await?;
-            }
-            let transcript = match transcribed {
-                // A runaway answer is cut: the transcript enters every later prompt.
-                Ok(transcript) => lull_port::split::truncate(
-                    &transcript,
-                    MAX_TRANSCRIPT_CHARS,
-                    texts::TRANSCRIPT_CUT_NOTE,
-                )
-                .unwrap_or(transcript),
-                Err(error) if error.is_retryable() => return Ok(Err(error)),
-                Err(error) => {
-                    tracing::error!(conversation = %batch.conversation, error = %error, "the transcription server refused a voice message; answering without it (check LULL_TRANSCRIBE_MODEL and LULL_TRANSCRIBE_BASE_URL)");
-                    notes.model.push(texts::AUDIO_MISSING_NOTE);
-                    continue;
+                Ok(Some(audio)) => {
+                    self.transcribe_paid(
+                        transcriber.as_ref(),
+                        (&conversation, message),
+                        media,
+                        &audio,
+                        &mut notes,
+                    )
+                    .await?
                 }
+                Ok(None) => continue,
+                Err(error) => Err(error),
+            };
+            let transcript = match heard {
+                Ok(Some(transcript)) => transcript,
+                Ok(None) => continue,
+                Err(error) => return Ok(Err(error)),
             };
             d.store
                 .store_transcript(TranscriptWrite {
@@ -272,10 +274,103 @@ impl Round<'_> {
                     now: d.clock.now(),
                 })
                 .await?;
-            tracing::info!(conversation = %batch.conversation, chars = transcript.chars().count(), "voice message transcribed");
+            tracing::info!(conversation = %conversation, chars = transcript.chars().count(), "voice message transcribed");
             message.transcript = Some(transcript);
         }
         Ok(Ok(notes))
+    }
+
+    /// Fetch a voice message's audio. `Ok(None)`: answered without it (too large, gone,
+    /// or still failing after [`MEDIA_ATTEMPTS`] rounds), with a note; `Err`: a
+    /// transient failure, retried with the round.
+    async fn fetch_audio(
+        &self,
+        outbound: &dyn Outbound,
+        (conversation, message): (&ConversationRef, &PendingMessage),
+        media: &Media,
+        attempts: u32,
+        notes: &mut AudioNotes,
+    ) -> Result<Option<MediaBytes>, LlmError> {
+        let fetched = tokio::time::timeout(
+            MEDIA_FETCH_TIMEOUT,
+            outbound.fetch_media(media, MAX_AUDIO_BYTES),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(MediaError::Transient(format!(
+                "no answer within {MEDIA_FETCH_TIMEOUT:?}"
+            )))
+        });
+        match fetched {
+            Ok(audio) => Ok(Some(audio)),
+            Err(MediaError::TooBig { .. }) => {
+                let secs = media.duration_secs.unwrap_or(0);
+                notes.too_long.push((message.row, secs));
+                notes.model.push(texts::AUDIO_TOO_LONG_NOTE);
+                Ok(None)
+            }
+            Err(MediaError::Transient(why)) if attempts < MEDIA_ATTEMPTS => {
+                Err(LlmError::Connect(format!(
+                    "fetching a voice message from {}: {why}",
+                    outbound.platform()
+                )))
+            }
+            // Gone, or still failing after as many rounds: answered without it.
+            Err(MediaError::Gone(why) | MediaError::Transient(why)) => {
+                tracing::warn!(%conversation, error = %why, "a voice message could not be fetched; answering without it");
+                notes.model.push(texts::AUDIO_MISSING_NOTE);
+                Ok(None)
+            }
+        }
+    }
+
+    /// Transcribe `audio`, charged to its sender and the bot before it is asked for
+    /// (by its length, else by its size) and given back if it fails. `Ok(Ok(None))`:
+    /// answered without it (no budget left, or the server refused it), with a note;
+    /// `Ok(Err)`: a transient failure, retried with the round. A runaway answer is
+    /// cut: the transcript enters every later prompt.
+    async fn transcribe_paid(
+        &self,
+        transcriber: &dyn Transcriber,
+        (conversation, message): (&ConversationRef, &PendingMessage),
+        media: &Media,
+        audio: &MediaBytes,
+        notes: &mut AudioNotes,
+    ) -> Result<Result<Option<String>, LlmError>, Interrupt> {
+        let d = self.dispatcher;
+        let user = &message.user_id;
+        let secs = media.duration_secs.map_or_else(
+            || (audio.bytes.len() as u64).div_ceil(limits::AUDIO_BYTES_PER_SECOND),
+            u64::from,
+        );
+        let lease = self.keeper.lease();
+        if !wallet::charge_transcription(d, &lease, conversation, user, secs, d.clock.now()).await?
+        {
+            tracing::info!(%conversation, %user, secs, "not enough left of a token budget to transcribe a voice message; answering without it");
+            notes.model.push(texts::AUDIO_NO_BUDGET_NOTE);
+            return Ok(Ok(None));
+        }
+        let transcribed = transcriber.transcribe(&audio.bytes, &audio.mime).await;
+        if transcribed.is_err() {
+            wallet::refund_transcription(d, &lease, conversation, user, secs, d.clock.now())
+                .await?;
+        }
+        Ok(match transcribed {
+            Ok(transcript) => Ok(Some(
+                lull_port::split::truncate(
+                    &transcript,
+                    MAX_TRANSCRIPT_CHARS,
+                    texts::TRANSCRIPT_CUT_NOTE,
+                )
+                .unwrap_or(transcript),
+            )),
+            Err(error) if error.is_retryable() => Err(error),
+            Err(error) => {
+                tracing::error!(%conversation, error = %error, "the transcription server refused a voice message; answering without it (check LULL_TRANSCRIBE_MODEL and LULL_TRANSCRIBE_BASE_URL)");
+                notes.model.push(texts::AUDIO_MISSING_NOTE);
+                Ok(None)
+            }
+        })
     }
 
     /// Tell the conversation once that the model cannot see images.

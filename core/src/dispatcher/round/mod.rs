@@ -1,22 +1,46 @@
-//! One round for one conversation: claim the lease, collect, generate once, final
-//! check, then deliver what the outbox holds. Every step after the claim runs under
-//! the lease; a lost lease abandons the round wherever it is.
+//! One round for one conversation: claim the lease, then the stages over one state
+//! ([`stages::Answering`]), then deliver what the outbox holds and release. Every
+//! step after the claim runs under the lease; a lost lease abandons the round wherever
+//! it is (an action already running is left only by the hard stop).
 //!
-//! This file holds the round's flow and the final check; its steps have rooms of
-//! their own: `budget` (who pays, the reservation, the settle), `media` (voice
-//! messages transcribed, images fetched) and `generate` (the prompt, the model
-//! call shown as a draft or "typing…", what a failure leaves).
+//! The stages, in the order they run ([`stages::STAGES`]); each returns go or end:
+//!
+//! 1. **due**: an empty batch disarms its timer; a batch not due yet waits.
+//! 2. **approvals**: the batch's `/approve` and `/cancel` decided, approved calls run
+//!    once (`approvals`), before anyone pays: an answer costs no tokens.
+//! 3. **pay**: who pays; in a group, members over their budget are left out with a
+//!    notice (`budget`, the rules in the wallet).
+//! 4. **transcribe**: voice messages transcribed, each stored before the next (`media`).
+//! 5. **context**: the prompt: history, the chat's settings read after `v0`, the group
+//!    context, the notes to the model (`generate`).
+//! 6. **images**: the batch's images fetched within the round's bounds (`media`).
+//! 7. **reserve**: the prompt and the most the reply may take reserved (`budget`).
+//! 8. **generate**: the model asked once, its tool calls answered in between, a call
+//!    that acts reserved before it runs (`generate`, `tools`, `actions`).
+//! 9. **settle**: the reservation turned into what was spent (`budget`).
+//! 10. **report**: the reply bounded, transcripts quoted, the actions taken reported
+//!     (`commit`).
+//! 11. **commit**: the final check, one transaction: lease still ours and nothing new
+//!     since `v0`, or the cap (`commit`).
+//!
+//! The runner and the state are `stages`. Its other rooms: `budget` (who pays, the
+//! reservation, the settle), `media` (voice messages and images), `generate` (the
+//! prompt, the model call shown as a draft or "typing…", what a failure leaves),
+//! `tools` (the tool loop), `actions` (a call that acts reserved and run once, the
+//! report of what a batch's calls did), `approvals` and `commit`.
 
+mod actions;
 mod approvals;
 mod budget;
+mod commit;
 mod generate;
 mod media;
+mod stages;
 mod tools;
 
-pub(super) use tools::batch_report;
+pub(super) use actions::batch_report;
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
@@ -25,15 +49,82 @@ use super::interrupt::Interrupt;
 use super::lease_keeper::LeaseKeeper;
 use super::notices::Notice;
 use super::{Dispatcher, Event};
+use crate::dispatcher::wallet::{Reserved, Spent};
 use crate::domain::ConversationId;
-use crate::llm::{FailureKind, Prompt};
+use crate::domain::Version;
+use crate::llm::Prompt;
+use crate::llm::{Generation, LlmError};
 use crate::metrics as names;
-use crate::store::{
-    Batch, Claimed, CommitOutcome, IdleDisarm, NewReply, OutboxRow, ReplyCommit, RoundClaim,
-    StoreError,
-};
-use crate::texts;
-use tools::Generated;
+use crate::store::{Batch, Claimed, HeldOut, OutboxRow, RoundClaim, StoreError};
+use approvals::Approvals;
+use media::AudioNotes;
+use std::time::Duration;
+
+// The state the stages share, and what they say (here, in the parent, so the stages'
+// rooms and the runner all read it without naming each other).
+
+/// What a stage says: go on to the next, or end the round's answer here.
+enum Flow {
+    Go,
+    End(Ending),
+}
+
+/// Why a round's answer ended before its commit (or at it).
+enum Ending {
+    /// Nothing more to do now: not due, held over a budget, or a notice ended the
+    /// batch (the stage queued what it had to say).
+    Quiet,
+    /// Reading the batch's media failed transiently: the messages stay pending, with
+    /// the model-down notice, and the round is retried with backoff.
+    Unread(LlmError),
+    /// The model failed: kept pending (transient) or the batch given up, told once.
+    Failed(LlmError),
+    /// A newer message arrived: nothing acted on the old picture, and the next round
+    /// covers everything.
+    Stale { version: Version, at: StaleAt },
+}
+
+/// Where a round found itself overtaken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StaleAt {
+    /// Before a call that acts (or while the model wrote): nothing acted.
+    BeforeAction,
+    /// At the final check: the reply is dropped.
+    Commit,
+}
+
+/// A round's reservation from the budgets, as far as it got.
+enum Reservation {
+    /// Nothing reserved yet.
+    None,
+    /// Reserved, not yet turned into what was spent.
+    Open(Reserved),
+    /// Settled: what was spent is charged.
+    Settled(Reserved),
+}
+
+/// What a round carries from stage to stage.
+struct Answering {
+    /// The batch: the pending messages, less the members `pay` left out.
+    batch: Batch,
+    /// What this round queued for delivery (notices, the reply), in order.
+    rows: Vec<OutboxRow>,
+    /// What the batch's approvals did.
+    approvals: Approvals,
+    /// Members left out by `pay` (their notices are stored after the reply).
+    held_out: Vec<HeldOut>,
+    /// What transcribing left to tell the model.
+    audio: AudioNotes,
+    /// The prompt, built by `context` (until then: the batch's, without settings).
+    prompt: Prompt,
+    reservation: Reservation,
+    /// What the model calls of this round spent so far.
+    spent: Spent,
+    /// The model's reply and how long it took, from `generate`.
+    generation: Option<(Generation, Duration)>,
+    /// The reply's text as it will be committed, from `report`.
+    reply: Option<String>,
+}
 
 /// Add `note` to what the model is told after the batch (each note once).
 fn add_note(prompt: &mut Prompt, note: &str) {
@@ -139,8 +230,7 @@ impl Round<'_> {
         // Rows owed from earlier (a crashed holder, a deferred send, notices) come
         // first, in outbox order; then what this round adds, unless a row waiting for
         // its retry holds the outbox back (a later round delivers them, in order).
-        let mut added = Vec::new();
-        self.answer(batch, &mut added).await?;
+        let added = self.answer(batch).await?;
         let mut rows = owed;
         if !held_back {
             rows.extend(added);
@@ -148,224 +238,43 @@ impl Round<'_> {
         delivery.deliver(rows).await
     }
 
-    /// Answer the pending messages, if any are due: generate once, and the final
-    /// check. A failure of the model keeps them pending (or ends the batch when
-    /// retrying cannot help), with a notice. What is committed joins `rows`.
-    async fn answer(&self, batch: Batch, rows: &mut Vec<OutboxRow>) -> Result<(), Interrupt> {
-        let d = self.dispatcher;
-        let conversation = self.conversation;
-        let now = d.clock.now();
-        if batch.pending.is_empty() {
-            if batch.timer.is_some() {
-                d.store
-                    .disarm_idle_timer(IdleDisarm {
-                        lease: &self.keeper.lease(),
-                        v0: batch.v0,
-                        now,
-                    })
-                    .await?;
-            }
-            return Ok(());
+    /// Do `work` unless the lease is lost or lull stops first (then `work` is dropped
+    /// where it waits). Only for work that waits on the outside: an action already
+    /// running is left only by the hard stop ([`Round::until_stop`]).
+    async fn guarded<T>(
+        &self,
+        work: impl Future<Output = Result<T, Interrupt>>,
+    ) -> Result<T, Interrupt> {
+        tokio::select! {
+            done = work => done,
+            () = self.keeper.lost() => Err(Interrupt::LeaseLost),
+            () = self.stop.cancelled() => Err(Interrupt::Stopped),
         }
-        if batch.timer.is_some_and(|t| t.due_at > now) {
-            return Ok(());
-        }
-
-        // Approvals the batch answers are decided (and the approved calls run) first:
-        // they cost no tokens, so a person over their budget can still answer one.
-        let Some(approvals) = self.take_approvals(&batch).await? else {
-            return Ok(());
-        };
-        // Who pays: in a group, a member over budget is left out (see `budget`); a
-        // notice that ends the batch says what its approvals did.
-        let Some((mut batch, held_out)) =
-            self.who_pays(batch, rows, &approvals.report, now).await?
-        else {
-            return Ok(());
-        };
-
-        // Voice first, then images: both before the budget is reserved, so the
-        // estimate counts the transcripts (stored once, whatever the budget says).
-        let transcribed = tokio::select! {
-            transcribed = self.transcribe(&mut batch) => transcribed?,
-            () = self.keeper.lost() => return Err(Interrupt::LeaseLost),
-            () = self.stop.cancelled() => return Err(Interrupt::Stopped),
-        };
-        let notes = match transcribed {
-            Ok(notes) => notes,
-            Err(error) => {
-                rows.extend(self.generation_failed(&batch, error).await?);
-                return Ok(());
-            }
-        };
-        // Told plainly, once per message; the rest of the burst is answered.
-        for (row, secs) in notes.too_long {
-            let text = texts::too_long_audio_text(secs, d.settings.max_audio_seconds);
-            let key = format!("audio-too-long/{}/{row}", batch.conversation);
-            rows.extend(self.notice(&batch, &text, key).await?);
-        }
-        let mut prompt = self.prompt(&batch);
-        // Read after the claim read `v0`: a change since moved the version, so the
-        // final check refuses a reply written with settings older than these.
-        let chosen = d.store.conversation_settings(&batch.conversation).await?;
-        prompt.choices = d.settings.controls.choices(&chosen);
-        prompt.overheard = self.overheard(&batch).await;
-        for note in notes.model {
-            add_note(&mut prompt, note);
-        }
-        let fetched = tokio::select! {
-            fetched = self.fetch_images(&batch, &mut prompt) => fetched?,
-            () = self.keeper.lost() => return Err(Interrupt::LeaseLost),
-            () = self.stop.cancelled() => return Err(Interrupt::Stopped),
-        };
-        let (too_big, left_out) = match fetched {
-            Ok(fetched) => fetched,
-            Err(error) => {
-                rows.extend(self.generation_failed(&batch, error).await?);
-                return Ok(());
-            }
-        };
-        for (row, size) in too_big {
-            let text = texts::too_big_text(size, d.settings.max_image_bytes);
-            let key = format!("image-too-big/{}/{row}", batch.conversation);
-            rows.extend(self.notice(&batch, &text, key).await?);
-        }
-        if left_out > 0 {
-            let first = batch.pending.first().map_or(0, |m| m.row);
-            let key = format!("images-left-out/{}/{first}", batch.conversation);
-            let text = texts::too_many_images_text(prompt.images.len(), left_out);
-            rows.extend(self.notice(&batch, &text, key).await?);
-        }
-        if prompt
-            .note
-            .as_deref()
-            .is_some_and(|n| n.contains(texts::NO_VISION_NOTE))
-        {
-            rows.extend(self.no_vision_notice(&batch).await?);
-        }
-
-        let Some(reserved) = self.reserve(&batch, &prompt, rows).await? else {
-            // Over a budget: the messages wait, held until it resets.
-            rows.extend(self.approvals_held(&batch, &approvals).await?);
-            return Ok(());
-        };
-        // The reply may take no more than was reserved for it.
-        prompt.max_tokens = reserved.max_tokens();
-        let started = Instant::now();
-        prompt.turns.extend(approvals.turns);
-        let decided = approvals.decided;
-        let mut generated = self.generate_acting(&batch, &mut prompt, rows).await?;
-        if let Generated::Failed { error, spent } = &generated
-            && error.kind() == FailureKind::Refused
-            && !prompt.images.is_empty()
-        {
-            // A model without vision refuses image parts (4xx): answer the text, and
-            // tell the user once per conversation that this model cannot see images.
-            tracing::warn!(%conversation, error = %error, "the model refused the images; answering the text without them (set LULL_VISION=off for a model without vision)");
-            let spent_before = *spent;
-            d.images_refused
-                .store(true, std::sync::atomic::Ordering::Relaxed);
-            prompt.images.clear();
-            add_note(&mut prompt, texts::NO_VISION_NOTE);
-            rows.extend(self.no_vision_notice(&batch).await?);
-            generated = self.generate_acting(&batch, &mut prompt, rows).await?;
-            generated.add_spent(spent_before);
-        }
-        let llm_time = started.elapsed();
-        let (generation, spent) = match generated {
-            Generated::Reply { generation, spent } => (generation, spent),
-            Generated::Failed { error, spent } => {
-                // Only what a server reported (earlier tool turns) was spent.
-                self.settle(&batch, &reserved, spent).await?;
-                if error.kind() == FailureKind::Transient {
-                    rows.extend(self.generation_failed(&batch, error).await?);
-                } else {
-                    rows.extend(self.give_up(&batch, error).await?);
-                }
-                return Ok(());
-            }
-            Generated::Stale { version, spent } => {
-                self.settle(&batch, &reserved, spent).await?;
-                self.count_dropped(&reserved, spent).await?;
-                self.stopped_stale(&batch, version);
-                return Ok(());
-            }
-        };
-        // Spent whether or not the reply is committed: charged before the final check.
-        self.settle(&batch, &reserved, spent).await?;
-
-        // A reply that acted says what it did, whatever the model wrote.
-        let report = self.actions_report(&batch, &decided).await?;
-        let text = self.bounded_leaving(
-            media::quote_transcripts(&batch, generation.text),
-            lull_port::split::char_len(&report),
-        );
-        let reply = NewReply {
-            text: text + &lull_port::secrets::redact(report),
-            usage: generation.usage,
-            llm_ms: llm_time.as_millis() as u64,
-            held_out,
-        };
-        let lease = self.keeper.lease();
-        // The final check: lease still ours and nothing new since v0 (or the cap).
-        match d
-            .store
-            .commit_reply(ReplyCommit {
-                lease: &lease,
-                batch: &batch,
-                reply,
-                now: d.clock.now(),
-            })
-            .await?
-        {
-            CommitOutcome::Committed {
-                outbox,
-                forced,
-                notices,
-            } => {
-                metrics::histogram!(names::BATCH_MESSAGES).record(batch.pending.len() as f64);
-                tracing::info!(
-                    %conversation,
-                    version = batch.v0.0,
-                    batch = batch.pending.len(),
-                    token = lease.token.0,
-                    llm_ms = llm_time.as_millis() as u64,
-                    prompt_tokens = generation.usage.map(|u| u.prompt),
-                    completion_tokens = generation.usage.map(|u| u.completion),
-                    forced,
-                    "reply committed"
-                );
-                d.emit(Event::Committed {
-                    conversation,
-                    outbox: outbox.id,
-                    v0: batch.v0,
-                    batch: batch.pending.len(),
-                    forced,
-                });
-                rows.push(outbox);
-                // The notices of members left out, stored after the reply.
-                rows.extend(notices);
-            }
-            CommitOutcome::Stale { version } => {
-                metrics::counter!(names::REPLIES_DROPPED_STALE).increment(1);
-                self.count_dropped(&reserved, spent).await?;
-                tracing::debug!(%conversation, v0 = batch.v0.0, version = version.0, "stale reply dropped: a newer message arrived");
-                d.emit(Event::DroppedStale {
-                    conversation,
-                    v0: batch.v0,
-                    version,
-                });
-            }
-        }
-        Ok(())
     }
 
-    /// The round stopped before an action because a newer message arrived: nothing
-    /// acted on the old picture, and the next round covers everything.
-    fn stopped_stale(&self, batch: &Batch, version: crate::domain::Version) {
+    /// Do `work` unless lull stops first: for an action already running, whose result
+    /// is a fact to record even after the lease was lost.
+    async fn until_stop<T>(&self, work: impl Future<Output = T>) -> Result<T, Interrupt> {
+        tokio::select! {
+            done = work => Ok(done),
+            () = self.stop.cancelled() => Err(Interrupt::Stopped),
+        }
+    }
+
+    /// The round stopped because a newer message arrived (`at` an action: nothing
+    /// acted on the old picture; `at` the final check: the reply is dropped), and the
+    /// next round covers everything.
+    fn stopped_stale(&self, batch: &Batch, version: crate::domain::Version, at: StaleAt) {
         let conversation = self.conversation;
         metrics::counter!(names::REPLIES_DROPPED_STALE).increment(1);
-        tracing::debug!(%conversation, v0 = batch.v0.0, version = version.0, "round stopped before an action: a newer message arrived");
+        match at {
+            StaleAt::BeforeAction => {
+                tracing::debug!(%conversation, v0 = batch.v0.0, version = version.0, "round stopped before an action: a newer message arrived");
+            }
+            StaleAt::Commit => {
+                tracing::debug!(%conversation, v0 = batch.v0.0, version = version.0, "stale reply dropped: a newer message arrived");
+            }
+        }
         self.dispatcher.emit(Event::DroppedStale {
             conversation,
             v0: batch.v0,

@@ -15,7 +15,7 @@ use crate::store::{OverheardMessage, Overhearing};
 /// `/allow`); otherwise drop it silently.
 pub(super) async fn overhear(
     dispatcher: &Dispatcher,
-    incoming: Incoming,
+    incoming: &Incoming,
 ) -> Result<Accepted, IngestError> {
     let keep = dispatcher.settings.group_context;
     let Content::Text(text) = &incoming.content else {
@@ -28,7 +28,7 @@ pub(super) async fn overhear(
     if !dispatcher
         .settings
         .access
-        .allows(Sender::of(&incoming), &rules)
+        .allows(Sender::of(incoming), &rules)
     {
         return Ok(Accepted::Overheard);
     }
@@ -38,9 +38,9 @@ pub(super) async fn overhear(
         .take(dispatcher.settings.max_message_chars)
         .collect();
     let message = OverheardMessage {
-        conversation: incoming.conversation,
-        message_id: incoming.message_id,
-        author: incoming.author,
+        conversation: incoming.conversation.clone(),
+        message_id: incoming.message_id.clone(),
+        author: incoming.author.clone(),
         text,
     };
     let now = dispatcher.clock.now();

@@ -9,13 +9,14 @@ use lull_port::{Incoming, IncomingKind, IngestError};
 use super::Dispatcher;
 use super::not_stored::not_stored;
 
-/// `incoming` as ingest handles it: a message that opened a thread is a new message
-/// (its thread remembered first, so the follow-ups that arrive after it need no
-/// mention); an overheard message in one of lull's threads is a new message too.
+/// The kind of `incoming` as ingest handles it: a message that opened a thread is a
+/// new message (its thread remembered first, so the follow-ups that arrive after it
+/// need no mention); an overheard message in one of lull's threads is a new message
+/// too.
 pub(super) async fn admit(
     dispatcher: &Dispatcher,
-    incoming: Incoming,
-) -> Result<Incoming, IngestError> {
+    incoming: &Incoming,
+) -> Result<IncomingKind, IngestError> {
     let store = &dispatcher.store;
     let auto_thread = dispatcher.settings.discord_auto_thread;
     let in_our_thread = match incoming.kind {
@@ -37,11 +38,8 @@ pub(super) async fn admit(
         IncomingKind::New | IncomingKind::Edit => false,
     };
     Ok(if in_our_thread {
-        Incoming {
-            kind: IncomingKind::New,
-            ..incoming
-        }
+        IncomingKind::New
     } else {
-        incoming
+        incoming.kind
     })
 }

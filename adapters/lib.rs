@@ -8,6 +8,8 @@
 //! - [`http`]: generic JSON in (`POST /api/messages`), signed webhooks out.
 //! - [`telegram`]: the Bot API through teloxide, long polling or a webhook.
 //! - [`discord`]: the gateway and REST through serenity.
+//! - `media`: the one download the platforms share for pictures and voice (size-limited,
+//!   errors sorted for the core, never a URL in an error).
 
 pub mod console;
 pub mod discord;

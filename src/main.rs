@@ -2,6 +2,16 @@
 //!
 //! Every configured secret is registered for redaction before anything is logged or
 //! printed, and every error printed here passes [`redact`] too.
+//!
+//! - [`config`]: every variable and its flag, parsed and checked together.
+//! - [`logging`]: text or JSON lines on standard error, every line redacted.
+//! - [`app`]: the wiring behind `lull run` and `lull chat`.
+//! - [`check`]: `lull check` (the configuration and every connection it names) and
+//!   `lull healthcheck`.
+//! - [`backup`]: `lull backup PATH`.
+//! - [`http`]: the HTTP server (`/healthz`, `/metrics`, the http adapter's routes);
+//!   [`metrics`]: the Prometheus exporter behind `/metrics`; [`status`]: the status
+//!   page and its login.
 
 use std::process::ExitCode;
 

@@ -31,6 +31,10 @@
 //! - [`controls`]: what a conversation chooses for its replies (`/model`, `/persona`,
 //!   `/prompt`, kept in the store) resolved against `LULL_MODELS` and `LULL_PERSONAS`.
 //! - [`metrics`]: metric names, a contract with users' dashboards.
+//! - [`refreshed`]: a value read from elsewhere (access decisions, the model list, the
+//!   status snapshot) and kept for a while, read at most once per its age.
+//! - `switches`: the test-only switches (`LULL_TEST_*`, feature `test-switches`) that
+//!   turn one protection off for a counter-test; every other build keeps them all.
 //!
 //! # Invariants
 //!

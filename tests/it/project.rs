@@ -162,3 +162,62 @@ fn no_modules_import_each_other_in_a_circle() {
         .expect("an edge count");
     assert!(edges > 100, "{core}");
 }
+
+/// Every module a file declares is named in that file's module doc, so a reader who
+/// walks down from a crate's doc meets each one (`scripts/module-docs`, which reads
+/// every `mod NAME;` outside test-only code and the leading `//!` lines above it).
+#[test]
+fn every_module_is_named_in_its_parents_doc() {
+    let out = Command::new("python3")
+        .arg("scripts/module-docs")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run python3 scripts/module-docs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // It read the code: the core declares more than a hundred modules.
+    let core = text
+        .lines()
+        .find(|l| l.starts_with("core/src:"))
+        .expect("the core read");
+    let modules: usize = core
+        .split(" modules")
+        .next()
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .expect("a module count");
+    assert!(modules > 100, "{core}");
+}
+
+/// The check above can fail: a crate whose root declares `a` and `b` while its doc
+/// names only `a` is refused, and the refusal names `b`.
+#[test]
+fn the_module_doc_check_fails_on_a_module_left_out() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("lib.rs"),
+        "//! The fixture: [`a`] is named, its sibling is not.\n\nmod a;\nmod b;\n",
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("a.rs"), "//! One module.\n").unwrap();
+    std::fs::write(dir.path().join("b.rs"), "//! The other.\n").unwrap();
+    let out = Command::new("python3")
+        .arg("scripts/module-docs")
+        .arg(dir.path())
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run python3 scripts/module-docs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("lib.rs: mod b is not named"), "{text}");
+    assert!(!text.contains("mod a is not named"), "{text}");
+    assert!(text.contains("2 modules, 1 not named"), "{text}");
+}

@@ -1,7 +1,10 @@
 //! The dispatcher: the core's one engine, one job per module.
 //!
-//! - `ingest`: an inbound update is stored in one transaction (version bump, timer
-//!   armed), or answered at once (a command, a denial); nothing waits for the model.
+//! - `ingest`: an inbound update walks one chain of admission steps, then is stored
+//!   in one transaction (version bump, timer armed) and its after-store effects run;
+//!   or a step answers it at once (a command, a denial); nothing waits for the model.
+//!   `not_stored`: what ingest and the rooms it hands updates to answer when the store
+//!   could not take an update.
 //! - `commands`: what each chat command does and answers, at ingest; `controls`: the
 //!   commands that change what lull does in a conversation (`/model`, `/persona`,
 //!   `/prompt`, `/stop`, `/status`).
@@ -10,11 +13,11 @@
 //! - `scheduler`: sleeps until the earliest deadline (woken at once for work this
 //!   process armed, polling for work other processes armed) and starts a round per
 //!   due conversation.
-//! - `round`: under the conversation's lease, collects the pending messages,
-//!   generates one reply while renewing the lease, and commits it only if the
-//!   conversation has not moved on (the final check); then delivers. Its rooms:
-//!   `round::media` (transcripts, images), `round::budget` (who pays, reserve,
-//!   settle), `round::generate` (the prompt, the model call, its failure).
+//! - `round`: under the conversation's lease, its stages in order over one state
+//!   (approvals, pay, transcribe, context, images, reserve, generate, settle, report,
+//!   commit: the reply committed only if the conversation has not moved on, the final
+//!   check); then delivers. `tool_refusals`: the models that refused tools, offered
+//!   none for a while.
 //! - `interrupt`: why a step under the lease ended a round early (rounds and
 //!   delivery share it); `bounds`: the one cut of a reply and its draft.
 //! - `drafts`: shows a reply as a live draft while it is written (where the platform
@@ -32,6 +35,8 @@
 //! - `wallet`: who pays for a round, what it reserves before the model is asked, and
 //!   the settle after; token budgets that never hold a conversation for good nor let
 //!   it spend past them.
+//!
+//! - [`events`]: what the dispatcher did, broadcast for observers (`lull chat`, tests).
 //!
 //! [`Dispatcher`] holds what they share; it is also the adapters' [`lull_port::Intake`].
 

@@ -23,14 +23,17 @@
 //!   access rows, the order budget rows are locked in, the media codec, what a
 //!   reservation of an action and an approval's answer write). A backend holds the SQL
 //!   and its bindings.
+//! - `ddl`: the DDL both dialects write byte for byte alike, named by both migration
+//!   lists; `lease_rows`: which lease row a holder claims, renews, releases and is
+//!   fenced by, so the counter-test's switch means the same on every backend.
 //! - `conformance` (feature `conformance`): the contract as one test body every
 //!   backend runs, split by the same areas.
 //! - `FaultPlan` (feature `test-switches`): faults a test injects into a real backend.
-//! - [`SqliteStore`]: the backend on one SQLite file (schema migrations, condition
-//!   tracking and fault hooks are its private parts).
-//! - [`PostgresStore`]: the backend on one PostgreSQL database, for replicas on
-//!   several hosts (its isolation per method, its clock and its wake-ups are in its
-//!   module docs).
+//! - [`SqliteStore`] (`sqlite`): the backend on one SQLite file (schema migrations,
+//!   condition tracking and fault hooks are its private parts).
+//! - [`PostgresStore`] (`postgres`): the backend on one PostgreSQL database, for
+//!   replicas on several hosts (its isolation per method, its clock and its wake-ups
+//!   are in its module docs).
 //! - [`open()`]: the store a `DATABASE_URL` names ([`DatabaseUrl`]; `open.rs`, with the
 //!   counter-test's switch).
 //! - [`backup`]: `lull backup`, a consistent copy of a SQLite database while it runs.

@@ -12,6 +12,23 @@
 //!
 //! Time is an argument of every store call, so the checks use their own timeline
 //! ([`at`]) and never sleep. Exists only in builds with the `conformance` feature.
+//!
+//! The checks are split by the contract's areas, one file each, named as in `contract/`,
+//! `sqlite/` and `postgres/`:
+//! - `messages`: ingest, media, edits, catch-up reads.
+//! - `leases`: compare-and-swap claims, renewal, release, fencing.
+//! - `rounds`: the claim, the final check, the cap, give-ups, transcripts, failures.
+//! - `outbox`: delivery order and the row's stored time.
+//! - `work`: due work between holders, settled conversations, health.
+//! - `limits`: the rate hold, the token wallet, access decisions.
+//! - `actions`: the journal (reserved before acting, fenced and at `v0`; a finished
+//!   action is a fact; approvals asked once and decided once).
+//! - `settings`: a conversation's own choices, applied once and fresh, and `/stop`.
+//! - `reactions`: an ack reaction claimed once per pending burst.
+//! - `rhythm`: a committed reply teaches the rhythm; ingest waits what it allows.
+//! - `overheard`: group context kept once per platform message, bounded, never pending.
+//! - `threads`: a thread lull opened is remembered once, per platform and key.
+//! - `status`: the operator's view counts what the rows say, the same on every backend.
 
 mod actions;
 mod leases;

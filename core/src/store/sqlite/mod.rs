@@ -14,8 +14,9 @@
 //! connections; every write goes through the one writer (`writer.rs`, group commit).
 //! The contract's areas are one file each, named as in the PostgreSQL backend and
 //! the conformance suite: `messages.rs`, `leases.rs`, `rounds.rs`, `outbox.rs`,
-//! `work.rs`, `limits.rs`, `actions.rs`. `sql.rs` holds the statement helpers (errors with their
-//! context), `schema.rs` the migrations.
+//! `work.rs`, `limits.rs`, `actions.rs`, `settings.rs`, `reactions.rs`, `rhythm.rs`,
+//! `overheard.rs`, `threads.rs`, `status.rs`. `sql.rs` holds the statement helpers
+//! (errors with their context), `schema.rs` the migrations.
 
 mod actions;
 mod leases;

@@ -27,7 +27,7 @@ use lull_port::health::{AdapterState, Health};
 use lull_port::{Inbound, Outbound};
 
 /// Open the configured database.
-pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
+pub(crate) async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
     lull_core::store::open(&config.database, config.dispatch.timers)
         .await
         .with_context(|| format!("DATABASE_URL: cannot use {}", config.database.shown()))
@@ -36,7 +36,7 @@ pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
 /// The configured responder, with the failure policy: a prompt refused as too long
 /// is sent again smaller ([`Fitting`]), transient failures are retried, and every
 /// request is metered ([`Retrying`]).
-pub fn responder(config: &Config) -> anyhow::Result<Arc<dyn Responder>> {
+pub(crate) fn responder(config: &Config) -> anyhow::Result<Arc<dyn Responder>> {
     fn wrap<R: Responder>(inner: R, config: &Config) -> Arc<dyn Responder> {
         let policy = RetryPolicy {
             retries: config.llm_retries,
@@ -149,7 +149,7 @@ fn transcriber(config: &Config, dispatcher: &Dispatcher) -> anyhow::Result<()> {
 /// and sends are cancelled and their leases released. Returns within the grace period
 /// plus [`SHUTDOWN_MARGIN`], however a platform, the webhook, the model or an HTTP
 /// client behaves; nothing accepted is lost (it stays in the database).
-pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+pub(crate) async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let metrics = crate::metrics::install().map_err(anyhow::Error::msg)?;
     let health = Health::default();
     let mut outbounds: Vec<Arc<dyn Outbound>> = Vec::new();
@@ -353,7 +353,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
 
 /// How long after the grace period `lull run` may take to stop: time for stopped rounds
 /// to hand their leases back.
-pub const SHUTDOWN_MARGIN: Duration = Duration::from_millis(1000);
+pub(crate) const SHUTDOWN_MARGIN: Duration = Duration::from_millis(1000);
 
 /// A clean stop's last step, once rounds and intake have stopped: the store makes its
 /// files complete (SQLite: after the writes still queued, the write-ahead log folded
@@ -376,7 +376,10 @@ async fn checkpoint(store: &Arc<dyn Store>, deadline: tokio::time::Instant) {
 /// `lull chat`: the console adapter on standard input and output. At end of input it
 /// waits until every message is answered, then returns success. If the model fails,
 /// the messages stay stored (a later run answers them) and the exit code says so.
-pub async fn chat(config: Config, interrupt: impl Future<Output = ()>) -> anyhow::Result<ExitCode> {
+pub(crate) async fn chat(
+    config: Config,
+    interrupt: impl Future<Output = ()>,
+) -> anyhow::Result<ExitCode> {
     use std::io::IsTerminal as _;
     if std::io::stdin().is_terminal() {
         // On standard error: standard output carries the replies only.

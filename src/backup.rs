@@ -10,7 +10,7 @@ use lull_port::secrets::redact;
 
 /// Back up the database `database_url` names to `target`; the exit code says whether
 /// a checked copy exists now.
-pub fn run(database_url: &str, target: &Path) -> ExitCode {
+pub(crate) fn run(database_url: &str, target: &Path) -> ExitCode {
     let url = match DatabaseUrl::parse(database_url) {
         Ok(url) => url,
         Err(e) => {

@@ -13,7 +13,7 @@ use secrecy::ExposeSecret;
 
 /// One line of the report.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Finding {
+pub(crate) struct Finding {
     pub ok: bool,
     pub what: &'static str,
     pub detail: String,
@@ -48,7 +48,7 @@ fn fail(what: &'static str, detail: impl Into<String>) -> Finding {
 }
 
 /// Run every check the configuration calls for.
-pub async fn run(config: &Config) -> Vec<Finding> {
+pub(crate) async fn run(config: &Config) -> Vec<Finding> {
     let mut findings = vec![ok("configuration", describe(config))];
     if config.telegram.is_none() && config.discord.is_none() && config.http_adapter.is_none() {
         findings.push(fail(
@@ -454,7 +454,7 @@ async fn model(config: &Config) -> Finding {
 /// `lull healthcheck`: ask the running process's `/healthz` (for Docker's
 /// `HEALTHCHECK`, without curl in the image). A wildcard listen address is asked on
 /// loopback.
-pub async fn healthcheck(addr: std::net::SocketAddr) -> Result<String, String> {
+pub(crate) async fn healthcheck(addr: std::net::SocketAddr) -> Result<String, String> {
     let mut target = addr;
     if target.ip().is_unspecified() {
         target.set_ip(match target.ip() {

@@ -20,7 +20,7 @@ use lull_port::health::Health;
 
 /// What the health and metrics endpoints read.
 #[derive(Clone)]
-pub struct HttpState {
+pub(crate) struct HttpState {
     pub store: Arc<dyn Store>,
     pub health: Health,
     /// `None` when no recorder is installed (tests of the router alone).
@@ -38,7 +38,7 @@ pub struct HttpState {
 
 /// The router: health, metrics, the status page, and `extra` routes (the http adapter)
 /// if given.
-pub fn app(state: HttpState, extra: Option<Router>) -> Router {
+pub(crate) fn app(state: HttpState, extra: Option<Router>) -> Router {
     let status = state.status.clone();
     let router = Router::new()
         .route("/healthz", get(healthz))

@@ -19,7 +19,7 @@ const SECRET_SAFE: &str = "tungstenite=debug,tokio_tungstenite=debug";
 
 /// Install the global subscriber. The filter uses tracing's `EnvFilter` syntax.
 /// Secrets registered before or after this call never reach the output.
-pub fn init(format: LogFormat, filter: &str) -> Result<(), ConfigError> {
+pub(crate) fn init(format: LogFormat, filter: &str) -> Result<(), ConfigError> {
     let filter = EnvFilter::try_new(filter).map_err(|e| {
         ConfigError(format!(
             "RUST_LOG is not a valid log filter ('{filter}'): {e}"
@@ -50,7 +50,7 @@ pub fn init(format: LogFormat, filter: &str) -> Result<(), ConfigError> {
 /// an [`EventBuffer`], which redacts it whole (a secret is never split between two
 /// writes) and writes it out when dropped.
 #[derive(Debug, Clone, Copy)]
-pub struct RedactingStderr;
+pub(crate) struct RedactingStderr;
 
 impl<'a> MakeWriter<'a> for RedactingStderr {
     type Writer = EventBuffer<std::io::Stderr>;
@@ -61,13 +61,13 @@ impl<'a> MakeWriter<'a> for RedactingStderr {
 }
 
 /// One formatted event on its way to `out`, redacted when dropped.
-pub struct EventBuffer<W: Write> {
+pub(crate) struct EventBuffer<W: Write> {
     text: Vec<u8>,
     out: W,
 }
 
 impl<W: Write> EventBuffer<W> {
-    pub fn new(out: W) -> Self {
+    pub(crate) fn new(out: W) -> Self {
         Self {
             text: Vec::with_capacity(256),
             out,

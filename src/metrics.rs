@@ -6,7 +6,7 @@ use lull_core::metrics::*;
 /// Install the Prometheus recorder for this process (once) and return the handle that
 /// renders `/metrics`. Histograms get buckets; counters start at zero so dashboards
 /// see them before the first event.
-pub fn install() -> Result<metrics_exporter_prometheus::PrometheusHandle, String> {
+pub(crate) fn install() -> Result<metrics_exporter_prometheus::PrometheusHandle, String> {
     use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(

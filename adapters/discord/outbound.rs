@@ -33,7 +33,7 @@ const TYPING_EVERY: Duration = Duration::from_secs(8);
 /// Discord accepts nonces of at most 25 characters.
 const MAX_NONCE_CHARS: usize = 25;
 /// A button's `custom_id`: 1 to 100 characters.
-pub const MAX_CUSTOM_ID_CHARS: usize = 100;
+pub(super) const MAX_CUSTOM_ID_CHARS: usize = 100;
 /// A button's label: at most 80 characters.
 const MAX_LABEL_CHARS: usize = 80;
 /// Buttons per action row, and action rows per message.
@@ -104,7 +104,7 @@ impl DiscordOutbound {
 /// every other part. It starts with the outbox id and part index (hex); the rest is a
 /// hash of the conversation and the message replied to, so a database started afresh
 /// (outbox ids counting from 1 again) does not reuse a nonce of a minute ago.
-pub fn nonce(
+pub(super) fn nonce(
     outbox_id: OutboxId,
     index: usize,
     conversation: &str,
@@ -126,7 +126,7 @@ pub fn nonce(
 /// secondary buttons (type 2, style 2) whose `custom_id` is exactly the reply's text,
 /// so a click sends what typing it would. Replies with an empty or too long text get
 /// no button, and at most 25 fit; `None` when no button is left.
-pub fn components(replies: &[QuickReply]) -> Option<serde_json::Value> {
+pub(super) fn components(replies: &[QuickReply]) -> Option<serde_json::Value> {
     let buttons: Vec<serde_json::Value> = replies
         .iter()
         .filter(|r| (1..=MAX_CUSTOM_ID_CHARS).contains(&r.text.chars().count()))

@@ -110,7 +110,7 @@ impl Deferrals {
 
 /// The application commands for `menus`: everyone's commands, each with its
 /// optional string argument.
-pub fn commands(menus: &Menus) -> Value {
+pub(super) fn commands(menus: &Menus) -> Value {
     let command = |c: &MenuCommand| {
         let mut command = json!({"name": c.name, "description": c.description, "type": 1});
         if let Some((name, description)) = c.argument {
@@ -125,7 +125,7 @@ pub fn commands(menus: &Menus) -> Value {
 
 /// Register `menus` as the bot's global slash commands (a bulk overwrite). Returns
 /// how many; the error never contains the token.
-pub async fn register(rest: &Rest, menus: &Menus) -> Result<usize, String> {
+pub(super) async fn register(rest: &Rest, menus: &Menus) -> Result<usize, String> {
     let api = format!("{}/api/v10", rest.api_url.trim_end_matches('/'));
     let authorization = rest.http.token().to_owned();
     let failed = |what: &str, e: reqwest::Error| {
@@ -160,7 +160,7 @@ pub async fn register(rest: &Rest, menus: &Menus) -> Result<usize, String> {
 
 /// The text a slash command stands for: `/name`, then its string argument if given
 /// (`/model gpt-x`).
-pub fn command_text(interaction: &CommandInteraction) -> String {
+pub(super) fn command_text(interaction: &CommandInteraction) -> String {
     let mut text = format!("/{}", interaction.data.name);
     for option in &interaction.data.options {
         if let CommandDataOptionValue::String(value) = &option.value
@@ -175,7 +175,7 @@ pub fn command_text(interaction: &CommandInteraction) -> String {
 
 /// A slash command as the message it stands for (see the module docs); `None` for
 /// commands of bots.
-pub fn incoming(interaction: &CommandInteraction, bot: &BotIdentity) -> Option<Incoming> {
+pub(super) fn incoming(interaction: &CommandInteraction, bot: &BotIdentity) -> Option<Incoming> {
     super::translate::interaction_message(
         interaction.id,
         interaction.channel_id,

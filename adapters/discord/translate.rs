@@ -25,11 +25,11 @@ use lull_port::{Content, Incoming, IncomingKind, Media, MediaKind, QuickReply};
 
 /// How the message id of a tapped button starts: `interaction:<interaction id>`.
 /// Interaction ids are snowflakes like message ids, but never equal to one.
-pub const TAP_PREFIX: &str = "interaction:";
+pub(super) const TAP_PREFIX: &str = "interaction:";
 
 /// Who lull is on Discord (from `GET /users/@me`), to recognise mentions and replies.
 #[derive(Debug, Clone)]
-pub struct BotIdentity {
+pub(super) struct BotIdentity {
     pub id: UserId,
     pub name: String,
 }
@@ -37,7 +37,11 @@ pub struct BotIdentity {
 /// A new message, if lull should see it. `in_guild` comes from the message's
 /// `guild_id` for gateway events; messages read back over REST carry no `guild_id`,
 /// so catch-up passes what the store knows about the conversation.
-pub fn new_message(message: &Message, bot: &BotIdentity, in_guild: bool) -> Option<Incoming> {
+pub(super) fn new_message(
+    message: &Message,
+    bot: &BotIdentity,
+    in_guild: bool,
+) -> Option<Incoming> {
     if message.author.bot || message.author.id == bot.id {
         return None;
     }
@@ -97,7 +101,7 @@ fn incoming_of(message: &Message, in_guild: bool) -> Incoming {
 /// for DMs, messages addressed to lull (those are [`new_message`]s), bots, system
 /// messages and messages without text. The core decides whether the server or
 /// channel is admitted.
-pub fn overheard(message: &Message, bot: &BotIdentity, in_guild: bool) -> Option<Incoming> {
+pub(super) fn overheard(message: &Message, bot: &BotIdentity, in_guild: bool) -> Option<Incoming> {
     if !in_guild || addressed_to(message, bot) || message.author.bot {
         return None;
     }
@@ -150,7 +154,7 @@ fn images(attachments: &[Attachment]) -> Vec<Media> {
 /// An edit (`MESSAGE_UPDATE`), if it changed the text. The core applies it only to a
 /// message that is still pending, so edits need no mention check: an edit of a
 /// message lull never stored is ignored there.
-pub fn edit(event: &MessageUpdateEvent, bot: &BotIdentity) -> Option<Incoming> {
+pub(super) fn edit(event: &MessageUpdateEvent, bot: &BotIdentity) -> Option<Incoming> {
     // Updates without an author or content are embed unfurls and similar.
     let author = event.author.as_ref()?;
     if author.bot || author.id == bot.id {
@@ -187,7 +191,7 @@ pub fn edit(event: &MessageUpdateEvent, bot: &BotIdentity) -> Option<Incoming> {
 /// mention check: the button is on lull's own message. `None` for other components
 /// (select menus), clicks by bots, and a `custom_id` lull could not have sent (see
 /// [`QuickReply::could_be`]; any client can send any).
-pub fn tapped(interaction: &ComponentInteraction, bot: &BotIdentity) -> Option<Incoming> {
+pub(super) fn tapped(interaction: &ComponentInteraction, bot: &BotIdentity) -> Option<Incoming> {
     if !matches!(interaction.data.kind, ComponentInteractionDataKind::Button) {
         return None;
     }
@@ -241,7 +245,7 @@ pub(crate) fn interaction_message(
 
 /// The snowflake of a stored message id: a message's own, or the interaction's of a
 /// tapped button (both grow with time, so history read after it is what came later).
-pub fn snowflake(message_id: &str) -> Option<u64> {
+pub(super) fn snowflake(message_id: &str) -> Option<u64> {
     message_id
         .strip_prefix(TAP_PREFIX)
         .unwrap_or(message_id)

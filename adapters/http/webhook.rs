@@ -140,7 +140,7 @@ struct ReplyOut<'a> {
 /// an offset measured afresh in each transaction, so it differs between attempts. The
 /// http adapter never splits a reply, so a row is one request. No `.` (the signed
 /// content is `.`-delimited).
-pub fn webhook_id(part: &OutgoingPart<'_>) -> String {
+pub(super) fn webhook_id(part: &OutgoingPart<'_>) -> String {
     format!("msg_{}_{}", part.outbox_id.0, part.stored_at.0)
 }
 

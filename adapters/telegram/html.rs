@@ -14,7 +14,7 @@
 /// `#` headings bold, `>` quotes `<blockquote>`, `-`/`*`/`+` list items `•`.
 /// Inline: `**bold**`/`__bold__`, `*italic*`/`_italic_`, `~~strike~~`, `` `code` ``,
 /// `[text](url)` links (http, https, tg and mailto only), `\` escapes.
-pub fn markdown_to_html(markdown: &str) -> String {
+pub(super) fn markdown_to_html(markdown: &str) -> String {
     let lines: Vec<&str> = markdown.split('\n').collect();
     let mut out: Vec<String> = Vec::with_capacity(lines.len());
     let mut i = 0;
@@ -77,7 +77,7 @@ fn block_line(line: &str) -> String {
 }
 
 /// Escape text for Telegram HTML.
-pub fn escape(text: &str) -> String {
+pub(super) fn escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {

@@ -35,7 +35,7 @@ use lull_port::health::AdapterState;
 use lull_port::{Accepted, Inbound, IngestError, Intake, Session, SessionEnd};
 
 /// The longest a poll waits on the server for updates.
-pub const POLL_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const POLL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Time kept between the end of a poll and the expiry of the lease it runs under
 /// (the response's way back, a renewal landing late).
 const LEASE_MARGIN: Duration = Duration::from_millis(500);

@@ -55,7 +55,7 @@ use lull_port::domain::{ConversationRef, DraftId, Platform};
 use lull_port::{Media, MediaBytes, MediaError, Outbound, OutgoingPart, QuickReply, SendError};
 
 /// The most bytes of `callback_data` a button may carry (Bot API: 1–64 bytes).
-pub const MAX_CALLBACK_DATA_BYTES: usize = 64;
+pub(super) const MAX_CALLBACK_DATA_BYTES: usize = 64;
 /// Buttons per keyboard row: an answer and its alternative side by side.
 const BUTTONS_PER_ROW: usize = 2;
 
@@ -199,7 +199,7 @@ fn classify_description(description: &str) -> SendError {
 /// `callback_data` is exactly the reply's text, so a tap sends what typing it would.
 /// Replies whose text is empty or over [`MAX_CALLBACK_DATA_BYTES`] get no button
 /// (Telegram would refuse the whole message); `None` when no button is left.
-pub fn keyboard(replies: &[QuickReply]) -> Option<InlineKeyboardMarkup> {
+pub(super) fn keyboard(replies: &[QuickReply]) -> Option<InlineKeyboardMarkup> {
     let buttons: Vec<InlineKeyboardButton> = replies
         .iter()
         .filter(|r| {
@@ -225,7 +225,7 @@ pub fn keyboard(replies: &[QuickReply]) -> Option<InlineKeyboardMarkup> {
 /// Split to Telegram's limit. Telegram counts text in UTF-16 code units, so a part
 /// full of characters outside the Basic Multilingual Plane (emoji) is split again
 /// at half the limit. Deterministic, as delivery resumes by part index.
-pub fn split_for_telegram(text: &str) -> Vec<String> {
+pub(super) fn split_for_telegram(text: &str) -> Vec<String> {
     lull_port::split::split_message(text, MAX_MESSAGE_CHARS)
         .into_iter()
         .flat_map(|part| {

@@ -39,7 +39,7 @@ use lull_port::{Content, Incoming, IncomingKind, Media, MediaKind, QuickReply};
 
 /// The bot as `getMe` described it.
 #[derive(Debug, Clone)]
-pub struct BotIdentity {
+pub(super) struct BotIdentity {
     pub id: u64,
     pub username: String,
 }
@@ -53,7 +53,7 @@ const MEMORY: usize = 512;
 /// Translates updates; remembers recent albums and senders so that the parts of a
 /// burst addressed to the bot are kept together in groups.
 #[derive(Debug)]
-pub struct Translator {
+pub(super) struct Translator {
     me: BotIdentity,
     /// `LULL_MAX_IMAGE_BYTES`: the largest photo size under it is kept.
     max_image_bytes: u64,
@@ -68,7 +68,7 @@ pub struct Translator {
 }
 
 impl Translator {
-    pub fn new(me: BotIdentity, max_image_bytes: u64) -> Self {
+    pub(super) fn new(me: BotIdentity, max_image_bytes: u64) -> Self {
         Self {
             me,
             max_image_bytes,
@@ -81,7 +81,7 @@ impl Translator {
 
     /// Pass group messages not addressed to the bot on as overheard (group context).
     #[must_use]
-    pub fn overhearing(mut self, overhear: bool) -> Self {
+    pub(super) fn overhearing(mut self, overhear: bool) -> Self {
         self.overhear = overhear;
         self
     }
@@ -89,7 +89,7 @@ impl Translator {
     /// The update as a message for the core, or `None` if lull ignores it (not
     /// addressed to the bot in a group, unless overhearing; from a bot, a service
     /// message, another update type).
-    pub fn translate(&mut self, update: &Update) -> Option<Incoming> {
+    pub(super) fn translate(&mut self, update: &Update) -> Option<Incoming> {
         match &update.kind {
             UpdateKind::Message(m) => self.message(m, IncomingKind::New),
             UpdateKind::EditedMessage(m) => self.message(m, IncomingKind::Edit),
@@ -386,7 +386,7 @@ fn chat_key(msg: &Message) -> ChatKey {
 
 /// The callback query of an update, which must be answered whether or not its tap
 /// is taken.
-pub fn callback_query(update: &Update) -> Option<&CallbackQuery> {
+pub(super) fn callback_query(update: &Update) -> Option<&CallbackQuery> {
     match &update.kind {
         UpdateKind::CallbackQuery(q) => Some(q),
         _ => None,
@@ -442,7 +442,7 @@ fn sender(msg: &Message) -> Option<(String, String)> {
 }
 
 /// First and last name, else the username.
-pub fn display_name(user: &User) -> String {
+pub(super) fn display_name(user: &User) -> String {
     let name = user.full_name();
     if !name.trim().is_empty() {
         return name.trim().to_owned();

@@ -3,22 +3,22 @@
 
 /// Repeated samples of one figure.
 #[derive(Debug, Default, Clone)]
-pub struct Figure {
+pub(crate) struct Figure {
     samples: Vec<f64>,
 }
 
 impl Figure {
-    pub fn push(&mut self, value: f64) {
+    pub(crate) fn push(&mut self, value: f64) {
         self.samples.push(value);
     }
 
-    pub fn sorted(&self) -> Vec<f64> {
+    pub(crate) fn sorted(&self) -> Vec<f64> {
         let mut v = self.samples.clone();
         v.sort_by(|a, b| a.partial_cmp(b).unwrap());
         v
     }
 
-    pub fn median(&self) -> f64 {
+    pub(crate) fn median(&self) -> f64 {
         let v = self.sorted();
         if v.is_empty() {
             return f64::NAN;
@@ -31,7 +31,7 @@ impl Figure {
         }
     }
 
-    pub fn cell(&self, unit: &str) -> String {
+    pub(crate) fn cell(&self, unit: &str) -> String {
         let v = self.sorted();
         match v.as_slice() {
             [] => "–".into(),
@@ -46,7 +46,7 @@ impl Figure {
     }
 }
 
-pub fn fmt(value: f64) -> String {
+pub(crate) fn fmt(value: f64) -> String {
     if value.abs() >= 100.0 {
         format!("{value:.0}")
     } else if value.abs() >= 10.0 {
@@ -59,7 +59,7 @@ pub fn fmt(value: f64) -> String {
 }
 
 /// The multi-threaded runtime a bench runs on.
-pub fn runtime() -> tokio::runtime::Runtime {
+pub(crate) fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

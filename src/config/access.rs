@@ -7,7 +7,7 @@ use lull_core::access::{Access, AccessList, Admins};
 /// `LULL_ALLOWED_USERS`, `LULL_ALLOWED_CHATS`, `LULL_ADMINS`.
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Access")]
-pub struct AccessArgs {
+pub(crate) struct AccessArgs {
     /// Who may use the bot: `platform:user_id` entries, `platform:*` or `*` [default: local users only]
     #[arg(
         long,
@@ -46,7 +46,7 @@ fn chat_list(s: &str) -> Result<AccessList, String> {
 impl AccessArgs {
     /// The access settings (each list was checked as it was parsed, naming its
     /// variable).
-    pub fn access(&self) -> Access {
+    pub(crate) fn access(&self) -> Access {
         Access {
             users: self.allowed_users.clone(),
             chats: self.allowed_chats.clone(),

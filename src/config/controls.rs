@@ -14,7 +14,7 @@ use super::{ConfigError, LlmConfig};
 /// `LULL_MODELS`, `LULL_PERSONAS`, `LULL_IDLE_RESET`.
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Controls")]
-pub struct ControlsArgs {
+pub(crate) struct ControlsArgs {
     /// Models a chat may pick with /model, comma-separated; the first is the default (it replaces OPENAI_MODEL). Unset: any model the server lists.
     #[arg(long, global = true, env = "LULL_MODELS")]
     pub models: Option<String>,
@@ -28,7 +28,7 @@ pub struct ControlsArgs {
 
 /// `LULL_IDLE_RESET`: `off` or a duration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct IdleReset(pub Option<Duration>);
+pub(crate) struct IdleReset(pub Option<Duration>);
 
 fn idle_reset(value: &str) -> Result<IdleReset, String> {
     if value.trim().eq_ignore_ascii_case("off") {
@@ -45,7 +45,7 @@ fn idle_reset(value: &str) -> Result<IdleReset, String> {
 impl ControlsArgs {
     /// The controls in force; with `LULL_MODELS` set, its first model answers by
     /// default (`llm`'s model is replaced by it).
-    pub fn check(&self, llm: &mut LlmConfig) -> Result<Controls, ConfigError> {
+    pub(crate) fn check(&self, llm: &mut LlmConfig) -> Result<Controls, ConfigError> {
         let models: Vec<String> = self
             .models
             .iter()

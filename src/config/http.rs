@@ -21,7 +21,7 @@ const DEFAULT_WEBHOOK_MAX_AGE: &str = "1d";
 /// `LULL_HTTP_ADDR`, `LULL_HTTP_TOKEN`, `LULL_WEBHOOK_*`.
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "HTTP (health, metrics, status page, http adapter)")]
-pub struct HttpArgs {
+pub(crate) struct HttpArgs {
     /// Address of the HTTP server (health, metrics, http adapter).
     #[arg(
         long,
@@ -59,7 +59,7 @@ pub struct HttpArgs {
 
 /// The http adapter's settings.
 #[derive(Debug, Clone)]
-pub struct HttpAdapterConfig {
+pub(crate) struct HttpAdapterConfig {
     pub webhook: WebhookSettings,
     pub token: Option<SecretString>,
 }
@@ -67,7 +67,7 @@ pub struct HttpAdapterConfig {
 impl HttpArgs {
     /// The http adapter's settings (`None`: `LULL_WEBHOOK_URL` unset, the adapter is
     /// off); a token is required off loopback.
-    pub fn check(&self) -> Result<Option<HttpAdapterConfig>, ConfigError> {
+    pub(crate) fn check(&self) -> Result<Option<HttpAdapterConfig>, ConfigError> {
         let s = self;
         let webhook_secret = s
             .webhook_secret

@@ -10,7 +10,7 @@ use super::{ConfigError, LlmConfig};
 /// `LULL_RATE_PER_MIN`, `LULL_USER_DAILY_TOKENS`, `LULL_DAILY_TOKENS`, `LULL_TIMEZONE`.
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Limits")]
-pub struct LimitsArgs {
+pub(crate) struct LimitsArgs {
     /// Messages one user may send per minute; more are kept and answered together once the minute has room (0: no limit)
     #[arg(long, global = true, env = "LULL_RATE_PER_MIN", default_value_t = 0)]
     pub rate_per_min: u32,
@@ -33,7 +33,11 @@ pub struct LimitsArgs {
 impl LimitsArgs {
     /// The limits for replies of `llm` (at most `max_reply_chars` long); a budget
     /// that cannot hold one reply is refused, since it would hold messages for ever.
-    pub fn limits(&self, llm: &LlmConfig, max_reply_chars: usize) -> Result<Limits, ConfigError> {
+    pub(crate) fn limits(
+        &self,
+        llm: &LlmConfig,
+        max_reply_chars: usize,
+    ) -> Result<Limits, ConfigError> {
         let s = self;
         // Reserved before each reply: the most a reply may take, after the system
         // prompt (part of every prompt; the echo responder sends none).

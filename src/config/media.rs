@@ -13,7 +13,7 @@ const DEFAULT_TRANSCRIBE_MODEL: &str = "whisper-1";
 /// `LULL_VISION`, `LULL_MAX_IMAGE_BYTES`, `LULL_TRANSCRIBE_*`, `LULL_MAX_AUDIO_SECONDS`.
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Pictures and voice")]
-pub struct MediaArgs {
+pub(crate) struct MediaArgs {
     /// Images: `auto` sends the images of the messages being answered to the model (OpenAI-style image parts; a model that refuses them gets the text, and the user is told once); `off` shows the model only an "[image]" marker.
     #[arg(long, global = true, env = "LULL_VISION", default_value = "auto")]
     pub vision: VisionMode,
@@ -48,7 +48,7 @@ pub struct MediaArgs {
 
 /// `LULL_VISION`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum VisionMode {
+pub(crate) enum VisionMode {
     /// Images of the messages being answered go to the model as image parts.
     Auto,
     /// The model sees only an "[image]" marker; no image is fetched.
@@ -58,7 +58,10 @@ pub enum VisionMode {
 impl MediaArgs {
     /// How voice messages are transcribed with `llm` (`None` with the echo
     /// responder: they reach it as their marker), and `LULL_MAX_AUDIO_SECONDS`.
-    pub fn transcribe(&self, llm: &LlmConfig) -> Result<Option<TranscribeSettings>, ConfigError> {
+    pub(crate) fn transcribe(
+        &self,
+        llm: &LlmConfig,
+    ) -> Result<Option<TranscribeSettings>, ConfigError> {
         let s = self;
         let transcribe = match &llm {
             LlmConfig::Echo(_) => None,
@@ -88,7 +91,7 @@ impl MediaArgs {
     }
 
     /// `LULL_MAX_IMAGE_BYTES`, positive.
-    pub fn max_image_bytes(&self) -> Result<u64, ConfigError> {
+    pub(crate) fn max_image_bytes(&self) -> Result<u64, ConfigError> {
         positive_bytes("LULL_MAX_IMAGE_BYTES", self.max_image_bytes)
     }
 }

@@ -32,26 +32,26 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use secrecy::SecretString;
 
-pub use lull_adapters::discord::Shards as DiscordShards;
+pub(crate) use lull_adapters::discord::Shards as DiscordShards;
 use lull_core::dispatcher::DispatchSettings;
 use lull_core::llm::HistoryBudget;
 use lull_core::llm::transcribe::TranscribeSettings;
 use lull_core::store::DatabaseUrl;
 
-pub use self::access::AccessArgs;
-pub use self::controls::ControlsArgs;
-pub use self::http::{HttpAdapterConfig, HttpArgs};
-pub use self::limits::LimitsArgs;
-pub use self::media::{MediaArgs, VisionMode};
-pub use self::model::{LlmConfig, ModelArgs, StreamMode};
-pub use self::platform_controls::PlatformControlsArgs;
-pub use self::platforms::PlatformArgs;
-pub use self::timing::TimingArgs;
-pub use self::tools::{ToolsArgs, ToolsConfig};
+pub(crate) use self::access::AccessArgs;
+pub(crate) use self::controls::ControlsArgs;
+pub(crate) use self::http::{HttpAdapterConfig, HttpArgs};
+pub(crate) use self::limits::LimitsArgs;
+pub(crate) use self::media::{MediaArgs, VisionMode};
+pub(crate) use self::model::{LlmConfig, ModelArgs, StreamMode};
+pub(crate) use self::platform_controls::PlatformControlsArgs;
+pub(crate) use self::platforms::PlatformArgs;
+pub(crate) use self::timing::TimingArgs;
+pub(crate) use self::tools::{ToolsArgs, ToolsConfig};
 
 /// The system prompt when `LULL_SYSTEM_PROMPT` is unset (a sentence to the model: with
 /// the others, in the core's `texts`).
-pub use lull_core::texts::DEFAULT_SYSTEM_PROMPT;
+pub(crate) use lull_core::texts::DEFAULT_SYSTEM_PROMPT;
 
 /// `DATABASE_URL`.
 const DEFAULT_DATABASE_URL: &str = "sqlite:lull.db";
@@ -59,7 +59,7 @@ const DEFAULT_DATABASE_URL: &str = "sqlite:lull.db";
 /// lull: a self-hosted AI chat bot that waits for a lull in the conversation and answers once.
 #[derive(Debug, Parser)]
 #[command(name = "lull", version, about, long_about = None)]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
     #[command(flatten)]
@@ -67,7 +67,7 @@ pub struct Cli {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Run the configured adapters, the scheduler and the HTTP server (the default).
     Run,
     /// Chat in the terminal: each input line is a message, replies go to stdout.
@@ -92,7 +92,7 @@ fn secret(s: &str) -> Result<SecretString, std::convert::Infallible> {
 /// Every setting, as read from flags and the environment: one group per file, and
 /// the database and logging, which stand alone.
 #[derive(Debug, Clone, Args)]
-pub struct Settings {
+pub(crate) struct Settings {
     #[command(flatten)]
     pub platforms: PlatformArgs,
     #[command(flatten)]
@@ -147,7 +147,7 @@ impl Settings {
     /// binary registers them for redaction ([`lull_port::secrets::register`]) before
     /// anything logs. A new secret setting goes here too; the test
     /// `every_hidden_value_is_a_registered_secret` fails until it does.
-    pub fn secrets(&self) -> impl Iterator<Item = &SecretString> {
+    pub(crate) fn secrets(&self) -> impl Iterator<Item = &SecretString> {
         let platforms = self.platforms.secrets();
         let model = self.model.secrets();
         let http = self.http.secrets();
@@ -157,7 +157,7 @@ impl Settings {
 
 /// `LOG_FORMAT`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
+pub(crate) enum LogFormat {
     Text,
     Json,
 }
@@ -165,7 +165,7 @@ pub enum LogFormat {
 /// A configuration that cannot work. The message names the variable to fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
-pub struct ConfigError(pub String);
+pub(crate) struct ConfigError(pub String);
 
 impl From<lull_core::timing::TimingError> for ConfigError {
     fn from(e: lull_core::timing::TimingError) -> Self {
@@ -174,11 +174,11 @@ impl From<lull_core::timing::TimingError> for ConfigError {
 }
 
 /// A platform's connection settings (the adapters' own type).
-pub use lull_adapters::PlatformSettings as PlatformConfig;
+pub(crate) use lull_adapters::PlatformSettings as PlatformConfig;
 
 /// The validated configuration.
 #[derive(Debug, Clone)]
-pub struct Config {
+pub(crate) struct Config {
     pub telegram: Option<PlatformConfig>,
     /// Webhook mode (`LULL_TELEGRAM_WEBHOOK_URL`): Telegram POSTs updates here; no
     /// process polls.
@@ -228,7 +228,7 @@ fn http_url(variable: &str, value: &str) -> Result<String, ConfigError> {
 
 /// `DATABASE_URL`: `sqlite:PATH` (also `sqlite://PATH`), or `postgres://…`
 /// (also `postgresql://…`); anything else fails naming the variable.
-pub fn database_url(url: &str) -> Result<DatabaseUrl, ConfigError> {
+pub(crate) fn database_url(url: &str) -> Result<DatabaseUrl, ConfigError> {
     DatabaseUrl::parse(url).map_err(ConfigError)
 }
 
@@ -242,7 +242,7 @@ fn positive(variable: &str, ms: u64) -> Result<Duration, ConfigError> {
 impl Config {
     /// Check the settings together and build the configuration. Each group checks its
     /// own; the order is the one errors have always been reported in.
-    pub fn from_settings(s: &Settings) -> Result<Config, ConfigError> {
+    pub(crate) fn from_settings(s: &Settings) -> Result<Config, ConfigError> {
         let mut platforms = s.platforms.check(s.media.max_image_bytes)?;
         let group_context = s.platform_controls.group_context()?;
         for platform in [&mut platforms.telegram, &mut platforms.discord]
@@ -306,7 +306,7 @@ impl Config {
 impl Cli {
     /// Parse the command line and environment. A value that does not parse ends the
     /// program with clap's message, prefixed with the variable it came from.
-    pub fn parse_or_exit() -> Cli {
+    pub(crate) fn parse_or_exit() -> Cli {
         use clap::CommandFactory;
         use clap::error::{ContextKind, ContextValue, ErrorKind};
         match Cli::try_parse() {

@@ -11,11 +11,11 @@ use secrecy::SecretString;
 
 use super::{ConfigError, DEFAULT_SYSTEM_PROMPT, http_url, positive, secret};
 
-pub const DEFAULT_OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
-pub const DEFAULT_OPENAI_MODEL: &str = "gpt-4.1-mini";
+pub(super) const DEFAULT_OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
+pub(super) const DEFAULT_OPENAI_MODEL: &str = "gpt-4.1-mini";
 /// About as many tokens as `LULL_MAX_REPLY_CHARS`' default holds characters of
 /// English, so the model is not asked for more than lull would send.
-pub const DEFAULT_MAX_TOKENS: u32 = 4096;
+pub(super) const DEFAULT_MAX_TOKENS: u32 = 4096;
 /// `LULL_LLM_TIMEOUT_MS`.
 const DEFAULT_LLM_TIMEOUT_MS: u64 = 60_000;
 /// `LULL_LLM_RETRIES`.
@@ -28,7 +28,7 @@ const DEFAULT_ECHO_DELAY_MS: &str = "0";
 /// `LULL_ECHO_DELAY_MS`.
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "The model")]
-pub struct ModelArgs {
+pub(crate) struct ModelArgs {
     /// API key of the LLM server (optional for local servers).
     #[arg(long, global = true, env = "OPENAI_API_KEY", hide_env_values = true, value_parser = secret)]
     pub openai_api_key: Option<SecretString>,
@@ -97,14 +97,14 @@ pub struct ModelArgs {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LlmKind {
+pub(crate) enum LlmKind {
     Openai,
     Echo,
 }
 
 /// `LULL_STREAM`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum StreamMode {
+pub(crate) enum StreamMode {
     /// Live drafts where the platform has them; the model's answer is streamed for them.
     Auto,
     /// No drafts: the model is asked for whole answers, as before streaming.
@@ -113,14 +113,14 @@ pub enum StreamMode {
 
 /// Which responder answers.
 #[derive(Debug, Clone)]
-pub enum LlmConfig {
+pub(crate) enum LlmConfig {
     Echo(EchoDelay),
     OpenAi(OpenAiSettings),
 }
 
 /// The responder as configured.
 #[derive(Debug, Clone)]
-pub struct Model {
+pub(crate) struct Model {
     pub llm: LlmConfig,
     /// The echo responder was chosen because neither `OPENAI_API_KEY` nor
     /// `OPENAI_BASE_URL` is set (not by `LULL_LLM=echo`).
@@ -130,7 +130,7 @@ pub struct Model {
 
 impl ModelArgs {
     /// The responder and its settings.
-    pub fn check(&self) -> Result<Model, ConfigError> {
+    pub(crate) fn check(&self) -> Result<Model, ConfigError> {
         let s = self;
         let history = HistoryBudget {
             messages: s.history_messages,
@@ -194,7 +194,7 @@ impl ModelArgs {
     }
 
     /// `LULL_MAX_REPLY_CHARS`, with room for a reply and the note that it was cut.
-    pub fn max_reply_chars(&self) -> Result<usize, ConfigError> {
+    pub(crate) fn max_reply_chars(&self) -> Result<usize, ConfigError> {
         let s = self;
         if s.max_reply_chars < dispatcher::MIN_REPLY_CHARS {
             return Err(ConfigError(format!(

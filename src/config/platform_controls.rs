@@ -13,12 +13,12 @@ const MAX_REACTION_BYTES: usize = 32;
 
 /// The largest `LULL_GROUP_CONTEXT`: every overheard message goes into each prompt of
 /// its group, so a larger window would crowd out the history.
-pub const MAX_GROUP_CONTEXT: usize = 100;
+pub(super) const MAX_GROUP_CONTEXT: usize = 100;
 
 /// `LULL_ACK_REACTION`, `LULL_GROUP_CONTEXT`, `LULL_DISCORD_AUTO_THREAD`.
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Platform controls")]
-pub struct PlatformControlsArgs {
+pub(crate) struct PlatformControlsArgs {
     /// Reaction lull puts on a message it stored and will answer after the debounce (once per burst), taken off when the reply is sent; `off`: none. Telegram accepts only the emoji of its reaction list.
     #[arg(
         long,
@@ -42,7 +42,7 @@ pub struct PlatformControlsArgs {
 
 impl PlatformControlsArgs {
     /// `LULL_ACK_REACTION`: `None` for `off`; otherwise one short emoji, no spaces.
-    pub fn ack_reaction(&self) -> Result<Option<String>, ConfigError> {
+    pub(crate) fn ack_reaction(&self) -> Result<Option<String>, ConfigError> {
         let reaction = self.ack_reaction.trim();
         if reaction.eq_ignore_ascii_case("off") {
             return Ok(None);
@@ -61,7 +61,7 @@ impl PlatformControlsArgs {
     }
 
     /// `LULL_DISCORD_AUTO_THREAD`: `on` or `off`.
-    pub fn discord_auto_thread(&self) -> Result<bool, ConfigError> {
+    pub(crate) fn discord_auto_thread(&self) -> Result<bool, ConfigError> {
         match self
             .discord_auto_thread
             .trim()
@@ -78,7 +78,7 @@ impl PlatformControlsArgs {
     }
 
     /// `LULL_GROUP_CONTEXT`: at most [`MAX_GROUP_CONTEXT`].
-    pub fn group_context(&self) -> Result<usize, ConfigError> {
+    pub(crate) fn group_context(&self) -> Result<usize, ConfigError> {
         if self.group_context > MAX_GROUP_CONTEXT {
             return Err(ConfigError(format!(
                 "LULL_GROUP_CONTEXT is at most {MAX_GROUP_CONTEXT} messages, got {}",

@@ -6,15 +6,15 @@ use secrecy::SecretString;
 
 use super::{ConfigError, DiscordShards, PlatformConfig, http_url, secret};
 
-pub const DEFAULT_TELEGRAM_API_URL: &str = "https://api.telegram.org";
-pub const DEFAULT_DISCORD_API_URL: &str = "https://discord.com";
+pub(super) const DEFAULT_TELEGRAM_API_URL: &str = "https://api.telegram.org";
+pub(super) const DEFAULT_DISCORD_API_URL: &str = "https://discord.com";
 /// `LULL_DISCORD_SHARDS`: one gateway session.
 const DEFAULT_DISCORD_SHARDS: &str = "1";
 
 /// `TELEGRAM_*`, `DISCORD_*`, `LULL_TELEGRAM_WEBHOOK_URL`, `LULL_DISCORD_SHARDS`.
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Telegram and Discord")]
-pub struct PlatformArgs {
+pub(crate) struct PlatformArgs {
     /// Telegram bot token; enables the Telegram adapter.
     #[arg(long, global = true, env = "TELEGRAM_BOT_TOKEN", hide_env_values = true, value_parser = secret)]
     pub telegram_bot_token: Option<SecretString>,
@@ -43,7 +43,7 @@ pub struct PlatformArgs {
 
 /// The platforms as configured.
 #[derive(Debug, Clone)]
-pub struct Platforms {
+pub(crate) struct Platforms {
     pub telegram: Option<PlatformConfig>,
     pub telegram_webhook: Option<url::Url>,
     pub discord: Option<PlatformConfig>,
@@ -77,7 +77,7 @@ fn telegram_token_shape(token: &SecretString) -> Result<(), ConfigError> {
 impl PlatformArgs {
     /// The platforms' settings; `max_image_bytes` is the largest image an adapter
     /// reads (`LULL_MAX_IMAGE_BYTES`).
-    pub fn check(&self, max_image_bytes: u64) -> Result<Platforms, ConfigError> {
+    pub(crate) fn check(&self, max_image_bytes: u64) -> Result<Platforms, ConfigError> {
         let s = self;
         let telegram = s
             .telegram_bot_token

@@ -16,7 +16,7 @@ use super::{ConfigError, positive};
 /// `LULL_MAX_BATCH`, `LULL_LEASE_*`, `LULL_POLL_MS`, `LULL_SHUTDOWN_GRACE_MS`.
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Timing")]
-pub struct TimingArgs {
+pub(crate) struct TimingArgs {
     /// Debounce window: a reply waits this long after the last message.
     #[arg(long, global = true, env = "LULL_DEBOUNCE_MS", default_value_t = dispatcher::DEBOUNCE_MS)]
     pub debounce_ms: u64,
@@ -81,7 +81,7 @@ impl From<DebounceArg> for DebounceMode {
 impl TimingArgs {
     /// The capped debounce (with `LULL_DEBOUNCE` applied) and the lease's timing,
     /// checked together.
-    pub fn check(&self) -> Result<(TimerPolicy, LeaseTiming), ConfigError> {
+    pub(crate) fn check(&self) -> Result<(TimerPolicy, LeaseTiming), ConfigError> {
         let s = self;
         let timers = TimerPolicy::new(
             Duration::from_millis(s.debounce_ms),
@@ -102,12 +102,12 @@ impl TimingArgs {
     }
 
     /// `LULL_POLL_MS`, positive.
-    pub fn poll_every(&self) -> Result<Duration, ConfigError> {
+    pub(crate) fn poll_every(&self) -> Result<Duration, ConfigError> {
         positive("LULL_POLL_MS", self.poll_ms)
     }
 
     /// `LULL_SHUTDOWN_GRACE_MS`.
-    pub fn shutdown_grace(&self) -> Duration {
+    pub(crate) fn shutdown_grace(&self) -> Duration {
         Duration::from_millis(self.shutdown_grace_ms)
     }
 }

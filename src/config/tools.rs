@@ -18,7 +18,7 @@ use super::ConfigError;
 /// `LULL_TOOL_RESULT_CHARS`, `LULL_APPROVAL_TTL`.
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Tools (MCP servers)")]
-pub struct ToolsArgs {
+pub(crate) struct ToolsArgs {
     /// MCP servers whose tools the model may call: a JSON file in Claude Desktop's format (`{"mcpServers": {...}}`; `${VAR}` in `env` and `headers` values is taken from lull's environment).
     #[arg(long, global = true, env = "LULL_MCP_CONFIG")]
     pub mcp_config: Option<PathBuf>,
@@ -56,7 +56,7 @@ pub struct ToolsArgs {
 
 /// `LULL_TOOLS`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ToolsMode {
+pub(crate) enum ToolsMode {
     /// Tools are on when LULL_MCP_CONFIG is set.
     Auto,
     /// No tools.
@@ -65,7 +65,7 @@ pub enum ToolsMode {
 
 /// The MCP servers and how their calls are bounded (tools on).
 #[derive(Debug, Clone)]
-pub struct ToolsConfig {
+pub(crate) struct ToolsConfig {
     pub mcp: McpConfig,
     pub settings: McpSettings,
 }
@@ -76,7 +76,7 @@ const MIN_RESULT_CHARS: usize = 100;
 
 impl ToolsArgs {
     /// How rounds run tools, checked.
-    pub fn settings(&self) -> Result<ToolSettings, ConfigError> {
+    pub(crate) fn settings(&self) -> Result<ToolSettings, ConfigError> {
         if self.tool_steps == 0 {
             return Err(ConfigError(
                 "LULL_TOOL_STEPS must be at least 1, got 0".into(),
@@ -96,7 +96,7 @@ impl ToolsArgs {
     }
 
     /// The servers, read from `LULL_MCP_CONFIG` (`None` with tools off or no file).
-    pub fn check(&self) -> Result<Option<ToolsConfig>, ConfigError> {
+    pub(crate) fn check(&self) -> Result<Option<ToolsConfig>, ConfigError> {
         let call_timeout = super::positive("LULL_TOOL_TIMEOUT_MS", self.tool_timeout_ms)?;
         if self.tool_result_chars < MIN_RESULT_CHARS {
             return Err(ConfigError(format!(
@@ -126,7 +126,7 @@ impl ToolsArgs {
 
 impl ToolsConfig {
     /// Start the servers (in the background: see [`McpToolbox::start`]).
-    pub fn start(&self) -> Arc<McpToolbox> {
+    pub(crate) fn start(&self) -> Arc<McpToolbox> {
         McpToolbox::start(self.mcp.clone(), self.settings.clone())
     }
 }

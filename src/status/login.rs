@@ -24,21 +24,21 @@ use sha2::{Digest, Sha256};
 use lull_core::domain::Timestamp;
 
 /// How long a login lasts.
-pub const SESSION_LIFETIME: Duration = Duration::from_secs(12 * 3600);
+pub(super) const SESSION_LIFETIME: Duration = Duration::from_secs(12 * 3600);
 /// Wrong tokens allowed per [`FAILURE_WINDOW`].
-pub const MAX_FAILURES: usize = 10;
+pub(super) const MAX_FAILURES: usize = 10;
 /// The window [`MAX_FAILURES`] counts in.
-pub const FAILURE_WINDOW: Duration = Duration::from_secs(60);
+pub(super) const FAILURE_WINDOW: Duration = Duration::from_secs(60);
 
 /// Issues and checks login sessions for one token (module docs).
 #[derive(Clone)]
-pub struct Sessions {
+pub(crate) struct Sessions {
     /// The HMAC key: SHA-256 of a label and the token (never the token itself).
     key: [u8; 32],
 }
 
 impl Sessions {
-    pub fn new(token: &SecretString) -> Sessions {
+    pub(crate) fn new(token: &SecretString) -> Sessions {
         let mut hash = Sha256::new();
         hash.update(b"lull status page session\0");
         hash.update(token.expose_secret().as_bytes());
@@ -58,14 +58,14 @@ impl Sessions {
     }
 
     /// A session starting at `now`: the cookie's value.
-    pub fn issue(&self, now: Timestamp) -> String {
+    pub(crate) fn issue(&self, now: Timestamp) -> String {
         let expires = now.plus(SESSION_LIFETIME).0;
         format!("{expires}.{}", self.mac(expires))
     }
 
     /// Whether `value` is a session of this token still open at `now` (its MAC compared
     /// in constant time).
-    pub fn valid(&self, value: &str, now: Timestamp) -> bool {
+    pub(crate) fn valid(&self, value: &str, now: Timestamp) -> bool {
         let Some((expires, mac)) = value.split_once('.') else {
             return false;
         };
@@ -79,14 +79,14 @@ impl Sessions {
 
 /// Wrong tokens given to the login form lately (module docs).
 #[derive(Debug, Default)]
-pub struct Failures {
+pub(super) struct Failures {
     /// Why a std mutex: held for a few pushes and pops, never across an await.
     at: Mutex<VecDeque<Instant>>,
 }
 
 impl Failures {
     /// `Err(wait)`: the form takes no more tries for `wait`.
-    pub fn check(&self, now: Instant) -> Result<(), Duration> {
+    pub(super) fn check(&self, now: Instant) -> Result<(), Duration> {
         let mut at = self.at.lock().expect("not poisoned");
         while at
             .front()
@@ -103,7 +103,7 @@ impl Failures {
     }
 
     /// Count a wrong token given at `now`.
-    pub fn record(&self, now: Instant) {
+    pub(super) fn record(&self, now: Instant) {
         self.at.lock().expect("not poisoned").push_back(now);
     }
 }

@@ -42,7 +42,7 @@ use lull_core::tools::ServerState;
 use lull_port::health::Health;
 
 /// How long one snapshot is served before the store is read again.
-pub const CACHE_TTL: Duration = Duration::from_secs(2);
+pub(crate) const CACHE_TTL: Duration = Duration::from_secs(2);
 /// Conversations in the "top by tokens today" table.
 const TOP: usize = 10;
 /// The cookie the login form sets.
@@ -51,7 +51,7 @@ const COOKIE: &str = "lull_status";
 /// Who may see the status page, decided once from `LULL_HTTP_ADDR` and
 /// `LULL_HTTP_TOKEN`.
 #[derive(Clone)]
-pub enum Access {
+pub(crate) enum Access {
     /// A loopback address: whoever can reach it is on this host.
     Open,
     /// Off loopback with a token: the bearer token, or the login form's cookie.
@@ -67,7 +67,7 @@ pub enum Access {
 
 impl Access {
     /// The rule for a server on `addr` with `token` (`LULL_HTTP_TOKEN`).
-    pub fn new(addr: std::net::SocketAddr, token: Option<SecretString>) -> Access {
+    pub(crate) fn new(addr: std::net::SocketAddr, token: Option<SecretString>) -> Access {
         match token {
             _ if addr.ip().is_loopback() => Access::Open,
             Some(token) => {
@@ -81,11 +81,11 @@ impl Access {
 
 /// The hook that names each MCP server's state (`Toolbox::servers` of the dispatcher's
 /// toolbox, asked at each read, so a toolbox set after the router was built is shown).
-pub type McpServers = Arc<dyn Fn() -> Vec<ServerState> + Send + Sync>;
+pub(crate) type McpServers = Arc<dyn Fn() -> Vec<ServerState> + Send + Sync>;
 
 /// Everything the status routes read, and the snapshot they share.
 #[derive(Clone)]
-pub struct StatusPage {
+pub(crate) struct StatusPage {
     inner: Arc<Inner>,
 }
 
@@ -110,7 +110,7 @@ struct Inner {
 
 /// What the page and `/api/status` show: one moment's numbers.
 #[derive(Debug, Clone, Serialize)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     /// When it was read, in milliseconds since the Unix epoch.
     pub generated_at: i64,
     /// `ok`, or why the database did not answer (then `store` is empty).
@@ -127,7 +127,7 @@ pub struct Snapshot {
 
 /// This process's own counters, read from its metrics.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct ProcessStatus {
+pub(crate) struct ProcessStatus {
     /// Its lease holder id (matches a row of the store's holders while it holds one).
     pub holder: Option<String>,
     /// Replies it dropped because a newer message arrived (never stored, so only here).
@@ -138,7 +138,7 @@ pub struct ProcessStatus {
 
 impl StatusPage {
     #[allow(clippy::too_many_arguments)]
-    pub fn new(
+    pub(crate) fn new(
         store: Arc<dyn Store>,
         health: Health,
         metrics: Option<PrometheusHandle>,
@@ -164,7 +164,7 @@ impl StatusPage {
     }
 
     /// The routes: `/`, `/api/status`, `/login`.
-    pub fn routes(self) -> Router {
+    pub(crate) fn routes(self) -> Router {
         Router::new()
             .route("/", get(page))
             .route("/api/status", get(api))

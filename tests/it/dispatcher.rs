@@ -877,7 +877,7 @@ crate::on_both_backends!(
 );
 
 /// Wait until a conversation has nothing pending and nothing undelivered.
-pub async fn wait_settled(node: &Node, key: &str) {
+pub(crate) async fn wait_settled(node: &Node, key: &str) {
     let conversation = ConversationRef::new(Platform::Http, key);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {

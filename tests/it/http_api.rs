@@ -19,18 +19,18 @@ pub(crate) struct Running {
 }
 
 impl Running {
-    pub fn db(&self) -> std::path::PathBuf {
+    pub(crate) fn db(&self) -> std::path::PathBuf {
         self.dir.path().join("lull.db")
     }
 
-    pub async fn post(&self, conversation: &str, id: &str, text: &str) -> (u16, Value) {
+    pub(crate) async fn post(&self, conversation: &str, id: &str, text: &str) -> (u16, Value) {
         let r = post_message(&self.client, &self.lull.base_url(), conversation, id, text)
             .await
             .unwrap();
         (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
     }
 
-    pub async fn post_raw(&self, body: impl Into<reqwest::Body>) -> (u16, Value) {
+    pub(crate) async fn post_raw(&self, body: impl Into<reqwest::Body>) -> (u16, Value) {
         let r = self
             .client
             .post(format!("{}/api/messages", self.lull.base_url()))
@@ -42,7 +42,7 @@ impl Running {
         (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
     }
 
-    pub async fn metric(&self, name: &str) -> f64 {
+    pub(crate) async fn metric(&self, name: &str) -> f64 {
         self.lull
             .metrics()
             .await

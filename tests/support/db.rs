@@ -13,17 +13,17 @@ use rusqlite::{Connection, OpenFlags};
 
 /// A PostgreSQL database of the test cluster, by URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Postgres(pub String);
+pub(crate) struct Postgres(pub String);
 
 /// A database the checker reads: a SQLite file or a PostgreSQL database.
 #[derive(Debug, Clone, Copy)]
-pub enum Db<'a> {
+pub(crate) enum Db<'a> {
     Sqlite(&'a Path),
     Postgres(&'a str),
 }
 
 /// Anything that names a database: a SQLite path or a [`Postgres`] URL.
-pub trait Database {
+pub(crate) trait Database {
     fn db(&self) -> Db<'_>;
 }
 
@@ -47,20 +47,20 @@ impl Database for Postgres {
 
 /// A database by its `DATABASE_URL` (`sqlite:PATH` or `postgres://…`), owned.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Location {
+pub(crate) enum Location {
     Sqlite(PathBuf),
     Postgres(Postgres),
 }
 
 impl Location {
-    pub fn from_url(url: &str) -> Location {
+    pub(crate) fn from_url(url: &str) -> Location {
         match url.strip_prefix("sqlite:") {
             Some(path) => Location::Sqlite(PathBuf::from(path.trim_start_matches("//"))),
             None => Location::Postgres(Postgres(url.to_owned())),
         }
     }
 
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         match self {
             Location::Sqlite(path) => format!("sqlite:{}", path.display()),
             Location::Postgres(db) => db.0.clone(),
@@ -91,7 +91,7 @@ impl<T: Database + ?Sized> Database for &T {
 
 /// The rows of `sql` (portable SQL: the same text runs on both backends), every
 /// value as text (`NULL` as empty, booleans as `1`/`0`).
-pub fn rows(db: &(impl Database + ?Sized), sql: &str) -> Vec<Vec<String>> {
+pub(crate) fn rows(db: &(impl Database + ?Sized), sql: &str) -> Vec<Vec<String>> {
     match db.db() {
         Db::Sqlite(path) => {
             let conn = open(path);
@@ -165,7 +165,7 @@ fn flag(value: &str) -> bool {
 /// A committed reply and the messages it was generated from; or a give-up notice
 /// (`kind == "notice"`) and the messages it ended.
 #[derive(Debug, Clone)]
-pub struct ReplyRow {
+pub(crate) struct ReplyRow {
     pub kind: String,
     pub id: i64,
     pub conversation: String,
@@ -180,7 +180,7 @@ pub struct ReplyRow {
 }
 
 #[derive(Debug, Clone)]
-pub struct MessageRow {
+pub(crate) struct MessageRow {
     pub conversation: String,
     pub message_id: String,
     pub text: String,
@@ -188,7 +188,7 @@ pub struct MessageRow {
     pub received_at: i64,
 }
 
-pub fn open(path: &Path) -> Connection {
+pub(crate) fn open(path: &Path) -> Connection {
     let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)
         .expect("open db read-only");
     conn.busy_timeout(std::time::Duration::from_secs(5))
@@ -199,7 +199,7 @@ pub fn open(path: &Path) -> Connection {
 /// Take the SQLite file's write lock from a connection of the test's own (as another
 /// process would) and hold it for `hold` on a thread of its own; returns once the lock
 /// is held.
-pub fn hold_write_lock(path: &Path, hold: std::time::Duration) {
+pub(crate) fn hold_write_lock(path: &Path, hold: std::time::Duration) {
     assert!(
         try_hold_write_lock(path, hold, std::time::Duration::from_secs(30)),
         "the write lock not taken within 30 s"
@@ -208,7 +208,7 @@ pub fn hold_write_lock(path: &Path, hold: std::time::Duration) {
 
 /// [`hold_write_lock`], waiting at most `wait` for the lock: `false` (nothing held) if
 /// other writers kept it longer.
-pub fn try_hold_write_lock(
+pub(crate) fn try_hold_write_lock(
     path: &Path,
     hold: std::time::Duration,
     wait: std::time::Duration,
@@ -230,7 +230,7 @@ pub fn try_hold_write_lock(
     is_locked.recv().expect("the lock taken or not")
 }
 
-pub fn replies(db: &(impl Database + ?Sized)) -> Vec<ReplyRow> {
+pub(crate) fn replies(db: &(impl Database + ?Sized)) -> Vec<ReplyRow> {
     answers(db)
         .into_iter()
         .filter(|r| r.kind == "reply")
@@ -239,7 +239,7 @@ pub fn replies(db: &(impl Database + ?Sized)) -> Vec<ReplyRow> {
 
 /// Give-up notices: notices that cover the messages of a batch the model could not
 /// answer.
-pub fn give_ups(db: &(impl Database + ?Sized)) -> Vec<ReplyRow> {
+pub(crate) fn give_ups(db: &(impl Database + ?Sized)) -> Vec<ReplyRow> {
     answers(db)
         .into_iter()
         .filter(|r| r.kind == "notice")
@@ -247,7 +247,7 @@ pub fn give_ups(db: &(impl Database + ?Sized)) -> Vec<ReplyRow> {
 }
 
 /// Every outbox row that answers messages: replies and give-up notices, in order.
-pub fn answers(db: &(impl Database + ?Sized)) -> Vec<ReplyRow> {
+pub(crate) fn answers(db: &(impl Database + ?Sized)) -> Vec<ReplyRow> {
     let db = db.db();
     let mut rows: Vec<ReplyRow> = rows(
         &db,
@@ -290,7 +290,7 @@ fn rows_of_covers(db: &Db<'_>) -> Vec<Vec<String>> {
     )
 }
 
-pub fn messages(db: &(impl Database + ?Sized)) -> Vec<MessageRow> {
+pub(crate) fn messages(db: &(impl Database + ?Sized)) -> Vec<MessageRow> {
     rows(
         db,
         "SELECT c.key, m.platform_message_id, m.text, m.version, m.received_at
@@ -307,13 +307,13 @@ pub fn messages(db: &(impl Database + ?Sized)) -> Vec<MessageRow> {
     .collect()
 }
 
-pub fn count(db: &(impl Database + ?Sized), sql: &str) -> i64 {
+pub(crate) fn count(db: &(impl Database + ?Sized), sql: &str) -> i64 {
     int(&rows(db, sql)[0][0])
 }
 
 /// What the invariant checker found.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Verdict {
+pub(crate) struct Verdict {
     pub messages: usize,
     pub replies: usize,
     /// Give-up notices: batches the model could not answer, told to the user.
@@ -330,7 +330,7 @@ pub struct Verdict {
 
 impl Verdict {
     /// `(messages, replies, duplicates, lost, stale)`: what a test usually compares.
-    pub fn counts(&self) -> (usize, usize, usize, usize, usize) {
+    pub(crate) fn counts(&self) -> (usize, usize, usize, usize, usize) {
         (
             self.messages,
             self.replies,
@@ -351,7 +351,7 @@ impl Verdict {
 ///   grow (a reply and the notices stored with it for the messages it left out, a
 ///   group member over budget, are one commit: they share its token, and together
 ///   cover the batch).
-pub fn check(db: &(impl Database + ?Sized)) -> Verdict {
+pub(crate) fn check(db: &(impl Database + ?Sized)) -> Verdict {
     let messages = messages(db);
     let replies = answers(db);
     let mut covered: BTreeMap<(String, String), usize> = BTreeMap::new();
@@ -431,7 +431,7 @@ pub fn check(db: &(impl Database + ?Sized)) -> Verdict {
 /// Wait until nothing is pending (no timer) and nothing is left to deliver, then
 /// check the invariants. A reply is marked sent one short transaction after the
 /// platform got it, so a test that just saw a reply waits here before checking.
-pub async fn settled(db: &(impl Database + ?Sized), limit: std::time::Duration) -> Verdict {
+pub(crate) async fn settled(db: &(impl Database + ?Sized), limit: std::time::Duration) -> Verdict {
     let deadline = std::time::Instant::now() + limit;
     loop {
         let open = count(
@@ -452,7 +452,7 @@ pub async fn settled(db: &(impl Database + ?Sized), limit: std::time::Duration) 
 
 /// Wait until some process holds a conversation lease (a round is running): of the
 /// conversation with platform key `conversation`, or of any conversation.
-pub async fn wait_for_lease(
+pub(crate) async fn wait_for_lease(
     db: &(impl Database + ?Sized),
     conversation: Option<&str>,
     limit: std::time::Duration,

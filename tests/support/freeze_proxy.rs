@@ -47,7 +47,7 @@ impl Shared {
 }
 
 /// A running proxy on `127.0.0.1`.
-pub struct FreezeProxy {
+pub(crate) struct FreezeProxy {
     addr: SocketAddr,
     upstream: SocketAddr,
     shared: Arc<Shared>,
@@ -55,7 +55,7 @@ pub struct FreezeProxy {
 
 impl FreezeProxy {
     /// Listen on a free loopback port and forward every connection to `upstream`.
-    pub fn start(upstream: SocketAddr) -> FreezeProxy {
+    pub(crate) fn start(upstream: SocketAddr) -> FreezeProxy {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
         let addr = listener.local_addr().unwrap();
         let shared = Arc::new(Shared::default());
@@ -72,7 +72,7 @@ impl FreezeProxy {
     }
 
     /// A proxy in front of the server of a `postgres://` URL (its host and port).
-    pub fn for_postgres(url: &str) -> FreezeProxy {
+    pub(crate) fn for_postgres(url: &str) -> FreezeProxy {
         let parsed = url::Url::parse(url).expect("a postgres:// URL");
         let host = parsed.host_str().expect("a host");
         let port = parsed.port().unwrap_or(5432);
@@ -84,18 +84,18 @@ impl FreezeProxy {
     }
 
     /// The proxy's address (connect here instead of upstream).
-    pub fn addr(&self) -> SocketAddr {
+    pub(crate) fn addr(&self) -> SocketAddr {
         self.addr
     }
 
     /// Where it forwards to.
-    pub fn upstream(&self) -> SocketAddr {
+    pub(crate) fn upstream(&self) -> SocketAddr {
         self.upstream
     }
 
     /// `url` (a `postgres://` URL of the upstream server) through the proxy: the
     /// same user, database and parameters, the proxy's host and port.
-    pub fn url(&self, url: &str) -> String {
+    pub(crate) fn url(&self, url: &str) -> String {
         let mut parsed = url::Url::parse(url).expect("a postgres:// URL");
         parsed
             .set_host(Some(&self.addr.ip().to_string()))
@@ -108,23 +108,23 @@ impl FreezeProxy {
 
     /// Stop forwarding, in both directions, on every connection (open now or later);
     /// nothing is closed.
-    pub fn freeze(&self) {
+    pub(crate) fn freeze(&self) {
         *self.shared.frozen.lock().unwrap() = true;
         self.shared.changed.notify_all();
     }
 
     /// Forward again, what waited while frozen first.
-    pub fn thaw(&self) {
+    pub(crate) fn thaw(&self) {
         *self.shared.frozen.lock().unwrap() = false;
         self.shared.changed.notify_all();
     }
 
-    pub fn is_frozen(&self) -> bool {
+    pub(crate) fn is_frozen(&self) -> bool {
         *self.shared.frozen.lock().unwrap()
     }
 
     /// Connections accepted so far.
-    pub fn connections(&self) -> usize {
+    pub(crate) fn connections(&self) -> usize {
         self.shared.accepted.load(Ordering::SeqCst)
     }
 }

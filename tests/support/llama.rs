@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use super::process::free_port;
 
 /// A running `llama-server`; killed when dropped.
-pub struct LlamaServer {
+pub(crate) struct LlamaServer {
     /// `OPENAI_BASE_URL` for lull.
     pub base_url: String,
     /// What `llama-server --version` says, e.g. `version: 11434 (unknown)`.
@@ -32,7 +32,7 @@ pub struct LlamaServer {
 
 /// Where the tier's server and model are, if it runs here. `None` (after one printed
 /// line saying why) when they are not set up and `LULL_REQUIRE_LLAMA` is not `1`.
-pub fn available(test: &str) -> Option<(PathBuf, PathBuf)> {
+pub(crate) fn available(test: &str) -> Option<(PathBuf, PathBuf)> {
     let required = std::env::var("LULL_REQUIRE_LLAMA").is_ok_and(|v| v == "1");
     let path = |name: &str| {
         std::env::var_os(name)
@@ -58,7 +58,7 @@ pub fn available(test: &str) -> Option<(PathBuf, PathBuf)> {
 impl LlamaServer {
     /// Start `server` on `model` with a context of `ctx` tokens and wait until it
     /// serves (its `/health` answers 200).
-    pub async fn start(server: &Path, model: &Path, ctx: u32) -> LlamaServer {
+    pub(crate) async fn start(server: &Path, model: &Path, ctx: u32) -> LlamaServer {
         let version = version(server);
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("llama-server.log");
@@ -91,7 +91,7 @@ impl LlamaServer {
     }
 
     /// What the server wrote so far (stdout and stderr).
-    pub fn logs(&self) -> String {
+    pub(crate) fn logs(&self) -> String {
         let dir = self.log.parent().unwrap();
         let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap_or_default();
         read("llama-server.log") + &read("stderr.log")
@@ -132,7 +132,7 @@ impl LlamaServer {
     }
 
     /// One line naming the server, its version and the model, for the test output.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         format!(
             "llama-server {} serving {} (context {} tokens, 1 thread) at {}",
             self.version, self.model, self.ctx, self.base_url

@@ -5,12 +5,12 @@
 
 #![allow(dead_code)]
 
-pub mod db;
-pub mod fakes;
-pub mod freeze_proxy;
-pub mod llama;
-pub mod postgres;
-pub mod process;
-pub mod skip;
-pub mod stress;
-pub mod trace;
+pub(crate) mod db;
+pub(crate) mod fakes;
+pub(crate) mod freeze_proxy;
+pub(crate) mod llama;
+pub(crate) mod postgres;
+pub(crate) mod process;
+pub(crate) mod skip;
+pub(crate) mod stress;
+pub(crate) mod trace;

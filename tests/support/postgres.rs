@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// A running cluster.
 #[derive(Debug)]
-pub struct Cluster {
+pub(crate) struct Cluster {
     bin: PathBuf,
     port: u16,
     /// Where the cluster lives (removed with the test process's temporary files).
@@ -33,7 +33,7 @@ pub struct Cluster {
 
 /// How a cluster treats a commit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Durability {
+pub(crate) enum Durability {
     /// Tests: no fsync, commits acknowledged before they reach the disk (a restart
     /// with `-m fast` still writes everything out; only a crash of the machine loses
     /// commits, which no test does).
@@ -45,7 +45,7 @@ pub enum Durability {
 
 /// The cluster of this test binary, started on first use; `None` (with one printed
 /// line) when PostgreSQL is not installed and not required.
-pub fn cluster() -> Option<&'static Cluster> {
+pub(crate) fn cluster() -> Option<&'static Cluster> {
     static CLUSTER: OnceLock<Option<Cluster>> = OnceLock::new();
     CLUSTER
         .get_or_init(|| binaries().map(|bin| Cluster::start(bin.to_owned(), Durability::Off)))
@@ -54,7 +54,7 @@ pub fn cluster() -> Option<&'static Cluster> {
 
 /// The PostgreSQL server binaries (and `psql`); `None` (with one printed line, once)
 /// when they are not installed and not required; a panic when `LULL_REQUIRE_POSTGRES=1`.
-pub fn binaries() -> Option<&'static Path> {
+pub(crate) fn binaries() -> Option<&'static Path> {
     static BIN: OnceLock<Option<PathBuf>> = OnceLock::new();
     BIN.get_or_init(|| match server_binaries() {
         Some(bin) => Some(bin),
@@ -76,7 +76,7 @@ pub fn binaries() -> Option<&'static Path> {
 
 /// A fresh, empty database on the test cluster: its `postgres://` URL. `None` when
 /// PostgreSQL is not available (the caller returns: the test is skipped).
-pub fn fresh_database() -> Option<String> {
+pub(crate) fn fresh_database() -> Option<String> {
     cluster().map(Cluster::create_database)
 }
 
@@ -140,7 +140,7 @@ impl Cluster {
     /// if the test process dies first): for a test that restarts the server, or a
     /// benchmark that needs commits on the disk. `None` when PostgreSQL is not
     /// available (see [`binaries`]).
-    pub fn private(durability: Durability) -> Option<Cluster> {
+    pub(crate) fn private(durability: Durability) -> Option<Cluster> {
         binaries().map(|bin| Cluster::start(bin.to_owned(), durability))
     }
 
@@ -241,7 +241,7 @@ impl Cluster {
     /// session is disconnected, committed work survives, and clients see refused
     /// connections until it is back. Blocks until the server accepts connections
     /// again. Only for a [`Cluster::private`] one: other tests share the other.
-    pub fn restart(&self, down: std::time::Duration) {
+    pub(crate) fn restart(&self, down: std::time::Duration) {
         self.stop();
         std::thread::sleep(down);
         self.start_again();
@@ -249,7 +249,7 @@ impl Cluster {
 
     /// The first half of [`Cluster::restart`]: `pg_ctl stop -m fast`, blocking until
     /// the server is down.
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         self.pg_ctl_stop("fast");
     }
 
@@ -257,7 +257,7 @@ impl Cluster {
     /// fast shutdown `-m fast` asks for: every session ends at once) and this returns
     /// as soon as its pid file is gone, in tens of milliseconds rather than `pg_ctl`'s
     /// tenths of a second. For a fault that must land before a client's time limit.
-    pub fn stop_at_once(&self) {
+    pub(crate) fn stop_at_once(&self) {
         let pid_file = self.dir.join("postmaster.pid");
         let pid = std::fs::read_to_string(&pid_file).expect("the server's pid file");
         let pid = pid.lines().next().expect("the postmaster's pid").trim();
@@ -276,27 +276,27 @@ impl Cluster {
 
     /// The second half of [`Cluster::restart`]: start the server again, blocking until
     /// it accepts connections.
-    pub fn start_again(&self) {
+    pub(crate) fn start_again(&self) {
         self.pg_ctl_start();
     }
 
     /// Where the server binaries (and `psql`) are.
-    pub fn bin(&self) -> &Path {
+    pub(crate) fn bin(&self) -> &Path {
         &self.bin
     }
 
     /// The loopback port the server listens on.
-    pub fn port(&self) -> u16 {
+    pub(crate) fn port(&self) -> u16 {
         self.port
     }
 
     /// The URL of database `name` on this cluster.
-    pub fn url(&self, name: &str) -> String {
+    pub(crate) fn url(&self, name: &str) -> String {
         format!("postgres://postgres@127.0.0.1:{}/{name}", self.port)
     }
 
     /// Create a fresh, empty database; its URL.
-    pub fn create_database(&self) -> String {
+    pub(crate) fn create_database(&self) -> String {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let name = format!("lull_{}", NEXT.fetch_add(1, Ordering::SeqCst));
         let mut createdb = Command::new(self.bin.join("createdb"));
@@ -309,7 +309,7 @@ impl Cluster {
     }
 
     /// The server's log so far (for a failing test's message).
-    pub fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
     }
 }
@@ -331,14 +331,14 @@ impl Drop for Cluster {
 /// The timer announcements (`NOTIFY lull_armed`) committed on a database, read on a
 /// `LISTEN` session of the test's own, in commit order: what a replica's listener
 /// would be told, without the timing of a wake-up.
-pub struct Announcements {
+pub(crate) struct Announcements {
     client: tokio_postgres::Client,
     heard: tokio::sync::mpsc::UnboundedReceiver<(String, String)>,
     probes: u64,
 }
 
 impl Announcements {
-    pub async fn listen(url: &str) -> Announcements {
+    pub(crate) async fn listen(url: &str) -> Announcements {
         let (client, mut connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
             .await
             .expect("a LISTEN session");
@@ -366,7 +366,7 @@ impl Announcements {
     /// announcements read up to it. Notifications reach a listener in the order their
     /// transactions committed, so every announcement committed before this call is
     /// among them, and none committed after.
-    pub async fn since_last(&mut self) -> Vec<String> {
+    pub(crate) async fn since_last(&mut self) -> Vec<String> {
         self.probes += 1;
         let probe = self.probes.to_string();
         self.client

@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A free loopback port (bound and released; good enough for tests).
-pub fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -18,12 +18,12 @@ pub fn free_port() -> u16 {
 
 /// The `lull` binary under test: this build's, or the one `LULL_TEST_BIN` names (to
 /// check that a test fails on an older build, which a test that cannot fail must).
-pub fn binary() -> std::ffi::OsString {
+pub(crate) fn binary() -> std::ffi::OsString {
     std::env::var_os("LULL_TEST_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_lull").into())
 }
 
 /// One `lull` process and how to start it again.
-pub struct LullProcess {
+pub(crate) struct LullProcess {
     pub name: String,
     pub port: u16,
     args: Vec<String>,
@@ -37,7 +37,12 @@ pub struct LullProcess {
 impl LullProcess {
     /// Start `lull <args>` with `env` (plus `LULL_HTTP_ADDR` on a fresh port), logging
     /// to `<dir>/<name>.log`. Nothing from the test's own environment leaks in.
-    pub fn start(dir: &Path, name: &str, args: &[&str], env: &[(&str, String)]) -> LullProcess {
+    pub(crate) fn start(
+        dir: &Path,
+        name: &str,
+        args: &[&str],
+        env: &[(&str, String)],
+    ) -> LullProcess {
         let mut all: BTreeMap<String, String> = env
             .iter()
             .map(|(k, v)| (k.to_string(), v.clone()))
@@ -83,22 +88,22 @@ impl LullProcess {
         self.child = Some(child);
     }
 
-    pub fn base_url(&self) -> String {
+    pub(crate) fn base_url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
 
-    pub fn pid(&self) -> Option<u32> {
+    pub(crate) fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
     }
 
-    pub fn is_running(&mut self) -> bool {
+    pub(crate) fn is_running(&mut self) -> bool {
         self.child
             .as_mut()
             .is_some_and(|c| c.try_wait().ok().flatten().is_none())
     }
 
     /// SIGKILL: no cleanup, no lease released.
-    pub fn kill9(&mut self) {
+    pub(crate) fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
@@ -106,7 +111,7 @@ impl LullProcess {
     }
 
     /// Send a signal (SIGTERM for a graceful stop) without waiting.
-    pub fn signal(&self, signal: &str) {
+    pub(crate) fn signal(&self, signal: &str) {
         if let Some(pid) = self.pid() {
             let status = Command::new("kill")
                 .args([&format!("-{signal}"), &pid.to_string()])
@@ -117,7 +122,7 @@ impl LullProcess {
     }
 
     /// Wait for the process to exit; returns its exit code.
-    pub fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
+    pub(crate) fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
         let deadline = Instant::now() + limit;
         let child = self.child.as_mut()?;
         loop {
@@ -132,18 +137,18 @@ impl LullProcess {
         }
     }
 
-    pub fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         self.kill9();
         self.spawn();
     }
 
     /// Everything the process (all its incarnations) logged.
-    pub fn logs(&self) -> String {
+    pub(crate) fn logs(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// Every ERROR line the process logged that contains `text`.
-    pub fn error_lines(&self, text: &str) -> Vec<String> {
+    pub(crate) fn error_lines(&self, text: &str) -> Vec<String> {
         self.logs()
             .lines()
             .filter(|l| l.contains("ERROR") && l.contains(text))
@@ -152,7 +157,7 @@ impl LullProcess {
     }
 
     /// Wait until `/healthz` answers 200.
-    pub async fn wait_healthy(&mut self, limit: Duration) {
+    pub(crate) async fn wait_healthy(&mut self, limit: Duration) {
         let client = reqwest::Client::new();
         let deadline = Instant::now() + limit;
         loop {
@@ -179,7 +184,7 @@ impl LullProcess {
     }
 
     /// The process's metrics, as `name{labels}` → value.
-    pub async fn metrics(&self) -> Option<BTreeMap<String, f64>> {
+    pub(crate) async fn metrics(&self) -> Option<BTreeMap<String, f64>> {
         let text = reqwest::get(format!("{}/metrics", self.base_url()))
             .await
             .ok()?
@@ -197,7 +202,7 @@ impl Drop for LullProcess {
 }
 
 /// Parse Prometheus text format into `name{labels}` → value.
-pub fn parse_metrics(text: &str) -> BTreeMap<String, f64> {
+pub(crate) fn parse_metrics(text: &str) -> BTreeMap<String, f64> {
     text.lines()
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
         .filter_map(|l| {
@@ -208,7 +213,7 @@ pub fn parse_metrics(text: &str) -> BTreeMap<String, f64> {
 }
 
 /// POST a message to a process's http adapter.
-pub async fn post_message(
+pub(crate) async fn post_message(
     client: &reqwest::Client,
     base_url: &str,
     conversation: &str,

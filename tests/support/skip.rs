@@ -7,7 +7,7 @@
 use std::io::Write as _;
 
 /// Report that `test` was skipped, and why.
-pub fn skipped(test: &str, why: &str) {
+pub(crate) fn skipped(test: &str, why: &str) {
     let line = format!("SKIPPED {test}: {why}");
     let _ = writeln!(std::io::stderr(), "{line}");
     if let Some(path) = std::env::var_os("LULL_SKIP_LOG")

@@ -40,7 +40,7 @@ use super::process::{LullProcess, post_message};
 
 /// What to run.
 #[derive(Debug, Clone)]
-pub struct StressPlan {
+pub(crate) struct StressPlan {
     pub processes: usize,
     pub conversations: usize,
     pub kills: usize,
@@ -82,7 +82,7 @@ pub struct StressPlan {
 
 /// Everyday faults of the services lull depends on.
 #[derive(Debug, Clone)]
-pub struct Faults {
+pub(crate) struct Faults {
     /// Share of model requests answered with a 5xx (retried, then backed off).
     pub model_errors: f64,
     /// Share of messages the model refuses as too long (OpenAI's 400
@@ -104,7 +104,7 @@ pub struct Faults {
 
 impl Faults {
     /// What CI mixes in.
-    pub fn ci() -> Faults {
+    pub(crate) fn ci() -> Faults {
         Faults {
             model_errors: 0.15,
             poisoned: 0.03,
@@ -122,12 +122,12 @@ const POISON: &str = "OVERSIZE";
 const WEBHOOK_TIMEOUT_MS: u64 = 400;
 /// How long a restarted database server stays down: longer than a lease renewal
 /// interval, so rounds in flight lose their renewals and commits.
-pub const SERVER_DOWN: Duration = Duration::from_millis(1500);
+pub(crate) const SERVER_DOWN: Duration = Duration::from_millis(1500);
 /// The lease TTL of a run that restarts the server: a delivered part is recorded once
 /// the database is back only while the holder's lease outlives the outage (a successor
 /// may claim an expired lease the moment the server is back), so two thirds of it (the
 /// lease as last renewed) must outlast the server being down and starting again.
-pub const RESTART_TTL_MS: u64 = 4800;
+pub(crate) const RESTART_TTL_MS: u64 = 4800;
 /// SQLite's busy timeout in a faulty run (`LULL_TEST_BUSY_TIMEOUT_MS`), and how long the
 /// receiver holds the write lock: past the one, within the lease's TTL.
 const BUSY_TIMEOUT_MS: u64 = 700;
@@ -147,7 +147,7 @@ const SEEN_WITHIN: Duration = Duration::from_millis(WEBHOOK_TIMEOUT_MS / 2);
 
 impl StressPlan {
     /// The short run CI does on every submission.
-    pub fn ci() -> StressPlan {
+    pub(crate) fn ci() -> StressPlan {
         StressPlan {
             processes: 3,
             conversations: 50,
@@ -175,7 +175,7 @@ impl StressPlan {
 
 /// What the run found.
 #[derive(Debug, Clone, Default)]
-pub struct StressReport {
+pub(crate) struct StressReport {
     pub processes: usize,
     pub conversations: usize,
     pub messages: usize,
@@ -301,7 +301,7 @@ struct Acked {
     at: Instant,
 }
 
-pub async fn run(plan: &StressPlan) -> StressReport {
+pub(crate) async fn run(plan: &StressPlan) -> StressReport {
     let started = Instant::now();
     assert!(
         plan.restart_server.is_none() || plan.lease_ttl_ms >= RESTART_TTL_MS,
@@ -790,7 +790,7 @@ fn holder_of(db_path: &db::Location, key: &str) -> Option<u32> {
 /// receiver answered it, is a delivery that was made and then forgotten. Seen:
 /// answered 2xx within [`SEEN_WITHIN`] of the request's arrival. (reply, the seen
 /// acceptance, the next POST of the reply.)
-pub fn double_deliveries(
+pub(crate) fn double_deliveries(
     webhook: &Webhook,
     breaks: &[(Instant, Instant)],
 ) -> Vec<(i64, Instant, Instant)> {

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 /// How a person writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Style {
+pub(crate) enum Style {
     /// One complete message per turn.
     Complete,
     /// Most turns are 2–5 fragments; some a single complete message.
@@ -37,7 +37,7 @@ pub enum Style {
 /// One message of the trace: when it is sent (from the start of the replay), its
 /// platform id and text.
 #[derive(Debug, Clone)]
-pub struct Sent {
+pub(crate) struct Sent {
     pub at: Duration,
     pub id: String,
     pub text: String,
@@ -45,13 +45,13 @@ pub struct Sent {
 
 /// One burst: the messages one reply should cover.
 #[derive(Debug, Clone)]
-pub struct Burst {
+pub(crate) struct Burst {
     pub messages: Vec<Sent>,
 }
 
 /// One person in their own conversation.
 #[derive(Debug, Clone)]
-pub struct Person {
+pub(crate) struct Person {
     pub conversation: String,
     pub style: Style,
     pub bursts: Vec<Burst>,
@@ -60,7 +60,7 @@ pub struct Person {
 /// The shape of a trace: the log-normal gap inside bursts (median, sigma, and the
 /// clamp applied to a draw), the pause between turns, turns per person.
 #[derive(Debug, Clone, Copy)]
-pub struct Shape {
+pub(crate) struct Shape {
     pub gap_median: Duration,
     pub gap_sigma: f64,
     pub gap_clamp: (Duration, Duration),
@@ -75,7 +75,7 @@ pub struct Shape {
 impl Shape {
     /// Human timing: fragments 600 ms apart at the median (p90 about 1.1 s, p99 about
     /// 1.9 s, clamped to 6 s), captions 1.2 s after their photo, turns 6–9 s apart.
-    pub fn human() -> Shape {
+    pub(crate) fn human() -> Shape {
         Shape {
             gap_median: Duration::from_millis(600),
             gap_sigma: 0.5,
@@ -88,7 +88,7 @@ impl Shape {
 }
 
 /// A log-normal draw of median `median` and shape `sigma` (Box–Muller), clamped.
-pub fn lognormal(
+pub(crate) fn lognormal(
     rng: &mut fastrand::Rng,
     median: Duration,
     sigma: f64,
@@ -152,7 +152,7 @@ fn fragments(rng: &mut fastrand::Rng, n: usize) -> Vec<String> {
 
 /// The trace of `people` people (their styles in turn: complete, fragments, complete,
 /// fragments, photo, …), each in conversation `<prefix><n>`, from `seed`.
-pub fn trace(seed: u64, prefix: &str, people: usize, shape: Shape) -> Vec<Person> {
+pub(crate) fn trace(seed: u64, prefix: &str, people: usize, shape: Shape) -> Vec<Person> {
     let styles = [
         Style::Complete,
         Style::Fragments,
@@ -174,7 +174,7 @@ pub fn trace(seed: u64, prefix: &str, people: usize, shape: Shape) -> Vec<Person
 
 /// `people` people of [`Style::Switching`], each in conversation `<prefix><n>`, from
 /// `seed`.
-pub fn switchers(seed: u64, prefix: &str, people: usize, shape: Shape) -> Vec<Person> {
+pub(crate) fn switchers(seed: u64, prefix: &str, people: usize, shape: Shape) -> Vec<Person> {
     (0..people)
         .map(|n| {
             person(
@@ -188,7 +188,7 @@ pub fn switchers(seed: u64, prefix: &str, people: usize, shape: Shape) -> Vec<Pe
 }
 
 /// One person of style `style`.
-pub fn person(seed: u64, conversation: String, style: Style, shape: Shape) -> Person {
+pub(crate) fn person(seed: u64, conversation: String, style: Style, shape: Shape) -> Person {
     let mut rng = fastrand::Rng::with_seed(seed);
     // People start at different times, so rounds do not all fall together.
     let mut t = Duration::from_millis(rng.u64(0..2000));
@@ -258,7 +258,7 @@ pub fn person(seed: u64, conversation: String, style: Style, shape: Shape) -> Pe
 
 /// Replay `people` into the http adapter at `base_url` on the trace's own timeline
 /// (each message at its `at`, from now on); returns when the last is accepted.
-pub async fn replay(people: &[Person], base_url: &str) {
+pub(crate) async fn replay(people: &[Person], base_url: &str) {
     let client = reqwest::Client::new();
     let start = tokio::time::Instant::now() + Duration::from_millis(200);
     let mut tasks = tokio::task::JoinSet::new();
@@ -292,7 +292,7 @@ pub async fn replay(people: &[Person], base_url: &str) {
 
 /// What became of one burst of the trace.
 #[derive(Debug, Clone)]
-pub struct Answered {
+pub(crate) struct Answered {
     pub style: Style,
     pub messages: usize,
     /// Replies that covered part of it (1: answered once, as a whole).
@@ -305,7 +305,7 @@ pub struct Answered {
 /// Every burst of `people` as the SQLite database at `db` answered it (after the
 /// replay settled): which replies covered its messages, and the wait after its last
 /// message. Panics if a message was never answered.
-pub fn answered(db: &Path, people: &[Person]) -> Vec<Answered> {
+pub(crate) fn answered(db: &Path, people: &[Person]) -> Vec<Answered> {
     let conn = super::db::open(db);
     // (conversation, message id) -> (arrived, reply, reply committed, generation ms).
     let mut rows: BTreeMap<(String, String), (i64, i64, i64, i64)> = BTreeMap::new();
@@ -360,7 +360,7 @@ pub fn answered(db: &Path, people: &[Person]) -> Vec<Answered> {
 }
 
 /// The model calls a process made (every outcome of `lull_llm_requests_total`).
-pub async fn model_calls(lull: &super::process::LullProcess) -> f64 {
+pub(crate) async fn model_calls(lull: &super::process::LullProcess) -> f64 {
     lull.metrics()
         .await
         .expect("metrics")
@@ -371,7 +371,7 @@ pub async fn model_calls(lull: &super::process::LullProcess) -> f64 {
 }
 
 /// The `p`th percentile of `waits` (nearest rank), in milliseconds.
-pub fn percentile_ms(waits: &[Duration], p: f64) -> f64 {
+pub(crate) fn percentile_ms(waits: &[Duration], p: f64) -> f64 {
     let mut v: Vec<f64> = waits.iter().map(|w| w.as_secs_f64() * 1000.0).collect();
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     if v.is_empty() {

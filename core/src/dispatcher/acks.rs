@@ -29,7 +29,7 @@ use crate::domain::ConversationId;
 use crate::store::{AckOf, AcksCovered, Store};
 
 /// One reaction call's time limit: a hanging endpoint holds nothing but its task.
-pub const CALL_LIMIT: Duration = Duration::from_secs(5);
+pub(super) const CALL_LIMIT: Duration = Duration::from_secs(5);
 
 /// Chats whose failure is remembered (logged once) before the set starts afresh.
 const KEEP_FAILED: usize = 1024;

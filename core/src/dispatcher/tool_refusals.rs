@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use crate::llm::LlmError;
 
 /// How long a model's refusal of tools is remembered.
-pub const REMEMBERED_FOR: Duration = Duration::from_secs(600);
+pub(super) const REMEMBERED_FOR: Duration = Duration::from_secs(600);
 
 /// Models that refused tools, each until when (module docs).
 #[derive(Debug, Default)]

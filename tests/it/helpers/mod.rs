@@ -4,7 +4,7 @@
 
 #![allow(dead_code)]
 
-pub use crate::support::db;
+pub(crate) use crate::support::db;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -23,17 +23,17 @@ use lull_port::{Content, Incoming, IncomingKind, Outbound, OutgoingPart, SendErr
 use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
-pub fn ms(n: u64) -> Duration {
+pub(crate) fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
 /// A fresh database file in its own temporary folder (removed on drop).
-pub struct TempDb {
+pub(crate) struct TempDb {
     _dir: tempfile::TempDir,
     pub path: PathBuf,
 }
 
-pub fn temp_db() -> TempDb {
+pub(crate) fn temp_db() -> TempDb {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("lull.db");
     TempDb { _dir: dir, path }
@@ -41,14 +41,14 @@ pub fn temp_db() -> TempDb {
 
 /// Which store a test runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
+pub(crate) enum Backend {
     Sqlite,
     Postgres,
 }
 
 /// A fresh database of either backend: a file in its own temporary folder, or a new
 /// database on the test cluster.
-pub enum TestDb {
+pub(crate) enum TestDb {
     Sqlite(TempDb),
     Postgres(db::Postgres),
 }
@@ -56,7 +56,7 @@ pub enum TestDb {
 impl TestDb {
     /// A fresh database; `None` when the backend is PostgreSQL and it is not installed
     /// here (the test returns: skipped, as the cluster helper printed).
-    pub fn new(backend: Backend) -> Option<TestDb> {
+    pub(crate) fn new(backend: Backend) -> Option<TestDb> {
         match backend {
             Backend::Sqlite => Some(TestDb::Sqlite(temp_db())),
             Backend::Postgres => crate::support::postgres::fresh_database()
@@ -65,7 +65,7 @@ impl TestDb {
     }
 
     /// Its `DATABASE_URL`, for a `lull` process.
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         match self {
             TestDb::Sqlite(db) => format!("sqlite:{}", db.path.display()),
             TestDb::Postgres(db) => db.0.clone(),
@@ -74,7 +74,7 @@ impl TestDb {
 
     /// Open a store on it as a process would (PostgreSQL on the database's clock),
     /// with its leases and fault plan as the test asks.
-    pub async fn open(
+    pub(crate) async fn open(
         &self,
         timers: TimerPolicy,
         leases: Leases,
@@ -136,7 +136,7 @@ macro_rules! on_both_backends {
 }
 
 /// Settings with short timings for tests.
-pub fn settings(debounce: u64, max_wait: u64, ttl: u64) -> DispatchSettings {
+pub(crate) fn settings(debounce: u64, max_wait: u64, ttl: u64) -> DispatchSettings {
     DispatchSettings {
         timers: TimerPolicy::new(ms(debounce), ms(max_wait), 20).unwrap(),
         lease: LeaseTiming::with_ttl(ms(ttl)).unwrap(),
@@ -147,7 +147,7 @@ pub fn settings(debounce: u64, max_wait: u64, ttl: u64) -> DispatchSettings {
 
 /// One delivered part, as the platform saw it.
 #[derive(Debug, Clone)]
-pub struct Delivered {
+pub(crate) struct Delivered {
     pub conversation: ConversationRef,
     pub outbox: OutboxId,
     pub kind: OutboxKind,
@@ -159,7 +159,7 @@ pub struct Delivered {
 }
 
 /// An outbound for the `http` platform that records every part it is given.
-pub struct RecordingOutbound {
+pub(crate) struct RecordingOutbound {
     pub platform: Platform,
     pub sent: Mutex<Vec<Delivered>>,
     changed: Notify,
@@ -173,7 +173,7 @@ pub struct RecordingOutbound {
 }
 
 impl RecordingOutbound {
-    pub fn new(platform: Platform) -> Arc<Self> {
+    pub(crate) fn new(platform: Platform) -> Arc<Self> {
         Arc::new(Self {
             platform,
             sent: Mutex::new(Vec::new()),
@@ -186,12 +186,12 @@ impl RecordingOutbound {
     }
 
     /// Make the next `n` sends fail with `error`.
-    pub fn fail(&self, n: usize, error: SendError) {
+    pub(crate) fn fail(&self, n: usize, error: SendError) {
         *self.fail_with.lock().unwrap() = Some(error);
         self.fail_next.store(n, Ordering::SeqCst);
     }
 
-    pub fn replies(&self) -> Vec<Delivered> {
+    pub(crate) fn replies(&self) -> Vec<Delivered> {
         self.sent
             .lock()
             .unwrap()
@@ -201,12 +201,12 @@ impl RecordingOutbound {
             .collect()
     }
 
-    pub fn all(&self) -> Vec<Delivered> {
+    pub(crate) fn all(&self) -> Vec<Delivered> {
         self.sent.lock().unwrap().clone()
     }
 
     /// Wait until at least `n` replies were delivered; panics after `limit`.
-    pub async fn wait_replies(&self, n: usize, limit: Duration) -> Vec<Delivered> {
+    pub(crate) async fn wait_replies(&self, n: usize, limit: Duration) -> Vec<Delivered> {
         let deadline = tokio::time::Instant::now() + limit;
         loop {
             let notified = self.changed.notified();
@@ -271,14 +271,14 @@ impl Outbound for RecordingOutbound {
 
 /// A responder that reports each generation as it starts and finishes only when the
 /// test opens its gate (one permit per generation). Replies like `echo`.
-pub struct GatedResponder {
+pub(crate) struct GatedResponder {
     started: mpsc::UnboundedSender<usize>,
     gate: Semaphore,
     pub calls: AtomicUsize,
 }
 
 impl GatedResponder {
-    pub fn new() -> (Arc<Self>, mpsc::UnboundedReceiver<usize>) {
+    pub(crate) fn new() -> (Arc<Self>, mpsc::UnboundedReceiver<usize>) {
         let (started, rx) = mpsc::unbounded_channel();
         (
             Arc::new(Self {
@@ -291,7 +291,7 @@ impl GatedResponder {
     }
 
     /// Let `n` generations finish.
-    pub fn open(&self, n: usize) {
+    pub(crate) fn open(&self, n: usize) {
         self.gate.add_permits(n);
     }
 }
@@ -313,13 +313,13 @@ impl Responder for GatedResponder {
 }
 
 /// Counts calls to the echo responder.
-pub struct CountingEcho {
+pub(crate) struct CountingEcho {
     inner: EchoResponder,
     pub calls: AtomicUsize,
 }
 
 impl CountingEcho {
-    pub fn new(delay_ms: u64) -> Arc<Self> {
+    pub(crate) fn new(delay_ms: u64) -> Arc<Self> {
         Arc::new(Self {
             inner: EchoResponder::new(EchoDelay::fixed(delay_ms)),
             calls: AtomicUsize::new(0),
@@ -341,7 +341,7 @@ impl Responder for CountingEcho {
 
 /// A dispatcher with its scheduler running in a runtime of its own, so that the test
 /// can kill it abruptly (as `kill -9` would: no lease released, nothing flushed).
-pub struct Node {
+pub(crate) struct Node {
     pub dispatcher: Arc<Dispatcher>,
     pub outbound: Arc<RecordingOutbound>,
     runtime: Option<tokio::runtime::Runtime>,
@@ -350,13 +350,13 @@ pub struct Node {
 
 /// Whether the node's store enforces leases (the counter-test turns them off).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Leases {
+pub(crate) enum Leases {
     Enforced,
     Disabled,
 }
 
 impl Node {
-    pub fn start(
+    pub(crate) fn start(
         db: &Path,
         settings: DispatchSettings,
         responder: Arc<dyn Responder>,
@@ -371,7 +371,7 @@ impl Node {
     }
 
     /// A node on a test database of either backend.
-    pub async fn on(
+    pub(crate) async fn on(
         db: &TestDb,
         settings: DispatchSettings,
         responder: Arc<dyn Responder>,
@@ -381,7 +381,7 @@ impl Node {
         Self::start_with_store(store, settings, responder)
     }
 
-    pub fn start_with_store(
+    pub(crate) fn start_with_store(
         store: Arc<dyn lull_core::store::Store>,
         settings: DispatchSettings,
         responder: Arc<dyn Responder>,
@@ -390,7 +390,7 @@ impl Node {
     }
 
     /// A node serving `platform` (its outbound records under that platform).
-    pub fn start_on(
+    pub(crate) fn start_on(
         platform: Platform,
         store: Arc<dyn lull_core::store::Store>,
         settings: DispatchSettings,
@@ -419,20 +419,20 @@ impl Node {
         }
     }
 
-    pub fn events(&self) -> tokio::sync::broadcast::Receiver<Event> {
+    pub(crate) fn events(&self) -> tokio::sync::broadcast::Receiver<Event> {
         self.dispatcher.subscribe()
     }
 
     /// Kill the node abruptly: every task stops where it is; its leases stay in the
     /// database until they expire.
-    pub fn crash(mut self) {
+    pub(crate) fn crash(mut self) {
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_background();
         }
     }
 
     /// Stop gracefully (rounds finish within the grace period).
-    pub async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         self.stop.cancel();
         if let Some(runtime) = self.runtime.take() {
             tokio::task::spawn_blocking(move || runtime.shutdown_timeout(Duration::from_secs(15)))
@@ -441,7 +441,7 @@ impl Node {
         }
     }
 
-    pub async fn send(&self, conversation: &str, id: &str, text: &str) -> Accepted {
+    pub(crate) async fn send(&self, conversation: &str, id: &str, text: &str) -> Accepted {
         let mut incoming = message(conversation, id, text);
         incoming.conversation.platform = self.outbound.platform;
         self.dispatcher.ingest(incoming).await.expect("ingest")
@@ -458,7 +458,7 @@ impl Drop for Node {
 }
 
 /// A new text message on the http platform.
-pub fn message(conversation: &str, id: &str, text: &str) -> Incoming {
+pub(crate) fn message(conversation: &str, id: &str, text: &str) -> Incoming {
     Incoming {
         conversation: ConversationRef::new(Platform::Http, conversation),
         is_group: false,
@@ -473,7 +473,7 @@ pub fn message(conversation: &str, id: &str, text: &str) -> Incoming {
 }
 
 /// Wait for the first event matching `pick`; panics after `limit`.
-pub async fn wait_event<T>(
+pub(crate) async fn wait_event<T>(
     events: &mut tokio::sync::broadcast::Receiver<Event>,
     limit: Duration,
     mut pick: impl FnMut(&Event) -> Option<T>,

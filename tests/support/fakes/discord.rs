@@ -83,14 +83,14 @@ use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
 /// The bot's user id.
-pub const BOT_ID: u64 = 1_100_000_000_000_000_001;
+pub(crate) const BOT_ID: u64 = 1_100_000_000_000_000_001;
 /// The guild every guild channel and thread belongs to.
-pub const GUILD_ID: u64 = 1_100_000_000_000_000_002;
+pub(crate) const GUILD_ID: u64 = 1_100_000_000_000_000_002;
 /// Discord's limit on a message's content, in characters.
-pub const MAX_CONTENT: usize = 2000;
+pub(crate) const MAX_CONTENT: usize = 2000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ChannelKind {
+pub(crate) enum ChannelKind {
     Dm,
     Guild,
     Thread,
@@ -108,7 +108,7 @@ impl ChannelKind {
 
 /// A message the bot created (one per distinct nonce).
 #[derive(Debug, Clone)]
-pub struct Sent {
+pub(crate) struct Sent {
     pub channel: u64,
     pub id: u64,
     pub content: String,
@@ -124,7 +124,7 @@ pub struct Sent {
 
 impl Sent {
     /// `(label, custom_id)` of every button, row by row.
-    pub fn buttons(&self) -> Vec<(String, String)> {
+    pub(crate) fn buttons(&self) -> Vec<(String, String)> {
         self.components
             .as_ref()
             .and_then(Value::as_array)
@@ -143,7 +143,7 @@ impl Sent {
 
 /// One `POST /interactions/{id}/{token}/callback` and how the fake answered it.
 #[derive(Debug, Clone)]
-pub struct Callback {
+pub(crate) struct Callback {
     pub interaction: u64,
     /// The response `type` (6: DEFERRED_UPDATE_MESSAGE).
     pub kind: Option<u64>,
@@ -153,7 +153,7 @@ pub struct Callback {
 
 /// One `POST /channels/{id}/messages` attempt and the status the fake answered.
 #[derive(Debug, Clone)]
-pub struct Post {
+pub(crate) struct Post {
     pub channel: u64,
     pub nonce: Option<String>,
     pub status: u16,
@@ -164,7 +164,7 @@ pub struct Post {
 
 /// One reaction call (`PUT`: `on`, `DELETE`: not) and the status it got.
 #[derive(Debug, Clone)]
-pub struct ReactionCall {
+pub(crate) struct ReactionCall {
     pub channel: u64,
     pub message: u64,
     pub emoji: String,
@@ -175,7 +175,7 @@ pub struct ReactionCall {
 
 /// How every reaction call is answered, until changed.
 #[derive(Debug, Clone, Copy)]
-pub enum ReactionFault {
+pub(crate) enum ReactionFault {
     /// This status, nothing changed.
     Fail(u16),
     /// No answer for this long, then as usual.
@@ -184,7 +184,7 @@ pub enum ReactionFault {
 
 /// A fault for the next message POST.
 #[derive(Debug, Clone, Copy)]
-pub enum PostFault {
+pub(crate) enum PostFault {
     /// Answer this status without creating the message (`retry_after` for a 429).
     Refuse { status: u16, retry_after: f64 },
     /// Create the message, then answer 500: the response was lost.
@@ -196,7 +196,7 @@ pub enum PostFault {
 
 /// What a user sends.
 #[derive(Debug, Clone)]
-pub struct Say {
+pub(crate) struct Say {
     pub channel: u64,
     pub user: u64,
     pub text: String,
@@ -213,7 +213,7 @@ pub struct Say {
 }
 
 impl Say {
-    pub fn new(channel: u64, user: u64, text: &str) -> Self {
+    pub(crate) fn new(channel: u64, user: u64, text: &str) -> Self {
         Self {
             channel,
             user,
@@ -226,27 +226,27 @@ impl Say {
         }
     }
 
-    pub fn mention(mut self) -> Self {
+    pub(crate) fn mention(mut self) -> Self {
         self.mention = true;
         self
     }
 
-    pub fn reply_to(mut self, id: u64) -> Self {
+    pub(crate) fn reply_to(mut self, id: u64) -> Self {
         self.reply_to = Some(id);
         self
     }
 
-    pub fn attachment(mut self) -> Self {
+    pub(crate) fn attachment(mut self) -> Self {
         self.attachment = true;
         self
     }
 
-    pub fn image(mut self, bytes: Vec<u8>) -> Self {
+    pub(crate) fn image(mut self, bytes: Vec<u8>) -> Self {
         self.image = Some(bytes);
         self
     }
 
-    pub fn by_bot(mut self) -> Self {
+    pub(crate) fn by_bot(mut self) -> Self {
         self.bot = true;
         self
     }
@@ -367,12 +367,12 @@ fn user_json(id: u64, name: &str, bot: bool) -> Value {
 }
 
 /// The shard of `total` a guild's events go to; DMs (no guild) go to shard 0.
-pub fn shard_of(guild: Option<u64>, total: u64) -> u64 {
+pub(crate) fn shard_of(guild: Option<u64>, total: u64) -> u64 {
     guild.map_or(0, |g| (g >> 22) % total.max(1))
 }
 
 /// A guild id whose events go to shard `index` of `total`.
-pub fn guild_on_shard(index: u64, total: u64) -> u64 {
+pub(crate) fn guild_on_shard(index: u64, total: u64) -> u64 {
     let base = GUILD_ID >> 22;
     let bump = (index + total - base % total) % total;
     (base + bump) << 22 | (GUILD_ID & ((1 << 22) - 1))
@@ -404,7 +404,7 @@ fn dispatch_where(inner: &mut Inner, t: &str, d: &Value, everywhere: bool) {
 }
 
 /// The fake; dropping it stops both servers.
-pub struct DiscordFake {
+pub(crate) struct DiscordFake {
     /// What `DISCORD_API_URL` should be.
     pub api_url: String,
     shared: Arc<Shared>,
@@ -420,7 +420,7 @@ impl Drop for DiscordFake {
 }
 
 impl DiscordFake {
-    pub async fn start(token: &str) -> DiscordFake {
+    pub(crate) async fn start(token: &str) -> DiscordFake {
         let rest = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let gateway = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let shared = Arc::new(Shared {
@@ -492,12 +492,12 @@ impl DiscordFake {
 
     /// A new channel of this kind (in the guild [`GUILD_ID`] unless a DM); returns
     /// its id.
-    pub fn channel(&self, kind: ChannelKind) -> u64 {
+    pub(crate) fn channel(&self, kind: ChannelKind) -> u64 {
         self.channel_in(kind, GUILD_ID)
     }
 
     /// A new channel of this kind in `guild` (ignored for a DM); returns its id.
-    pub fn channel_in(&self, kind: ChannelKind, guild: u64) -> u64 {
+    pub(crate) fn channel_in(&self, kind: ChannelKind, guild: u64) -> u64 {
         let id = self.shared.next_id();
         self.shared.lock().channels.insert(
             id,
@@ -511,21 +511,21 @@ impl DiscordFake {
     }
 
     /// What `GET /gateway/bot` recommends from now on.
-    pub fn recommend_shards(&self, shards: u64) {
+    pub(crate) fn recommend_shards(&self, shards: u64) {
         self.shared.lock().recommended_shards = shards;
     }
 
-    pub fn bot_gateway_calls(&self) -> usize {
+    pub(crate) fn bot_gateway_calls(&self) -> usize {
         self.shared.lock().bot_gateway_calls
     }
 
     /// `(index, total)` of every IDENTIFY so far.
-    pub fn identified_shards(&self) -> Vec<(u64, u64)> {
+    pub(crate) fn identified_shards(&self) -> Vec<(u64, u64)> {
         self.shared.lock().identified_shards.clone()
     }
 
     /// `(index, total)` of every connected session.
-    pub fn connected_shards(&self) -> Vec<(u64, u64)> {
+    pub(crate) fn connected_shards(&self) -> Vec<(u64, u64)> {
         let mut shards: Vec<_> = self
             .shared
             .lock()
@@ -539,27 +539,27 @@ impl DiscordFake {
     }
 
     /// Times a shard had two live connections.
-    pub fn shard_overlaps(&self) -> usize {
+    pub(crate) fn shard_overlaps(&self) -> usize {
         self.shared.lock().shard_overlaps
     }
 
     /// Every accepted start of a thread from a message: (channel, message, name).
-    pub fn threads_started(&self) -> Vec<(u64, u64, String)> {
+    pub(crate) fn threads_started(&self) -> Vec<(u64, u64, String)> {
         self.shared.lock().threads_started.clone()
     }
 
     /// Every call to start a thread from a message: (channel, message).
-    pub fn thread_calls(&self) -> Vec<(u64, u64)> {
+    pub(crate) fn thread_calls(&self) -> Vec<(u64, u64)> {
         self.shared.lock().thread_calls.clone()
     }
 
     /// Refuse every start of a thread with 403 Missing Permissions.
-    pub fn refuse_threads(&self, refuse: bool) {
+    pub(crate) fn refuse_threads(&self, refuse: bool) {
         self.shared.lock().refuse_threads = refuse;
     }
 
     /// A user sends a message; returns its id.
-    pub fn say(&self, say: Say) -> u64 {
+    pub(crate) fn say(&self, say: Say) -> u64 {
         let id = self.shared.next_id();
         let mut inner = self.shared.lock();
         let channel = inner.channels.get(&say.channel).expect("unknown channel");
@@ -625,7 +625,7 @@ impl DiscordFake {
 
     /// User `user` starts typing in `channel`: dispatches a `TYPING_START` (Discord
     /// sends it with the typing intents, and again about every 10 s while they type).
-    pub fn typing_start(&self, channel: u64, user: u64) {
+    pub(crate) fn typing_start(&self, channel: u64, user: u64) {
         let mut inner = self.shared.lock();
         let guild = inner.channels.get(&channel).expect("unknown channel").guild;
         let mut event = json!({
@@ -647,7 +647,7 @@ impl DiscordFake {
     /// User `user` clicks the button `custom_id` on message `on` in `channel`:
     /// dispatches an `INTERACTION_CREATE` (type 3) and returns it (for
     /// [`DiscordFake::dispatch_interaction`]).
-    pub fn click(&self, channel: u64, user: u64, on: u64, custom_id: &str) -> Value {
+    pub(crate) fn click(&self, channel: u64, user: u64, on: u64, custom_id: &str) -> Value {
         let message = self.shared.lock().channels[&channel]
             .messages
             .iter()
@@ -661,7 +661,7 @@ impl DiscordFake {
     /// User `user` runs the slash command `name` in `channel`, with `value` for its
     /// string option `option` if given: dispatches an `INTERACTION_CREATE` (type 2)
     /// and returns it (for [`DiscordFake::dispatch_interaction`]).
-    pub fn slash(
+    pub(crate) fn slash(
         &self,
         channel: u64,
         user: u64,
@@ -720,24 +720,24 @@ impl DiscordFake {
     }
 
     /// Dispatch `interaction` (from [`DiscordFake::click`]) again.
-    pub fn dispatch_interaction(&self, interaction: &Value) {
+    pub(crate) fn dispatch_interaction(&self, interaction: &Value) {
         dispatch(&mut self.shared.lock(), "INTERACTION_CREATE", interaction);
         self.shared.changed.notify_waiters();
     }
 
     /// Every reaction call so far.
-    pub fn reactions(&self) -> Vec<ReactionCall> {
+    pub(crate) fn reactions(&self) -> Vec<ReactionCall> {
         self.shared.lock().reactions.clone()
     }
 
     /// Answer every reaction call from now on with `fault` (`None`: as usual).
-    pub fn fault_reactions(&self, fault: Option<ReactionFault>) {
+    pub(crate) fn fault_reactions(&self, fault: Option<ReactionFault>) {
         self.shared.lock().reaction_fault = fault;
     }
 
     /// Dispatch `interaction` to every connected session, whatever its shard (as if
     /// several replicas had received it).
-    pub fn dispatch_interaction_everywhere(&self, interaction: &Value) {
+    pub(crate) fn dispatch_interaction_everywhere(&self, interaction: &Value) {
         dispatch_where(
             &mut self.shared.lock(),
             "INTERACTION_CREATE",
@@ -749,45 +749,45 @@ impl DiscordFake {
 
     /// The slash commands registered last (`PUT /applications/{id}/commands`), and
     /// how many times they were.
-    pub fn commands(&self) -> (Vec<Value>, usize) {
+    pub(crate) fn commands(&self) -> (Vec<Value>, usize) {
         let inner = self.shared.lock();
         (inner.commands.clone(), inner.command_puts)
     }
 
     /// Every edit of a deferred response (`PATCH …/messages/@original`) that Discord
     /// took: (interaction id, content).
-    pub fn responses(&self) -> Vec<(u64, String)> {
+    pub(crate) fn responses(&self) -> Vec<(u64, String)> {
         self.shared.lock().responses.clone()
     }
 
     /// Every interaction callback so far.
-    pub fn callbacks(&self) -> Vec<Callback> {
+    pub(crate) fn callbacks(&self) -> Vec<Callback> {
         self.shared.lock().callbacks.clone()
     }
 
     /// Answer the next `n` interaction callbacks with 500.
-    pub fn fail_callbacks(&self, n: usize) {
+    pub(crate) fn fail_callbacks(&self, n: usize) {
         self.shared.lock().failing_callbacks = n;
     }
 
     /// `(attachment id, Authorization header)` of every CDN download so far.
-    pub fn downloads(&self) -> Vec<(u64, Option<String>)> {
+    pub(crate) fn downloads(&self) -> Vec<(u64, Option<String>)> {
         self.shared.lock().downloads.clone()
     }
 
     /// Every attachment URL given out so far expires: the CDN answers 404 to it until
     /// it is signed again (`POST /attachments/refresh-urls`).
-    pub fn expire_attachment_urls(&self) {
+    pub(crate) fn expire_attachment_urls(&self) {
         self.shared.lock().signature += 1;
     }
 
     /// The URLs lull asked to have signed again, in order.
-    pub fn refreshed(&self) -> Vec<String> {
+    pub(crate) fn refreshed(&self) -> Vec<String> {
         self.shared.lock().refreshed.clone()
     }
 
     /// A user edits a message (`MESSAGE_UPDATE`).
-    pub fn edit(&self, channel: u64, id: u64, text: &str) {
+    pub(crate) fn edit(&self, channel: u64, id: u64, text: &str) {
         let mut inner = self.shared.lock();
         let guild = inner.channels[&channel].guild;
         let message = inner
@@ -808,7 +808,7 @@ impl DiscordFake {
     }
 
     /// Messages the bot created in `channel`, oldest first.
-    pub fn sent(&self, channel: u64) -> Vec<Sent> {
+    pub(crate) fn sent(&self, channel: u64) -> Vec<Sent> {
         self.shared
             .lock()
             .sent
@@ -819,12 +819,12 @@ impl DiscordFake {
     }
 
     /// Every message POST (including refused and deduplicated ones).
-    pub fn posts(&self) -> Vec<Post> {
+    pub(crate) fn posts(&self) -> Vec<Post> {
         self.shared.lock().posts.clone()
     }
 
     /// Wait until the bot created at least `n` messages in `channel`.
-    pub async fn wait_sent(&self, channel: u64, n: usize, limit: Duration) -> Vec<Sent> {
+    pub(crate) async fn wait_sent(&self, channel: u64, n: usize, limit: Duration) -> Vec<Sent> {
         self.wait_for(limit, || {
             let sent = self.sent(channel);
             (sent.len() >= n).then_some(sent)
@@ -839,7 +839,11 @@ impl DiscordFake {
     }
 
     /// Wait until `check` returns `Some`, woken by every change; `None` after `limit`.
-    pub async fn wait_for<T>(&self, limit: Duration, check: impl Fn() -> Option<T>) -> Option<T> {
+    pub(crate) async fn wait_for<T>(
+        &self,
+        limit: Duration,
+        check: impl Fn() -> Option<T>,
+    ) -> Option<T> {
         let deadline = tokio::time::Instant::now() + limit;
         loop {
             let changed = self.shared.changed.notified();
@@ -857,11 +861,11 @@ impl DiscordFake {
     }
 
     /// Fail the next message POSTs, in order.
-    pub fn fault_next_posts(&self, faults: &[PostFault]) {
+    pub(crate) fn fault_next_posts(&self, faults: &[PostFault]) {
         self.shared.lock().faults.extend(faults.iter().copied());
     }
 
-    pub fn typing(&self, channel: u64) -> usize {
+    pub(crate) fn typing(&self, channel: u64) -> usize {
         self.shared
             .lock()
             .typing
@@ -870,7 +874,7 @@ impl DiscordFake {
             .unwrap_or(0)
     }
 
-    pub fn connected(&self) -> usize {
+    pub(crate) fn connected(&self) -> usize {
         self.shared
             .lock()
             .sessions
@@ -879,25 +883,25 @@ impl DiscordFake {
             .count()
     }
 
-    pub fn identifies(&self) -> usize {
+    pub(crate) fn identifies(&self) -> usize {
         self.shared.lock().identifies
     }
 
-    pub fn resumes(&self) -> usize {
+    pub(crate) fn resumes(&self) -> usize {
         self.shared.lock().resumes
     }
 
-    pub fn unauthorized(&self) -> usize {
+    pub(crate) fn unauthorized(&self) -> usize {
         self.shared.lock().unauthorized
     }
 
-    pub fn history_reads(&self) -> Vec<(u64, Option<u64>)> {
+    pub(crate) fn history_reads(&self) -> Vec<(u64, Option<u64>)> {
         self.shared.lock().history_reads.clone()
     }
 
     /// Wait until the connected sessions are of exactly these shards
     /// (`(index, total)`, sorted).
-    pub async fn wait_shards(&self, shards: &[(u64, u64)], limit: Duration) {
+    pub(crate) async fn wait_shards(&self, shards: &[(u64, u64)], limit: Duration) {
         self.wait_for(limit, || (self.connected_shards() == shards).then_some(()))
             .await
             .unwrap_or_else(|| {
@@ -909,7 +913,7 @@ impl DiscordFake {
     }
 
     /// Wait until exactly `n` sessions are connected and have been for `steady`.
-    pub async fn wait_connected(&self, n: usize, limit: Duration) {
+    pub(crate) async fn wait_connected(&self, n: usize, limit: Duration) {
         self.wait_for(limit, || (self.connected() == n).then_some(()))
             .await
             .unwrap_or_else(|| {
@@ -922,7 +926,7 @@ impl DiscordFake {
 
     /// Close every gateway connection with code 4000 (unknown error: the client may
     /// resume).
-    pub fn drop_connections(&self) {
+    pub(crate) fn drop_connections(&self) {
         let mut inner = self.shared.lock();
         for session in inner.sessions.values_mut() {
             if let Some((_, link)) = session.link.take() {
@@ -932,13 +936,13 @@ impl DiscordFake {
     }
 
     /// Answer every RESUME with INVALID_SESSION, so clients identify afresh.
-    pub fn refuse_resume(&self, refuse: bool) {
+    pub(crate) fn refuse_resume(&self, refuse: bool) {
         self.shared.lock().refuse_resume = refuse;
     }
 
     /// From now on the gateway closes every IDENTIFY with 4004 (authentication
     /// failed), as for a token revoked after the REST check.
-    pub fn refuse_identify(&self) {
+    pub(crate) fn refuse_identify(&self) {
         self.shared.lock().refuse_identify = true;
     }
 }

@@ -2,7 +2,7 @@
 //! and able to fail on demand: the Telegram Bot API, Discord (REST, CDN and gateway),
 //! an OpenAI-compatible model server, and a receiver of the http adapter's webhooks.
 
-pub mod discord;
-pub mod openai;
-pub mod telegram;
-pub mod webhook;
+pub(crate) mod discord;
+pub(crate) mod openai;
+pub(crate) mod telegram;
+pub(crate) mod webhook;

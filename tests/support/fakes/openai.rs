@@ -42,7 +42,7 @@ use serde_json::{Value, json};
 
 /// What the server does with one request.
 #[derive(Debug, Clone)]
-pub enum Behavior {
+pub(crate) enum Behavior {
     /// Answer `[model] <last user message>` with a usage field (the default).
     Answer,
     /// Answer with this content.
@@ -102,7 +102,7 @@ pub enum Behavior {
 /// So every round asks for the same calls until it has their results: what the
 /// journal decides is what the test sees.
 #[derive(Debug, Clone, Default)]
-pub struct Agent {
+pub(crate) struct Agent {
     /// `(name, arguments)` of each call.
     pub calls: Vec<(String, Value)>,
     pub think: Duration,
@@ -115,7 +115,7 @@ pub struct Agent {
 
 impl Agent {
     /// An agent that calls `name` with `arguments`.
-    pub fn calling(name: &str, arguments: Value) -> Agent {
+    pub(crate) fn calling(name: &str, arguments: Value) -> Agent {
         Agent {
             calls: vec![(name.to_owned(), arguments)],
             ..Agent::default()
@@ -125,7 +125,7 @@ impl Agent {
 
 /// The parameters of [`Behavior::Stream`].
 #[derive(Debug, Clone)]
-pub struct Stream {
+pub(crate) struct Stream {
     /// The answer; `None`: `[model] <last user message>`, as `Answer`.
     pub text: Option<String>,
     /// Pieces the answer is cut into (at word boundaries), one event each.
@@ -139,7 +139,7 @@ pub struct Stream {
 
 impl Stream {
     /// `[model] <last user message>` in `pieces` pieces, one every `every`.
-    pub fn echo(pieces: usize, every: Duration) -> Stream {
+    pub(crate) fn echo(pieces: usize, every: Duration) -> Stream {
         Stream {
             text: None,
             pieces,
@@ -153,7 +153,7 @@ impl Stream {
 /// How a [`Stream`] ends.
 /// How the fake answers one model-list request (`GET /models`) instead of its list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ListAnswer {
+pub(crate) enum ListAnswer {
     /// This error status.
     Status(u16),
     /// Never.
@@ -165,7 +165,7 @@ pub enum ListAnswer {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StreamEnd {
+pub(crate) enum StreamEnd {
     /// A finish reason, the usage chunk, `[DONE]`.
     Done,
     /// The connection breaks after the pieces.
@@ -176,7 +176,7 @@ pub enum StreamEnd {
 
 /// What the server sent of one streamed answer.
 #[derive(Debug, Clone)]
-pub struct Streamed {
+pub(crate) struct Streamed {
     /// The request it answered (index into `requests()`).
     pub request: usize,
     /// Each piece, and when it was sent.
@@ -187,7 +187,7 @@ pub struct Streamed {
 
 /// The parameters of [`Behavior::Chaos`].
 #[derive(Debug, Clone)]
-pub struct Chaos {
+pub(crate) struct Chaos {
     pub delay_ms: (u64, u64),
     /// Share of requests answered with 500, 502 or 503.
     pub server_errors: f64,
@@ -196,7 +196,7 @@ pub struct Chaos {
 
 /// The OpenAI-compatible servers whose context-length refusals the fake imitates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Server {
+pub(crate) enum Server {
     OpenAi,
     Vllm,
     LlamaCpp,
@@ -235,7 +235,7 @@ impl Server {
 
 /// One request the server received.
 #[derive(Debug, Clone)]
-pub struct Recorded {
+pub(crate) struct Recorded {
     pub body: Value,
     pub authorization: Option<String>,
     pub at: Instant,
@@ -268,7 +268,7 @@ struct Inner {
     model_lists: std::sync::atomic::AtomicUsize,
 }
 
-pub struct FakeOpenAi {
+pub(crate) struct FakeOpenAi {
     /// The API base to give lull (`OPENAI_BASE_URL`).
     pub base_url: String,
     inner: Arc<Inner>,
@@ -276,7 +276,7 @@ pub struct FakeOpenAi {
 }
 
 impl FakeOpenAi {
-    pub async fn start() -> FakeOpenAi {
+    pub(crate) async fn start() -> FakeOpenAi {
         let inner = Arc::new(Inner::default());
         let router = Router::new()
             .route("/v1/chat/completions", post(completions))
@@ -296,17 +296,17 @@ impl FakeOpenAi {
     }
 
     /// Behaviours for the next requests, in order.
-    pub fn script(&self, behaviors: impl IntoIterator<Item = Behavior>) {
+    pub(crate) fn script(&self, behaviors: impl IntoIterator<Item = Behavior>) {
         self.inner.script.lock().unwrap().extend(behaviors);
     }
 
     /// The behaviour once the script is used up (default: `Answer`).
-    pub fn fallback(&self, behavior: Behavior) {
+    pub(crate) fn fallback(&self, behavior: Behavior) {
         *self.inner.fallback.lock().unwrap() = Some(behavior);
     }
 
     /// Refuse every request with an image part with a 400, as a model without vision.
-    pub fn refuse_images(&self, refuse: bool) {
+    pub(crate) fn refuse_images(&self, refuse: bool) {
         self.inner
             .refuse_images
             .store(refuse, std::sync::atomic::Ordering::SeqCst);
@@ -314,7 +314,7 @@ impl FakeOpenAi {
 
     /// List the models without `created`, as `llama-cpp-python`'s server does (only
     /// `id`, `object`, `owned_by`, `permissions`).
-    pub fn models_without_created(&self) {
+    pub(crate) fn models_without_created(&self) {
         self.inner
             .models_without_created
             .store(true, std::sync::atomic::Ordering::SeqCst);
@@ -322,13 +322,13 @@ impl FakeOpenAi {
 
     /// Answer the next model-list requests (`GET /models`) with these error
     /// statuses, in order.
-    pub fn fail_model_lists(&self, statuses: &[u16]) {
+    pub(crate) fn fail_model_lists(&self, statuses: &[u16]) {
         let answers: Vec<ListAnswer> = statuses.iter().map(|s| ListAnswer::Status(*s)).collect();
         self.script_model_lists(&answers);
     }
 
     /// Answer the next model-list requests (`GET /models`) so, in order.
-    pub fn script_model_lists(&self, answers: &[ListAnswer]) {
+    pub(crate) fn script_model_lists(&self, answers: &[ListAnswer]) {
         self.inner
             .model_list_script
             .lock()
@@ -337,14 +337,14 @@ impl FakeOpenAi {
     }
 
     /// Model-list requests received so far.
-    pub fn model_lists(&self) -> usize {
+    pub(crate) fn model_lists(&self) -> usize {
         self.inner
             .model_lists
             .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Answer the next transcription requests with these error statuses, in order.
-    pub fn fail_transcriptions(&self, statuses: &[u16]) {
+    pub(crate) fn fail_transcriptions(&self, statuses: &[u16]) {
         self.inner
             .transcription_failures
             .lock()
@@ -353,7 +353,7 @@ impl FakeOpenAi {
     }
 
     /// Answer a transcription of `audio` with `text`.
-    pub fn transcript(&self, audio: &[u8], text: &str) {
+    pub(crate) fn transcript(&self, audio: &[u8], text: &str) {
         self.inner
             .transcripts
             .lock()
@@ -362,43 +362,43 @@ impl FakeOpenAi {
     }
 
     /// `(model, file bytes)` of every transcription request so far.
-    pub fn transcriptions(&self) -> Vec<(String, Vec<u8>)> {
+    pub(crate) fn transcriptions(&self) -> Vec<(String, Vec<u8>)> {
         self.inner.transcriptions.lock().unwrap().clone()
     }
 
     /// The image URLs (`data:` URLs) of request `n`, in order.
-    pub fn images(&self, n: usize) -> Vec<String> {
+    pub(crate) fn images(&self, n: usize) -> Vec<String> {
         images(&self.requests()[n].body)
     }
 
-    pub fn requests(&self) -> Vec<Recorded> {
+    pub(crate) fn requests(&self) -> Vec<Recorded> {
         self.inner.requests.lock().unwrap().clone()
     }
 
     /// The streamed answers sent so far.
-    pub fn streams(&self) -> Vec<Streamed> {
+    pub(crate) fn streams(&self) -> Vec<Streamed> {
         self.inner.streams.lock().unwrap().clone()
     }
 
     /// Whole answers of [`Behavior::Stream`] the client gave up on before their end:
     /// (when each started, when it was dropped), in order.
-    pub fn abandoned(&self) -> Vec<(Instant, Instant)> {
+    pub(crate) fn abandoned(&self) -> Vec<(Instant, Instant)> {
         self.inner.abandoned.lock().unwrap().clone()
     }
 
     /// Whether request `n` asked for a streamed answer.
-    pub fn streamed(&self, n: usize) -> bool {
+    pub(crate) fn streamed(&self, n: usize) -> bool {
         self.requests()[n].body["stream"] == true
     }
 
     /// Requests answered with an error status.
-    pub fn failures(&self) -> usize {
+    pub(crate) fn failures(&self) -> usize {
         *self.inner.failures.lock().unwrap()
     }
 
     /// The user turn of request `n` if it carried no history (the system prompt and
     /// one user turn), else `None`.
-    pub fn without_history(&self, n: usize) -> Option<String> {
+    pub(crate) fn without_history(&self, n: usize) -> Option<String> {
         match self.messages(n).as_slice() {
             [(system, _), (user, turn)] if system == "system" && user == "user" => {
                 Some(turn.clone())
@@ -408,12 +408,12 @@ impl FakeOpenAi {
     }
 
     /// Characters of every message's content in request `n` (what `RefuseOver` counts).
-    pub fn prompt_chars(&self, n: usize) -> usize {
+    pub(crate) fn prompt_chars(&self, n: usize) -> usize {
         prompt_chars(&self.requests()[n].body)
     }
 
     /// The `messages` of request `n`, as `(role, content)`.
-    pub fn messages(&self, n: usize) -> Vec<(String, String)> {
+    pub(crate) fn messages(&self, n: usize) -> Vec<(String, String)> {
         self.requests()[n].body["messages"]
             .as_array()
             .unwrap()

@@ -64,12 +64,12 @@ use axum::routing::post;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
-pub const BOT_ID: i64 = 7_000_001;
-pub const BOT_USERNAME: &str = "lull_test_bot";
+pub(crate) const BOT_ID: i64 = 7_000_001;
+pub(crate) const BOT_USERNAME: &str = "lull_test_bot";
 
 /// A sent message (sendMessage or editMessageText) as the fake recorded it.
 #[derive(Debug, Clone)]
-pub struct Sent {
+pub(crate) struct Sent {
     pub method: String,
     pub chat_id: i64,
     pub thread_id: Option<i64>,
@@ -85,7 +85,7 @@ pub struct Sent {
 
 impl Sent {
     /// `(text, callback_data)` of every button of its inline keyboard, row by row.
-    pub fn buttons(&self) -> Vec<(String, String)> {
+    pub(crate) fn buttons(&self) -> Vec<(String, String)> {
         let Some(markup) = &self.reply_markup else {
             return Vec::new();
         };
@@ -106,14 +106,14 @@ impl Sent {
 
 impl Sent {
     /// The text the user sees (entities parsed).
-    pub fn visible(&self) -> String {
+    pub(crate) fn visible(&self) -> String {
         visible_text(&self.text, self.parse_mode.as_deref()).expect("accepted messages parse")
     }
 }
 
 /// A draft (sendMessageDraft) as the fake recorded it.
 #[derive(Debug, Clone)]
-pub struct DraftSent {
+pub(crate) struct DraftSent {
     pub chat_id: i64,
     pub thread_id: Option<i64>,
     pub draft_id: i64,
@@ -124,13 +124,13 @@ pub struct DraftSent {
 
 impl DraftSent {
     /// The text the user sees (entities parsed).
-    pub fn visible(&self) -> String {
+    pub(crate) fn visible(&self) -> String {
         visible_text(&self.text, self.parse_mode.as_deref()).expect("accepted drafts parse")
     }
 }
 
 #[derive(Debug, Clone)]
-pub struct ChatActionSent {
+pub(crate) struct ChatActionSent {
     pub chat_id: i64,
     pub thread_id: Option<i64>,
     pub action: String,
@@ -139,7 +139,7 @@ pub struct ChatActionSent {
 
 /// One `setMessageReaction` call as the fake accepted it.
 #[derive(Debug, Clone)]
-pub struct ReactionSet {
+pub(crate) struct ReactionSet {
     pub chat_id: i64,
     pub message_id: i64,
     /// The emoji set; `None`: the bot's reaction taken off.
@@ -149,7 +149,7 @@ pub struct ReactionSet {
 
 /// One `setMyCommands` call as the fake accepted it.
 #[derive(Debug, Clone)]
-pub struct CommandsSet {
+pub(crate) struct CommandsSet {
     /// The `scope` object (`{"type": "default"}` when none was given).
     pub scope: Value,
     /// `(command, description)` pairs, in order.
@@ -162,7 +162,7 @@ const REACTIONS: [&str; 10] = ["👀", "👍", "👎", "❤", "🔥", "🎉", "�
 
 /// One getUpdates call.
 #[derive(Debug, Clone)]
-pub struct PollRecord {
+pub(crate) struct PollRecord {
     pub offset: Option<i64>,
     pub timeout: u64,
     pub started: Instant,
@@ -173,7 +173,7 @@ pub struct PollRecord {
 
 /// One `setWebhook` call as the fake accepted it.
 #[derive(Debug, Clone)]
-pub struct WebhookSet {
+pub(crate) struct WebhookSet {
     pub url: String,
     pub secret_token: Option<String>,
     pub allowed_updates: Option<Vec<String>>,
@@ -182,7 +182,7 @@ pub struct WebhookSet {
 
 /// One POST of an update to the webhook and the status it got (0: no answer).
 #[derive(Debug, Clone)]
-pub struct Delivery {
+pub(crate) struct Delivery {
     pub update_id: i64,
     pub target: String,
     pub status: u16,
@@ -194,7 +194,7 @@ const REDELIVERY_PAUSE: Duration = Duration::from_millis(300);
 
 /// A fault to answer a method's next call with.
 #[derive(Debug, Clone, Copy)]
-pub enum Fault {
+pub(crate) enum Fault {
     /// 429 with `parameters.retry_after` seconds.
     TooManyRequests(u64),
     /// A server error with this status.
@@ -266,7 +266,7 @@ struct Inner {
 }
 
 /// The fake; dropping it stops the server.
-pub struct TelegramFake {
+pub(crate) struct TelegramFake {
     pub url: String,
     pub token: String,
     inner: Arc<Inner>,
@@ -274,7 +274,7 @@ pub struct TelegramFake {
 }
 
 impl TelegramFake {
-    pub async fn start() -> TelegramFake {
+    pub(crate) async fn start() -> TelegramFake {
         // A token shaped like a real one (digits, colon, 35 characters), unique per
         // fake so a test can search logs for it.
         let secret: String = std::iter::repeat_with(fastrand::alphanumeric)
@@ -315,18 +315,18 @@ impl TelegramFake {
     }
 
     /// Serve `bytes` as the file `file_id` (`getFile` and a download).
-    pub fn add_file(&self, file_id: &str, bytes: Vec<u8>) {
+    pub(crate) fn add_file(&self, file_id: &str, bytes: Vec<u8>) {
         self.state().files.insert(file_id.to_owned(), bytes);
     }
 
     /// The `file_path`s downloaded so far, in order.
-    pub fn downloads(&self) -> Vec<String> {
+    pub(crate) fn downloads(&self) -> Vec<String> {
         self.state().downloads.clone()
     }
 
     /// Queue an update of `kind` (`message`, `edited_message`) carrying `message`;
     /// returns its update id.
-    pub fn push(&self, kind: &str, message: Value) -> i64 {
+    pub(crate) fn push(&self, kind: &str, message: Value) -> i64 {
         {
             let mut s = self.state();
             let chat = message["chat"]["id"].as_i64().unwrap();
@@ -353,23 +353,23 @@ impl TelegramFake {
     /// Queue a `callback_query` update (a tapped button, see [`callback_query`]);
     /// returns its update id. Queueing the same query twice is Telegram delivering it
     /// again.
-    pub fn push_callback(&self, query: Value) -> i64 {
+    pub(crate) fn push_callback(&self, query: Value) -> i64 {
         self.push_update("callback_query", query)
     }
 
     /// Every accepted `setMessageReaction`, in order.
-    pub fn reactions(&self) -> Vec<ReactionSet> {
+    pub(crate) fn reactions(&self) -> Vec<ReactionSet> {
         self.state().reactions.clone()
     }
 
     /// Every accepted `setMyCommands`, in order.
-    pub fn command_sets(&self) -> Vec<CommandsSet> {
+    pub(crate) fn command_sets(&self) -> Vec<CommandsSet> {
         self.state().command_sets.clone()
     }
 
     /// The `callback_query_id`s `answerCallbackQuery` was called with (and answered
     /// ok), in order.
-    pub fn callback_answers(&self) -> Vec<String> {
+    pub(crate) fn callback_answers(&self) -> Vec<String> {
         self.state()
             .callback_answers
             .iter()
@@ -377,12 +377,12 @@ impl TelegramFake {
             .collect()
     }
 
-    pub fn push_message(&self, message: Value) -> i64 {
+    pub(crate) fn push_message(&self, message: Value) -> i64 {
         self.push("message", message)
     }
 
     /// Answer the next `times` calls of `method` with `fault`.
-    pub fn fail(&self, method: &str, fault: Fault, times: usize) {
+    pub(crate) fn fail(&self, method: &str, fault: Fault, times: usize) {
         let mut s = self.state();
         let queue = s.faults.entry(method.to_ascii_lowercase()).or_default();
         queue.extend(std::iter::repeat_n(fault, times));
@@ -390,37 +390,37 @@ impl TelegramFake {
 
     /// The bot's privacy mode as `getMe` reports it (on: `can_read_all_group_messages`
     /// is false, Telegram's default). The fake hands out whatever is queued either way.
-    pub fn set_privacy_mode(&self, on: bool) {
+    pub(crate) fn set_privacy_mode(&self, on: bool) {
         self.state().reads_all_group_messages = !on;
     }
 
     /// Refuse every HTML message with 400 "can't parse entities".
-    pub fn reject_html(&self, reject: bool) {
+    pub(crate) fn reject_html(&self, reject: bool) {
         self.state().reject_html = reject;
     }
 
     /// Forget a message, as if it was deleted (quoting it then fails).
-    pub fn delete_message(&self, chat: i64, message_id: i64) {
+    pub(crate) fn delete_message(&self, chat: i64, message_id: i64) {
         self.state().messages.remove(&(chat, message_id));
     }
 
-    pub fn sent(&self) -> Vec<Sent> {
+    pub(crate) fn sent(&self) -> Vec<Sent> {
         self.state().sent.clone()
     }
 
-    pub fn sent_to(&self, chat: i64) -> Vec<Sent> {
+    pub(crate) fn sent_to(&self, chat: i64) -> Vec<Sent> {
         self.sent()
             .into_iter()
             .filter(|s| s.chat_id == chat)
             .collect()
     }
 
-    pub fn actions(&self) -> Vec<ChatActionSent> {
+    pub(crate) fn actions(&self) -> Vec<ChatActionSent> {
         self.state().actions.clone()
     }
 
     /// Drafts accepted for `chat`, in order.
-    pub fn drafts_to(&self, chat: i64) -> Vec<DraftSent> {
+    pub(crate) fn drafts_to(&self, chat: i64) -> Vec<DraftSent> {
         self.state()
             .drafts
             .iter()
@@ -431,7 +431,7 @@ impl TelegramFake {
 
     /// Every Bot API call but polling (getUpdates), with its method: what answering
     /// costs.
-    pub fn calls_except_polling(&self) -> Vec<(String, Instant)> {
+    pub(crate) fn calls_except_polling(&self) -> Vec<(String, Instant)> {
         self.state()
             .calls
             .iter()
@@ -440,26 +440,26 @@ impl TelegramFake {
             .collect()
     }
 
-    pub fn polls(&self) -> Vec<PollRecord> {
+    pub(crate) fn polls(&self) -> Vec<PollRecord> {
         self.state().polls.clone()
     }
 
     /// Polls answered with 409 because another was open.
-    pub fn conflicts(&self) -> usize {
+    pub(crate) fn conflicts(&self) -> usize {
         self.state().conflicts
     }
 
     /// Every update below this id is confirmed.
-    pub fn confirmed_below(&self) -> i64 {
+    pub(crate) fn confirmed_below(&self) -> i64 {
         self.state().confirmed_below
     }
 
-    pub fn was_served(&self, update_id: i64) -> bool {
+    pub(crate) fn was_served(&self, update_id: i64) -> bool {
         self.state().served.contains(&update_id)
     }
 
     /// Calls of a method (case-insensitive), with their times.
-    pub fn calls(&self, method: &str) -> Vec<Instant> {
+    pub(crate) fn calls(&self, method: &str) -> Vec<Instant> {
         let method = method.to_ascii_lowercase();
         self.state()
             .calls
@@ -470,7 +470,7 @@ impl TelegramFake {
     }
 
     /// Calls of a method answered with a fault, with their times.
-    pub fn faulted(&self, method: &str) -> Vec<Instant> {
+    pub(crate) fn faulted(&self, method: &str) -> Vec<Instant> {
         let method = method.to_ascii_lowercase();
         self.state()
             .faulted
@@ -481,31 +481,31 @@ impl TelegramFake {
     }
 
     /// The webhook set now.
-    pub fn webhook(&self) -> Option<WebhookSet> {
+    pub(crate) fn webhook(&self) -> Option<WebhookSet> {
         self.state().webhook.clone()
     }
 
     /// Every accepted `setWebhook`, in order.
-    pub fn webhook_sets(&self) -> Vec<WebhookSet> {
+    pub(crate) fn webhook_sets(&self) -> Vec<WebhookSet> {
         self.state().webhook_sets.clone()
     }
 
     /// Deliver to these servers in turn (the registered path on each), as a load
     /// balancer in front of them would.
-    pub fn balance(&self, bases: &[String]) {
+    pub(crate) fn balance(&self, bases: &[String]) {
         self.state().balance = bases.to_vec();
         self.inner.changed.notify_waiters();
     }
 
     /// Every webhook delivery attempt.
-    pub fn deliveries(&self) -> Vec<Delivery> {
+    pub(crate) fn deliveries(&self) -> Vec<Delivery> {
         self.state().deliveries.clone()
     }
 
     /// POST an update carrying `message` to the registered webhook URL with
     /// `secret` in the secret-token header (none: no header), outside the queue, as
     /// a forger would; returns the status.
-    pub async fn forge(&self, message: Value, secret: Option<&str>) -> u16 {
+    pub(crate) async fn forge(&self, message: Value, secret: Option<&str>) -> u16 {
         let url = self.webhook().expect("a webhook is set").url;
         let update = json!({"update_id": 1, "message": message});
         let mut request = reqwest::Client::new().post(url).json(&update);
@@ -517,7 +517,7 @@ impl TelegramFake {
 
     /// Wait until `check` holds on the fake's state (re-checked on every change and
     /// every 50 ms); panics after `limit` with `what`.
-    pub async fn wait_for<T>(
+    pub(crate) async fn wait_for<T>(
         &self,
         what: &str,
         limit: Duration,
@@ -542,7 +542,7 @@ impl TelegramFake {
     }
 
     /// Wait until `n` messages were sent to `chat`; returns them.
-    pub async fn wait_sent(&self, chat: i64, n: usize, limit: Duration) -> Vec<Sent> {
+    pub(crate) async fn wait_sent(&self, chat: i64, n: usize, limit: Duration) -> Vec<Sent> {
         self.wait_for(&format!("{n} message(s) to chat {chat}"), limit, |f| {
             let sent = f.sent_to(chat);
             (sent.len() >= n).then_some(sent)
@@ -595,13 +595,13 @@ fn fault_response(fault: Fault) -> Response {
     }
 }
 
-pub fn bot_user() -> Value {
+pub(crate) fn bot_user() -> Value {
     json!({"id": BOT_ID, "is_bot": true, "first_name": "lull", "username": BOT_USERNAME})
 }
 
 /// A chat object for an id: positive ids are private chats, negative ones
 /// supergroups (forums when `forum`).
-pub fn chat(id: i64, forum: bool) -> Value {
+pub(crate) fn chat(id: i64, forum: bool) -> Value {
     if id > 0 {
         json!({"id": id, "type": "private", "first_name": "User"})
     } else if forum {
@@ -1279,7 +1279,7 @@ fn send_message(inner: &Inner, method: &str, params: &Value) -> Response {
 
 /// The text a reader sees, or why Telegram would refuse the HTML: only its tags,
 /// properly nested, `<`, `>` and `&` escaped.
-pub fn html_visible_text(html: &str) -> Result<String, String> {
+pub(crate) fn html_visible_text(html: &str) -> Result<String, String> {
     const TAGS: &[&str] = &[
         "b",
         "strong",
@@ -1371,16 +1371,16 @@ pub fn html_visible_text(html: &str) -> Result<String, String> {
 static NEXT_MESSAGE_ID: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(1000);
 
 /// A fresh message id (unique across the test binary).
-pub fn message_id() -> i64 {
+pub(crate) fn message_id() -> i64 {
     NEXT_MESSAGE_ID.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
 }
 
-pub fn user(id: i64, first_name: &str) -> Value {
+pub(crate) fn user(id: i64, first_name: &str) -> Value {
     json!({"id": id, "is_bot": false, "first_name": first_name})
 }
 
 /// A text message from `from` in chat `chat_id`.
-pub fn text_message(chat_id: i64, from: i64, text: &str) -> Value {
+pub(crate) fn text_message(chat_id: i64, from: i64, text: &str) -> Value {
     json!({
         "message_id": message_id(),
         "date": now_secs(),
@@ -1392,7 +1392,7 @@ pub fn text_message(chat_id: i64, from: i64, text: &str) -> Value {
 
 /// A photo from `from` in chat `chat_id`, offered in `sizes` (`(file_id, bytes)`,
 /// smallest first, as Telegram lists them), with an optional caption.
-pub fn photo_message(
+pub(crate) fn photo_message(
     chat_id: i64,
     from: i64,
     caption: Option<&str>,
@@ -1420,7 +1420,13 @@ pub fn photo_message(
 }
 
 /// A voice note from `from` in chat `chat_id`, served as the file `file_id`.
-pub fn voice_message(chat_id: i64, from: i64, file_id: &str, size: usize, secs: u32) -> Value {
+pub(crate) fn voice_message(
+    chat_id: i64,
+    from: i64,
+    file_id: &str,
+    size: usize,
+    secs: u32,
+) -> Value {
     json!({
         "message_id": message_id(),
         "date": now_secs(),
@@ -1432,14 +1438,14 @@ pub fn voice_message(chat_id: i64, from: i64, file_id: &str, size: usize, secs: 
 }
 
 /// A group message mentioning the bot (`@lull_test_bot` is prepended).
-pub fn mention(chat_id: i64, from: i64, text: &str) -> Value {
+pub(crate) fn mention(chat_id: i64, from: i64, text: &str) -> Value {
     let mut m = text_message(chat_id, from, &format!("@{BOT_USERNAME} {text}"));
     m["entities"] = json!([{"type": "mention", "offset": 0, "length": BOT_USERNAME.len() + 1}]);
     m
 }
 
 /// The same message in forum topic `thread`.
-pub fn in_topic(mut message: Value, thread: i64) -> Value {
+pub(crate) fn in_topic(mut message: Value, thread: i64) -> Value {
     message["chat"]["is_forum"] = json!(true);
     message["message_thread_id"] = json!(thread);
     message["is_topic_message"] = json!(true);
@@ -1448,7 +1454,7 @@ pub fn in_topic(mut message: Value, thread: i64) -> Value {
 
 /// A `callback_query`: user `from` tapped the button with `data` on the bot's
 /// message `sent` (as the fake recorded it), query id `id`.
-pub fn callback_query(id: &str, from: i64, sent: &Sent, data: &str) -> Value {
+pub(crate) fn callback_query(id: &str, from: i64, sent: &Sent, data: &str) -> Value {
     let mut message = json!({
         "message_id": sent.message_id,
         "date": now_secs(),
@@ -1470,7 +1476,7 @@ pub fn callback_query(id: &str, from: i64, sent: &Sent, data: &str) -> Value {
 }
 
 /// An edit of `message` to `text`.
-pub fn edited(message: &Value, text: &str) -> Value {
+pub(crate) fn edited(message: &Value, text: &str) -> Value {
     let mut m = message.clone();
     m["text"] = json!(text);
     m["edit_date"] = json!(now_secs());

@@ -28,7 +28,7 @@ use tokio::sync::Notify;
 /// A reply the webhook accepted. `covers` holds string ids as they are and any other
 /// id as its JSON text; `body` is the payload as sent, for exact checks.
 #[derive(Debug, Clone)]
-pub struct Received {
+pub(crate) struct Received {
     pub conversation: String,
     pub text: String,
     pub covers: Vec<String>,
@@ -55,7 +55,7 @@ struct Payload {
 /// an answer that came just before its limit. Only an answer well within the limit
 /// (`took`) says the sender saw the reply accepted.
 #[derive(Debug, Clone)]
-pub struct Answered {
+pub(crate) struct Answered {
     pub reply_id: i64,
     pub conversation: String,
     pub at: Instant,
@@ -65,11 +65,11 @@ pub struct Answered {
 
 /// Run before a reply accepted at once is answered (on a blocking thread), e.g. to take
 /// the database's write lock while lull is about to record the delivery.
-pub type BeforeAnswer = Arc<dyn Fn(&Received) + Send + Sync>;
+pub(crate) type BeforeAnswer = Arc<dyn Fn(&Received) + Send + Sync>;
 
 /// One POST as it arrived, whatever the webhook answered.
 #[derive(Debug, Clone)]
-pub struct Request {
+pub(crate) struct Request {
     pub webhook_id: Option<String>,
     pub timestamp: Option<String>,
     pub signature: Option<String>,
@@ -82,7 +82,7 @@ pub struct Request {
 
 /// How the webhook answers one request.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Answer {
+pub(crate) enum Answer {
     /// 200; the reply is accepted.
     Ok,
     /// This status; the reply is not accepted.
@@ -149,7 +149,7 @@ struct Inner {
 }
 
 /// The collector; dropping it stops the server.
-pub struct Webhook {
+pub(crate) struct Webhook {
     pub url: String,
     inner: Arc<Inner>,
     _server: tokio::task::JoinHandle<()>,
@@ -157,13 +157,13 @@ pub struct Webhook {
 
 impl Webhook {
     /// A webhook that accepts every reply without checking signatures.
-    pub async fn start() -> Webhook {
+    pub(crate) async fn start() -> Webhook {
         Self::serve(Inner::default()).await
     }
 
     /// A webhook that verifies every request's signature with `secret` (`whsec_…`)
     /// and answers 401 to a missing or wrong one.
-    pub async fn signed(secret: &str) -> Webhook {
+    pub(crate) async fn signed(secret: &str) -> Webhook {
         let key = BASE64
             .decode(secret.strip_prefix("whsec_").expect("a whsec_ secret"))
             .expect("base64 secret");
@@ -192,33 +192,33 @@ impl Webhook {
     }
 
     /// Answer the next requests as listed, in order (after what is already scripted).
-    pub fn script(&self, answers: impl IntoIterator<Item = Answer>) {
+    pub(crate) fn script(&self, answers: impl IntoIterator<Item = Answer>) {
         self.inner.script.lock().unwrap().extend(answers);
     }
 
     /// Answer the next `n` requests with HTTP 500.
-    pub fn fail_next(&self, n: usize) {
+    pub(crate) fn fail_next(&self, n: usize) {
         self.script(std::iter::repeat_n(Answer::Status(500), n));
     }
 
     /// How to answer once the script is used up (the default is `Answer::Ok`).
-    pub fn otherwise(&self, answer: Answer) {
+    pub(crate) fn otherwise(&self, answer: Answer) {
         *self.inner.otherwise.lock().unwrap() = Some(answer);
     }
 
     /// Run `hook` before answering each reply accepted at once (see [`BeforeAnswer`]).
-    pub fn before_answer(&self, hook: BeforeAnswer) {
+    pub(crate) fn before_answer(&self, hook: BeforeAnswer) {
         *self.inner.before_answer.lock().unwrap() = Some(hook);
     }
 
     /// Every 2xx answered on a connection still open, in order (see [`Answered`]).
-    pub fn answered(&self) -> Vec<Answered> {
+    pub(crate) fn answered(&self) -> Vec<Answered> {
         self.inner.answered.lock().unwrap().clone()
     }
 
     /// How many times reply `reply_id` was answered 2xx on an open connection: how many
     /// times the sender saw it accepted, when no answer came near its time limit.
-    pub fn times_answered(&self, reply_id: i64) -> usize {
+    pub(crate) fn times_answered(&self, reply_id: i64) -> usize {
         self.answered()
             .iter()
             .filter(|a| a.reply_id == reply_id)
@@ -226,36 +226,36 @@ impl Webhook {
     }
 
     /// (conversation, when) of every 429 answered, oldest first.
-    pub fn rate_limited(&self) -> Vec<(String, Instant)> {
+    pub(crate) fn rate_limited(&self) -> Vec<(String, Instant)> {
         self.inner.limited.lock().unwrap().clone()
     }
 
     /// Every request, including refused and unanswered ones.
-    pub fn requests(&self) -> usize {
+    pub(crate) fn requests(&self) -> usize {
         self.inner.requests.lock().unwrap().len()
     }
 
-    pub fn request_log(&self) -> Vec<Request> {
+    pub(crate) fn request_log(&self) -> Vec<Request> {
         self.inner.requests.lock().unwrap().clone()
     }
 
     /// Requests the webhook is still answering (slow or hung).
-    pub fn in_flight(&self) -> usize {
+    pub(crate) fn in_flight(&self) -> usize {
         self.inner.in_flight.load(Ordering::SeqCst)
     }
 
     /// How many replies and notices the webhook accepted (cheap to poll).
-    pub fn accepted(&self) -> usize {
+    pub(crate) fn accepted(&self) -> usize {
         self.inner.received.lock().unwrap().len()
     }
 
     /// Every reply and notice the webhook accepted, duplicates included.
-    pub fn received(&self) -> Vec<Received> {
+    pub(crate) fn received(&self) -> Vec<Received> {
         self.inner.received.lock().unwrap().clone()
     }
 
     /// Accepted replies (not notices), duplicates included.
-    pub fn replies(&self) -> Vec<Received> {
+    pub(crate) fn replies(&self) -> Vec<Received> {
         self.received()
             .into_iter()
             .filter(|r| r.kind == "reply")
@@ -263,7 +263,7 @@ impl Webhook {
     }
 
     /// The replies a receiver deduplicating on `webhook-id` shows, in arrival order.
-    pub fn shown(&self) -> Vec<Received> {
+    pub(crate) fn shown(&self) -> Vec<Received> {
         let mut seen = HashSet::new();
         self.replies()
             .into_iter()
@@ -272,7 +272,7 @@ impl Webhook {
     }
 
     /// Wait until `n` replies arrived; panics after `limit`.
-    pub async fn wait_replies(&self, n: usize, limit: Duration) -> Vec<Received> {
+    pub(crate) async fn wait_replies(&self, n: usize, limit: Duration) -> Vec<Received> {
         self.wait_until(limit, |w| {
             let replies = w.replies();
             (replies.len() >= n).then_some(replies)
@@ -281,7 +281,7 @@ impl Webhook {
     }
 
     /// Wait until the webhook accepted something matching `pick`; panics after `limit`.
-    pub async fn wait_until_received(
+    pub(crate) async fn wait_until_received(
         &self,
         limit: Duration,
         mut pick: impl FnMut(&Received) -> bool,
@@ -291,7 +291,7 @@ impl Webhook {
     }
 
     /// Accepted notices (lull's own short messages), duplicates included.
-    pub fn notices(&self) -> Vec<Received> {
+    pub(crate) fn notices(&self) -> Vec<Received> {
         self.received()
             .into_iter()
             .filter(|r| r.kind == "notice")
@@ -299,7 +299,7 @@ impl Webhook {
     }
 
     /// Wait until `n` notices were accepted; panics after `limit`.
-    pub async fn wait_notices(&self, n: usize, limit: Duration) -> Vec<Received> {
+    pub(crate) async fn wait_notices(&self, n: usize, limit: Duration) -> Vec<Received> {
         self.wait_until(limit, |w| {
             let notices = w.notices();
             (notices.len() >= n).then_some(notices)
@@ -308,7 +308,7 @@ impl Webhook {
     }
 
     /// Wait until `n` requests arrived (answered or not); panics after `limit`.
-    pub async fn wait_requests(&self, n: usize, limit: Duration) -> Vec<Request> {
+    pub(crate) async fn wait_requests(&self, n: usize, limit: Duration) -> Vec<Request> {
         self.wait_until(limit, |w| {
             let requests = w.request_log();
             (requests.len() >= n).then_some(requests)

@@ -19,16 +19,16 @@
 //! - [`threads`]: the Discord threads lull opened, where messages need no mention.
 //! - [`status`]: the status page's read-only aggregates over indexed ranges.
 
-pub mod actions;
-pub mod leases;
-pub mod limits;
-pub mod messages;
-pub mod outbox;
-pub mod overheard;
-pub mod reactions;
-pub mod rhythm;
-pub mod rounds;
-pub mod settings;
-pub mod status;
-pub mod threads;
-pub mod work;
+pub(super) mod actions;
+pub(super) mod leases;
+pub(super) mod limits;
+pub(super) mod messages;
+pub(super) mod outbox;
+pub(super) mod overheard;
+pub(super) mod reactions;
+pub(super) mod rhythm;
+pub(super) mod rounds;
+pub(super) mod settings;
+pub(super) mod status;
+pub(super) mod threads;
+pub(super) mod work;

@@ -34,7 +34,7 @@ const ALL: &[&str] = &[
 ];
 
 /// The schema version this build migrates to.
-pub const LATEST: i64 = ALL.len() as i64;
+pub(crate) const LATEST: i64 = ALL.len() as i64;
 
 /// The advisory lock key migrations are applied under (an arbitrary constant of
 /// lull's: "lull" in ASCII).
@@ -499,7 +499,7 @@ const V16_INGEST_AS_SETS: &str = include_str!("migrations/v16_ingest_as_sets.sql
 
 /// Bring the schema up to date: each missing migration in its own transaction under
 /// the advisory lock, recorded in `lull_migrations` in that same transaction.
-pub async fn migrate(client: &mut Client) -> Result<i64, tokio_postgres::Error> {
+pub(crate) async fn migrate(client: &mut Client) -> Result<i64, tokio_postgres::Error> {
     loop {
         let tx = client.transaction().await?;
         // Migrations cannot race: replicas starting at once queue on this lock, held
@@ -537,7 +537,7 @@ pub async fn migrate(client: &mut Client) -> Result<i64, tokio_postgres::Error> 
 
 /// The schema version of a database, read without changing anything: 0 when no
 /// migration was ever applied (no `lull_migrations` table).
-pub async fn version(client: &Client) -> Result<i64, tokio_postgres::Error> {
+pub(crate) async fn version(client: &Client) -> Result<i64, tokio_postgres::Error> {
     let exists: bool = client
         .query_one("SELECT to_regclass('lull_migrations') IS NOT NULL", &[])
         .await?

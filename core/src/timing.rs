@@ -162,6 +162,18 @@ impl TimerPolicy {
     /// [`TimerPolicy::due_at`] with a wait picked for this message
     /// ([`TimerPolicy::debounce_for`]): `min(armed_at + wait, first_pending + max_wait)`,
     /// or `armed_at` once the batch is full. The cap binds whatever the wait.
+    ///
+    /// The capped debounce lives in these places, which must agree (the conformance
+    /// checks of arming and adaptive arming pin them together on both backends):
+    /// - here, which SQLite's ingest and PostgreSQL's re-arming (`postgres::messages`)
+    ///   call, with the wait of [`crate::rhythm::Waits::pick`];
+    /// - PostgreSQL's `lull_ingest` (migration 14) and `lull_ingest_rows` (migration
+    ///   16), which pick the wait from the conversation's stored rhythm and apply the
+    ///   cap in SQL, in the one round trip that stores the message (reading the rhythm
+    ///   first to pick it here would cost a second one);
+    /// - the typing hold (`extend_timer`, both backends): later, never past the cap;
+    /// - on every re-arm, never sooner than a failure's backoff (`retry_at`) or a
+    ///   limit's hold (`held_until`).
     pub fn due_after(
         &self,
         wait: Duration,

@@ -128,7 +128,8 @@ impl MessageStore for PostgresStore {
                     "forgetting overheard messages",
                 )
                 .await?;
-                // /reset unsticks: pending messages are tried again now, without the backoff.
+                // /reset unsticks: pending messages are tried again now, without the
+                // failure backoff, but never sooner than a limit's hold (`held_until`).
                 execute(
                     &tx,
                     "UPDATE timers SET attempts = 0, retry_at = 0, armed_by = $3,
@@ -256,7 +257,8 @@ async fn bump_and_arm(tx: &Tx<'_>, arming: Arming<'_>) -> Result<(Version, Times
     let pending = pending_after(tx, arming.conversation, answered).await?;
     let due_at = arming.due_at(waits, pending);
     // Capped debounce: every message re-arms the timer, never past the cap, and never
-    // sooner than a failed generation's backoff (`retry_at`). With it, what the replicas
+    // sooner than a failed generation's backoff (`retry_at`) or a limit's hold
+    // (`held_until`). The rule's places: see `TimerPolicy::due_after`. With it, what the replicas
     // already look at: the platform's earliest future timer, read (in the statement's
     // snapshot) before this one moves.
     let row = query_one(

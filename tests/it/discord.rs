@@ -946,19 +946,21 @@ async fn a_message_is_retried_until_it_is_stored() {
             .with_faults(faults.clone()),
     );
     let discord = adapter(&fake);
-    let dispatcher = Dispatcher::new(
+    let settings = lull_core::dispatcher::DispatchSettings {
+        access: lull_core::access::Access {
+            users: "*".parse().unwrap(),
+            ..Default::default()
+        },
+        ..settings
+    };
+    let dispatcher = Dispatcher::builder(
         store.clone(),
         Arc::new(EchoResponder::default()),
-        vec![Arc::new(discord.outbound)],
-        lull_core::dispatcher::DispatchSettings {
-            access: lull_core::access::Access {
-                users: "*".parse().unwrap(),
-                ..Default::default()
-            },
-            ..settings
-        },
+        settings,
         Arc::new(SystemClock),
-    );
+    )
+    .outbounds(vec![Arc::new(discord.outbound)])
+    .build();
     let stop = CancellationToken::new();
     let scheduler = tokio::spawn(dispatcher.clone().run(stop.clone()));
     let inbound: Arc<dyn Inbound> = Arc::new(discord.inbound);

@@ -737,13 +737,16 @@ async fn a_settle_after_midnight_lands_on_the_day_of_the_reservation() {
         lull_core::store::SqliteStore::open(&db.path, settings.timers).unwrap(),
     );
     let outbound = helpers::RecordingOutbound::new(lull_core::domain::Platform::Http);
-    let dispatcher = lull_core::dispatcher::Dispatcher::new(
+    let dispatcher = lull_core::dispatcher::Dispatcher::builder(
         store.clone(),
         std::sync::Arc::new(PastMidnight(clock.clone())),
-        vec![outbound.clone() as std::sync::Arc<dyn lull_port::Outbound>],
         settings,
         clock.clone(),
-    );
+    )
+    .outbounds(vec![
+        outbound.clone() as std::sync::Arc<dyn lull_port::Outbound>
+    ])
+    .build();
     let stop = tokio_util::sync::CancellationToken::new();
     tokio::spawn(dispatcher.clone().run(stop.clone()));
     dispatcher

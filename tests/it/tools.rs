@@ -1143,7 +1143,7 @@ mod in_process {
     };
     use serde_json::{Map, Value, json};
 
-    use crate::helpers::{Leases, Node, settings, temp_db};
+    use crate::helpers::{Node, settings, temp_db};
     use crate::support::fakes::openai::{Agent, Behavior, FakeOpenAi};
 
     /// A toolbox with a read-only `notes__read` and an acting `notes__add`, counting
@@ -1229,14 +1229,19 @@ mod in_process {
             timeout: Duration::from_secs(10),
         })
         .unwrap();
-        let node = Node::start(
-            &db.path,
-            settings(100, 5000, 3000),
-            Arc::new(responder),
-            Leases::Enforced,
-        );
+        let settings = settings(100, 5000, 3000);
+        let store = lull_core::store::SqliteStore::open(&db.path, settings.timers).unwrap();
         let notes = Arc::new(Notes::default());
-        node.dispatcher.set_toolbox(notes.clone());
+        let node = Node::start_built(lull_core::domain::Platform::Http, |outbound| {
+            lull_core::dispatcher::Dispatcher::builder(
+                Arc::new(store),
+                Arc::new(responder),
+                settings,
+                Arc::new(lull_core::clock::SystemClock),
+            )
+            .outbounds(vec![outbound as Arc<dyn lull_port::Outbound>])
+            .toolbox(notes.clone())
+        });
         node.send("c", "1", "remember").await;
         node.send("c", "2", "milk").await;
         let replies = node.outbound.wait_replies(1, Duration::from_secs(20)).await;

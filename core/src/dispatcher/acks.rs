@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use lull_port::{ConversationRef, Outbound, SendError};
 
+use crate::dispatcher::background::Background;
 use crate::domain::ConversationId;
 use crate::store::{AckOf, AcksCovered, Store};
 
@@ -42,14 +43,22 @@ pub(super) struct Acks {
     /// Chats whose reaction failure was logged. A std mutex: held for one set
     /// operation, never across an await.
     failed: Mutex<HashSet<ConversationRef>>,
+    /// Where a reaction's work runs: tracked, finished (or dropped at the bound) at
+    /// shutdown.
+    background: Background,
 }
 
 impl Acks {
-    pub(super) fn new(emoji: Option<String>, store: Arc<dyn Store>) -> Arc<Self> {
+    pub(super) fn new(
+        emoji: Option<String>,
+        store: Arc<dyn Store>,
+        background: Background,
+    ) -> Arc<Self> {
         Arc::new(Self {
             emoji,
             store,
             failed: Mutex::new(HashSet::new()),
+            background,
         })
     }
 
@@ -67,7 +76,7 @@ impl Acks {
             return;
         };
         let acks = self.clone();
-        tokio::spawn(async move {
+        self.background.finish(async move {
             let call = Call {
                 outbound: outbound.as_ref(),
                 conversation: &conversation,
@@ -128,7 +137,7 @@ impl Acks {
             return;
         }
         let acks = self.clone();
-        tokio::spawn(async move {
+        self.background.finish(async move {
             let taken = match acks
                 .store
                 .take_acks(AcksCovered {

@@ -33,6 +33,7 @@ use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 
 use super::Event;
+use super::background::Background;
 use crate::domain::{ConversationId, ConversationRef, Platform, Version};
 use lull_port::{DraftId, Outbound, SendError};
 
@@ -61,6 +62,8 @@ pub(super) struct Drafts {
     /// Per conversation. A std mutex: held to read or change a few fields, never
     /// across an await.
     paces: Mutex<HashMap<ConversationRef, Pace>>,
+    /// Where placeholders are paced: tracked, cancelled at once at shutdown.
+    background: Background,
 }
 
 /// One conversation's draft pacing and what it shows.
@@ -112,7 +115,15 @@ impl Drafts {
         Self {
             enabled,
             paces: Mutex::new(HashMap::new()),
+            background: Background::default(),
         }
+    }
+
+    /// Run the placeholders' pacing in `background` (cancelled at once at shutdown:
+    /// a placeholder only shows).
+    pub(super) fn in_background(mut self, background: Background) -> Self {
+        self.background = background;
+        self
     }
 
     /// The outbound that shows drafts in `conversation`, if drafts are on and the
@@ -199,7 +210,7 @@ impl Drafts {
             return;
         }
         let drafts = self.clone();
-        tokio::spawn(async move {
+        self.background.show(async move {
             loop {
                 let step = drafts.pace(&conversation, |pace| match pace.waiting {
                     Some(version) if version > pace.claimed => {

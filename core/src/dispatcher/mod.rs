@@ -26,6 +26,8 @@
 //!   retrying with backoff, dead-lettering what cannot go out.
 //! - `sessions`: elects the one process that holds a platform connection and runs
 //!   the adapter's sessions.
+//! - `background`: the work beside the rounds (ack reactions, draft placeholders),
+//!   tracked and stopped after the rounds at shutdown: nothing is detached.
 //! - `acks`: the ack reaction on a burst's message while lull waits, set once per
 //!   burst and taken off when the reply covering it is delivered; never in the way.
 //! - `overheard`: group context, the recent group messages not addressed to lull,
@@ -41,6 +43,7 @@
 //! [`Dispatcher`] holds what they share; it is also the adapters' [`lull_port::Intake`].
 
 mod acks;
+mod background;
 mod bounds;
 mod commands;
 mod controls;
@@ -130,7 +133,7 @@ pub struct DispatchSettings {
     /// for a reply that was always going to be dropped. Off only in counter-tests.
     pub cancel_overtaken: bool,
     /// How rounds run tools (`LULL_TOOL_STEPS`, `LULL_TOOL_TIMEOUT_MS`,
-    /// `LULL_APPROVAL_TTL`), when a toolbox is set ([`Dispatcher::set_toolbox`]).
+    /// `LULL_APPROVAL_TTL`), when a toolbox is set ([`DispatcherBuilder::toolbox`]).
     pub tools: ToolSettings,
     /// What a conversation may choose (`LULL_MODELS`, `LULL_PERSONAS`) and
     /// `LULL_IDLE_RESET`.
@@ -276,9 +279,9 @@ pub struct Dispatcher {
     responder: Arc<dyn Responder>,
     /// Transcribes voice notes and audio at the start of a round; unset (the `echo`
     /// responder), they reach the model as their marker only.
-    transcriber: std::sync::OnceLock<Arc<dyn Transcriber>>,
+    transcriber: Option<Arc<dyn Transcriber>>,
     /// The tools the model may call (MCP servers); unset, rounds offer none.
-    toolbox: std::sync::OnceLock<Arc<dyn Toolbox>>,
+    toolbox: Option<Arc<dyn Toolbox>>,
     /// Set once the model refused image parts (a model without vision): later rounds
     /// of this process send it no images (a restart, perhaps with another model,
     /// tries again).
@@ -304,6 +307,8 @@ pub struct Dispatcher {
     drafts: Arc<drafts::Drafts>,
     /// Ack reactions: set on a burst while it waits, taken off when it is answered.
     acks: Arc<acks::Acks>,
+    /// The work beside the rounds (acks, draft placeholders), stopped after them.
+    background: background::Background,
     /// When the scheduler sleeps until (milliseconds since the epoch); while it is
     /// looking for work, the latest it will wake after the look (a poll interval
     /// from its start), so nothing armed meanwhile and due sooner is missed.
@@ -322,33 +327,71 @@ pub struct Dispatcher {
     models: Refreshed<Vec<String>, String>,
 }
 
-impl Dispatcher {
-    pub fn new(
-        store: Arc<dyn Store>,
-        responder: Arc<dyn Responder>,
-        outbounds: Vec<Arc<dyn Outbound>>,
-        settings: DispatchSettings,
-        clock: Arc<dyn Clock>,
-    ) -> Arc<Self> {
+/// What a [`Dispatcher`] is built from ([`Dispatcher::builder`]): everything it uses
+/// is given before it exists, so nothing is ever set on a running dispatcher.
+pub struct DispatcherBuilder {
+    store: Arc<dyn Store>,
+    responder: Arc<dyn Responder>,
+    settings: DispatchSettings,
+    clock: Arc<dyn Clock>,
+    outbounds: Vec<Arc<dyn Outbound>>,
+    transcriber: Option<Arc<dyn Transcriber>>,
+    toolbox: Option<Arc<dyn Toolbox>>,
+}
+
+impl DispatcherBuilder {
+    /// Deliver to (and take updates from) these platforms' adapters: one per platform.
+    pub fn outbounds(mut self, outbounds: Vec<Arc<dyn Outbound>>) -> Self {
+        self.outbounds = outbounds;
+        self
+    }
+
+    /// Transcribe voice notes and audio files with `transcriber`; without one (the
+    /// `echo` responder), they reach the model as their marker only.
+    pub fn transcriber(mut self, transcriber: Arc<dyn Transcriber>) -> Self {
+        self.transcriber = Some(transcriber);
+        self
+    }
+
+    /// Offer the tools of `toolbox` to the model; without one, rounds offer none.
+    pub fn toolbox(mut self, toolbox: Arc<dyn Toolbox>) -> Self {
+        self.toolbox = Some(toolbox);
+        self
+    }
+
+    /// The dispatcher, ready for [`Dispatcher::run`] and for the adapters' ingest.
+    pub fn build(self) -> Arc<Dispatcher> {
+        let settings = self.settings;
         let (events, _) = broadcast::channel(4096);
-        let drafts = Arc::new(drafts::Drafts::new(settings.drafts));
-        let acks = acks::Acks::new(settings.ack_reaction.clone(), store.clone());
-        Arc::new(Self {
-            store,
-            responder,
-            transcriber: std::sync::OnceLock::new(),
+        let background = background::Background::default();
+        let drafts =
+            Arc::new(drafts::Drafts::new(settings.drafts).in_background(background.clone()));
+        let acks = acks::Acks::new(
+            settings.ack_reaction.clone(),
+            self.store.clone(),
+            background.clone(),
+        );
+        Arc::new(Dispatcher {
+            store: self.store,
+            responder: self.responder,
+            transcriber: self.transcriber,
             images_refused: std::sync::atomic::AtomicBool::new(false),
             draining: CancellationToken::new(),
-            toolbox: std::sync::OnceLock::new(),
+            toolbox: self.toolbox,
             tool_refusals: tool_refusals::ToolRefusals::default(),
             idempotency_salt: tokio::sync::OnceCell::new(),
-            outbounds: outbounds.into_iter().map(|o| (o.platform(), o)).collect(),
+            outbounds: self
+                .outbounds
+                .into_iter()
+                .map(|o| (o.platform(), o))
+                .collect(),
             settings,
-            clock,
+            clock: self.clock,
             holder: HolderId::generate(),
             wake: Notify::new(),
             drafts,
             acks,
+            background,
             sleeping_until: AtomicI64::new(i64::MAX),
             events,
             events_emitted: std::sync::atomic::AtomicU64::new(0),
@@ -356,22 +399,31 @@ impl Dispatcher {
             models: Refreshed::default(),
         })
     }
+}
 
-    /// Transcribe voice notes and audio files with `transcriber` (set once, before
-    /// [`Dispatcher::run`]; a second call is ignored).
-    pub fn set_transcriber(&self, transcriber: Arc<dyn Transcriber>) {
-        let _ = self.transcriber.set(transcriber);
-    }
-
-    /// Offer the tools of `toolbox` to the model (set once, before
-    /// [`Dispatcher::run`]; a second call is ignored).
-    pub fn set_toolbox(&self, toolbox: Arc<dyn Toolbox>) {
-        let _ = self.toolbox.set(toolbox);
+impl Dispatcher {
+    /// Start building a dispatcher on `store`, answering with `responder` under
+    /// `settings`, reading time from `clock` (then [`DispatcherBuilder::build`]).
+    pub fn builder(
+        store: Arc<dyn Store>,
+        responder: Arc<dyn Responder>,
+        settings: DispatchSettings,
+        clock: Arc<dyn Clock>,
+    ) -> DispatcherBuilder {
+        DispatcherBuilder {
+            store,
+            responder,
+            settings,
+            clock,
+            outbounds: Vec::new(),
+            transcriber: None,
+            toolbox: None,
+        }
     }
 
     /// The toolbox, when tools are on.
     pub fn toolbox(&self) -> Option<&Arc<dyn Toolbox>> {
-        self.toolbox.get()
+        self.toolbox.as_ref()
     }
 
     /// The database's idempotency salt

@@ -63,6 +63,45 @@ impl Drop for InFlight<'_> {
     }
 }
 
+/// The pending-conversations gauge's pace: read again only after something happened
+/// here (or, for other processes' work, every `GAUGE_QUIET_POLLS` polls), so an idle
+/// process makes one database call a poll.
+struct Gauge {
+    at: Timestamp,
+    quiet_at: Timestamp,
+    emitted: u64,
+}
+
+impl Default for Gauge {
+    /// Read at the first look.
+    fn default() -> Self {
+        Gauge {
+            at: Timestamp(0),
+            quiet_at: Timestamp(0),
+            emitted: 0,
+        }
+    }
+}
+
+impl Gauge {
+    /// Read the gauge if it is time to.
+    async fn read(&mut self, dispatcher: &Dispatcher) {
+        let settings = &dispatcher.settings;
+        let now = dispatcher.clock.now();
+        // Read before the gauge, so an event during the read brings another.
+        let emitted = dispatcher.events_emitted.load(Ordering::Relaxed);
+        if now < self.at || (emitted == self.emitted && now < self.quiet_at) {
+            return;
+        }
+        self.at = now.plus(settings.poll_every);
+        self.quiet_at = now.plus(settings.poll_every * GAUGE_QUIET_POLLS);
+        self.emitted = emitted;
+        if let Ok(pending) = dispatcher.store.pending_conversations().await {
+            metrics::gauge!(names::PENDING_CONVERSATIONS).set(pending as f64);
+        }
+    }
+}
+
 impl Scheduler {
     pub(super) fn new(dispatcher: Arc<Dispatcher>) -> Arc<Self> {
         let round_slots = Semaphore::new(dispatcher.settings.max_rounds.max(1));
@@ -77,58 +116,26 @@ impl Scheduler {
     /// Run until `shutdown` fires, then let rounds in flight finish within
     /// `shutdown_grace`; rounds still running after it are stopped (their generations
     /// and sends cancelled, their outbox rows kept) and hand their leases back, so
-    /// another process takes over at once. Returns within the grace period plus the
-    /// time a stopped round needs to release its lease.
+    /// another process takes over at once. Then the work beside the rounds stops
+    /// (`background`). Returns within the grace period plus the time a stopped round
+    /// needs to release its lease, plus `background::FINISH_WITHIN`.
     pub(super) async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         let dispatcher = &self.dispatcher;
-        let settings = &dispatcher.settings;
         let query = WorkQuery {
             platforms: dispatcher.platforms(),
             holder: dispatcher.holder.clone(),
-            handoff: settings.poll_every,
+            handoff: dispatcher.settings.poll_every,
             limit: BATCH_LIMIT,
         };
         tracing::info!(holder = %dispatcher.holder, platforms = ?query.platforms, "scheduler started");
         let rounds = TaskTracker::new();
         let hard_stop = CancellationToken::new();
-        let mut gauge_at = Timestamp(0);
-        let mut gauge_quiet_at = Timestamp(0);
-        let mut gauge_emitted = 0;
+        let mut gauge = Gauge::default();
         // Timers armed by other processes, announced by a store shared across hosts.
         let armed_elsewhere = dispatcher.store.wake_ups();
         loop {
-            let now = dispatcher.clock.now();
-            let mut wake_at = now.plus(settings.poll_every);
-            // While it looks it wakes by `wake_at` at the latest, so only work armed
-            // meanwhile that is due before that (which the look may not see) wakes it
-            // again: not every message stored during the look, which under a steady
-            // load would chain looks back to back.
-            dispatcher.sleeping_until.store(wake_at.0, Ordering::SeqCst);
-            match dispatcher.store.due_work(&query, now).await {
-                Ok(work) => {
-                    for conversation in work.ready {
-                        self.start_round(conversation, now, &rounds, &hard_stop);
-                    }
-                    if let Some(next) = work.next_at {
-                        wake_at = wake_at.min(next);
-                    }
-                }
-                // A failing database is reported once per change by the store.
-                Err(e @ (StoreError::Damaged(_) | StoreError::Full | StoreError::Io(_))) => {
-                    tracing::debug!(error = %e, "could not look for due work");
-                }
-                Err(e) => tracing::warn!(error = %e, "could not look for due work"),
-            }
-            // Read before the gauge, so an event during the read brings another.
-            let emitted = dispatcher.events_emitted.load(Ordering::Relaxed);
-            if now >= gauge_at && (emitted != gauge_emitted || now >= gauge_quiet_at) {
-                gauge_at = now.plus(settings.poll_every);
-                gauge_quiet_at = now.plus(settings.poll_every * GAUGE_QUIET_POLLS);
-                gauge_emitted = emitted;
-                if let Ok(pending) = dispatcher.store.pending_conversations().await {
-                    metrics::gauge!(names::PENDING_CONVERSATIONS).set(pending as f64);
-                }
-            }
+            let wake_at = self.look(&query, &rounds, &hard_stop).await;
+            gauge.read(dispatcher).await;
             // From here on, only work due before `wake_at` wakes it early.
             dispatcher.sleeping_until.store(wake_at.0, Ordering::SeqCst);
             tokio::select! {
@@ -141,7 +148,49 @@ impl Scheduler {
             }
             dispatcher.sleeping_until.store(i64::MAX, Ordering::SeqCst);
         }
-        dispatcher.draining.cancel();
+        self.drain(&rounds, &hard_stop).await;
+        dispatcher.background.stop().await;
+        tracing::info!("scheduler stopped");
+    }
+
+    /// Look for due work once and start its rounds; returns when to look next.
+    async fn look(
+        self: &Arc<Self>,
+        query: &WorkQuery,
+        rounds: &TaskTracker,
+        hard_stop: &CancellationToken,
+    ) -> Timestamp {
+        let dispatcher = &self.dispatcher;
+        let now = dispatcher.clock.now();
+        let mut wake_at = now.plus(dispatcher.settings.poll_every);
+        // While it looks it wakes by `wake_at` at the latest, so only work armed
+        // meanwhile that is due before that (which the look may not see) wakes it
+        // again: not every message stored during the look, which under a steady load
+        // would chain looks back to back.
+        dispatcher.sleeping_until.store(wake_at.0, Ordering::SeqCst);
+        match dispatcher.store.due_work(query, now).await {
+            Ok(work) => {
+                for conversation in work.ready {
+                    self.start_round(conversation, now, rounds, hard_stop);
+                }
+                if let Some(next) = work.next_at {
+                    wake_at = wake_at.min(next);
+                }
+            }
+            // A failing database is reported once per change by the store.
+            Err(e @ (StoreError::Damaged(_) | StoreError::Full | StoreError::Io(_))) => {
+                tracing::debug!(error = %e, "could not look for due work");
+            }
+            Err(e) => tracing::warn!(error = %e, "could not look for due work"),
+        }
+        wake_at
+    }
+
+    /// Shutdown: rounds in flight finish within `shutdown_grace`, then the hard stop
+    /// cancels the rest, and they hand their leases back.
+    async fn drain(&self, rounds: &TaskTracker, hard_stop: &CancellationToken) {
+        let settings = &self.dispatcher.settings;
+        self.dispatcher.draining.cancel();
         rounds.close();
         let in_flight = rounds.len();
         if in_flight > 0 {
@@ -159,7 +208,6 @@ impl Scheduler {
             hard_stop.cancel();
             rounds.wait().await;
         }
-        tracing::info!("scheduler stopped");
     }
 
     fn start_round(

@@ -396,14 +396,20 @@ impl Node {
         settings: DispatchSettings,
         responder: Arc<dyn Responder>,
     ) -> Node {
+        Self::start_built(platform, |outbound| {
+            Dispatcher::builder(store, responder, settings, Arc::new(SystemClock))
+                .outbounds(vec![outbound as Arc<dyn Outbound>])
+        })
+    }
+
+    /// A node serving `platform`, its dispatcher built by `build` (handed the node's
+    /// recording outbound): for a dispatcher with a toolbox or a transcriber.
+    pub(crate) fn start_built(
+        platform: Platform,
+        build: impl FnOnce(Arc<RecordingOutbound>) -> lull_core::dispatcher::DispatcherBuilder,
+    ) -> Node {
         let outbound = RecordingOutbound::new(platform);
-        let dispatcher = Dispatcher::new(
-            store,
-            responder,
-            vec![outbound.clone() as Arc<dyn Outbound>],
-            settings,
-            Arc::new(SystemClock),
-        );
+        let dispatcher = build(outbound.clone()).build();
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()

@@ -218,7 +218,7 @@ impl Round<'_> {
         let d = self.dispatcher;
         let mut notes = AudioNotes::default();
         let (Some(transcriber), Some(outbound)) = (
-            d.transcriber.get(),
+            d.transcriber.as_ref(),
             d.outbounds.get(&batch.conversation.platform),
         ) else {
             return Ok(Ok(notes));

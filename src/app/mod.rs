@@ -1,8 +1,15 @@
 //! Wiring: builds the store, responder, adapters and dispatcher from a [`Config`] and
 //! runs them. The binary is a thin shell around [`run`] and [`chat`]; both take their
-//! shutdown as a future, so tests can trigger it.
+//! shutdown as a future, so tests can trigger it. `adapters` connects the platforms of
+//! `lull run`; `serve` runs them with the scheduler and the HTTP server, and stops
+//! them in a known order.
 
-use std::future::{Future, IntoFuture};
+mod adapters;
+mod serve;
+
+pub(crate) use serve::run;
+
+use std::future::Future;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,11 +18,8 @@ use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, LlmConfig};
-use crate::http::HttpState;
 use lull_adapters::console::{self, ConsoleOutbound};
-use lull_adapters::http::WebhookOutbound;
 use lull_core::dispatcher::{Dispatcher, Event};
-use lull_core::domain::Platform;
 use lull_core::llm::Responder;
 use lull_core::llm::echo::EchoResponder;
 use lull_core::llm::fit::Fitting;
@@ -23,8 +27,7 @@ use lull_core::llm::openai::OpenAiResponder;
 use lull_core::llm::retry::{RetryPolicy, Retrying};
 use lull_core::llm::transcribe::OpenAiTranscriber;
 use lull_core::store::Store;
-use lull_port::health::{AdapterState, Health};
-use lull_port::{Inbound, Outbound};
+use lull_port::Outbound;
 
 /// Open the configured database.
 pub(crate) async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
@@ -75,20 +78,24 @@ fn log_responder(config: &Config) {
     }
 }
 
+/// The dispatcher of `config` on `store`, delivering through `outbounds`, with its
+/// transcriber and toolbox (the MCP servers started, waited for a moment).
 async fn dispatcher(
     config: &Config,
+    store: Arc<dyn Store>,
     outbounds: Vec<Arc<dyn Outbound>>,
+    clock: Arc<dyn lull_core::clock::Clock>,
 ) -> anyhow::Result<Arc<Dispatcher>> {
-    let dispatcher = Dispatcher::new(
-        open_store(config).await?,
-        responder(config)?,
-        outbounds,
-        config.dispatch.clone(),
-        lull_core::clock::for_process(),
-    );
-    transcriber(config, &dispatcher)?;
-    toolbox(config, &dispatcher).await;
-    Ok(dispatcher)
+    let mut builder =
+        Dispatcher::builder(store, responder(config)?, config.dispatch.clone(), clock)
+            .outbounds(outbounds);
+    if let Some(transcriber) = transcriber(config)? {
+        builder = builder.transcriber(transcriber);
+    }
+    if let Some(toolbox) = toolbox(config).await {
+        builder = builder.toolbox(toolbox);
+    }
+    Ok(builder.build())
 }
 
 /// How long the start waits for the MCP servers' first connection, so the first
@@ -98,11 +105,9 @@ const TOOLS_START_WAIT: Duration = Duration::from_secs(10);
 /// The tools of `LULL_MCP_CONFIG`'s servers, offered to the model (none with tools
 /// off). The servers start in the background; the start waits for them at most
 /// [`TOOLS_START_WAIT`].
-async fn toolbox(config: &Config, dispatcher: &Dispatcher) {
+async fn toolbox(config: &Config) -> Option<Arc<dyn lull_core::tools::Toolbox>> {
     use lull_core::tools::Toolbox;
-    let Some(tools) = &config.tools else {
-        return;
-    };
+    let tools = config.tools.as_ref()?;
     let toolbox = tools.start();
     toolbox.wait_settled(TOOLS_START_WAIT).await;
     for server in toolbox.servers() {
@@ -118,7 +123,7 @@ async fn toolbox(config: &Config, dispatcher: &Dispatcher) {
             );
         }
     }
-    dispatcher.set_toolbox(toolbox);
+    Some(toolbox)
 }
 
 /// Stop the MCP servers lull started, by `deadline` at the latest (a child left then
@@ -135,220 +140,14 @@ async fn stop_tools(dispatcher: &Dispatcher, deadline: tokio::time::Instant) {
 
 /// Voice messages and audio files are transcribed by the configured server (none
 /// with the echo responder).
-fn transcriber(config: &Config, dispatcher: &Dispatcher) -> anyhow::Result<()> {
-    if let Some(settings) = &config.transcribe {
-        let transcriber = OpenAiTranscriber::new(settings.clone()).map_err(anyhow::Error::msg)?;
-        dispatcher.set_transcriber(Arc::new(transcriber));
-    }
-    Ok(())
-}
-
-/// `lull run`: every configured adapter, the scheduler and the HTTP server, until
-/// `shutdown` completes. Then the adapters and the HTTP server stop taking messages,
-/// and rounds in flight get the grace period to finish; after it their generations
-/// and sends are cancelled and their leases released. Returns within the grace period
-/// plus [`SHUTDOWN_MARGIN`], however a platform, the webhook, the model or an HTTP
-/// client behaves; nothing accepted is lost (it stays in the database).
-pub(crate) async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-    let metrics = crate::metrics::install().map_err(anyhow::Error::msg)?;
-    let health = Health::default();
-    let mut outbounds: Vec<Arc<dyn Outbound>> = Vec::new();
-    let mut inbounds: Vec<Arc<dyn Inbound>> = Vec::new();
-    if let Some(http) = &config.http_adapter {
-        // Its intake is the HTTP server's `/api/messages`, not a loop of its own.
-        outbounds.push(Arc::new(
-            WebhookOutbound::new(http.webhook.clone()).map_err(anyhow::Error::msg)?,
-        ));
-        health.set(Platform::Http, AdapterState::Up);
-    }
-    // Webhook mode: every replica receives on its HTTP server, none polls.
-    let mut telegram_webhook = None;
-    if let Some(telegram) = &config.telegram {
-        match &config.telegram_webhook {
-            Some(url) => {
-                let (outbound, webhook) =
-                    lull_adapters::telegram::connect_webhook(telegram, url.clone())?;
-                outbounds.push(Arc::new(outbound));
-                telegram_webhook = Some(Arc::new(webhook));
-            }
-            None => {
-                let (outbound, inbound) = lull_adapters::telegram::connect(telegram)?;
-                outbounds.push(Arc::new(outbound));
-                inbounds.push(Arc::new(inbound));
-            }
-        }
-        // The command menus: registered beside the start, never holding it up.
-        let telegram = telegram.clone();
-        tokio::spawn(async move {
-            match lull_adapters::telegram::set_menus(&telegram, &lull_core::texts::menus()).await {
-                Ok(()) => tracing::debug!("Telegram command menus registered"),
-                Err(e) => {
-                    tracing::warn!(error = %e, "could not register the Telegram command menus; commands still work when typed")
-                }
-            }
-        });
-    }
-    if let Some(discord) = &config.discord {
-        // The slash commands: registered beside the start, never holding it up.
-        let settings = discord.clone();
-        tokio::spawn(async move {
-            let menus = lull_core::texts::menus();
-            match lull_adapters::discord::register_commands(&settings, &menus).await {
-                Ok(count) => tracing::debug!(count, "Discord slash commands registered"),
-                Err(e) => {
-                    tracing::warn!(error = %e, "could not register the Discord slash commands; commands still work after a mention")
-                }
-            }
-        });
-        let discord = lull_adapters::discord::Discord::new(discord, config.discord_shards)?;
-        outbounds.push(Arc::new(discord.outbound));
-        inbounds.push(Arc::new(discord.inbound));
-    }
-    if outbounds.is_empty() {
-        anyhow::bail!(
-            "nothing to run: set TELEGRAM_BOT_TOKEN, DISCORD_BOT_TOKEN or LULL_WEBHOOK_URL to enable an adapter (or try `lull chat`)"
-        );
-    }
-    let store = open_store(&config).await?;
-    log_responder(&config);
-    let clock = lull_core::clock::for_process();
-    let dispatcher = Dispatcher::new(
-        store.clone(),
-        responder(&config)?,
-        outbounds,
-        config.dispatch.clone(),
-        clock.clone(),
-    );
-    transcriber(&config, &dispatcher)?;
-    toolbox(&config, &dispatcher).await;
-    let api = config
-        .http_adapter
-        .as_ref()
-        .map(|http| lull_adapters::http::routes(dispatcher.clone(), http.token.clone()));
-    let telegram_route = telegram_webhook
-        .as_ref()
-        .map(|webhook| webhook.routes(dispatcher.clone()));
-    let api = match (api, telegram_route) {
-        (Some(api), Some(telegram)) => Some(api.merge(telegram)),
-        (api, telegram) => api.or(telegram),
+fn transcriber(
+    config: &Config,
+) -> anyhow::Result<Option<Arc<dyn lull_core::llm::transcribe::Transcriber>>> {
+    let Some(settings) = &config.transcribe else {
+        return Ok(None);
     };
-    let router = crate::http::app(
-        HttpState {
-            status: Some(status_page(
-                &config,
-                &dispatcher,
-                &health,
-                &metrics,
-                clock.clone(),
-            )),
-            limits: config.dispatch.limits.clone(),
-            clock,
-            store,
-            health: health.clone(),
-            metrics: Some(metrics.clone()),
-            tools: dispatcher.toolbox().cloned(),
-        },
-        api,
-    );
-    let listener = tokio::net::TcpListener::bind(config.http_addr)
-        .await
-        .with_context(|| format!("LULL_HTTP_ADDR: cannot listen on {}", config.http_addr))?;
-    tracing::info!(addr = %listener.local_addr()?, "HTTP server listening");
-
-    let stop_intake = CancellationToken::new();
-    let stop_scheduler = CancellationToken::new();
-    let mut server = tokio::spawn(
-        axum::serve(listener, router)
-            .with_graceful_shutdown(stop_intake.clone().cancelled_owned())
-            .into_future(),
-    );
-    let mut scheduler = tokio::spawn(dispatcher.clone().run(stop_scheduler.clone()));
-    let mut intake = tokio::task::JoinSet::new();
-    for inbound in inbounds.drain(..) {
-        let (dispatcher, health, stop) = (dispatcher.clone(), health.clone(), stop_intake.clone());
-        intake.spawn(async move {
-            dispatcher
-                .serve_platform(inbound, health, stop)
-                .await
-                .map_err(anyhow::Error::new)
-        });
-    }
-    if let Some(webhook) = telegram_webhook {
-        let (health, stop) = (health.clone(), stop_intake.clone());
-        intake.spawn(async move {
-            webhook
-                .register(&health, &stop)
-                .await
-                .map_err(|reason| anyhow::anyhow!("the telegram adapter stopped: {reason}"))
-        });
-    }
-    let upkeep = tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(Duration::from_secs(5)).await;
-            metrics.run_upkeep();
-        }
-    });
-
-    // An adapter ends on its own only when retrying cannot help (a rejected token,
-    // refused intents): the process stops with an error naming what to fix, so a
-    // supervisor (Docker's restart policy) sees the failure instead of a process that
-    // runs on, unhealthy, forever.
-    let mut failure: Option<anyhow::Error> = None;
-    tokio::pin!(shutdown);
-    while failure.is_none() {
-        tokio::select! {
-            () = &mut shutdown => break,
-            Some(ended) = intake.join_next() => match ended {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => failure = Some(e),
-                Err(e) => failure = Some(anyhow::Error::new(e).context("an adapter task failed")),
-            },
-        }
-    }
-    if let Some(e) = &failure {
-        tracing::error!(error = %format!("{e:#}"), "stopping: an adapter cannot continue");
-    }
-    let grace = config.dispatch.shutdown_grace;
-    tracing::info!(
-        grace_ms = grace.as_millis() as u64,
-        "shutting down: no new messages; finishing rounds in flight"
-    );
-    // A hard limit: whatever a platform, the webhook, the model or an HTTP client
-    // does, everything stops by the deadline. The scheduler cancels rounds still
-    // running after the grace period (their leases released, their outbox rows kept);
-    // HTTP requests still open then are cut off; what is left after the margin is
-    // dropped.
-    let grace_over = tokio::time::Instant::now() + grace;
-    let deadline = grace_over + SHUTDOWN_MARGIN;
-    stop_intake.cancel();
-    stop_scheduler.cancel();
-    let stopped = async {
-        while intake.join_next().await.is_some() {}
-        (&mut scheduler).await
-    };
-    match tokio::time::timeout_at(deadline, stopped).await {
-        Ok(joined) => joined.context("the scheduler task failed")?,
-        Err(_) => {
-            tracing::warn!("shutdown deadline passed: stopping adapters and rounds as they are");
-            intake.abort_all();
-            scheduler.abort();
-        }
-    }
-    // Requests still open after the grace period (a client sending slowly) are cut off.
-    if let Ok(served) = tokio::time::timeout_at(grace_over, &mut server).await {
-        served.context("the HTTP server task failed")??;
-    } else {
-        tracing::warn!("grace period over: closing HTTP connections still open");
-        server.abort();
-    }
-    upkeep.abort();
-    stop_tools(&dispatcher, deadline).await;
-    checkpoint(dispatcher.store(), deadline).await;
-    tracing::info!("stopped");
-    match failure {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
+    let transcriber = OpenAiTranscriber::new(settings.clone()).map_err(anyhow::Error::msg)?;
+    Ok(Some(Arc::new(transcriber)))
 }
 
 /// How long after the grace period `lull run` may take to stop: time for stopped rounds
@@ -386,7 +185,9 @@ pub(crate) async fn chat(
         eprintln!("{}", chat_greeting(&config));
     }
     let console = Arc::new(ConsoleOutbound::stdout());
-    let dispatcher = dispatcher(&config, vec![console.clone()]).await?;
+    let store = open_store(&config).await?;
+    let clock = lull_core::clock::for_process();
+    let dispatcher = dispatcher(&config, store, vec![console.clone()], clock).await?;
     let stop = CancellationToken::new();
     let scheduler = tokio::spawn(dispatcher.clone().run(stop.clone()));
     let mut events = dispatcher.subscribe();

@@ -87,6 +87,15 @@ pub(crate) fn busy_timeout(default: std::time::Duration) -> std::time::Duration 
     default
 }
 
+/// `LULL_TEST_NO_OCCURRENCE_KEY=1`: a job's occurrence is fired without its key (no
+/// compare-and-swap of the instant, no unique occurrence, a dedupe key per process):
+/// the behaviour of schedulers that run what they read as due, so two processes
+/// reading the same due job both fire it.
+pub(crate) fn no_occurrence_key() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| on("LULL_TEST_NO_OCCURRENCE_KEY"))
+}
+
 #[cfg(feature = "test-switches")]
 fn on(name: &str) -> bool {
     let on = std::env::var(name).is_ok_and(|v| v == "1");

@@ -13,8 +13,8 @@
 //!   [`StatusStore`] (the status page's read-only aggregates), [`SettingStore`] (a
 //!   conversation's own choices, `/stop`), [`ReactionStore`] (which message carries
 //!   a burst's ack reaction), [`RhythmStore`] (how a conversation's bursts go),
-//!   [`OverheardStore`] (group context) and [`ThreadStore`] (the Discord threads lull
-//!   opened); [`Store`] is their sum. A backend is opened with the deployment's
+//!   [`OverheardStore`] (group context), [`ThreadStore`] (the Discord threads lull
+//!   opened) and [`JobStore`] (reminders and scheduled tasks); [`Store`] is their sum. A backend is opened with the deployment's
 //!   [`TimerPolicy`](crate::timing::TimerPolicy) and reports failures as a
 //!   backend-neutral [`StoreError`] (`error.rs`).
 //! - `rules`: each decision both backends make once their rows are read, written once
@@ -75,7 +75,7 @@ pub use crate::domain::{Exchange, OutboxKind, TokenUsage};
 pub use lull_port::RecentConversation;
 
 pub use contract::{
-    actions::*, leases::*, limits::*, messages::*, outbox::*, overheard::*, reactions::*,
+    actions::*, jobs::*, leases::*, limits::*, messages::*, outbox::*, overheard::*, reactions::*,
     rhythm::*, rounds::*, settings::*, status::*, threads::*, work::*,
 };
 pub use error::StoreError;
@@ -108,6 +108,7 @@ pub trait Store:
     + RhythmStore
     + OverheardStore
     + ThreadStore
+    + JobStore
 {
 }
 
@@ -125,6 +126,7 @@ impl<T> Store for T where
         + RhythmStore
         + OverheardStore
         + ThreadStore
+        + JobStore
 {
 }
 
@@ -133,8 +135,9 @@ impl<T> Store for T where
 /// `Store` alone does on `dyn Store`.
 pub mod prelude {
     pub use super::{
-        ActionStore as _, LeaseStore as _, LimitStore as _, MessageStore as _, OutboxStore as _,
-        OverheardStore as _, ReactionStore as _, RhythmStore as _, RoundStore as _,
-        SettingStore as _, StatusStore as _, Store, ThreadStore as _, WorkStore as _,
+        ActionStore as _, JobStore as _, LeaseStore as _, LimitStore as _, MessageStore as _,
+        OutboxStore as _, OverheardStore as _, ReactionStore as _, RhythmStore as _,
+        RoundStore as _, SettingStore as _, StatusStore as _, Store, ThreadStore as _,
+        WorkStore as _,
     };
 }

@@ -566,6 +566,58 @@ pub fn decode_media(stored: Option<&str>) -> Result<Vec<Media>, StoreError> {
         .collect()
 }
 
+/// The key of one occurrence of job `job`: a reminder's dedupe key, a task's platform
+/// message id, so even its output is stored once per occurrence. The counter-test's
+/// switch makes it one per firing process, so nothing dedupes.
+pub(crate) fn occurrence_key(job: i64, scheduled_at: Timestamp, holder: &HolderId) -> String {
+    if crate::switches::no_occurrence_key() {
+        return format!("job/{job}/{}/{}", scheduled_at.0, holder.as_str());
+    }
+    format!("job/{job}/{}", scheduled_at.0)
+}
+
+/// A job's columns as a backend reads them, before [`job_row`] checks them.
+pub(crate) struct RawJob {
+    pub(crate) id: i64,
+    pub(crate) platform: String,
+    pub(crate) key: String,
+    pub(crate) conversation_id: i64,
+    pub(crate) is_group: bool,
+    pub(crate) creator: String,
+    pub(crate) creator_name: String,
+    pub(crate) kind: String,
+    pub(crate) schedule: String,
+    pub(crate) timezone: String,
+    pub(crate) text: String,
+    pub(crate) next_at: Option<i64>,
+    pub(crate) state: String,
+    pub(crate) created_at: i64,
+}
+
+/// A job row of its raw columns; a platform or kind this build cannot read is
+/// [`StoreError::Corrupt`] (never guessed: a job fired into the wrong chat, or as the
+/// wrong kind, would be worse than one not fired).
+pub(crate) fn job_row(raw: RawJob) -> Result<crate::store::JobRow, StoreError> {
+    let platform = raw.platform.parse().map_err(StoreError::Corrupt)?;
+    let kind = crate::store::JobKind::parse(&raw.kind)
+        .ok_or_else(|| StoreError::Corrupt(format!("job kind '{}'", raw.kind)))?;
+    Ok(crate::store::JobRow {
+        id: raw.id,
+        conversation: ConversationRef::new(platform, raw.key),
+        conversation_id: ConversationId(raw.conversation_id),
+        is_group: raw.is_group,
+        creator: raw.creator,
+        creator_name: raw.creator_name,
+        kind,
+        schedule: raw.schedule,
+        timezone: raw.timezone,
+        text: raw.text,
+        next_at: raw.next_at.map(Timestamp),
+        state: crate::store::JobState::parse(&raw.state),
+        created_at: Timestamp(raw.created_at),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

@@ -28,9 +28,12 @@
 //! - `rhythm`: a committed reply teaches the rhythm; ingest waits what it allows.
 //! - `overheard`: group context kept once per platform message, bounded, never pending.
 //! - `threads`: a thread lull opened is remembered once, per platform and key.
+//! - `jobs`: a job made once per origin, within its chat's limit; each occurrence fired
+//!   once with its output; a cancelled job never fires; a chat's time zone.
 //! - `status`: the operator's view counts what the rows say, the same on every backend.
 
 mod actions;
+mod jobs;
 mod leases;
 mod limits;
 mod messages;
@@ -45,6 +48,7 @@ mod threads;
 mod work;
 
 pub use actions::*;
+pub use jobs::*;
 pub use leases::*;
 pub use limits::*;
 pub use messages::*;
@@ -151,6 +155,12 @@ macro_rules! store_conformance {
             overheard_messages_arm_no_timer,
             a_reset_forgets_overheard_messages,
             a_thread_is_remembered,
+            a_job_is_made_once_per_origin_within_the_limit,
+            a_reminder_fires_once,
+            a_recurring_job_arms_its_next_occurrence,
+            a_task_fires_as_a_message_from_its_creator,
+            a_cancelled_job_never_fires,
+            a_chat_keeps_its_time_zone,
             a_commit_teaches_the_rhythm_of_its_burst,
             a_typing_author_holds_the_timer_never_past_the_cap,
         );
@@ -430,6 +440,7 @@ mod tests {
             include_str!("rhythm.rs"),
             include_str!("overheard.rs"),
             include_str!("threads.rs"),
+            include_str!("jobs.rs"),
         );
         let missing: Vec<&str> = checks
             .split("\npub async fn ")

@@ -18,8 +18,10 @@
 //! - [`overheard`]: group context, kept beside a conversation and never answered.
 //! - [`threads`]: the Discord threads lull opened, where messages need no mention.
 //! - [`status`]: the status page's read-only aggregates over indexed ranges.
+//! - [`jobs`]: reminders and scheduled tasks as rows, each occurrence fired once.
 
 pub(super) mod actions;
+pub(super) mod jobs;
 pub(super) mod leases;
 pub(super) mod limits;
 pub(super) mod messages;

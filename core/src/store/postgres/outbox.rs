@@ -18,22 +18,7 @@ impl OutboxStore for PostgresStore {
         transaction!(self, Operation::Other, "queueing a notice", |tx| {
             async {
                 let now = self.now(&tx, queue.now).await?;
-                let conversation = upsert_conversation(&tx, &queue.notice.conversation, queue.notice.is_group, now.db).await?;
-                // At most one notice per dedupe key.
-                let id = query_opt(
-                    &tx,
-                    "INSERT INTO outbox (conversation_id, kind, text, reply_to, dedupe_key, owner, created_at, next_attempt_at)
-                     VALUES ($1, 'notice', $2, $3, $4, $5, $6, $6)
-                     ON CONFLICT (dedupe_key) DO NOTHING
-                     RETURNING id",
-                    &[&conversation.0, &queue.notice.text, &queue.notice.reply_to, &queue.notice.dedupe_key, &queue.holder.as_str(), &now.db.0],
-                    "queueing a notice",
-                )
-                .await?;
-                Ok(id.map(|r| {
-                    let (conversation, text) = (queue.notice.conversation.clone(), queue.notice.text.clone());
-                    rules::outbox_row(OutboxKind::Notice, r.get(0), conversation, text, queue.notice.reply_to.clone(), Vec::new(), now.stored())
-                }))
+                insert_notice(&tx, &queue.notice, queue.holder, now).await
             }
             .await
         })
@@ -181,4 +166,39 @@ pub(super) fn owed_rows(
         });
     }
     Ok((rows, held_back))
+}
+
+/// Queue `notice` (at most one per dedupe key): the row, if it was queued now. For
+/// notices at ingest and a reminder's occurrence (`jobs`). Must run in a transaction.
+pub(super) async fn insert_notice(
+    tx: &Tx<'_>,
+    notice: &crate::store::NewNotice,
+    holder: &crate::domain::HolderId,
+    now: super::clock::Now,
+) -> Result<Option<OutboxRow>, StoreError> {
+    let conversation =
+        upsert_conversation(tx, &notice.conversation, notice.is_group, now.db).await?;
+    // At most one notice per dedupe key.
+    let id = query_opt(
+        tx,
+        "INSERT INTO outbox (conversation_id, kind, text, reply_to, dedupe_key, owner, created_at, next_attempt_at)
+         VALUES ($1, 'notice', $2, $3, $4, $5, $6, $6)
+         ON CONFLICT (dedupe_key) DO NOTHING
+         RETURNING id",
+        &[&conversation.0, &notice.text, &notice.reply_to, &notice.dedupe_key, &holder.as_str(), &now.db.0],
+        "queueing a notice",
+    )
+    .await?;
+    Ok(id.map(|r| {
+        let (conversation, text) = (notice.conversation.clone(), notice.text.clone());
+        rules::outbox_row(
+            OutboxKind::Notice,
+            r.get(0),
+            conversation,
+            text,
+            notice.reply_to.clone(),
+            Vec::new(),
+            now.stored(),
+        )
+    }))
 }

@@ -25,40 +25,7 @@ impl MessageStore for SqliteStore {
         let holder = holder.clone();
         let policy = self.timers;
         self.write_as(Operation::Intake, "storing a message", move |tx| {
-            let conversation = upsert_conversation(tx, &message.conversation, message.is_group, now)?;
-            // No duplicate: a redelivered platform message is stored once.
-            let inserted = tx
-                .prepare_cached(
-                    "INSERT INTO messages
-                         (conversation_id, platform_message_id, user_id, author, text, version, received_at, media)
-                     SELECT ?1, ?2, ?3, ?4, ?5, version + 1, ?6, ?7 FROM conversations WHERE id = ?1
-                     ON CONFLICT (conversation_id, platform_message_id) DO NOTHING",
-                )
-                .ctx("preparing a statement")?
-                .execute(
-                    params![
-                        conversation.0,
-                        message.message_id,
-                        message.user_id,
-                        message.author,
-                        message.text,
-                        now.0,
-                        crate::store::encode_media(&message.media),
-                    ],
-                )
-                .ctx("storing a message")?;
-            if inserted == 0 {
-                return Ok(IngestOutcome::Duplicate { conversation });
-            }
-            let cue = Cue::of(&message.text, message.media.len());
-            let platform = message.conversation.platform;
-            let arming = Arming { conversation, platform, policy, cue, holder: &holder, now };
-            let (version, due_at) = bump_and_arm(tx, arming)?;
-            Ok(IngestOutcome::Stored {
-                conversation,
-                version,
-                due_at,
-            })
+            store_message(tx, &message, (&holder, policy), now)
         })
         .await
     }
@@ -174,6 +141,56 @@ impl MessageStore for SqliteStore {
         })
         .await
     }
+}
+
+/// Store `message` and, unless it is a redelivery, bump its conversation's version and
+/// arm its timer: the whole ingest transaction, for ingest and for a task's occurrence
+/// (`jobs`). Must run in a write transaction.
+pub(super) fn store_message(
+    tx: &Connection,
+    message: &NewMessage,
+    (holder, policy): (&HolderId, crate::timing::TimerPolicy),
+    now: Timestamp,
+) -> Result<IngestOutcome, StoreError> {
+    let conversation = upsert_conversation(tx, &message.conversation, message.is_group, now)?;
+    // No duplicate: a redelivered platform message is stored once.
+    let inserted = tx
+        .prepare_cached(
+            "INSERT INTO messages
+                 (conversation_id, platform_message_id, user_id, author, text, version, received_at, media)
+             SELECT ?1, ?2, ?3, ?4, ?5, version + 1, ?6, ?7 FROM conversations WHERE id = ?1
+             ON CONFLICT (conversation_id, platform_message_id) DO NOTHING",
+        )
+        .ctx("preparing a statement")?
+        .execute(params![
+            conversation.0,
+            message.message_id,
+            message.user_id,
+            message.author,
+            message.text,
+            now.0,
+            crate::store::encode_media(&message.media),
+        ])
+        .ctx("storing a message")?;
+    if inserted == 0 {
+        return Ok(IngestOutcome::Duplicate { conversation });
+    }
+    let cue = Cue::of(&message.text, message.media.len());
+    let platform = message.conversation.platform;
+    let arming = Arming {
+        conversation,
+        platform,
+        policy,
+        cue,
+        holder,
+        now,
+    };
+    let (version, due_at) = bump_and_arm(tx, arming)?;
+    Ok(IngestOutcome::Stored {
+        conversation,
+        version,
+        due_at,
+    })
 }
 
 /// Find or create a conversation row; returns its id. A conversation seen once as a

@@ -16,34 +16,7 @@ impl OutboxStore for SqliteStore {
     async fn enqueue_notice(&self, queue: Enqueue<'_>) -> Result<Option<OutboxRow>, StoreError> {
         let holder = queue.holder.clone();
         self.write("queueing a notice", move |tx| {
-            let conversation = upsert_conversation(tx, &queue.notice.conversation, queue.notice.is_group, queue.now)?;
-            // At most one notice per dedupe key.
-            let id: Option<i64> = tx
-                .prepare_cached(
-                    "INSERT INTO outbox (conversation_id, kind, text, reply_to, dedupe_key, owner, created_at, next_attempt_at)
-                     VALUES (?1, 'notice', ?2, ?3, ?4, ?5, ?6, ?6)
-                     ON CONFLICT (dedupe_key) DO NOTHING
-                     RETURNING id",
-                )
-                .ctx("preparing a statement")?
-                .query_row(
-                    params![
-                        conversation.0,
-                        queue.notice.text,
-                        queue.notice.reply_to,
-                        queue.notice.dedupe_key,
-                        holder.as_str(),
-                        queue.now.0,
-                    ],
-                    |r| r.get(0),
-                )
-                .optional()
-                .ctx("queueing a notice")?;
-            let _ = conversation;
-            Ok(id.map(|id| {
-                let at = stored_at(queue.now);
-                rules::outbox_row(OutboxKind::Notice, id, queue.notice.conversation, queue.notice.text, queue.notice.reply_to, Vec::new(), at)
-            }))
+            insert_notice(tx, &queue.notice, &holder, queue.now)
         })
         .await
     }
@@ -194,4 +167,50 @@ pub(super) fn read_owed(
             .ctx("reading covered messages")?;
     }
     Ok(Owed { rows, held_back })
+}
+
+/// Queue `notice` (at most one per dedupe key): the row, if it was queued now. For
+/// notices at ingest and a reminder's occurrence (`jobs`). Must run in a write
+/// transaction.
+pub(super) fn insert_notice(
+    tx: &rusqlite::Connection,
+    notice: &crate::store::NewNotice,
+    holder: &crate::domain::HolderId,
+    now: Timestamp,
+) -> Result<Option<OutboxRow>, StoreError> {
+    let conversation = upsert_conversation(tx, &notice.conversation, notice.is_group, now)?;
+    // At most one notice per dedupe key.
+    let id: Option<i64> = tx
+        .prepare_cached(
+            "INSERT INTO outbox (conversation_id, kind, text, reply_to, dedupe_key, owner, created_at, next_attempt_at)
+             VALUES (?1, 'notice', ?2, ?3, ?4, ?5, ?6, ?6)
+             ON CONFLICT (dedupe_key) DO NOTHING
+             RETURNING id",
+        )
+        .ctx("preparing a statement")?
+        .query_row(
+            params![
+                conversation.0,
+                notice.text,
+                notice.reply_to,
+                notice.dedupe_key,
+                holder.as_str(),
+                now.0,
+            ],
+            |r| r.get(0),
+        )
+        .optional()
+        .ctx("queueing a notice")?;
+    Ok(id.map(|id| {
+        let at = stored_at(now);
+        rules::outbox_row(
+            OutboxKind::Notice,
+            id,
+            notice.conversation.clone(),
+            notice.text.clone(),
+            notice.reply_to.clone(),
+            Vec::new(),
+            at,
+        )
+    }))
 }

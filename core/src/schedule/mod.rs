@@ -14,6 +14,8 @@
 //! - `calendar`: the days-and-local-times view shared by daily, weekly and cron
 //!   schedules: where a local time falls in a zone, the next occurrence, and how many
 //!   occurrences lie between two instants.
+//! - `forms`: the stored form (one line in the database, read back exactly) and the
+//!   form people read (`every weekday at 08:30`).
 //!
 //! # The forms a WHEN takes
 //!
@@ -62,6 +64,7 @@
 
 mod calendar;
 mod cron;
+mod forms;
 mod parse;
 #[cfg(test)]
 mod tests;
@@ -80,7 +83,9 @@ use calendar::{Calendar, Days};
 pub use cron::Cron;
 pub use parse::parse;
 
-/// When a job fires. Made by [`parse`] from what a person wrote.
+/// When a job fires. Made by [`parse`] from what a person wrote, or by
+/// [`Schedule::from_stored`] from the database; both give the same value for the same
+/// schedule (`from_stored(s.to_stored()) == s`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Schedule {
     /// Once, at this instant.
@@ -97,7 +102,8 @@ pub enum Schedule {
     Cron(Cron),
 }
 
-/// Why a WHEN cannot be used: each variant says so in one line from [`texts`].
+/// Why a WHEN (or a stored schedule) cannot be read. The variants a person can cause
+/// say so in one line from [`texts`]; [`ScheduleError::Stored`] is for operators.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ScheduleError {
     /// No form of WHEN matches: the message lists the forms that work.
@@ -115,6 +121,9 @@ pub enum ScheduleError {
     /// Nothing after the WHEN: no text to remind of, no prompt to answer.
     #[error("{}", texts::WHEN_NO_TEXT)]
     NoText,
+    /// A stored schedule that is not in the stored form (a damaged row).
+    #[error("the stored schedule '{stored}' cannot be read: {why}")]
+    Stored { stored: String, why: String },
 }
 
 /// A time of day on the local clock, to the minute. Always valid (00:00 to 23:59).
@@ -257,6 +266,28 @@ impl Schedule {
     pub fn interval_at_least(&self, min: Duration) -> bool {
         self.shortest_interval()
             .is_none_or(|shortest| shortest >= min)
+    }
+
+    /// The stored form: one line, read back exactly by [`Schedule::from_stored`]
+    /// (`once 2026-12-24T17:00:00Z`, `every 2h`, `daily 08:00`, `weekly mon,fri
+    /// 09:00`, `cron 0 8 * * 1-5`). A contract with existing rows: never change a form,
+    /// only add one.
+    pub fn to_stored(&self) -> String {
+        forms::stored(self)
+    }
+
+    /// A schedule from its stored form.
+    pub fn from_stored(stored: &str) -> Result<Schedule, ScheduleError> {
+        forms::from_stored(stored).map_err(|why| ScheduleError::Stored {
+            stored: stored.to_owned(),
+            why,
+        })
+    }
+
+    /// The schedule as people read it, in the WHEN language itself (so it could be
+    /// typed back): `every weekday at 08:30`, `once at 2026-12-24 18:00` (in `tz`).
+    pub fn describe(&self, tz: &TimeZone) -> String {
+        forms::describe(self, tz)
     }
 
     /// The days-and-times view of a daily, weekly or cron schedule.

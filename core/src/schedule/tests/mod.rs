@@ -1,11 +1,13 @@
 //! The schedule's tests, by area: `parse` (every WHEN form, and what each bad one
 //! answers), `cron` (fields, the day rule, refused patterns), `dst` (daylight-saving
 //! changes in Europe/Berlin and America/New_York, with explicit instants), `missed`
-//! (catching up, checked against stepping one occurrence at a time), `interval` (the
+//! (catching up, checked against stepping one occurrence at a time), `forms` (the
+//! stored form round-trips, the described form), `interval` (the
 //! `LULL_JOB_MIN_INTERVAL` check).
 
 mod cron;
 mod dst;
+mod forms;
 mod interval;
 mod missed;
 mod parse;

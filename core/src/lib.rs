@@ -18,6 +18,9 @@
 //! - [`llm`]: the responder seam (`echo`, `openai`; the reply shown as it is written,
 //!   images of the pending batch as image parts), retries, prompt fitting, and the
 //!   transcription of voice messages.
+//! - [`schedule`]: the schedule language of jobs (the WHEN of `/remind` and
+//!   `/schedule`: `in 20m`, `every weekday 8:30`, `cron "0 8 * * 1-5"`) and the
+//!   instants it names in a chat's time zone, daylight-saving changes included.
 //! - [`texts`]: every sentence the bot says to users or to the model (ready for
 //!   translation).
 //! - [`access`]: who may talk to the bot and who administers it (`LULL_ALLOWED_USERS`,
@@ -66,6 +69,7 @@ pub mod llm;
 pub mod metrics;
 pub mod refreshed;
 pub mod rhythm;
+pub mod schedule;
 pub mod store;
 mod switches;
 pub mod texts;

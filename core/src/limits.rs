@@ -251,6 +251,12 @@ impl TimeZone {
         }
     }
 
+    /// The zone itself, for the calendar arithmetic of job schedules
+    /// (`crate::schedule`), which needs its transitions.
+    pub(crate) fn zone(&self) -> &jiff::tz::TimeZone {
+        &self.zone
+    }
+
     fn zoned(&self, at: Timestamp) -> jiff::Zoned {
         jiff::Timestamp::from_millisecond(at.0)
             .unwrap_or(jiff::Timestamp::UNIX_EPOCH)

@@ -633,6 +633,35 @@ pub fn menus() -> lull_port::Menus {
     }
 }
 
+// Jobs: what `/remind` and `/schedule` answer when their WHEN cannot be used. Each is
+// one line: it is the whole answer, and nothing is stored.
+
+/// A WHEN that cannot be read: the forms that work.
+pub const WHEN_FORMS_TEXT: &str = "I couldn't tell when. Write it like in 20m, in 2h30m, \
+at 18:00, tomorrow 9:00, monday 9:00, 2026-12-24 18:00, every day 8:00, every weekday 8:30, \
+every monday 9:00, every 2h or cron \"0 8 * * 1-5\", then the text.";
+
+/// A `cron "…"` pattern that cannot be read (`why`: which field, in English).
+pub fn when_cron_text(why: &str) -> String {
+    format!(
+        "I couldn't read that cron pattern: {why}. It takes five fields, minute hour \
+day-of-month month day-of-week, like cron \"0 8 * * 1-5\"."
+    )
+}
+
+/// A date the calendar does not have (`2026-02-30`).
+pub fn when_no_such_date_text(date: &str) -> String {
+    format!("There is no {date} in the calendar: give a date that exists, like 2026-12-24.")
+}
+
+/// A one-off time that is not ahead (`today 8:00` at noon, a date gone by).
+pub const WHEN_PASSED_TEXT: &str =
+    "That time has already passed: give one still ahead, like tomorrow 9:00.";
+
+/// A WHEN with nothing after it.
+pub const WHEN_NO_TEXT: &str =
+    "Nothing to do then: put the text after the time, like /remind in 20m buy milk.";
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -70,6 +70,14 @@ pub const TOOL_CALL_SECONDS: &str = "lull_tool_call_duration_seconds";
 /// ingested, the cost of wake-ups per message; flat in the number of replicas.
 pub const DUE_WORK_QUERIES: &str = "lull_due_work_queries_total";
 
+/// Labelled `kind` (`reminder`, `task`): job occurrences fired (each once, by whichever
+/// process fired it).
+pub const JOBS_FIRED: &str = "lull_jobs_fired_total";
+/// How late job occurrences fired, in seconds (0 to a poll interval when lull runs).
+pub const JOB_LATENESS: &str = "lull_job_lateness_seconds";
+/// Jobs active (reminders and tasks still to fire), read from the store.
+pub const JOBS_ACTIVE: &str = "lull_jobs_active";
+
 /// Register descriptions with the installed recorder (call once, after installing it).
 pub fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram};
@@ -78,6 +86,16 @@ pub fn describe() {
         "Messages stored (redeliveries not counted)."
     );
     describe_counter!(REPLIES_SENT, "Replies fully delivered to the platform.");
+    describe_counter!(
+        JOBS_FIRED,
+        "Job occurrences fired, by kind (reminder, task)."
+    );
+    describe_histogram!(
+        JOB_LATENESS,
+        metrics::Unit::Seconds,
+        "How late job occurrences fired."
+    );
+    describe_gauge!(JOBS_ACTIVE, "Jobs still to fire.");
     describe_counter!(
         REPLIES_FAILED,
         "Replies given up: refused by the platform, or still failing at their delivery deadline."

@@ -662,6 +662,161 @@ pub const WHEN_PASSED_TEXT: &str =
 pub const WHEN_NO_TEXT: &str =
     "Nothing to do then: put the text after the time, like /remind in 20m buy milk.";
 
+/// The job commands with jobs off (`LULL_JOBS=off`).
+pub const JOBS_OFF_TEXT: &str =
+    "Reminders and scheduled tasks are off on this bot (LULL_JOBS=off).";
+
+/// `/remind` or `/schedule` without words: how to use it.
+pub fn job_usage_text(kind: crate::store::JobKind) -> String {
+    match kind {
+        crate::store::JobKind::Reminder => {
+            "Usage: /remind WHEN TEXT, e.g. /remind in 20m take the pizza out, or /remind every weekday 8:30 stand-up.".into()
+        }
+        crate::store::JobKind::Task => {
+            "Usage: /schedule WHEN PROMPT, e.g. /schedule every day 8:00 give me the day's plan: I answer the prompt each time.".into()
+        }
+    }
+}
+
+/// A recurring WHEN more often than `LULL_JOB_MIN_INTERVAL`.
+pub fn job_too_often_text(min: std::time::Duration) -> String {
+    format!(
+        "That repeats too often: a job may recur at most every {} here (LULL_JOB_MIN_INTERVAL).",
+        span(min)
+    )
+}
+
+/// A job made: its line, and how to list or stop it.
+pub fn job_made_text(line: &str) -> String {
+    format!("Done: {line}\n/jobs lists this chat's jobs; /jobs cancel N stops one.")
+}
+
+/// A chat at `LULL_JOBS_PER_CHAT`.
+pub fn too_many_jobs_text(active: u32) -> String {
+    format!(
+        "This chat already has {active} jobs, the most it may keep (LULL_JOBS_PER_CHAT). Stop one with /jobs cancel N first."
+    )
+}
+
+/// `/jobs` with words it cannot read.
+pub const JOBS_USAGE_TEXT: &str =
+    "Usage: /jobs lists this chat's jobs; /jobs cancel N stops job N.";
+
+/// `/jobs` in a chat without jobs.
+pub const NO_JOBS_TEXT: &str = "No reminders or scheduled tasks in this chat. Make one with /remind WHEN TEXT or /schedule WHEN PROMPT.";
+
+/// `/jobs`: the chat's jobs, a line each.
+pub fn jobs_list_text(lines: &[String]) -> String {
+    format!("Jobs in this chat:\n{}", lines.join("\n"))
+}
+
+/// One job: `#3 ⏰ reminder, every weekday at 08:30, next 08:30:00 (UTC): stand-up`.
+pub fn job_line(
+    id: i64,
+    kind: crate::store::JobKind,
+    when: &str,
+    next: Option<&str>,
+    text: &str,
+) -> String {
+    let kind = match kind {
+        crate::store::JobKind::Reminder => "reminder",
+        crate::store::JobKind::Task => "task",
+    };
+    let next = next.map_or_else(String::new, |next| format!(", next {next}"));
+    format!("#{id} {kind}, {when}{next}: {text}")
+}
+
+/// A job whose stored schedule this build cannot read (it is paused when due).
+pub fn unreadable_job_line(id: i64, text: &str) -> String {
+    format!("#{id} (its schedule cannot be read by this version): {text}")
+}
+
+/// `/jobs cancel N` done.
+pub fn job_cancelled_text(id: i64, text: &str) -> String {
+    format!("Stopped job #{id}: {text}")
+}
+
+/// `/jobs cancel N` with no such active job in this chat.
+pub fn no_such_job_text(id: i64) -> String {
+    format!("There is no active job #{id} in this chat. /jobs lists them.")
+}
+
+/// `/timezone`: the chat's zone and the time there.
+pub fn timezone_text(name: &str, now: &str) -> String {
+    format!(
+        "This chat's time zone is {name} (it is {now}). Change it with /timezone NAME, e.g. /timezone Europe/Berlin."
+    )
+}
+
+/// `/timezone NAME` done.
+pub fn timezone_set_text(name: &str) -> String {
+    format!(
+        "This chat's time zone is now {name}: new reminders and tasks read their times there (jobs made before keep theirs)."
+    )
+}
+
+/// `/timezone NAME` with a name that is not an IANA zone.
+pub fn unknown_timezone_text(name: &str) -> String {
+    format!(
+        "I don't know the time zone {name:?}. Use an IANA name such as Europe/Berlin, America/New_York or UTC."
+    )
+}
+
+/// `/timezone` with more than a name.
+pub const TIMEZONE_USAGE_TEXT: &str = "Usage: /timezone shows this chat's time zone; /timezone NAME (e.g. Europe/Berlin) chooses one; /timezone default goes back to the bot's.";
+
+/// An amount of time as a person reads it: `45 s`, `12 min`, `2 h 05 min`, `3 d 4 h`.
+pub fn span(d: std::time::Duration) -> String {
+    let secs = d.as_secs();
+    match secs {
+        0..60 => format!("{secs} s"),
+        60..3600 => format!("{} min", secs / 60),
+        3600..86_400 => format!("{} h {:02} min", secs / 3600, secs % 3600 / 60),
+        _ => format!("{} d {} h", secs / 86_400, secs % 86_400 / 3600),
+    }
+}
+
+/// How late an occurrence fires, and how many before it were missed (lull or its
+/// database was down): said once, with the one late occurrence.
+pub fn late_by(late: std::time::Duration, missed: u64) -> String {
+    match missed {
+        0 => format!("late by {}", span(late)),
+        1 => format!("late by {}; 1 earlier time was missed", span(late)),
+        n => format!("late by {}; {n} earlier times were missed", span(late)),
+    }
+}
+
+/// A reminder's occurrence, as the chat gets it (no model call).
+pub fn reminder_text(text: &str, late: Option<&str>) -> String {
+    match late {
+        None => format!("⏰ {text}"),
+        Some(late) => format!("⏰ {text}\n({late})"),
+    }
+}
+
+/// A task's occurrence: its prompt, as a message from the person who scheduled it,
+/// which the model answers.
+pub fn task_text(prompt: &str, late: Option<&str>) -> String {
+    match late {
+        None => format!("⏰ Scheduled task: {prompt}"),
+        Some(late) => format!("⏰ Scheduled task ({late}): {prompt}"),
+    }
+}
+
+/// Occurrences skipped (`LULL_JOB_MISSED=skip`): one notice instead of them.
+pub fn job_skipped_text(id: i64, text: &str, skipped: u64, next: Option<&str>) -> String {
+    let times = if skipped == 1 { "once" } else { "times" };
+    let skipped = if skipped == 1 {
+        String::new()
+    } else {
+        format!("{skipped} ")
+    };
+    let next = next.map_or_else(String::new, |next| format!(" Next: {next}."));
+    format!(
+        "⏰ Job #{id} ({text}) was due {skipped}{times} while I was not running; skipped.{next}"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

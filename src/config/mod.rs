@@ -9,7 +9,7 @@
 //! One file per group of settings, each holding its flags (a clap group flattened
 //! into [`Settings`]), its checks and their tests: [`platforms`], [`model`],
 //! [`media`], [`timing`], [`http`], [`access`], [`limits`], [`tools`], [`controls`],
-//! [`platform_controls`]. The core's defaults are
+//! [`platform_controls`], [`jobs`]. The core's defaults are
 //! named constants in [`lull_core::dispatcher`], read by the flags here and by
 //! [`DispatchSettings::default`] alike.
 
@@ -18,6 +18,7 @@ mod controls;
 #[cfg(test)]
 mod documentation;
 mod http;
+mod jobs;
 mod limits;
 mod media;
 mod model;
@@ -41,6 +42,7 @@ use lull_core::store::DatabaseUrl;
 pub(crate) use self::access::AccessArgs;
 pub(crate) use self::controls::ControlsArgs;
 pub(crate) use self::http::{HttpAdapterConfig, HttpArgs};
+pub(crate) use self::jobs::JobsArgs;
 pub(crate) use self::limits::LimitsArgs;
 pub(crate) use self::media::{MediaArgs, VisionMode};
 pub(crate) use self::model::{LlmConfig, ModelArgs, StreamMode};
@@ -122,6 +124,8 @@ pub(crate) struct Settings {
     pub controls: ControlsArgs,
     #[command(flatten)]
     pub platform_controls: PlatformControlsArgs,
+    #[command(flatten)]
+    pub jobs: JobsArgs,
 
     /// Log format: `text` or `json`.
     #[arg(
@@ -293,6 +297,7 @@ impl Config {
                 ack_reaction: s.platform_controls.ack_reaction()?,
                 group_context,
                 discord_auto_thread,
+                jobs: s.jobs.settings()?,
                 ..DispatchSettings::default()
             },
             http_addr: s.http.http_addr,

@@ -24,6 +24,7 @@ mod helpers;
 mod http_api;
 mod ingest;
 mod ingest_as_sets;
+mod jobs;
 mod last_step;
 mod limits;
 mod llm;

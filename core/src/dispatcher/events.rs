@@ -50,6 +50,12 @@ pub enum Event {
         attempts: u32,
         error: String,
     },
+    /// A job's occurrence fired here: its notice or its message is stored.
+    JobFired {
+        conversation: ConversationId,
+        job: i64,
+        scheduled_at: Timestamp,
+    },
     /// The model cannot answer a batch (too long, or the request refused): a notice
     /// covering its messages sits in the outbox, and the batch is ended.
     GaveUp {
@@ -104,6 +110,7 @@ impl Event {
             | Event::LeaseLost { conversation }
             | Event::GenerationFailed { conversation, .. }
             | Event::GaveUp { conversation, .. }
+            | Event::JobFired { conversation, .. }
             | Event::Limited { conversation, .. }
             | Event::GenerationCancelled { conversation, .. }
             | Event::ActionStarted { conversation, .. }

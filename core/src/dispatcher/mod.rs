@@ -30,6 +30,9 @@
 //!   tracked and stopped after the rounds at shutdown: nothing is detached.
 //! - `acks`: the ack reaction on a burst's message while lull waits, set once per
 //!   burst and taken off when the reply covering it is delivered; never in the way.
+//! - `job_commands`: `/remind`, `/schedule`, `/jobs`, `/timezone`, answered at ingest.
+//! - `jobs`: due job occurrences fired, each once, at the scheduler's look (a
+//!   reminder's notice, a task's message); missed ones said once, never one a slot.
 //! - `overheard`: group context, the recent group messages not addressed to lull,
 //!   kept (bounded) for the prompt; never a message to answer.
 //! - `threads`: the Discord threads lull opened, where a message needs no mention.
@@ -42,6 +45,7 @@
 //!
 //! [`Dispatcher`] holds what they share; it is also the adapters' [`lull_port::Intake`].
 
+pub use jobs::{JOB_MIN_INTERVAL, JOBS_PER_CHAT, JobSettings, MissedPolicy};
 mod acks;
 mod background;
 mod bounds;
@@ -52,6 +56,8 @@ pub mod drafts;
 pub mod events;
 mod ingest;
 mod interrupt;
+mod job_commands;
+mod jobs;
 mod lease_keeper;
 mod not_stored;
 mod notices;
@@ -147,6 +153,9 @@ pub struct DispatchSettings {
     /// `LULL_DISCORD_AUTO_THREAD`: a mention in a Discord channel is answered in a
     /// thread lull opens for it, where messages then need no mention.
     pub discord_auto_thread: bool,
+    /// `LULL_JOBS`: reminders and scheduled tasks; `None` (`off`): no job fires, and
+    /// the job commands say they are off.
+    pub jobs: Option<JobSettings>,
 }
 
 impl Default for DispatchSettings {
@@ -187,6 +196,7 @@ impl Default for DispatchSettings {
             ack_reaction: Some(ACK_REACTION.to_owned()),
             group_context: 0,
             discord_auto_thread: false,
+            jobs: Some(JobSettings::default()),
         }
     }
 }

@@ -99,6 +99,11 @@ impl Gauge {
         if let Ok(pending) = dispatcher.store.pending_conversations().await {
             metrics::gauge!(names::PENDING_CONVERSATIONS).set(pending as f64);
         }
+        if dispatcher.settings.jobs.is_some()
+            && let Ok(active) = dispatcher.store.active_jobs().await
+        {
+            metrics::gauge!(names::JOBS_ACTIVE).set(active as f64);
+        }
     }
 }
 
@@ -182,6 +187,11 @@ impl Scheduler {
                 tracing::debug!(error = %e, "could not look for due work");
             }
             Err(e) => tracing::warn!(error = %e, "could not look for due work"),
+        }
+        if dispatcher.settings.jobs.is_some()
+            && let Some(next) = super::jobs::fire_due(dispatcher, now).await
+        {
+            wake_at = wake_at.min(next);
         }
         wake_at
     }

@@ -4,7 +4,9 @@
 
 use super::{at, holder, http};
 use crate::domain::{ConversationRef, Timestamp};
-use crate::store::{ConversationAt, Fired, Firing, JobCreated, JobKind, JobRow, NewJob, Store};
+use crate::store::{
+    ConversationAt, Fired, Firing, JobCreated, JobKind, JobOutput, JobRow, NewJob, Store,
+};
 
 fn new_job(chat: &ConversationRef, kind: JobKind, origin: &str, first_at: Timestamp) -> NewJob {
     NewJob {
@@ -35,7 +37,10 @@ async fn fire(store: &dyn Store, job: &JobRow, next_at: Option<Timestamp>, by: &
     let firing = Firing {
         job,
         scheduled_at: job.next_at.expect("an active job"),
-        text: format!("⏰ {}", job.text),
+        output: match job.kind {
+            JobKind::Reminder => JobOutput::Notice(format!("⏰ {}", job.text)),
+            JobKind::Task => JobOutput::Message(format!("⏰ {}", job.text)),
+        },
         next_at,
         holder: &holder,
         now: at(1_100),

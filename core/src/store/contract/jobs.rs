@@ -156,12 +156,21 @@ pub struct Firing<'a> {
     pub job: &'a JobRow,
     /// The occurrence: the instant it was due (the job's `next_at` when read).
     pub scheduled_at: Timestamp,
-    /// What the chat gets: a reminder's notice text, or a task's message text.
-    pub text: String,
+    /// What the chat gets.
+    pub output: JobOutput,
     /// The occurrence after this one (`None`: the job ends).
     pub next_at: Option<Timestamp>,
     pub holder: &'a HolderId,
     pub now: Timestamp,
+}
+
+/// What an occurrence leaves in its chat.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobOutput {
+    /// A notice, delivered as is (a reminder; a skipped occurrence's notice).
+    Notice(String),
+    /// A message from the job's creator, which a round answers (a task).
+    Message(String),
 }
 
 /// What [`JobStore::fire_job`] did.

@@ -17,7 +17,7 @@ use crate::rhythm::Cue;
 use crate::store::faults::Operation;
 use crate::store::rules::{self, RawJob};
 use crate::store::{
-    DueJobs, Fired, Firing, JobCreated, JobKind, JobRow, JobStore, NewJob, NewNotice, StoreError,
+    DueJobs, Fired, Firing, JobCreated, JobOutput, JobRow, JobStore, NewJob, NewNotice, StoreError,
 };
 
 /// The columns a [`JobRow`] is read from, with its conversation's.
@@ -335,22 +335,25 @@ async fn output(
 ) -> Result<Fired, StoreError> {
     let job = firing.job;
     let key = rules::occurrence_key(job.id, firing.scheduled_at, firing.holder);
-    if job.kind == JobKind::Reminder {
-        let notice = NewNotice {
-            conversation: job.conversation.clone(),
-            is_group: job.is_group,
-            text: firing.text.clone(),
-            reply_to: None,
-            dedupe_key: key,
-        };
-        let outbox = insert_notice(tx, &notice, firing.holder, now).await?;
-        return Ok(Fired::Fired {
-            outbox,
-            version: None,
-            due_at: None,
-        });
-    }
-    let (wait_min, wait_max) = store.timers.wait_range(Cue::of(&firing.text, 0));
+    let text = match &firing.output {
+        JobOutput::Message(text) => text,
+        JobOutput::Notice(text) => {
+            let notice = NewNotice {
+                conversation: job.conversation.clone(),
+                is_group: job.is_group,
+                text: text.clone(),
+                reply_to: None,
+                dedupe_key: key,
+            };
+            let outbox = insert_notice(tx, &notice, firing.holder, now).await?;
+            return Ok(Fired::Fired {
+                outbox,
+                version: None,
+                due_at: None,
+            });
+        }
+    };
+    let (wait_min, wait_max) = store.timers.wait_range(Cue::of(text, 0));
     let row = query_one(
         tx,
         "SELECT o_version, o_due_at, o_now FROM lull_ingest(
@@ -362,7 +365,7 @@ async fn output(
             &key,
             &job.creator,
             &job.creator_name,
-            &firing.text,
+            text,
             &firing.holder.as_str(),
             &now.fixed,
             &crate::domain::millis(wait_min),

@@ -10,7 +10,7 @@ use super::sql::Context;
 use crate::domain::{ConversationRef, Timestamp};
 use crate::store::rules::{self, RawJob};
 use crate::store::{
-    DueJobs, Fired, Firing, IngestOutcome, JobCreated, JobKind, JobRow, JobStore, NewJob,
+    DueJobs, Fired, Firing, IngestOutcome, JobCreated, JobOutput, JobRow, JobStore, NewJob,
     NewMessage, NewNotice, StoreError,
 };
 
@@ -109,8 +109,12 @@ impl JobStore for SqliteStore {
     async fn fire_job(&self, firing: Firing<'_>) -> Result<Fired, StoreError> {
         let job = firing.job.clone();
         let holder = firing.holder.clone();
-        let (scheduled_at, next_at, text, now) =
-            (firing.scheduled_at, firing.next_at, firing.text, firing.now);
+        let (scheduled_at, next_at, output, now) = (
+            firing.scheduled_at,
+            firing.next_at,
+            firing.output,
+            firing.now,
+        );
         let policy = self.timers;
         self.write("firing a job", move |tx| {
             if !advance(tx, &job, scheduled_at, next_at, now)? {
@@ -129,8 +133,8 @@ impl JobStore for SqliteStore {
                 return Ok(Fired::Gone);
             }
             let key = rules::occurrence_key(job.id, scheduled_at, &holder);
-            match job.kind {
-                JobKind::Reminder => {
+            match output {
+                JobOutput::Notice(text) => {
                     let notice = NewNotice {
                         conversation: job.conversation.clone(),
                         is_group: job.is_group,
@@ -145,7 +149,7 @@ impl JobStore for SqliteStore {
                         due_at: None,
                     })
                 }
-                JobKind::Task => {
+                JobOutput::Message(text) => {
                     let message = NewMessage {
                         conversation: job.conversation.clone(),
                         is_group: job.is_group,

@@ -180,7 +180,9 @@ pub(crate) async fn run(config: Config, shutdown: impl Future<Output = ()>) -> a
         // The command menus: registered beside the start, never holding it up.
         let telegram = telegram.clone();
         tokio::spawn(async move {
-            match lull_adapters::telegram::set_menus(&telegram, &lull_core::texts::menus()).await {
+            match lull_adapters::telegram::set_menus(&telegram, &lull_port::Menus::of_commands())
+                .await
+            {
                 Ok(()) => tracing::debug!("Telegram command menus registered"),
                 Err(e) => {
                     tracing::warn!(error = %e, "could not register the Telegram command menus; commands still work when typed")
@@ -192,7 +194,7 @@ pub(crate) async fn run(config: Config, shutdown: impl Future<Output = ()>) -> a
         // The slash commands: registered beside the start, never holding it up.
         let settings = discord.clone();
         tokio::spawn(async move {
-            let menus = lull_core::texts::menus();
+            let menus = lull_port::Menus::of_commands();
             match lull_adapters::discord::register_commands(&settings, &menus).await {
                 Ok(count) => tracing::debug!(count, "Discord slash commands registered"),
                 Err(e) => {

@@ -4,6 +4,11 @@
 //! the code that decides *when* to say something names the sentence from here and
 //! never spells it.
 //!
+//! A command's own words (its help line, its menu description) are in its entry of the
+//! command table, [`lull_port::command::COMMANDS`], beside its name and rules: the
+//! adapters that register the menus see only the port, and one entry per command
+//! cannot drift from a second list of words. [`help_text`] composes `/help` from them.
+//!
 //! Not here: error messages for operators (logs, `lull check`, configuration), which
 //! name settings and stay in English; the `echo` responder's report of what it was
 //! given (a diagnostic, not a sentence); and the cut marks inside a prompt.
@@ -18,22 +23,20 @@ Several messages from the user may arrive together: read them all and answer the
 
 // Commands.
 
-/// What `/help` and `/start` answer.
-pub const HELP_TEXT: &str = "Hi, I'm lull, an AI assistant. Write to me as you would to a person: \
-if you send several messages in a row, I wait until you pause and answer them together, once.\n\
-\n\
-Commands:\n\
-/new (or /reset): forget our conversation so far and start fresh (in a group: admins only)\n\
-/stop: stop the answer I'm writing and drop the messages waiting for one (in a group: admins only)\n\
-/model, /persona: list the models and personas, or pick one for this chat (in a group: admins only)\n\
-/retry: write my last answer again (in a group: admins only)\n\
-/status: this chat's model, persona, what is waiting, today's usage\n\
-/usage: how much you have used today, and your limit\n\
-/help: show this message";
+/// How `/help` and `/start` open, before the command lines.
+const HELP_GREETING: &str = "Hi, I'm lull, an AI assistant. Write to me as you would to a person: \
+if you send several messages in a row, I wait until you pause and answer them together, once.";
+
+/// What `/help` and `/start` answer: the greeting, then one line per command that has
+/// one, from the command table ([`lull_port::command::help_lines`]).
+pub fn help_text() -> String {
+    let lines = lull_port::command::help_lines().join("\n");
+    format!("{HELP_GREETING}\n\nCommands:\n{lines}")
+}
 
 /// What an unknown `/command` gets: the help, never the model.
 pub fn unknown_command_text(word: &str) -> String {
-    format!("I don't know the command {word}.\n\n{HELP_TEXT}")
+    format!("I don't know the command {word}.\n\n{}", help_text())
 }
 
 /// What `/reset` answers.
@@ -589,53 +592,26 @@ pub fn pick_replies(text: &str) -> Vec<lull_port::QuickReply> {
     replies
 }
 
-/// The command menus lull registers at start (Telegram's `/` menu for private chats
-/// and for group admins, Discord's slash commands): each entry is a command as typed,
-/// so a pick from a menu is answered as the typed command is.
-pub fn menus() -> lull_port::Menus {
-    use lull_port::MenuCommand;
-    let command = |name, description, argument| MenuCommand {
-        name,
-        description,
-        argument,
-    };
-    lull_port::Menus {
-        everyone: vec![
-            command("new", "Start a fresh conversation", None),
-            command("stop", "Stop what I'm doing here", None),
-            command("retry", "Answer the last messages again", None),
-            command(
-                "model",
-                "Show or pick the model",
-                Some(("name", "The model to use")),
-            ),
-            command(
-                "persona",
-                "Show or pick a persona",
-                Some(("name", "The persona to use")),
-            ),
-            command("usage", "Tokens used today and the limits", None),
-            command("status", "Model, persona and what is pending", None),
-            command("help", "What I do and how to use me", None),
-        ],
-        admins: vec![
-            command(
-                "prompt",
-                "Set this chat's own prompt (admins)",
-                Some(("text", "The prompt; empty to clear it")),
-            ),
-            command(
-                "reset",
-                "Start a fresh conversation (admins in groups)",
-                None,
-            ),
-        ],
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `/help` says what it said before its lines came from the command table.
+    #[test]
+    fn the_help_is_the_same_words() {
+        let before = "Hi, I'm lull, an AI assistant. Write to me as you would to a person: \
+if you send several messages in a row, I wait until you pause and answer them together, once.\n\
+\n\
+Commands:\n\
+/new (or /reset): forget our conversation so far and start fresh (in a group: admins only)\n\
+/stop: stop the answer I'm writing and drop the messages waiting for one (in a group: admins only)\n\
+/model, /persona: list the models and personas, or pick one for this chat (in a group: admins only)\n\
+/retry: write my last answer again (in a group: admins only)\n\
+/status: this chat's model, persona, what is waiting, today's usage\n\
+/usage: how much you have used today, and your limit\n\
+/help: show this message";
+        assert_eq!(help_text(), before);
+    }
 
     /// A server offering hundreds of models: the first MODELS_LISTED are listed, each
     /// with its button, and the rest counted; an unknown name is answered alike.

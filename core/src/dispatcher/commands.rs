@@ -28,7 +28,7 @@ pub(super) async fn answer(
     // redelivery finds the claim and does nothing (its answer was queued by the first).
     // (The switches: bots that act on every update; replicas that each answer theirs.)
     let unclaimed = crate::switches::no_command_claim() || crate::switches::no_command_dedupe();
-    let claimed = acts(command) && !unclaimed;
+    let claimed = command.acts() && !unclaimed;
     if claimed
         && !dispatcher
             .store
@@ -82,7 +82,7 @@ async fn act(
         return Ok(texts::admins_only(command.name()));
     }
     Ok(match command {
-        Command::Start | Command::Help => texts::HELP_TEXT.to_owned(),
+        Command::Start | Command::Help => texts::help_text(),
         Command::Unknown => {
             texts::unknown_command_text(text.split_whitespace().next().unwrap_or(""))
         }
@@ -146,15 +146,6 @@ async fn answered(
 ) -> Result<(), StoreError> {
     tracing::info!(conversation = %incoming.conversation, command = command.name(), "command");
     notices::answer_message(dispatcher, incoming, text, command.name(), now).await
-}
-
-/// Whether a command changes something (and so is claimed before it acts); the others
-/// only read and may answer again.
-fn acts(command: Command) -> bool {
-    !matches!(
-        command,
-        Command::Start | Command::Help | Command::Unknown | Command::Usage | Command::Status
-    )
 }
 
 /// Whom `/allow` or `/deny` names: `platform:user_id` (or a bare user id on this

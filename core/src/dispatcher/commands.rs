@@ -10,7 +10,7 @@ use crate::access::{AccessList, AccessRule, Sender, Subject, SubjectKind};
 use crate::domain::{Platform, Timestamp};
 use crate::limits;
 use crate::store::{CommandClaim, ContextReset, StoreError};
-use crate::texts;
+use crate::texts::{self, NoticeText};
 
 /// Answer a command at once, without the model. `text` is the whole message (the
 /// arguments of `/usage`, `/allow`, `/deny`).
@@ -68,7 +68,7 @@ fn may_use(command: Command, incoming: &Incoming, admin: bool, has_argument: boo
     }
 }
 
-/// The command's act and the sentence that answers it.
+/// The command's act and the notice that answers it.
 async fn act(
     dispatcher: &Dispatcher,
     incoming: &Incoming,
@@ -77,11 +77,11 @@ async fn act(
     text: &str,
     args: &[&str],
     now: Timestamp,
-) -> Result<String, StoreError> {
+) -> Result<NoticeText, StoreError> {
     if !may_use(command, incoming, admin, !args.is_empty()) {
-        return Ok(texts::admins_only(command.name()));
+        return Ok(texts::admins_only(command.name()).into());
     }
-    Ok(match command {
+    let answer = match command {
         Command::Start | Command::Help => texts::help_text(),
         Command::Unknown => {
             texts::unknown_command_text(text.split_whitespace().next().unwrap_or(""))
@@ -112,7 +112,7 @@ async fn act(
                 .trim_start()
                 .split_once(char::is_whitespace)
                 .map_or("", |(_, rest)| rest);
-            controls::answer(dispatcher, incoming, command, rest, now).await?
+            return controls::answer(dispatcher, incoming, command, rest, now).await;
         }
         Command::Allow | Command::Deny => match subject(incoming, args) {
             Ok(subject) => {
@@ -133,7 +133,8 @@ async fn act(
             }
             Err(why) => why,
         },
-    })
+    };
+    Ok(answer.into())
 }
 
 /// Queue a command's answer, once per command message.
@@ -141,7 +142,7 @@ async fn answered(
     dispatcher: &Dispatcher,
     incoming: &Incoming,
     command: Command,
-    text: String,
+    text: NoticeText,
     now: Timestamp,
 ) -> Result<(), StoreError> {
     tracing::info!(conversation = %incoming.conversation, command = command.name(), "command");

@@ -23,7 +23,7 @@ use crate::store::{
     ActionKey, ActionReservation, ActionResult, ActionRow, ActionState, Askers, Batch, BatchOf,
     NewAction, OutboxRow, Reserve, canonical_json,
 };
-use crate::texts;
+use crate::texts::{self, NoticeText};
 use crate::tools::{ToolSpec, Toolbox};
 
 /// What the round tells the model a call gave, or that the round must stop.
@@ -340,14 +340,15 @@ impl Round<'_> {
     }
 
     /// The report of the actions of `batch` and of the approvals `decided` in this
-    /// round, to end its reply with (empty: none).
+    /// round, to end its reply with (empty: none), and the answers it offers when a
+    /// notice ends with it.
     pub(super) async fn actions_report(
         &self,
         batch: &Batch,
         decided: &[ActionRow],
-    ) -> Result<String, Interrupt> {
+    ) -> Result<NoticeText, Interrupt> {
         let Some(first) = batch.pending.first() else {
-            return Ok(String::new());
+            return Ok(NoticeText::default());
         };
         let of = BatchOf {
             conversation: self.conversation,
@@ -359,22 +360,30 @@ impl Round<'_> {
 
 /// The report of the actions of the batch `of`, and of `decided` (approvals decided
 /// for it), as a reply or a notice that ends the batch ends with it (empty: none, or
-/// no tools).
+/// no tools). A notice ending with it offers "Approve" for each action still waiting
+/// for its approval; a reply offers nothing (it uses the text alone).
 pub(in crate::dispatcher) async fn batch_report(
     d: &crate::dispatcher::Dispatcher,
     of: BatchOf,
     decided: &[ActionRow],
-) -> Result<String, crate::store::StoreError> {
+) -> Result<NoticeText, crate::store::StoreError> {
     if d.toolbox().is_none() {
-        return Ok(String::new());
+        return Ok(NoticeText::default());
     }
     let mut taken = d.store.actions_of_batch(of).await?;
     taken.extend(decided.iter().cloned());
     let lines = action_lines(&taken);
-    Ok(if lines.is_empty() {
-        String::new()
-    } else {
-        texts::actions_report(&lines)
+    if lines.is_empty() {
+        return Ok(NoticeText::default());
+    }
+    let awaiting: Vec<i64> = taken
+        .iter()
+        .filter(|row| row.state == ActionState::Awaiting)
+        .map(|row| row.id)
+        .collect();
+    Ok(NoticeText {
+        text: texts::actions_report(&lines),
+        quick_replies: texts::awaiting_replies(&awaiting),
     })
 }
 

@@ -31,6 +31,7 @@ const ALL: &[&str] = &[
     V16_INGEST_AS_SETS,
     ddl::TOKEN_USAGE_BY_DAY,
     V18_INSTANCE,
+    ddl::OUTBOX_QUICK_REPLIES,
 ];
 
 /// The schema version this build migrates to.

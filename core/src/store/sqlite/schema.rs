@@ -360,6 +360,7 @@ const ALL: &[&str] = &[
     V15_THREADS,
     ddl::TOKEN_USAGE_BY_DAY,
     V17_INSTANCE,
+    ddl::OUTBOX_QUICK_REPLIES,
 ];
 
 /// The schema version this build migrates to.

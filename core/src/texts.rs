@@ -98,6 +98,12 @@ pub const ACCESS_USAGE_TEXT: &str = "Usage: /allow platform:user_id (a user), \
 /allow chat platform:chat_id (every member of a group or server), or /allow chat in a group \
 (this group; on Discord, this server). /deny takes the same forms.";
 
+/// What `/allow` or `/deny` naming a platform lull does not know answers (`error`:
+/// which, and the ones it knows), then how they are used.
+pub fn access_platform_text(error: &str) -> String {
+    format!("{error}. {ACCESS_USAGE_TEXT}")
+}
+
 /// What `/allow` or `/deny` answers once recorded.
 pub fn access_set_text(subject: &str, allowed: bool) -> String {
     if allowed {
@@ -149,6 +155,11 @@ pub fn over_budget_text(author: &str, used: u64, limit: u64, resets: &str) -> St
 so I can't answer this. Your budget resets at {resets}; please ask again then."
     )
 }
+
+/// Whose use `/usage` tells of, in a group and asked by an admin: the group's.
+pub const USAGE_OF_THIS_GROUP: &str = "this group";
+/// Whose use `/usage` tells of, by default: the sender's own.
+pub const USAGE_OF_YOU: &str = "you";
 
 /// What `/usage` answers: `who` used `used` tokens on `day` of `limit` (0: none);
 /// with `bot`, the whole bot's use and limit too.
@@ -380,6 +391,49 @@ Answer /approve {id} to run it or /cancel {id} to refuse (within {ttl})."
     }
 }
 
+/// A tool's output as the model reads it: a failure says so.
+pub fn tool_output_result(output: &str, is_error: bool) -> String {
+    if is_error {
+        format!("Error: {output}")
+    } else {
+        output.to_owned()
+    }
+}
+
+/// What came of an action, as a report of actions tells it ([`action_line`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActionOutcome {
+    /// It ran and succeeded.
+    Done,
+    /// It ran and its tool reported a failure.
+    Failed,
+    /// Its tool gave no answer (in time, or at all): it may or may not have acted.
+    NoAnswer,
+    /// It was interrupted before its result was recorded: it may or may not have acted.
+    Unknown,
+    /// It waits for the person's approval, `/approve N`.
+    Awaiting(i64),
+    /// Approved, not run yet.
+    Approved,
+    /// Not approved (refused, or the question expired): not run.
+    Refused,
+}
+
+/// One line of a report of actions, as the user and the model are told them: the call
+/// (its tool and its `arguments`, as shown) and what came of it.
+pub fn action_line(tool: &str, arguments: &str, outcome: ActionOutcome) -> String {
+    let call = format!("{tool} {arguments}");
+    match outcome {
+        ActionOutcome::Done => format!("✓ {call}"),
+        ActionOutcome::Failed => format!("✗ {call} failed"),
+        ActionOutcome::NoAnswer => format!("⚠ {call}: outcome unknown (no answer)"),
+        ActionOutcome::Unknown => format!("⚠ {call}: outcome unknown"),
+        ActionOutcome::Awaiting(id) => format!("⏳ {call}: waiting for /approve {id}"),
+        ActionOutcome::Approved => format!("⏳ {call}: approved, about to run"),
+        ActionOutcome::Refused => format!("✗ {call}: not approved, not run"),
+    }
+}
+
 /// Told to the model in a later round: the actions already taken for these messages.
 pub fn actions_taken_note(lines: &[String]) -> String {
     format!(
@@ -496,6 +550,9 @@ impl NoticeText {
         });
     }
 }
+
+/// Why `/model` has no list: the model server answered with an empty one.
+pub const NO_MODELS_SERVED: &str = "the model server lists none";
 
 /// What `/model` says when there is no list to pick from.
 pub fn no_models_text(why: &str) -> String {
@@ -728,5 +785,36 @@ Answer /approve 12 to run it or /cancel 12 to refuse (within 10m)."
         for reply in offers.iter().flatten() {
             assert!(lull_port::QuickReply::could_be(&reply.text), "{reply:?}");
         }
+    }
+
+    /// The lines of a report say what they said when the dispatcher spelled them.
+    #[test]
+    fn action_lines_keep_their_words() {
+        let line = |outcome| action_line("fs__delete", r#"{"path":"a"}"#, outcome);
+        let call = r#"fs__delete {"path":"a"}"#;
+        assert_eq!(line(ActionOutcome::Done), format!("✓ {call}"));
+        assert_eq!(line(ActionOutcome::Failed), format!("✗ {call} failed"));
+        assert_eq!(
+            line(ActionOutcome::NoAnswer),
+            format!("⚠ {call}: outcome unknown (no answer)")
+        );
+        assert_eq!(
+            line(ActionOutcome::Unknown),
+            format!("⚠ {call}: outcome unknown")
+        );
+        assert_eq!(
+            line(ActionOutcome::Awaiting(7)),
+            format!("⏳ {call}: waiting for /approve 7")
+        );
+        assert_eq!(
+            line(ActionOutcome::Approved),
+            format!("⏳ {call}: approved, about to run")
+        );
+        assert_eq!(
+            line(ActionOutcome::Refused),
+            format!("✗ {call}: not approved, not run")
+        );
+        assert_eq!(tool_output_result("boom", true), "Error: boom");
+        assert_eq!(tool_output_result("ok", false), "ok");
     }
 }

@@ -166,7 +166,7 @@ fn subject(incoming: &Incoming, args: &[&str]) -> Result<Subject, String> {
     let (platform, id) = match id.split_once(':') {
         Some((p, id)) => (
             p.parse::<Platform>()
-                .map_err(|e| format!("{e}. {}", texts::ACCESS_USAGE_TEXT))?,
+                .map_err(|e| texts::access_platform_text(&e))?,
             id,
         ),
         None => (platform, id),
@@ -207,12 +207,12 @@ async fn usage(
             )
         }
         (true, []) if incoming.is_group => (
-            "this group".to_owned(),
+            texts::USAGE_OF_THIS_GROUP.to_owned(),
             limits::conversation_scope(&incoming.conversation),
             0,
         ),
         _ => (
-            "you".to_owned(),
+            texts::USAGE_OF_YOU.to_owned(),
             limits::user_scope(platform, &incoming.user_id),
             if admin { 0 } else { limits.user_daily_tokens },
         ),

@@ -147,7 +147,7 @@ async fn offered_models(d: &Dispatcher) -> Result<Arc<Vec<String>>, String> {
         .get(MODEL_LIST_TTL, || async {
             let mut list = d.responder.models().await.map_err(|e| e.to_string())?;
             if list.is_empty() {
-                return Err("the model server lists none".to_owned());
+                return Err(texts::NO_MODELS_SERVED.to_owned());
             }
             list.sort();
             list.dedup();

@@ -324,7 +324,7 @@ async fn postgres(url: &str, shown: &str) -> (Finding, Option<Vec<AccessRule>>) 
 /// configured (`None` without Telegram and Discord).
 fn menus(config: &Config) -> Option<String> {
     use lull_port::Menus;
-    let menus = lull_core::texts::menus();
+    let menus = lull_port::Menus::of_commands();
     let mut shown = Vec::new();
     if config.telegram.is_some() {
         shown.push(format!(

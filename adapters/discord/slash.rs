@@ -113,9 +113,10 @@ impl Deferrals {
 pub(super) fn commands(menus: &Menus) -> Value {
     let command = |c: &MenuCommand| {
         let mut command = json!({"name": c.name, "description": c.description, "type": 1});
-        if let Some((name, description)) = c.argument {
+        if let Some(argument) = c.argument {
             command["options"] = json!([{
-                "type": 3, "name": name, "description": description, "required": false,
+                "type": 3, "name": argument.name, "description": argument.description,
+                "required": false,
             }]);
         }
         command
@@ -252,7 +253,10 @@ mod tests {
                 MenuCommand {
                     name: "model",
                     description: "Pick",
-                    argument: Some(("name", "The model")),
+                    argument: Some(lull_port::command::Argument {
+                        name: "name",
+                        description: "The model",
+                    }),
                 },
             ],
             admins: Vec::new(),

@@ -4,9 +4,16 @@
 //! the code that decides *when* to say something names the sentence from here and
 //! never spells it.
 //!
+//! A command's own words (its help line, its menu description) are in its entry of the
+//! command table, [`lull_port::command::COMMANDS`], beside its name and rules: the
+//! adapters that register the menus see only the port, and one entry per command
+//! cannot drift from a second list of words. [`help_text`] composes `/help` from them.
+//!
 //! Not here: error messages for operators (logs, `lull check`, configuration), which
 //! name settings and stay in English; the `echo` responder's report of what it was
 //! given (a diagnostic, not a sentence); and the cut marks inside a prompt.
+
+use lull_port::QuickReply;
 
 use crate::access::AccessList;
 use crate::domain::Platform;
@@ -16,24 +23,61 @@ use crate::limits;
 pub const DEFAULT_SYSTEM_PROMPT: &str = "You are lull, a friendly and concise assistant in a chat. \
 Several messages from the user may arrive together: read them all and answer them in one reply.";
 
+/// A notice's words and the answers it offers as quick replies (buttons under its
+/// last part), decided together when the notice is built and stored with it in its
+/// outbox row: delivery shows what was stored and never reads the words, so a button
+/// never depends on how a sentence is worded, and text that merely quotes an answer
+/// (a tool's arguments, a model's name) offers nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NoticeText {
+    pub text: String,
+    pub quick_replies: Vec<QuickReply>,
+}
+
+impl NoticeText {
+    /// This notice, then `more` (the report of a batch's actions) after its text, with
+    /// the answers both offer, these first.
+    #[must_use]
+    pub fn followed_by(mut self, more: NoticeText) -> NoticeText {
+        self.text.push_str(&more.text);
+        self.quick_replies.extend(more.quick_replies);
+        self
+    }
+}
+
+/// A sentence that offers no answer.
+impl From<String> for NoticeText {
+    fn from(text: String) -> Self {
+        NoticeText {
+            text,
+            quick_replies: Vec::new(),
+        }
+    }
+}
+
+/// A sentence that offers no answer.
+impl From<&str> for NoticeText {
+    fn from(text: &str) -> Self {
+        text.to_owned().into()
+    }
+}
+
 // Commands.
 
-/// What `/help` and `/start` answer.
-pub const HELP_TEXT: &str = "Hi, I'm lull, an AI assistant. Write to me as you would to a person: \
-if you send several messages in a row, I wait until you pause and answer them together, once.\n\
-\n\
-Commands:\n\
-/new (or /reset): forget our conversation so far and start fresh (in a group: admins only)\n\
-/stop: stop the answer I'm writing and drop the messages waiting for one (in a group: admins only)\n\
-/model, /persona: list the models and personas, or pick one for this chat (in a group: admins only)\n\
-/retry: write my last answer again (in a group: admins only)\n\
-/status: this chat's model, persona, what is waiting, today's usage\n\
-/usage: how much you have used today, and your limit\n\
-/help: show this message";
+/// How `/help` and `/start` open, before the command lines.
+const HELP_GREETING: &str = "Hi, I'm lull, an AI assistant. Write to me as you would to a person: \
+if you send several messages in a row, I wait until you pause and answer them together, once.";
+
+/// What `/help` and `/start` answer: the greeting, then one line per command that has
+/// one, from the command table ([`lull_port::command::help_lines`]).
+pub fn help_text() -> String {
+    let lines = lull_port::command::help_lines().join("\n");
+    format!("{HELP_GREETING}\n\nCommands:\n{lines}")
+}
 
 /// What an unknown `/command` gets: the help, never the model.
 pub fn unknown_command_text(word: &str) -> String {
-    format!("I don't know the command {word}.\n\n{HELP_TEXT}")
+    format!("I don't know the command {word}.\n\n{}", help_text())
 }
 
 /// What `/reset` answers.
@@ -53,6 +97,12 @@ pub fn admins_only(command: &str) -> String {
 pub const ACCESS_USAGE_TEXT: &str = "Usage: /allow platform:user_id (a user), \
 /allow chat platform:chat_id (every member of a group or server), or /allow chat in a group \
 (this group; on Discord, this server). /deny takes the same forms.";
+
+/// What `/allow` or `/deny` naming a platform lull does not know answers (`error`:
+/// which, and the ones it knows), then how they are used.
+pub fn access_platform_text(error: &str) -> String {
+    format!("{error}. {ACCESS_USAGE_TEXT}")
+}
 
 /// What `/allow` or `/deny` answers once recorded.
 pub fn access_set_text(subject: &str, allowed: bool) -> String {
@@ -105,6 +155,11 @@ pub fn over_budget_text(author: &str, used: u64, limit: u64, resets: &str) -> St
 so I can't answer this. Your budget resets at {resets}; please ask again then."
     )
 }
+
+/// Whose use `/usage` tells of, in a group and asked by an admin: the group's.
+pub const USAGE_OF_THIS_GROUP: &str = "this group";
+/// Whose use `/usage` tells of, by default: the sender's own.
+pub const USAGE_OF_YOU: &str = "you";
 
 /// What `/usage` answers: `who` used `used` tokens on `day` of `limit` (0: none);
 /// with `bot`, the whole bot's use and limit too.
@@ -315,12 +370,68 @@ pub const REFUSED_ACTION_RESULT: &str =
 /// Tools of an admins-only server called for someone who is not an admin.
 pub const ADMINS_ONLY_TOOL_RESULT: &str = "Error: only the bot's admins may use this tool.";
 
-/// The question asking the person to approve a destructive call.
-pub fn approval_question(id: i64, tool: &str, arguments: &str, ttl: &str) -> String {
-    format!(
-        "I'd like to run {tool} with {arguments}. It can't be undone. \
+/// The question asking the person to approve a destructive call, offering its two
+/// answers: "Approve" (sending `/approve N`) and "Cancel" (sending `/cancel N`).
+pub fn approval_question(id: i64, tool: &str, arguments: &str, ttl: &str) -> NoticeText {
+    NoticeText {
+        text: format!(
+            "I'd like to run {tool} with {arguments}. It can't be undone. \
 Answer /approve {id} to run it or /cancel {id} to refuse (within {ttl})."
-    )
+        ),
+        quick_replies: vec![
+            QuickReply {
+                label: APPROVE_BUTTON.to_owned(),
+                text: format!("/approve {id}"),
+            },
+            QuickReply {
+                label: CANCEL_BUTTON.to_owned(),
+                text: format!("/cancel {id}"),
+            },
+        ],
+    }
+}
+
+/// A tool's output as the model reads it: a failure says so.
+pub fn tool_output_result(output: &str, is_error: bool) -> String {
+    if is_error {
+        format!("Error: {output}")
+    } else {
+        output.to_owned()
+    }
+}
+
+/// What came of an action, as a report of actions tells it ([`action_line`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActionOutcome {
+    /// It ran and succeeded.
+    Done,
+    /// It ran and its tool reported a failure.
+    Failed,
+    /// Its tool gave no answer (in time, or at all): it may or may not have acted.
+    NoAnswer,
+    /// It was interrupted before its result was recorded: it may or may not have acted.
+    Unknown,
+    /// It waits for the person's approval, `/approve N`.
+    Awaiting(i64),
+    /// Approved, not run yet.
+    Approved,
+    /// Not approved (refused, or the question expired): not run.
+    Refused,
+}
+
+/// One line of a report of actions, as the user and the model are told them: the call
+/// (its tool and its `arguments`, as shown) and what came of it.
+pub fn action_line(tool: &str, arguments: &str, outcome: ActionOutcome) -> String {
+    let call = format!("{tool} {arguments}");
+    match outcome {
+        ActionOutcome::Done => format!("✓ {call}"),
+        ActionOutcome::Failed => format!("✗ {call} failed"),
+        ActionOutcome::NoAnswer => format!("⚠ {call}: outcome unknown (no answer)"),
+        ActionOutcome::Unknown => format!("⚠ {call}: outcome unknown"),
+        ActionOutcome::Awaiting(id) => format!("⏳ {call}: waiting for /approve {id}"),
+        ActionOutcome::Approved => format!("⏳ {call}: approved, about to run"),
+        ActionOutcome::Refused => format!("✗ {call}: not approved, not run"),
+    }
 }
 
 /// Told to the model in a later round: the actions already taken for these messages.
@@ -380,60 +491,28 @@ pub const APPROVE_BUTTON: &str = "Approve";
 /// The label of the button that sends `/cancel N`.
 pub const CANCEL_BUTTON: &str = "Cancel";
 
-/// The buttons to show under a notice: one "Approve" (sending `/approve N`) and one
-/// "Cancel" (sending `/cancel N`) for every approval answer the text names, in the
-/// order the questions appear (see [`approval_question`]). Pure: it only reads the
-/// text, so a button never offers an answer the text does not spell out; a text
-/// naming no answer gets none. With several questions in one text, labels carry
-/// their number ("Approve 12"), so the buttons can be told apart.
-pub fn quick_replies(text: &str) -> Vec<lull_port::QuickReply> {
-    const COMMANDS: [(&str, &str); 2] = [("/approve", APPROVE_BUTTON), ("/cancel", CANCEL_BUTTON)];
-    // (where, id, which command), every answer the text spells out as a word of its
-    // own: `/approve 12.` counts, `x/approve 12` and `/approve 12a` do not.
-    let mut found: Vec<(usize, u64, usize)> = Vec::new();
-    for (which, (command, _)) in COMMANDS.iter().enumerate() {
-        for (at, _) in text.match_indices(command) {
-            let before = text[..at].chars().next_back();
-            if before.is_some_and(|c| c.is_alphanumeric() || c == '/' || c == '_') {
-                continue;
-            }
-            let Some(rest) = text[at + command.len()..].strip_prefix(' ') else {
-                continue;
-            };
-            let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
-            let after = rest[digits..].chars().next();
-            if digits == 0 || after.is_some_and(|c| c.is_alphanumeric() || c == '_') {
-                continue;
-            }
-            if let Ok(id) = rest[..digits].parse::<u64>() {
-                found.push((at, id, which));
-            }
-        }
-    }
-    found.sort_unstable();
-    let mut ids: Vec<u64> = Vec::new();
-    for &(_, id, _) in &found {
-        if !ids.contains(&id) {
-            ids.push(id);
+/// The answers a report of actions offers (a notice that ends with it: `/stop`, a
+/// give-up, approvals taken over a budget): one "Approve" (sending `/approve N`) for
+/// each action still waiting for its approval, `awaiting` in the report's order. With
+/// several, labels carry their number ("Approve 12"), so the buttons can be told apart.
+pub fn awaiting_replies(awaiting: &[i64]) -> Vec<QuickReply> {
+    let mut ids: Vec<i64> = Vec::new();
+    for id in awaiting {
+        if !ids.contains(id) {
+            ids.push(*id);
         }
     }
     let numbered = ids.len() > 1;
-    let mut replies = Vec::new();
-    for id in ids {
-        for (which, (command, label)) in COMMANDS.iter().enumerate() {
-            if found.iter().any(|&(_, i, w)| (i, w) == (id, which)) {
-                replies.push(lull_port::QuickReply {
-                    label: if numbered {
-                        format!("{label} {id}")
-                    } else {
-                        (*label).to_owned()
-                    },
-                    text: format!("{command} {id}"),
-                });
-            }
-        }
-    }
-    replies
+    ids.into_iter()
+        .map(|id| QuickReply {
+            label: if numbered {
+                format!("{APPROVE_BUTTON} {id}")
+            } else {
+                APPROVE_BUTTON.to_owned()
+            },
+            text: format!("/approve {id}"),
+        })
+        .collect()
 }
 
 /// The most models `/model` lists: a server may offer hundreds, and a message with a
@@ -441,20 +520,39 @@ pub fn quick_replies(text: &str) -> Vec<lull_port::QuickReply> {
 pub const MODELS_LISTED: usize = 20;
 
 /// What `/model` lists: each model with the command that picks it (one per line,
-/// `/model N: NAME`, which [`pick_replies`] turns into buttons), the one in force
-/// marked; at most [`MODELS_LISTED`], the others counted.
-pub fn models_text(models: &[String], in_force: &str) -> String {
-    let mut text = format!("This chat uses {in_force}. Pick a model:\n");
+/// `/model N: NAME`, each offered as a button labelled with the name, sending
+/// `/model N`), the one in force marked; at most [`MODELS_LISTED`], the others
+/// counted.
+pub fn models_text(models: &[String], in_force: &str) -> NoticeText {
+    let mut list = NoticeText::from(format!("This chat uses {in_force}. Pick a model:\n"));
     for (n, model) in (1..).zip(models.iter().take(MODELS_LISTED)) {
         let mark = if model == in_force { " (in use)" } else { "" };
-        text.push_str(&format!("/model {n}: {model}{mark}\n"));
+        list.offer_pick("/model", n, model, mark);
     }
     if models.len() > MODELS_LISTED {
-        text.push_str(&format!("…and {} more.\n", models.len() - MODELS_LISTED));
+        let more = models.len() - MODELS_LISTED;
+        list.text.push_str(&format!("…and {more} more.\n"));
     }
-    text.push_str("Or send /model NAME (/model default: the default).");
-    text
+    list.text
+        .push_str("Or send /model NAME (/model default: the default).");
+    list
 }
+
+impl NoticeText {
+    /// One line of a list, `COMMAND N: NAME` and its `mark`, offered as a button
+    /// labelled `NAME` that sends `COMMAND N`.
+    fn offer_pick(&mut self, command: &str, n: usize, name: &str, mark: &str) {
+        self.text
+            .push_str(&format!("{command} {n}: {name}{mark}\n"));
+        self.quick_replies.push(QuickReply {
+            label: name.to_owned(),
+            text: format!("{command} {n}"),
+        });
+    }
+}
+
+/// Why `/model` has no list: the model server answered with an empty one.
+pub const NO_MODELS_SERVED: &str = "the model server lists none";
 
 /// What `/model` says when there is no list to pick from.
 pub fn no_models_text(why: &str) -> String {
@@ -484,27 +582,29 @@ pub fn picked_text(what: &str, name: &str, changed: bool) -> String {
     }
 }
 
-/// What `/persona` lists (one per line, `/persona N: NAME`, turned into buttons).
-pub fn personas_text(personas: &[&str], in_force: Option<&str>) -> String {
+/// What `/persona` lists (one per line, `/persona N: NAME`, each offered as a
+/// button, as [`models_text`] does).
+pub fn personas_text(personas: &[&str], in_force: Option<&str>) -> NoticeText {
     if personas.is_empty() {
-        return "There are no personas here (LULL_PERSONAS is not set).".to_owned();
+        return "There are no personas here (LULL_PERSONAS is not set).".into();
     }
-    let mut text = format!(
+    let mut list = NoticeText::from(format!(
         "This chat uses {}. Pick a persona:\n",
         in_force.map_or("the default persona".to_owned(), |p| format!(
             "the persona {p}"
         ))
-    );
+    ));
     for (n, persona) in (1..).zip(personas) {
         let mark = if Some(*persona) == in_force {
             " (in use)"
         } else {
             ""
         };
-        text.push_str(&format!("/persona {n}: {persona}{mark}\n"));
+        list.offer_pick("/persona", n, persona, mark);
     }
-    text.push_str("Or send /persona NAME (/persona default: none).");
-    text
+    list.text
+        .push_str("Or send /persona NAME (/persona default: none).");
+    list
 }
 
 /// What `/persona NAME` says of a name that is not offered.
@@ -565,72 +665,6 @@ pub fn status_text(s: &StatusLines<'_>) -> String {
         s.conversation,
         s.user,
     )
-}
-
-/// The buttons under a `/model` or `/persona` list: one per line
-/// `/model N: NAME` (or `/persona`), labelled with the name, sending `/model N`.
-/// Pure, like [`quick_replies`]: a button only repeats a pick the text spells out.
-pub fn pick_replies(text: &str) -> Vec<lull_port::QuickReply> {
-    let mut replies = Vec::new();
-    for line in text.lines() {
-        for command in ["/model ", "/persona "] {
-            let Some((n, name)) = line.strip_prefix(command).and_then(|r| r.split_once(": "))
-            else {
-                continue;
-            };
-            if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) {
-                replies.push(lull_port::QuickReply {
-                    label: name.trim_end_matches(" (in use)").to_owned(),
-                    text: format!("{command}{n}"),
-                });
-            }
-        }
-    }
-    replies
-}
-
-/// The command menus lull registers at start (Telegram's `/` menu for private chats
-/// and for group admins, Discord's slash commands): each entry is a command as typed,
-/// so a pick from a menu is answered as the typed command is.
-pub fn menus() -> lull_port::Menus {
-    use lull_port::MenuCommand;
-    let command = |name, description, argument| MenuCommand {
-        name,
-        description,
-        argument,
-    };
-    lull_port::Menus {
-        everyone: vec![
-            command("new", "Start a fresh conversation", None),
-            command("stop", "Stop what I'm doing here", None),
-            command("retry", "Answer the last messages again", None),
-            command(
-                "model",
-                "Show or pick the model",
-                Some(("name", "The model to use")),
-            ),
-            command(
-                "persona",
-                "Show or pick a persona",
-                Some(("name", "The persona to use")),
-            ),
-            command("usage", "Tokens used today and the limits", None),
-            command("status", "Model, persona and what is pending", None),
-            command("help", "What I do and how to use me", None),
-        ],
-        admins: vec![
-            command(
-                "prompt",
-                "Set this chat's own prompt (admins)",
-                Some(("text", "The prompt; empty to clear it")),
-            ),
-            command(
-                "reset",
-                "Start a fresh conversation (admins in groups)",
-                None,
-            ),
-        ],
-    }
 }
 
 // Jobs: what `/remind` and `/schedule` answer when their WHEN cannot be used. Each is
@@ -821,13 +855,31 @@ pub fn job_skipped_text(id: i64, text: &str, skipped: u64, next: Option<&str>) -
 mod tests {
     use super::*;
 
+    /// `/help` says what it said before its lines came from the command table.
+    #[test]
+    fn the_help_is_the_same_words() {
+        let before = "Hi, I'm lull, an AI assistant. Write to me as you would to a person: \
+if you send several messages in a row, I wait until you pause and answer them together, once.\n\
+\n\
+Commands:\n\
+/new (or /reset): forget our conversation so far and start fresh (in a group: admins only)\n\
+/stop: stop the answer I'm writing and drop the messages waiting for one (in a group: admins only)\n\
+/model, /persona: list the models and personas, or pick one for this chat (in a group: admins only)\n\
+/retry: write my last answer again (in a group: admins only)\n\
+/status: this chat's model, persona, what is waiting, today's usage\n\
+/usage: how much you have used today, and your limit\n\
+/help: show this message";
+        assert_eq!(help_text(), before);
+    }
+
     /// A server offering hundreds of models: the first MODELS_LISTED are listed, each
     /// with its button, and the rest counted; an unknown name is answered alike.
     #[test]
     fn a_long_model_list_is_cut_and_counted() {
         let models: Vec<String> = (1..=300).map(|i| format!("model-{i:04}")).collect();
-        let text = models_text(&models, "model-0001");
-        assert_eq!(pick_replies(&text).len(), MODELS_LISTED);
+        let list = models_text(&models, "model-0001");
+        let text = &list.text;
+        assert_eq!(list.quick_replies.len(), MODELS_LISTED);
         assert!(text.contains("/model 20: model-0020\n"), "{text}");
         assert!(!text.contains("model-0021"), "{text}");
         assert!(text.contains("…and 280 more."), "{text}");
@@ -840,94 +892,113 @@ mod tests {
         );
     }
 
+    fn pairs(notice: &NoticeText) -> Vec<(&str, &str)> {
+        notice
+            .quick_replies
+            .iter()
+            .map(|r| (r.label.as_str(), r.text.as_str()))
+            .collect()
+    }
+
     #[test]
     fn a_list_of_models_gets_one_button_per_pick_each_a_quick_reply() {
         let models = ["small".to_owned(), "big".to_owned()];
-        let text = models_text(&models, "big");
-        let replies = pick_replies(&text);
-        let pairs: Vec<(&str, &str)> = replies
-            .iter()
-            .map(|r| (r.label.as_str(), r.text.as_str()))
-            .collect();
-        assert_eq!(pairs, [("small", "/model 1"), ("big", "/model 2")]);
-        assert!(
-            replies
-                .iter()
-                .all(|r| lull_port::QuickReply::could_be(&r.text))
+        let list = models_text(&models, "big");
+        assert_eq!(pairs(&list), [("small", "/model 1"), ("big", "/model 2")]);
+        assert_eq!(
+            list.text,
+            "This chat uses big. Pick a model:\n/model 1: small\n/model 2: big (in use)\n\
+Or send /model NAME (/model default: the default)."
         );
-        let personas = pick_replies(&personas_text(&["pirate"], None));
-        assert_eq!(personas[0].text, "/persona 1");
-        assert!(
-            pick_replies("say /model 3: x to pick").is_empty(),
-            "only whole lines"
+        let personas = personas_text(&["pirate"], None);
+        assert_eq!(pairs(&personas), [("pirate", "/persona 1")]);
+        assert_eq!(
+            personas.text,
+            "This chat uses the default persona. Pick a persona:\n/persona 1: pirate\n\
+Or send /persona NAME (/persona default: none)."
         );
+        assert!(personas_text(&[], None).quick_replies.is_empty());
     }
 
-    fn pairs(text: &str) -> Vec<(String, String)> {
-        quick_replies(text)
-            .into_iter()
-            .map(|r| (r.label, r.text))
-            .collect()
-    }
-
-    fn owned(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
-            .collect()
-    }
-
+    /// The question offers its own two answers, whatever its arguments quote.
     #[test]
     fn an_approval_question_gets_approve_and_cancel() {
-        let question = approval_question(12, "delete_file", r#"{"path":"a"}"#, "10m");
+        let question = approval_question(12, "delete_file", r#"{"path":"/approve 99"}"#, "10m");
         assert_eq!(
             pairs(&question),
-            owned(&[("Approve", "/approve 12"), ("Cancel", "/cancel 12")])
-        );
-    }
-
-    #[test]
-    fn several_questions_get_numbered_buttons_in_their_order() {
-        let text = format!(
-            "{}\n\n{}",
-            approval_question(9, "a", "{}", "10m"),
-            approval_question(3, "b", "{}", "10m")
+            [("Approve", "/approve 12"), ("Cancel", "/cancel 12")]
         );
         assert_eq!(
-            pairs(&text),
-            owned(&[
-                ("Approve 9", "/approve 9"),
-                ("Cancel 9", "/cancel 9"),
-                ("Approve 3", "/approve 3"),
-                ("Cancel 3", "/cancel 3"),
-            ])
+            question.text,
+            "I'd like to run delete_file with {\"path\":\"/approve 99\"}. It can't be undone. \
+Answer /approve 12 to run it or /cancel 12 to refuse (within 10m)."
         );
     }
 
+    /// A report offers "Approve" for each action waiting for its approval, numbered when
+    /// there are several, once each, in the report's order; a sentence offers nothing.
     #[test]
-    fn texts_without_an_answer_get_none() {
-        for text in [
-            "",
-            "The model is down; try again later.",
-            "/approve without a number",
-            "/approve 12abc",
-            "x/approve 12",
-            "//approve 12",
-            "/approved 12",
-            "/approve  12",
-            "/approve -3",
-        ] {
-            assert!(pairs(text).is_empty(), "{text}");
-        }
-        // Only the answer the text names.
-        assert_eq!(pairs("say /cancel 4."), owned(&[("Cancel", "/cancel 4")]));
+    fn a_report_offers_approve_for_each_waiting_action() {
+        let one = NoticeText {
+            text: String::new(),
+            quick_replies: awaiting_replies(&[5]),
+        };
+        assert_eq!(pairs(&one), [("Approve", "/approve 5")]);
+        let several = NoticeText {
+            text: String::new(),
+            quick_replies: awaiting_replies(&[9, 3, 9]),
+        };
+        assert_eq!(
+            pairs(&several),
+            [("Approve 9", "/approve 9"), ("Approve 3", "/approve 3")]
+        );
+        assert!(awaiting_replies(&[]).is_empty());
+        let stopped = NoticeText::from(stopped_text(1)).followed_by(one);
+        assert_eq!(pairs(&stopped), [("Approve", "/approve 5")]);
+        assert!(NoticeText::from(MODEL_DOWN_TEXT).quick_replies.is_empty());
     }
 
     #[test]
     fn every_button_is_one_the_adapters_take_back() {
-        let question = approval_question(12, "t", "{}", "10m");
-        for reply in quick_replies(&question) {
+        let offers = [
+            approval_question(12, "t", "{}", "10m").quick_replies,
+            models_text(&["a".to_owned()], "a").quick_replies,
+            personas_text(&["p"], None).quick_replies,
+            awaiting_replies(&[1, 2]),
+        ];
+        for reply in offers.iter().flatten() {
             assert!(lull_port::QuickReply::could_be(&reply.text), "{reply:?}");
         }
+    }
+
+    /// The lines of a report say what they said when the dispatcher spelled them.
+    #[test]
+    fn action_lines_keep_their_words() {
+        let line = |outcome| action_line("fs__delete", r#"{"path":"a"}"#, outcome);
+        let call = r#"fs__delete {"path":"a"}"#;
+        assert_eq!(line(ActionOutcome::Done), format!("✓ {call}"));
+        assert_eq!(line(ActionOutcome::Failed), format!("✗ {call} failed"));
+        assert_eq!(
+            line(ActionOutcome::NoAnswer),
+            format!("⚠ {call}: outcome unknown (no answer)")
+        );
+        assert_eq!(
+            line(ActionOutcome::Unknown),
+            format!("⚠ {call}: outcome unknown")
+        );
+        assert_eq!(
+            line(ActionOutcome::Awaiting(7)),
+            format!("⏳ {call}: waiting for /approve 7")
+        );
+        assert_eq!(
+            line(ActionOutcome::Approved),
+            format!("⏳ {call}: approved, about to run")
+        );
+        assert_eq!(
+            line(ActionOutcome::Refused),
+            format!("✗ {call}: not approved, not run")
+        );
+        assert_eq!(tool_output_result("boom", true), "Error: boom");
+        assert_eq!(tool_output_result("ok", false), "ok");
     }
 }

@@ -2,9 +2,13 @@
 //! [`Intake`] port; and what the core answers. An adapter acknowledges an update to
 //! its platform only once [`Intake::ingest`] returned `Ok`: from then on the update
 //! cannot be lost.
+//!
+//! A command's [`Command`] and [`Who`] are declared in `crate::command` and re-exported
+//! here, where they were first, so every import of them keeps working.
 
 use async_trait::async_trait;
 
+pub use crate::command::{Command, Who};
 use crate::domain::{ConversationId, ConversationRef, Platform, Timestamp, Version};
 use crate::media::Media;
 
@@ -116,132 +120,6 @@ pub struct RecentConversation {
     pub last_message_id: String,
 }
 
-/// A command a user can send on any platform. Commands bypass the debounce: they are
-/// answered at once, without the model, and never join a burst.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Command {
-    /// `/start`: the greeting platforms send when a user opens the bot.
-    Start,
-    /// `/help`: what the bot does and how to use it.
-    Help,
-    /// `/reset`: start a fresh context for this conversation (in a group: admins only).
-    Reset,
-    /// `/usage`: tokens used today and the limits (an admin: of the group, or of a
-    /// user named after the command).
-    Usage,
-    /// `/allow <platform:user_id>` or `/allow chat [platform:chat_id]` (admins).
-    Allow,
-    /// `/deny <platform:user_id>` or `/deny chat [platform:chat_id]` (admins).
-    Deny,
-    /// `/new`: the same as `/reset` (the name users of other bots know).
-    New,
-    /// `/model [NAME | N]`: list the models, or pick one for this conversation (in a
-    /// group: admins only).
-    Model,
-    /// `/persona [NAME | N | default]`: list the personas, or pick one.
-    Persona,
-    /// `/prompt TEXT` or `/prompt clear`: this conversation's own system prompt (admins).
-    Prompt,
-    /// `/stop`: drop the reply being written and close the pending messages unanswered.
-    Stop,
-    /// `/retry`: answer the last batch again.
-    Retry,
-    /// `/status`: the model, persona, what is pending, today's usage, the ids.
-    Status,
-    /// Any other `/word`: answered with the help, never sent to the model. Not
-    /// `/approve` and `/cancel`: those answer a question about a tool call and are
-    /// stored as messages, so a round decides them under the conversation's lease.
-    Unknown,
-}
-
-/// Who may use a command ([`Command::who`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Who {
-    /// Everyone lull answers.
-    Anyone,
-    /// In a group, lull's admins (`LULL_ADMINS`); in a private chat, its person.
-    AdminsInGroups,
-    /// Lull's admins everywhere, and the person at `lull chat` (who runs lull).
-    Admins,
-}
-
-impl Command {
-    /// Parse a message text as a command. Adapters strip platform decorations first
-    /// (Telegram's `/cmd@botname`, a leading mention); anything after the command
-    /// word is ignored.
-    ///
-    /// A command word is `/` and a name of ASCII letters, digits and `_` (optionally
-    /// `@botname`); anything else (`/usr/bin`, `/ shrug`) is a message.
-    pub fn parse(text: &str) -> Option<Command> {
-        let word = text.split_whitespace().next()?;
-        let name = word.strip_prefix('/')?;
-        let name = name.split_once('@').map_or(name, |(name, _)| name);
-        let is_name = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
-            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if !is_name {
-            return None;
-        }
-        match name.to_ascii_lowercase().as_str() {
-            "start" => Some(Command::Start),
-            "help" => Some(Command::Help),
-            "reset" => Some(Command::Reset),
-            "new" => Some(Command::New),
-            "usage" => Some(Command::Usage),
-            "allow" => Some(Command::Allow),
-            "deny" => Some(Command::Deny),
-            "model" => Some(Command::Model),
-            "persona" => Some(Command::Persona),
-            "prompt" => Some(Command::Prompt),
-            "stop" => Some(Command::Stop),
-            "retry" => Some(Command::Retry),
-            "status" => Some(Command::Status),
-            "approve" | "cancel" => None,
-            _ => Some(Command::Unknown),
-        }
-    }
-
-    /// Who may use the command, decided here once for every adapter: a command is
-    /// answered the same way on Telegram, Discord, the http adapter and `lull chat`.
-    /// `has_argument`: words follow the command (`/model NAME` picks, `/model` lists).
-    pub fn who(self, has_argument: bool) -> Who {
-        match self {
-            Command::Start
-            | Command::Help
-            | Command::Usage
-            | Command::Status
-            | Command::Unknown => Who::Anyone,
-            Command::Model | Command::Persona if !has_argument => Who::Anyone,
-            Command::Reset
-            | Command::New
-            | Command::Model
-            | Command::Persona
-            | Command::Stop
-            | Command::Retry => Who::AdminsInGroups,
-            // A system prompt steers every answer; access decisions admit people.
-            Command::Prompt | Command::Allow | Command::Deny => Who::Admins,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Command::Start => "start",
-            Command::Help => "help",
-            Command::Reset => "reset",
-            Command::Usage => "usage",
-            Command::Allow => "allow",
-            Command::Deny => "deny",
-            Command::New => "new",
-            Command::Model => "model",
-            Command::Persona => "persona",
-            Command::Prompt => "prompt",
-            Command::Stop => "stop",
-            Command::Retry => "retry",
-            Command::Status => "status",
-            Command::Unknown => "unknown",
-        }
-    }
-}
-
 /// The core's intake, as adapters see it: store an update, and find where to resume
 /// reading after downtime. Nothing else of the core is reachable from an adapter.
 #[async_trait]
@@ -273,36 +151,5 @@ pub trait Intake: Send + Sync + 'static {
     ) -> Result<(), IngestError> {
         let _ = (conversation, user_id);
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn commands_parse_case_insensitively_with_arguments() {
-        assert_eq!(Command::parse("/help"), Some(Command::Help));
-        assert_eq!(Command::parse("  /RESET now"), Some(Command::Reset));
-        assert_eq!(Command::parse("/start"), Some(Command::Start));
-        assert_eq!(Command::parse("/usage"), Some(Command::Usage));
-        assert_eq!(Command::parse("/allow telegram:1"), Some(Command::Allow));
-        assert_eq!(Command::parse("/deny chat"), Some(Command::Deny));
-        assert_eq!(Command::parse("/unknown"), Some(Command::Unknown));
-        assert_eq!(Command::parse("/model gpt"), Some(Command::Model));
-        assert_eq!(Command::parse("/stop"), Some(Command::Stop));
-        assert_eq!(Command::parse("/models"), Some(Command::Unknown));
-        assert_eq!(Command::parse("/new"), Some(Command::New));
-        assert_eq!(Command::parse("/help@lull_bot"), Some(Command::Help));
-        // Answers to a tool's approval question are messages, decided by a round.
-        assert_eq!(Command::parse("/approve 3"), None);
-        assert_eq!(Command::parse("/cancel 3"), None);
-        // Not command words: a path, a lone slash, an emoticon.
-        assert_eq!(Command::parse("/usr/bin is a folder"), None);
-        assert_eq!(Command::parse("/ shrug"), None);
-        assert_eq!(Command::parse("/_/"), None);
-        assert_eq!(Command::parse("help"), None);
-        assert_eq!(Command::parse(""), None);
-        assert_eq!(Command::parse("what does /help do?"), None);
     }
 }

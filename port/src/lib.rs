@@ -8,11 +8,15 @@
 //!
 //! # Layout
 //!
+//! - [`command`]: every chat command declared once (name, argument, who may use it,
+//!   help line, menu entry, whether it acts); parsing, the help and the menus derive
+//!   from it.
 //! - [`domain`]: the shared words (platform, conversation, version, outbox row).
-//! - [`intake`]: [`Incoming`] updates, the [`Intake`] port, what it answers, commands.
+//! - [`intake`]: [`Incoming`] updates, the [`Intake`] port, what it answers.
 //! - [`media`]: media references stored with messages, and fetching their bytes
 //!   within a size limit.
-//! - [`menu`]: the command menus adapters register with their platform.
+//! - [`menu`]: the command menus adapters register with their platform, derived from
+//!   the command table.
 //! - [`outbound`]: the [`Outbound`] trait (replies, "typing…", live drafts) and what a
 //!   send can fail with.
 //! - [`session`]: [`Inbound`] adapters and the [`Session`] the core hands them.
@@ -21,6 +25,7 @@
 //! - [`secrets`]: keeping tokens and keys out of logs, errors and messages.
 //! - [`split`]: cutting a reply to a platform's length limit.
 
+pub mod command;
 pub mod domain;
 pub mod health;
 pub mod intake;
@@ -32,11 +37,11 @@ pub mod secrets;
 pub mod session;
 pub mod split;
 
+pub use command::{Command, CommandSpec, Who};
 pub use domain::{ConversationRef, DraftId, OutboxId, OutboxKind, Platform, Timestamp};
 pub use health::{AdapterState, Health};
 pub use intake::{
-    Accepted, Command, Content, Incoming, IncomingKind, IngestError, Intake, RecentConversation,
-    Who,
+    Accepted, Content, Incoming, IncomingKind, IngestError, Intake, RecentConversation,
 };
 pub use media::{Media, MediaBytes, MediaError, MediaKind};
 pub use menu::{MenuCommand, Menus};

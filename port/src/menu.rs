@@ -1,11 +1,15 @@
 //! The command menus a platform shows (Telegram's `/` menu, Discord's application
-//! commands): which commands, in which words. The words are the core's (its texts);
-//! an adapter only registers them with its platform.
+//! commands): which commands, in which words, both derived from the command table
+//! ([`crate::command::COMMANDS`]); an adapter only registers them with its platform.
 //!
 //! The invariant every adapter keeps: a command chosen from a menu arrives at the core
 //! as a *new message* whose text is the command as a user would type it (`/model
 //! gpt-x`), so [`crate::Command::parse`] decides what it does, exactly as for typed
 //! text; a menu grants nothing typing would not.
+
+use crate::command::{COMMANDS, CommandSpec, Menu, Who};
+
+pub use crate::command::Argument;
 
 /// One command of a menu.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -14,9 +18,24 @@ pub struct MenuCommand {
     pub name: &'static str,
     /// What it does, for the menu (1–100 characters).
     pub description: &'static str,
-    /// The one optional argument it takes (`name`, its description), if any: a
-    /// Discord slash command offers it as an optional string option.
-    pub argument: Option<(&'static str, &'static str)>,
+    /// The one optional argument it takes, if any: a Discord slash command offers it
+    /// as an optional string option.
+    pub argument: Option<Argument>,
+}
+
+impl MenuCommand {
+    /// The menu entry of `spec`, if it is listed in a menu.
+    fn of(spec: &CommandSpec) -> Option<MenuCommand> {
+        let description = match spec.menu {
+            Menu::Everyone(description) | Menu::Admins(description) => description,
+            Menu::NotListed => return None,
+        };
+        Some(MenuCommand {
+            name: spec.name,
+            description,
+            argument: spec.argument,
+        })
+    }
 }
 
 /// The menus lull registers at start.
@@ -29,6 +48,23 @@ pub struct Menus {
 }
 
 impl Menus {
+    /// lull's menus, from the command table: each menu lists its commands in the
+    /// table's order, each entry a command as typed, so a pick from a menu is
+    /// answered as the typed command is.
+    pub fn of_commands() -> Menus {
+        let listed = |wanted: fn(&Menu) -> bool| {
+            COMMANDS
+                .iter()
+                .filter(|spec| wanted(&spec.menu))
+                .filter_map(MenuCommand::of)
+                .collect()
+        };
+        Menus {
+            everyone: listed(|menu| matches!(menu, Menu::Everyone(_))),
+            admins: listed(|menu| matches!(menu, Menu::Admins(_))),
+        }
+    }
+
     /// What an admin's menu shows: everyone's commands, then the admins' own.
     pub fn for_admins(&self) -> Vec<MenuCommand> {
         self.everyone.iter().chain(&self.admins).cloned().collect()
@@ -42,7 +78,7 @@ impl Menus {
             .iter()
             .filter(|c| {
                 crate::Command::parse(&format!("/{}", c.name))
-                    .is_some_and(|command| command.who(false) == crate::Who::Anyone)
+                    .is_some_and(|command| command.who(false) == Who::Anyone)
             })
             .cloned()
             .collect()
@@ -55,5 +91,73 @@ impl Menus {
             .map(|c| format!("/{}", c.name))
             .collect::<Vec<_>>()
             .join(" ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A menu entry as plain words: name, description, argument (name, description).
+    type Entry = (
+        &'static str,
+        &'static str,
+        Option<(&'static str, &'static str)>,
+    );
+
+    /// The menus as they were registered before the table (issue 38 derived them from
+    /// it, unchanged): the same commands, order and words on every platform.
+    #[test]
+    fn the_menus_are_those_of_before() {
+        let menus = Menus::of_commands();
+        let entries = |commands: &[MenuCommand]| -> Vec<Entry> {
+            commands
+                .iter()
+                .map(|c| {
+                    let argument = c.argument.map(|a| (a.name, a.description));
+                    (c.name, c.description, argument)
+                })
+                .collect()
+        };
+        assert_eq!(
+            entries(&menus.everyone),
+            [
+                ("new", "Start a fresh conversation", None),
+                ("stop", "Stop what I'm doing here", None),
+                ("retry", "Answer the last messages again", None),
+                (
+                    "model",
+                    "Show or pick the model",
+                    Some(("name", "The model to use"))
+                ),
+                (
+                    "persona",
+                    "Show or pick a persona",
+                    Some(("name", "The persona to use"))
+                ),
+                ("usage", "Tokens used today and the limits", None),
+                ("status", "Model, persona and what is pending", None),
+                ("help", "What I do and how to use me", None),
+            ]
+        );
+        assert_eq!(
+            entries(&menus.admins),
+            [
+                (
+                    "prompt",
+                    "Set this chat's own prompt (admins)",
+                    Some(("text", "The prompt; empty to clear it"))
+                ),
+                (
+                    "reset",
+                    "Start a fresh conversation (admins in groups)",
+                    None
+                ),
+            ]
+        );
+        assert_eq!(
+            Menus::words(&menus.for_group_members()),
+            "/model /persona /usage /status /help"
+        );
     }
 }

@@ -70,7 +70,7 @@ impl Adapters {
         }
         let telegram = telegram.clone();
         self.menus.spawn(async move {
-            match lull_adapters::telegram::set_menus(&telegram, &lull_core::texts::menus()).await {
+            match lull_adapters::telegram::set_menus(&telegram, &lull_port::Menus::of_commands()).await {
                 Ok(()) => tracing::debug!("Telegram command menus registered"),
                 Err(e) => {
                     tracing::warn!(error = %e, "could not register the Telegram command menus; commands still work when typed")
@@ -88,7 +88,7 @@ impl Adapters {
         };
         let settings = discord.clone();
         self.menus.spawn(async move {
-            let menus = lull_core::texts::menus();
+            let menus = lull_port::Menus::of_commands();
             match lull_adapters::discord::register_commands(&settings, &menus).await {
                 Ok(count) => tracing::debug!(count, "Discord slash commands registered"),
                 Err(e) => {

@@ -70,7 +70,7 @@ fn part<'a>(
 
 /// The core offers buttons under a notice that asks an approval question (its last
 /// part), never under a reply: a notice queued for a conversation is delivered by
-/// its next round with the answers its text names as quick replies.
+/// its next round with the answers it was stored with as quick replies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_notice_asking_for_approval_is_delivered_with_its_answers() {
     use lull_core::store::{Enqueue, NewNotice, SqliteStore, prelude::*};
@@ -90,8 +90,9 @@ async fn a_notice_asking_for_approval_is_delivered_with_its_answers() {
             notice: NewNotice {
                 conversation: ConversationRef::new(Platform::Http, "c1"),
                 is_group: false,
-                text: question.clone(),
+                text: question.text.clone(),
                 reply_to: None,
+                quick_replies: question.quick_replies.clone(),
                 dedupe_key: "buttons-test-q12".into(),
             },
             holder: &lull_core::domain::HolderId::generate(),
@@ -106,7 +107,7 @@ async fn a_notice_asking_for_approval_is_delivered_with_its_answers() {
         .iter()
         .find(|d| d.kind == OutboxKind::Notice)
         .expect("the notice delivered");
-    assert_eq!(notice.text, question);
+    assert_eq!(notice.text, question.text);
     assert_eq!(notice.quick_replies, ["/approve 12", "/cancel 12"]);
     assert!(
         all.iter()

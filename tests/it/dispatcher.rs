@@ -703,6 +703,7 @@ async fn giving_up_is_fenced_and_covers_each_message_once() {
             lease: &old,
             batch: &batch,
             notice: "too long",
+            quick_replies: &[],
             now: clock.now(),
         })
         .await;
@@ -715,6 +716,7 @@ async fn giving_up_is_fenced_and_covers_each_message_once() {
             lease: &new,
             batch: &batch,
             notice: "too long",
+            quick_replies: &[],
             now: clock.now(),
         })
         .await
@@ -726,6 +728,7 @@ async fn giving_up_is_fenced_and_covers_each_message_once() {
                 lease: &new,
                 batch: &batch,
                 notice: "again",
+                quick_replies: &[],
                 now: clock.now()
             })
             .await

@@ -10,7 +10,7 @@ use crate::access::{AccessList, AccessRule, Sender, Subject, SubjectKind};
 use crate::domain::{Platform, Timestamp};
 use crate::limits;
 use crate::store::{CommandClaim, ContextReset, StoreError};
-use crate::texts;
+use crate::texts::{self, NoticeText};
 
 /// Answer a command at once, without the model. `text` is the whole message (the
 /// arguments of `/usage`, `/allow`, `/deny`).
@@ -28,7 +28,7 @@ pub(super) async fn answer(
     // redelivery finds the claim and does nothing (its answer was queued by the first).
     // (The switches: bots that act on every update; replicas that each answer theirs.)
     let unclaimed = crate::switches::no_command_claim() || crate::switches::no_command_dedupe();
-    let claimed = acts(command) && !unclaimed;
+    let claimed = command.acts() && !unclaimed;
     if claimed
         && !dispatcher
             .store
@@ -68,7 +68,7 @@ fn may_use(command: Command, incoming: &Incoming, admin: bool, has_argument: boo
     }
 }
 
-/// The command's act and the sentence that answers it.
+/// The command's act and the notice that answers it.
 async fn act(
     dispatcher: &Dispatcher,
     incoming: &Incoming,
@@ -77,12 +77,12 @@ async fn act(
     text: &str,
     args: &[&str],
     now: Timestamp,
-) -> Result<String, StoreError> {
+) -> Result<NoticeText, StoreError> {
     if !may_use(command, incoming, admin, !args.is_empty()) {
-        return Ok(texts::admins_only(command.name()));
+        return Ok(texts::admins_only(command.name()).into());
     }
-    Ok(match command {
-        Command::Start | Command::Help => texts::HELP_TEXT.to_owned(),
+    let answer = match command {
+        Command::Start | Command::Help => texts::help_text(),
         Command::Unknown => {
             texts::unknown_command_text(text.split_whitespace().next().unwrap_or(""))
         }
@@ -112,7 +112,7 @@ async fn act(
                 .trim_start()
                 .split_once(char::is_whitespace)
                 .map_or("", |(_, rest)| rest);
-            controls::answer(dispatcher, incoming, command, rest, now).await?
+            return controls::answer(dispatcher, incoming, command, rest, now).await;
         }
         Command::Allow | Command::Deny => match subject(incoming, args) {
             Ok(subject) => {
@@ -133,7 +133,8 @@ async fn act(
             }
             Err(why) => why,
         },
-    })
+    };
+    Ok(answer.into())
 }
 
 /// Queue a command's answer, once per command message.
@@ -141,20 +142,11 @@ async fn answered(
     dispatcher: &Dispatcher,
     incoming: &Incoming,
     command: Command,
-    text: String,
+    text: NoticeText,
     now: Timestamp,
 ) -> Result<(), StoreError> {
     tracing::info!(conversation = %incoming.conversation, command = command.name(), "command");
     notices::answer_message(dispatcher, incoming, text, command.name(), now).await
-}
-
-/// Whether a command changes something (and so is claimed before it acts); the others
-/// only read and may answer again.
-fn acts(command: Command) -> bool {
-    !matches!(
-        command,
-        Command::Start | Command::Help | Command::Unknown | Command::Usage | Command::Status
-    )
 }
 
 /// Whom `/allow` or `/deny` names: `platform:user_id` (or a bare user id on this
@@ -174,7 +166,7 @@ fn subject(incoming: &Incoming, args: &[&str]) -> Result<Subject, String> {
     let (platform, id) = match id.split_once(':') {
         Some((p, id)) => (
             p.parse::<Platform>()
-                .map_err(|e| format!("{e}. {}", texts::ACCESS_USAGE_TEXT))?,
+                .map_err(|e| texts::access_platform_text(&e))?,
             id,
         ),
         None => (platform, id),
@@ -215,12 +207,12 @@ async fn usage(
             )
         }
         (true, []) if incoming.is_group => (
-            "this group".to_owned(),
+            texts::USAGE_OF_THIS_GROUP.to_owned(),
             limits::conversation_scope(&incoming.conversation),
             0,
         ),
         _ => (
-            "you".to_owned(),
+            texts::USAGE_OF_YOU.to_owned(),
             limits::user_scope(platform, &incoming.user_id),
             if admin { 0 } else { limits.user_daily_tokens },
         ),

@@ -16,98 +16,123 @@ use crate::limits;
 use crate::store::{
     BatchOf, RetryOutcome, RetryRequest, Setting, SettingChange, SettingOutcome, Stop, StoreError,
 };
-use crate::texts;
+use crate::texts::{self, NoticeText};
 
 /// How long the server's model list (`GET /models`) is kept before `/model` asks
 /// again: one request per this, whatever the number of `/model` commands.
 const MODEL_LIST_TTL: Duration = Duration::from_secs(300);
 
-/// Answer `/model`, `/persona`, `/prompt`, `/stop` or `/status` (`args`: the words
-/// after the command; `rest`: the text after the command word, for `/prompt`).
+/// Answer `/model`, `/persona`, `/prompt`, `/stop`, `/retry` or `/status` (`rest`: the
+/// text after the command word). The lists offer their picks as buttons, and `/stop`'s
+/// report its waiting approvals; every other answer is a sentence.
 pub(super) async fn answer(
     d: &Dispatcher,
     incoming: &Incoming,
     command: Command,
     rest: &str,
     now: Timestamp,
-) -> Result<String, StoreError> {
+) -> Result<NoticeText, StoreError> {
     // Who may use each command was decided by the caller (`Command::who`).
     let arg = rest.trim();
     Ok(match command {
         Command::Model if arg.is_empty() => list_models(d, incoming).await?,
         Command::Persona if arg.is_empty() => list_personas(d, incoming).await?,
-        Command::Model => pick_model(d, incoming, arg, now).await?,
-        Command::Persona => pick_persona(d, incoming, arg, now).await?,
-        Command::Prompt if arg.is_empty() => texts::PROMPT_USAGE_TEXT.to_owned(),
-        Command::Prompt => {
-            let clear = arg.eq_ignore_ascii_case("clear");
-            let value = (!clear).then_some(arg);
-            change(d, incoming, Setting::Prompt, value, now).await?;
-            if clear {
-                texts::PROMPT_CLEARED_TEXT
-            } else {
-                texts::PROMPT_SET_TEXT
-            }
-            .to_owned()
+        Command::Stop => stop(d, incoming, now).await?,
+        Command::Model => pick_model(d, incoming, arg, now).await?.into(),
+        Command::Persona => pick_persona(d, incoming, arg, now).await?.into(),
+        Command::Prompt => prompt(d, incoming, arg, now).await?.into(),
+        Command::Retry => retry(d, incoming, now).await?.into(),
+        _ => status(d, incoming, now).await?.into(),
+    })
+}
+
+/// `/prompt TEXT` sets this conversation's own system prompt, `/prompt clear` removes
+/// it, a bare `/prompt` says how.
+async fn prompt(
+    d: &Dispatcher,
+    incoming: &Incoming,
+    arg: &str,
+    now: Timestamp,
+) -> Result<&'static str, StoreError> {
+    if arg.is_empty() {
+        return Ok(texts::PROMPT_USAGE_TEXT);
+    }
+    let clear = arg.eq_ignore_ascii_case("clear");
+    let value = (!clear).then_some(arg);
+    change(d, incoming, Setting::Prompt, value, now).await?;
+    Ok(if clear {
+        texts::PROMPT_CLEARED_TEXT
+    } else {
+        texts::PROMPT_SET_TEXT
+    })
+}
+
+/// `/stop`: the reply being written is dropped and the pending messages closed
+/// unanswered; the answer reports what the closed batch's actions did.
+async fn stop(
+    d: &Dispatcher,
+    incoming: &Incoming,
+    now: Timestamp,
+) -> Result<NoticeText, StoreError> {
+    let stopped = d
+        .store
+        .stop_conversation(Stop {
+            conversation: &incoming.conversation,
+            is_group: incoming.is_group,
+            now,
+        })
+        .await?;
+    moved(d, stopped.conversation, stopped.version);
+    let closed = stopped.closed.len() as u64;
+    tracing::info!(conversation = %stopped.conversation, closed, "stopped: pending messages closed without a reply");
+    // Closed without a reply: nothing will take their ack reactions off.
+    if let Some(outbound) = d.outbounds.get(&incoming.conversation.platform).cloned() {
+        d.acks.answered(
+            outbound,
+            incoming.conversation.clone(),
+            stopped.conversation,
+            stopped.closed,
+        );
+    }
+    let text = NoticeText::from(texts::stopped_text(closed));
+    // Actions the closed batch took are facts: no reply will report them now.
+    let Some(batch) = stopped.batch else {
+        return Ok(text);
+    };
+    let of = BatchOf {
+        conversation: stopped.conversation,
+        batch,
+    };
+    Ok(text.followed_by(super::round::batch_report(d, of, &[]).await?))
+}
+
+/// `/retry`: the last batch is answered again, unless a reply is on its way.
+async fn retry(
+    d: &Dispatcher,
+    incoming: &Incoming,
+    now: Timestamp,
+) -> Result<&'static str, StoreError> {
+    let outcome = d
+        .store
+        .retry_last_reply(RetryRequest {
+            conversation: &incoming.conversation,
+            is_group: incoming.is_group,
+            holder: &d.holder,
+            now,
+        })
+        .await?;
+    Ok(match outcome {
+        RetryOutcome::Retried {
+            conversation,
+            messages,
+            ..
+        } => {
+            tracing::info!(%conversation, messages, "answering the last batch again");
+            d.wake_by(now);
+            texts::RETRY_TEXT
         }
-        Command::Stop => {
-            let stopped = d
-                .store
-                .stop_conversation(Stop {
-                    conversation: &incoming.conversation,
-                    is_group: incoming.is_group,
-                    now,
-                })
-                .await?;
-            moved(d, stopped.conversation, stopped.version);
-            let closed = stopped.closed.len() as u64;
-            tracing::info!(conversation = %stopped.conversation, closed, "stopped: pending messages closed without a reply");
-            // Closed without a reply: nothing will take their ack reactions off.
-            if let Some(outbound) = d.outbounds.get(&incoming.conversation.platform).cloned() {
-                d.acks.answered(
-                    outbound,
-                    incoming.conversation.clone(),
-                    stopped.conversation,
-                    stopped.closed,
-                );
-            }
-            let mut text = texts::stopped_text(closed);
-            // Actions the closed batch took are facts: no reply will report them now.
-            if let Some(batch) = stopped.batch {
-                let of = BatchOf {
-                    conversation: stopped.conversation,
-                    batch,
-                };
-                text.push_str(&super::round::batch_report(d, of, &[]).await?);
-            }
-            text
-        }
-        Command::Retry => {
-            let outcome = d
-                .store
-                .retry_last_reply(RetryRequest {
-                    conversation: &incoming.conversation,
-                    is_group: incoming.is_group,
-                    holder: &d.holder,
-                    now,
-                })
-                .await?;
-            match outcome {
-                RetryOutcome::Retried {
-                    conversation,
-                    messages,
-                    ..
-                } => {
-                    tracing::info!(%conversation, messages, "answering the last batch again");
-                    d.wake_by(now);
-                    texts::RETRY_TEXT
-                }
-                RetryOutcome::Nothing => texts::NOTHING_TO_RETRY_TEXT,
-                RetryOutcome::Busy => texts::RETRY_BUSY_TEXT,
-            }
-            .to_owned()
-        }
-        _ => status(d, incoming, now).await?,
+        RetryOutcome::Nothing => texts::NOTHING_TO_RETRY_TEXT,
+        RetryOutcome::Busy => texts::RETRY_BUSY_TEXT,
     })
 }
 
@@ -122,7 +147,7 @@ async fn offered_models(d: &Dispatcher) -> Result<Arc<Vec<String>>, String> {
         .get(MODEL_LIST_TTL, || async {
             let mut list = d.responder.models().await.map_err(|e| e.to_string())?;
             if list.is_empty() {
-                return Err("the model server lists none".to_owned());
+                return Err(texts::NO_MODELS_SERVED.to_owned());
             }
             list.sort();
             list.dedup();
@@ -144,10 +169,10 @@ async fn model_in_force(d: &Dispatcher, incoming: &Incoming) -> Result<String, S
         .unwrap_or_else(|| controls.default_model.clone()))
 }
 
-async fn list_models(d: &Dispatcher, incoming: &Incoming) -> Result<String, StoreError> {
+async fn list_models(d: &Dispatcher, incoming: &Incoming) -> Result<NoticeText, StoreError> {
     Ok(match offered_models(d).await {
         Ok(models) => texts::models_text(&models, &model_in_force(d, incoming).await?),
-        Err(why) => texts::no_models_text(&why),
+        Err(why) => texts::no_models_text(&why).into(),
     })
 }
 
@@ -175,7 +200,7 @@ async fn pick_model(
     Ok(texts::picked_text("model", model, changed))
 }
 
-async fn list_personas(d: &Dispatcher, incoming: &Incoming) -> Result<String, StoreError> {
+async fn list_personas(d: &Dispatcher, incoming: &Incoming) -> Result<NoticeText, StoreError> {
     let names: Vec<&str> = d
         .settings
         .controls

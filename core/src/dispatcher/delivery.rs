@@ -29,7 +29,7 @@ use crate::domain::{ConversationId, Timestamp};
 use crate::metrics as names;
 use crate::store::{OutboxDeferral, OutboxFailure, OutboxKind, OutboxRow, PartSent};
 use crate::timing::DELIVERY_BACKOFF;
-use lull_port::{Outbound, OutgoingPart, SendError};
+use lull_port::{Outbound, OutgoingPart, QuickReply, SendError};
 
 /// Send attempts for one part within a round before the row is deferred.
 const SEND_ATTEMPTS: u32 = 4;
@@ -187,15 +187,12 @@ impl<'a> Delivery<'a> {
         let parts = outbound.split(&row.text);
         let count = parts.len();
         let mut attempts = row.attempts;
-        // Buttons for the answers a notice asks for (an approval question, a pick of a
-        // listed model or persona), under its last part, where the question ends.
-        let quick_replies = match row.kind {
-            OutboxKind::Notice => {
-                let mut replies = crate::texts::quick_replies(&row.text);
-                replies.extend(crate::texts::pick_replies(&row.text));
-                replies
-            }
-            OutboxKind::Reply => Vec::new(),
+        // The answers a notice offers (an approval question, a pick of a listed model
+        // or persona), as stored with it when it was built, under its last part, where
+        // the question ends; a reply offers none.
+        let quick_replies: &[QuickReply] = match row.kind {
+            OutboxKind::Notice => &row.quick_replies,
+            OutboxKind::Reply => &[],
         };
         for (index, text) in parts.iter().enumerate().skip(row.parts_sent as usize) {
             if self.keeper.is_lost() {
@@ -213,7 +210,7 @@ impl<'a> Delivery<'a> {
                 reply_to: row.reply_to.as_deref(),
                 covers: &row.covers,
                 quick_replies: if index + 1 == count {
-                    &quick_replies
+                    quick_replies
                 } else {
                     &[]
                 },

@@ -2,13 +2,16 @@
 //! the model being down, a spent budget, an image too large). One builder for ingest
 //! and rounds: a notice goes to a conversation, answers a message or none, and is
 //! stored in the outbox at most once per dedupe key, so a redelivered update or a
-//! repeated failure never notifies twice. The sentences are in [`crate::texts`].
+//! repeated failure never notifies twice. The sentences are in [`crate::texts`]; the
+//! answers a notice offers as buttons are decided with them ([`NoticeText`]) and stored
+//! in the same row.
 
 use lull_port::Incoming;
 
 use super::Dispatcher;
 use crate::domain::{ConversationRef, Timestamp};
 use crate::store::{Batch, Enqueue, NewNotice, OutboxRow, StoreError};
+use crate::texts::NoticeText;
 
 /// Where a notice goes, and which message it answers.
 pub(super) struct Notice<'a> {
@@ -48,19 +51,25 @@ impl<'a> Notice<'a> {
         }
     }
 
-    /// Store the notice, at most once per `dedupe_key`: the row if it was queued now.
+    /// Store the notice with the answers it offers, at most once per `dedupe_key`: the
+    /// row if it was queued now.
     pub(super) async fn queue(
         self,
         d: &Dispatcher,
-        text: impl Into<String>,
+        text: impl Into<NoticeText>,
         dedupe_key: String,
         now: Timestamp,
     ) -> Result<Option<OutboxRow>, StoreError> {
+        let NoticeText {
+            text,
+            quick_replies,
+        } = text.into();
         let notice = NewNotice {
             conversation: self.conversation.clone(),
             is_group: self.is_group,
-            text: text.into(),
+            text,
             reply_to: self.reply_to,
+            quick_replies,
             dedupe_key,
         };
         d.store
@@ -78,7 +87,7 @@ impl<'a> Notice<'a> {
 pub(super) async fn answer(
     d: &Dispatcher,
     incoming: &Incoming,
-    text: String,
+    text: impl Into<NoticeText>,
     dedupe_key: String,
     now: Timestamp,
 ) -> Result<(), StoreError> {
@@ -97,7 +106,7 @@ pub(super) async fn answer(
 pub(super) async fn answer_message(
     d: &Dispatcher,
     incoming: &Incoming,
-    text: String,
+    text: impl Into<NoticeText>,
     what: &str,
     now: Timestamp,
 ) -> Result<(), StoreError> {

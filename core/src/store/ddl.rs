@@ -23,3 +23,12 @@ pub(super) const TOKEN_USAGE_BY_DAY: &str = r#"
 -- The status page reads one day's conversation totals, most tokens first.
 CREATE INDEX token_usage_by_day ON token_usage (day, tokens);
 "#;
+
+/// The quick replies a notice offers, stored with it: SQLite's eighteenth migration,
+/// PostgreSQL's nineteenth.
+pub(super) const OUTBOX_QUICK_REPLIES: &str = r#"
+-- The answers a notice offers as buttons (an approval's Approve and Cancel, the pick of
+-- a listed model), decided when the notice was built and stored with it as a JSON array
+-- of {"label", "text"}; NULL: none (every reply, most notices, rows stored before).
+ALTER TABLE outbox ADD COLUMN quick_replies TEXT;
+"#;

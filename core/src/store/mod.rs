@@ -20,9 +20,9 @@
 //! - `rules`: each decision both backends make once their rows are read, written once
 //!   (the final check's verdict, the outbox rows of a reply, a notice and a give-up,
 //!   the rate hold's and the budget's verdicts, due-work folding, history grouping,
-//!   access rows, the order budget rows are locked in, the media codec, what a
-//!   reservation of an action and an approval's answer write). A backend holds the SQL
-//!   and its bindings.
+//!   access rows, the order budget rows are locked in, the media and quick-reply
+//!   codecs, what a reservation of an action and an approval's answer write). A
+//!   backend holds the SQL and its bindings.
 //! - `ddl`: the DDL both dialects write byte for byte alike, named by both migration
 //!   lists; `lease_rows`: which lease row a holder claims, renews, releases and is
 //!   fenced by, so the counter-test's switch means the same on every backend.

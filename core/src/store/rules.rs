@@ -3,11 +3,11 @@
 //! commit, a notice and a give-up hand back, the rate hold's and the budget's
 //! verdicts, which due conversations are ready and when to look again, how history
 //! rows group into exchanges, what an access-decision row means, the order budget
-//! rows are locked in, the media codec, and what reserving an action and deciding an
+//! rows are locked in, the media and quick-reply codecs, and what reserving an action and deciding an
 //! approval write given the journal row they found. The conformance suite pins each
 //! through both backends.
 
-use lull_port::{Media, MediaKind};
+use lull_port::{Media, MediaKind, QuickReply};
 
 use super::{
     AccessRule, ActionReservation, ActionRow, ActionState, Charged, CommitOutcome, Decision,
@@ -114,25 +114,23 @@ pub(crate) struct StoredAt {
     pub(crate) stored_at: Timestamp,
 }
 
-/// The row of a reply just committed, or of a notice just queued (a command's answer,
-/// a held-out notice, or a give-up, which covers the messages it ended): nothing
-/// delivered, no attempt yet.
-pub(crate) fn outbox_row(
-    kind: OutboxKind,
+/// The row of a reply just committed: nothing delivered, no attempt yet, no quick
+/// replies (a reply offers none; its covers are added by [`committed`]).
+pub(crate) fn reply_row(
     id: i64,
     conversation: ConversationRef,
     text: String,
     reply_to: Option<String>,
-    covers: Vec<String>,
     at: StoredAt,
 ) -> OutboxRow {
     OutboxRow {
         id: OutboxId(id),
         conversation,
-        kind,
+        kind: OutboxKind::Reply,
         text,
         reply_to,
-        covers,
+        covers: Vec::new(),
+        quick_replies: Vec::new(),
         parts_sent: 0,
         attempts: 0,
         created_at: at.created_at,
@@ -140,8 +138,29 @@ pub(crate) fn outbox_row(
     }
 }
 
+/// The row of a notice just queued (a command's answer, a held-out notice, or a
+/// give-up, which covers the messages it ended), with the quick replies it was built
+/// with: nothing delivered, no attempt yet.
+pub(crate) fn notice_row(
+    id: i64,
+    conversation: ConversationRef,
+    text: String,
+    reply_to: Option<String>,
+    covers: Vec<String>,
+    quick_replies: Vec<QuickReply>,
+    at: StoredAt,
+) -> OutboxRow {
+    OutboxRow {
+        kind: OutboxKind::Notice,
+        covers,
+        quick_replies,
+        ..reply_row(id, conversation, text, reply_to, at)
+    }
+}
+
 /// The notice row of messages a reply left out ([`HeldOut`]), just stored with the
 /// reply: it covers `covered` (row, platform id), the held-out messages still unedited.
+/// It offers no quick replies.
 pub(crate) fn held_out_row(
     id: i64,
     conversation: &ConversationRef,
@@ -151,13 +170,13 @@ pub(crate) fn held_out_row(
 ) -> OutboxRow {
     let covers = covered.into_iter().map(|(_, id)| id).collect();
     let (text, reply_to) = (held.text.clone(), held.reply_to.clone());
-    outbox_row(
-        OutboxKind::Notice,
+    notice_row(
         id,
         conversation.clone(),
         text,
         reply_to,
         covers,
+        Vec::new(),
         at,
     )
 }
@@ -616,6 +635,45 @@ pub(crate) fn job_row(raw: RawJob) -> Result<crate::store::JobRow, StoreError> {
         state: crate::store::JobState::parse(&raw.state),
         created_at: Timestamp(raw.created_at),
     })
+}
+
+/// A notice's quick replies as every backend stores them: one nullable text column
+/// holding a JSON array of `{"label", "text"}` (`NULL` for none: every reply, most
+/// notices, and rows stored before the column existed).
+pub(super) fn encode_quick_replies(replies: &[QuickReply]) -> Option<String> {
+    if replies.is_empty() {
+        return None;
+    }
+    let items: Vec<serde_json::Value> = replies
+        .iter()
+        .map(|r| serde_json::json!({"label": r.label, "text": r.text}))
+        .collect();
+    Some(serde_json::Value::Array(items).to_string())
+}
+
+/// The quick replies [`encode_quick_replies`] stored.
+pub(super) fn decode_quick_replies(stored: Option<&str>) -> Result<Vec<QuickReply>, StoreError> {
+    let Some(stored) = stored else {
+        return Ok(Vec::new());
+    };
+    let corrupt = |why: &str| StoreError::Corrupt(format!("quick replies of a notice: {why}"));
+    let items: Vec<serde_json::Value> =
+        serde_json::from_str(stored).map_err(|e| corrupt(&e.to_string()))?;
+    items
+        .iter()
+        .map(|item| {
+            let field = |name: &str| {
+                item[name]
+                    .as_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| corrupt(&format!("no {name}")))
+            };
+            Ok(QuickReply {
+                label: field("label")?,
+                text: field("text")?,
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]

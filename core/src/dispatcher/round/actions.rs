@@ -23,7 +23,7 @@ use crate::store::{
     ActionKey, ActionReservation, ActionResult, ActionRow, ActionState, Askers, Batch, BatchOf,
     NewAction, OutboxRow, Reserve, canonical_json,
 };
-use crate::texts;
+use crate::texts::{self, ActionOutcome, NoticeText};
 use crate::tools::{ToolSpec, Toolbox};
 
 /// What the round tells the model a call gave, or that the round must stop.
@@ -134,7 +134,7 @@ impl Round<'_> {
                 count(&spec.server, &spec.tool, "reused");
                 tracing::info!(%conversation, tool = %spec.name, action = row.id, "action already taken for this batch; its result reused");
                 let result = row.result.unwrap_or_default();
-                texts::reused_result(&result_text(&result, row.is_error))
+                texts::reused_result(&texts::tool_output_result(&result, row.is_error))
             }
             ActionReservation::InFlight { until } => {
                 self.wait_in_flight(spec, until).await?;
@@ -270,7 +270,7 @@ impl Round<'_> {
         Ok(if unknown {
             text
         } else {
-            result_text(&output.text, output.is_error)
+            texts::tool_output_result(&output.text, output.is_error)
         })
     }
 
@@ -340,14 +340,15 @@ impl Round<'_> {
     }
 
     /// The report of the actions of `batch` and of the approvals `decided` in this
-    /// round, to end its reply with (empty: none).
+    /// round, to end its reply with (empty: none), and the answers it offers when a
+    /// notice ends with it.
     pub(super) async fn actions_report(
         &self,
         batch: &Batch,
         decided: &[ActionRow],
-    ) -> Result<String, Interrupt> {
+    ) -> Result<NoticeText, Interrupt> {
         let Some(first) = batch.pending.first() else {
-            return Ok(String::new());
+            return Ok(NoticeText::default());
         };
         let of = BatchOf {
             conversation: self.conversation,
@@ -359,55 +360,62 @@ impl Round<'_> {
 
 /// The report of the actions of the batch `of`, and of `decided` (approvals decided
 /// for it), as a reply or a notice that ends the batch ends with it (empty: none, or
-/// no tools).
+/// no tools). A notice ending with it offers "Approve" for each action still waiting
+/// for its approval; a reply offers nothing (it uses the text alone).
 pub(in crate::dispatcher) async fn batch_report(
     d: &crate::dispatcher::Dispatcher,
     of: BatchOf,
     decided: &[ActionRow],
-) -> Result<String, crate::store::StoreError> {
+) -> Result<NoticeText, crate::store::StoreError> {
     if d.toolbox().is_none() {
-        return Ok(String::new());
+        return Ok(NoticeText::default());
     }
     let mut taken = d.store.actions_of_batch(of).await?;
     taken.extend(decided.iter().cloned());
     let lines = action_lines(&taken);
-    Ok(if lines.is_empty() {
-        String::new()
-    } else {
-        texts::actions_report(&lines)
+    if lines.is_empty() {
+        return Ok(NoticeText::default());
+    }
+    let awaiting: Vec<i64> = taken
+        .iter()
+        .filter_map(|row| match outcome(row) {
+            ActionOutcome::Awaiting(id) => Some(id),
+            _ => None,
+        })
+        .collect();
+    Ok(NoticeText {
+        text: texts::actions_report(&lines),
+        quick_replies: texts::awaiting_replies(&awaiting),
     })
 }
 
-/// One line per action of the journal, as the user and the model are told them.
+/// One line per action of the journal, as the user and the model are told them (the
+/// words are [`texts::action_line`]'s).
 pub(super) fn action_lines(rows: &[ActionRow]) -> Vec<String> {
     rows.iter()
-        .map(|row| {
-            let call = format!("{} {}", row.tool, shortened(&row.arguments));
-            match row.state {
-                // Rows of versions before unknown outcomes were stored as such.
-                ActionState::Done
-                    if row.is_error
-                        && row
-                            .result
-                            .as_deref()
-                            .is_some_and(|r| r.starts_with(texts::OUTCOME_UNKNOWN_PREFIX)) =>
-                {
-                    format!("⚠ {call}: outcome unknown (no answer)")
-                }
-                ActionState::Done if row.is_error => format!("✗ {call} failed"),
-                ActionState::Done => format!("✓ {call}"),
-                ActionState::Unknown if row.result.is_some() => {
-                    format!("⚠ {call}: outcome unknown (no answer)")
-                }
-                ActionState::Unknown | ActionState::Reserved => {
-                    format!("⚠ {call}: outcome unknown")
-                }
-                ActionState::Awaiting => format!("⏳ {call}: waiting for /approve {}", row.id),
-                ActionState::Approved => format!("⏳ {call}: approved, about to run"),
-                ActionState::Refused => format!("✗ {call}: not approved, not run"),
-            }
-        })
+        .map(|row| texts::action_line(&row.tool, &shortened(&row.arguments), outcome(row)))
         .collect()
+}
+
+/// What came of an action, as its journal row says: a reserved row whose round never
+/// recorded a result may or may not have acted.
+fn outcome(row: &ActionRow) -> ActionOutcome {
+    let no_answer = || {
+        row.result
+            .as_deref()
+            .is_some_and(|r| r.starts_with(texts::OUTCOME_UNKNOWN_PREFIX))
+    };
+    match row.state {
+        // Rows of versions before unknown outcomes were stored as such.
+        ActionState::Done if row.is_error && no_answer() => ActionOutcome::NoAnswer,
+        ActionState::Done if row.is_error => ActionOutcome::Failed,
+        ActionState::Done => ActionOutcome::Done,
+        ActionState::Unknown if row.result.is_some() => ActionOutcome::NoAnswer,
+        ActionState::Unknown | ActionState::Reserved => ActionOutcome::Unknown,
+        ActionState::Awaiting => ActionOutcome::Awaiting(row.id),
+        ActionState::Approved => ActionOutcome::Approved,
+        ActionState::Refused => ActionOutcome::Refused,
+    }
 }
 
 /// The longest arguments a report shows, in characters.
@@ -421,15 +429,6 @@ fn shortened(arguments: &str) -> String {
     }
     let cut: String = arguments.chars().take(REPORTED_ARGUMENTS_CHARS).collect();
     format!("{cut}…")
-}
-
-/// A tool's output as the model reads it: a failure says so.
-pub(super) fn result_text(text: &str, is_error: bool) -> String {
-    if is_error {
-        format!("Error: {text}")
-    } else {
-        text.to_owned()
-    }
 }
 
 /// Count a call in `lull_tool_calls_total`.

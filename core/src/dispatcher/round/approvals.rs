@@ -21,7 +21,7 @@ use crate::store::{
     ActionReservation, ActionRow, ActionState, ApprovalAnswer, Batch, BatchOf, ConversationAt,
     Decision, NewAction, OutboxRow, Reserve,
 };
-use crate::texts;
+use crate::texts::{self, NoticeText};
 use crate::tools::Effect;
 
 /// An answer to an approval found in a message: `/approve [ID]` or `/cancel [ID]`.
@@ -55,9 +55,9 @@ pub(super) struct Approvals {
     pub(super) decided: Vec<ActionRow>,
     /// A tool turn per answer, shown to the model after the batch.
     pub(super) turns: Vec<ToolTurn>,
-    /// The report of what they did (empty: nothing decided), for a notice that must
-    /// say it when no reply will yet.
-    pub(super) report: String,
+    /// The report of what they did (empty: nothing decided), and the answers it
+    /// offers, for a notice that must say it when no reply will yet.
+    pub(super) report: NoticeText,
 }
 
 impl Round<'_> {
@@ -73,8 +73,11 @@ impl Round<'_> {
             return Ok(None);
         }
         let key = format!("approvals-held/{}/{}", batch.conversation, batch.v0.0);
-        let text = texts::approvals_taken_held(&approvals.report);
-        self.notice(batch, &text, key).await
+        let notice = NoticeText {
+            text: texts::approvals_taken_held(&approvals.report.text),
+            quick_replies: approvals.report.quick_replies.clone(),
+        };
+        self.notice(batch, notice, key).await
     }
 }
 
@@ -174,7 +177,7 @@ impl Round<'_> {
         Ok(Ok(Approvals {
             decided,
             turns,
-            report: String::new(),
+            report: NoticeText::default(),
         }))
     }
 

@@ -9,6 +9,7 @@ use crate::domain::Timestamp;
 use crate::llm::Prompt;
 use crate::metrics as names;
 use crate::store::{Batch, GiveUp, HeldOut, OutboxRow};
+use crate::texts::NoticeText;
 
 impl Round<'_> {
     /// The `pay` stage: the batch without the members over their budget (their
@@ -60,7 +61,7 @@ impl Round<'_> {
         &self,
         collected: Batch,
         rows: &mut Vec<OutboxRow>,
-        taken: &str,
+        taken: &NoticeText,
         now: Timestamp,
     ) -> Result<Option<(Batch, Vec<HeldOut>)>, Interrupt> {
         let d = self.dispatcher;
@@ -83,13 +84,15 @@ impl Round<'_> {
             // Every member who wrote is over their budget: each is told, and the
             // notice ends the batch, so the group is not held for them.
             metrics::counter!(names::LIMITED, "reason" => "user_budget").increment(1);
-            let text = wallet::refusal_text(d, &over, now) + taken;
+            let notice =
+                NoticeText::from(wallet::refusal_text(d, &over, now)).followed_by(taken.clone());
             rows.extend(
                 d.store
                     .give_up(GiveUp {
                         lease: &self.keeper.lease(),
                         batch: &collected,
-                        notice: &text,
+                        notice: &notice.text,
+                        quick_replies: &notice.quick_replies,
                         now: d.clock.now(),
                     })
                     .await?,

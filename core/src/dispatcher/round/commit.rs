@@ -15,7 +15,11 @@ impl Round<'_> {
         let Some((generation, _)) = &mut a.generation else {
             return Ok(Flow::End(Ending::Quiet));
         };
-        let report = self.actions_report(&a.batch, &a.approvals.decided).await?;
+        // A reply offers no quick replies: only the report's words go with it.
+        let report = self
+            .actions_report(&a.batch, &a.approvals.decided)
+            .await?
+            .text;
         let text = self.bounded_leaving(
             media::quote_transcripts(&a.batch, std::mem::take(&mut generation.text)),
             lull_port::split::char_len(&report),

@@ -245,13 +245,14 @@ impl Round<'_> {
         // Actions the batch took are facts: the notice that ends it says so, since no
         // reply will.
         let report = self.actions_report(batch, &[]).await?;
-        let notice = format!("{text}{report}");
+        let notice = texts::NoticeText::from(text).followed_by(report);
         let given_up = d
             .store
             .give_up(GiveUp {
                 lease: &self.keeper.lease(),
                 batch,
-                notice: &notice,
+                notice: &notice.text,
+                quick_replies: &notice.quick_replies,
                 now: d.clock.now(),
             })
             .await?;

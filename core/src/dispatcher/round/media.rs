@@ -78,7 +78,7 @@ impl Round<'_> {
         for &(row, secs) in &a.audio.too_long {
             let text = texts::too_long_audio_text(secs, d.settings.max_audio_seconds);
             let key = format!("audio-too-long/{}/{row}", a.batch.conversation);
-            a.rows.extend(self.notice(&a.batch, &text, key).await?);
+            a.rows.extend(self.notice(&a.batch, text, key).await?);
         }
         Ok(Flow::Go)
     }
@@ -95,13 +95,13 @@ impl Round<'_> {
         for (row, size) in too_big {
             let text = texts::too_big_text(size, d.settings.max_image_bytes);
             let key = format!("image-too-big/{}/{row}", batch.conversation);
-            a.rows.extend(self.notice(batch, &text, key).await?);
+            a.rows.extend(self.notice(batch, text, key).await?);
         }
         if left_out > 0 {
             let first = batch.pending.first().map_or(0, |m| m.row);
             let key = format!("images-left-out/{}/{first}", batch.conversation);
             let text = texts::too_many_images_text(a.prompt.images.len(), left_out);
-            a.rows.extend(self.notice(batch, &text, key).await?);
+            a.rows.extend(self.notice(batch, text, key).await?);
         }
         if a.prompt
             .note

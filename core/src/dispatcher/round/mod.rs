@@ -287,7 +287,7 @@ impl Round<'_> {
     async fn notice(
         &self,
         batch: &Batch,
-        text: &str,
+        text: impl Into<crate::texts::NoticeText>,
         dedupe_key: String,
     ) -> Result<Option<OutboxRow>, Interrupt> {
         let d = self.dispatcher;

@@ -5,7 +5,7 @@
 //! A read-only call runs freely, abandoned with the round when the lease is lost; a
 //! call that acts is reserved before it runs and run once (`actions`).
 
-use super::actions::{Acting, Answer, action_lines, count, result_text};
+use super::actions::{Acting, Answer, action_lines, count};
 use super::{Interrupt, Round, add_note};
 use crate::dispatcher::Event;
 use crate::dispatcher::wallet::Spent;
@@ -290,7 +290,10 @@ impl Round<'_> {
                 let calling = self.calling(batch, toolbox, spec, arguments, None);
                 let output = self.guarded(async { Ok(calling.await) }).await?;
                 count(&spec.server, &spec.tool, output.outcome.label());
-                return Ok(Answer::Result(result_text(&output.text, output.is_error)));
+                return Ok(Answer::Result(texts::tool_output_result(
+                    &output.text,
+                    output.is_error,
+                )));
             }
             Effect::Acts { idempotent } => (idempotent, false),
             Effect::Destructive { idempotent } => (idempotent, true),
@@ -299,7 +302,10 @@ impl Round<'_> {
             // Counter-test build: the journal bypassed, every call simply runs.
             let output = toolbox.call(&spec.name, arguments, None).await;
             count(&spec.server, &spec.tool, output.outcome.label());
-            return Ok(Answer::Result(result_text(&output.text, output.is_error)));
+            return Ok(Answer::Result(texts::tool_output_result(
+                &output.text,
+                output.is_error,
+            )));
         }
         let acting = Acting {
             toolbox,

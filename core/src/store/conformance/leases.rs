@@ -183,6 +183,7 @@ pub async fn fencing_refuses_a_replaced_holder(store: &dyn Store) {
                 lease: &old,
                 batch: &batch,
                 notice: "late",
+                quick_replies: &[],
                 now,
             })
             .await,

@@ -18,7 +18,7 @@
 //! - `messages`: ingest, media, edits, catch-up reads.
 //! - `leases`: compare-and-swap claims, renewal, release, fencing.
 //! - `rounds`: the claim, the final check, the cap, give-ups, transcripts, failures.
-//! - `outbox`: delivery order and the row's stored time.
+//! - `outbox`: delivery order, the row's stored time, a notice's quick replies.
 //! - `work`: due work between holders, settled conversations, health.
 //! - `limits`: the rate hold, the token wallet, access decisions.
 //! - `actions`: the journal (reserved before acting, fenced and at `v0`; a finished
@@ -115,6 +115,7 @@ macro_rules! store_conformance {
             ping_answers_on_a_sound_store,
             a_round_is_claimed_with_what_it_works_on,
             an_outbox_row_is_stored_at_one_time_in_every_read,
+            a_notice_keeps_its_quick_replies,
             the_last_part_is_recorded_with_the_release,
             a_rate_limit_holds_the_conversation_until_the_window_has_room,
             edits_count_in_the_rate_window,

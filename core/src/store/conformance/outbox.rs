@@ -1,6 +1,9 @@
-//! Conformance of the outbox area: delivery order and the row's stored time.
+//! Conformance of the outbox area: delivery order, the row's stored time, and the
+//! quick replies a notice is stored with.
 
-use super::{TTL, at, holder, http, mark, message, owed, release, reply, round, stored};
+use lull_port::QuickReply;
+
+use super::{TTL, at, committed, holder, http, mark, message, owed, release, reply, round, stored};
 use crate::domain::Timestamp;
 use crate::store::{
     CommitOutcome, ConversationAt, Enqueue, NewNotice, OutboxDeferral, OutboxFailure, OutboxKind,
@@ -19,6 +22,7 @@ pub async fn the_outbox_is_delivered_in_order(store: &dyn Store) {
         is_group: false,
         text: text.into(),
         reply_to: None,
+        quick_replies: Vec::new(),
         dedupe_key: key.into(),
     };
     assert!(
@@ -202,4 +206,64 @@ pub async fn an_outbox_row_is_stored_at_one_time_in_every_read(store: &dyn Store
             row.stored_at, row.created_at, reads[0].1.created_at,
         );
     }
+}
+
+/// A notice is stored with the quick replies it offers, in their order, and every read
+/// of the row (the row `enqueue_notice` returns, `due_outbox`, a claim's owed rows)
+/// hands them back as they were given; a notice offering none and a reply have none.
+pub async fn a_notice_keeps_its_quick_replies(store: &dyn Store) {
+    let (a, b) = (holder("a"), holder("b"));
+    let c1 = http("c1");
+    let (id, lease, batch) = round(store, &c1, &a, &["m1"], at(0)).await;
+    let offered = vec![
+        QuickReply {
+            label: "Approve".into(),
+            text: "/approve 12".into(),
+        },
+        QuickReply {
+            label: "a \"quoted\" ünïcode label".into(),
+            text: "/cancel 12".into(),
+        },
+    ];
+    let notice = |key: &str, quick_replies: Vec<QuickReply>| NewNotice {
+        conversation: c1.clone(),
+        is_group: false,
+        text: "I'd like to run t. Answer /approve 12 or /cancel 12.".into(),
+        reply_to: None,
+        quick_replies,
+        dedupe_key: key.into(),
+    };
+    for (key, quick_replies) in [("asks", offered.clone()), ("tells", Vec::new())] {
+        let queued = store
+            .enqueue_notice(Enqueue {
+                notice: notice(key, quick_replies.clone()),
+                holder: &a,
+                now: at(10),
+            })
+            .await
+            .unwrap()
+            .expect("queued");
+        assert_eq!(queued.quick_replies, quick_replies, "{key}");
+    }
+    committed(store, &lease, &batch, "answer", at(20)).await;
+    release(store, &lease, at(20)).await;
+    let offers = |rows: &[OutboxRow]| -> Vec<Vec<QuickReply>> {
+        rows.iter().map(|r| r.quick_replies.clone()).collect()
+    };
+    let expected = vec![offered.clone(), Vec::new(), Vec::new()];
+    let rows = owed(store, id, at(30)).await;
+    assert_eq!(rows[2].kind, OutboxKind::Reply);
+    assert_eq!(offers(&rows), expected, "due_outbox");
+    let claimed = store
+        .claim_round(RoundClaim {
+            conversation: id,
+            holder: &b,
+            ttl: TTL,
+            history: 10,
+            now: at(40),
+        })
+        .await
+        .unwrap()
+        .expect("the lease was released");
+    assert_eq!(offers(&claimed.owed), expected, "claim_round");
 }

@@ -248,17 +248,23 @@ pub async fn a_forced_reply_leaves_an_edited_message_pending(store: &dyn Store) 
 }
 
 /// Giving up covers every message still pending up to `v0`, each at most once, as a
-/// notice that never enters the history; a newer message keeps its timer.
+/// notice that never enters the history, with the quick replies it offers; a newer
+/// message keeps its timer.
 pub async fn giving_up_covers_each_message_once(store: &dyn Store) {
     let a = holder("a");
     let c1 = http("c1");
     let (id, lease, batch) = round(store, &c1, &a, &["m1", "m2"], at(1100)).await;
     stored(store, message(c1, "m3"), &a, at(1200)).await;
+    let approve = [lull_port::QuickReply {
+        label: "Approve".into(),
+        text: "/approve 4".into(),
+    }];
     let notice = store
         .give_up(GiveUp {
             lease: &lease,
             batch: &batch,
             notice: "too long",
+            quick_replies: &approve,
             now: at(1300),
         })
         .await
@@ -270,6 +276,7 @@ pub async fn giving_up_covers_each_message_once(store: &dyn Store) {
                 lease: &lease,
                 batch: &batch,
                 notice: "again",
+                quick_replies: &[],
                 now: at(1300)
             })
             .await
@@ -286,6 +293,7 @@ pub async fn giving_up_covers_each_message_once(store: &dyn Store) {
         ("too long", Some("m2"))
     );
     assert_eq!(rows[0].covers, ["m1", "m2"]);
+    assert_eq!(rows[0].quick_replies, approve);
     let next = collect(store, id).await;
     assert_eq!(pending_ids(&next), ["m3"]);
     assert!(next.timer.is_some(), "m3 keeps its timer");

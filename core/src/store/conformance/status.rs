@@ -157,6 +157,7 @@ pub async fn the_status_counts_what_the_rows_say(store: &dyn Store) {
                 is_group: false,
                 text: "the model is down".into(),
                 reply_to: None,
+                quick_replies: Vec::new(),
                 dedupe_key: format!("model-down/{c2}/1"),
             },
             holder: &b,

@@ -1,6 +1,7 @@
 //! The outbox area of the contract: rows waiting for delivery, and delivery facts.
 
 use async_trait::async_trait;
+use lull_port::QuickReply;
 
 use crate::domain::{ConversationId, ConversationRef, HolderId, OutboxId, Timestamp};
 use crate::store::{OutboxKind, PartSent, StoreError};
@@ -12,6 +13,9 @@ pub struct NewNotice {
     pub is_group: bool,
     pub text: String,
     pub reply_to: Option<String>,
+    /// The answers it offers as buttons under its last part, decided with its text
+    /// and stored with it: delivery shows what was stored, never reads the text.
+    pub quick_replies: Vec<QuickReply>,
     /// At most one notice per key is ever stored, so a redelivered command or a
     /// repeated failure does not notify twice.
     pub dedupe_key: String,
@@ -28,6 +32,9 @@ pub struct OutboxRow {
     /// Platform message ids of the messages a reply covers; for a notice, those a
     /// give-up ([`RoundStore::give_up`](crate::store::RoundStore::give_up)) ended (empty for other notices).
     pub covers: Vec<String>,
+    /// The answers a notice offers as buttons under its last part, as it was stored
+    /// (empty for a reply).
+    pub quick_replies: Vec<QuickReply>,
     /// Parts already delivered: delivery resumes after them.
     pub parts_sent: u32,
     /// Failed delivery attempts so far (every one is recorded before the next).

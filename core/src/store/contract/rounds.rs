@@ -142,13 +142,14 @@ pub struct ReplyCommit<'a> {
     pub now: Timestamp,
 }
 
-/// A round giving up on `batch` under `lease`, with `notice` as its answer
-/// ([`RoundStore::give_up`]).
+/// A round giving up on `batch` under `lease`, with `notice` as its answer and the
+/// `quick_replies` it offers ([`RoundStore::give_up`]).
 #[derive(Debug, Clone, Copy)]
 pub struct GiveUp<'a> {
     pub lease: &'a Lease,
     pub batch: &'a Batch,
     pub notice: &'a str,
+    pub quick_replies: &'a [lull_port::QuickReply],
     pub now: Timestamp,
 }
 

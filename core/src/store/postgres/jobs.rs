@@ -343,6 +343,7 @@ async fn output(
                 is_group: job.is_group,
                 text: text.clone(),
                 reply_to: None,
+                quick_replies: Vec::new(),
                 dedupe_key: key,
             };
             let outbox = insert_notice(tx, &notice, firing.holder, now).await?;

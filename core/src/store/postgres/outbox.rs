@@ -111,7 +111,7 @@ async fn mark_part_sent(
 /// A conversation's undelivered outbox rows, oldest first, each with the platform ids
 /// of the messages it covers: one statement ($1: the conversation).
 pub(super) const OWED: &str = "SELECT o.id, c.platform, c.key, o.kind, o.text, o.reply_to, o.parts_sent,
-        o.attempts, o.next_attempt_at, o.created_at,
+        o.attempts, o.next_attempt_at, o.created_at, o.quick_replies,
         ARRAY(SELECT m.platform_message_id FROM reply_covers rc JOIN messages m ON m.id = rc.message_id
               WHERE rc.outbox_id = o.id ORDER BY m.id)
  FROM outbox o JOIN conversations c ON c.id = o.conversation_id
@@ -158,7 +158,8 @@ pub(super) fn owed_rows(
             },
             text: r.get(4),
             reply_to: r.get(5),
-            covers: r.get(10),
+            covers: r.get(11),
+            quick_replies: rules::decode_quick_replies(r.get(10))?,
             parts_sent: r.get::<_, i32>(6) as u32,
             attempts: r.get::<_, i32>(7) as u32,
             created_at: Timestamp(r.get(9)),
@@ -181,23 +182,23 @@ pub(super) async fn insert_notice(
     // At most one notice per dedupe key.
     let id = query_opt(
         tx,
-        "INSERT INTO outbox (conversation_id, kind, text, reply_to, dedupe_key, owner, created_at, next_attempt_at)
-         VALUES ($1, 'notice', $2, $3, $4, $5, $6, $6)
+        "INSERT INTO outbox (conversation_id, kind, text, reply_to, quick_replies, dedupe_key, owner, created_at, next_attempt_at)
+         VALUES ($1, 'notice', $2, $3, $7, $4, $5, $6, $6)
          ON CONFLICT (dedupe_key) DO NOTHING
          RETURNING id",
-        &[&conversation.0, &notice.text, &notice.reply_to, &notice.dedupe_key, &holder.as_str(), &now.db.0],
+        &[&conversation.0, &notice.text, &notice.reply_to, &notice.dedupe_key, &holder.as_str(), &now.db.0, &rules::encode_quick_replies(&notice.quick_replies)],
         "queueing a notice",
     )
     .await?;
     Ok(id.map(|r| {
-        let (conversation, text) = (notice.conversation.clone(), notice.text.clone());
-        rules::outbox_row(
-            OutboxKind::Notice,
+        let notice = notice.clone();
+        rules::notice_row(
             r.get(0),
-            conversation,
-            text,
-            notice.reply_to.clone(),
+            notice.conversation,
+            notice.text,
+            notice.reply_to,
             Vec::new(),
+            notice.quick_replies,
             now.stored(),
         )
     }))

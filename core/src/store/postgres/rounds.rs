@@ -16,8 +16,7 @@ use crate::domain::{
 use crate::store::faults::Operation;
 use crate::store::rules::{self, conversation_of};
 use crate::store::{
-    Batch, Claimed, CommitOutcome, OutboxKind, OutboxRow, PendingMessage, RoundStore, StoreError,
-    TimerState,
+    Batch, Claimed, CommitOutcome, OutboxRow, PendingMessage, RoundStore, StoreError, TimerState,
 };
 use crate::store::{GiveUp, IdleDisarm, ReplyCommit, RoundClaim, RoundFailure, TranscriptWrite};
 use crate::timing::TimerPolicy;
@@ -150,7 +149,7 @@ impl RoundStore for PostgresStore {
                 let received: Vec<Timestamp> = asked.batch.pending.iter().map(|m| m.received_at).collect();
                 super::rhythm::learn(&tx, conversation, &received, policy).await?;
                 let conversation = asked.batch.conversation.clone();
-                let reply = rules::outbox_row(OutboxKind::Reply, outbox, conversation, asked.reply.text.clone(), reply_to.clone(), Vec::new(), now.stored());
+                let reply = rules::reply_row(outbox, conversation, asked.reply.text.clone(), reply_to.clone(), now.stored());
                 let collected = asked.batch.pending.iter().map(|m| (m.row, m.message_id.as_str()));
                 Ok(rules::committed(collected, &covered, reply, notices, forced))
             }
@@ -185,13 +184,14 @@ impl RoundStore for PostgresStore {
                 if covered.is_empty() {
                     return Ok(None);
                 }
-                let notice_row = CoveringNotice { text: giving_up.notice, reply_to: &reply_to, v0, lease: giving_up.lease, now: &now };
+                let notice_row = CoveringNotice { text: giving_up.notice, reply_to: &reply_to, quick_replies: giving_up.quick_replies, v0, lease: giving_up.lease, now: &now };
                 let outbox = notice_row.store(&tx, conversation, &covered, "storing a give-up notice").await?;
                 answer_through(&tx, conversation, v0, policy).await?;
                 let covers = covered.into_iter().map(|(_, id)| id).collect();
                 let conversation = giving_up.batch.conversation.clone();
                 let text = giving_up.notice.to_owned();
-                Ok(Some(rules::outbox_row(OutboxKind::Notice, outbox, conversation, text, reply_to.clone(), covers, now.stored())))
+                let quick_replies = giving_up.quick_replies.to_vec();
+                Ok(Some(rules::notice_row(outbox, conversation, text, reply_to.clone(), covers, quick_replies, now.stored())))
             }
             .await
         })
@@ -386,6 +386,7 @@ async fn read_batch_and_owed(
 struct CoveringNotice<'a> {
     text: &'a str,
     reply_to: &'a Option<String>,
+    quick_replies: &'a [lull_port::QuickReply],
     v0: Version,
     lease: &'a Lease,
     now: &'a Now,
@@ -404,8 +405,8 @@ impl CoveringNotice<'_> {
         let outbox: i64 = query_one(
             tx,
             "INSERT INTO outbox (conversation_id, kind, text, reply_to, version, lease_token,
-                                 owner, created_at, next_attempt_at)
-             VALUES ($1, 'notice', $2, $3, $4, $5, $6, $7, $7)
+                                 owner, created_at, next_attempt_at, quick_replies)
+             VALUES ($1, 'notice', $2, $3, $4, $5, $6, $7, $7, $8)
              RETURNING id",
             &[
                 &conversation.0,
@@ -415,6 +416,7 @@ impl CoveringNotice<'_> {
                 &self.lease.token.0,
                 &self.lease.holder.as_str(),
                 &self.now.db.0,
+                &rules::encode_quick_replies(self.quick_replies),
             ],
             context,
         )
@@ -461,6 +463,7 @@ async fn store_held_out(
         let notice = CoveringNotice {
             text: &held.text,
             reply_to: &held.reply_to,
+            quick_replies: &[],
             v0,
             lease,
             now: &now,

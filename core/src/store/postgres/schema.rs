@@ -57,9 +57,11 @@ const ALL: &[&str] = &[
     ddl::TOKEN_USAGE_BY_DAY,
     // 18 (SQLite 17): this database's own salt for the idempotency keys of tool calls.
     include_str!("migrations/v18_instance.sql"),
-    // 19 (SQLite 18): jobs (reminders, scheduled tasks), their occurrences, a chat's
+    // 19 (SQLite 18): the quick replies a notice offers, stored with it.
+    ddl::OUTBOX_QUICK_REPLIES,
+    // 20 (SQLite 19): jobs (reminders, scheduled tasks), their occurrences, a chat's
     // time zone.
-    include_str!("migrations/v19_jobs.sql"),
+    include_str!("migrations/v20_jobs.sql"),
 ];
 
 /// The schema version this build migrates to.

@@ -140,6 +140,7 @@ impl JobStore for SqliteStore {
                         is_group: job.is_group,
                         text,
                         reply_to: None,
+                        quick_replies: Vec::new(),
                         dedupe_key: key,
                     };
                     let outbox = insert_notice(tx, &notice, &holder, now)?;

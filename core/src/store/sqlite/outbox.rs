@@ -101,7 +101,7 @@ pub(super) struct Owed {
 /// does not). `INDEXED BY` and `CROSS JOIN` fix that plan (a test checks it).
 pub(super) const READ_OWED_SQL: &str =
     "SELECT o.id, c.platform, c.key, o.kind, o.text, o.reply_to, o.parts_sent,
-            o.attempts, o.next_attempt_at, o.created_at
+            o.attempts, o.next_attempt_at, o.created_at, o.quick_replies
      FROM outbox o INDEXED BY outbox_undelivered CROSS JOIN conversations c ON c.id = o.conversation_id
      WHERE o.conversation_id = ?1 AND o.sent_at IS NULL AND o.failed_at IS NULL
      ORDER BY o.id";
@@ -144,6 +144,11 @@ pub(super) fn read_owed(
             text: r.get(4).ctx("reading the outbox")?,
             reply_to: r.get(5).ctx("reading the outbox")?,
             covers: Vec::new(),
+            quick_replies: rules::decode_quick_replies(
+                r.get::<_, Option<String>>(10)
+                    .ctx("reading the outbox")?
+                    .as_deref(),
+            )?,
             parts_sent: r.get(6).ctx("reading the outbox")?,
             attempts: r.get(7).ctx("reading the outbox")?,
             created_at: Timestamp(r.get(9).ctx("reading the outbox")?),
@@ -182,8 +187,8 @@ pub(super) fn insert_notice(
     // At most one notice per dedupe key.
     let id: Option<i64> = tx
         .prepare_cached(
-            "INSERT INTO outbox (conversation_id, kind, text, reply_to, dedupe_key, owner, created_at, next_attempt_at)
-             VALUES (?1, 'notice', ?2, ?3, ?4, ?5, ?6, ?6)
+            "INSERT INTO outbox (conversation_id, kind, text, reply_to, quick_replies, dedupe_key, owner, created_at, next_attempt_at)
+             VALUES (?1, 'notice', ?2, ?3, ?7, ?4, ?5, ?6, ?6)
              ON CONFLICT (dedupe_key) DO NOTHING
              RETURNING id",
         )
@@ -196,6 +201,7 @@ pub(super) fn insert_notice(
                 notice.dedupe_key,
                 holder.as_str(),
                 now.0,
+                rules::encode_quick_replies(&notice.quick_replies),
             ],
             |r| r.get(0),
         )
@@ -203,13 +209,14 @@ pub(super) fn insert_notice(
         .ctx("queueing a notice")?;
     Ok(id.map(|id| {
         let at = stored_at(now);
-        rules::outbox_row(
-            OutboxKind::Notice,
+        let notice = notice.clone();
+        rules::notice_row(
             id,
-            notice.conversation.clone(),
-            notice.text.clone(),
-            notice.reply_to.clone(),
+            notice.conversation,
+            notice.text,
+            notice.reply_to,
             Vec::new(),
+            notice.quick_replies,
             at,
         )
     }))

@@ -14,8 +14,8 @@ use crate::domain::{
 };
 use crate::store::rules::{self, conversation_of};
 use crate::store::{
-    Batch, Claimed, CommitOutcome, Exchange, OutboxKind, OutboxRow, PendingMessage, RoundStore,
-    StoreError, TimerState,
+    Batch, Claimed, CommitOutcome, Exchange, OutboxRow, PendingMessage, RoundStore, StoreError,
+    TimerState,
 };
 use crate::store::{GiveUp, IdleDisarm, ReplyCommit, RoundClaim, RoundFailure, TranscriptWrite};
 use crate::timing::TimerPolicy;
@@ -127,7 +127,7 @@ impl RoundStore for SqliteStore {
             let notices = store_held_out(tx, &lease, &reference, &asked.reply.held_out, v0, forced, asked.now)?;
             answer_through(tx, conversation, v0, policy)?;
             super::rhythm::learn(tx, conversation, &received, policy)?;
-            let reply = rules::outbox_row(OutboxKind::Reply, outbox, reference, asked.reply.text, reply_to, Vec::new(), stored_at(asked.now));
+            let reply = rules::reply_row(outbox, reference, asked.reply.text, reply_to, stored_at(asked.now));
             let collected = message_ids.iter().map(|(row, id)| (*row, id.as_str()));
             Ok(rules::committed(collected, &covered, reply, notices, forced))
         })
@@ -141,6 +141,7 @@ impl RoundStore for SqliteStore {
         let reply_to = giving_up.batch.last_message_id().map(str::to_owned);
         let reference = giving_up.batch.conversation.clone();
         let notice = giving_up.notice.to_owned();
+        let quick_replies = giving_up.quick_replies.to_vec();
         let row = self.lease_rows.row(&lease.key, &lease.holder);
         let policy = self.timers;
         self.write("giving up on a batch", move |tx| {
@@ -165,11 +166,11 @@ impl RoundStore for SqliteStore {
             if covered.is_empty() {
                 return Ok(None);
             }
-            let notice_row = CoveringNotice { text: &notice, reply_to: &reply_to, v0, lease: &lease, now: giving_up.now };
+            let notice_row = CoveringNotice { text: &notice, reply_to: &reply_to, quick_replies: &quick_replies, v0, lease: &lease, now: giving_up.now };
             let outbox = notice_row.store(tx, conversation, &covered, "storing a give-up notice")?;
             answer_through(tx, conversation, v0, policy)?;
             let covers = covered.into_iter().map(|(_, id)| id).collect();
-            Ok(Some(rules::outbox_row(OutboxKind::Notice, outbox, reference, notice, reply_to, covers, stored_at(giving_up.now))))
+            Ok(Some(rules::notice_row(outbox, reference, notice, reply_to, covers, quick_replies, stored_at(giving_up.now))))
         })
         .await
     }
@@ -438,6 +439,7 @@ fn store_held_out(
         let notice = CoveringNotice {
             text: &held.text,
             reply_to: &held.reply_to,
+            quick_replies: &[],
             v0,
             lease,
             now,
@@ -454,6 +456,7 @@ fn store_held_out(
 struct CoveringNotice<'a> {
     text: &'a str,
     reply_to: &'a Option<String>,
+    quick_replies: &'a [lull_port::QuickReply],
     v0: Version,
     lease: &'a Lease,
     now: Timestamp,
@@ -472,8 +475,8 @@ impl CoveringNotice<'_> {
         let outbox: i64 = tx
             .prepare_cached(
                 "INSERT INTO outbox (conversation_id, kind, text, reply_to, version, lease_token,
-                                     owner, created_at, next_attempt_at)
-                 VALUES (?1, 'notice', ?2, ?3, ?4, ?5, ?6, ?7, ?7)
+                                     owner, created_at, next_attempt_at, quick_replies)
+                 VALUES (?1, 'notice', ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?8)
                  RETURNING id",
             )
             .ctx("preparing a statement")?
@@ -485,7 +488,8 @@ impl CoveringNotice<'_> {
                     self.v0.0,
                     self.lease.token.0,
                     self.lease.holder.as_str(),
-                    self.now.0
+                    self.now.0,
+                    rules::encode_quick_replies(self.quick_replies),
                 ],
                 |r| r.get(0),
             )

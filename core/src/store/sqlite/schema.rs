@@ -49,8 +49,10 @@ const ALL: &[&str] = &[
     ddl::TOKEN_USAGE_BY_DAY,
     // 17: this database's own salt for the idempotency keys of tool calls.
     include_str!("migrations/v17_instance.sql"),
-    // 18: jobs (reminders, scheduled tasks), their occurrences, a chat's time zone.
-    include_str!("migrations/v18_jobs.sql"),
+    // 18: the quick replies a notice offers, stored with it.
+    ddl::OUTBOX_QUICK_REPLIES,
+    // 19: jobs (reminders, scheduled tasks), their occurrences, a chat's time zone.
+    include_str!("migrations/v19_jobs.sql"),
 ];
 
 /// The schema version this build migrates to.

@@ -855,7 +855,8 @@ pub fn job_skipped_text(id: i64, text: &str, skipped: u64, next: Option<&str>) -
 mod tests {
     use super::*;
 
-    /// `/help` says what it said before its lines came from the command table.
+    /// `/help` says what it said before its lines came from the command table, with
+    /// the job commands' lines before its own.
     #[test]
     fn the_help_is_the_same_words() {
         let before = "Hi, I'm lull, an AI assistant. Write to me as you would to a person: \
@@ -868,6 +869,10 @@ Commands:\n\
 /retry: write my last answer again (in a group: admins only)\n\
 /status: this chat's model, persona, what is waiting, today's usage\n\
 /usage: how much you have used today, and your limit\n\
+/remind WHEN TEXT: remind this chat, e.g. /remind in 20m take the pizza out, /remind every weekday 8:30 stand-up (in a group: admins only)\n\
+/schedule WHEN PROMPT: I answer PROMPT then, e.g. /schedule every day 8:00 give me the day's plan (in a group: admins only)\n\
+/jobs: this chat's reminders and tasks; /jobs cancel N stops one\n\
+/timezone [NAME]: the time zone this chat's times are read in, or choose one\n\
 /help: show this message";
         assert_eq!(help_text(), before);
     }

@@ -53,6 +53,14 @@ pub enum Command {
     Retry,
     /// `/status`: the model, persona, what is pending, today's usage, the ids.
     Status,
+    /// `/remind WHEN TEXT`: a reminder, TEXT delivered as is when due (no model).
+    Remind,
+    /// `/schedule WHEN PROMPT`: a task, PROMPT answered by the model when due.
+    Schedule,
+    /// `/jobs` or `/jobs cancel N`: this chat's reminders and tasks, or stop one.
+    Jobs,
+    /// `/timezone [NAME]`: the zone this chat's times are read in, or choose one.
+    Timezone,
     /// Any other `/word`: answered with the help, never sent to the model. Not
     /// `/approve` and `/cancel`: those answer a question about a tool call and are
     /// stored as messages, so a round decides them under the conversation's lease.
@@ -131,7 +139,7 @@ pub const NOT_COMMANDS: [&str; 2] = ["approve", "cancel"];
 
 /// Every command, in the order of the menus (everyone's, then the admins'), then
 /// those in no menu.
-pub const COMMANDS: [CommandSpec; 14] = [
+pub const COMMANDS: [CommandSpec; 18] = [
     CommandSpec {
         command: Command::New,
         name: "new",
@@ -236,6 +244,76 @@ pub const COMMANDS: [CommandSpec; 14] = [
         acts: false,
     },
     CommandSpec {
+        command: Command::Remind,
+        name: "remind",
+        aliases: &[],
+        argument: Some(Argument {
+            name: "when_and_text",
+            description: "When, then what to say: in 20m take the pizza out",
+        }),
+        who: Who::AdminsInGroups,
+        // Bare, it says how to use it.
+        who_bare: Who::Anyone,
+        menu: Menu::Everyone("Remind this chat of something later"),
+        help: Some(HelpLine {
+            order: 8,
+            text: "/remind WHEN TEXT: remind this chat, e.g. /remind in 20m take the pizza out, /remind every weekday 8:30 stand-up (in a group: admins only)",
+        }),
+        acts: true,
+    },
+    CommandSpec {
+        command: Command::Schedule,
+        name: "schedule",
+        aliases: &[],
+        argument: Some(Argument {
+            name: "when_and_prompt",
+            description: "When, then what to ask me each time: every day 8:00 plan my day",
+        }),
+        who: Who::AdminsInGroups,
+        who_bare: Who::Anyone,
+        menu: Menu::Everyone("Ask me something on a schedule"),
+        help: Some(HelpLine {
+            order: 9,
+            text: "/schedule WHEN PROMPT: I answer PROMPT then, e.g. /schedule every day 8:00 give me the day's plan (in a group: admins only)",
+        }),
+        acts: true,
+    },
+    CommandSpec {
+        command: Command::Jobs,
+        name: "jobs",
+        aliases: &[],
+        argument: Some(Argument {
+            name: "cancel",
+            description: "cancel N stops job N",
+        }),
+        who: Who::AdminsInGroups,
+        // The list only reads.
+        who_bare: Who::Anyone,
+        menu: Menu::Everyone("This chat's reminders and scheduled tasks"),
+        help: Some(HelpLine {
+            order: 10,
+            text: "/jobs: this chat's reminders and tasks; /jobs cancel N stops one",
+        }),
+        acts: true,
+    },
+    CommandSpec {
+        command: Command::Timezone,
+        name: "timezone",
+        aliases: &[],
+        argument: Some(Argument {
+            name: "name",
+            description: "An IANA time zone such as Europe/Berlin",
+        }),
+        who: Who::AdminsInGroups,
+        who_bare: Who::Anyone,
+        menu: Menu::Everyone("Show or choose this chat's time zone"),
+        help: Some(HelpLine {
+            order: 11,
+            text: "/timezone [NAME]: the time zone this chat's times are read in, or choose one",
+        }),
+        acts: true,
+    },
+    CommandSpec {
         command: Command::Help,
         name: "help",
         aliases: &[],
@@ -244,7 +322,7 @@ pub const COMMANDS: [CommandSpec; 14] = [
         who_bare: Who::Anyone,
         menu: Menu::Everyone("What I do and how to use me"),
         help: Some(HelpLine {
-            order: 7,
+            order: 20,
             text: "/help: show this message",
         }),
         acts: false,

@@ -75,8 +75,8 @@ async fn check_reports_a_good_configuration() {
         telegram_ok.as_str(),
         "ok    discord       the token belongs to lull",
         "ok    http adapter",
-        "ok    menus         telegram private chats /new /stop /retry /model /persona /usage /status /help, group admins /new",
-        "discord slash commands /new /stop /retry /model /persona /usage /status /help; ack reaction 👀 while a reply is pending",
+        "ok    menus         telegram private chats /new /stop /retry /model /persona /usage /status /remind /schedule /jobs /timezone /help, group admins /new",
+        "discord slash commands /new /stop /retry /model /persona /usage /status /remind /schedule /jobs /timezone /help; ack reaction 👀 while a reply is pending",
         "ok    model         fake-model is served by",
         "all checks passed",
     ] {

@@ -203,6 +203,16 @@ async fn reminders_due_together(b: &Bots, lull: &LullProcess, count: usize, secs
     }
 }
 
+/// The start of the next minute (UTC), as an [`Instant`], to the millisecond.
+fn next_minute_instant() -> Instant {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let next_ms = (now_ms / 60_000 + 1) * 60_000;
+    Instant::now() + Duration::from_millis(next_ms - now_ms)
+}
+
 /// Seconds since the Unix epoch.
 fn unix_now() -> u64 {
     std::time::SystemTime::now()
@@ -262,7 +272,7 @@ async fn reminders_due_together_over_two_processes_and_a_kill_fire_once() {
     let second = b.start("b", &[]).await;
     let wait = seconds_to_next_minute(12);
     reminders_due_together(&b, &a, 40, wait).await;
-    let due = Instant::now() + SECS(seconds_to_next_minute(0));
+    let due = next_minute_instant();
     tokio::time::sleep_until(due.into()).await;
     a.kill9();
     a.restart();

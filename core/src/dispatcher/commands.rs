@@ -5,11 +5,11 @@
 
 use lull_port::{Command, Incoming, Who};
 
-use super::{Dispatcher, controls, notices};
+use super::{Dispatcher, controls, job_commands, notices};
 use crate::access::{AccessList, AccessRule, Sender, Subject, SubjectKind};
 use crate::domain::{Platform, Timestamp};
 use crate::limits;
-use crate::store::{CommandClaim, ContextReset, StoreError};
+use crate::store::{CommandClaim, ContextReset, JobKind, StoreError};
 use crate::texts::{self, NoticeText};
 
 /// Answer a command at once, without the model. `text` is the whole message (the
@@ -102,6 +102,16 @@ async fn act(
             texts::RESET_TEXT.to_owned()
         }
         Command::Usage => usage(dispatcher, incoming, admin, args, now).await?,
+        Command::Remind | Command::Schedule => {
+            let kind = if command == Command::Remind {
+                JobKind::Reminder
+            } else {
+                JobKind::Task
+            };
+            job_commands::make(dispatcher, incoming, kind, rest_of(text), now).await?
+        }
+        Command::Jobs => job_commands::jobs(dispatcher, incoming, args, now).await?,
+        Command::Timezone => job_commands::timezone(dispatcher, incoming, args, now).await?,
         Command::Model
         | Command::Persona
         | Command::Prompt
@@ -237,4 +247,11 @@ async fn usage(
     } else {
         text
     })
+}
+
+/// The words after the command word (`""` for none).
+fn rest_of(text: &str) -> &str {
+    text.trim_start()
+        .split_once(char::is_whitespace)
+        .map_or("", |(_, rest)| rest)
 }

@@ -251,9 +251,10 @@ pub const COMMANDS: [CommandSpec; 18] = [
             name: "when_and_text",
             description: "When, then what to say: in 20m take the pizza out",
         }),
+        // Bare, it says how to use it: still the admins' in a group, whose members'
+        // menu then does not offer it.
         who: Who::AdminsInGroups,
-        // Bare, it says how to use it.
-        who_bare: Who::Anyone,
+        who_bare: Who::AdminsInGroups,
         menu: Menu::Everyone("Remind this chat of something later"),
         help: Some(HelpLine {
             order: 8,
@@ -270,7 +271,7 @@ pub const COMMANDS: [CommandSpec; 18] = [
             description: "When, then what to ask me each time: every day 8:00 plan my day",
         }),
         who: Who::AdminsInGroups,
-        who_bare: Who::Anyone,
+        who_bare: Who::AdminsInGroups,
         menu: Menu::Everyone("Ask me something on a schedule"),
         help: Some(HelpLine {
             order: 9,

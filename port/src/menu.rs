@@ -106,7 +106,8 @@ mod tests {
     );
 
     /// The menus as they were registered before the table (issue 38 derived them from
-    /// it, unchanged): the same commands, order and words on every platform.
+    /// it, unchanged), with the job commands (issue 39) before `/help`: the same
+    /// commands, order and words on every platform.
     #[test]
     fn the_menus_are_those_of_before() {
         let menus = Menus::of_commands();
@@ -137,6 +138,32 @@ mod tests {
                 ),
                 ("usage", "Tokens used today and the limits", None),
                 ("status", "Model, persona and what is pending", None),
+                (
+                    "remind",
+                    "Remind this chat of something later",
+                    Some((
+                        "when_and_text",
+                        "When, then what to say: in 20m take the pizza out"
+                    ))
+                ),
+                (
+                    "schedule",
+                    "Ask me something on a schedule",
+                    Some((
+                        "when_and_prompt",
+                        "When, then what to ask me each time: every day 8:00 plan my day"
+                    ))
+                ),
+                (
+                    "jobs",
+                    "This chat's reminders and scheduled tasks",
+                    Some(("cancel", "cancel N stops job N"))
+                ),
+                (
+                    "timezone",
+                    "Show or choose this chat's time zone",
+                    Some(("name", "An IANA time zone such as Europe/Berlin"))
+                ),
                 ("help", "What I do and how to use me", None),
             ]
         );
@@ -157,7 +184,7 @@ mod tests {
         );
         assert_eq!(
             Menus::words(&menus.for_group_members()),
-            "/model /persona /usage /status /help"
+            "/model /persona /usage /status /jobs /timezone /help"
         );
     }
 }

@@ -410,3 +410,60 @@ async fn missed_occurrences_are_skipped_with_one_notice() {
     );
     assert_eq!(b.with_text("s1", "skipped").len(), 1);
 }
+
+/// The model's `lull__schedule` goes through the act-once journal: asked again in a
+/// second round of the same batch (the first round's answer dropped as stale), it
+/// reuses the stored result, and one job is made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_schedule_tool_asked_in_two_rounds_of_a_batch_makes_one_job() {
+    use crate::support::fakes::openai::Agent;
+    use crate::tools::{Setup, ToolBot};
+    let bot = ToolBot::start(Setup {
+        agent: Agent {
+            calls: vec![(
+                "lull__schedule".into(),
+                serde_json::json!({ "when": "in 1h", "text": "call mom" }),
+            )],
+            answer_after: Duration::from_millis(1500),
+            ..Agent::default()
+        },
+        ..Setup::default()
+    })
+    .await;
+    let db = bot.dir.path().join("lull.db");
+    let jobs = || {
+        rusqlite::Connection::open(&db)
+            .and_then(|c| c.query_row("SELECT COUNT(*) FROM jobs", [], |r| r.get::<_, i64>(0)))
+            .unwrap_or(0)
+    };
+    post(&bot, "j1", "1", "remind me to call mom in an hour").await;
+    until("the job", SECS(30), || (jobs() == 1).then_some(())).await;
+    post(&bot, "j1", "2", "thanks").await;
+    let replies = bot.webhook.wait_replies(1, SECS(40)).await;
+    assert!(
+        replies[0].text.contains("✓ lull__schedule"),
+        "{:?}",
+        replies[0]
+    );
+    tokio::time::sleep(SECS(1)).await;
+    assert_eq!(jobs(), 1, "one job");
+    let logs: String = bot.lulls.iter().map(LullProcess::logs).collect();
+    assert!(
+        logs.contains("its result reused"),
+        "the second round asked again and reused the result"
+    );
+}
+
+/// `text` from `u1` in `conversation`, through the first process of `bot`.
+async fn post(bot: &crate::tools::ToolBot, conversation: &str, id: &str, text: &str) {
+    let r = crate::support::process::post_message(
+        &reqwest::Client::new(),
+        &bot.lulls[0].base_url(),
+        conversation,
+        id,
+        text,
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status().as_u16(), 202);
+}

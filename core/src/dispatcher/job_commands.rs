@@ -6,15 +6,15 @@
 
 use lull_port::Incoming;
 
-use super::Dispatcher;
-use crate::domain::Timestamp;
+use super::{Dispatcher, JobSettings};
+use crate::domain::{ConversationRef, Timestamp};
 use crate::limits::TimeZone;
 use crate::schedule::{self, Schedule};
-use crate::store::{JobCreated, JobKind, JobRow, NewJob, StoreError};
+use crate::store::{JobCreated, JobKind, JobRow, NewJob, Store, StoreError};
 use crate::texts;
 
 /// `/remind` (a reminder) or `/schedule` (a task): the words after the command are
-/// `WHEN TEXT`.
+/// `WHEN TEXT`. One command message makes one job (its origin).
 pub(super) async fn make(
     d: &Dispatcher,
     incoming: &Incoming,
@@ -28,40 +28,93 @@ pub(super) async fn make(
     if rest.trim().is_empty() {
         return Ok(texts::job_usage_text(kind));
     }
-    let tz = chat_timezone(d, incoming).await?;
-    let (schedule, text) = match schedule::parse(rest, now, &tz) {
-        Ok(read) => read,
-        Err(why) => return Ok(why.to_string()),
+    let maker = JobMaker {
+        store: d.store.as_ref(),
+        jobs: settings,
+        tz: chat_timezone(
+            d.store.as_ref(),
+            &incoming.conversation,
+            &d.settings.limits.timezone,
+        )
+        .await?,
     };
-    if !schedule.interval_at_least(settings.min_interval) {
-        return Ok(texts::job_too_often_text(settings.min_interval));
-    }
-    let Some(first_at) = schedule.first(now, &tz) else {
-        return Ok(texts::WHEN_PASSED_TEXT.to_owned());
-    };
-    let job = NewJob {
-        conversation: incoming.conversation.clone(),
+    let asked = Asked {
+        conversation: &incoming.conversation,
         is_group: incoming.is_group,
-        creator: incoming.user_id.clone(),
-        creator_name: incoming.author.clone(),
-        kind,
-        schedule: schedule.to_stored(),
-        timezone: tz.to_string(),
-        text: text.trim().to_owned(),
-        first_at,
-        max_per_chat: settings.per_chat,
+        creator: &incoming.user_id,
+        creator_name: &incoming.author,
         origin: format!("command/{}", incoming.message_id),
-        now,
     };
-    Ok(match d.store.create_job(job).await? {
-        JobCreated::Created(job) => {
-            tracing::info!(job = job.id, kind = kind.as_str(), conversation = %job.conversation, "job made");
-            // It may be due sooner than the scheduler would look.
-            d.wake_by(first_at);
-            texts::job_made_text(&line(&job, &schedule, &tz, now))
+    let (text, first_at) = maker.make(asked, kind, rest, now).await?;
+    if let Some(first_at) = first_at {
+        // It may be due sooner than the scheduler would look.
+        d.wake_by(first_at);
+    }
+    Ok(text)
+}
+
+/// Who asks for a job, where, and what made the request (one origin, one job).
+pub(super) struct Asked<'a> {
+    pub(super) conversation: &'a ConversationRef,
+    pub(super) is_group: bool,
+    pub(super) creator: &'a str,
+    pub(super) creator_name: &'a str,
+    pub(super) origin: String,
+}
+
+/// Makes jobs from a WHEN and a text, for the commands and the model's tool alike.
+pub(super) struct JobMaker<'a> {
+    pub(super) store: &'a dyn Store,
+    pub(super) jobs: &'a JobSettings,
+    /// The zone the chat's WHENs are read in.
+    pub(super) tz: TimeZone,
+}
+
+impl JobMaker<'_> {
+    /// Read `rest` as `WHEN TEXT` and make the job: the answer, and its first
+    /// occurrence when one was made. A WHEN that cannot be read, too often, or a full
+    /// chat store nothing and say why in one line.
+    pub(super) async fn make(
+        &self,
+        asked: Asked<'_>,
+        kind: JobKind,
+        rest: &str,
+        now: Timestamp,
+    ) -> Result<(String, Option<Timestamp>), StoreError> {
+        let tz = &self.tz;
+        let (schedule, text) = match schedule::parse(rest, now, tz) {
+            Ok(read) => read,
+            Err(why) => return Ok((why.to_string(), None)),
+        };
+        if !schedule.interval_at_least(self.jobs.min_interval) {
+            return Ok((texts::job_too_often_text(self.jobs.min_interval), None));
         }
-        JobCreated::TooMany { active } => texts::too_many_jobs_text(active),
-    })
+        let Some(first_at) = schedule.first(now, tz) else {
+            return Ok((texts::WHEN_PASSED_TEXT.to_owned(), None));
+        };
+        let job = NewJob {
+            conversation: asked.conversation.clone(),
+            is_group: asked.is_group,
+            creator: asked.creator.to_owned(),
+            creator_name: asked.creator_name.to_owned(),
+            kind,
+            schedule: schedule.to_stored(),
+            timezone: tz.to_string(),
+            text: text.trim().to_owned(),
+            first_at,
+            max_per_chat: self.jobs.per_chat,
+            origin: asked.origin,
+            now,
+        };
+        Ok(match self.store.create_job(job).await? {
+            JobCreated::Created(job) => {
+                tracing::info!(job = job.id, kind = kind.as_str(), conversation = %job.conversation, "job made");
+                let made = texts::job_made_text(&line(&job, &schedule, tz, now));
+                (made, Some(first_at))
+            }
+            JobCreated::TooMany { active } => (texts::too_many_jobs_text(active), None),
+        })
+    }
 }
 
 /// `/jobs` (the chat's active jobs) or `/jobs cancel N`.
@@ -75,7 +128,7 @@ pub(super) async fn jobs(
         return Ok(texts::JOBS_OFF_TEXT.to_owned());
     }
     match args {
-        [] => list(d, incoming, now).await,
+        [] => list(d.store.as_ref(), &incoming.conversation, now).await,
         [cancel, id] if cancel.eq_ignore_ascii_case("cancel") => {
             let Ok(id) = id.trim_start_matches('#').parse::<i64>() else {
                 return Ok(texts::JOBS_USAGE_TEXT.to_owned());
@@ -94,9 +147,29 @@ pub(super) async fn jobs(
     }
 }
 
+/// Cancel job `id` of `conversation`: the answer.
+pub(super) async fn cancel(
+    store: &dyn Store,
+    conversation: &ConversationRef,
+    id: i64,
+    now: Timestamp,
+) -> Result<String, StoreError> {
+    Ok(match store.cancel_job(conversation, id, now).await? {
+        Some(job) => {
+            tracing::info!(job = job.id, conversation = %job.conversation, "job cancelled");
+            texts::job_cancelled_text(job.id, &job.text)
+        }
+        None => texts::no_such_job_text(id),
+    })
+}
+
 /// The chat's active jobs, one line each, times in the zone each job was made in.
-async fn list(d: &Dispatcher, incoming: &Incoming, now: Timestamp) -> Result<String, StoreError> {
-    let jobs = d.store.jobs_of(&incoming.conversation).await?;
+pub(super) async fn list(
+    store: &dyn Store,
+    conversation: &ConversationRef,
+    now: Timestamp,
+) -> Result<String, StoreError> {
+    let jobs = store.jobs_of(conversation).await?;
     if jobs.is_empty() {
         return Ok(texts::NO_JOBS_TEXT.to_owned());
     }
@@ -121,7 +194,8 @@ pub(super) async fn timezone(
     let conversation = &incoming.conversation;
     match args {
         [] => {
-            let tz = chat_timezone(d, incoming).await?;
+            let default = &d.settings.limits.timezone;
+            let tz = chat_timezone(d.store.as_ref(), conversation, default).await?;
             Ok(texts::timezone_text(&tz.to_string(), &tz.show(now, now)))
         }
         [name] if name.eq_ignore_ascii_case("default") => {
@@ -144,13 +218,18 @@ pub(super) async fn timezone(
     }
 }
 
-/// The zone a chat's WHENs are read in: its `/timezone`, else `LULL_TIMEZONE`. A zone
-/// stored by an older build that this one does not know falls back the same way.
-async fn chat_timezone(d: &Dispatcher, incoming: &Incoming) -> Result<TimeZone, StoreError> {
-    let chosen = d.store.chat_timezone(&incoming.conversation).await?;
+/// The zone a chat's WHENs are read in: its `/timezone`, else `default`
+/// (`LULL_TIMEZONE`). A zone stored by an older build that this one does not know falls
+/// back the same way.
+pub(super) async fn chat_timezone(
+    store: &dyn Store,
+    conversation: &ConversationRef,
+    default: &TimeZone,
+) -> Result<TimeZone, StoreError> {
+    let chosen = store.chat_timezone(conversation).await?;
     Ok(chosen
         .and_then(|name| name.parse().ok())
-        .unwrap_or_else(|| d.settings.limits.timezone.clone()))
+        .unwrap_or_else(|| default.clone()))
 }
 
 /// A job's schedule and zone, as stored (`None`: unreadable by this build).

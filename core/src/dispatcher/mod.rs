@@ -30,7 +30,8 @@
 //!   tracked and stopped after the rounds at shutdown: nothing is detached.
 //! - `acks`: the ack reaction on a burst's message while lull waits, set once per
 //!   burst and taken off when the reply covering it is delivered; never in the way.
-//! - `job_commands`: `/remind`, `/schedule`, `/jobs`, `/timezone`, answered at ingest.
+//! - `job_commands`: `/remind`, `/schedule`, `/jobs`, `/timezone`, answered at ingest;
+//!   `job_tools`: the model's `lull__schedule`, `lull__jobs`, `lull__cancel_job`.
 //! - `jobs`: due job occurrences fired, each once, at the scheduler's look (a
 //!   reminder's notice, a task's message); missed ones said once, never one a slot.
 //! - `overheard`: group context, the recent group messages not addressed to lull,
@@ -57,6 +58,7 @@ pub mod events;
 mod ingest;
 mod interrupt;
 mod job_commands;
+mod job_tools;
 mod jobs;
 mod lease_keeper;
 mod not_stored;

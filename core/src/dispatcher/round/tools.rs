@@ -8,6 +8,7 @@
 use super::actions::{Acting, Answer, action_lines, count};
 use super::{Interrupt, Round, add_note};
 use crate::dispatcher::Event;
+use crate::dispatcher::job_tools::{ForBatch, JobTools};
 use crate::dispatcher::wallet::Spent;
 use crate::domain::Version;
 use crate::llm::{FailureKind, Generation, LlmError, Prompt, ToolCall, ToolTurn};
@@ -59,7 +60,7 @@ impl Round<'_> {
         rows: &mut Vec<OutboxRow>,
     ) -> Result<Generated, Interrupt> {
         let d = self.dispatcher;
-        let toolbox = d.toolbox().cloned();
+        let toolbox = self.toolbox_for(batch);
         let model = self.offer_tools(toolbox.as_deref(), batch, prompt).await?;
         let steps = d.settings.tools.steps.max(1);
         let mut spent = Spent::default();
@@ -99,6 +100,23 @@ impl Round<'_> {
                 results,
             });
         }
+    }
+
+    /// The toolbox of this batch's round: the MCP servers' tools and, with jobs on,
+    /// the job tools acting in this chat for the batch's newest author.
+    fn toolbox_for(&self, batch: &Batch) -> Option<std::sync::Arc<dyn Toolbox>> {
+        let d = self.dispatcher;
+        let inner = d.toolbox().cloned()?;
+        let Some(asker) = batch.pending.last() else {
+            return Some(inner);
+        };
+        let asked = ForBatch {
+            conversation: batch.conversation.clone(),
+            is_group: batch.is_group,
+            creator: asker.user_id.clone(),
+            creator_name: asker.author.clone(),
+        };
+        Some(JobTools::for_batch(d, inner, asked))
     }
 
     /// Offer the tools of `toolbox` the batch may use in `prompt` (none to a model

@@ -9,6 +9,7 @@
 //! cargo bench --bench perf -- --quick         # smaller sizes, for a smoke run
 //! cargo bench --bench perf -- --ingest-only   # the write limit and ingest rows only
 //! cargo bench --bench perf -- --postgres-only # the PostgreSQL rows only
+//! cargo bench --bench perf -- --jobs-only     # the jobs row only
 //! ```
 //!
 //! What it measures (BENCHMARKS.md explains each figure and holds the results):
@@ -25,7 +26,9 @@
 //!   that server (`pgbench`, `synchronous_commit` on), lull's ingest rate and p99
 //!   through HTTP with 1, 2 and 4 replicas on one database (the clients spread across
 //!   them), and the scheduler lateness across two replicas (ingested on one, answered
-//!   by either: the `NOTIFY` wake-up path).
+//!   by either: the `NOTIFY` wake-up path);
+//! - jobs: 1,000 reminders due in the same second (one per chat), their lateness
+//!   p50/p99 from the due instant to the webhook's receipt.
 
 mod figures;
 #[path = "../tests/support/mod.rs"]
@@ -62,6 +65,10 @@ struct Sizes {
     ingest_only: bool,
     /// Only the PostgreSQL rows (`--postgres-only`).
     postgres_only: bool,
+    /// Reminders due in the same second.
+    reminders: usize,
+    /// Only the jobs row (`--jobs-only`).
+    jobs_only: bool,
 }
 
 impl Sizes {
@@ -75,6 +82,8 @@ impl Sizes {
             idle_seconds: 20,
             ingest_only: false,
             postgres_only: false,
+            reminders: 1000,
+            jobs_only: false,
         }
     }
 
@@ -88,6 +97,8 @@ impl Sizes {
             idle_seconds: 5,
             ingest_only: false,
             postgres_only: false,
+            reminders: 200,
+            jobs_only: false,
         }
     }
 }
@@ -423,6 +434,10 @@ async fn run(sizes: &Sizes) -> Table {
     }
     for rep in 0..sizes.reps {
         eprintln!("== repetition {} of {}", rep + 1, sizes.reps);
+        if sizes.jobs_only {
+            jobs_rows(&mut table, sizes).await;
+            continue;
+        }
         if sizes.postgres_only {
             match &postgres {
                 Some(cluster) => {
@@ -503,6 +518,7 @@ async fn run(sizes: &Sizes) -> Table {
         if sizes.ingest_only {
             continue;
         }
+        jobs_rows(&mut table, sizes).await;
 
         // Idle with no timers.
         let bot = Arc::new(Bot::start(&far_timers()).await);
@@ -937,6 +953,73 @@ async fn calls_per_burst(seed: u64) -> ((usize, usize), usize) {
     ((model.requests().len(), bursts), messages)
 }
 
+/// Jobs: `sizes.reminders` reminders, one per chat, all due at the start of the same
+/// minute (UTC); the lateness of each, from that instant to the webhook's receipt.
+async fn jobs_rows(table: &mut Table, sizes: &Sizes) {
+    let bot = Bot::start(&[("LULL_JOBS_PER_CHAT", "10".into())]).await;
+    let n = sizes.reminders;
+    // The minute after the one in which the last reminder is made, with room to make
+    // them all (about 1,000 a second through HTTP).
+    let due_ms = support::wall::minute_after(Duration::from_secs(10));
+    let when = support::wall::utc_minute(due_ms / 1000);
+    let mut tasks = tokio::task::JoinSet::new();
+    let bot = Arc::new(bot);
+    for chunk in 0..8 {
+        let bot = bot.clone();
+        let when = when.clone();
+        tasks.spawn(async move {
+            for i in (chunk..n).step_by(8) {
+                let text = format!("/remind {when} r{i}");
+                let r = post_text(&bot, &format!("j{i}"), "1", &text).await;
+                assert_eq!(r, 202);
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    let due = support::wall::instant_of(due_ms);
+    // Every chat got its confirmation and its reminder: 2 notices each.
+    bot.webhook
+        .wait_notices(2 * n, Duration::from_secs(180))
+        .await;
+    let mut late: Vec<f64> = bot
+        .webhook
+        .notices()
+        .into_iter()
+        .filter(|r| r.text.starts_with("⏰ r"))
+        .map(|r| r.at.saturating_duration_since(due).as_secs_f64() * 1000.0)
+        .collect();
+    assert_eq!(late.len(), n, "each reminder once");
+    late.sort_by(f64::total_cmp);
+    table.record(
+        90,
+        &format!("jobs: lateness p50, {n} reminders due in the same second"),
+        "ms",
+        late[n / 2],
+        "",
+    );
+    table.record(
+        91,
+        &format!("jobs: lateness p99, {n} reminders due in the same second"),
+        "ms",
+        late[n * 99 / 100],
+        "goal < 500",
+    );
+}
+
+/// Post `text` as a message of `conversation`; the status code.
+async fn post_text(bot: &Bot, conversation: &str, id: &str, text: &str) -> u16 {
+    let r = bot
+        .client
+        .post(format!("{}/api/messages", bot.lull.base_url()))
+        .json(&serde_json::json!({
+            "conversation": conversation, "user": "u1", "text": text, "id": id
+        }))
+        .send()
+        .await
+        .unwrap();
+    r.status().as_u16()
+}
+
 fn main() {
     let mut sizes = Sizes::full();
     let mut args = std::env::args().skip(1);
@@ -945,6 +1028,7 @@ fn main() {
             "--quick" => sizes = Sizes::quick(),
             "--ingest-only" => sizes.ingest_only = true,
             "--postgres-only" => sizes.postgres_only = true,
+            "--jobs-only" => sizes.jobs_only = true,
             "--reps" => sizes.reps = args.next().and_then(|v| v.parse().ok()).expect("--reps N"),
             "--bench" => {}
             other => panic!("unknown argument {other}"),

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use crate::support::fakes::openai::FakeOpenAi;
 use crate::support::fakes::webhook::{Received, Webhook};
 use crate::support::process::LullProcess;
+use crate::support::wall;
 
 const SECS: fn(u64) -> Duration = Duration::from_secs;
 
@@ -191,9 +192,9 @@ async fn a_when_that_cannot_be_read_stores_nothing() {
 
 /// `count` reminders in as many chats, all due at the same second, made through
 /// `lull`; returns when each was confirmed.
-async fn reminders_due_together(b: &Bots, lull: &LullProcess, count: usize, secs: u64) {
+async fn reminders_due_together(b: &Bots, lull: &LullProcess, count: usize, due_ms: u64) {
     // A whole minute (UTC, lull's default zone): the reminders are due at its start.
-    let when = utc_minute(unix_now() + secs);
+    let when = wall::utc_minute(due_ms / 1000);
     for n in 0..count {
         let text = format!("/remind {when} r{n}");
         b.say(lull, &format!("c{n}"), "1", &text).await;
@@ -201,43 +202,6 @@ async fn reminders_due_together(b: &Bots, lull: &LullProcess, count: usize, secs
     for n in 0..count {
         b.wait_text(&format!("c{n}"), "Done: #", SECS(20)).await;
     }
-}
-
-/// The start of the next minute (UTC), as an [`Instant`], to the millisecond.
-fn next_minute_instant() -> Instant {
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64;
-    let next_ms = (now_ms / 60_000 + 1) * 60_000;
-    Instant::now() + Duration::from_millis(next_ms - now_ms)
-}
-
-/// Seconds since the Unix epoch.
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-}
-
-/// `YYYY-MM-DD HH:MM` (UTC) of the Unix second `at` (the civil-from-days algorithm).
-fn utc_minute(at: u64) -> String {
-    let (days, secs) = ((at / 86_400) as i64, at % 86_400);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}",
-        secs / 3600,
-        secs % 3600 / 60
-    )
 }
 
 /// How many times each reminder was delivered, by its text (`r0`, `r1`, …).
@@ -250,18 +214,6 @@ fn deliveries(b: &Bots, count: usize) -> BTreeMap<String, usize> {
         .collect()
 }
 
-/// The next minute's start, at least `margin` from now: when reminders made for
-/// `YYYY-MM-DD HH:MM` fire.
-fn seconds_to_next_minute(margin: u64) -> u64 {
-    let now = unix_now();
-    let next = (now / 60 + 1) * 60;
-    if next - now >= margin {
-        next - now
-    } else {
-        next - now + 60
-    }
-}
-
 /// 40 reminders due in the same second over two processes on one SQLite file; the
 /// first is killed with SIGKILL at the due time and started again: each reminder is
 /// delivered exactly once, none lost. Lateness is printed.
@@ -270,9 +222,9 @@ async fn reminders_due_together_over_two_processes_and_a_kill_fire_once() {
     let b = Bots::new().await;
     let mut a = b.start("a", &[]).await;
     let second = b.start("b", &[]).await;
-    let wait = seconds_to_next_minute(12);
-    reminders_due_together(&b, &a, 40, wait).await;
-    let due = next_minute_instant();
+    let due_ms = wall::minute_after(SECS(12));
+    reminders_due_together(&b, &a, 40, due_ms).await;
+    let due = wall::instant_of(due_ms);
     tokio::time::sleep_until(due.into()).await;
     a.kill9();
     a.restart();
@@ -317,9 +269,9 @@ async fn counter_test_without_the_occurrence_key_two_processes_double_fire() {
     let off = [("LULL_TEST_NO_OCCURRENCE_KEY", "1")];
     let a = b.start("a", &off).await;
     let _second = b.start("b", &off).await;
-    let wait = seconds_to_next_minute(12);
-    reminders_due_together(&b, &a, 40, wait).await;
-    until("every reminder", SECS(wait + 20), || {
+    let due_ms = wall::minute_after(SECS(12));
+    reminders_due_together(&b, &a, 40, due_ms).await;
+    until("every reminder", SECS(100), || {
         deliveries(&b, 40).values().all(|&n| n >= 1).then_some(())
     })
     .await;

@@ -1,7 +1,7 @@
 //! Test support shared by the integration tests (`tests/it`) and the benches: real
 //! `lull` processes, the loopback fakes of every service lull talks to (`fakes`), the
 //! database checker, the multi-process stress harness, and a TCP proxy that can go silent in
-//! front of the database (`freeze_proxy`).
+//! front of the database (`freeze_proxy`), and the wall clock as jobs read it (`wall`).
 
 #![allow(dead_code)]
 
@@ -14,3 +14,4 @@ pub(crate) mod process;
 pub(crate) mod skip;
 pub(crate) mod stress;
 pub(crate) mod trace;
+pub(crate) mod wall;

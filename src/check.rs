@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::config::{Config, DiscordShards, LlmConfig, PlatformConfig};
 use lull_core::access::AccessRule;
-use lull_core::store::{DatabaseUrl, Inspection, PostgresStore, SqliteStore};
+use lull_core::store::{DatabaseUrl, Inspection, PostgresStore, SqliteStore, StoredSchedule};
 use lull_port::secrets::{Redactor, redact_url};
 use secrecy::ExposeSecret;
 
@@ -57,9 +57,10 @@ pub(crate) async fn run(config: &Config) -> Vec<Finding> {
              DISCORD_BOT_TOKEN or LULL_WEBHOOK_URL); `lull chat` works without one",
         ));
     }
-    let (database, rules) = database(config).await;
+    let (database, found) = database(config).await;
     findings.push(database);
-    findings.push(ok("access", access(config, &rules)));
+    findings.push(ok("access", access(config, &found.access)));
+    findings.push(jobs(config, &found.jobs));
     findings.push(ok("limits", config.dispatch.limits.describe()));
     if let Some(telegram) = &config.telegram {
         findings.push(telegram_bot(telegram).await);
@@ -241,12 +242,58 @@ fn access(config: &Config, rules: &[AccessRule]) -> String {
 
 /// Looks at the database without changing it: `lull check` creates no file and
 /// migrates nothing. Also returns the access decisions stored in it.
-async fn database(config: &Config) -> (Finding, Vec<AccessRule>) {
-    let (finding, rules) = inspect(config).await;
-    (finding, rules.unwrap_or_default())
+/// What the inspection of the database found beside its soundness.
+#[derive(Default)]
+struct Found {
+    access: Vec<AccessRule>,
+    jobs: Vec<StoredSchedule>,
 }
 
-async fn inspect(config: &Config) -> (Finding, Option<Vec<AccessRule>>) {
+async fn database(config: &Config) -> (Finding, Found) {
+    let (finding, found) = inspect(config).await;
+    (finding, found.unwrap_or_default())
+}
+
+/// The job table: how many jobs are active and when the next is due, and every stored
+/// schedule and zone read back (one this build cannot read is paused when due).
+fn jobs(config: &Config, jobs: &[StoredSchedule]) -> Finding {
+    if config.dispatch.jobs.is_none() {
+        return ok(
+            "jobs",
+            format!("off (LULL_JOBS=off); {} stored, none fires", jobs.len()),
+        );
+    }
+    let unreadable: Vec<String> = jobs
+        .iter()
+        .filter(|job| {
+            lull_core::schedule::Schedule::from_stored(&job.schedule).is_err()
+                || job.timezone.parse::<lull_core::limits::TimeZone>().is_err()
+        })
+        .map(|job| format!("#{}", job.id))
+        .collect();
+    if !unreadable.is_empty() {
+        return fail(
+            "jobs",
+            format!(
+                "{} active; unreadable schedule or time zone: {} (they are paused when due; cancel them with /jobs cancel N)",
+                jobs.len(),
+                unreadable.join(", ")
+            ),
+        );
+    }
+    let tz = &config.dispatch.limits.timezone;
+    let now = lull_core::domain::Timestamp::now();
+    let next = jobs.iter().filter_map(|job| job.next_at).min();
+    ok(
+        "jobs",
+        match next {
+            Some(next) => format!("{} active, the next due {}", jobs.len(), tz.show(next, now)),
+            None => "none active".to_owned(),
+        },
+    )
+}
+
+async fn inspect(config: &Config) -> (Finding, Option<Found>) {
     let shown = config.database.shown();
     let path = match &config.database {
         DatabaseUrl::Sqlite(path) => path.clone(),
@@ -274,6 +321,7 @@ async fn inspect(config: &Config) -> (Finding, Option<Vec<AccessRule>>) {
             latest,
             conversations,
             access,
+            jobs,
         })) => (
             ok(
                 "database",
@@ -286,7 +334,7 @@ async fn inspect(config: &Config) -> (Finding, Option<Vec<AccessRule>>) {
                     }
                 ),
             ),
-            Some(access),
+            Some(Found { access, jobs }),
         ),
         Ok(Err(e)) => (fail("database", format!("{e} (check DATABASE_URL)")), None),
         Err(e) => (
@@ -298,7 +346,7 @@ async fn inspect(config: &Config) -> (Finding, Option<Vec<AccessRule>>) {
 
 /// Looks at a PostgreSQL database read-only: connects and reads the schema version;
 /// creates nothing (`lull run` migrates an empty database).
-async fn postgres(url: &str, shown: &str) -> (Finding, Option<Vec<AccessRule>>) {
+async fn postgres(url: &str, shown: &str) -> (Finding, Option<Found>) {
     match PostgresStore::inspect(url).await {
         Ok(found) => (
             ok(
@@ -314,7 +362,10 @@ async fn postgres(url: &str, shown: &str) -> (Finding, Option<Vec<AccessRule>>) 
                     }
                 ),
             ),
-            Some(found.access),
+            Some(Found {
+                access: found.access,
+                jobs: found.jobs,
+            }),
         ),
         Err(e) => (fail("database", format!("{e} (check DATABASE_URL)")), None),
     }

@@ -77,6 +77,7 @@ async fn check_reports_a_good_configuration() {
         "ok    http adapter",
         "ok    menus         telegram private chats /new /stop /retry /model /persona /usage /status /remind /schedule /jobs /timezone /help, group admins /new",
         "discord slash commands /new /stop /retry /model /persona /usage /status /remind /schedule /jobs /timezone /help; ack reaction 👀 while a reply is pending",
+        "ok    jobs          none active",
         "ok    model         fake-model is served by",
         "all checks passed",
     ] {
@@ -130,6 +131,50 @@ async fn check_leaves_an_existing_database_untouched() {
         .map(|e| e.unwrap().file_name())
         .collect();
     assert_eq!(files_before, files_after);
+}
+
+/// The job table is read back: active jobs and the next due, and a job whose stored
+/// schedule this build cannot read is named (it would be paused when due).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_reads_the_job_table_back() {
+    use lull_core::store::{JobKind, JobStore, NewJob};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lull.db");
+    let timers = lull_core::dispatcher::DispatchSettings::default().timers;
+    let store = lull_core::store::SqliteStore::open(&path, timers).unwrap();
+    let now = lull_core::domain::Timestamp::now();
+    for (origin, schedule) in [("a", "every 1h"), ("b", "every blue moon")] {
+        let job = NewJob {
+            conversation: lull_core::domain::ConversationRef::new(
+                lull_core::domain::Platform::Http,
+                "c1",
+            ),
+            is_group: false,
+            creator: "u1".into(),
+            creator_name: "Ann".into(),
+            kind: JobKind::Reminder,
+            schedule: schedule.into(),
+            timezone: "UTC".into(),
+            text: "stretch".into(),
+            first_at: now.plus(Duration::from_secs(3600)),
+            max_per_chat: 10,
+            origin: origin.into(),
+            now,
+        };
+        store.create_job(job).await.unwrap();
+    }
+    drop(store);
+    let webhook = Webhook::start().await;
+    let (code, report) = lull_check(vec![
+        ("DATABASE_URL", format!("sqlite:{}", path.display())),
+        ("LULL_WEBHOOK_URL", webhook.url.clone()),
+    ])
+    .await;
+    assert_ne!(code, Some(0), "{report}");
+    assert!(
+        report.contains("2 active; unreadable schedule or time zone: #2"),
+        "{report}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -121,6 +121,9 @@ async fn fire(
                 job: job.id,
                 scheduled_at,
             });
+            if due_at.is_some() {
+                hold_over_rate(d, job, now).await;
+            }
             // Delivered (a notice) or answered (a task's message) by a round.
             d.wake_by(due_at.unwrap_or(now));
         }
@@ -132,6 +135,43 @@ async fn fire(
         }
     }
     Ok(())
+}
+
+/// A task's message counts against its creator's `LULL_RATE_PER_MIN` like a message
+/// they sent (admins are not limited): over it, the message waits for the hold, as
+/// theirs would. A failure is logged; the message is answered as usual.
+async fn hold_over_rate(d: &Dispatcher, job: &JobRow, now: Timestamp) {
+    let limits = &d.settings.limits;
+    if limits.rate_per_min == 0
+        || d.settings
+            .access
+            .admins
+            .contains(job.conversation.platform, &job.creator)
+    {
+        return;
+    }
+    let check = crate::store::RateCheck {
+        conversation: job.conversation_id,
+        user_id: &job.creator,
+        rate: crate::store::RateWindow {
+            max: limits.rate_per_min,
+            window: crate::limits::rate_window(),
+        },
+        now,
+    };
+    match d.store.hold_over_rate(check).await {
+        Ok(Some(hold)) => {
+            tracing::info!(
+                job = job.id,
+                until = hold.until.0,
+                "a task's message is over its creator's LULL_RATE_PER_MIN: held"
+            );
+        }
+        Ok(None) => {}
+        Err(e) => {
+            tracing::warn!(job = job.id, error = %e, "could not apply the rate limit to a task; it is answered as usual")
+        }
+    }
 }
 
 /// The job's schedule and time zone, as stored.

@@ -318,7 +318,10 @@ async fn supervise(toolbox: Arc<McpToolbox>, server: Arc<Server>) {
     let settings = &toolbox.settings;
     let stop = &toolbox.stop;
     let name = server.config.name.as_str();
-    let mut backoff = settings.backoff.0;
+    // The one backoff policy: from the first delay, doubling to the most.
+    let policy = lull_port::retry::Backoff::new(settings.backoff.0, settings.backoff.1);
+    let mut failures = 1;
+    let mut backoff = policy.delay(failures);
     loop {
         let attempt = tokio::select! {
             attempt = tokio::time::timeout(settings.connect_timeout, connect(&server)) => attempt,
@@ -335,7 +338,8 @@ async fn supervise(toolbox: Arc<McpToolbox>, server: Arc<Server>) {
                     live.peer = Some(peer);
                     live.tools = specs;
                 });
-                backoff = settings.backoff.0;
+                failures = 1;
+                backoff = policy.delay(failures);
                 let cancel = running.cancellation_token();
                 let waiting = running.waiting();
                 tokio::pin!(waiting);
@@ -378,7 +382,8 @@ async fn supervise(toolbox: Arc<McpToolbox>, server: Arc<Server>) {
             () = tokio::time::sleep(backoff) => {}
             () = stop.cancelled() => return,
         }
-        backoff = (backoff * 2).min(settings.backoff.1);
+        failures += 1;
+        backoff = policy.delay(failures);
     }
 }
 

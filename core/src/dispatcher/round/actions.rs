@@ -36,6 +36,10 @@ pub(super) enum Answer {
 /// a holder still recording its result is not taken for dead.
 pub(super) const RESERVATION_MARGIN: Duration = Duration::from_secs(5);
 
+/// Between tries of recording a call's result: 25 ms doubling to 200 ms.
+const RECORD_BACKOFF: lull_port::retry::Backoff =
+    lull_port::retry::Backoff::new(Duration::from_millis(25), Duration::from_millis(200));
+
 /// Tries of recording a call's result after the hard stop (before it, until it lands).
 const RECORD_TRIES_AFTER_STOP: u32 = 3;
 
@@ -331,7 +335,7 @@ impl Round<'_> {
                         }
                     }
                     attempt += 1;
-                    let wait = Duration::from_millis((25u64 << attempt.min(3)).min(200));
+                    let wait = RECORD_BACKOFF.delay(attempt);
                     tracing::warn!(conversation = %self.conversation, action = %key.0, error = %e, "could not record an action's result; retrying");
                     tokio::time::sleep(wait).await;
                 }

@@ -110,6 +110,20 @@ pub struct JobRow {
     pub created_at: Timestamp,
 }
 
+/// An active job's schedule as stored, for `lull check` to read back (a schedule or
+/// zone this build cannot read would be paused when due).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredSchedule {
+    pub id: i64,
+    pub schedule: String,
+    pub timezone: String,
+    pub next_at: Option<Timestamp>,
+}
+
+/// The statement both backends read [`StoredSchedule`]s with (the columns in order).
+pub(crate) const STORED_SCHEDULES: &str =
+    "SELECT id, schedule, timezone, next_at FROM jobs WHERE state = 'active' ORDER BY next_at, id";
+
 /// A job to create ([`JobStore::create_job`]).
 #[derive(Debug, Clone)]
 pub struct NewJob {

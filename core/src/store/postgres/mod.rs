@@ -222,6 +222,8 @@ pub struct PostgresInspection {
     pub server: String,
     /// The admins' run-time access decisions (`/allow`, `/deny`), oldest first.
     pub access: Vec<AccessRule>,
+    /// The active jobs' schedules, soonest first.
+    pub jobs: Vec<crate::store::StoredSchedule>,
 }
 
 /// The connection settings of `url` (`postgres://` or `postgresql://`, with `sslmode`
@@ -394,12 +396,27 @@ impl PostgresStore {
             } else {
                 Vec::new()
             };
-            Ok::<_, tokio_postgres::Error>((schema, server, access))
+            // The jobs arrived with schema 20.
+            let jobs = if schema >= 20 {
+                client.query(crate::store::STORED_SCHEDULES, &[]).await?
+            } else {
+                Vec::new()
+            };
+            Ok::<_, tokio_postgres::Error>((schema, server, access, jobs))
         }
         .await;
         drop(client);
         driver.abort();
-        let (schema, server, access) = found.map_err(|e| open_error(describe(&e)))?;
+        let (schema, server, access, jobs) = found.map_err(|e| open_error(describe(&e)))?;
+        let jobs = jobs
+            .iter()
+            .map(|r| crate::store::StoredSchedule {
+                id: r.get(0),
+                schedule: r.get(1),
+                timezone: r.get(2),
+                next_at: r.get::<_, Option<i64>>(3).map(crate::domain::Timestamp),
+            })
+            .collect();
         let access = access_rules_of(access).map_err(|e| open_error(e.to_string()))?;
         if schema > schema::LATEST {
             return Err(open_error(format!(
@@ -412,6 +429,7 @@ impl PostgresStore {
             latest: schema::LATEST,
             server,
             access,
+            jobs,
         })
     }
 

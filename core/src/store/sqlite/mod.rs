@@ -52,7 +52,7 @@ use super::condition::Condition;
 use super::faults::FaultPlan;
 use super::faults::Operation;
 use super::lease_rows::LeaseRows;
-use super::{AccessRule, StoreError};
+use super::{AccessRule, StoreError, StoredSchedule};
 use crate::timing::TimerPolicy;
 use limits::read_access_rules;
 use sql::Context;
@@ -121,6 +121,8 @@ pub enum Inspection {
         conversations: i64,
         /// The admins' run-time access decisions (`/allow`, `/deny`), oldest first.
         access: Vec<AccessRule>,
+        /// The active jobs' schedules, soonest first.
+        jobs: Vec<StoredSchedule>,
     },
 }
 
@@ -291,11 +293,18 @@ impl SqliteStore {
         } else {
             Vec::new()
         };
+        // The jobs arrived with schema 19.
+        let jobs = if schema >= 19 {
+            read_schedules(&conn).map_err(|e| open_error(e.to_string()))?
+        } else {
+            Vec::new()
+        };
         Ok(Inspection::Present {
             schema,
             latest,
             conversations,
             access,
+            jobs,
         })
     }
 
@@ -412,6 +421,20 @@ fn retry_busy<T>(mut f: impl FnMut() -> rusqlite::Result<T>) -> rusqlite::Result
             other => return other,
         }
     }
+}
+
+/// The active jobs' schedules, for the inspection.
+fn read_schedules(conn: &Connection) -> rusqlite::Result<Vec<StoredSchedule>> {
+    let mut statement = conn.prepare(super::STORED_SCHEDULES)?;
+    let rows = statement.query_map([], |r| {
+        Ok(StoredSchedule {
+            id: r.get(0)?,
+            schedule: r.get(1)?,
+            timezone: r.get(2)?,
+            next_at: r.get::<_, Option<i64>>(3)?.map(crate::domain::Timestamp),
+        })
+    })?;
+    rows.collect()
 }
 
 #[cfg(test)]

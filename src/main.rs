@@ -42,6 +42,23 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     let cli = Cli::parse_or_exit();
+    // A typo in a setting's name must not fail open (a budget silently off).
+    let names: Vec<String> = std::env::vars_os()
+        .filter_map(|(name, _)| name.into_string().ok())
+        .collect();
+    let ignore = std::env::var(crate::config::IGNORE_VARIABLE).ok();
+    let unknown =
+        crate::config::unknown_variables(names.iter().map(String::as_str), ignore.as_deref());
+    if !unknown.is_empty() {
+        for line in &unknown {
+            eprintln!("lull: {line}");
+        }
+        eprintln!(
+            "lull: not started: fix the names above, or list variables meant for something else in {} (comma-separated)",
+            crate::config::IGNORE_VARIABLE
+        );
+        return ExitCode::from(2);
+    }
     for secret in cli.settings.secrets() {
         lull_port::secrets::register(secret);
     }

@@ -9,7 +9,8 @@
 //! One file per group of settings, each holding its flags (a clap group flattened
 //! into [`Settings`]), its checks and their tests: [`platforms`], [`model`],
 //! [`media`], [`timing`], [`http`], [`access`], [`limits`], [`tools`], [`controls`],
-//! [`platform_controls`], [`jobs`]. The core's defaults are
+//! [`platform_controls`], [`jobs`]; [`unknown`] names the `LULL_*` variables no
+//! setting reads (a typo must not leave a limit off). The core's defaults are
 //! named constants in [`lull_core::dispatcher`], read by the flags here and by
 //! [`DispatchSettings::default`] alike.
 
@@ -26,6 +27,7 @@ mod platform_controls;
 mod platforms;
 mod timing;
 mod tools;
+mod unknown;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -50,6 +52,7 @@ pub(crate) use self::platform_controls::PlatformControlsArgs;
 pub(crate) use self::platforms::PlatformArgs;
 pub(crate) use self::timing::TimingArgs;
 pub(crate) use self::tools::{ToolsArgs, ToolsConfig};
+pub(crate) use self::unknown::{IGNORE as IGNORE_VARIABLE, unknown as unknown_variables};
 
 /// The system prompt when `LULL_SYSTEM_PROMPT` is unset (a sentence to the model: with
 /// the others, in the core's `texts`).

@@ -133,6 +133,36 @@ async fn check_leaves_an_existing_database_untouched() {
     assert_eq!(files_before, files_after);
 }
 
+/// A `LULL_*` name no setting reads stops lull at start, naming the setting it most
+/// likely meant (a typo in a budget must not leave the budget off); a name listed in
+/// `LULL_IGNORE` passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_lull_variable_is_named_and_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = ("DATABASE_URL", format!("sqlite:{}", dir.path().join("lull.db").display()));
+    let (code, report) = lull_check(vec![
+        database.clone(),
+        ("LULL_USER_DAILY_TOKEN", "500".into()),
+    ])
+    .await;
+    assert_eq!(code, Some(2), "{report}");
+    assert!(
+        report.contains(
+            "LULL_USER_DAILY_TOKEN is not a lull setting; did you mean LULL_USER_DAILY_TOKENS?"
+        ),
+        "{report}"
+    );
+    assert!(report.contains("LULL_IGNORE"), "{report}");
+    let (code, report) = lull_check(vec![
+        database,
+        ("LULL_SIDECAR_PORT", "9000".into()),
+        ("LULL_IGNORE", "LULL_SIDECAR_PORT".into()),
+    ])
+    .await;
+    assert!(!report.contains("not a lull setting"), "{report}");
+    assert_ne!(code, Some(2), "{report}");
+}
+
 /// The job table is read back: active jobs and the next due, and a job whose stored
 /// schedule this build cannot read is named (it would be paused when due).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

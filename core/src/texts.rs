@@ -71,9 +71,14 @@ if you send several messages in a row, I wait until you pause and answer them to
 /// What `/help` and `/start` answer: the greeting, then one line per command that has
 /// one, from the command table ([`lull_port::command::help_lines`]).
 pub fn help_text() -> String {
-    let lines = lull_port::command::help_lines().join("\n");
-    format!("{HELP_GREETING}\n\nCommands:\n{lines}")
+    let mut lines = lull_port::command::help_lines();
+    // Not commands (a round decides them), but said with them, before `/help`'s own.
+    lines.insert(lines.len().saturating_sub(1), APPROVE_HELP);
+    format!("{HELP_GREETING}\n\nCommands:\n{}", lines.join("\n"))
 }
+
+/// `/help`'s line for the answers to a tool's question.
+const APPROVE_HELP: &str = "/approve N, /cancel N: answer my question before a tool of mine acts";
 
 /// What an unknown `/command` gets: the help, never the model.
 pub fn unknown_command_text(word: &str) -> String {
@@ -873,6 +878,7 @@ Commands:\n\
 /schedule WHEN PROMPT: I answer PROMPT then, e.g. /schedule every day 8:00 give me the day's plan (in a group: admins only)\n\
 /jobs: this chat's reminders and tasks; /jobs cancel N stops one\n\
 /timezone [NAME]: the time zone this chat's times are read in, or choose one\n\
+/approve N, /cancel N: answer my question before a tool of mine acts\n\
 /help: show this message";
         assert_eq!(help_text(), before);
     }

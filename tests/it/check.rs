@@ -139,7 +139,10 @@ async fn check_leaves_an_existing_database_untouched() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_lull_variable_is_named_and_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let database = ("DATABASE_URL", format!("sqlite:{}", dir.path().join("lull.db").display()));
+    let database = (
+        "DATABASE_URL",
+        format!("sqlite:{}", dir.path().join("lull.db").display()),
+    );
     let (code, report) = lull_check(vec![
         database.clone(),
         ("LULL_USER_DAILY_TOKEN", "500".into()),

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::fakes::openai::FakeOpenAi;
 use crate::support::fakes::webhook::{Received, Webhook};
-use crate::support::process::LullProcess;
+use crate::support::process::{LullProcess, post_message};
 use crate::support::wall;
 
 const SECS: fn(u64) -> Duration = Duration::from_secs;
@@ -61,13 +61,7 @@ impl Bots {
     }
 
     async fn say(&self, lull: &LullProcess, conversation: &str, id: &str, text: &str) {
-        let r = self
-            .client
-            .post(format!("{}/api/messages", lull.base_url()))
-            .json(&serde_json::json!({
-                "conversation": conversation, "user": "u1", "text": text, "id": id
-            }))
-            .send()
+        let r = post_message(&self.client, &lull.base_url(), conversation, id, text)
             .await
             .unwrap();
         assert_eq!(r.status().as_u16(), 202, "{text}");

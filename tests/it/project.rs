@@ -132,35 +132,39 @@ fn the_crate_graph_points_one_way() {
     assert!(adapters.contains("lull-port"));
 }
 
-/// No two modules of a crate import each other in a circle, directly or through
-/// others (`scripts/module-cycles`, which reads every `crate::`, `super::` and
-/// `self::` path of each crate's modules; on the code before `dispatcher::not_stored`
-/// it finds `ingest`, `overheard` and `threads`).
-#[test]
-fn no_modules_import_each_other_in_a_circle() {
+/// Run `scripts/SCRIPT` on the code; it must pass. Returns the count it reports for
+/// the core (`core/src: … N WHAT …`), to show it read the code.
+fn script_count(script: &str, what: &str) -> usize {
     let out = Command::new("python3")
-        .arg("scripts/module-cycles")
+        .arg(format!("scripts/{script}"))
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
-        .expect("run python3 scripts/module-cycles");
+        .unwrap_or_else(|e| panic!("run python3 scripts/{script}: {e}"));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
         "{text}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // It read the code: the core's rooms name each other often.
     let core = text
         .lines()
         .find(|l| l.starts_with("core/src:"))
         .expect("the core read");
-    let edges: usize = core
-        .split(" edges")
+    core.split(&format!(" {what}"))
         .next()
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|n| n.parse().ok())
-        .expect("an edge count");
-    assert!(edges > 100, "{core}");
+        .unwrap_or_else(|| panic!("a count of {what}: {core}"))
+}
+
+/// No two modules of a crate import each other in a circle, directly or through
+/// others (`scripts/module-cycles`, which reads every `crate::`, `super::` and
+/// `self::` path of each crate's modules; on the code before `dispatcher::not_stored`
+/// it finds `ingest`, `overheard` and `threads`).
+#[test]
+fn no_modules_import_each_other_in_a_circle() {
+    // It read the code: the core's rooms name each other often.
+    assert!(script_count("module-cycles", "edges") > 100);
 }
 
 /// Every module a file declares is named in that file's module doc, so a reader who
@@ -168,29 +172,8 @@ fn no_modules_import_each_other_in_a_circle() {
 /// every `mod NAME;` outside test-only code and the leading `//!` lines above it).
 #[test]
 fn every_module_is_named_in_its_parents_doc() {
-    let out = Command::new("python3")
-        .arg("scripts/module-docs")
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("run python3 scripts/module-docs");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     // It read the code: the core declares more than a hundred modules.
-    let core = text
-        .lines()
-        .find(|l| l.starts_with("core/src:"))
-        .expect("the core read");
-    let modules: usize = core
-        .split(" modules")
-        .next()
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|n| n.parse().ok())
-        .expect("a module count");
-    assert!(modules > 100, "{core}");
+    assert!(script_count("module-docs", "modules") > 100);
 }
 
 /// The check above can fail: a crate whose root declares `a` and `b` while its doc

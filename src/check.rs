@@ -521,7 +521,17 @@ pub(crate) async fn healthcheck(addr: std::net::SocketAddr) -> Result<String, St
         .get(&url)
         .send()
         .await
-        .map_err(|e| format!("{url}: {}", e.without_url()))?;
+        .map_err(|e| {
+            if e.is_connect() {
+                format!(
+                    "nothing listens on {target}: is `lull run` running, and is LULL_HTTP_ADDR the address it serves? (it logs \"HTTP server listening\" with its address at start)"
+                )
+            } else if e.is_timeout() {
+                format!("{url} gave no answer within 5 s: the process may be stuck; its log says why")
+            } else {
+                format!("{url}: {}", e.without_url())
+            }
+        })?;
     let status = response.status();
     let body = response.text().await.unwrap_or_default();
     if status.is_success() {

@@ -375,8 +375,14 @@ async fn healthcheck_follows_the_running_process() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("\"status\":\"ok\""));
     lull.kill9();
-    let out = healthcheck(addr).await.unwrap();
+    let out = healthcheck(addr.clone()).await.unwrap();
     assert_eq!(out.status.code(), Some(1));
+    // Nothing listens: it says what to check.
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains(&format!("nothing listens on {addr}: is `lull run` running")),
+        "{said}"
+    );
 }
 
 /// `lull check` on PostgreSQL: it connects and reads the schema version, and creates

@@ -595,6 +595,40 @@ pub(crate) fn occurrence_key(job: i64, scheduled_at: Timestamp, holder: &HolderI
     format!("job/{job}/{}", scheduled_at.0)
 }
 
+/// The notice a reminder's occurrence leaves (its dedupe key: the occurrence's).
+pub(crate) fn occurrence_notice(
+    job: &crate::store::JobRow,
+    text: String,
+    key: String,
+) -> crate::store::NewNotice {
+    crate::store::NewNotice {
+        conversation: job.conversation.clone(),
+        is_group: job.is_group,
+        text,
+        reply_to: None,
+        quick_replies: Vec::new(),
+        dedupe_key: key,
+    }
+}
+
+/// The message a task's occurrence leaves, from the job's creator (its platform id:
+/// the occurrence's key, so it is stored once).
+pub(crate) fn occurrence_message(
+    job: &crate::store::JobRow,
+    text: String,
+    key: String,
+) -> crate::store::NewMessage {
+    crate::store::NewMessage {
+        conversation: job.conversation.clone(),
+        is_group: job.is_group,
+        message_id: key,
+        user_id: job.creator.clone(),
+        author: job.creator_name.clone(),
+        text,
+        media: Vec::new(),
+    }
+}
+
 /// A job's columns as a backend reads them, before [`job_row`] checks them.
 pub(crate) struct RawJob {
     pub(crate) id: i64,

@@ -17,7 +17,7 @@ use crate::rhythm::Cue;
 use crate::store::faults::Operation;
 use crate::store::rules::{self, RawJob};
 use crate::store::{
-    DueJobs, Fired, Firing, JobCreated, JobOutput, JobRow, JobStore, NewJob, NewNotice, StoreError,
+    DueJobs, Fired, Firing, JobCreated, JobOutput, JobRow, JobStore, NewJob, StoreError,
 };
 
 /// The columns a [`JobRow`] is read from, with its conversation's.
@@ -338,14 +338,7 @@ async fn output(
     let text = match &firing.output {
         JobOutput::Message(text) => text,
         JobOutput::Notice(text) => {
-            let notice = NewNotice {
-                conversation: job.conversation.clone(),
-                is_group: job.is_group,
-                text: text.clone(),
-                reply_to: None,
-                quick_replies: Vec::new(),
-                dedupe_key: key,
-            };
+            let notice = rules::occurrence_notice(job, text.clone(), key);
             let outbox = insert_notice(tx, &notice, firing.holder, now).await?;
             return Ok(Fired::Fired {
                 outbox,

@@ -11,7 +11,7 @@ use crate::domain::{ConversationRef, Timestamp};
 use crate::store::rules::{self, RawJob};
 use crate::store::{
     DueJobs, Fired, Firing, IngestOutcome, JobCreated, JobOutput, JobRow, JobStore, NewJob,
-    NewMessage, NewNotice, StoreError,
+    StoreError,
 };
 
 /// The columns a [`JobRow`] is read from, with its conversation's.
@@ -133,49 +133,7 @@ impl JobStore for SqliteStore {
                 return Ok(Fired::Gone);
             }
             let key = rules::occurrence_key(job.id, scheduled_at, &holder);
-            match output {
-                JobOutput::Notice(text) => {
-                    let notice = NewNotice {
-                        conversation: job.conversation.clone(),
-                        is_group: job.is_group,
-                        text,
-                        reply_to: None,
-                        quick_replies: Vec::new(),
-                        dedupe_key: key,
-                    };
-                    let outbox = insert_notice(tx, &notice, &holder, now)?;
-                    Ok(Fired::Fired {
-                        outbox,
-                        version: None,
-                        due_at: None,
-                    })
-                }
-                JobOutput::Message(text) => {
-                    let message = NewMessage {
-                        conversation: job.conversation.clone(),
-                        is_group: job.is_group,
-                        message_id: key,
-                        user_id: job.creator.clone(),
-                        author: job.creator_name.clone(),
-                        text,
-                        media: Vec::new(),
-                    };
-                    Ok(match store_message(tx, &message, (&holder, policy), now)? {
-                        IngestOutcome::Stored {
-                            version, due_at, ..
-                        } => Fired::Fired {
-                            outbox: None,
-                            version: Some(version),
-                            due_at: Some(due_at),
-                        },
-                        _ => Fired::Fired {
-                            outbox: None,
-                            version: None,
-                            due_at: None,
-                        },
-                    })
-                }
-            }
+            store_output(tx, &job, output, key, (&holder, policy), now)
         })
         .await
     }
@@ -375,4 +333,42 @@ fn raw_job(r: &Row<'_>) -> rusqlite::Result<RawJob> {
 /// The jobs of rows read with [`raw_job`].
 fn jobs(raw: Vec<RawJob>) -> Result<Vec<JobRow>, StoreError> {
     raw.into_iter().map(rules::job_row).collect()
+}
+
+/// What an occurrence leaves in its chat, stored in the firing's transaction: a
+/// reminder's notice, or a task's message stored as ingest stores one.
+fn store_output(
+    tx: &Connection,
+    job: &JobRow,
+    output: JobOutput,
+    key: String,
+    (holder, policy): (&crate::domain::HolderId, crate::timing::TimerPolicy),
+    now: Timestamp,
+) -> Result<Fired, StoreError> {
+    match output {
+        JobOutput::Notice(text) => {
+            let notice = rules::occurrence_notice(job, text, key);
+            let outbox = insert_notice(tx, &notice, holder, now)?;
+            Ok(Fired::Fired {
+                outbox,
+                version: None,
+                due_at: None,
+            })
+        }
+        JobOutput::Message(text) => {
+            let message = rules::occurrence_message(job, text, key);
+            let stored = store_message(tx, &message, (holder, policy), now)?;
+            let (version, due_at) = match stored {
+                IngestOutcome::Stored {
+                    version, due_at, ..
+                } => (Some(version), Some(due_at)),
+                _ => (None, None),
+            };
+            Ok(Fired::Fired {
+                outbox: None,
+                version,
+                due_at,
+            })
+        }
+    }
 }

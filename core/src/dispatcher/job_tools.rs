@@ -126,7 +126,7 @@ impl JobTools {
         let rest = format!("{} {}", text("when").trim(), text("text").trim());
         match maker.make(asked, kind, &rest, self.clock.now()).await {
             Ok((answer, _)) => done(answer),
-            Err(e) => failed(e.to_string()),
+            Err(e) => unknown(&e),
         }
     }
 
@@ -137,7 +137,7 @@ impl JobTools {
         let now = self.clock.now();
         match job_commands::cancel(self.store.as_ref(), &self.conversation, id, now).await {
             Ok(answer) => done(answer),
-            Err(e) => failed(e.to_string()),
+            Err(e) => unknown(&e),
         }
     }
 }
@@ -219,4 +219,15 @@ fn done(text: String) -> ToolOutput {
 /// A call that did not act (its arguments, or the database): told to the model.
 fn failed(text: String) -> ToolOutput {
     ToolOutput::error(text, CallOutcome::Error)
+}
+
+/// The database failed while the job was made or stopped: the write may have committed
+/// before the answer was lost, so the outcome is unknown, never "failed". Both tools
+/// are idempotent (one origin, one job; cancelling twice is cancelling once), so the
+/// journal may run them again safely.
+fn unknown(error: &crate::store::StoreError) -> ToolOutput {
+    ToolOutput::error(
+        format!("the database did not answer: {error}"),
+        CallOutcome::Lost,
+    )
 }

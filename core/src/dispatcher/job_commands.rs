@@ -48,7 +48,7 @@ pub(super) async fn make(
     let (text, first_at) = maker.make(asked, kind, rest, now).await?;
     if let Some(first_at) = first_at {
         // It may be due sooner than the scheduler would look.
-        d.wake_by(first_at);
+        d.job_armed(first_at);
     }
     Ok(text)
 }
@@ -175,9 +175,9 @@ pub(super) async fn list(
     }
     let lines: Vec<String> = jobs
         .iter()
-        .map(|job| match readable(job) {
-            Some((schedule, tz)) => line(job, &schedule, &tz, now),
-            None => texts::unreadable_job_line(job.id, &job.text),
+        .map(|job| match super::jobs::readable(job) {
+            Ok((schedule, tz)) => line(job, &schedule, &tz, now),
+            Err(_) => texts::unreadable_job_line(job.id, &job.text),
         })
         .collect();
     Ok(texts::jobs_list_text(&lines))
@@ -230,14 +230,6 @@ pub(super) async fn chat_timezone(
     Ok(chosen
         .and_then(|name| name.parse().ok())
         .unwrap_or_else(|| default.clone()))
-}
-
-/// A job's schedule and zone, as stored (`None`: unreadable by this build).
-fn readable(job: &JobRow) -> Option<(Schedule, TimeZone)> {
-    Some((
-        Schedule::from_stored(&job.schedule).ok()?,
-        job.timezone.parse().ok()?,
-    ))
 }
 
 /// One job as `/jobs` and its confirmation show it: id, kind, when, next, text.

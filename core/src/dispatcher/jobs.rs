@@ -174,8 +174,9 @@ async fn hold_over_rate(d: &Dispatcher, job: &JobRow, now: Timestamp) {
     }
 }
 
-/// The job's schedule and time zone, as stored.
-fn readable(job: &JobRow) -> Result<(Schedule, TimeZone), String> {
+/// The job's schedule and time zone, as stored (`Err`: why this build cannot read
+/// them).
+pub(super) fn readable(job: &JobRow) -> Result<(Schedule, TimeZone), String> {
     let schedule = Schedule::from_stored(&job.schedule).map_err(|e| e.to_string())?;
     let tz: TimeZone = job.timezone.parse()?;
     Ok((schedule, tz))

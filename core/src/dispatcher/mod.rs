@@ -325,6 +325,11 @@ pub struct Dispatcher {
     /// looking for work, the latest it will wake after the look (a poll interval
     /// from its start), so nothing armed meanwhile and due sooner is missed.
     sleeping_until: AtomicI64,
+    /// When the scheduler looks for due jobs next (milliseconds since the epoch): the
+    /// earliest job it read, at most a poll away (jobs made by other processes), sooner
+    /// when this process makes one ([`Dispatcher::job_armed`]). A look for due work
+    /// that comes earlier (a message's timer) does not ask the database for jobs.
+    jobs_due_by: AtomicI64,
     events: broadcast::Sender<Event>,
     /// Events emitted so far: the scheduler reads the pending gauge again only after
     /// something happened here (or, for other processes' work, every
@@ -405,6 +410,7 @@ impl DispatcherBuilder {
             acks,
             background,
             sleeping_until: AtomicI64::new(i64::MAX),
+            jobs_due_by: AtomicI64::new(i64::MIN),
             events,
             events_emitted: std::sync::atomic::AtomicU64::new(0),
             access_rules: Refreshed::default(),
@@ -517,6 +523,13 @@ impl Dispatcher {
         if due_at.0 < self.sleeping_until.load(Ordering::SeqCst) {
             self.wake.notify_one();
         }
+    }
+
+    /// A job made here is due at `at`: the scheduler looks for it then, not a poll
+    /// later.
+    fn job_armed(&self, at: Timestamp) {
+        self.jobs_due_by.fetch_min(at.0, Ordering::SeqCst);
+        self.wake_by(at);
     }
 
     fn emit(&self, event: Event) {

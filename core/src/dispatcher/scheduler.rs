@@ -188,12 +188,35 @@ impl Scheduler {
             }
             Err(e) => tracing::warn!(error = %e, "could not look for due work"),
         }
-        if dispatcher.settings.jobs.is_some()
-            && let Some(next) = super::jobs::fire_due(dispatcher, now).await
-        {
-            wake_at = wake_at.min(next);
+        if dispatcher.settings.jobs.is_some() {
+            wake_at = wake_at.min(self.jobs(now).await);
         }
         wake_at
+    }
+
+    /// Fire the jobs due at `now`, when it is time to look for them (the earliest job
+    /// read last time, or a poll since: not at every look for a message's timer); when
+    /// to look next. A job made by this process meanwhile brings the look forward
+    /// (`Dispatcher::job_armed`); one made by another is seen within a poll.
+    async fn jobs(&self, now: Timestamp) -> Timestamp {
+        let dispatcher = &self.dispatcher;
+        let due_by = Timestamp(dispatcher.jobs_due_by.load(Ordering::SeqCst));
+        if now < due_by {
+            return due_by;
+        }
+        let poll = now.plus(dispatcher.settings.poll_every);
+        let next = super::jobs::fire_due(dispatcher, now)
+            .await
+            .map_or(poll, |next| next.min(poll));
+        // A job made here while this look ran (`job_armed` lowered the value read
+        // above) keeps its time: only the value this look read is replaced.
+        let _ = dispatcher.jobs_due_by.compare_exchange(
+            due_by.0,
+            next.0,
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        );
+        next
     }
 
     /// Shutdown: rounds in flight finish within `shutdown_grace`, then the hard stop

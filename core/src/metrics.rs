@@ -77,6 +77,10 @@ pub const JOBS_FIRED: &str = "lull_jobs_fired_total";
 pub const JOB_LATENESS: &str = "lull_job_lateness_seconds";
 /// Jobs active (reminders and tasks still to fire), read from the store.
 pub const JOBS_ACTIVE: &str = "lull_jobs_active";
+/// Labelled `op`: memory rows changed — `remember` and `forget` (written with a
+/// reply), `drop` (the oldest beyond a scope's limit), `command_forget` and `clear`
+/// (`/memory`), `erase` (`/forgetme`).
+pub const MEMORIES: &str = "lull_memories_total";
 
 /// Register descriptions with the installed recorder (call once, after installing it).
 pub fn describe() {
@@ -96,6 +100,10 @@ pub fn describe() {
         "How late job occurrences fired."
     );
     describe_gauge!(JOBS_ACTIVE, "Jobs still to fire.");
+    describe_counter!(
+        MEMORIES,
+        "Memory rows changed, by op (remember, forget, drop, command_forget, clear, erase)."
+    );
     describe_counter!(
         REPLIES_FAILED,
         "Replies given up: refused by the platform, or still failing at their delivery deadline."

@@ -96,6 +96,15 @@ pub(crate) fn no_occurrence_key() -> bool {
     *ON.get_or_init(|| on("LULL_TEST_NO_OCCURRENCE_KEY"))
 }
 
+/// `LULL_TEST_MEMORY_WRITE_BACK=1`: a reply's commit writes each scope it remembers
+/// in back whole — the memories its round read, then the new facts — instead of
+/// inserting rows (the behaviour of memory files rewritten after a long run: what
+/// another round added meanwhile is lost).
+pub(crate) fn memory_write_back() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| on("LULL_TEST_MEMORY_WRITE_BACK"))
+}
+
 #[cfg(feature = "test-switches")]
 fn on(name: &str) -> bool {
     let on = std::env::var(name).is_ok_and(|v| v == "1");

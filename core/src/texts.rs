@@ -861,7 +861,7 @@ mod tests {
     use super::*;
 
     /// `/help` says what it said before its lines came from the command table, with
-    /// the job commands' lines before its own.
+    /// the job and memory commands' lines before its own.
     #[test]
     fn the_help_is_the_same_words() {
         let before = "Hi, I'm lull, an AI assistant. Write to me as you would to a person: \
@@ -878,6 +878,8 @@ Commands:\n\
 /schedule WHEN PROMPT: I answer PROMPT then, e.g. /schedule every day 8:00 give me the day's plan (in a group: admins only)\n\
 /jobs: this chat's reminders and tasks; /jobs cancel N stops one\n\
 /timezone [NAME]: the time zone this chat's times are read in, or choose one\n\
+/memory: what I remember about you (in a group: about this chat); /memory forget N, /memory clear\n\
+/forgetme: erase everything I remember about you and the text of your messages, in every chat\n\
 /approve N, /cancel N: answer my question before a tool of mine acts\n\
 /help: show this message";
         assert_eq!(help_text(), before);

@@ -61,6 +61,11 @@ pub enum Command {
     Jobs,
     /// `/timezone [NAME]`: the zone this chat's times are read in, or choose one.
     Timezone,
+    /// `/memory [forget N | clear]`: what lull remembers here, or forget (in a group:
+    /// the chat's memories, changed by admins only).
+    Memory,
+    /// `/forgetme`: erase every memory of the sender and the text of their messages.
+    ForgetMe,
     /// Any other `/word`: answered with the help, never sent to the model. Not
     /// `/approve` and `/cancel`: those answer a question about a tool call and are
     /// stored as messages, so a round decides them under the conversation's lease.
@@ -139,7 +144,7 @@ pub const NOT_COMMANDS: [&str; 2] = ["approve", "cancel"];
 
 /// Every command, in the order of the menus (everyone's, then the admins'), then
 /// those in no menu.
-pub const COMMANDS: [CommandSpec; 18] = [
+pub const COMMANDS: [CommandSpec; 20] = [
     CommandSpec {
         command: Command::New,
         name: "new",
@@ -311,6 +316,39 @@ pub const COMMANDS: [CommandSpec; 18] = [
         help: Some(HelpLine {
             order: 11,
             text: "/timezone [NAME]: the time zone this chat's times are read in, or choose one",
+        }),
+        acts: true,
+    },
+    CommandSpec {
+        command: Command::Memory,
+        name: "memory",
+        aliases: &[],
+        argument: Some(Argument {
+            name: "change",
+            description: "forget N forgets memory N; clear forgets them all",
+        }),
+        // Anyone: in a group, only admins change the chat's (checked by the answer,
+        // which says so).
+        who: Who::Anyone,
+        who_bare: Who::Anyone,
+        menu: Menu::Everyone("What I remember here"),
+        help: Some(HelpLine {
+            order: 12,
+            text: "/memory: what I remember about you (in a group: about this chat); /memory forget N, /memory clear",
+        }),
+        acts: true,
+    },
+    CommandSpec {
+        command: Command::ForgetMe,
+        name: "forgetme",
+        aliases: &[],
+        argument: None,
+        who: Who::Anyone,
+        who_bare: Who::Anyone,
+        menu: Menu::Everyone("Erase what I keep about you"),
+        help: Some(HelpLine {
+            order: 13,
+            text: "/forgetme: erase everything I remember about you and the text of your messages, in every chat",
         }),
         acts: true,
     },

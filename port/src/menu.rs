@@ -106,7 +106,7 @@ mod tests {
     );
 
     /// The menus as they were registered before the table (issue 38 derived them from
-    /// it, unchanged), with the job commands (issue 39) before `/help`: the same
+    /// it, unchanged), with the job commands (issue 39) and the memory commands (issue 40) before `/help`: the same
     /// commands, order and words on every platform.
     #[test]
     fn the_menus_are_those_of_before() {
@@ -164,6 +164,15 @@ mod tests {
                     "Show or choose this chat's time zone",
                     Some(("name", "An IANA time zone such as Europe/Berlin"))
                 ),
+                (
+                    "memory",
+                    "What I remember here",
+                    Some((
+                        "change",
+                        "forget N forgets memory N; clear forgets them all"
+                    ))
+                ),
+                ("forgetme", "Erase what I keep about you", None),
                 ("help", "What I do and how to use me", None),
             ]
         );
@@ -184,7 +193,7 @@ mod tests {
         );
         assert_eq!(
             Menus::words(&menus.for_group_members()),
-            "/model /persona /usage /status /jobs /timezone /help"
+            "/model /persona /usage /status /jobs /timezone /memory /forgetme /help"
         );
     }
 }

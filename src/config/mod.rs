@@ -9,7 +9,7 @@
 //! One file per group of settings, each holding its flags (a clap group flattened
 //! into [`Settings`]), its checks and their tests: [`platforms`], [`model`],
 //! [`media`], [`timing`], [`http`], [`access`], [`limits`], [`tools`], [`controls`],
-//! [`platform_controls`], [`jobs`]; [`unknown`] names the `LULL_*` variables no
+//! [`platform_controls`], [`jobs`], [`memory`]; [`unknown`] names the `LULL_*` variables no
 //! setting reads (a typo must not leave a limit off). The core's defaults are
 //! named constants in [`lull_core::dispatcher`], read by the flags here and by
 //! [`DispatchSettings::default`] alike.
@@ -22,6 +22,7 @@ mod http;
 mod jobs;
 mod limits;
 mod media;
+mod memory;
 mod model;
 mod platform_controls;
 mod platforms;
@@ -47,6 +48,7 @@ pub(crate) use self::http::{HttpAdapterConfig, HttpArgs};
 pub(crate) use self::jobs::JobsArgs;
 pub(crate) use self::limits::LimitsArgs;
 pub(crate) use self::media::{MediaArgs, VisionMode};
+pub(crate) use self::memory::MemoryArgs;
 pub(crate) use self::model::{LlmConfig, ModelArgs, StreamMode};
 pub(crate) use self::platform_controls::PlatformControlsArgs;
 pub(crate) use self::platforms::PlatformArgs;
@@ -129,6 +131,8 @@ pub(crate) struct Settings {
     pub platform_controls: PlatformControlsArgs,
     #[command(flatten)]
     pub jobs: JobsArgs,
+    #[command(flatten)]
+    pub memory: MemoryArgs,
 
     /// Log format: `text` or `json`.
     #[arg(
@@ -301,6 +305,8 @@ impl Config {
                 group_context,
                 discord_auto_thread,
                 jobs: s.jobs.settings()?,
+                memory: s.memory.settings()?,
+                builtin_tools: s.tools.builtin(),
                 ..DispatchSettings::default()
             },
             http_addr: s.http.http_addr,

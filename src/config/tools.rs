@@ -22,7 +22,7 @@ pub(crate) struct ToolsArgs {
     /// MCP servers whose tools the model may call: a JSON file in Claude Desktop's format (`{"mcpServers": {...}}`; `${VAR}` in `env` and `headers` values is taken from lull's environment).
     #[arg(long, global = true, env = "LULL_MCP_CONFIG")]
     pub mcp_config: Option<PathBuf>,
-    /// Tools: `auto` offers the tools of LULL_MCP_CONFIG's servers to the model when it is set; `off` offers none (the file is not read).
+    /// Tools: `auto` offers lull's own tools (memory's `lull__remember`, `lull__forget`) and, when LULL_MCP_CONFIG is set, its servers' tools to the model; `off` offers none (the file is not read).
     #[arg(long, global = true, env = "LULL_TOOLS", default_value = "auto")]
     pub tools: ToolsMode,
     /// Model turns per round at most, each of which may call tools; the last one must answer.
@@ -75,6 +75,11 @@ pub(crate) struct ToolsConfig {
 const MIN_RESULT_CHARS: usize = 100;
 
 impl ToolsArgs {
+    /// Whether lull's own tools are offered (`LULL_TOOLS=auto`).
+    pub(crate) fn builtin(&self) -> bool {
+        self.tools == ToolsMode::Auto
+    }
+
     /// How rounds run tools, checked.
     pub(crate) fn settings(&self) -> Result<ToolSettings, ConfigError> {
         if self.tool_steps == 0 {

@@ -37,7 +37,7 @@ use lull_core::clock::Clock;
 use lull_core::domain::{HolderId, Timestamp};
 use lull_core::limits::TimeZone;
 use lull_core::refreshed::Refreshed;
-use lull_core::store::{DAYS, StatusQuery, Store, StoreStatus};
+use lull_core::store::{DAYS, MemoryCounts, StatusQuery, Store, StoreStatus};
 use lull_core::tools::ServerState;
 use lull_port::health::Health;
 
@@ -123,6 +123,8 @@ pub(crate) struct Snapshot {
     pub platforms: BTreeMap<String, String>,
     /// Each configured MCP server (empty without tools).
     pub mcp_servers: Vec<ServerState>,
+    /// How many memories are kept, by scope (counts only: never a text).
+    pub memories: MemoryCounts,
 }
 
 /// This process's own counters, read from its metrics.
@@ -202,6 +204,13 @@ impl StatusPage {
                 (e.to_string(), StoreStatus::default())
             }
         };
+        let memories = match inner.store.memory_counts().await {
+            Ok(counts) => counts,
+            Err(e) => {
+                tracing::warn!(error = %e, "the status page could not count the memories");
+                MemoryCounts::default()
+            }
+        };
         let mut process = inner
             .metrics
             .as_ref()
@@ -220,6 +229,7 @@ impl StatusPage {
                 .map(|(platform, state)| (platform.as_str().to_owned(), state.describe()))
                 .collect(),
             mcp_servers: inner.mcp_servers.as_ref().map(|f| f()).unwrap_or_default(),
+            memories,
         }
     }
 

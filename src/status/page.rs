@@ -132,6 +132,20 @@ pub(super) fn render(s: &Snapshot) -> String {
         "waiting to retry the model",
     );
     out.push_str("</div></section>");
+    out.push_str("<section><h2>Memory</h2><div class=\"tiles\">");
+    tile(
+        &mut out,
+        "memories-person",
+        s.memories.person,
+        "memories about people (private chats)",
+    );
+    tile(
+        &mut out,
+        "memories-chat",
+        s.memories.chat,
+        "memories of group chats",
+    );
+    out.push_str("</div></section>");
 
     out.push_str(
         "<section><h2>Replies and the model</h2><table id=\"recent\">\
@@ -396,6 +410,7 @@ mod tests {
             process: Default::default(),
             platforms: [("http".to_owned(), "up".to_owned())].into(),
             mcp_servers: Vec::new(),
+            memories: Default::default(),
         };
         snapshot
             .store

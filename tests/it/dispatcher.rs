@@ -577,6 +577,7 @@ async fn fencing_refuses_a_commit_from_a_replaced_holder(backend: Backend) {
         usage: None,
         llm_ms: 1,
         held_out: Vec::new(),
+        memories: Default::default(),
     };
     let refused = store
         .commit_reply(ReplyCommit {
@@ -775,6 +776,7 @@ async fn giving_up_is_fenced_and_covers_each_message_once() {
         usage: None,
         llm_ms: 1,
         held_out: Vec::new(),
+        memories: Default::default(),
     };
     let committed = store
         .commit_reply(ReplyCommit {

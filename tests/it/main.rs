@@ -30,6 +30,7 @@ mod limits;
 mod llm;
 mod mcp;
 mod media;
+mod memory;
 mod menus;
 mod overtaken;
 mod project;

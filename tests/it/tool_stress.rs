@@ -79,6 +79,7 @@ async fn run(plan: Plan) -> Report {
             think: Duration::from_millis(150),
             answer_after: Duration::from_millis(300),
             user_field: Some("text"),
+            ..Agent::default()
         },
         processes: plan.processes,
         extra: &extra,

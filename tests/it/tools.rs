@@ -618,6 +618,7 @@ async fn two_processes_appends(postgres: Option<String>, extra: &[(&str, &str)])
             think: Duration::from_millis(300),
             answer_after: Duration::from_millis(300),
             user_field: Some("text"),
+            ..Agent::default()
         },
         processes: 2,
         extra,

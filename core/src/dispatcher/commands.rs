@@ -5,7 +5,7 @@
 
 use lull_port::{Command, Incoming, Who};
 
-use super::{Dispatcher, controls, job_commands, notices};
+use super::{Dispatcher, controls, job_commands, memory, notices};
 use crate::access::{AccessList, AccessRule, Sender, Subject, SubjectKind};
 use crate::domain::{Platform, Timestamp};
 use crate::limits;
@@ -112,6 +112,8 @@ async fn act(
         }
         Command::Jobs => job_commands::jobs(dispatcher, incoming, args, now).await?,
         Command::Timezone => job_commands::timezone(dispatcher, incoming, args, now).await?,
+        Command::Memory => memory::memory(dispatcher, incoming, args, admin).await?,
+        Command::ForgetMe => memory::forget_me(dispatcher, incoming, now).await?,
         Command::Model
         | Command::Persona
         | Command::Prompt

@@ -14,7 +14,7 @@
 //!   process armed, polling for work other processes armed) and starts a round per
 //!   due conversation.
 //! - `round`: under the conversation's lease, its stages in order over one state
-//!   (approvals, pay, transcribe, context, images, reserve, generate, settle, report,
+//!   (approvals, pay, transcribe, context, recall, images, reserve, generate, settle, report,
 //!   commit: the reply committed only if the conversation has not moved on, the final
 //!   check); then delivers. `tool_refusals`: the models that refused tools, offered
 //!   none for a while.
@@ -34,6 +34,9 @@
 //!   `job_tools`: the model's `lull__schedule`, `lull__jobs`, `lull__cancel_job`.
 //! - `jobs`: due job occurrences fired, each once, at the scheduler's look (a
 //!   reminder's notice, a task's message); missed ones said once, never one a slot.
+//! - `memory`: facts remembered as rows of a person's or a chat's scope, shown in the
+//!   system prompt, staged by the model's `lull__remember` and `lull__forget` and
+//!   written with the reply; `/memory` and `/forgetme`.
 //! - `overheard`: group context, the recent group messages not addressed to lull,
 //!   kept (bounded) for the prompt; never a message to answer.
 //! - `threads`: the Discord threads lull opened, where a message needs no mention.
@@ -47,6 +50,7 @@
 //! [`Dispatcher`] holds what they share; it is also the adapters' [`lull_port::Intake`].
 
 pub use jobs::{JOB_MIN_INTERVAL, JOBS_PER_CHAT, JobSettings, MissedPolicy};
+pub use memory::{MEMORY_CHARS, MemorySettings};
 mod acks;
 mod background;
 mod bounds;
@@ -61,6 +65,7 @@ mod job_commands;
 mod job_tools;
 mod jobs;
 mod lease_keeper;
+mod memory;
 mod not_stored;
 mod notices;
 mod overheard;
@@ -158,6 +163,12 @@ pub struct DispatchSettings {
     /// `LULL_JOBS`: reminders and scheduled tasks; `None` (`off`): no job fires, and
     /// the job commands say they are off.
     pub jobs: Option<JobSettings>,
+    /// `LULL_MEMORY`: facts remembered as rows, shown in the system prompt; `None`
+    /// (`off`): nothing shown, the memory tools not offered, the commands say so.
+    pub memory: Option<MemorySettings>,
+    /// `LULL_TOOLS=auto`: lull's own tools (memory's) are offered to the model, with
+    /// or without MCP servers; `off`: no tool at all.
+    pub builtin_tools: bool,
 }
 
 impl Default for DispatchSettings {
@@ -199,6 +210,8 @@ impl Default for DispatchSettings {
             group_context: 0,
             discord_auto_thread: false,
             jobs: Some(JobSettings::default()),
+            memory: Some(MemorySettings::default()),
+            builtin_tools: true,
         }
     }
 }

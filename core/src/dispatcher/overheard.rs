@@ -40,6 +40,7 @@ pub(super) async fn overhear(
     let message = OverheardMessage {
         conversation: incoming.conversation.clone(),
         message_id: incoming.message_id.clone(),
+        user_id: incoming.user_id.clone(),
         author: incoming.author.clone(),
         text,
     };

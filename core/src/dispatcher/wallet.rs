@@ -182,6 +182,8 @@ pub(super) fn prompt_tokens(limits: &Limits, prompt: &Prompt) -> u64 {
         .sum();
     let batch: u64 = prompt.batch.iter().map(|s| said(&s.author, &s.text)).sum();
     let note = prompt.note.as_deref().map_or(0, limits::text_tokens);
+    // What the model remembers, with the system prompt.
+    let memories = prompt.memories.as_deref().map_or(0, limits::text_tokens);
     // Group context is a message of its own.
     let context = prompt
         .context_turn()
@@ -192,6 +194,7 @@ pub(super) fn prompt_tokens(limits: &Limits, prompt: &Prompt) -> u64 {
         + history
         + batch
         + note
+        + memories
         + prompt.images.len() as u64 * limits::IMAGE_TOKENS
 }
 

@@ -120,6 +120,7 @@ mod tests {
             is_group: false,
             history: Vec::new(),
             overheard: Vec::new(),
+            memories: None,
             batch: vec![Said::new("Ann", "one two")],
             note: None,
             images: Vec::new(),

@@ -88,6 +88,7 @@ pub fn smaller_prompts(prompt: &Prompt, budget: HistoryBudget) -> Vec<Prompt> {
         prompts.push(Prompt {
             history: Vec::new(),
             overheard: Vec::new(),
+            memories: None,
             ..prompt.clone()
         });
     }
@@ -101,6 +102,7 @@ pub fn smaller_prompts(prompt: &Prompt, budget: HistoryBudget) -> Vec<Prompt> {
         prompts.push(Prompt {
             history: Vec::new(),
             overheard: Vec::new(),
+            memories: None,
             batch,
             note: Some(cut_note(total, total.saturating_sub(kept))),
             ..prompt.clone()
@@ -189,6 +191,7 @@ mod tests {
                 })
                 .collect(),
             overheard: Vec::new(),
+            memories: None,
             batch: batch.iter().map(|t| message(t)).collect(),
             note: None,
             images: Vec::new(),

@@ -14,7 +14,8 @@
 //!   conversation's own choices, `/stop`), [`ReactionStore`] (which message carries
 //!   a burst's ack reaction), [`RhythmStore`] (how a conversation's bursts go),
 //!   [`OverheardStore`] (group context), [`ThreadStore`] (the Discord threads lull
-//!   opened) and [`JobStore`] (reminders and scheduled tasks); [`Store`] is their sum. A backend is opened with the deployment's
+//!   opened), [`JobStore`] (reminders and scheduled tasks) and [`MemoryStore`]
+//!   (remembered facts as rows of their scope); [`Store`] is their sum. A backend is opened with the deployment's
 //!   [`TimerPolicy`](crate::timing::TimerPolicy) and reports failures as a
 //!   backend-neutral [`StoreError`] (`error.rs`).
 //! - `rules`: each decision both backends make once their rows are read, written once
@@ -23,6 +24,8 @@
 //!   access rows, the order budget rows are locked in, the media and quick-reply
 //!   codecs, what a reservation of an action and an approval's answer write). A
 //!   backend holds the SQL and its bindings.
+//! - `memory_rows`: a memory row of its columns, the newest of several scopes, and
+//!   what the counter-test's write-back switch writes.
 //! - `ddl`: the DDL both dialects write byte for byte alike, named by both migration
 //!   lists; `lease_rows`: which lease row a holder claims, renews, releases and is
 //!   fenced by, so the counter-test's switch means the same on every backend.
@@ -65,6 +68,7 @@ mod ddl;
 mod error;
 mod faults;
 mod lease_rows;
+mod memory_rows;
 mod open;
 mod postgres;
 mod rules;
@@ -75,8 +79,8 @@ pub use crate::domain::{Exchange, OutboxKind, TokenUsage};
 pub use lull_port::RecentConversation;
 
 pub use contract::{
-    actions::*, jobs::*, leases::*, limits::*, messages::*, outbox::*, overheard::*, reactions::*,
-    rhythm::*, rounds::*, settings::*, status::*, threads::*, work::*,
+    actions::*, jobs::*, leases::*, limits::*, memories::*, messages::*, outbox::*, overheard::*,
+    reactions::*, rhythm::*, rounds::*, settings::*, status::*, threads::*, work::*,
 };
 pub use error::StoreError;
 #[cfg(feature = "test-switches")]
@@ -109,6 +113,7 @@ pub trait Store:
     + OverheardStore
     + ThreadStore
     + JobStore
+    + MemoryStore
 {
 }
 
@@ -127,6 +132,7 @@ impl<T> Store for T where
         + OverheardStore
         + ThreadStore
         + JobStore
+        + MemoryStore
 {
 }
 
@@ -135,9 +141,9 @@ impl<T> Store for T where
 /// `Store` alone does on `dyn Store`.
 pub mod prelude {
     pub use super::{
-        ActionStore as _, JobStore as _, LeaseStore as _, LimitStore as _, MessageStore as _,
-        OutboxStore as _, OverheardStore as _, ReactionStore as _, RhythmStore as _,
-        RoundStore as _, SettingStore as _, StatusStore as _, Store, ThreadStore as _,
-        WorkStore as _,
+        ActionStore as _, JobStore as _, LeaseStore as _, LimitStore as _, MemoryStore as _,
+        MessageStore as _, OutboxStore as _, OverheardStore as _, ReactionStore as _,
+        RhythmStore as _, RoundStore as _, SettingStore as _, StatusStore as _, Store,
+        ThreadStore as _, WorkStore as _,
     };
 }

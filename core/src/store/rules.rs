@@ -94,6 +94,7 @@ pub(crate) fn committed<'a>(
     reply: OutboxRow,
     notices: Vec<OutboxRow>,
     forced: bool,
+    memories: crate::store::MemoryApplied,
 ) -> CommitOutcome {
     let outbox = OutboxRow {
         covers: covered_ids(collected, covered),
@@ -103,6 +104,7 @@ pub(crate) fn committed<'a>(
         notices,
         outbox,
         forced,
+        memories,
     }
 }
 

@@ -61,6 +61,10 @@ pub enum Effect {
     Acts { idempotent: bool },
     /// Acts destructively: waits for the person's yes (`/approve`), then as `Acts`.
     Destructive { idempotent: bool },
+    /// Stages a change of lull's own state (a memory) that is written in the reply's
+    /// final-check transaction, or not at all: runs freely, like a read, because it
+    /// acts on nothing until the reply is committed.
+    WithReply,
 }
 
 /// Who may trigger a server's tools (`"users"` in the config).

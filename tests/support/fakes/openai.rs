@@ -111,6 +111,11 @@ pub(crate) struct Agent {
     /// batch's first message: the same for every round of the batch), so calls differ
     /// by conversation.
     pub user_field: Option<&'static str>,
+    /// Set this argument of every call to the last line of the last user turn (the
+    /// batch's newest message: a round of a grown batch asks differently).
+    pub newest_field: Option<&'static str>,
+    /// Call only when the last user turn contains this (otherwise answer at once).
+    pub only_if: Option<&'static str>,
 }
 
 impl Agent {
@@ -884,14 +889,19 @@ async fn agent_turn(
         .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
         .collect();
     let first_line = last_user.lines().next().unwrap_or_default().to_owned();
+    let last_line = last_user.lines().last().unwrap_or_default().to_owned();
     let calls: Vec<(String, Value)> = agent
         .calls
         .iter()
         .filter(|(name, _)| offered.contains(name))
+        .filter(|_| agent.only_if.is_none_or(|word| last_user.contains(word)))
         .cloned()
         .map(|(name, mut arguments)| {
             if let Some(field) = agent.user_field {
                 arguments[field] = Value::String(first_line.clone());
+            }
+            if let Some(field) = agent.newest_field {
+                arguments[field] = Value::String(last_line.clone());
             }
             (name, arguments)
         })

@@ -41,6 +41,7 @@ impl Round<'_> {
             usage: generation.usage,
             llm_ms: llm_time.as_millis() as u64,
             held_out: std::mem::take(&mut a.held_out),
+            memories: a.memory.writes(),
         };
         let lease = self.keeper.lease();
         let commit = ReplyCommit {
@@ -54,7 +55,11 @@ impl Round<'_> {
                 outbox,
                 forced,
                 notices,
-            } => (outbox, forced, notices),
+                memories,
+            } => {
+                crate::dispatcher::memory::count_applied(memories);
+                (outbox, forced, notices)
+            }
             CommitOutcome::Stale { version } => {
                 debug_assert!(matches!(a.reservation, Reservation::Settled(_)));
                 return Ok(Flow::End(Ending::Stale {

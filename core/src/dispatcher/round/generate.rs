@@ -42,7 +42,7 @@ impl Round<'_> {
         let started = Instant::now();
         a.prompt.turns.append(&mut a.approvals.turns);
         let mut generated = self
-            .generate_acting(&a.batch, &mut a.prompt, &mut a.rows)
+            .generate_acting(&a.batch, &mut a.prompt, &mut a.rows, &a.memory)
             .await?;
         if let Generated::Failed { error, spent } = &generated
             && error.kind() == FailureKind::Refused
@@ -57,7 +57,7 @@ impl Round<'_> {
             add_note(&mut a.prompt, texts::NO_VISION_NOTE);
             a.rows.extend(self.no_vision_notice(&a.batch).await?);
             generated = self
-                .generate_acting(&a.batch, &mut a.prompt, &mut a.rows)
+                .generate_acting(&a.batch, &mut a.prompt, &mut a.rows, &a.memory)
                 .await?;
             generated.add_spent(spent_before);
         }
@@ -91,6 +91,7 @@ impl Round<'_> {
             is_group: batch.is_group,
             history: batch.history.clone(),
             overheard: Vec::new(),
+            memories: None,
             batch: messages
                 .iter()
                 .map(|m| Said::new(&m.author, m.said()))

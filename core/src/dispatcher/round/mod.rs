@@ -13,21 +13,25 @@
 //! 4. **transcribe**: voice messages transcribed, each stored before the next (`media`).
 //! 5. **context**: the prompt: history, the chat's settings read after `v0`, the group
 //!    context, the notes to the model (`generate`).
-//! 6. **images**: the batch's images fetched within the round's bounds (`media`).
-//! 7. **reserve**: the prompt and the most the reply may take reserved (`budget`).
-//! 8. **generate**: the model asked once, its tool calls answered in between, a call
-//!    that acts reserved before it runs (`generate`, `tools`, `actions`).
-//! 9. **settle**: the reservation turned into what was spent (`budget`).
-//! 10. **report**: the reply bounded, transcripts quoted, the actions taken reported
+//! 6. **recall**: what the model remembers in this chat (the person's memories in a
+//!    private chat, the chat's in a group) into the system prompt, and the staging
+//!    its memory tools write into (`recall`).
+//! 7. **images**: the batch's images fetched within the round's bounds (`media`).
+//! 8. **reserve**: the prompt and the most the reply may take reserved (`budget`).
+//! 9. **generate**: the model asked once, its tool calls answered in between, a call
+//!    that acts reserved before it runs, a memory staged (`generate`, `tools`,
+//!    `actions`).
+//! 10. **settle**: the reservation turned into what was spent (`budget`).
+//! 11. **report**: the reply bounded, transcripts quoted, the actions taken reported
 //!     (`commit`).
-//! 11. **commit**: the final check, one transaction: lease still ours and nothing new
-//!     since `v0`, or the cap (`commit`).
+//! 12. **commit**: the final check, one transaction: lease still ours and nothing new
+//!     since `v0`, or the cap; the staged memories written in it, or none (`commit`).
 //!
 //! The runner and the state are `stages`. Its other rooms: `budget` (who pays, the
 //! reservation, the settle), `media` (voice messages and images), `generate` (the
 //! prompt, the model call shown as a draft or "typing…", what a failure leaves),
 //! `tools` (the tool loop), `actions` (a call that acts reserved and run once, the
-//! report of what a batch's calls did), `approvals` and `commit`.
+//! report of what a batch's calls did), `approvals`, `recall` and `commit`.
 
 mod actions;
 mod approvals;
@@ -35,6 +39,7 @@ mod budget;
 mod commit;
 mod generate;
 mod media;
+mod recall;
 mod stages;
 mod tools;
 
@@ -124,6 +129,8 @@ struct Answering {
     generation: Option<(Generation, Duration)>,
     /// The reply's text as it will be committed, from `report`.
     reply: Option<String>,
+    /// What `recall` read and the memory tools staged, written by `commit`.
+    memory: crate::dispatcher::memory::Recalled,
 }
 
 /// Add `note` to what the model is told after the batch (each note once).

@@ -18,6 +18,7 @@
 use super::approvals::Approvals;
 use super::media::AudioNotes;
 use super::{Answering, Ending, Flow, Interrupt, Reservation, Round};
+use crate::dispatcher::memory::Recalled;
 use crate::dispatcher::wallet::Spent;
 use crate::llm::FailureKind;
 use crate::store::{Batch, OutboxRow};
@@ -35,6 +36,9 @@ pub(super) enum Stage {
     Transcribe,
     /// The prompt: history, the chat's settings (read after `v0`), group context.
     Context,
+    /// What the model remembers in this chat, into the system prompt; the memory
+    /// tools' staging.
+    Recall,
     /// The batch's images fetched within the round's bounds.
     Images,
     /// The prompt and the most the reply may take, reserved from the budgets.
@@ -50,12 +54,13 @@ pub(super) enum Stage {
 }
 
 /// Every stage of a round, in the order it runs them.
-pub(super) const STAGES: [Stage; 11] = [
+pub(super) const STAGES: [Stage; 12] = [
     Stage::Due,
     Stage::Approvals,
     Stage::Pay,
     Stage::Transcribe,
     Stage::Context,
+    Stage::Recall,
     Stage::Images,
     Stage::Reserve,
     Stage::Generate,
@@ -84,6 +89,7 @@ impl Stage {
             Stage::Pay => "pay",
             Stage::Transcribe => "transcribe",
             Stage::Context => "context",
+            Stage::Recall => "recall",
             Stage::Images => "images",
             Stage::Reserve => "reserve",
             Stage::Generate => "generate",
@@ -117,6 +123,7 @@ impl Round<'_> {
             spent: Spent::default(),
             generation: None,
             reply: None,
+            memory: Recalled::default(),
         };
         for stage in STAGES {
             let flow = match stage.guard() {
@@ -140,6 +147,7 @@ impl Round<'_> {
             Stage::Pay => self.pay(a).await,
             Stage::Transcribe => self.transcribe_batch(a).await,
             Stage::Context => self.context(a).await,
+            Stage::Recall => self.recall(a).await,
             Stage::Images => self.images(a).await,
             Stage::Reserve => self.reserve_budget(a).await,
             Stage::Generate => self.generate_reply(a).await,

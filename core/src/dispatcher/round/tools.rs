@@ -8,7 +8,10 @@
 use super::actions::{Acting, Answer, action_lines, count};
 use super::{Interrupt, Round, add_note};
 use crate::dispatcher::Event;
+use std::sync::Arc;
+
 use crate::dispatcher::job_tools::{ForBatch, JobTools};
+use crate::dispatcher::memory::{MemoryTools, Recalled};
 use crate::dispatcher::wallet::Spent;
 use crate::domain::Version;
 use crate::llm::{FailureKind, Generation, LlmError, Prompt, ToolCall, ToolTurn};
@@ -52,15 +55,17 @@ enum Turn {
 
 impl Round<'_> {
     /// Generate the reply to `prompt`, answering the model's tool calls in between.
-    /// The notices it queues (an approval's question) join `rows`.
+    /// The notices it queues (an approval's question) join `rows`; what its memory
+    /// tools stage is in `memory` (asked again, it starts from nothing staged).
     pub(super) async fn generate_acting(
         &self,
         batch: &Batch,
         prompt: &mut Prompt,
         rows: &mut Vec<OutboxRow>,
+        memory: &Recalled,
     ) -> Result<Generated, Interrupt> {
         let d = self.dispatcher;
-        let toolbox = self.toolbox_for(batch);
+        let toolbox = self.toolbox_for(batch, memory);
         let model = self.offer_tools(toolbox.as_deref(), batch, prompt).await?;
         let steps = d.settings.tools.steps.max(1);
         let mut spent = Spent::default();
@@ -103,20 +108,31 @@ impl Round<'_> {
     }
 
     /// The toolbox of this batch's round: the MCP servers' tools and, with jobs on,
-    /// the job tools acting in this chat for the batch's newest author.
-    fn toolbox_for(&self, batch: &Batch) -> Option<std::sync::Arc<dyn Toolbox>> {
+    /// the job tools acting in this chat for the batch's newest author; with
+    /// `LULL_TOOLS=auto` and memory on, the memory tools over them (with or without
+    /// MCP servers).
+    fn toolbox_for(&self, batch: &Batch, memory: &Recalled) -> Option<Arc<dyn Toolbox>> {
         let d = self.dispatcher;
-        let inner = d.toolbox().cloned()?;
-        let Some(asker) = batch.pending.last() else {
-            return Some(inner);
-        };
-        let asked = ForBatch {
-            conversation: batch.conversation.clone(),
-            is_group: batch.is_group,
-            creator: asker.user_id.clone(),
-            creator_name: asker.author.clone(),
-        };
-        Some(JobTools::for_batch(d, inner, asked))
+        let asker = batch.pending.last();
+        let servers = d.toolbox().cloned().map(|inner| match asker {
+            Some(asker) => {
+                let asked = ForBatch {
+                    conversation: batch.conversation.clone(),
+                    is_group: batch.is_group,
+                    creator: asker.user_id.clone(),
+                    creator_name: asker.author.clone(),
+                };
+                JobTools::for_batch(d, inner, asked)
+            }
+            None => inner,
+        });
+        match &memory.staging {
+            Some(staging) if d.settings.builtin_tools => {
+                staging.reset();
+                Some(MemoryTools::over(servers, staging.clone()))
+            }
+            _ => servers,
+        }
     }
 
     /// Offer the tools of `toolbox` the batch may use in `prompt` (none to a model
@@ -304,7 +320,7 @@ impl Round<'_> {
             }
         };
         let (idempotent, destructive) = match spec.effect {
-            Effect::ReadOnly => {
+            Effect::ReadOnly | Effect::WithReply => {
                 let calling = self.calling(batch, toolbox, spec, arguments, None);
                 let output = self.guarded(async { Ok(calling.await) }).await?;
                 count(&spec.server, &spec.tool, output.outcome.label());

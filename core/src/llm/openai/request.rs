@@ -24,16 +24,19 @@ impl OpenAiResponder {
         let history = self.settings.history.fit(&prompt.history, prompt.is_group);
         let mut messages: Vec<ChatCompletionRequestMessage> =
             Vec::with_capacity(2 + 2 * history.len());
-        messages.push(
-            ChatCompletionRequestSystemMessage::from(
-                prompt
-                    .choices
-                    .system_prompt
-                    .as_deref()
-                    .unwrap_or(&self.settings.system_prompt),
-            )
-            .into(),
-        );
+        let system = prompt
+            .choices
+            .system_prompt
+            .as_deref()
+            .unwrap_or(&self.settings.system_prompt);
+        // What the model remembers here goes with the system prompt: lull's words
+        // around it, each memory quoted (`texts::memory_block`).
+        let system = match &prompt.memories {
+            Some(block) if system.is_empty() => block.clone(),
+            Some(block) => format!("{system}\n\n{block}"),
+            None => system.to_owned(),
+        };
+        messages.push(ChatCompletionRequestSystemMessage::from(system.as_str()).into());
         for exchange in history {
             let user = merge_turn(
                 exchange

@@ -30,12 +30,17 @@
 //! - `threads`: a thread lull opened is remembered once, per platform and key.
 //! - `jobs`: a job made once per origin, within its chat's limit; each occurrence fired
 //!   once with its output; a cancelled job never fires; a chat's time zone.
+//! - `memories`: written with a committed reply or not at all, each fact once per
+//!   scope; a scope keeps its newest; the commands touch their scope only;
+//!   `/forgetme` erases one person's memories and texts; concurrent commits keep
+//!   every fact.
 //! - `status`: the operator's view counts what the rows say, the same on every backend.
 
 mod actions;
 mod jobs;
 mod leases;
 mod limits;
+mod memories;
 mod messages;
 mod outbox;
 mod overheard;
@@ -51,6 +56,7 @@ pub use actions::*;
 pub use jobs::*;
 pub use leases::*;
 pub use limits::*;
+pub use memories::*;
 pub use messages::*;
 pub use outbox::*;
 pub use overheard::*;
@@ -162,6 +168,11 @@ macro_rules! store_conformance {
             a_task_fires_as_a_message_from_its_creator,
             a_cancelled_job_never_fires,
             a_chat_keeps_its_time_zone,
+            memories_are_written_with_a_committed_reply_only,
+            a_scope_keeps_its_newest_memories,
+            the_commands_change_their_scope_only,
+            forgetting_a_person_erases_their_memories_and_texts,
+            concurrent_commits_keep_every_fact,
             a_commit_teaches_the_rhythm_of_its_burst,
             a_typing_author_holds_the_timer_never_past_the_cap,
         );
@@ -250,6 +261,7 @@ fn reply(text: &str) -> NewReply {
         usage: None,
         llm_ms: 1,
         held_out: Vec::new(),
+        memories: Default::default(),
     }
 }
 

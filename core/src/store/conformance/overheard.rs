@@ -21,6 +21,7 @@ fn overheard(key: &str, id: &str, author: &str) -> OverheardMessage {
     OverheardMessage {
         conversation: http(key),
         message_id: id.into(),
+        user_id: format!("user-{author}"),
         author: author.into(),
         text: format!("text of {id}"),
     }

@@ -19,11 +19,14 @@
 //! - [`threads`]: the Discord threads lull opened, where messages need no mention.
 //! - [`status`]: the status page's read-only aggregates over indexed ranges.
 //! - [`jobs`]: reminders and scheduled tasks as rows, each occurrence fired once.
+//! - [`memories`]: remembered facts as rows of their scope (a person, a chat), written
+//!   with the reply or not at all.
 
 pub(super) mod actions;
 pub(super) mod jobs;
 pub(super) mod leases;
 pub(super) mod limits;
+pub(super) mod memories;
 pub(super) mod messages;
 pub(super) mod outbox;
 pub(super) mod overheard;

@@ -14,6 +14,8 @@ pub struct OverheardMessage {
     pub conversation: ConversationRef,
     /// The platform's message id: a redelivery is kept once.
     pub message_id: String,
+    /// Who wrote it (`/forgetme` deletes theirs).
+    pub user_id: String,
     pub author: String,
     pub text: String,
 }

@@ -4,7 +4,9 @@ use async_trait::async_trait;
 use lull_port::Media;
 
 use crate::domain::{ConversationId, ConversationRef, HolderId, Lease, Timestamp, Version};
-use crate::store::{Exchange, OutboxRow, StoreError, TokenUsage, said_text};
+use crate::store::{
+    Exchange, MemoryApplied, MemoryWrites, OutboxRow, StoreError, TokenUsage, said_text,
+};
 /// A stored message waiting for its reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PendingMessage {
@@ -76,6 +78,9 @@ pub struct NewReply {
     /// transaction, so they are answered exactly once, by the notice, or, if the reply
     /// is stale, not at all and still pending.
     pub held_out: Vec<HeldOut>,
+    /// What the round's tools staged in memory: applied in the commit's transaction,
+    /// so a reply dropped as stale writes none of it ([`MemoryWrites`]).
+    pub memories: MemoryWrites,
 }
 
 /// Messages a reply leaves out, and the notice that answers them instead
@@ -96,11 +101,13 @@ pub enum CommitOutcome {
     /// Stored in the outbox (the row, ready to deliver); the batch is answered.
     /// `forced` when newer messages had arrived but the cap made the reply go out
     /// anyway. `notices`: the rows of [`NewReply::held_out`] stored with it (a
-    /// held-out set whose every message was edited since is not stored).
+    /// held-out set whose every message was edited since is not stored). `memories`:
+    /// what [`NewReply::memories`] changed.
     Committed {
         outbox: OutboxRow,
         forced: bool,
         notices: Vec<OutboxRow>,
+        memories: MemoryApplied,
     },
     /// A newer message arrived during generation: nothing stored, timer kept.
     Stale { version: Version },

@@ -107,6 +107,7 @@ mod jobs;
 mod leases;
 mod limits;
 mod listen;
+mod memories;
 mod messages;
 mod outbox;
 mod overheard;

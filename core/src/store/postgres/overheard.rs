@@ -23,10 +23,10 @@ impl OverheardStore for PostgresStore {
                 let id = upsert_conversation(&tx, &heard.message.conversation, true, now.db).await?;
                 let kept = execute(
                     &tx,
-                    "INSERT INTO overheard (conversation_id, platform_message_id, author, text, received_at)
-                     VALUES ($1, $2, $3, $4, $5)
+                    "INSERT INTO overheard (conversation_id, platform_message_id, author, text, received_at, user_id)
+                     VALUES ($1, $2, $3, $4, $5, $6)
                      ON CONFLICT (conversation_id, platform_message_id) DO NOTHING",
-                    &[&id.0, &heard.message.message_id, &heard.message.author, &heard.message.text, &now.db.0],
+                    &[&id.0, &heard.message.message_id, &heard.message.author, &heard.message.text, &now.db.0, &heard.message.user_id],
                     "keeping an overheard message",
                 )
                 .await?;

@@ -148,10 +148,11 @@ impl RoundStore for PostgresStore {
                 answer_through(&tx, conversation, v0, policy).await?;
                 let received: Vec<Timestamp> = asked.batch.pending.iter().map(|m| m.received_at).collect();
                 super::rhythm::learn(&tx, conversation, &received, policy).await?;
+                let memories = super::memories::apply(&tx, &asked.reply.memories, now.db).await?;
                 let conversation = asked.batch.conversation.clone();
                 let reply = rules::reply_row(outbox, conversation, asked.reply.text.clone(), reply_to.clone(), now.stored());
                 let collected = asked.batch.pending.iter().map(|m| (m.row, m.message_id.as_str()));
-                Ok(rules::committed(collected, &covered, reply, notices, forced))
+                Ok(rules::committed(collected, &covered, reply, notices, forced, memories))
             }
             .await
         })

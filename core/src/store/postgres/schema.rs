@@ -62,6 +62,9 @@ const ALL: &[&str] = &[
     // 20 (SQLite 19): jobs (reminders, scheduled tasks), their occurrences, a chat's
     // time zone.
     include_str!("migrations/v20_jobs.sql"),
+    // 21 (SQLite 20): memories as rows of their scope, erased messages' tombstones,
+    // who wrote an overheard message.
+    include_str!("migrations/v21_memories.sql"),
 ];
 
 /// The schema version this build migrates to.

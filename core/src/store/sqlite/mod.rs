@@ -22,6 +22,7 @@ mod actions;
 mod jobs;
 mod leases;
 mod limits;
+mod memories;
 mod messages;
 mod outbox;
 mod overheard;
@@ -153,7 +154,9 @@ impl SqliteStore {
         drop(probe);
         let manager = SqliteConnectionManager::file(&path).with_init(|conn| {
             conn.busy_timeout(busy_timeout())?;
-            conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;")?;
+            conn.execute_batch(
+                "PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON; PRAGMA secure_delete = ON;",
+            )?;
             // Every statement of the store fits the cache: each is parsed once.
             conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
             // Every `conn.transaction()` is BEGIN IMMEDIATE (migrations included).
@@ -185,7 +188,7 @@ impl SqliteStore {
             .busy_timeout(busy_timeout())
             .and_then(|()| {
                 write_conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
-                write_conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;")
+                write_conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON; PRAGMA secure_delete = ON;")
             })
             .map_err(|e| open_error(e.to_string()))?;
         let writer = Writer::start(write_conn)

@@ -17,12 +17,12 @@ impl OverheardStore for SqliteStore {
             let id = upsert_conversation(tx, &heard.message.conversation, true, heard.now)?;
             let kept = tx
                 .prepare_cached(
-                    "INSERT INTO overheard (conversation_id, platform_message_id, author, text, received_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5)
+                    "INSERT INTO overheard (conversation_id, platform_message_id, author, text, received_at, user_id)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)
                      ON CONFLICT (conversation_id, platform_message_id) DO NOTHING",
                 )
                 .ctx("preparing a statement")?
-                .execute(params![id.0, heard.message.message_id, heard.message.author, heard.message.text, heard.now.0])
+                .execute(params![id.0, heard.message.message_id, heard.message.author, heard.message.text, heard.now.0, heard.message.user_id])
                 .ctx("keeping an overheard message")?;
             tx.prepare_cached(
                 "DELETE FROM overheard WHERE conversation_id = ?1 AND id NOT IN (

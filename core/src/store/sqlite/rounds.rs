@@ -127,9 +127,10 @@ impl RoundStore for SqliteStore {
             let notices = store_held_out(tx, &lease, &reference, &asked.reply.held_out, v0, forced, asked.now)?;
             answer_through(tx, conversation, v0, policy)?;
             super::rhythm::learn(tx, conversation, &received, policy)?;
+            let memories = super::memories::apply(tx, &asked.reply.memories, asked.now)?;
             let reply = rules::reply_row(outbox, reference, asked.reply.text, reply_to, stored_at(asked.now));
             let collected = message_ids.iter().map(|(row, id)| (*row, id.as_str()));
-            Ok(rules::committed(collected, &covered, reply, notices, forced))
+            Ok(rules::committed(collected, &covered, reply, notices, forced, memories))
         })
         .await
     }

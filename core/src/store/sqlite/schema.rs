@@ -53,6 +53,9 @@ const ALL: &[&str] = &[
     ddl::OUTBOX_QUICK_REPLIES,
     // 19: jobs (reminders, scheduled tasks), their occurrences, a chat's time zone.
     include_str!("migrations/v19_jobs.sql"),
+    // 20: memories as rows of their scope, erased messages' tombstones, who wrote an
+    // overheard message.
+    include_str!("migrations/v20_memories.sql"),
 ];
 
 /// The schema version this build migrates to.

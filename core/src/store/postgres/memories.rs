@@ -1,0 +1,265 @@
+//! The memories area on PostgreSQL: rows of their scope, inserted and deleted one by
+//! one. Two commits remembering in one scope at once never wait on each other's
+//! rows (inserts; the unique index on the text is the only meeting point: the same
+//! fact twice is kept once).
+
+use async_trait::async_trait;
+use lull_port::Platform;
+use tokio_postgres::Row;
+
+use super::PostgresStore;
+use super::sql::{Tx, execute, query};
+use crate::domain::Timestamp;
+use crate::store::faults::Operation;
+use crate::store::memory_rows::{self as rows, RawMemory};
+use crate::store::{
+    Erased, MEMORIES_PER_SCOPE, Memory, MemoryApplied, MemoryChange, MemoryCounts, MemoryStore,
+    MemoryWrites, Remember, Scope, StoreError,
+};
+
+const COLUMNS: &str = "id, scope, platform, owner, text, author, source, created_at, version";
+
+#[async_trait]
+impl MemoryStore for PostgresStore {
+    async fn memories(&self, scopes: &[Scope], limit: usize) -> Result<Vec<Memory>, StoreError> {
+        transaction!(self, Operation::Read, "reading memories", |tx| {
+            async {
+                let mut all = Vec::new();
+                for scope in scopes {
+                    let sql = format!(
+                        "SELECT {COLUMNS} FROM memories WHERE scope = $1 AND platform = $2 AND owner = $3
+                         ORDER BY id DESC LIMIT $4"
+                    );
+                    let found = query(
+                        &tx,
+                        &sql,
+                        &[&scope.kind.as_str(), &scope.platform.as_str(), &scope.owner, &(limit as i64)],
+                        "reading memories",
+                    )
+                    .await?;
+                    for row in &found {
+                        all.push(memory_row(row)?);
+                    }
+                }
+                Ok(rows::newest_memories(all, limit))
+            }
+            .await
+        })
+    }
+
+    async fn forget_memory(&self, scope: &Scope, id: i64) -> Result<bool, StoreError> {
+        transaction!(self, Operation::Other, "forgetting a memory", |tx| {
+            async { forget(&tx, scope, id).await }.await
+        })
+    }
+
+    async fn clear_memories(&self, scope: &Scope) -> Result<u64, StoreError> {
+        transaction!(self, Operation::Other, "clearing memories", |tx| {
+            async {
+                execute(
+                    &tx,
+                    "DELETE FROM memories WHERE scope = $1 AND platform = $2 AND owner = $3",
+                    &[&scope.kind.as_str(), &scope.platform.as_str(), &scope.owner],
+                    "clearing memories",
+                )
+                .await
+            }
+            .await
+        })
+    }
+
+    async fn erase_person(
+        &self,
+        platform: Platform,
+        user_id: &str,
+        now: Timestamp,
+    ) -> Result<Erased, StoreError> {
+        transaction!(self, Operation::Other, "erasing a person", |tx| {
+            async {
+                let now = self.now(&tx, now).await?;
+                erase(&tx, platform, user_id, now.db).await
+            }
+            .await
+        })
+    }
+
+    async fn memory_counts(&self) -> Result<MemoryCounts, StoreError> {
+        transaction!(self, Operation::Read, "counting memories", |tx| {
+            async {
+                let found = query(
+                    &tx,
+                    "SELECT scope, COUNT(*) FROM memories GROUP BY scope",
+                    &[],
+                    "counting memories",
+                )
+                .await?;
+                let mut counts = MemoryCounts::default();
+                for row in &found {
+                    let n = row.get::<_, i64>(1) as u64;
+                    match row.get::<_, &str>(0) {
+                        "person" => counts.person = n,
+                        "chat" => counts.chat = n,
+                        _ => {}
+                    }
+                }
+                Ok(counts)
+            }
+            .await
+        })
+    }
+}
+
+fn memory_row(row: &Row) -> Result<Memory, StoreError> {
+    rows::memory_row(RawMemory {
+        id: row.get(0),
+        scope: row.get(1),
+        platform: row.get(2),
+        owner: row.get(3),
+        text: row.get(4),
+        author: row.get(5),
+        source: row.get(6),
+        created_at: row.get(7),
+        version: row.get(8),
+    })
+}
+
+async fn forget(tx: &Tx<'_>, scope: &Scope, id: i64) -> Result<bool, StoreError> {
+    let deleted = execute(
+        tx,
+        "DELETE FROM memories WHERE id = $1 AND scope = $2 AND platform = $3 AND owner = $4",
+        &[
+            &id,
+            &scope.kind.as_str(),
+            &scope.platform.as_str(),
+            &scope.owner,
+        ],
+        "forgetting a memory",
+    )
+    .await?;
+    Ok(deleted == 1)
+}
+
+/// Apply a round's staged changes inside its reply's commit transaction (see the
+/// SQLite twin): one insert per fact, one delete per forgotten one, the scope's oldest
+/// beyond [`MEMORIES_PER_SCOPE`] dropped. Nothing is read and written back — except by
+/// the counter-test's switch.
+pub(super) async fn apply(
+    tx: &Tx<'_>,
+    writes: &MemoryWrites,
+    now: Timestamp,
+) -> Result<MemoryApplied, StoreError> {
+    let mut applied = MemoryApplied::default();
+    let write_back = crate::switches::memory_write_back();
+    if write_back {
+        for scope in rows::remembered_scopes(writes) {
+            execute(
+                tx,
+                "DELETE FROM memories WHERE scope = $1 AND platform = $2 AND owner = $3",
+                &[&scope.kind.as_str(), &scope.platform.as_str(), &scope.owner],
+                "writing memories back",
+            )
+            .await?;
+            for fact in rows::written_back(writes, &scope) {
+                insert(tx, &fact, now).await?;
+            }
+        }
+    }
+    for change in &writes.changes {
+        match change {
+            MemoryChange::Remember(_) if write_back => {}
+            MemoryChange::Remember(fact) => {
+                if insert(tx, fact, now).await? {
+                    applied.remembered += 1;
+                    applied.dropped += drop_oldest(tx, &fact.scope).await?;
+                }
+            }
+            MemoryChange::Forget { scope, id } => {
+                if forget(tx, scope, *id).await? {
+                    applied.forgotten += 1;
+                }
+            }
+        }
+    }
+    Ok(applied)
+}
+
+/// Insert `fact` unless its scope holds the same text already; `true` if inserted.
+async fn insert(tx: &Tx<'_>, fact: &Remember, now: Timestamp) -> Result<bool, StoreError> {
+    let inserted = execute(
+        tx,
+        "INSERT INTO memories (scope, platform, owner, text, author, source, created_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)
+         ON CONFLICT (platform, scope, owner, text) DO NOTHING",
+        &[
+            &fact.scope.kind.as_str(),
+            &fact.scope.platform.as_str(),
+            &fact.scope.owner,
+            &fact.text,
+            &fact.author,
+            &fact.source,
+            &now.0,
+        ],
+        "remembering",
+    )
+    .await?;
+    Ok(inserted == 1)
+}
+
+/// Drop the oldest memories of `scope` beyond [`MEMORIES_PER_SCOPE`]; how many.
+async fn drop_oldest(tx: &Tx<'_>, scope: &Scope) -> Result<u32, StoreError> {
+    let dropped = execute(
+        tx,
+        "DELETE FROM memories WHERE scope = $1 AND platform = $2 AND owner = $3
+           AND id NOT IN (SELECT id FROM memories WHERE scope = $1 AND platform = $2
+                          AND owner = $3 ORDER BY id DESC LIMIT $4)",
+        &[
+            &scope.kind.as_str(),
+            &scope.platform.as_str(),
+            &scope.owner,
+            &(MEMORIES_PER_SCOPE as i64),
+        ],
+        "dropping the oldest memories",
+    )
+    .await?;
+    Ok(dropped as u32)
+}
+
+/// `/forgetme` in one transaction (see [`MemoryStore::erase_person`]).
+async fn erase(
+    tx: &Tx<'_>,
+    platform: Platform,
+    user: &str,
+    now: Timestamp,
+) -> Result<Erased, StoreError> {
+    let platform = platform.as_str();
+    let memories = execute(
+        tx,
+        "DELETE FROM memories WHERE platform = $1
+           AND ((scope = 'person' AND owner = $2) OR author = $2)",
+        &[&platform, &user],
+        "erasing memories",
+    )
+    .await?;
+    let messages = execute(
+        tx,
+        "UPDATE messages SET text = '', transcript = NULL, media = NULL, erased_at = $3
+         WHERE user_id = $2 AND erased_at IS NULL
+           AND conversation_id IN (SELECT id FROM conversations WHERE platform = $1)",
+        &[&platform, &user, &now.0],
+        "erasing messages",
+    )
+    .await?;
+    let overheard = execute(
+        tx,
+        "DELETE FROM overheard WHERE user_id = $2
+           AND conversation_id IN (SELECT id FROM conversations WHERE platform = $1)",
+        &[&platform, &user],
+        "erasing overheard messages",
+    )
+    .await?;
+    Ok(Erased {
+        memories,
+        messages,
+        overheard,
+    })
+}

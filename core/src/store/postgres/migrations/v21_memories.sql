@@ -1,0 +1,27 @@
+
+-- Memories: what the model was asked to remember, one row per fact, in a scope: a
+-- person on a platform (`owner` is their user id) or a chat (`owner` is the
+-- conversation's key). A later bot column keys them too. Rows are inserted and
+-- deleted one by one, never written back as a list; `version` grows with a change of
+-- the row (a merge's compare-and-swap).
+CREATE TABLE memories (
+    id         BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    scope      TEXT    NOT NULL,
+    platform   TEXT    NOT NULL,
+    owner      TEXT    NOT NULL,
+    text       TEXT    NOT NULL,
+    author     TEXT    NOT NULL,
+    source     TEXT,
+    created_at BIGINT  NOT NULL,
+    version    BIGINT  NOT NULL DEFAULT 1
+);
+-- A scope's memories, newest first; what one person asked for (`/forgetme`).
+CREATE INDEX memories_scope ON memories (platform, scope, owner, id);
+CREATE INDEX memories_author ON memories (platform, author);
+-- A fact is kept once per scope, however often it is remembered.
+CREATE UNIQUE INDEX memories_once ON memories (platform, scope, owner, text);
+-- `/forgetme`: a message whose texts were erased keeps its row (counters, covers).
+ALTER TABLE messages ADD COLUMN erased_at BIGINT;
+CREATE INDEX messages_user ON messages (user_id);
+-- Who wrote an overheard message, so `/forgetme` finds it (NULL for older rows).
+ALTER TABLE overheard ADD COLUMN user_id TEXT;

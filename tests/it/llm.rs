@@ -550,7 +550,8 @@ async fn an_echoed_key_never_leaves_the_process() {
         bot.webhook.wait_notices(2, Duration::from_secs(15)).await;
         bot.say("b", "1", "hello").await;
         bot.webhook.wait_notices(3, Duration::from_secs(10)).await;
-        assert_eq!(bot.model.requests().len(), 4);
+        // The 400 is asked once more without lull's own tools (it may be about them).
+        assert_eq!(bot.model.requests().len(), 5);
         bot.assert_invariants(0, 2).await;
         let logs = bot.lull.logs();
         assert!(

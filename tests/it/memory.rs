@@ -502,3 +502,35 @@ async fn forgetme_leaves_none_of_the_persons_words_in_the_file() {
     );
     assert_eq!(bobs, [["bob says hi".to_owned()]]);
 }
+
+/// Bad input from the model, in one turn: an empty memory and a 100 KB one refused,
+/// and 50 calls of `lull__remember` keep at most 20; the reply still arrives, and the
+/// model is told why each refused fact was not kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_that_remembers_too_much_is_bounded() {
+    let remember = |text: String| ("lull__remember".to_owned(), json!({ "text": text }));
+    let mut calls = vec![remember(String::new()), remember("x".repeat(100_000))];
+    calls.extend((0..50).map(|n| remember(format!("fact {n:02}"))));
+    let agent = Agent {
+        calls,
+        ..Agent::default()
+    };
+    let bot = MemoryBot::new(agent, None).await;
+    let lull = bot.start("lull0", &[]).await;
+    bot.say(&lull, ANN, "x1", "remember everything").await;
+    bot.wait_text("ann-dm", "[model] remember everything").await;
+    let stored: Vec<String> = bot.memories().into_iter().map(|m| m.2).collect();
+    let expected: Vec<String> = (0..20).map(|n| format!("fact {n:02}")).collect();
+    assert_eq!(stored, expected);
+    let results = tool_results(&bot.model);
+    for why in [
+        "text is empty",
+        "at most 500 characters",
+        "at most 20 memories",
+    ] {
+        assert!(
+            results.iter().any(|r| r.contains(why)),
+            "{why}: {results:?}"
+        );
+    }
+}

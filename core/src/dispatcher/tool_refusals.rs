@@ -51,6 +51,23 @@ impl ToolRefusals {
     }
 }
 
+/// Whether a refusal may be about the tools offered, so the turn is worth asking again
+/// without them: one naming tools or functions; a 400 or 422 about the request's shape
+/// that names something else lull handles on its own (images) excepted; a prompt too
+/// long (the tools' definitions count in it). Never a 401, 403 or 404 (the key, the
+/// model or the URL): lull's own tools are offered on every request, so asking those
+/// again would double every refused request.
+pub(crate) fn may_be_the_tools(error: &LlmError) -> bool {
+    match error {
+        LlmError::OutOfCredit { .. } => false,
+        LlmError::ContextLength { .. } => true,
+        LlmError::Status {
+            status: 400 | 422, ..
+        } => names_tools(error) || !error.to_string().to_lowercase().contains("image"),
+        _ => names_tools(error),
+    }
+}
+
 /// Whether a refusal's text names tools ("tools are not supported", "function calling
 /// is not enabled", "tool_choice"…).
 fn names_tools(error: &LlmError) -> bool {
@@ -68,6 +85,26 @@ mod tests {
             message: message.to_owned(),
             retry_after: None,
         }
+    }
+
+    #[test]
+    fn a_refusal_about_the_key_or_the_model_is_never_put_on_the_tools() {
+        let status = |status: u16, message: &str| LlmError::Status {
+            status,
+            message: message.to_owned(),
+            retry_after: None,
+        };
+        assert!(may_be_the_tools(&status(400, "fake failure 400")));
+        assert!(may_be_the_tools(&status(
+            404,
+            "this model does not support tools"
+        )));
+        assert!(!may_be_the_tools(&status(401, "invalid api key")));
+        assert!(!may_be_the_tools(&status(404, "model not found")));
+        assert!(!may_be_the_tools(&status(
+            400,
+            "Invalid content type. image_url is only supported by certain models."
+        )));
     }
 
     #[test]

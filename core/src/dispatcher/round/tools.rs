@@ -179,9 +179,11 @@ impl Round<'_> {
         Ok(model)
     }
 
-    /// Ask the model one turn. A model without tool support refuses `tools` (4xx):
-    /// it is asked again without them, and if that is answered, offered none for a
-    /// while (`tool_refusals`, only when the refusal named tools).
+    /// Ask the model one turn. A model without tool support refuses `tools` (a 4xx
+    /// that may be about them: `tool_refusals::may_be_the_tools`): it is asked again
+    /// without them, and if that is answered and the refusal named tools, offered
+    /// none for a while (`tool_refusals`). A refusal of the key, the model or the
+    /// images ends the turn as it is.
     async fn ask(
         &self,
         batch: &Batch,
@@ -192,7 +194,7 @@ impl Round<'_> {
             Turn::Answered(Err(error))
                 if error.kind() == FailureKind::Refused
                     && !prompt.tools.is_empty()
-                    && !matches!(error, LlmError::OutOfCredit { .. }) =>
+                    && crate::dispatcher::tool_refusals::may_be_the_tools(&error) =>
             {
                 error
             }

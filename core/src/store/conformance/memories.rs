@@ -106,7 +106,11 @@ pub async fn memories_are_written_with_a_committed_reply_only(store: &dyn Store)
         "a stale reply wrote nothing"
     );
     // The same fact again is kept once; a forget of another scope's id leaves it.
-    let tea = store.memories(std::slice::from_ref(&ann), 10).await.unwrap()[1].clone();
+    let tea = store
+        .memories(std::slice::from_ref(&ann), 10)
+        .await
+        .unwrap()[1]
+        .clone();
     let applied = commit_with(
         store,
         &http("mem-3"),
@@ -176,7 +180,10 @@ pub async fn the_commands_change_their_scope_only(store: &dyn Store) {
         .expect("committed");
     let counts = store.memory_counts().await.unwrap();
     assert_eq!((counts.person, counts.chat), (3, 1));
-    let bobs: Vec<Memory> = store.memories(std::slice::from_ref(&bob), 10).await.unwrap();
+    let bobs: Vec<Memory> = store
+        .memories(std::slice::from_ref(&bob), 10)
+        .await
+        .unwrap();
     assert!(
         !store.forget_memory(&ann, bobs[0].id).await.unwrap(),
         "another scope's id is never touched"

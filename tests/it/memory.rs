@@ -174,7 +174,20 @@ const ANN: (&str, &str, bool) = ("ann-dm", "ann", false);
 /// (the model told why), an admin's is kept for that group only.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_memory_is_listed_shown_kept_and_forgotten_and_stays_private() {
-    let bot = MemoryBot::new(remembering(), None).await;
+    listed_shown_kept_forgotten(None).await;
+}
+
+/// The same on PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_memory_is_listed_shown_kept_and_forgotten_and_stays_private() {
+    let Some(database) = crate::support::postgres::fresh_database() else {
+        return;
+    };
+    listed_shown_kept_forgotten(Some(database)).await;
+}
+
+async fn listed_shown_kept_forgotten(postgres: Option<String>) {
+    let bot = MemoryBot::new(remembering(), postgres).await;
     let mut lull = bot.start("lull0", &[]).await;
     bot.say(&lull, ANN, "a1", "remember: likes green tea").await;
     bot.wait_text("ann-dm", "[model]").await;

@@ -99,7 +99,47 @@ pub(crate) async fn run(config: &Config) -> Vec<Finding> {
     if let Some(tools) = &config.tools {
         findings.extend(mcp(tools).await);
     }
+    if let Some(web) = &config.web {
+        findings.push(web_tools(web).await);
+    }
     findings
+}
+
+/// lull's web tools: whether fetch is on (and what it lets through besides public
+/// addresses), and whether the search service answers a query with its JSON.
+async fn web_tools(settings: &lull_core::tools::web::WebSettings) -> Finding {
+    let fetch = match &settings.fetch {
+        None => "lull__fetch off".to_owned(),
+        Some(f) if f.allow.is_empty() => "lull__fetch on (public addresses only)".to_owned(),
+        Some(f) => {
+            let allow: Vec<String> = f.allow.iter().map(ToString::to_string).collect();
+            format!(
+                "lull__fetch on (public addresses and LULL_FETCH_ALLOW {})",
+                allow.join(", ")
+            )
+        }
+    };
+    let Some(url) = &settings.search else {
+        return ok(
+            "web",
+            format!("{fetch}; lull__search off (set LULL_SEARCH_URL)"),
+        );
+    };
+    let web = match lull_core::tools::web::Web::new(settings) {
+        Ok(web) => web,
+        Err(e) => return fail("web", e),
+    };
+    let shown = redact_url(url.as_str());
+    match web.probe_search().await {
+        Some(Err(why)) => fail(
+            "web",
+            format!("{fetch}; lull__search: LULL_SEARCH_URL {shown}: {why}"),
+        ),
+        _ => ok(
+            "web",
+            format!("{fetch}; lull__search through {shown}: answers"),
+        ),
+    }
 }
 
 /// Connect to every MCP server of `LULL_MCP_CONFIG` and list its tools; one line a

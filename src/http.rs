@@ -27,6 +27,8 @@ pub(crate) struct HttpState {
     pub metrics: Option<PrometheusHandle>,
     /// The MCP servers' states for `/healthz` (`None`: tools off).
     pub tools: Option<Arc<dyn Toolbox>>,
+    /// lull's web tools, for `/healthz` (`None`: off).
+    pub web: Option<Arc<lull_core::tools::web::Web>>,
     /// The status page's routes (`None`: not served, as in tests of the router alone).
     pub status: Option<crate::status::StatusPage>,
     /// The spending limits: with `LULL_DAILY_TOKENS` set, each scrape reads today's
@@ -73,6 +75,9 @@ async fn healthz(State(state): State<HttpState>) -> Response {
             .map(|(platform, state)| (platform.as_str().to_owned(), state.describe().into()))
             .collect::<serde_json::Map<_, _>>(),
     });
+    if let Some(web) = &state.web {
+        body["web"] = web.health();
+    }
     if let Some(tools) = &state.tools {
         body["mcp"] = json!(tools.servers());
     }
@@ -157,6 +162,7 @@ mod tests {
                 health: health.clone(),
                 metrics: None,
                 tools: None,
+                web: None,
                 status: None,
                 limits: lull_core::limits::Limits::default(),
                 clock: std::sync::Arc::new(lull_core::clock::SystemClock),

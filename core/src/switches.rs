@@ -105,6 +105,32 @@ pub(crate) fn memory_write_back() -> bool {
     *ON.get_or_init(|| on("LULL_TEST_MEMORY_WRITE_BACK"))
 }
 
+/// `LULL_TEST_RESOLVE=name=address,…`: the web fetch's resolver answers these names
+/// with these addresses before asking the system (a public-looking name that resolves
+/// to loopback, without a hosts file). Its answers are judged like any other.
+#[cfg(feature = "test-switches")]
+pub(crate) fn test_resolve(host: &str) -> Option<std::net::IpAddr> {
+    static MAP: std::sync::OnceLock<Vec<(String, std::net::IpAddr)>> = std::sync::OnceLock::new();
+    MAP.get_or_init(|| {
+        std::env::var("LULL_TEST_RESOLVE")
+            .unwrap_or_default()
+            .split(',')
+            .filter_map(|pair| {
+                let (name, ip) = pair.split_once('=')?;
+                Some((name.trim().to_ascii_lowercase(), ip.trim().parse().ok()?))
+            })
+            .collect()
+    })
+    .iter()
+    .find(|(name, _)| name.eq_ignore_ascii_case(host))
+    .map(|(_, ip)| *ip)
+}
+
+#[cfg(not(feature = "test-switches"))]
+pub(crate) fn test_resolve(_host: &str) -> Option<std::net::IpAddr> {
+    None
+}
+
 #[cfg(feature = "test-switches")]
 fn on(name: &str) -> bool {
     let on = std::env::var(name).is_ok_and(|v| v == "1");

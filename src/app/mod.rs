@@ -95,6 +95,11 @@ async fn dispatcher(
     if let Some(toolbox) = toolbox(config).await {
         builder = builder.toolbox(toolbox);
     }
+    if let Some(web) = &config.web {
+        let web = lull_core::tools::web::Web::new(web)
+            .map_err(|e| anyhow::anyhow!("the web tools could not start: {e}"))?;
+        builder = builder.web(Arc::new(web));
+    }
     Ok(builder.build())
 }
 

@@ -91,6 +91,7 @@ fn router(
         health: health.clone(),
         metrics: Some(metrics.clone()),
         tools: dispatcher.toolbox().cloned(),
+        web: dispatcher.web().cloned(),
     };
     crate::http::app(state, api)
 }

@@ -9,7 +9,7 @@
 //! One file per group of settings, each holding its flags (a clap group flattened
 //! into [`Settings`]), its checks and their tests: [`platforms`], [`model`],
 //! [`media`], [`timing`], [`http`], [`access`], [`limits`], [`tools`], [`controls`],
-//! [`platform_controls`], [`jobs`], [`memory`]; [`unknown`] names the `LULL_*` variables no
+//! [`platform_controls`], [`jobs`], [`memory`], [`web`]; [`unknown`] names the `LULL_*` variables no
 //! setting reads (a typo must not leave a limit off). The core's defaults are
 //! named constants in [`lull_core::dispatcher`], read by the flags here and by
 //! [`DispatchSettings::default`] alike.
@@ -29,6 +29,7 @@ mod platforms;
 mod timing;
 mod tools;
 mod unknown;
+mod web;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -55,6 +56,7 @@ pub(crate) use self::platforms::PlatformArgs;
 pub(crate) use self::timing::TimingArgs;
 pub(crate) use self::tools::{ToolsArgs, ToolsConfig};
 pub(crate) use self::unknown::{IGNORE as IGNORE_VARIABLE, unknown as unknown_variables};
+pub(crate) use self::web::WebArgs;
 
 /// The system prompt when `LULL_SYSTEM_PROMPT` is unset (a sentence to the model: with
 /// the others, in the core's `texts`).
@@ -133,6 +135,8 @@ pub(crate) struct Settings {
     pub jobs: JobsArgs,
     #[command(flatten)]
     pub memory: MemoryArgs,
+    #[command(flatten)]
+    pub web: WebArgs,
 
     /// Log format: `text` or `json`.
     #[arg(
@@ -216,6 +220,8 @@ pub(crate) struct Config {
     pub http_adapter: Option<HttpAdapterConfig>,
     /// The MCP servers whose tools the model may call (`None`: tools off).
     pub tools: Option<ToolsConfig>,
+    /// lull's web tools (`None`: `LULL_TOOLS=off`).
+    pub web: Option<lull_core::tools::web::WebSettings>,
 }
 
 /// An http(s) URL with a host, or an error naming the variable. Returned without a
@@ -275,6 +281,8 @@ impl Config {
         let limits = s.limits.limits(&model.llm, max_reply_chars)?;
         let tool_settings = s.tools.settings()?;
         let tools = s.tools.check()?;
+        let web = s.web.settings(s.tools.tool_result_chars)?;
+        let web = s.tools.builtin().then_some(web);
         Ok(Config {
             telegram: platforms.telegram,
             telegram_webhook: platforms.telegram_webhook,
@@ -313,6 +321,7 @@ impl Config {
             http_token: s.http.http_token.clone(),
             http_adapter,
             tools,
+            web,
         })
     }
 }

@@ -49,4 +49,5 @@ mod threads;
 mod tool_stress;
 mod tools;
 mod warm_connections;
+mod web;
 mod webhook;

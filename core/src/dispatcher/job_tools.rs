@@ -5,9 +5,9 @@
 //! In a group they are for admins, like the job commands (a batch with anyone else in
 //! it is offered none).
 //!
-//! A round composes them with the toolbox for its batch ([`JobTools::for_batch`]): a
-//! [`Toolbox`] of its own that knows the chat and who asks, answering its three names
-//! and handing every other call to the MCP toolbox.
+//! A round composes them with the toolbox for its batch ([`JobTools::for_batch`]):
+//! lull's own tools ([`OwnTools`]) that know the chat and who asks, beside the MCP
+//! toolbox.
 
 use std::sync::Arc;
 
@@ -20,17 +20,15 @@ use crate::clock::Clock;
 use crate::domain::ConversationRef;
 use crate::limits::TimeZone;
 use crate::store::{JobKind, Store};
-use crate::tools::{CallOutcome, Effect, ServerState, ToolOutput, ToolSpec, Toolbox, Users};
+use crate::tools::beside::{Beside, OwnTools};
+use crate::tools::{CallOutcome, Effect, ToolOutput, ToolSpec, Toolbox, Users};
 
-/// The server name the job tools are counted under (`lull_tool_calls_total{server}`).
-const SERVER: &str = "lull";
 const SCHEDULE: &str = "lull__schedule";
 const JOBS: &str = "lull__jobs";
 const CANCEL: &str = "lull__cancel_job";
 
 /// The job tools for one batch, over the MCP toolbox.
 pub(super) struct JobTools {
-    inner: Arc<dyn Toolbox>,
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
     jobs: JobSettings,
@@ -61,8 +59,7 @@ impl JobTools {
         let Some(jobs) = d.settings.jobs.clone() else {
             return inner;
         };
-        Arc::new(JobTools {
-            inner,
+        let own = JobTools {
             store: d.store.clone(),
             clock: d.clock.clone(),
             jobs,
@@ -71,23 +68,17 @@ impl JobTools {
             is_group: batch.is_group,
             creator: batch.creator,
             creator_name: batch.creator_name,
-        })
+        };
+        Beside::over(own, Some(inner))
     }
 
     fn spec(&self, name: &str, description: &str, parameters: Value, effect: Effect) -> ToolSpec {
-        ToolSpec {
-            name: name.to_owned(),
-            server: SERVER.to_owned(),
-            tool: name.trim_start_matches("lull__").to_owned(),
-            description: description.to_owned(),
-            parameters,
-            effect,
-            users: if self.is_group {
-                Users::Admins
-            } else {
-                Users::Allowed
-            },
-        }
+        let users = if self.is_group {
+            Users::Admins
+        } else {
+            Users::Allowed
+        };
+        ToolSpec::own(name, description, parameters, effect, users)
     }
 
     /// `lull__schedule`: a job made from `when` and `text`; one idempotency key (one
@@ -143,9 +134,9 @@ impl JobTools {
 }
 
 #[async_trait]
-impl Toolbox for JobTools {
-    fn tools(&self) -> Vec<ToolSpec> {
-        let mut tools = self.inner.tools();
+impl OwnTools for JobTools {
+    fn specs(&self) -> Vec<ToolSpec> {
+        let mut tools = Vec::new();
         tools.push(self.spec(
             SCHEDULE,
             "Make a reminder (its text sent as is when due) or a task (its text answered by you when due) in this chat. when: in 20m, at 18:00, tomorrow 9:00, 2026-12-24 18:00, every day 8:00, every weekday 8:30, every monday 9:00, every 2h, cron \"0 8 * * 1-5\".",
@@ -179,7 +170,11 @@ impl Toolbox for JobTools {
         tools
     }
 
-    async fn call(
+    fn owns(&self, name: &str) -> bool {
+        [SCHEDULE, JOBS, CANCEL].contains(&name)
+    }
+
+    async fn call_own(
         &self,
         name: &str,
         arguments: Map<String, Value>,
@@ -195,25 +190,13 @@ impl Toolbox for JobTools {
                     Err(e) => failed(e.to_string()),
                 }
             }
-            _ => self.inner.call(name, arguments, key).await,
+            _ => failed(crate::texts::unknown_tool_result(name)),
         }
-    }
-
-    fn servers(&self) -> Vec<ServerState> {
-        self.inner.servers()
-    }
-
-    async fn shutdown(&self) {
-        self.inner.shutdown().await;
     }
 }
 
 fn done(text: String) -> ToolOutput {
-    ToolOutput {
-        text,
-        is_error: false,
-        outcome: CallOutcome::Ok,
-    }
+    ToolOutput::ok(text)
 }
 
 /// A call that did not act (its arguments, or the database): told to the model.

@@ -99,6 +99,7 @@ use crate::llm::{HistoryBudget, Responder};
 use crate::refreshed::Refreshed;
 use crate::store::{RecentQuery, Store, StoreError, Typing};
 use crate::timing::{LeaseTiming, TimerPolicy};
+use crate::tools::web::Web;
 use crate::tools::{ToolSettings, Toolbox};
 
 /// The dispatcher's settings, validated before they get here. The one declaration of
@@ -307,6 +308,8 @@ pub struct Dispatcher {
     transcriber: Option<Arc<dyn Transcriber>>,
     /// The tools the model may call (MCP servers); unset, rounds offer none.
     toolbox: Option<Arc<dyn Toolbox>>,
+    /// lull's web tools (`lull__fetch`, `lull__search`), beside the toolbox's.
+    web: Option<Arc<Web>>,
     /// Set once the model refused image parts (a model without vision): later rounds
     /// of this process send it no images (a restart, perhaps with another model,
     /// tries again).
@@ -367,9 +370,17 @@ pub struct DispatcherBuilder {
     outbounds: Vec<Arc<dyn Outbound>>,
     transcriber: Option<Arc<dyn Transcriber>>,
     toolbox: Option<Arc<dyn Toolbox>>,
+    web: Option<Arc<Web>>,
 }
 
 impl DispatcherBuilder {
+    /// Offer lull's web tools (`lull__fetch`, `lull__search`) with every round's
+    /// tools, with or without a toolbox.
+    pub fn web(mut self, web: Arc<Web>) -> Self {
+        self.web = (!web.is_empty()).then_some(web);
+        self
+    }
+
     /// Deliver to (and take updates from) these platforms' adapters: one per platform.
     pub fn outbounds(mut self, outbounds: Vec<Arc<dyn Outbound>>) -> Self {
         self.outbounds = outbounds;
@@ -408,6 +419,7 @@ impl DispatcherBuilder {
             images_refused: std::sync::atomic::AtomicBool::new(false),
             draining: CancellationToken::new(),
             toolbox: self.toolbox,
+            web: self.web,
             tool_refusals: tool_refusals::ToolRefusals::default(),
             idempotency_salt: tokio::sync::OnceCell::new(),
             outbounds: self
@@ -449,12 +461,18 @@ impl Dispatcher {
             outbounds: Vec::new(),
             transcriber: None,
             toolbox: None,
+            web: None,
         }
     }
 
     /// The toolbox, when tools are on.
     pub fn toolbox(&self) -> Option<&Arc<dyn Toolbox>> {
         self.toolbox.as_ref()
+    }
+
+    /// lull's web tools, when on.
+    pub fn web(&self) -> Option<&Arc<Web>> {
+        self.web.as_ref()
     }
 
     /// The database's idempotency salt

@@ -36,7 +36,7 @@ pub struct TranscribeSettings {
 
 /// An OpenAI-compatible `/audio/transcriptions` client.
 pub struct OpenAiTranscriber {
-    http: reqwest_openai::Client,
+    http: reqwest::Client,
     settings: TranscribeSettings,
 }
 
@@ -46,7 +46,7 @@ impl OpenAiTranscriber {
         if let Some(key) = &settings.api_key {
             lull_port::secrets::register(key);
         }
-        let http = reqwest_openai::Client::builder()
+        let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .timeout(settings.timeout)
             .build()
@@ -92,7 +92,7 @@ impl Transcriber for OpenAiTranscriber {
             .http
             .post(url)
             .header(
-                reqwest_openai::header::CONTENT_TYPE,
+                reqwest::header::CONTENT_TYPE,
                 format!("multipart/form-data; boundary={boundary}"),
             )
             .body(body);
@@ -109,7 +109,7 @@ impl Transcriber for OpenAiTranscriber {
         let status = response.status().as_u16();
         let retry_after = response
             .headers()
-            .get(reqwest_openai::header::RETRY_AFTER)
+            .get(reqwest::header::RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| lull_port::retry::parse_retry_after(v, std::time::SystemTime::now()));
         let text = response.text().await.map_err(|e| {

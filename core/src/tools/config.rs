@@ -202,7 +202,7 @@ fn server_config(
             }
             let headers = substitute_all(&raw.headers, "headers", true, lookup).map_err(fail)?;
             for (header, _) in &headers {
-                if reqwest_openai::header::HeaderName::from_bytes(header.as_bytes()).is_err() {
+                if reqwest::header::HeaderName::from_bytes(header.as_bytes()).is_err() {
                     return Err(fail(format!("\"{header}\" is not an HTTP header name")));
                 }
             }

@@ -429,7 +429,7 @@ async fn connect(server: &Arc<Server>) -> Result<(Running, Vec<Tool>), String> {
                 .map_err(|e| format!("initialize failed: {}", lull_port::secrets::chain(&e)))?
         }
         Transport::Http { url, headers } => {
-            use reqwest_openai::header::{HeaderName, HeaderValue};
+            use reqwest::header::{HeaderName, HeaderValue};
             let mut custom = HashMap::new();
             for (key, value) in headers {
                 let name = HeaderName::from_bytes(key.as_bytes())
@@ -439,7 +439,7 @@ async fn connect(server: &Arc<Server>) -> Result<(Running, Vec<Tool>), String> {
                 value.set_sensitive(true);
                 custom.insert(name, value);
             }
-            let client = reqwest_openai::Client::builder()
+            let client = reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(10))
                 .build()
                 .map_err(|e| format!("cannot build an HTTP client: {e}"))?;

@@ -10,14 +10,19 @@
 //! `is_error` set (or cut with a note) within the call's deadline.
 //!
 //! [`mcp`] implements it on MCP servers (stdio and Streamable HTTP, through `rmcp`),
-//! configured in Claude Desktop's `mcpServers` JSON ([`config`]).
+//! configured in Claude Desktop's `mcpServers` JSON ([`config`]). [`web`] holds lull's
+//! own read-only web tools, `lull__fetch` (guarded against requests to the host's own
+//! network) and `lull__search` (through SearXNG); [`beside`] layers lull's own tools
+//! (these, the job tools, the memory tools) over any toolbox.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 
+pub mod beside;
 pub mod config;
 pub mod mcp;
+pub mod web;
 
 /// How the dispatcher runs tools in a round (`LULL_TOOL_STEPS`, `LULL_TOOL_TIMEOUT_MS`,
 /// `LULL_APPROVAL_TTL`).
@@ -138,6 +143,15 @@ pub struct ToolOutput {
 }
 
 impl ToolOutput {
+    /// A result that went well.
+    pub fn ok(text: impl Into<String>) -> Self {
+        ToolOutput {
+            text: text.into(),
+            is_error: false,
+            outcome: CallOutcome::Ok,
+        }
+    }
+
     /// A failure told to the model as the tool's result.
     pub fn error(text: impl Into<String>, outcome: CallOutcome) -> Self {
         ToolOutput {

@@ -19,10 +19,9 @@ use crate::store::{
     MEMORIES_PER_SCOPE, MEMORY_MAX_CHARS, Memory, MemoryChange, MemoryWrites, Remember, Scope,
     ScopeKind,
 };
-use crate::tools::{CallOutcome, Effect, ServerState, ToolOutput, ToolSpec, Toolbox, Users};
+use crate::tools::beside::{Beside, OwnTools};
+use crate::tools::{CallOutcome, Effect, ToolOutput, ToolSpec, Toolbox, Users};
 
-/// The server name the memory tools are counted under (`lull_tool_calls_total{server}`).
-const SERVER: &str = "lull";
 const REMEMBER: &str = "lull__remember";
 const FORGET: &str = "lull__forget";
 /// The most facts one reply may remember: a model calling remember in a loop fills
@@ -195,91 +194,78 @@ fn id_of(value: &Value) -> Option<i64> {
     })
 }
 
-/// The memory tools for one round, over the toolbox of its MCP servers (and job
-/// tools), if any.
+/// The memory tools of one round, as lull's own.
 pub(crate) struct MemoryTools {
-    inner: Option<Arc<dyn Toolbox>>,
     staging: Arc<Staging>,
 }
 
 impl MemoryTools {
+    /// `inner` (the MCP servers', the job and web tools, if any) with the memory tools
+    /// of the round that staged into `staging`.
     pub(crate) fn over(inner: Option<Arc<dyn Toolbox>>, staging: Arc<Staging>) -> Arc<dyn Toolbox> {
-        Arc::new(MemoryTools { inner, staging })
+        Beside::over(MemoryTools { staging }, inner)
     }
 
     fn spec(name: &str, description: &str, parameters: Value) -> ToolSpec {
-        ToolSpec {
-            name: name.to_owned(),
-            server: SERVER.to_owned(),
-            tool: name.trim_start_matches("lull__").to_owned(),
-            description: description.to_owned(),
+        // Everyone may ask; where it is stored is checked by the call.
+        ToolSpec::own(
+            name,
+            description,
             parameters,
-            effect: Effect::WithReply,
-            // Everyone may ask; where it is stored is checked by the call.
-            users: Users::Allowed,
-        }
+            Effect::WithReply,
+            Users::Allowed,
+        )
     }
 }
 
 #[async_trait]
-impl Toolbox for MemoryTools {
-    fn tools(&self) -> Vec<ToolSpec> {
-        let mut tools = self.inner.as_ref().map(|t| t.tools()).unwrap_or_default();
-        tools.push(Self::spec(
-            REMEMBER,
-            texts::REMEMBER_DESCRIPTION,
-            json!({
-                "type": "object",
-                "properties": {
-                    "text": {"type": "string", "description": "The fact, in a short sentence (at most 500 characters)"},
-                    "scope": {"type": "string", "enum": ["person", "chat"]}
-                },
-                "required": ["text"]
-            }),
-        ));
-        tools.push(Self::spec(
-            FORGET,
-            texts::FORGET_DESCRIPTION,
-            json!({
-                "type": "object",
-                "properties": {"id": {"type": "integer"}},
-                "required": ["id"]
-            }),
-        ));
-        tools
+impl OwnTools for MemoryTools {
+    fn specs(&self) -> Vec<ToolSpec> {
+        vec![
+            Self::spec(
+                REMEMBER,
+                texts::REMEMBER_DESCRIPTION,
+                json!({
+                    "type": "object",
+                    "properties": {
+                        "text": {"type": "string", "description": "The fact, in a short sentence (at most 500 characters)"},
+                        "scope": {"type": "string", "enum": ["person", "chat"]}
+                    },
+                    "required": ["text"]
+                }),
+            ),
+            Self::spec(
+                FORGET,
+                texts::FORGET_DESCRIPTION,
+                json!({
+                    "type": "object",
+                    "properties": {"id": {"type": "integer"}},
+                    "required": ["id"]
+                }),
+            ),
+        ]
     }
 
-    async fn call(
+    fn owns(&self, name: &str) -> bool {
+        name == REMEMBER || name == FORGET
+    }
+
+    async fn call_own(
         &self,
         name: &str,
         arguments: Map<String, Value>,
-        key: Option<&str>,
+        _key: Option<&str>,
     ) -> ToolOutput {
-        match (name, &self.inner) {
-            (REMEMBER, _) => self.staging.remember(&arguments),
-            (FORGET, _) => self.staging.forget(&arguments),
-            (_, Some(inner)) => inner.call(name, arguments, key).await,
-            (_, None) => refused(&crate::texts::unknown_tool_result(name)),
-        }
-    }
-
-    fn servers(&self) -> Vec<ServerState> {
-        self.inner.as_ref().map(|t| t.servers()).unwrap_or_default()
-    }
-
-    async fn shutdown(&self) {
-        if let Some(inner) = &self.inner {
-            inner.shutdown().await;
+        if name == REMEMBER {
+            self.staging.remember(&arguments)
+        } else {
+            self.staging.forget(&arguments)
         }
     }
 }
 
 fn done(text: String) -> ToolOutput {
-    ToolOutput {
-        text,
-        is_error: false,
-        outcome: CallOutcome::Ok,
-    }
+    ToolOutput::ok(text)
 }
 
 /// Nothing staged: the model is told why.

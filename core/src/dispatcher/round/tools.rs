@@ -108,9 +108,9 @@ impl Round<'_> {
     }
 
     /// The toolbox of this batch's round: the MCP servers' tools and, with jobs on,
-    /// the job tools acting in this chat for the batch's newest author; with
-    /// `LULL_TOOLS=auto` and memory on, the memory tools over them (with or without
-    /// MCP servers).
+    /// the job tools acting in this chat for the batch's newest author; lull's web
+    /// tools beside them; with `LULL_TOOLS=auto` and memory on, the memory tools over
+    /// them (with or without MCP servers).
     fn toolbox_for(&self, batch: &Batch, memory: &Recalled) -> Option<Arc<dyn Toolbox>> {
         let d = self.dispatcher;
         let asker = batch.pending.last();
@@ -126,6 +126,10 @@ impl Round<'_> {
             }
             None => inner,
         });
+        let servers = match d.web() {
+            Some(web) => Some(web.over(servers)),
+            None => servers,
+        };
         match &memory.staging {
             Some(staging) if d.settings.builtin_tools => {
                 staging.reset();

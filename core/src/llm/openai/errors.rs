@@ -42,11 +42,8 @@ impl HttpFailure {
 }
 
 /// `Retry-After`, in seconds or as a date (the port's one parser).
-pub(super) fn retry_after(headers: &reqwest_openai::header::HeaderMap) -> Option<Duration> {
-    let value = headers
-        .get(reqwest_openai::header::RETRY_AFTER)?
-        .to_str()
-        .ok()?;
+pub(super) fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let value = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?;
     lull_port::retry::parse_retry_after(value, std::time::SystemTime::now())
 }
 
@@ -323,10 +320,10 @@ mod tests {
 
     #[test]
     fn retry_after_reads_seconds() {
-        let mut headers = reqwest_openai::header::HeaderMap::new();
-        headers.insert(reqwest_openai::header::RETRY_AFTER, "2".parse().unwrap());
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(reqwest::header::RETRY_AFTER, "2".parse().unwrap());
         assert_eq!(retry_after(&headers), Some(Duration::from_secs(2)));
-        headers.insert(reqwest_openai::header::RETRY_AFTER, "soon".parse().unwrap());
+        headers.insert(reqwest::header::RETRY_AFTER, "soon".parse().unwrap());
         assert_eq!(retry_after(&headers), None);
     }
 }

@@ -108,23 +108,19 @@ pub struct OpenAiResponder {
 /// An async-openai client on lull's own transport: one attempt per request (the retry
 /// policy is lull's), a refusal kept as an [`HttpFailure`], and, for a client of
 /// `streamed` requests, a whole JSON answer kept as a [`WholeAnswer`].
-fn client(
-    config: &OpenAIConfig,
-    http: &reqwest_openai::Client,
-    streamed: bool,
-) -> Client<OpenAIConfig> {
+fn client(config: &OpenAIConfig, http: &reqwest::Client, streamed: bool) -> Client<OpenAIConfig> {
     let http = http.clone();
     let transport = tower::service_fn(move |factory: HttpRequestFactory| {
         let http = http.clone();
         async move {
             let request = factory.build().await?;
             // Errors carry no URL: some deployments put a key in the base URL.
-            let unreadable = |e: reqwest_openai::Error| OpenAIError::Reqwest(e.without_url());
+            let unreadable = |e: reqwest::Error| OpenAIError::Reqwest(e.without_url());
             let response = http.execute(request).await.map_err(unreadable)?;
             if response.status().is_success() {
                 let json = response
                     .headers()
-                    .get(reqwest_openai::header::CONTENT_TYPE)
+                    .get(reqwest::header::CONTENT_TYPE)
                     .and_then(|v| v.to_str().ok())
                     .is_some_and(|v| v.starts_with("application/json"));
                 if streamed && json {
@@ -153,7 +149,7 @@ impl OpenAiResponder {
         if let Some(key) = &settings.api_key {
             lull_port::secrets::register(key);
         }
-        let http = reqwest_openai::Client::builder()
+        let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .build()
             .map_err(|e| format!("cannot build the model server client: {e}"))?;

@@ -102,7 +102,8 @@ async fn health_and_metrics_follow_a_scripted_exchange(backend: Backend) {
         .unwrap();
     assert_eq!(
         health,
-        json!({"status": "ok", "database": "ok", "adapters": {"http": "up"}})
+        json!({"status": "ok", "database": "ok", "adapters": {"http": "up"},
+               "web": {"fetch": "on", "search": "off"}})
     );
     assert_eq!(app.metric("lull_messages_ingested_total").await, 0.0);
     assert_eq!(app.metric("lull_replies_sent_total").await, 0.0);

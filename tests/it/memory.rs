@@ -547,3 +547,28 @@ async fn a_model_that_remembers_too_much_is_bounded() {
         );
     }
 }
+
+/// `LULL_MEMORY=off`: the memory tools are not offered, nothing is shown, `/memory`
+/// says memory is off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_off_offers_and_shows_nothing() {
+    let bot = MemoryBot::new(remembering(), None).await;
+    let lull = bot.start("lull0", &[("LULL_MEMORY", "off")]).await;
+    bot.say(&lull, ANN, "o1", "remember: nothing at all").await;
+    bot.wait_text("ann-dm", "[model] remember: nothing at all")
+        .await;
+    let offered: Vec<String> = bot
+        .model
+        .requests()
+        .iter()
+        .flat_map(|r| r.body["tools"].as_array().cloned().unwrap_or_default())
+        .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
+        .collect();
+    assert!(
+        !offered.iter().any(|t| t.starts_with("lull__remember")),
+        "{offered:?}"
+    );
+    assert!(bot.memories().is_empty());
+    bot.say(&lull, ANN, "o2", "/memory").await;
+    bot.wait_text("ann-dm", "Memory is off here").await;
+}

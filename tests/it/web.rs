@@ -409,3 +409,35 @@ async fn search_results_reach_the_model_and_its_failures_are_told() {
         .sum();
     assert_eq!(calls, 4.0, "counted in lull_tool_calls_total");
 }
+
+/// `lull check` asks the search service a query: a live one answers, a dead address
+/// fails the check naming `LULL_SEARCH_URL`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_says_whether_the_search_service_answers() {
+    let port = serve(searxng()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let webhook = Webhook::start().await;
+    let env = |search: String| {
+        vec![
+            (
+                "DATABASE_URL",
+                format!("sqlite:{}", dir.path().join("lull.db").display()),
+            ),
+            ("LULL_WEBHOOK_URL", webhook.url.clone()),
+            ("LULL_SEARCH_URL", search),
+        ]
+    };
+    let (code, report) = crate::check::lull_check(env(format!("http://127.0.0.1:{port}"))).await;
+    assert_eq!(code, Some(0), "{report}");
+    assert!(
+        report.contains("lull__fetch on (public addresses only); lull__search through"),
+        "{report}"
+    );
+    let (dead, _) = counting_listener().await;
+    let (code, report) = crate::check::lull_check(env(format!("http://127.0.0.1:{dead}"))).await;
+    assert_ne!(code, Some(0), "{report}");
+    assert!(
+        report.contains("lull__search: LULL_SEARCH_URL http://127.0.0.1:"),
+        "{report}"
+    );
+}

@@ -464,3 +464,61 @@ async fn post(bot: &crate::tools::ToolBot, conversation: &str, id: &str, text: &
     .unwrap();
     assert_eq!(r.status().as_u16(), 202);
 }
+
+/// The job tools without any MCP server (`LULL_TOOLS=auto`): a person's
+/// `lull__schedule` in a private chat makes the job; in a group, a member's call is
+/// answered that only admins may (no job), and the group's history stays in the
+/// prompt (the tools are offered to everyone, not admins only).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_job_tools_need_no_mcp_server_and_a_group_member_is_told_no() {
+    use crate::support::fakes::openai::{Agent, Behavior};
+    let b = Bots::new().await;
+    b.model.fallback(Behavior::Agent(Agent {
+        calls: vec![(
+            "lull__schedule".into(),
+            serde_json::json!({ "when": "in 1h", "text": "stretch" }),
+        )],
+        only_if: Some("remind"),
+        ..Agent::default()
+    }));
+    let lull = b.start("lull", &[("LULL_ADMINS", "http:boss")]).await;
+    let jobs = || {
+        rusqlite::Connection::open(b.db())
+            .and_then(|c| c.query_row("SELECT COUNT(*) FROM jobs", [], |r| r.get::<_, i64>(0)))
+            .unwrap_or(0)
+    };
+    b.say(&lull, "dm", "1", "remind me to stretch in an hour")
+        .await;
+    let reply = b.wait_text("dm", "✓ lull__schedule", SECS(20)).await;
+    println!("{}", reply.text);
+    assert_eq!(jobs(), 1);
+    let group = |id: &str, user: &str, text: &str| {
+        serde_json::json!({ "conversation": "team", "user": user, "name": user,
+                            "text": text, "id": id, "group": true })
+    };
+    for body in [
+        group("g1", "ann", "hello all"),
+        group("g2", "ann", "please remind us"),
+    ] {
+        let r = b
+            .client
+            .post(format!("{}/api/messages", lull.base_url()))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 202);
+        let text = body["text"].as_str().unwrap().to_owned();
+        b.wait_text("team", &text, SECS(20)).await;
+    }
+    assert_eq!(jobs(), 1, "a member's call made no job");
+    let last = b.model.requests().last().unwrap().body.to_string();
+    assert!(
+        last.contains("only lull's admins may make or stop"),
+        "{last}"
+    );
+    assert!(
+        last.contains("hello all"),
+        "the group's history stays in the prompt"
+    );
+}

@@ -2,8 +2,9 @@
 //! `lull__schedule {when, text, kind?}` and `lull__cancel_job {id}` act, so a round
 //! reserves them in the act-once journal before they run (a later round of the same
 //! batch gets the stored result: never a second job), and `lull__jobs {}` only reads.
-//! In a group they are for admins, like the job commands (a batch with anyone else in
-//! it is offered none).
+//! In a group, making and stopping are for admins, like the job commands: a batch with
+//! anyone else in it is told so by the call (offered to everyone, so the group's
+//! history stays in the prompt); anyone may list.
 //!
 //! A round composes them with the toolbox for its batch ([`JobTools::for_batch`]):
 //! lull's own tools ([`OwnTools`]) that know the chat and who asks, beside the MCP
@@ -26,6 +27,8 @@ use crate::tools::{CallOutcome, Effect, ToolOutput, ToolSpec, Toolbox, Users};
 const SCHEDULE: &str = "lull__schedule";
 const JOBS: &str = "lull__jobs";
 const CANCEL: &str = "lull__cancel_job";
+/// What a group member who is not an admin is told, through the model.
+const ADMINS_ONLY: &str = "Not done: in a group only lull's admins may make or stop reminders and scheduled tasks. Tell the person so.";
 
 /// The job tools for one batch, over the MCP toolbox.
 pub(super) struct JobTools {
@@ -39,12 +42,17 @@ pub(super) struct JobTools {
     /// Who asks: the author of the batch's newest message.
     creator: String,
     creator_name: String,
+    /// A private chat, or a group batch written by admins only: jobs may be made and
+    /// stopped (others are told why not).
+    may_change: bool,
 }
 
 /// Where and for whom a batch's job tools act.
 pub(super) struct ForBatch {
     pub(super) conversation: ConversationRef,
     pub(super) is_group: bool,
+    /// Everyone who wrote in the batch is an admin.
+    pub(super) all_admins: bool,
     pub(super) creator: String,
     pub(super) creator_name: String,
 }
@@ -53,9 +61,9 @@ impl JobTools {
     /// The toolbox a round of `batch` offers: `inner` and, with jobs on, the job tools.
     pub(super) fn for_batch(
         d: &super::Dispatcher,
-        inner: Arc<dyn Toolbox>,
+        inner: Option<Arc<dyn Toolbox>>,
         batch: ForBatch,
-    ) -> Arc<dyn Toolbox> {
+    ) -> Option<Arc<dyn Toolbox>> {
         let Some(jobs) = d.settings.jobs.clone() else {
             return inner;
         };
@@ -68,17 +76,15 @@ impl JobTools {
             is_group: batch.is_group,
             creator: batch.creator,
             creator_name: batch.creator_name,
+            may_change: !batch.is_group || batch.all_admins,
         };
-        Beside::over(own, Some(inner))
+        Some(Beside::over(own, inner))
     }
 
     fn spec(&self, name: &str, description: &str, parameters: Value, effect: Effect) -> ToolSpec {
-        let users = if self.is_group {
-            Users::Admins
-        } else {
-            Users::Allowed
-        };
-        ToolSpec::own(name, description, parameters, effect, users)
+        // Offered to everyone: who may change this chat's jobs is checked by the call
+        // (an admins-only tool would take the group's history out of the prompt).
+        ToolSpec::own(name, description, parameters, effect, Users::Allowed)
     }
 
     /// `lull__schedule`: a job made from `when` and `text`; one idempotency key (one
@@ -181,6 +187,7 @@ impl OwnTools for JobTools {
         key: Option<&str>,
     ) -> ToolOutput {
         match name {
+            SCHEDULE | CANCEL if !self.may_change => failed(ADMINS_ONLY.to_owned()),
             SCHEDULE => self.schedule(&arguments, key).await,
             CANCEL => self.cancel(&arguments).await,
             JOBS => {

@@ -371,7 +371,8 @@ pub(in crate::dispatcher) async fn batch_report(
     of: BatchOf,
     decided: &[ActionRow],
 ) -> Result<NoticeText, crate::store::StoreError> {
-    if d.toolbox().is_none() {
+    // No tools at all (`LULL_TOOLS=off`): nothing can have acted.
+    if d.toolbox().is_none() && !d.settings.builtin_tools {
         return Ok(NoticeText::default());
     }
     let mut taken = d.store.actions_of_batch(of).await?;

@@ -107,25 +107,30 @@ impl Round<'_> {
         }
     }
 
-    /// The toolbox of this batch's round: the MCP servers' tools and, with jobs on,
-    /// the job tools acting in this chat for the batch's newest author; lull's web
-    /// tools beside them; with `LULL_TOOLS=auto` and memory on, the memory tools over
-    /// them (with or without MCP servers).
+    /// The toolbox of this batch's round: the MCP servers' tools, then lull's own
+    /// with `LULL_TOOLS=auto` (with or without MCP servers): with jobs on, the job
+    /// tools acting in this chat for the batch's newest author; the web tools; with
+    /// memory on, the memory tools.
     fn toolbox_for(&self, batch: &Batch, memory: &Recalled) -> Option<Arc<dyn Toolbox>> {
         let d = self.dispatcher;
-        let asker = batch.pending.last();
-        let servers = d.toolbox().cloned().map(|inner| match asker {
-            Some(asker) => {
-                let asked = ForBatch {
-                    conversation: batch.conversation.clone(),
-                    is_group: batch.is_group,
-                    creator: asker.user_id.clone(),
-                    creator_name: asker.author.clone(),
-                };
-                JobTools::for_batch(d, inner, asked)
-            }
-            None => inner,
-        });
+        let mut servers = d.toolbox().cloned();
+        if let Some(asker) = batch.pending.last()
+            && (d.settings.builtin_tools || servers.is_some())
+        {
+            let admins = &d.settings.access.admins;
+            let platform = batch.conversation.platform;
+            let asked = ForBatch {
+                conversation: batch.conversation.clone(),
+                is_group: batch.is_group,
+                all_admins: batch
+                    .pending
+                    .iter()
+                    .all(|m| admins.contains(platform, &m.user_id)),
+                creator: asker.user_id.clone(),
+                creator_name: asker.author.clone(),
+            };
+            servers = JobTools::for_batch(d, servers, asked);
+        }
         let servers = match d.web() {
             Some(web) => Some(web.over(servers)),
             None => servers,

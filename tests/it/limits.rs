@@ -46,6 +46,8 @@ impl Tg {
             ("LULL_ALLOWED_USERS", String::new()),
             ("LULL_STREAM", "off".to_owned()),
             ("LULL_DEBOUNCE_MS", "200".to_owned()),
+            // Budgets about messages, not tools (see `Wallet::start`).
+            ("LULL_TOOLS", "off".to_owned()),
         ];
         vars.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
         let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
@@ -251,6 +253,9 @@ impl Wallet {
             ("LULL_DEBOUNCE_MS", "200".into()),
             ("LULL_MAX_WAIT_MS", "5000".into()),
             ("LULL_POLL_MS", "200".into()),
+            // The budgets' arithmetic here is about messages: no tool definitions in
+            // the requests (they are counted: `the_tools_definitions_are_reserved`).
+            ("LULL_TOOLS", "off".into()),
             ("RUST_LOG", "debug".into()),
         ];
         env.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
@@ -787,6 +792,8 @@ async fn a_crashed_round_gives_its_reservation_back_at_the_next_claim(
         return;
     };
     let mut settings = helpers::settings(100, 3000, 1500);
+    // The reservation's arithmetic is the round's alone: no tools offered.
+    settings.builtin_tools = false;
     settings.limits = Limits {
         user_daily_tokens: 100_000,
         reply_tokens: 500,
@@ -866,5 +873,38 @@ async fn the_daily_budget_is_reported_to_metrics_from_the_store() {
     assert!(
         !metrics.contains_key("lull_daily_tokens_used")
             && !metrics.contains_key("lull_daily_tokens_limit")
+    );
+}
+
+/// The tools' definitions go with every request that offers them, so the reservation
+/// counts them: a budget that holds a short question without tools (`LULL_TOOLS=off`)
+/// does not hold it with lull's own tools offered, and the person is told, with no
+/// model request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tools_definitions_are_reserved() {
+    let w = Wallet::new().await;
+    let limits = [
+        ("LULL_USER_DAILY_TOKENS", "200"),
+        ("LULL_MAX_TOKENS", "10"),
+        ("LULL_TOOLS", "auto"),
+    ];
+    let lull = w.start("tools", &limits).await;
+    w.say(&lull, "c1", "bob", "m1", "hi").await;
+    let notices = w.wait("notice", 1, SECS(10)).await;
+    assert!(
+        notices[0].text.contains("Not enough left of your tokens"),
+        "{}",
+        notices[0].text
+    );
+    assert_eq!(w.model.requests().len(), 0, "nothing reached the model");
+    drop(lull);
+    let without = w.start("no-tools", &[limits[0], limits[1]]).await;
+    w.say(&without, "c2", "ann", "m1", "hi").await;
+    w.wait("reply", 1, SECS(10)).await;
+    assert!(
+        w.model.requests()[0]
+            .body
+            .get("tools")
+            .is_none_or(|t| t.is_null())
     );
 }

@@ -610,7 +610,13 @@ async fn more_images_than_one_reply_reads_are_left_out_and_the_user_told() {
 /// replies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transcription_is_charged_to_the_budget_and_refused_past_it() {
-    let run = start(&[("LULL_USER_DAILY_TOKENS", "400"), ("LULL_MAX_TOKENS", "10")]).await;
+    let run = start(&[
+        ("LULL_USER_DAILY_TOKENS", "400"),
+        ("LULL_MAX_TOKENS", "10"),
+        // The budget is about the transcript; no tool definitions in the requests.
+        ("LULL_TOOLS", "off"),
+    ])
+    .await;
     let chat = 4612;
     let (long, short) = (b"OggS a long one".to_vec(), b"OggS a short one".to_vec());
     run.fake.add_file("v-long", long.clone());

@@ -803,11 +803,16 @@ async fn every_asker_of_the_burst_may_approve_and_no_one_else() {
 /// reset, long after the question expired.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_person_over_budget_can_still_approve() {
+    // The question's round spends about 74 tokens of 120 (and its requests carry the
+    // tools' definitions, which every estimate counts: the budget holds them too): the
+    // next reply's estimate no longer fits.
+    let budget = (120 + offered_tools_tokens().await).to_string();
     let bot = ToolBot::start(Setup {
         agent: deleter(),
-        // The question's round spends about 74 tokens of 120: the next reply's
-        // estimate no longer fits.
-        extra: &[("LULL_USER_DAILY_TOKENS", "120"), ("LULL_MAX_TOKENS", "10")],
+        extra: &[
+            ("LULL_USER_DAILY_TOKENS", &budget),
+            ("LULL_MAX_TOKENS", "10"),
+        ],
         ..Setup::default()
     })
     .await;
@@ -821,6 +826,31 @@ async fn a_person_over_budget_can_still_approve() {
     assert!(told.text.contains("✓ counter__delete"), "{told:?}");
     assert_eq!(bot.executed("delete"), 1);
     assert_eq!(bot.webhook.replies().len(), 1, "the written answer waits");
+}
+
+/// The estimate of the tools' definitions a first request offers (as the reservation
+/// counts them), learnt from a bot of the same setup.
+async fn offered_tools_tokens() -> u64 {
+    use lull_core::limits::text_tokens;
+    let probe = ToolBot::start(Setup {
+        agent: deleter(),
+        ..Setup::default()
+    })
+    .await;
+    probe.say("probe", "1", "hello").await;
+    probe.webhook.wait_replies(1, LONG).await;
+    let first = probe.model.requests()[0].body.clone();
+    first["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| {
+            let f = &t["function"];
+            text_tokens(f["name"].as_str().unwrap_or(""))
+                + text_tokens(f["description"].as_str().unwrap_or(""))
+                + text_tokens(&f["parameters"].to_string())
+        })
+        .sum()
 }
 
 /// `/approve` then `/cancel` of the same question in one burst (two quick taps): the

@@ -165,8 +165,9 @@ impl Spent {
 }
 
 /// The prompt's tokens, estimated from above ([`limits::text_tokens`]): the system
-/// prompt, each message's text and framing (history, the batch, the note), and
-/// [`limits::IMAGE_TOKENS`] for each image.
+/// prompt and what the model remembers, each message's text and framing (history,
+/// the batch, the note), the offered tools' definitions, and [`limits::IMAGE_TOKENS`]
+/// for each image.
 pub(super) fn prompt_tokens(limits: &Limits, prompt: &Prompt) -> u64 {
     let said = |author: &str, text: &str| {
         limits::text_tokens(author) + limits::text_tokens(text) + 1 // ": " and the line
@@ -184,6 +185,16 @@ pub(super) fn prompt_tokens(limits: &Limits, prompt: &Prompt) -> u64 {
     let note = prompt.note.as_deref().map_or(0, limits::text_tokens);
     // What the model remembers, with the system prompt.
     let memories = prompt.memories.as_deref().map_or(0, limits::text_tokens);
+    // The offered tools' definitions, sent with the request.
+    let tools: u64 = prompt
+        .tools
+        .iter()
+        .map(|t| {
+            limits::text_tokens(&t.name)
+                + limits::text_tokens(&t.description)
+                + limits::text_tokens(&t.parameters.to_string())
+        })
+        .sum();
     // Group context is a message of its own.
     let context = prompt
         .context_turn()
@@ -195,6 +206,7 @@ pub(super) fn prompt_tokens(limits: &Limits, prompt: &Prompt) -> u64 {
         + batch
         + note
         + memories
+        + tools
         + prompt.images.len() as u64 * limits::IMAGE_TOKENS
 }
 

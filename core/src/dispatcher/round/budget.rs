@@ -31,6 +31,11 @@ impl Round<'_> {
     /// (what the batch's approvals did is said now); else the reply may take no more
     /// than was reserved for it.
     pub(super) async fn reserve_budget(&self, a: &mut Answering) -> Result<Flow, Interrupt> {
+        // The tools' definitions go with every request that offers them: the worst
+        // case counts them (the tool loop offers them again, from its own toolbox).
+        if let Some(toolbox) = self.toolbox_for(&a.batch, &a.memory) {
+            a.prompt.tools = self.offered(toolbox.as_ref(), &a.batch).into();
+        }
         let Some(reserved) = self.reserve(&a.batch, &a.prompt, &mut a.rows).await? else {
             a.rows
                 .extend(self.approvals_held(&a.batch, &a.approvals).await?);

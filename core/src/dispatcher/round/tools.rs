@@ -111,7 +111,7 @@ impl Round<'_> {
     /// with `LULL_TOOLS=auto` (with or without MCP servers): with jobs on, the job
     /// tools acting in this chat for the batch's newest author; the web tools; with
     /// memory on, the memory tools.
-    fn toolbox_for(&self, batch: &Batch, memory: &Recalled) -> Option<Arc<dyn Toolbox>> {
+    pub(super) fn toolbox_for(&self, batch: &Batch, memory: &Recalled) -> Option<Arc<dyn Toolbox>> {
         let d = self.dispatcher;
         let mut servers = d.toolbox().cloned();
         if let Some(asker) = batch.pending.last()
@@ -293,7 +293,7 @@ impl Round<'_> {
 
     /// The tools offered for `batch`: all of the toolbox's, but an admins-only
     /// server's only when everyone who wrote in the batch is an admin.
-    fn offered(&self, toolbox: &dyn Toolbox, batch: &Batch) -> Vec<ToolSpec> {
+    pub(super) fn offered(&self, toolbox: &dyn Toolbox, batch: &Batch) -> Vec<ToolSpec> {
         let admins = &self.dispatcher.settings.access.admins;
         let platform = batch.conversation.platform;
         let all_admins = batch

@@ -17,7 +17,8 @@
 //!   `synchronous` NORMAL and FULL), and lull's ingest rate through HTTP beside it;
 //! - ingest latency p50/p99 with 1, 8 and 64 concurrent clients;
 //! - scheduler lateness p50/p99 with 10k timers armed far ahead and 10 due per second;
-//! - how fast 10k conversations due at the same instant are drained, and their lateness;
+//! - how fast 10k conversations due at the same instant are drained, and their lateness
+//!   (`LULL_BENCH_ENV=K=V,…` sets variables for every process: an A/B of one binary);
 //! - idle CPU and memory with no timers, with 10k far timers, and after 10k answered;
 //! - model calls per burst against a bot that calls the model once per message;
 //! - start-up time and binary size;
@@ -248,7 +249,20 @@ impl Bot {
             ("LULL_LLM", "echo".into()),
             ("RUST_LOG", "warn".into()),
         ];
-        for (k, v) in extra {
+        // `LULL_BENCH_ENV=K=V,K=V`: settings for every process of the run (an A/B of
+        // one binary, e.g. `LULL_TOOLS=off`).
+        let bench_env: Vec<(&'static str, String)> = std::env::var("LULL_BENCH_ENV")
+            .unwrap_or_default()
+            .split(',')
+            .filter_map(|pair| {
+                let (k, v) = pair.split_once('=')?;
+                Some((
+                    &*Box::leak(k.trim().to_owned().into_boxed_str()),
+                    v.trim().to_owned(),
+                ))
+            })
+            .collect();
+        for (k, v) in extra.iter().chain(&bench_env) {
             env.retain(|(key, _)| key != k);
             env.push((k, v.clone()));
         }

@@ -491,6 +491,23 @@ async fn the_job_tools_need_no_mcp_server_and_a_group_member_is_told_no() {
         .await;
     let reply = b.wait_text("dm", "✓ lull__schedule", SECS(20)).await;
     println!("{}", reply.text);
+    let offered = b.model.requests()[0].body["tools"].clone();
+    let tokens: u64 = offered
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| {
+            let f = &t["function"];
+            lull_core::limits::text_tokens(f["name"].as_str().unwrap_or(""))
+                + lull_core::limits::text_tokens(f["description"].as_str().unwrap_or(""))
+                + lull_core::limits::text_tokens(&f["parameters"].to_string())
+        })
+        .sum();
+    println!(
+        "lull's own tools offered without MCP: {} ({tokens} tokens estimated from above, {} characters)",
+        offered.as_array().map_or(0, Vec::len),
+        offered.to_string().len()
+    );
     assert_eq!(jobs(), 1);
     let group = |id: &str, user: &str, text: &str| {
         serde_json::json!({ "conversation": "team", "user": user, "name": user,

@@ -806,7 +806,9 @@ async fn a_person_over_budget_can_still_approve() {
     // The question's round spends about 74 tokens of 120 (and its requests carry the
     // tools' definitions, which every estimate counts: the budget holds them too): the
     // next reply's estimate no longer fits.
-    let budget = (120 + offered_tools_tokens().await).to_string();
+    let tools = offered_tools_tokens().await;
+    println!("the offered tools' definitions: {tools} tokens (estimated from above)");
+    let budget = (120 + tools).to_string();
     let bot = ToolBot::start(Setup {
         agent: deleter(),
         extra: &[

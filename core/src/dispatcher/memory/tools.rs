@@ -73,12 +73,16 @@ impl Staging {
         }
     }
 
-    /// What the commit writes.
+    /// What the commit writes (the memories read go with it only for the
+    /// counter-test's switch, which writes them back).
     pub(crate) fn writes(&self) -> MemoryWrites {
-        MemoryWrites {
-            changes: self.lock().clone(),
-            seen: self.seen.clone(),
-        }
+        let changes = self.lock().clone();
+        let seen = if crate::switches::memory_write_back() && !changes.is_empty() {
+            self.seen.clone()
+        } else {
+            Vec::new()
+        };
+        MemoryWrites { changes, seen }
     }
 
     /// Forget what earlier attempts staged: a generation asked again (without images)

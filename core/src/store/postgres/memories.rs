@@ -123,6 +123,8 @@ fn memory_row(row: &Row) -> Result<Memory, StoreError> {
     })
 }
 
+// Its own scope only: a forget names its scope with the id, so an id of another
+// person's or chat's memory deletes nothing.
 async fn forget(tx: &Tx<'_>, scope: &Scope, id: i64) -> Result<bool, StoreError> {
     let deleted = execute(
         tx,
@@ -184,6 +186,9 @@ pub(super) async fn apply(
 }
 
 /// Insert `fact` unless its scope holds the same text already; `true` if inserted.
+// Rows, never a whole written back: one row inserted, whatever another round inserted
+// meanwhile stays. Once per scope: the unique index (platform, scope, owner, text)
+// keeps a fact two rounds remember at once a single row.
 async fn insert(tx: &Tx<'_>, fact: &Remember, now: Timestamp) -> Result<bool, StoreError> {
     let inserted = execute(
         tx,
@@ -206,6 +211,8 @@ async fn insert(tx: &Tx<'_>, fact: &Remember, now: Timestamp) -> Result<bool, St
 }
 
 /// Drop the oldest memories of `scope` beyond [`MEMORIES_PER_SCOPE`]; how many.
+// Bounded per scope: a concurrent insert may leave one over the bound until the next
+// insert (each statement sees its own snapshot); never the newest row dropped.
 async fn drop_oldest(tx: &Tx<'_>, scope: &Scope) -> Result<u32, StoreError> {
     let dropped = execute(
         tx,

@@ -129,6 +129,8 @@ fn of_scope(conn: &Connection, scope: &Scope, limit: usize) -> Result<Vec<Memory
     rows.into_iter().map(rules::memory_row).collect()
 }
 
+// Its own scope only: a forget names its scope with the id, so an id of another
+// person's or chat's memory deletes nothing.
 fn forget(tx: &Connection, scope: &Scope, id: i64) -> Result<bool, StoreError> {
     let deleted = tx
         .prepare_cached(
@@ -180,6 +182,9 @@ pub(super) fn apply(
 }
 
 /// Insert `fact` unless its scope holds the same text already; `true` if inserted.
+// Rows, never a whole written back: one row inserted, whatever another round inserted
+// meanwhile stays. Once per scope: the unique index (platform, scope, owner, text)
+// keeps a fact two rounds remember at once a single row.
 fn insert(tx: &Connection, fact: &Remember, now: Timestamp) -> Result<bool, StoreError> {
     let inserted = tx
         .prepare_cached(
@@ -202,6 +207,8 @@ fn insert(tx: &Connection, fact: &Remember, now: Timestamp) -> Result<bool, Stor
 }
 
 /// Drop the oldest memories of `scope` beyond [`MEMORIES_PER_SCOPE`]; how many.
+// Bounded per scope: a concurrent insert may leave one over the bound until the next
+// insert (each statement sees its own snapshot); never the newest row dropped.
 fn drop_oldest(tx: &Connection, scope: &Scope) -> Result<u32, StoreError> {
     let dropped = tx
         .prepare_cached(

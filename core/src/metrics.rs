@@ -78,7 +78,8 @@ pub const JOB_LATENESS: &str = "lull_job_lateness_seconds";
 /// Jobs active (reminders and tasks still to fire), read from the store.
 pub const JOBS_ACTIVE: &str = "lull_jobs_active";
 /// Labelled `op`: memory rows changed — `remember` and `forget` (written with a
-/// reply), `drop` (the oldest beyond a scope's limit), `command_forget` and `clear`
+/// reply), `drop` (the oldest beyond a scope's limit), `fenced` (a fact kept out by a
+/// clear made while its reply was written), `command_forget` and `clear`
 /// (`/memory`), `erase` (`/forgetme`).
 pub const MEMORIES: &str = "lull_memories_total";
 
@@ -102,7 +103,7 @@ pub fn describe() {
     describe_gauge!(JOBS_ACTIVE, "Jobs still to fire.");
     describe_counter!(
         MEMORIES,
-        "Memory rows changed, by op (remember, forget, drop, command_forget, clear, erase)."
+        "Memory rows changed, by op (remember, forget, drop, fenced, command_forget, clear, erase)."
     );
     describe_counter!(
         REPLIES_FAILED,

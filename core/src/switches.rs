@@ -105,6 +105,14 @@ pub(crate) fn memory_write_back() -> bool {
     *ON.get_or_init(|| on("LULL_TEST_MEMORY_WRITE_BACK"))
 }
 
+/// `LULL_TEST_UNFENCED_MEMORY=1`: a reply's commit writes the facts its round staged
+/// even when `/memory clear` or `/forgetme` came after the round read its batch (the
+/// behaviour of bots whose memory writes do not look at what changed meanwhile).
+pub(crate) fn unfenced_memory() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| on("LULL_TEST_UNFENCED_MEMORY"))
+}
+
 /// `LULL_TEST_RESOLVE=name=address,…`: the web fetch's resolver answers these names
 /// with these addresses before asking the system (a public-looking name that resolves
 /// to loopback, without a hosts file). Its answers are judged like any other.

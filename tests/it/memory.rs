@@ -572,3 +572,37 @@ async fn memory_off_offers_and_shows_nothing() {
     bot.say(&lull, ANN, "o2", "/memory").await;
     bot.wait_text("ann-dm", "Memory is off here").await;
 }
+
+/// `/forgetme` while a reply that remembers is being written: the reply goes out, its
+/// fact is not written (the erase fenced the round in flight). Counter-test: without
+/// the fence (`LULL_TEST_UNFENCED_MEMORY=1`) the fact comes back after the erase.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forgetme_fences_a_reply_being_written() {
+    for (switch, kept) in [(None, 0), (Some(("LULL_TEST_UNFENCED_MEMORY", "1")), 1)] {
+        let agent = Agent {
+            answer_after: Duration::from_millis(1500),
+            ..remembering()
+        };
+        let bot = MemoryBot::new(agent, None).await;
+        let lull = bot
+            .start("lull0", &switch.into_iter().collect::<Vec<_>>())
+            .await;
+        bot.say(&lull, ANN, "f1", "remember: my cat is Miso").await;
+        let deadline = std::time::Instant::now() + SECS(20);
+        while !tool_results(&bot.model).iter().any(|r| r.contains("Miso")) {
+            assert!(std::time::Instant::now() < deadline, "never staged");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        bot.say(&lull, ANN, "f2", "/forgetme").await;
+        bot.wait_text("ann-dm", "I erased").await;
+        bot.wait_text("ann-dm", "[model] remember: my cat is Miso")
+            .await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            bot.memories().len(),
+            kept,
+            "switch {switch:?}: {:?}",
+            bot.memories()
+        );
+    }
+}

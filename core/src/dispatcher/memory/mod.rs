@@ -70,6 +70,7 @@ pub(super) fn rights(d: &super::Dispatcher, batch: &Batch) -> Rights {
         chat: Scope::chat(&batch.conversation),
         author: newest.map(|m| m.user_id.clone()).unwrap_or_default(),
         source: newest.map(|m| m.message_id.clone()),
+        newest_message: batch.pending.iter().map(|m| m.row).max().unwrap_or(0),
     }
 }
 
@@ -115,6 +116,7 @@ pub(super) fn count_applied(applied: MemoryApplied) {
     count("remember", u64::from(applied.remembered));
     count("forget", u64::from(applied.forgotten));
     count("drop", u64::from(applied.dropped));
+    count("fenced", u64::from(applied.fenced));
 }
 
 fn count(op: &'static str, n: u64) {

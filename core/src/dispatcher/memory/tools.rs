@@ -40,9 +40,11 @@ pub(crate) struct Staging {
     /// The person's scope, when one person wrote the batch.
     person: Option<Scope>,
     is_group: bool,
-    /// Who asks (the batch's newest author) and the message it came from.
+    /// Who asks (the batch's newest author) and the message it came from (its
+    /// platform id, and its row: what a later clear fences out).
     author: String,
     source: Option<String>,
+    newest_message: i64,
     changes: Mutex<Vec<MemoryChange>>,
 }
 
@@ -56,6 +58,8 @@ pub(crate) struct Rights {
     pub(crate) chat: Scope,
     pub(crate) author: String,
     pub(crate) source: Option<String>,
+    /// The row of the batch's newest message.
+    pub(crate) newest_message: i64,
 }
 
 impl Staging {
@@ -69,6 +73,7 @@ impl Staging {
             is_group: rights.is_group,
             author: rights.author,
             source: rights.source,
+            newest_message: rights.newest_message,
             changes: Mutex::new(Vec::new()),
         }
     }
@@ -82,7 +87,11 @@ impl Staging {
         } else {
             Vec::new()
         };
-        MemoryWrites { changes, seen }
+        MemoryWrites {
+            changes,
+            newest_message: self.newest_message,
+            seen,
+        }
     }
 
     /// Forget what earlier attempts staged: a generation asked again (without images)
@@ -300,6 +309,7 @@ mod tests {
                 chat,
                 author: "42".into(),
                 source: Some("m1".into()),
+                newest_message: 1,
             },
         )
     }

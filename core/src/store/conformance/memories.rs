@@ -26,6 +26,8 @@ fn fact(scope: &Scope, text: &str, author: &str) -> MemoryChange {
 fn writes(changes: Vec<MemoryChange>) -> MemoryWrites {
     MemoryWrites {
         changes,
+        // Every message stored so far: no fence made before the commit applies.
+        newest_message: i64::MAX,
         seen: Vec::new(),
     }
 }
@@ -49,7 +51,10 @@ async fn commit_with(
             lease: &lease,
             batch: &batch,
             reply: crate::store::NewReply {
-                memories: writes(changes),
+                memories: MemoryWrites {
+                    newest_message: newest(&batch),
+                    ..writes(changes)
+                },
                 ..reply("noted")
             },
             now: at(1_100),
@@ -60,6 +65,10 @@ async fn commit_with(
         CommitOutcome::Committed { memories, .. } => Some(memories),
         CommitOutcome::Stale { .. } => None,
     }
+}
+
+fn newest(batch: &crate::store::Batch) -> i64 {
+    batch.pending.iter().map(|m| m.row).max().unwrap_or(0)
 }
 
 async fn texts(store: &dyn Store, scope: &Scope) -> Vec<String> {
@@ -296,4 +305,56 @@ pub async fn concurrent_commits_keep_every_fact(store: &dyn Store) {
     kept.sort();
     let expected: Vec<String> = (0..8).map(|n| format!("fact {n}")).collect();
     assert_eq!(kept, expected);
+}
+
+/// A clear (or an erase) fences the rounds in flight: a round whose batch was read
+/// before `/memory clear` or `/forgetme` commits its reply, but not its facts; a round
+/// of a message stored after it remembers again.
+pub async fn a_clear_fences_the_rounds_in_flight(store: &dyn Store) {
+    let by = holder("p1");
+    let ann = person("u1");
+    let chat = http("fence-1");
+    let (_, lease, batch) = round(store, &chat, &by, &["m1"], at(1_000)).await;
+    assert_eq!(store.clear_memories(&ann).await.unwrap(), 0);
+    let commit = |lease, batch, changes| async move {
+        let outcome = store
+            .commit_reply(ReplyCommit {
+                lease,
+                batch,
+                reply: crate::store::NewReply {
+                    memories: MemoryWrites {
+                        newest_message: newest(batch),
+                        ..writes(changes)
+                    },
+                    ..reply("noted")
+                },
+                now: at(1_100),
+            })
+            .await
+            .expect("committing");
+        match outcome {
+            CommitOutcome::Committed { memories, .. } => memories,
+            CommitOutcome::Stale { .. } => panic!("stale"),
+        }
+    };
+    let group = Scope::chat(&http("fence-group"));
+    let applied = commit(&lease, &batch, vec![fact(&ann, "old picture", "u1")]).await;
+    assert_eq!((applied.remembered, applied.fenced), (0, 1));
+    assert!(
+        texts(store, &ann).await.is_empty(),
+        "a cleared scope stays clear"
+    );
+    // A message after the clear (here in another chat of hers): its round remembers.
+    let (_, lease, batch) = round(store, &http("fence-3"), &by, &["m1"], at(2_000)).await;
+    let applied = commit(&lease, &batch, vec![fact(&ann, "new picture", "u1")]).await;
+    assert_eq!(applied.remembered, 1);
+    // An erase fences every fact the person asked for, in any scope.
+    let (_, lease, batch) = round(store, &http("fence-2"), &by, &["m1"], at(3_000)).await;
+    store
+        .erase_person(Platform::Http, "u1", at(3_050))
+        .await
+        .unwrap();
+    let applied = commit(&lease, &batch, vec![fact(&group, "asked by ann", "u1")]).await;
+    assert_eq!(applied.fenced, 1);
+    assert!(texts(store, &group).await.is_empty());
 }

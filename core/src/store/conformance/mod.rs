@@ -33,7 +33,7 @@
 //! - `memories`: written with a committed reply or not at all, each fact once per
 //!   scope; a scope keeps its newest; the commands touch their scope only;
 //!   `/forgetme` erases one person's memories and texts; concurrent commits keep
-//!   every fact.
+//!   every fact; a clear or an erase fences the rounds in flight.
 //! - `status`: the operator's view counts what the rows say, the same on every backend.
 
 mod actions;
@@ -173,6 +173,7 @@ macro_rules! store_conformance {
             the_commands_change_their_scope_only,
             forgetting_a_person_erases_their_memories_and_texts,
             concurrent_commits_keep_every_fact,
+            a_clear_fences_the_rounds_in_flight,
             a_commit_teaches_the_rhythm_of_its_burst,
             a_typing_author_holds_the_timer_never_past_the_cap,
         );

@@ -110,8 +110,10 @@ pub struct Remember {
 /// One change a round stages for its reply's commit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MemoryChange {
-    /// Insert a row, unless the scope already holds this exact text; then drop the
-    /// scope's oldest beyond [`MEMORIES_PER_SCOPE`].
+    /// Insert a row, unless the scope already holds this exact text, or a clear of its
+    /// scope or an erase of its author fenced the round out
+    /// ([`MemoryWrites::newest_message`]); then drop the scope's oldest beyond
+    /// [`MEMORIES_PER_SCOPE`].
     Remember(Remember),
     /// Delete row `id`, only if it belongs to `scope` (an id of another scope is left).
     Forget { scope: Scope, id: i64 },
@@ -122,6 +124,10 @@ pub enum MemoryChange {
 pub struct MemoryWrites {
     /// In the order they were asked.
     pub changes: Vec<MemoryChange>,
+    /// The row id of the batch's newest message: a clear of a scope (or an erase of an
+    /// author) made after it was stored fences the round's facts out
+    /// ([`MemoryStore::clear_memories`], [`MemoryStore::erase_person`]).
+    pub newest_message: i64,
     /// The memories the round read for its prompt. Only the counter-test's switch
     /// (`LULL_TEST_MEMORY_WRITE_BACK`) uses it: it writes this list back whole with
     /// the new rows, as the peers' memory files do, and so loses what others added.
@@ -134,15 +140,19 @@ impl MemoryWrites {
     }
 }
 
-/// What a commit's [`MemoryWrites`] did.
+/// What a commit's [`MemoryWrites`] did (small counts: it rides in every
+/// [`CommitOutcome::Committed`](crate::store::CommitOutcome::Committed)).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MemoryApplied {
     /// Rows inserted.
-    pub remembered: u32,
+    pub remembered: u16,
     /// Rows deleted by `Forget`.
-    pub forgotten: u32,
+    pub forgotten: u16,
     /// Oldest rows dropped beyond [`MEMORIES_PER_SCOPE`].
-    pub dropped: u32,
+    pub dropped: u16,
+    /// Facts not written: their scope was cleared, or their author erased, after the
+    /// round's newest message was stored.
+    pub fenced: u16,
 }
 
 /// What `/forgetme` erased.
@@ -173,14 +183,19 @@ pub trait MemoryStore: Send + Sync + 'static {
     /// there (another scope's id is never touched).
     async fn forget_memory(&self, scope: &Scope, id: i64) -> Result<bool, StoreError>;
 
-    /// Delete every memory of `scope`; how many.
+    /// Delete every memory of `scope`; how many. In the same transaction, fence the
+    /// rounds in flight: a fact a round stages for `scope` is not written when its
+    /// newest message was stored before this clear (a cleared memory never comes back
+    /// from a reply written on the old picture).
     async fn clear_memories(&self, scope: &Scope) -> Result<u64, StoreError>;
 
     /// `/forgetme`, in one transaction: delete the person's own memories and the chat
     /// memories they asked for, tombstone the text of every message they sent on
     /// `platform` (text, transcript and media emptied, `erased_at` set; the row, its
     /// version and what covers it stay, so counters and replies are intact), and
-    /// delete their overheard group messages. On SQLite the freed bytes are
+    /// delete their overheard group messages; and fence the rounds in flight, as
+    /// [`MemoryStore::clear_memories`] does, for the person's scope and every fact they
+    /// asked for. On SQLite the freed bytes are
     /// overwritten (`secure_delete`) and the WAL is checkpointed after it.
     async fn erase_person(
         &self,

@@ -8,7 +8,7 @@ use lull_port::Platform;
 use tokio_postgres::Row;
 
 use super::PostgresStore;
-use super::sql::{Tx, execute, query};
+use super::sql::{Tx, execute, query, query_one};
 use crate::domain::Timestamp;
 use crate::store::faults::Operation;
 use crate::store::memory_rows::{self as rows, RawMemory};
@@ -56,6 +56,9 @@ impl MemoryStore for PostgresStore {
     async fn clear_memories(&self, scope: &Scope) -> Result<u64, StoreError> {
         transaction!(self, Operation::Other, "clearing memories", |tx| {
             async {
+                let key = fence_key(scope.platform, scope.kind.as_str(), &scope.owner);
+                lock_fences(&tx, vec![key], false).await?;
+                fence(&tx, scope.platform, scope.kind.as_str(), &scope.owner).await?;
                 execute(
                     &tx,
                     "DELETE FROM memories WHERE scope = $1 AND platform = $2 AND owner = $3",
@@ -152,6 +155,19 @@ pub(super) async fn apply(
 ) -> Result<MemoryApplied, StoreError> {
     let mut applied = MemoryApplied::default();
     let write_back = crate::switches::memory_write_back();
+    let keys: Vec<String> = writes
+        .changes
+        .iter()
+        .filter_map(|change| match change {
+            MemoryChange::Remember(f) => Some([
+                fence_key(f.scope.platform, f.scope.kind.as_str(), &f.scope.owner),
+                fence_key(f.scope.platform, "author", &f.author),
+            ]),
+            MemoryChange::Forget { .. } => None,
+        })
+        .flatten()
+        .collect();
+    lock_fences(tx, keys, true).await?;
     if write_back {
         for scope in rows::remembered_scopes(writes) {
             execute(
@@ -170,6 +186,10 @@ pub(super) async fn apply(
         match change {
             MemoryChange::Remember(_) if write_back => {}
             MemoryChange::Remember(fact) => {
+                if fenced(tx, fact, writes.newest_message).await? {
+                    applied.fenced += 1;
+                    continue;
+                }
                 if insert(tx, fact, now).await? {
                     applied.remembered += 1;
                     applied.dropped += drop_oldest(tx, &fact.scope).await?;
@@ -210,10 +230,75 @@ async fn insert(tx: &Tx<'_>, fact: &Remember, now: Timestamp) -> Result<bool, St
     Ok(inserted == 1)
 }
 
+// Fenced: a clear of the fact's scope, or an erase of its author, made after the
+// round's newest message was stored keeps the fact out (see the SQLite twin). A commit
+// and a clear of one key hold its advisory lock (shared, exclusive) for the rest of
+// their transactions (`lock_fences`, every key of the transaction at once, in one
+// order), so they never overlap: a clear that came first is read by the commit's
+// check, a commit that came first has its row deleted by the clear.
+async fn fenced(tx: &Tx<'_>, fact: &Remember, newest_message: i64) -> Result<bool, StoreError> {
+    if crate::switches::unfenced_memory() {
+        return Ok(false);
+    }
+    let row = query_one(
+        tx,
+        "SELECT EXISTS (SELECT 1 FROM memory_fences WHERE platform = $1
+           AND ((kind = $2 AND owner = $3) OR (kind = 'author' AND owner = $4))
+           AND through_message >= $5)",
+        &[
+            &fact.scope.platform.as_str(),
+            &fact.scope.kind.as_str(),
+            &fact.scope.owner,
+            &fact.author,
+            &newest_message,
+        ],
+        "reading the memory fences",
+    )
+    .await?;
+    Ok(row.get(0))
+}
+
+/// Fence the rounds in flight out of `(kind, owner)`: every message stored so far is
+/// before the fence.
+async fn fence(tx: &Tx<'_>, platform: Platform, kind: &str, owner: &str) -> Result<(), StoreError> {
+    execute(
+        tx,
+        "INSERT INTO memory_fences (platform, kind, owner, through_message)
+         VALUES ($1, $2, $3, (SELECT COALESCE(MAX(id), 0) FROM messages))
+         ON CONFLICT (platform, kind, owner) DO UPDATE SET through_message = excluded.through_message",
+        &[&platform.as_str(), &kind, &owner],
+        "fencing the rounds in flight",
+    )
+    .await?;
+    Ok(())
+}
+
+/// Take the transaction-scoped advisory locks of fence keys `(platform, kind, owner)`
+/// — shared for a commit's facts, exclusive for a clear — all at once and sorted, so
+/// two transactions never wait on each other in a circle.
+async fn lock_fences(tx: &Tx<'_>, mut keys: Vec<String>, shared: bool) -> Result<(), StoreError> {
+    keys.sort();
+    keys.dedup();
+    let sql = if shared {
+        "SELECT pg_advisory_xact_lock_shared(hashtextextended($1, 0))"
+    } else {
+        "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))"
+    };
+    for key in &keys {
+        query_one(tx, sql, &[key], "locking a memory fence").await?;
+    }
+    Ok(())
+}
+
+/// The advisory lock key of a fence.
+fn fence_key(platform: Platform, kind: &str, owner: &str) -> String {
+    format!("lull.memory_fence/{}/{kind}/{owner}", platform.as_str())
+}
+
 /// Drop the oldest memories of `scope` beyond [`MEMORIES_PER_SCOPE`]; how many.
 // Bounded per scope: a concurrent insert may leave one over the bound until the next
 // insert (each statement sees its own snapshot); never the newest row dropped.
-async fn drop_oldest(tx: &Tx<'_>, scope: &Scope) -> Result<u32, StoreError> {
+async fn drop_oldest(tx: &Tx<'_>, scope: &Scope) -> Result<u16, StoreError> {
     let dropped = execute(
         tx,
         "DELETE FROM memories WHERE scope = $1 AND platform = $2 AND owner = $3
@@ -228,7 +313,7 @@ async fn drop_oldest(tx: &Tx<'_>, scope: &Scope) -> Result<u32, StoreError> {
         "dropping the oldest memories",
     )
     .await?;
-    Ok(dropped as u32)
+    Ok(dropped as u16)
 }
 
 /// `/forgetme` in one transaction (see [`MemoryStore::erase_person`]).
@@ -238,6 +323,13 @@ async fn erase(
     user: &str,
     now: Timestamp,
 ) -> Result<Erased, StoreError> {
+    let keys = vec![
+        fence_key(platform, "person", user),
+        fence_key(platform, "author", user),
+    ];
+    lock_fences(tx, keys, false).await?;
+    fence(tx, platform, "person", user).await?;
+    fence(tx, platform, "author", user).await?;
     let platform = platform.as_str();
     let memories = execute(
         tx,

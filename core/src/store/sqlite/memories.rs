@@ -38,6 +38,7 @@ impl MemoryStore for SqliteStore {
     async fn clear_memories(&self, scope: &Scope) -> Result<u64, StoreError> {
         let scope = scope.clone();
         self.write("clearing memories", move |tx| {
+            fence(tx, scope.platform, scope.kind.as_str(), &scope.owner)?;
             let deleted = tx
                 .prepare_cached(
                     "DELETE FROM memories WHERE scope = ?1 AND platform = ?2 AND owner = ?3",
@@ -166,6 +167,10 @@ pub(super) fn apply(
                 if crate::switches::memory_write_back() {
                     continue; // written with the list
                 }
+                if fenced(tx, fact, writes.newest_message)? {
+                    applied.fenced += 1;
+                    continue;
+                }
                 if insert(tx, fact, now)? {
                     applied.remembered += 1;
                     applied.dropped += drop_oldest(tx, &fact.scope)?;
@@ -206,10 +211,50 @@ fn insert(tx: &Connection, fact: &Remember, now: Timestamp) -> Result<bool, Stor
     Ok(inserted == 1)
 }
 
+// Fenced: a clear of the fact's scope, or an erase of its author, made after the
+// round's newest message was stored (`through_message` at least its row) keeps the
+// fact out: a round in flight during `/memory clear` or `/forgetme` writes nothing back.
+fn fenced(tx: &Connection, fact: &Remember, newest_message: i64) -> Result<bool, StoreError> {
+    if crate::switches::unfenced_memory() {
+        return Ok(false);
+    }
+    tx.prepare_cached(
+        "SELECT EXISTS (SELECT 1 FROM memory_fences WHERE platform = ?1
+           AND ((kind = ?2 AND owner = ?3) OR (kind = 'author' AND owner = ?4))
+           AND through_message >= ?5)",
+    )
+    .ctx("preparing a statement")?
+    .query_row(
+        params![
+            fact.scope.platform.as_str(),
+            fact.scope.kind.as_str(),
+            fact.scope.owner,
+            fact.author,
+            newest_message
+        ],
+        |r| r.get(0),
+    )
+    .ctx("reading the memory fences")
+}
+
+/// Fence the rounds in flight out of `(kind, owner)`: every message stored so far is
+/// before the fence.
+fn fence(tx: &Connection, platform: Platform, kind: &str, owner: &str) -> Result<(), StoreError> {
+    tx.prepare_cached(
+        "INSERT INTO memory_fences (platform, kind, owner, through_message)
+         VALUES (?1, ?2, ?3, (SELECT COALESCE(MAX(id), 0) FROM messages))
+         ON CONFLICT (platform, kind, owner) DO UPDATE SET through_message = excluded.through_message",
+    )
+    .ctx("preparing a statement")?
+    .execute(params![platform.as_str(), kind, owner])
+    .ctx("fencing the rounds in flight")?;
+    Ok(())
+}
+
 /// Drop the oldest memories of `scope` beyond [`MEMORIES_PER_SCOPE`]; how many.
 // Bounded per scope: a concurrent insert may leave one over the bound until the next
 // insert (each statement sees its own snapshot); never the newest row dropped.
-fn drop_oldest(tx: &Connection, scope: &Scope) -> Result<u32, StoreError> {
+fn drop_oldest(tx: &Connection, scope: &Scope) -> Result<u16, StoreError> {
     let dropped = tx
         .prepare_cached(
             "DELETE FROM memories WHERE scope = ?1 AND platform = ?2 AND owner = ?3
@@ -224,7 +269,7 @@ fn drop_oldest(tx: &Connection, scope: &Scope) -> Result<u32, StoreError> {
             MEMORIES_PER_SCOPE as i64
         ])
         .ctx("dropping the oldest memories")?;
-    Ok(dropped as u32)
+    Ok(dropped as u16)
 }
 
 /// The counter-test's switch: each scope a fact is remembered in is written back
@@ -252,6 +297,8 @@ fn erase(
     user: &str,
     now: Timestamp,
 ) -> Result<Erased, StoreError> {
+    fence(tx, platform, "person", user)?;
+    fence(tx, platform, "author", user)?;
     let memories = tx
         .prepare_cached(
             "DELETE FROM memories WHERE platform = ?1

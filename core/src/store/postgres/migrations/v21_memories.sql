@@ -20,6 +20,17 @@ CREATE INDEX memories_scope ON memories (platform, scope, owner, id);
 CREATE INDEX memories_author ON memories (platform, author);
 -- A fact is kept once per scope, however often it is remembered.
 CREATE UNIQUE INDEX memories_once ON memories (platform, scope, owner, text);
+-- A clear (`/memory clear`, `/forgetme`) fences the rounds in flight: a fact staged by
+-- a round whose newest message was stored before the clear (its id at most
+-- `through_message`) is not written. `kind`: a scope's (`person`, `chat`), or `author`
+-- (every fact a person asked for).
+CREATE TABLE memory_fences (
+    platform        TEXT    NOT NULL,
+    kind            TEXT    NOT NULL,
+    owner           TEXT    NOT NULL,
+    through_message BIGINT  NOT NULL,
+    PRIMARY KEY (platform, kind, owner)
+);
 -- `/forgetme`: a message whose texts were erased keeps its row (counters, covers).
 ALTER TABLE messages ADD COLUMN erased_at BIGINT;
 CREATE INDEX messages_user ON messages (user_id);

@@ -34,15 +34,8 @@ pub(crate) struct JobsArgs {
 impl JobsArgs {
     /// The jobs settings; `None` with `LULL_JOBS=off`.
     pub(crate) fn settings(&self) -> Result<Option<JobSettings>, ConfigError> {
-        match self.jobs.trim().to_ascii_lowercase().as_str() {
-            "on" => {}
-            "off" => return Ok(None),
-            _ => {
-                return Err(ConfigError(format!(
-                    "LULL_JOBS must be `on` or `off`, got {:?}",
-                    self.jobs
-                )));
-            }
+        if !super::on_off("LULL_JOBS", &self.jobs)? {
+            return Ok(None);
         }
         if self.jobs_per_chat == 0 {
             return Err(ConfigError(

@@ -24,15 +24,8 @@ const MIN_MEMORY_CHARS: usize = 50;
 impl MemoryArgs {
     /// The memory settings; `None` with `LULL_MEMORY=off`.
     pub(crate) fn settings(&self) -> Result<Option<MemorySettings>, ConfigError> {
-        match self.memory.trim().to_ascii_lowercase().as_str() {
-            "on" => {}
-            "off" => return Ok(None),
-            _ => {
-                return Err(ConfigError(format!(
-                    "LULL_MEMORY must be `on` or `off`, got {:?}",
-                    self.memory
-                )));
-            }
+        if !super::on_off("LULL_MEMORY", &self.memory)? {
+            return Ok(None);
         }
         if self.memory_chars < MIN_MEMORY_CHARS {
             return Err(ConfigError(format!(

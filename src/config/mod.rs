@@ -249,6 +249,17 @@ pub(crate) fn database_url(url: &str) -> Result<DatabaseUrl, ConfigError> {
     DatabaseUrl::parse(url).map_err(ConfigError)
 }
 
+/// An `on`/`off` setting (any case, spaces around), or an error naming `variable`.
+fn on_off(variable: &str, value: &str) -> Result<bool, ConfigError> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(ConfigError(format!(
+            "{variable} must be `on` or `off`, got {value:?}"
+        ))),
+    }
+}
+
 fn positive(variable: &str, ms: u64) -> Result<Duration, ConfigError> {
     if ms == 0 {
         return Err(ConfigError(format!("{variable} must be greater than 0")));

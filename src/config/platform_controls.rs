@@ -62,19 +62,7 @@ impl PlatformControlsArgs {
 
     /// `LULL_DISCORD_AUTO_THREAD`: `on` or `off`.
     pub(crate) fn discord_auto_thread(&self) -> Result<bool, ConfigError> {
-        match self
-            .discord_auto_thread
-            .trim()
-            .to_ascii_lowercase()
-            .as_str()
-        {
-            "on" => Ok(true),
-            "off" => Ok(false),
-            _ => Err(ConfigError(format!(
-                "LULL_DISCORD_AUTO_THREAD must be `on` or `off`, got {:?}",
-                self.discord_auto_thread
-            ))),
-        }
+        super::on_off("LULL_DISCORD_AUTO_THREAD", &self.discord_auto_thread)
     }
 
     /// `LULL_GROUP_CONTEXT`: at most [`MAX_GROUP_CONTEXT`].

@@ -34,18 +34,13 @@ pub(crate) struct WebArgs {
 impl WebArgs {
     /// The web tools' settings, `result_chars` as `LULL_TOOL_RESULT_CHARS`.
     pub(crate) fn settings(&self, result_chars: usize) -> Result<WebSettings, ConfigError> {
-        let fetch = match self.fetch.trim().to_ascii_lowercase().as_str() {
-            "on" => Some(FetchSettings {
+        let fetch = if super::on_off("LULL_FETCH", &self.fetch)? {
+            Some(FetchSettings {
                 allow: self.allow()?,
                 users: self.users()?,
-            }),
-            "off" => None,
-            _ => {
-                return Err(ConfigError(format!(
-                    "LULL_FETCH must be `on` or `off`, got {:?}",
-                    self.fetch
-                )));
-            }
+            })
+        } else {
+            None
         };
         if let Some(url) = &self.search_url
             && !matches!(url.scheme(), "http" | "https")

@@ -492,17 +492,7 @@ async fn the_job_tools_need_no_mcp_server_and_a_group_member_is_told_no() {
     let reply = b.wait_text("dm", "✓ lull__schedule", SECS(20)).await;
     println!("{}", reply.text);
     let offered = b.model.requests()[0].body["tools"].clone();
-    let tokens: u64 = offered
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|t| {
-            let f = &t["function"];
-            lull_core::limits::text_tokens(f["name"].as_str().unwrap_or(""))
-                + lull_core::limits::text_tokens(f["description"].as_str().unwrap_or(""))
-                + lull_core::limits::text_tokens(&f["parameters"].to_string())
-        })
-        .sum();
+    let tokens = crate::tools::tools_tokens(&offered);
     println!(
         "lull's own tools offered without MCP: {} ({tokens} tokens estimated from above, {} characters)",
         offered.as_array().map_or(0, Vec::len),

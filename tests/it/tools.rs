@@ -833,7 +833,6 @@ async fn a_person_over_budget_can_still_approve() {
 /// The estimate of the tools' definitions a first request offers (as the reservation
 /// counts them), learnt from a bot of the same setup.
 async fn offered_tools_tokens() -> u64 {
-    use lull_core::limits::text_tokens;
     let probe = ToolBot::start(Setup {
         agent: deleter(),
         ..Setup::default()
@@ -841,8 +840,14 @@ async fn offered_tools_tokens() -> u64 {
     .await;
     probe.say("probe", "1", "hello").await;
     probe.webhook.wait_replies(1, LONG).await;
-    let first = probe.model.requests()[0].body.clone();
-    first["tools"]
+    tools_tokens(&probe.model.requests()[0].body["tools"])
+}
+
+/// The estimate of the tools a request offered (`tools` of its body), as the
+/// reservation counts them.
+pub(crate) fn tools_tokens(tools: &Value) -> u64 {
+    use lull_core::limits::text_tokens;
+    tools
         .as_array()
         .into_iter()
         .flatten()

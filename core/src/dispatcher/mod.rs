@@ -475,6 +475,17 @@ impl Dispatcher {
         self.web.as_ref()
     }
 
+    /// Whether everyone who wrote in `batch` is one of lull's admins: the one rule for
+    /// what a burst may have done for it in a group (admins-only tools, the job tools'
+    /// changes, the chat's memories).
+    fn written_by_admins(&self, batch: &crate::store::Batch) -> bool {
+        let platform = batch.conversation.platform;
+        batch
+            .pending
+            .iter()
+            .all(|m| self.settings.access.admins.contains(platform, &m.user_id))
+    }
+
     /// The database's idempotency salt
     /// ([`ActionStore::idempotency_salt`](crate::store::ActionStore::idempotency_salt)), read at
     /// most once per process (a failed read is tried again next time).

@@ -57,15 +57,11 @@ pub(super) fn shown_scope(batch: &Batch) -> Option<Scope> {
 /// chat or for a batch of admins only, a person's when one person wrote the batch.
 pub(super) fn rights(d: &super::Dispatcher, batch: &Batch) -> Rights {
     let platform = batch.conversation.platform;
-    let admins = &d.settings.access.admins;
     let newest = batch.pending.last();
     let one_author = newest.filter(|n| batch.pending.iter().all(|m| m.user_id == n.user_id));
     Rights {
         is_group: batch.is_group,
-        all_admins: batch
-            .pending
-            .iter()
-            .all(|m| admins.contains(platform, &m.user_id)),
+        all_admins: d.written_by_admins(batch),
         only_person: one_author.map(|m| Scope::person(platform, &m.user_id)),
         chat: Scope::chat(&batch.conversation),
         author: newest.map(|m| m.user_id.clone()).unwrap_or_default(),
@@ -82,6 +78,13 @@ pub(super) struct Recalled {
 }
 
 impl Recalled {
+    /// Forget what was staged (a generation asked again decides again).
+    pub(super) fn reset(&self) {
+        if let Some(staging) = &self.staging {
+            staging.reset();
+        }
+    }
+
     /// What the commit writes: the staged changes, and (for the counter-test's
     /// switch) the memories the round read.
     pub(super) fn writes(&self) -> MemoryWrites {

@@ -34,17 +34,8 @@ pub(crate) struct Staging {
     /// group), and its memories as read: what `lull__forget` may name.
     shown: Scope,
     seen: Vec<Memory>,
-    /// The chat's scope, when the batch may write it (a group whose batch is all
-    /// admins); `None` otherwise.
-    chat: Option<Scope>,
-    /// The person's scope, when one person wrote the batch.
-    person: Option<Scope>,
-    is_group: bool,
-    /// Who asks (the batch's newest author) and the message it came from (its
-    /// platform id, and its row: what a later clear fences out).
-    author: String,
-    source: Option<String>,
-    newest_message: i64,
+    /// Where the batch may write, and who asks.
+    rights: Rights,
     changes: Mutex<Vec<MemoryChange>>,
 }
 
@@ -56,9 +47,10 @@ pub(crate) struct Rights {
     /// The one person who wrote the batch, if one did.
     pub(crate) only_person: Option<Scope>,
     pub(crate) chat: Scope,
+    /// Who asks (the batch's newest author) and the message it came from (its
+    /// platform id, and its row: what a later clear fences out).
     pub(crate) author: String,
     pub(crate) source: Option<String>,
-    /// The row of the batch's newest message.
     pub(crate) newest_message: i64,
 }
 
@@ -68,12 +60,7 @@ impl Staging {
         Staging {
             shown,
             seen,
-            chat: (!rights.is_group || rights.all_admins).then_some(rights.chat),
-            person: rights.only_person,
-            is_group: rights.is_group,
-            author: rights.author,
-            source: rights.source,
-            newest_message: rights.newest_message,
+            rights,
             changes: Mutex::new(Vec::new()),
         }
     }
@@ -89,7 +76,7 @@ impl Staging {
         };
         MemoryWrites {
             changes,
-            newest_message: self.newest_message,
+            newest_message: self.rights.newest_message,
             seen,
         }
     }
@@ -130,26 +117,26 @@ impl Staging {
             return done(texts::already_remembered(known));
         }
         let mut changes = self.lock();
-        let staged = |c: &MemoryChange| matches!(c, MemoryChange::Remember(_));
-        if changes
+        let staged: Vec<&Remember> = changes
             .iter()
-            .any(|c| matches!(c, MemoryChange::Remember(f) if f.scope == scope && f.text == text))
-        {
+            .filter_map(|c| match c {
+                MemoryChange::Remember(fact) => Some(fact),
+                MemoryChange::Forget { .. } => None,
+            })
+            .collect();
+        if staged.iter().any(|f| f.scope == scope && f.text == text) {
             return done(texts::ALREADY_STAGED.to_owned());
         }
-        if changes.iter().filter(|c| staged(c)).count() >= REMEMBER_PER_REPLY {
+        if staged.len() >= REMEMBER_PER_REPLY {
             return refused(&texts::too_many(REMEMBER_PER_REPLY));
         }
         let held = self.seen.iter().filter(|m| m.scope == scope).count()
-            + changes
-                .iter()
-                .filter(|c| matches!(c, MemoryChange::Remember(f) if f.scope == scope))
-                .count();
+            + staged.iter().filter(|f| f.scope == scope).count();
         changes.push(MemoryChange::Remember(Remember {
             scope: scope.clone(),
             text: text.to_owned(),
-            author: self.author.clone(),
-            source: self.source.clone(),
+            author: self.rights.author.clone(),
+            source: self.rights.source.clone(),
         }));
         done(texts::will_remember(
             scope.kind,
@@ -164,13 +151,14 @@ impl Staging {
             None | Some("") => None,
             Some(asked) => Some(ScopeKind::parse(asked).ok_or(texts::BAD_SCOPE)?),
         };
-        if !self.is_group {
+        if !self.rights.is_group {
             // A private chat's only scope is its person's.
             return Ok(self.shown.clone());
         }
         match kind.unwrap_or(ScopeKind::Chat) {
-            ScopeKind::Chat => self.chat.clone().ok_or(texts::CHAT_ADMINS_ONLY),
-            ScopeKind::Person => self.person.clone().ok_or(texts::PERSON_UNCLEAR),
+            ScopeKind::Chat if self.rights.all_admins => Ok(self.rights.chat.clone()),
+            ScopeKind::Chat => Err(texts::CHAT_ADMINS_ONLY),
+            ScopeKind::Person => self.rights.only_person.clone().ok_or(texts::PERSON_UNCLEAR),
         }
     }
 
@@ -183,7 +171,7 @@ impl Staging {
         let Some(memory) = self.seen.iter().find(|m| m.id == id) else {
             return refused(&texts::no_such_memory(id));
         };
-        if self.is_group && self.chat.is_none() {
+        if self.rights.is_group && !self.rights.all_admins {
             return refused(texts::CHAT_ADMINS_ONLY);
         }
         let mut changes = self.lock();

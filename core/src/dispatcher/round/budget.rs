@@ -32,8 +32,10 @@ impl Round<'_> {
     /// than was reserved for it.
     pub(super) async fn reserve_budget(&self, a: &mut Answering) -> Result<Flow, Interrupt> {
         // The tools' definitions go with every request that offers them: the worst
-        // case counts them (the tool loop offers them again, from its own toolbox).
-        if let Some(toolbox) = self.toolbox_for(&a.batch, &a.memory) {
+        // case counts them. The round's toolbox is built here, once (the tool loop
+        // offers from it).
+        a.toolbox = self.toolbox_for(&a.batch, &a.memory);
+        if let Some(toolbox) = &a.toolbox {
             a.prompt.tools = self.offered(toolbox.as_ref(), &a.batch).into();
         }
         let Some(reserved) = self.reserve(&a.batch, &a.prompt, &mut a.rows).await? else {

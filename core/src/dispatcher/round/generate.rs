@@ -42,7 +42,7 @@ impl Round<'_> {
         let started = Instant::now();
         a.prompt.turns.append(&mut a.approvals.turns);
         let mut generated = self
-            .generate_acting(&a.batch, &mut a.prompt, &mut a.rows, &a.memory)
+            .generate_acting(&a.batch, &mut a.prompt, &mut a.rows, a.toolbox.as_ref())
             .await?;
         if let Generated::Failed { error, spent } = &generated
             && error.kind() == FailureKind::Refused
@@ -56,8 +56,10 @@ impl Round<'_> {
             a.prompt.images.clear();
             add_note(&mut a.prompt, texts::NO_VISION_NOTE);
             a.rows.extend(self.no_vision_notice(&a.batch).await?);
+            // Asked again: what the first attempt staged is decided again.
+            a.memory.reset();
             generated = self
-                .generate_acting(&a.batch, &mut a.prompt, &mut a.rows, &a.memory)
+                .generate_acting(&a.batch, &mut a.prompt, &mut a.rows, a.toolbox.as_ref())
                 .await?;
             generated.add_spent(spent_before);
         }

@@ -131,6 +131,9 @@ struct Answering {
     reply: Option<String>,
     /// What `recall` read and the memory tools staged, written by `commit`.
     memory: crate::dispatcher::memory::Recalled,
+    /// The tools this round offers (the MCP servers', then lull's own), built once by
+    /// `reserve`, whose estimate counts their definitions; `None`: no tools.
+    toolbox: Option<Arc<dyn crate::tools::Toolbox>>,
 }
 
 /// Add `note` to what the model is told after the batch (each note once).

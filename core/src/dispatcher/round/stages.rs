@@ -124,6 +124,7 @@ impl Round<'_> {
             generation: None,
             reply: None,
             memory: Recalled::default(),
+            toolbox: None,
         };
         for stage in STAGES {
             let flow = match stage.guard() {

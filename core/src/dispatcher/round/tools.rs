@@ -55,18 +55,18 @@ enum Turn {
 
 impl Round<'_> {
     /// Generate the reply to `prompt`, answering the model's tool calls in between.
-    /// The notices it queues (an approval's question) join `rows`; what its memory
-    /// tools stage is in `memory` (asked again, it starts from nothing staged).
+    /// The notices it queues (an approval's question) join `rows`; `toolbox`: the
+    /// round's (`reserve` built it).
     pub(super) async fn generate_acting(
         &self,
         batch: &Batch,
         prompt: &mut Prompt,
         rows: &mut Vec<OutboxRow>,
-        memory: &Recalled,
+        toolbox: Option<&Arc<dyn Toolbox>>,
     ) -> Result<Generated, Interrupt> {
         let d = self.dispatcher;
-        let toolbox = self.toolbox_for(batch, memory);
-        let model = self.offer_tools(toolbox.as_deref(), batch, prompt).await?;
+        let toolbox = toolbox.map(Arc::as_ref);
+        let model = self.offer_tools(toolbox, batch, prompt).await?;
         let steps = d.settings.tools.steps.max(1);
         let mut spent = Spent::default();
         let mut turn = 0;
@@ -92,7 +92,7 @@ impl Round<'_> {
             for call in &generation.tool_calls {
                 let offered = &prompt.tools;
                 match self
-                    .answer_call(toolbox.as_deref(), offered, batch, call, rows)
+                    .answer_call(toolbox, offered, batch, call, rows)
                     .await?
                 {
                     Answer::Result(text) => results.push(text),
@@ -117,15 +117,10 @@ impl Round<'_> {
         if let Some(asker) = batch.pending.last()
             && (d.settings.builtin_tools || servers.is_some())
         {
-            let admins = &d.settings.access.admins;
-            let platform = batch.conversation.platform;
             let asked = ForBatch {
                 conversation: batch.conversation.clone(),
                 is_group: batch.is_group,
-                all_admins: batch
-                    .pending
-                    .iter()
-                    .all(|m| admins.contains(platform, &m.user_id)),
+                all_admins: d.written_by_admins(batch),
                 creator: asker.user_id.clone(),
                 creator_name: asker.author.clone(),
             };
@@ -137,7 +132,6 @@ impl Round<'_> {
         };
         match &memory.staging {
             Some(staging) if d.settings.builtin_tools => {
-                staging.reset();
                 Some(MemoryTools::over(servers, staging.clone()))
             }
             _ => servers,
@@ -294,12 +288,7 @@ impl Round<'_> {
     /// The tools offered for `batch`: all of the toolbox's, but an admins-only
     /// server's only when everyone who wrote in the batch is an admin.
     pub(super) fn offered(&self, toolbox: &dyn Toolbox, batch: &Batch) -> Vec<ToolSpec> {
-        let admins = &self.dispatcher.settings.access.admins;
-        let platform = batch.conversation.platform;
-        let all_admins = batch
-            .pending
-            .iter()
-            .all(|m| admins.contains(platform, &m.user_id));
+        let all_admins = self.dispatcher.written_by_admins(batch);
         toolbox
             .tools()
             .into_iter()

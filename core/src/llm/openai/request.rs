@@ -24,19 +24,8 @@ impl OpenAiResponder {
         let history = self.settings.history.fit(&prompt.history, prompt.is_group);
         let mut messages: Vec<ChatCompletionRequestMessage> =
             Vec::with_capacity(2 + 2 * history.len());
-        let system = prompt
-            .choices
-            .system_prompt
-            .as_deref()
-            .unwrap_or(&self.settings.system_prompt);
-        // What the model remembers here goes with the system prompt: lull's words
-        // around it, each memory quoted (`texts::memory_block`).
-        let system = match &prompt.memories {
-            Some(block) if system.is_empty() => block.clone(),
-            Some(block) => format!("{system}\n\n{block}"),
-            None => system.to_owned(),
-        };
-        messages.push(ChatCompletionRequestSystemMessage::from(system.as_str()).into());
+        messages
+            .push(ChatCompletionRequestSystemMessage::from(self.system(prompt).as_str()).into());
         for exchange in history {
             let user = merge_turn(
                 exchange
@@ -94,6 +83,21 @@ impl OpenAiResponder {
             }
         }
         messages
+    }
+
+    /// The system message: the chat's (or the configured) system prompt, then what the
+    /// model remembers here (lull's words around it, each memory quoted).
+    fn system(&self, prompt: &Prompt) -> String {
+        let system = prompt
+            .choices
+            .system_prompt
+            .as_deref()
+            .unwrap_or(&self.settings.system_prompt);
+        match &prompt.memories {
+            Some(block) if system.is_empty() => block.clone(),
+            Some(block) => format!("{system}\n\n{block}"),
+            None => system.to_owned(),
+        }
     }
 
     /// The offered tools as OpenAI function definitions (`None` when none are).

@@ -59,6 +59,11 @@ pub enum LeaseKey {
     /// A replica's slot among the processes serving a sharded platform: the replica in
     /// slot N is the one shard N is handed to, so replicas split the shards.
     Replica(Platform, u32),
+    /// The making of a conversation's next summary: one process at a time writes it,
+    /// and a summary whose maker lost this lease is not stored (`SummaryStore`).
+    Summary(ConversationId),
+    /// The retention sweep: one process at a time removes old texts.
+    Retention,
 }
 
 impl LeaseKey {
@@ -73,6 +78,8 @@ impl LeaseKey {
             LeaseKey::Poller(p, 0) => format!("poller/{}", p.as_str()),
             LeaseKey::Poller(p, shard) => format!("poller/{}/shard-{shard}", p.as_str()),
             LeaseKey::Replica(p, slot) => format!("replica/{}/{slot}", p.as_str()),
+            LeaseKey::Summary(id) => format!("summary/{}", id.0),
+            LeaseKey::Retention => "retention".to_owned(),
         }
     }
 
@@ -80,7 +87,10 @@ impl LeaseKey {
     pub fn conversation(&self) -> Option<ConversationId> {
         match self {
             LeaseKey::Conversation(id) => Some(*id),
-            LeaseKey::Poller(..) | LeaseKey::Replica(..) => None,
+            LeaseKey::Poller(..)
+            | LeaseKey::Replica(..)
+            | LeaseKey::Summary(_)
+            | LeaseKey::Retention => None,
         }
     }
 }

@@ -14,8 +14,9 @@
 //!   conversation's own choices, `/stop`), [`ReactionStore`] (which message carries
 //!   a burst's ack reaction), [`RhythmStore`] (how a conversation's bursts go),
 //!   [`OverheardStore`] (group context), [`ThreadStore`] (the Discord threads lull
-//!   opened), [`JobStore`] (reminders and scheduled tasks) and [`MemoryStore`]
-//!   (remembered facts as rows of their scope); [`Store`] is their sum. A backend is opened with the deployment's
+//!   opened), [`JobStore`] (reminders and scheduled tasks), [`MemoryStore`]
+//!   (remembered facts as rows of their scope) and [`SummaryStore`] (summaries as
+//!   derived rows, retention); [`Store`] is their sum. A backend is opened with the deployment's
 //!   [`TimerPolicy`](crate::timing::TimerPolicy) and reports failures as a
 //!   backend-neutral [`StoreError`] (`error.rs`).
 //! - `rules`: each decision both backends make once their rows are read, written once
@@ -26,6 +27,9 @@
 //!   backend holds the SQL and its bindings.
 //! - `memory_rows`: a memory row of its columns, the newest of several scopes, and
 //!   what the counter-test's write-back switch writes.
+//! - `summary_rows`: a summary of its columns, the exchanges a summary may cover
+//!   grouped from their rows, and the one rule of storing one (covers more, same
+//!   context).
 //! - `ddl`: the DDL both dialects write byte for byte alike, named by both migration
 //!   lists; `lease_rows`: which lease row a holder claims, renews, releases and is
 //!   fenced by, so the counter-test's switch means the same on every backend.
@@ -73,6 +77,7 @@ mod open;
 mod postgres;
 mod rules;
 mod sqlite;
+mod summary_rows;
 
 pub use crate::access::{AccessRule, Subject};
 pub use crate::domain::{Exchange, OutboxKind, TokenUsage};
@@ -80,7 +85,7 @@ pub use lull_port::RecentConversation;
 
 pub use contract::{
     actions::*, jobs::*, leases::*, limits::*, memories::*, messages::*, outbox::*, overheard::*,
-    reactions::*, rhythm::*, rounds::*, settings::*, status::*, threads::*, work::*,
+    reactions::*, rhythm::*, rounds::*, settings::*, status::*, summaries::*, threads::*, work::*,
 };
 pub use error::StoreError;
 #[cfg(feature = "test-switches")]
@@ -114,6 +119,7 @@ pub trait Store:
     + ThreadStore
     + JobStore
     + MemoryStore
+    + SummaryStore
 {
 }
 
@@ -133,6 +139,7 @@ impl<T> Store for T where
         + ThreadStore
         + JobStore
         + MemoryStore
+        + SummaryStore
 {
 }
 
@@ -144,6 +151,6 @@ pub mod prelude {
         ActionStore as _, JobStore as _, LeaseStore as _, LimitStore as _, MemoryStore as _,
         MessageStore as _, OutboxStore as _, OverheardStore as _, ReactionStore as _,
         RhythmStore as _, RoundStore as _, SettingStore as _, StatusStore as _, Store,
-        ThreadStore as _, WorkStore as _,
+        SummaryStore as _, ThreadStore as _, WorkStore as _,
     };
 }

@@ -496,6 +496,7 @@ pub async fn an_abandoned_reservation_is_given_back_at_the_next_claim_on_its_day
             holder: &b,
             ttl: TTL,
             history: 10,
+            summaries: true,
             now: later,
         })
         .await
@@ -515,6 +516,7 @@ pub async fn an_abandoned_reservation_is_given_back_at_the_next_claim_on_its_day
             holder: &c,
             ttl: TTL,
             history: 10,
+            summaries: true,
             now: later,
         })
         .await
@@ -546,6 +548,7 @@ pub async fn a_settled_reservation_is_not_given_back(store: &dyn Store) {
             holder: &b,
             ttl: TTL,
             history: 10,
+            summaries: true,
             now: lease.expires_at,
         })
         .await

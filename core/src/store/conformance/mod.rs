@@ -34,6 +34,9 @@
 //!   scope; a scope keeps its newest; the commands touch their scope only;
 //!   `/forgetme` erases one person's memories and texts; concurrent commits keep
 //!   every fact; a clear or an erase fences the rounds in flight.
+//! - `summaries`: a summary is stored under its lease only if it covers more, never
+//!   after a `/new`, and read with the exchanges after it; retention removes old
+//!   texts of answered messages and delivered replies only.
 //! - `status`: the operator's view counts what the rows say, the same on every backend.
 
 mod actions;
@@ -49,6 +52,7 @@ mod rhythm;
 mod rounds;
 mod settings;
 mod status;
+mod summaries;
 mod threads;
 mod work;
 
@@ -65,6 +69,7 @@ pub use rhythm::*;
 pub use rounds::*;
 pub use settings::*;
 pub use status::*;
+pub use summaries::*;
 pub use threads::*;
 pub use work::*;
 
@@ -174,6 +179,8 @@ macro_rules! store_conformance {
             forgetting_a_person_erases_their_memories_and_texts,
             concurrent_commits_keep_every_fact,
             a_clear_fences_the_rounds_in_flight,
+            a_summary_is_stored_under_its_lease_only_if_it_covers_more,
+            retention_removes_old_answered_and_delivered_texts_only,
             a_commit_teaches_the_rhythm_of_its_burst,
             a_typing_author_holds_the_timer_never_past_the_cap,
         );

@@ -189,6 +189,7 @@ pub async fn an_outbox_row_is_stored_at_one_time_in_every_read(store: &dyn Store
             holder: &b,
             ttl: TTL,
             history: 10,
+            summaries: true,
             now: at(900_000),
         })
         .await
@@ -260,6 +261,7 @@ pub async fn a_notice_keeps_its_quick_replies(store: &dyn Store) {
             holder: &b,
             ttl: TTL,
             history: 10,
+            summaries: true,
             now: at(40),
         })
         .await

@@ -345,6 +345,7 @@ pub async fn a_round_is_claimed_with_what_it_works_on(store: &dyn Store) {
             holder: &b,
             ttl: ms(3000),
             history: 10,
+            summaries: true,
             now: at(2000),
         })
         .await
@@ -369,6 +370,7 @@ pub async fn a_round_is_claimed_with_what_it_works_on(store: &dyn Store) {
                 holder: &a,
                 ttl: ms(3000),
                 history: 10,
+                summaries: true,
                 now: at(2001)
             })
             .await
@@ -383,6 +385,7 @@ pub async fn a_round_is_claimed_with_what_it_works_on(store: &dyn Store) {
             holder: &a,
             ttl: ms(3000),
             history: 10,
+            summaries: true,
             now: at(5000),
         })
         .await

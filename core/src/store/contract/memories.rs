@@ -164,6 +164,9 @@ pub struct Erased {
     pub messages: u64,
     /// Overheard group messages deleted.
     pub overheard: u64,
+    /// Summaries deleted: every conversation's in which the person wrote (a summary
+    /// holds their words; the next is made from what is left).
+    pub summaries: u64,
 }
 
 /// How many memories are stored, by scope kind (the status page: counts, no texts).

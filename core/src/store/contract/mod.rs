@@ -21,6 +21,8 @@
 //! - [`jobs`]: reminders and scheduled tasks as rows, each occurrence fired once.
 //! - [`memories`]: remembered facts as rows of their scope (a person, a chat), written
 //!   with the reply or not at all.
+//! - [`summaries`]: a long conversation's summary as a derived row, stored under its
+//!   lease only if it covers more; retention (old texts removed, rows kept).
 
 pub(super) mod actions;
 pub(super) mod jobs;
@@ -35,5 +37,6 @@ pub(super) mod rhythm;
 pub(super) mod rounds;
 pub(super) mod settings;
 pub(super) mod status;
+pub(super) mod summaries;
 pub(super) mod threads;
 pub(super) mod work;

@@ -42,8 +42,12 @@ pub struct Batch {
     pub v0: Version,
     /// Every message after `answered_version`, oldest first.
     pub pending: Vec<PendingMessage>,
-    /// The most recent exchanges since the last `/reset`, oldest first.
+    /// The most recent exchanges since the last `/reset` and after `summary`, oldest
+    /// first.
     pub history: Vec<Exchange>,
+    /// The conversation's summary of the exchanges before `history` (read only when
+    /// the claim asked for summaries; `None` for a round with nothing pending).
+    pub summary: Option<crate::store::Summary>,
     /// The conversation's timer: when it is due and how many rounds failed in a row.
     pub timer: Option<TimerState>,
 }
@@ -136,6 +140,9 @@ pub struct RoundClaim<'a> {
     pub holder: &'a HolderId,
     pub ttl: std::time::Duration,
     pub history: usize,
+    /// Read the summary and only the exchanges after it (`LULL_SUMMARY=on`); off: the
+    /// newest exchanges, as if there were no summary.
+    pub summaries: bool,
     pub now: Timestamp,
 }
 

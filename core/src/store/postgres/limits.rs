@@ -74,7 +74,9 @@ impl LimitStore for PostgresStore {
         // scope once), every row of the charge before any is written: concurrent
         // charges queue on the first row they share and never deadlock.
         let scopes = crate::store::rules::sorted_scopes(&charging.charge.scopes);
-        let conversation = conversation_of(charging.lease);
+        // Only a hold or a reservation names the conversation (a summary's charge is
+        // under its summary lease, and neither holds nor reserves).
+        let conversation = || conversation_of(charging.lease);
         transaction!(self, Operation::Other, "charging tokens", |tx| {
             async {
                 let now = self.now(&tx, charging.now).await?;
@@ -100,7 +102,7 @@ impl LimitStore for PostgresStore {
                     .get(0);
                     if let Some(over) = rules::over_budget(scope, used) {
                         if let Some(until) = charging.charge.hold_until {
-                            hold_timer(&tx, conversation, now.to_db(until)).await?;
+                            hold_timer(&tx, conversation(), now.to_db(until)).await?;
                         }
                         return Ok(over);
                     }
@@ -127,7 +129,7 @@ impl LimitStore for PostgresStore {
                                  VALUES ($1, $2, $3, $4, $5)
                                  ON CONFLICT (conversation_id, lease_token, day, scope)
                                  DO UPDATE SET tokens = token_reservations.tokens + EXCLUDED.tokens",
-                                &[&conversation.0, &charging.lease.token.0, &charging.charge.day, &scope.scope, &scope.tokens],
+                                &[&conversation().0, &charging.lease.token.0, &charging.charge.day, &scope.scope, &scope.tokens],
                                 "recording a reservation",
                             )
                             .await?;
@@ -137,7 +139,7 @@ impl LimitStore for PostgresStore {
                         execute(
                             &tx,
                             "DELETE FROM token_reservations WHERE conversation_id = $1 AND lease_token = $2",
-                            &[&conversation.0, &charging.lease.token.0],
+                            &[&conversation().0, &charging.lease.token.0],
                             "settling a reservation",
                         )
                         .await?;

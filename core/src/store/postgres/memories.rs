@@ -356,9 +356,19 @@ async fn erase(
         "erasing overheard messages",
     )
     .await?;
+    let summaries = execute(
+        tx,
+        "DELETE FROM summaries WHERE conversation_id IN (
+             SELECT m.conversation_id FROM messages m JOIN conversations c ON c.id = m.conversation_id
+             WHERE m.user_id = $2 AND c.platform = $1)",
+        &[&platform, &user],
+        "erasing summaries",
+    )
+    .await?;
     Ok(Erased {
         memories,
         messages,
         overheard,
+        summaries,
     })
 }

@@ -91,7 +91,7 @@
 //! contract's areas are one file each, named as in the SQLite backend and the
 //! conformance suite: `messages.rs`, `leases.rs`, `rounds.rs`, `outbox.rs`, `work.rs`,
 //! `limits.rs`, `actions.rs`, `settings.rs`, `reactions.rs`, `rhythm.rs`,
-//! `overheard.rs`, `threads.rs`, `status.rs`, `jobs.rs`, `memories.rs`; `ingest.rs` stores messages that arrive
+//! `overheard.rs`, `threads.rs`, `status.rs`, `jobs.rs`, `memories.rs`, `summaries.rs`; `ingest.rs` stores messages that arrive
 //! together in one call. `clock.rs` holds the clock translation (`Now`, `db_now!`),
 //! `sql.rs` the statement helpers (errors with their context, `query`/`execute`,
 //! `transaction!`), `schema.rs` the migrations, `listen.rs` the wake-ups.
@@ -117,6 +117,7 @@ mod rounds;
 pub(crate) mod schema;
 mod settings;
 mod status;
+mod summaries;
 mod threads;
 mod work;
 

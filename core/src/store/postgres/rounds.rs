@@ -46,8 +46,14 @@ impl RoundStore for PostgresStore {
             let now = self.now_read(claimed_at, asked.now);
             give_back_orphans(&tx, asked.conversation, lease.token).await?;
             // What the round works on, read under the lease it just claimed.
-            let (batch, (mut owed, held_back)) =
-                read_batch_and_owed(&tx, asked.conversation, asked.history, Some(now.db)).await?;
+            let (batch, (mut owed, held_back)) = read_batch_and_owed(
+                &tx,
+                asked.conversation,
+                asked.history,
+                asked.summaries,
+                Some(now.db),
+            )
+            .await?;
             // On the caller's timeline: its deadlines are counted on its own clock.
             let mut batch = batch;
             if let Some(timer) = batch.timer.as_mut() {
@@ -70,7 +76,7 @@ impl RoundStore for PostgresStore {
         history: usize,
     ) -> Result<Batch, StoreError> {
         transaction!(self, Operation::Read, "collecting a batch", |tx| async {
-            Ok(read_batch_and_owed(&tx, conversation, history, None)
+            Ok(read_batch_and_owed(&tx, conversation, history, false, None)
                 .await?
                 .0)
         }
@@ -277,9 +283,10 @@ async fn read_batch_and_owed(
     tx: &Tx<'_>,
     conversation: ConversationId,
     history: usize,
+    summaries: bool,
     now: Option<Timestamp>,
 ) -> Result<(Batch, (Vec<OutboxRow>, bool)), StoreError> {
-    use futures_util::future::{TryFutureExt, try_join5};
+    use futures_util::future::{TryFutureExt, try_join, try_join5};
 
     let context = "reading a batch";
     let prepare = |sql: &'static str| async move { tx.prepare_cached(sql).await.ctx(context) };
@@ -296,33 +303,47 @@ async fn read_batch_and_owed(
     )
     .await?;
     let timer = prepare("SELECT due_at, attempts FROM timers WHERE conversation_id = $1").await?;
-    // The last `limit` replies since the context was reset, with the messages each
-    // covered, oldest first.
+    // The last `limit` replies since the context was reset and after the summary of
+    // that context (with `summaries`), with the messages each covered, oldest first;
+    // replies whose text retention removed are left out.
     let exchanges = prepare(
         "SELECT o.id, o.text, m.author, m.text, m.transcript
          FROM (SELECT id, text FROM outbox
                WHERE conversation_id = $1 AND kind = 'reply' AND failed_at IS NULL
                  AND version > (SELECT context_version FROM conversations WHERE id = $1)
+                 AND erased_at IS NULL
+                 AND id > CASE WHEN $3 THEN COALESCE((
+                     SELECT s.through_reply FROM summaries s JOIN conversations c ON c.id = s.conversation_id
+                     WHERE s.conversation_id = $1 AND s.context_version = c.context_version), 0) ELSE 0 END
                ORDER BY id DESC LIMIT $2) o
          JOIN reply_covers rc ON rc.outbox_id = o.id
          JOIN messages m ON m.id = rc.message_id
          ORDER BY o.id, m.id",
     )
     .await?;
+    let summary = prepare(
+        "SELECT s.through_reply, s.through_message, s.through_at, s.messages, s.text, s.model, s.created_at
+         FROM summaries s JOIN conversations c ON c.id = s.conversation_id
+         WHERE s.conversation_id = $1 AND s.context_version = c.context_version AND $2",
+    )
+    .await?;
     let owed = prepare(OWED).await?;
     let limit = history as i64;
     let id = conversation.0;
-    let (row, pending, timer, exchanges, owed) = try_join5(
-        tx.query_opt(&locked, &[&id]),
-        tx.query(&pending, &[&id]),
-        tx.query_opt(&timer, &[&id]),
-        tx.query(&exchanges, &[&id, &limit]),
-        async {
-            match now {
-                Some(_) => tx.query(&owed, &[&id]).await,
-                None => Ok(Vec::new()),
-            }
-        },
+    let ((row, pending, timer, exchanges, owed), summary) = try_join(
+        try_join5(
+            tx.query_opt(&locked, &[&id]),
+            tx.query(&pending, &[&id]),
+            tx.query_opt(&timer, &[&id]),
+            tx.query(&exchanges, &[&id, &limit, &summaries]),
+            async {
+                match now {
+                    Some(_) => tx.query(&owed, &[&id]).await,
+                    None => Ok(Vec::new()),
+                }
+            },
+        ),
+        tx.query_opt(&summary, &[&id, &summaries]),
     )
     .map_err(|e| super::sql::classify(context, &e))
     .await?;
@@ -366,6 +387,9 @@ async fn read_batch_and_owed(
             (row.get(0), row.get(1), said)
         }))
     };
+    let summary = summary
+        .filter(|_| !pending.is_empty())
+        .map(|r| super::summaries::summary_row(&r));
     let batch = Batch {
         conversation_id: conversation,
         conversation: ConversationRef::new(platform, key),
@@ -373,6 +397,7 @@ async fn read_batch_and_owed(
         v0: Version(version),
         pending,
         history,
+        summary,
         timer,
     };
     let owed = match now {

@@ -65,6 +65,9 @@ const ALL: &[&str] = &[
     // 21 (SQLite 20): memories as rows of their scope, erased messages' tombstones,
     // who wrote an overheard message.
     include_str!("migrations/v21_memories.sql"),
+    // 22 (SQLite 21): summaries as derived rows; retention's tombstones of delivered
+    // replies.
+    include_str!("migrations/v22_summaries.sql"),
 ];
 
 /// The schema version this build migrates to.

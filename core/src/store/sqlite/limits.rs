@@ -71,7 +71,9 @@ impl LimitStore for SqliteStore {
         self.write("charging tokens", move |tx| {
             // Budgets: charged under the lease, fenced like the final check.
             ensure_lease(tx, &lease, &row.resource, charging.now)?;
-            let conversation = conversation_of(&lease);
+            // Only a hold or a reservation names the conversation (a summary's charge is
+            // under its summary lease, and neither holds nor reserves).
+            let conversation = || conversation_of(&lease);
             // One order for every charge (SQLite has one writer; PostgreSQL locks
             // the rows in this order).
             let scopes = crate::store::rules::sorted_scopes(&charge.scopes);
@@ -88,7 +90,7 @@ impl LimitStore for SqliteStore {
                     .ctx("reading a token budget")?;
                 if let Some(over) = rules::over_budget(scope, used) {
                     if let Some(until) = charge.hold_until {
-                        hold_timer(tx, conversation, until)?;
+                        hold_timer(tx, conversation(), until)?;
                     }
                     return Ok(over);
                 }
@@ -121,7 +123,7 @@ impl LimitStore for SqliteStore {
                     for scope in &scopes {
                         record
                             .execute(params![
-                                conversation.0,
+                                conversation().0,
                                 lease.token.0,
                                 charge.day,
                                 scope.scope,
@@ -135,7 +137,7 @@ impl LimitStore for SqliteStore {
                         "DELETE FROM token_reservations WHERE conversation_id = ?1 AND lease_token = ?2",
                     )
                     .ctx("preparing a statement")?
-                    .execute(params![conversation.0, lease.token.0])
+                    .execute(params![conversation().0, lease.token.0])
                     .ctx("settling a reservation")?;
                 }
             }

@@ -324,9 +324,19 @@ fn erase(
         .ctx("preparing a statement")?
         .execute(params![platform.as_str(), user])
         .ctx("erasing overheard messages")?;
+    let summaries = tx
+        .prepare_cached(
+            "DELETE FROM summaries WHERE conversation_id IN (
+                 SELECT m.conversation_id FROM messages m JOIN conversations c ON c.id = m.conversation_id
+                 WHERE m.user_id = ?2 AND c.platform = ?1)",
+        )
+        .ctx("preparing a statement")?
+        .execute(params![platform.as_str(), user])
+        .ctx("erasing summaries")?;
     Ok(Erased {
         memories: memories as u64,
         messages: messages as u64,
         overheard: overheard as u64,
+        summaries: summaries as u64,
     })
 }

@@ -15,7 +15,7 @@
 //! The contract's areas are one file each, named as in the PostgreSQL backend and
 //! the conformance suite: `messages.rs`, `leases.rs`, `rounds.rs`, `outbox.rs`,
 //! `work.rs`, `limits.rs`, `actions.rs`, `settings.rs`, `reactions.rs`, `rhythm.rs`,
-//! `overheard.rs`, `threads.rs`, `status.rs`, `jobs.rs`, `memories.rs`. `sql.rs` holds the statement helpers
+//! `overheard.rs`, `threads.rs`, `status.rs`, `jobs.rs`, `memories.rs`, `summaries.rs`. `sql.rs` holds the statement helpers
 //! (errors with their context), `schema.rs` the migrations.
 
 mod actions;
@@ -33,6 +33,7 @@ pub(crate) mod schema;
 mod settings;
 mod sql;
 mod status;
+mod summaries;
 mod threads;
 mod work;
 mod writer;

@@ -32,7 +32,7 @@ impl RoundStore for SqliteStore {
             };
             give_back_orphans(tx, asked.conversation, lease.token)?;
             // What the round works on, read under the lease it just claimed.
-            let batch = read_batch(tx, asked.conversation, asked.history)?;
+            let batch = read_batch(tx, asked.conversation, asked.history, asked.summaries)?;
             let owed = read_owed(tx, asked.conversation, asked.now)?;
             Ok(Some(Claimed {
                 lease,
@@ -54,7 +54,7 @@ impl RoundStore for SqliteStore {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Deferred)
                 .ctx("collecting a batch")?;
-            read_batch(&tx, conversation, history)
+            read_batch(&tx, conversation, history, false)
         })
         .await
     }
@@ -284,12 +284,13 @@ fn give_back_orphans(
     Ok(())
 }
 
-/// The batch of a conversation: version, pending messages, recent history and
-/// timer, read on `tx` (one snapshot).
+/// The batch of a conversation: version, pending messages, recent history (after the
+/// summary, with `summaries`) and timer, read on `tx` (one snapshot).
 fn read_batch(
     tx: &Connection,
     conversation: ConversationId,
     history: usize,
+    summaries: bool,
 ) -> Result<Batch, StoreError> {
     let row: Option<(String, String, bool, i64, i64, i64)> = tx
         .prepare_cached(
@@ -360,10 +361,16 @@ fn read_batch(
         .optional()
         .ctx("reading the timer")?;
     // Nothing to answer (a round that only delivers): no history needed.
+    let summary = if summaries && !pending.is_empty() {
+        super::summaries::current(tx, conversation, context_version)?
+    } else {
+        None
+    };
     let history = if pending.is_empty() {
         Vec::new()
     } else {
-        read_history(tx, conversation, context_version, history)?
+        let after = summary.as_ref().map_or(0, |s| s.through_reply);
+        read_history(tx, conversation, context_version, after, history)?
     };
     Ok(Batch {
         conversation_id: conversation,
@@ -372,6 +379,7 @@ fn read_batch(
         v0: Version(version),
         pending,
         history,
+        summary,
         timer,
     })
 }
@@ -574,13 +582,15 @@ fn rearm_for_remaining(
     Ok(())
 }
 
-/// The last `limit` replies since the context was reset, with the messages each
-/// covered, oldest first. Dropped (stale) replies were never stored, so they never
-/// appear here.
+/// The last `limit` replies since the context was reset and after the reply `after`
+/// (the summary's last), with the messages each covered, oldest first. Dropped
+/// (stale) replies were never stored, so they never appear here; nor do replies whose
+/// text retention removed.
 fn read_history(
     tx: &Connection,
     conversation: ConversationId,
     context_version: i64,
+    after: i64,
     limit: usize,
 ) -> Result<Vec<Exchange>, StoreError> {
     if limit == 0 {
@@ -592,6 +602,7 @@ fn read_history(
             "SELECT o.id, o.text, m.author, m.text, m.transcript
              FROM (SELECT id, text FROM outbox
                    WHERE conversation_id = ?1 AND kind = 'reply' AND failed_at IS NULL AND version > ?2
+                     AND id > ?4 AND erased_at IS NULL
                    ORDER BY id DESC LIMIT ?3) o
              JOIN reply_covers rc ON rc.outbox_id = o.id
              JOIN messages m ON m.id = rc.message_id
@@ -599,7 +610,12 @@ fn read_history(
         )
         .ctx("reading history")?;
     let mut rows = stmt
-        .query(params![conversation.0, context_version, limit as i64])
+        .query(params![
+            conversation.0,
+            context_version,
+            limit as i64,
+            after
+        ])
         .ctx("reading history")?;
     let mut read = Vec::new();
     while let Some(row) = rows.next().ctx("reading history")? {

@@ -56,6 +56,8 @@ const ALL: &[&str] = &[
     // 20: memories as rows of their scope, erased messages' tombstones, who wrote an
     // overheard message.
     include_str!("migrations/v20_memories.sql"),
+    // 21: summaries as derived rows; retention's tombstones of delivered replies.
+    include_str!("migrations/v21_summaries.sql"),
 ];
 
 /// The schema version this build migrates to.

@@ -82,6 +82,14 @@ pub const JOBS_ACTIVE: &str = "lull_jobs_active";
 /// clear made while its reply was written), `command_forget` and `clear`
 /// (`/memory`), `erase` (`/forgetme`).
 pub const MEMORIES: &str = "lull_memories_total";
+/// Labelled `outcome`: summaries made — `stored`; not stored: `superseded` (the stored
+/// one covers as much), `fenced` (the maker lost its summary lease), `reset` (`/new`
+/// meanwhile); not made: `over_budget`, `refused` (the model refused or answered
+/// nothing), `failed` (the model or the database failed). The previous summary stays.
+pub const SUMMARIES: &str = "lull_summaries_total";
+/// Labelled `kind` (`message`, `reply`, `overheard`): texts removed by retention
+/// (`LULL_RETENTION_DAYS`).
+pub const RETENTION_REMOVED: &str = "lull_retention_removed_total";
 
 /// Register descriptions with the installed recorder (call once, after installing it).
 pub fn describe() {
@@ -91,6 +99,14 @@ pub fn describe() {
         "Messages stored (redeliveries not counted)."
     );
     describe_counter!(REPLIES_SENT, "Replies fully delivered to the platform.");
+    describe_counter!(
+        SUMMARIES,
+        "Summaries of long conversations, by outcome (stored, superseded, fenced, reset, over_budget, refused, failed)."
+    );
+    describe_counter!(
+        RETENTION_REMOVED,
+        "Texts removed by retention, by kind (message, reply, overheard)."
+    );
     describe_counter!(
         JOBS_FIRED,
         "Job occurrences fired, by kind (reminder, task)."

@@ -113,6 +113,16 @@ pub(crate) fn unfenced_memory() -> bool {
     *ON.get_or_init(|| on("LULL_TEST_UNFENCED_MEMORY"))
 }
 
+/// `LULL_TEST_SUMMARY_WRITE_BACK=1`: storing a summary writes the conversation's
+/// history back trimmed, as the peers save a summarised history file: the summary
+/// replaces the stored one whatever it covers and whoever holds the summary lease,
+/// and the texts of the messages it covers and of every message after its picture are
+/// removed (what arrived while it was written is lost).
+pub(crate) fn summary_write_back() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| on("LULL_TEST_SUMMARY_WRITE_BACK"))
+}
+
 /// `LULL_TEST_RESOLVE=name=address,…`: the web fetch's resolver answers these names
 /// with these addresses before asking the system (a public-looking name that resolves
 /// to loopback, without a hosts file). Its answers are judged like any other.

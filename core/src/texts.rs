@@ -653,11 +653,18 @@ pub struct StatusLines<'a> {
     pub used_today: u64,
     pub conversation: &'a str,
     pub user: &'a str,
+    /// How far the summary reaches ([`summary_reach_text`]); `None`: summaries off.
+    pub summary: Option<String>,
 }
 
 pub fn status_text(s: &StatusLines<'_>) -> String {
+    let summary = s
+        .summary
+        .as_deref()
+        .map(|line| format!("\nSummary: {line}"))
+        .unwrap_or_default();
     format!(
-        "Model: {}\nPersona: {}{}\nWaiting for an answer: {}\nYour tokens today: {}\nThis chat: {}\nYou: {}",
+        "Model: {}\nPersona: {}{}\nWaiting for an answer: {}{summary}\nYour tokens today: {}\nThis chat: {}\nYou: {}",
         s.model,
         s.persona.unwrap_or("default"),
         if s.own_prompt {
@@ -670,6 +677,17 @@ pub fn status_text(s: &StatusLines<'_>) -> String {
         s.conversation,
         s.user,
     )
+}
+
+/// `/status`'s summary line: how many earlier messages the summary covers, up to when
+/// (`until`, as the deployment's time zone shows it); `None`: no summary yet.
+pub fn summary_reach_text(reach: Option<(u64, &str)>) -> String {
+    match reach {
+        Some((messages, until)) => format!(
+            "the first {messages} messages, up to {until} (the model sees them through it, and the newer ones as written)"
+        ),
+        None => "none yet: the model sees the conversation as written".to_owned(),
+    }
 }
 
 // Jobs: what `/remind` and `/schedule` answer when their WHEN cannot be used. Each is

@@ -310,7 +310,21 @@ async fn status(d: &Dispatcher, incoming: &Incoming, now: Timestamp) -> Result<S
         .store
         .token_usage(&day, &[limits::user_scope(platform, &incoming.user_id)])
         .await?;
+    let summary = match &d.settings.summary {
+        Some(_) => {
+            let summary = d.store.summary(&incoming.conversation).await?;
+            let timezone = &d.settings.limits.timezone;
+            Some(texts::summary_reach_text(
+                summary
+                    .map(|s| (s.messages, timezone.show(s.through_at, now)))
+                    .as_ref()
+                    .map(|(n, at)| (*n, at.as_str())),
+            ))
+        }
+        None => None,
+    };
     Ok(texts::status_text(&texts::StatusLines {
+        summary,
         model: &model,
         persona,
         own_prompt: chosen.prompt.is_some(),

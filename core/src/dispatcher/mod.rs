@@ -37,6 +37,10 @@
 //! - `memory`: facts remembered as rows of a person's or a chat's scope, shown in the
 //!   system prompt, staged by the model's `lull__remember` and `lull__forget` and
 //!   written with the reply; `/memory` and `/forgetme`.
+//! - `summaries`: a long conversation's summary, made after a reply when the history
+//!   fills its window, under its own lease, stored only if it covers more.
+//! - `retention`: `LULL_RETENTION_DAYS`, old texts removed in small batches beside
+//!   the rounds, on one process at a time.
 //! - `overheard`: group context, the recent group messages not addressed to lull,
 //!   kept (bounded) for the prompt; never a message to answer.
 //! - `threads`: the Discord threads lull opened, where a message needs no mention.
@@ -51,6 +55,7 @@
 
 pub use jobs::{JOB_MIN_INTERVAL, JOBS_PER_CHAT, JobSettings, MissedPolicy};
 pub use memory::{MEMORY_CHARS, MemorySettings};
+pub use summaries::{SUMMARY_MAX_CHARS, SummarySettings};
 mod acks;
 mod background;
 mod bounds;
@@ -69,9 +74,11 @@ mod memory;
 mod not_stored;
 mod notices;
 mod overheard;
+mod retention;
 mod round;
 mod scheduler;
 mod sessions;
+mod summaries;
 mod threads;
 mod tool_refusals;
 mod wallet;
@@ -170,6 +177,13 @@ pub struct DispatchSettings {
     /// `LULL_TOOLS=auto`: lull's own tools (memory's) are offered to the model, with
     /// or without MCP servers; `off`: no tool at all.
     pub builtin_tools: bool,
+    /// `LULL_SUMMARY`: a long conversation's summary, made after a reply when the
+    /// history fills its window, shown before the exchanges after it; `None` (`off`):
+    /// the newest exchanges only, as without summaries.
+    pub summary: Option<SummarySettings>,
+    /// `LULL_RETENTION_DAYS`: texts of answered messages and delivered replies older
+    /// than this are removed (rows kept); `None`: everything is kept.
+    pub retention: Option<Duration>,
 }
 
 impl Default for DispatchSettings {
@@ -213,6 +227,14 @@ impl Default for DispatchSettings {
             jobs: Some(JobSettings::default()),
             memory: Some(MemorySettings::default()),
             builtin_tools: true,
+            summary: Some(SummarySettings {
+                model: None,
+                history: HistoryBudget {
+                    messages: HISTORY_MESSAGES,
+                    chars: HISTORY_CHARS,
+                },
+            }),
+            retention: None,
         }
     }
 }
@@ -346,6 +368,9 @@ pub struct Dispatcher {
     /// when this process makes one ([`Dispatcher::job_armed`]). A look for due work
     /// that comes earlier (a message's timer) does not ask the database for jobs.
     jobs_due_by: AtomicI64,
+    /// When the retention sweep runs next here (milliseconds since the epoch): at the
+    /// first look, then every `retention::SWEEP_EVERY`.
+    retention_due_by: AtomicI64,
     events: broadcast::Sender<Event>,
     /// Events emitted so far: the scheduler reads the pending gauge again only after
     /// something happened here (or, for other processes' work, every
@@ -436,6 +461,7 @@ impl DispatcherBuilder {
             background,
             sleeping_until: AtomicI64::new(i64::MAX),
             jobs_due_by: AtomicI64::new(i64::MIN),
+            retention_due_by: AtomicI64::new(i64::MIN),
             events,
             events_emitted: std::sync::atomic::AtomicU64::new(0),
             access_rules: Refreshed::default(),

@@ -191,6 +191,7 @@ impl Scheduler {
         if dispatcher.settings.jobs.is_some() {
             wake_at = wake_at.min(self.jobs(now).await);
         }
+        super::retention::sweep_when_due(dispatcher, now);
         wake_at
     }
 

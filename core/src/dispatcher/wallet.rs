@@ -183,8 +183,9 @@ pub(super) fn prompt_tokens(limits: &Limits, prompt: &Prompt) -> u64 {
         .sum();
     let batch: u64 = prompt.batch.iter().map(|s| said(&s.author, &s.text)).sum();
     let note = prompt.note.as_deref().map_or(0, limits::text_tokens);
-    // What the model remembers, with the system prompt.
-    let memories = prompt.memories.as_deref().map_or(0, limits::text_tokens);
+    // What the model remembers and the summary, with the system prompt.
+    let memories = prompt.memories.as_deref().map_or(0, limits::text_tokens)
+        + prompt.summary.as_deref().map_or(0, limits::text_tokens);
     // The offered tools' definitions, sent with the request.
     let tools: u64 = prompt
         .tools
@@ -240,7 +241,8 @@ pub(super) fn media_tokens(d: &Dispatcher, messages: &[PendingMessage]) -> u64 {
 }
 
 /// The authors a batch is charged to: user ids, sorted, each once.
-fn authors(messages: &[PendingMessage]) -> Vec<String> {
+/// The batch's authors (user ids), each once, sorted.
+pub(super) fn authors(messages: &[PendingMessage]) -> Vec<String> {
     let mut authors: Vec<String> = messages.iter().map(|m| m.user_id.clone()).collect();
     authors.sort_unstable();
     authors.dedup();
@@ -572,6 +574,42 @@ pub(super) async fn charge_transcription(
         metrics::counter!(names::TOKENS, "kind" => "transcription").increment(tokens as u64);
     }
     Ok(charged)
+}
+
+/// A summary's charge of `tokens` (negative: given back) under its summary lease, on
+/// `day`: shared among the people whose reply asked for it, and the bot's; with
+/// `check`, against their budgets (`false`: a budget has not that much left, nothing
+/// was charged). Plain charges, not a reservation: a maker that dies between the
+/// worst case and the settle leaves the worst case charged, never less.
+pub(super) async fn charge_summary(
+    d: &Dispatcher,
+    lease: &Lease,
+    asked: &super::summaries::SummaryAsked,
+    tokens: i64,
+    check: bool,
+    day: String,
+) -> Result<bool, StoreError> {
+    if tokens == 0 {
+        return Ok(true);
+    }
+    let n = asked.payers.len().max(1) as i64;
+    let per_payer = if tokens > 0 {
+        (tokens + n - 1) / n
+    } else {
+        tokens / n
+    };
+    let charge = charge(
+        d,
+        &asked.chat,
+        &asked.payers,
+        per_payer,
+        tokens,
+        check && d.settings.limits.has_budget(),
+        None,
+        Reservation::None,
+        day,
+    );
+    Ok(charge_under(d, lease, &charge, d.clock.now()).await? == Charged::Charged)
 }
 
 /// Give back a transcription's charge ([`charge_transcription`]): it failed.

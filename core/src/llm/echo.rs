@@ -121,6 +121,7 @@ mod tests {
             history: Vec::new(),
             overheard: Vec::new(),
             memories: None,
+            summary: None,
             batch: vec![Said::new("Ann", "one two")],
             note: None,
             images: Vec::new(),

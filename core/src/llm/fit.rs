@@ -89,6 +89,7 @@ pub fn smaller_prompts(prompt: &Prompt, budget: HistoryBudget) -> Vec<Prompt> {
             history: Vec::new(),
             overheard: Vec::new(),
             memories: None,
+            summary: None,
             ..prompt.clone()
         });
     }
@@ -103,6 +104,7 @@ pub fn smaller_prompts(prompt: &Prompt, budget: HistoryBudget) -> Vec<Prompt> {
             history: Vec::new(),
             overheard: Vec::new(),
             memories: None,
+            summary: None,
             batch,
             note: Some(cut_note(total, total.saturating_sub(kept))),
             ..prompt.clone()
@@ -192,6 +194,7 @@ mod tests {
                 .collect(),
             overheard: Vec::new(),
             memories: None,
+            summary: None,
             batch: batch.iter().map(|t| message(t)).collect(),
             note: None,
             images: Vec::new(),

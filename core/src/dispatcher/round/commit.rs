@@ -4,7 +4,8 @@
 //! nothing new since `v0`, or the cap reached; else the reply is dropped).
 
 use super::{Answering, Ending, Flow, Interrupt, Reservation, Round, StaleAt, media};
-use crate::dispatcher::Event;
+use crate::dispatcher::summaries::{self, SummaryAsked};
+use crate::dispatcher::{Event, wallet};
 use crate::metrics as names;
 use crate::store::{CommitOutcome, NewReply, ReplyCommit};
 
@@ -36,6 +37,11 @@ impl Round<'_> {
         let (Some((generation, llm_time)), Some(text)) = (&a.generation, a.reply.take()) else {
             return Ok(Flow::End(Ending::Quiet));
         };
+        let summary_due = d
+            .settings
+            .summary
+            .as_ref()
+            .is_some_and(|settings| summaries::due(settings, &a.batch, &text));
         let reply = NewReply {
             text,
             usage: generation.usage,
@@ -91,6 +97,15 @@ impl Round<'_> {
         a.rows.push(outbox);
         // The notices of members left out, stored after the reply.
         a.rows.extend(notices);
+        if summary_due {
+            *self.summary_due.lock().expect("summary mutex poisoned") = Some(SummaryAsked {
+                conversation,
+                chat: batch.conversation.clone(),
+                is_group: batch.is_group,
+                payers: wallet::authors(&batch.pending),
+                chat_model: a.prompt.choices.model.clone(),
+            });
+        }
         Ok(Flow::Go)
     }
 }

@@ -94,6 +94,10 @@ impl Round<'_> {
             history: batch.history.clone(),
             overheard: Vec::new(),
             memories: None,
+            summary: batch
+                .summary
+                .as_ref()
+                .map(crate::dispatcher::summaries::block),
             batch: messages
                 .iter()
                 .map(|m| Said::new(&m.author, m.said()))

@@ -26,6 +26,9 @@
 //!     (`commit`).
 //! 12. **commit**: the final check, one transaction: lease still ours and nothing new
 //!     since `v0`, or the cap; the staged memories written in it, or none (`commit`).
+//!     A committed reply that fills the history's window asks for a summary, made
+//!     after the round (`summaries`), once its rows are delivered and its lease
+//!     released.
 //!
 //! The runner and the state are `stages`. Its other rooms: `budget` (who pays, the
 //! reservation, the settle), `media` (voice messages and images), `generate` (the
@@ -167,6 +170,7 @@ pub(super) async fn run(
             holder: &d.holder,
             ttl: d.settings.lease.ttl(),
             history: d.settings.history,
+            summaries: d.settings.summary.is_some(),
             now: claimed_at,
         })
         .await;
@@ -198,6 +202,7 @@ pub(super) async fn run(
         conversation,
         keeper: &keeper,
         stop,
+        summary_due: std::sync::Mutex::new(None),
     };
     let delivery = Delivery::new(d, conversation, &keeper, stop);
     let result = match round.under_lease(batch, owed, held_back, &delivery).await {
@@ -216,8 +221,20 @@ pub(super) async fn run(
     // The last part delivered is recorded with the release (one write, not two), and
     // the release is retried until it is recorded: a delivered part is a fact.
     let last_sent = delivery.take_last_sent();
+    let due = round
+        .summary_due
+        .lock()
+        .expect("summary mutex poisoned")
+        .take();
+    // The round and its delivery borrow the keeper, which the release consumes.
+    let _ = (delivery, round);
     keeper.release_recording(last_sent, stop).await;
     d.emit(Event::RoundEnded { conversation });
+    // The summary a committed reply found due, made now that its reply is delivered
+    // and the lease released (the person does not wait for it).
+    if let Some(asked) = due {
+        super::summaries::make_later(d, asked);
+    }
     result
 }
 
@@ -227,6 +244,9 @@ struct Round<'a> {
     conversation: ConversationId,
     keeper: &'a LeaseKeeper,
     stop: &'a CancellationToken,
+    /// Set by `commit` when the committed reply filled the history's window: the
+    /// summary to make after the round. A std mutex: held to set or take it only.
+    summary_due: std::sync::Mutex<Option<super::summaries::SummaryAsked>>,
 }
 
 impl Round<'_> {

@@ -93,11 +93,18 @@ impl OpenAiResponder {
             .system_prompt
             .as_deref()
             .unwrap_or(&self.settings.system_prompt);
-        match &prompt.memories {
-            Some(block) if system.is_empty() => block.clone(),
-            Some(block) => format!("{system}\n\n{block}"),
-            None => system.to_owned(),
-        }
+        // The system prompt, then what the model remembers, then the summary of the
+        // conversation before the history that follows.
+        [
+            Some(system),
+            prompt.memories.as_deref(),
+            prompt.summary.as_deref(),
+        ]
+        .into_iter()
+        .flatten()
+        .filter(|part| !part.is_empty())
+        .collect::<Vec<_>>()
+        .join("\n\n")
     }
 
     /// The offered tools as OpenAI function definitions (`None` when none are).

@@ -1,0 +1,236 @@
+//! Making a conversation's next summary, beside the rounds, after a reply was
+//! delivered: under the conversation's summary lease, charged to the people whose
+//! reply asked for it, stored only if it covers more. Every end is counted in
+//! `lull_summaries_total{outcome}`; none stalls the conversation, whose rounds go on
+//! meanwhile (a message that arrives is simply after the summary).
+
+use std::sync::Arc;
+
+use super::{SUMMARY_MAX_CHARS, SUMMARY_MAX_TOKENS, cover, texts};
+use crate::dispatcher::lease_keeper::{self, LeaseKeeper};
+use crate::dispatcher::{Dispatcher, wallet};
+use crate::domain::{ConversationId, ConversationRef, Exchange, LeaseKey, Said};
+use crate::llm::{Choices, FailureKind, Partial, Prompt};
+use crate::metrics as names;
+use crate::store::{CoverableExchange, NewSummary, StoreError, SummaryPicture};
+
+/// The most exchanges one summary's picture reads (a summary that lagged behind many
+/// replies covers what fits its input, and the next covers the rest).
+const PICTURE_EXCHANGES: usize = 200;
+
+/// What a round that found a summary due hands to its maker.
+#[derive(Debug, Clone)]
+pub(in crate::dispatcher) struct SummaryAsked {
+    pub conversation: ConversationId,
+    pub chat: ConversationRef,
+    pub is_group: bool,
+    /// Who pays: the people whose messages the round answered.
+    pub payers: Vec<String>,
+    /// The chat's model (`/model`), used when `LULL_SUMMARY_MODEL` is unset.
+    pub chat_model: Option<String>,
+}
+
+/// Make the next summary of `asked.conversation` beside the rounds (shutdown cancels
+/// it: a summary is derived, and its lease expires). Another process or task already
+/// making one: nothing.
+pub(in crate::dispatcher) fn make_later(d: &Arc<Dispatcher>, asked: SummaryAsked) {
+    let dispatcher = d.clone();
+    d.background.show(async move {
+        let conversation = asked.conversation;
+        let outcome = match make(&dispatcher, &asked).await {
+            Ok(Some(outcome)) => outcome,
+            Ok(None) => return,
+            Err(error) => {
+                tracing::warn!(%conversation, %error, "could not make a summary; the previous one stays");
+                "failed"
+            }
+        };
+        tracing::info!(%conversation, outcome, "summary");
+        metrics::counter!(names::SUMMARIES, "outcome" => outcome).increment(1);
+    });
+}
+
+/// Claim the summary lease, make the summary under it, release it. `None`: nothing
+/// to do (another maker holds the lease, or the window is no longer full).
+async fn make(d: &Dispatcher, asked: &SummaryAsked) -> Result<Option<&'static str>, StoreError> {
+    let Some(keeper) = lease_keeper::claim(d, LeaseKey::Summary(asked.conversation)).await? else {
+        tracing::debug!(conversation = %asked.conversation, "another maker is writing this summary");
+        return Ok(None);
+    };
+    let made = match under_lease(d, asked, &keeper).await {
+        // A charge under a lease lost meanwhile: the summary is not stored.
+        Err(StoreError::LeaseLost(_)) => Ok(Some("fenced")),
+        other => other,
+    };
+    keeper.release().await;
+    made
+}
+
+async fn under_lease(
+    d: &Dispatcher,
+    asked: &SummaryAsked,
+    keeper: &LeaseKeeper,
+) -> Result<Option<&'static str>, StoreError> {
+    let Some(settings) = &d.settings.summary else {
+        return Ok(None);
+    };
+    let picture = d
+        .store
+        .summary_picture(asked.conversation, PICTURE_EXCHANGES)
+        .await?;
+    let all: Vec<Exchange> = picture
+        .exchanges
+        .iter()
+        .map(|e| e.exchange.clone())
+        .collect();
+    // Read again under the lease: a summary stored meanwhile may have made room.
+    if !cover::window_full(&all, settings.history, asked.is_group) {
+        return Ok(None);
+    }
+    let input_chars = settings.history.chars.saturating_mul(2);
+    let n = cover::covered(&all, settings.history, asked.is_group, input_chars);
+    if n == 0 {
+        return Ok(None);
+    }
+    let model = settings.model.clone().or_else(|| asked.chat_model.clone());
+    let prompt = request(asked, &picture, n, model.clone());
+    let lease = keeper.lease();
+    let now = d.clock.now();
+    let estimate = wallet::prompt_tokens(&d.settings.limits, &prompt) + SUMMARY_MAX_TOKENS;
+    let day = d.settings.limits.timezone.day(now);
+    let charge = |tokens: i64, check: bool| {
+        wallet::charge_summary(d, &lease, asked, tokens, check, day.clone())
+    };
+    // Never for a chat over budget: the worst case is charged before it is asked.
+    if !charge(estimate as i64, true).await? {
+        return Ok(Some("over_budget"));
+    }
+    let partial = Partial::ignored();
+    // A maker that lost its lease stops asking; the counter-test's makers write back
+    // whatever happened, as the peers' do.
+    let lease_lost = async {
+        if crate::switches::summary_write_back() {
+            std::future::pending::<()>().await;
+        }
+        keeper.lost().await;
+    };
+    let answered = tokio::select! {
+        answered = d.responder.respond(&prompt, &partial) => answered,
+        () = lease_lost => {
+            charge(-(estimate as i64), false).await.ok();
+            return Ok(Some("fenced"));
+        }
+    };
+    let generation = match answered {
+        Ok(generation) if !generation.text.trim().is_empty() => generation,
+        Ok(_) => {
+            charge(-(estimate as i64), false).await?;
+            return Ok(Some("refused"));
+        }
+        Err(error) => {
+            charge(-(estimate as i64), false).await?;
+            tracing::info!(conversation = %asked.conversation, %error, "the summary model failed; the previous summary stays");
+            return Ok(Some(match error.kind() {
+                FailureKind::Refused | FailureKind::TooLong => "refused",
+                FailureKind::Transient => "failed",
+            }));
+        }
+    };
+    let spent = generation
+        .usage
+        .map_or(estimate, |u| u.prompt + u.completion);
+    charge(spent as i64 - estimate as i64, false).await?;
+    metrics::counter!(names::TOKENS, "kind" => "summary").increment(spent);
+    let summary = new_summary(
+        asked,
+        &picture,
+        n,
+        &generation.text,
+        model,
+        generation.usage,
+    );
+    let stored = d
+        .store
+        .store_summary(&lease, &summary, d.clock.now())
+        .await?;
+    Ok(Some(stored.outcome()))
+}
+
+/// The summary request: the summary model's instructions, the previous summary and
+/// the `n` oldest exchanges of the picture.
+fn request(
+    asked: &SummaryAsked,
+    picture: &SummaryPicture,
+    n: usize,
+    model: Option<String>,
+) -> Prompt {
+    let covered: Vec<&Exchange> = picture.exchanges[..n].iter().map(|e| &e.exchange).collect();
+    Prompt {
+        conversation: asked.chat.clone(),
+        is_group: false,
+        history: Vec::new(),
+        overheard: Vec::new(),
+        memories: None,
+        summary: None,
+        batch: vec![Said::new(
+            "",
+            texts::request(picture.previous.as_ref(), &covered),
+        )],
+        note: None,
+        images: Vec::new(),
+        max_tokens: Some(SUMMARY_MAX_TOKENS),
+        tools: Vec::new().into(),
+        turns: Vec::new(),
+        choices: Choices {
+            model,
+            system_prompt: Some(texts::INSTRUCTIONS.to_owned()),
+            temperature: Some(0.2),
+        },
+    }
+}
+
+/// The row to store: covering the picture's previous summary and its `n` oldest
+/// exchanges, with the model's text cut to [`SUMMARY_MAX_CHARS`] at a sentence.
+fn new_summary(
+    asked: &SummaryAsked,
+    picture: &SummaryPicture,
+    n: usize,
+    text: &str,
+    model: Option<String>,
+    usage: Option<crate::domain::TokenUsage>,
+) -> NewSummary {
+    let covered: &[CoverableExchange] = &picture.exchanges[..n];
+    let last = &covered[n - 1];
+    let before = picture.previous.as_ref().map_or(0, |p| p.messages);
+    let messages = before
+        + covered
+            .iter()
+            .map(|e| e.exchange.user.len() as u64)
+            .sum::<u64>();
+    let text = text.trim();
+    let text = if lull_port::split::char_len(text) > SUMMARY_MAX_CHARS {
+        let window = &text[..lull_port::split::byte_index(text, SUMMARY_MAX_CHARS)];
+        window[..lull_port::split::best_cut(window)]
+            .trim_end()
+            .to_owned()
+    } else {
+        text.to_owned()
+    };
+    NewSummary {
+        conversation: asked.conversation,
+        context_version: picture.context_version,
+        through_reply: last.reply,
+        through_message: last.newest_message,
+        through_at: last.newest_at,
+        messages,
+        text,
+        model: model.unwrap_or_else(|| "default".to_owned()),
+        usage,
+        picture_newest_message: picture
+            .exchanges
+            .iter()
+            .map(|e| e.newest_message)
+            .max()
+            .unwrap_or(last.newest_message),
+    }
+}

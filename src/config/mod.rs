@@ -9,8 +9,8 @@
 //! One file per group of settings, each holding its flags (a clap group flattened
 //! into [`Settings`]), its checks and their tests: [`platforms`], [`model`],
 //! [`media`], [`timing`], [`http`], [`access`], [`limits`], [`tools`], [`controls`],
-//! [`platform_controls`], [`jobs`], [`memory`], [`web`]; [`unknown`] names the `LULL_*` variables no
-//! setting reads (a typo must not leave a limit off). The core's defaults are
+//! [`platform_controls`], [`jobs`], [`memory`], [`summary`], [`web`]; [`unknown`] names
+//! the `LULL_*` variables no setting reads (a typo must not leave a limit off). The core's defaults are
 //! named constants in [`lull_core::dispatcher`], read by the flags here and by
 //! [`DispatchSettings::default`] alike.
 
@@ -26,6 +26,7 @@ mod memory;
 mod model;
 mod platform_controls;
 mod platforms;
+mod summary;
 mod timing;
 mod tools;
 mod unknown;
@@ -53,6 +54,7 @@ pub(crate) use self::memory::MemoryArgs;
 pub(crate) use self::model::{LlmConfig, ModelArgs, StreamMode};
 pub(crate) use self::platform_controls::PlatformControlsArgs;
 pub(crate) use self::platforms::PlatformArgs;
+pub(crate) use self::summary::SummaryArgs;
 pub(crate) use self::timing::TimingArgs;
 pub(crate) use self::tools::{ToolsArgs, ToolsConfig};
 pub(crate) use self::unknown::{IGNORE as IGNORE_VARIABLE, unknown as unknown_variables};
@@ -135,6 +137,8 @@ pub(crate) struct Settings {
     pub jobs: JobsArgs,
     #[command(flatten)]
     pub memory: MemoryArgs,
+    #[command(flatten)]
+    pub summary: SummaryArgs,
     #[command(flatten)]
     pub web: WebArgs,
 
@@ -294,6 +298,7 @@ impl Config {
         let tools = s.tools.check()?;
         let web = s.web.settings(s.tools.tool_result_chars)?;
         let web = s.tools.builtin().then_some(web);
+        let summary = s.summary.settings(&model.llm, model.history)?;
         Ok(Config {
             telegram: platforms.telegram,
             telegram_webhook: platforms.telegram_webhook,
@@ -326,6 +331,8 @@ impl Config {
                 jobs: s.jobs.settings()?,
                 memory: s.memory.settings()?,
                 builtin_tools: s.tools.builtin(),
+                summary,
+                retention: s.summary.retention()?,
                 ..DispatchSettings::default()
             },
             http_addr: s.http.http_addr,

@@ -245,7 +245,8 @@ async fn a_refused_request_is_not_retried_and_ends_its_batch() {
 /// saying so; one reply covers all four, and the next message is answered normally.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prompt_too_long_is_sent_again_smaller_and_answered_once() {
-    let bot = Bot::start(&[("LULL_DEBOUNCE_MS", "1500")]).await;
+    // Requests counted one by one: no summary beside them.
+    let bot = Bot::start(&[("LULL_DEBOUNCE_MS", "1500"), ("LULL_SUMMARY", "off")]).await;
     bot.say("c", "0", "hello").await;
     bot.webhook.wait_replies(1, Duration::from_secs(10)).await;
     bot.model.fallback(Behavior::RefuseOver {
@@ -472,10 +473,11 @@ async fn the_message_list_carries_history_authors_and_resets() {
     );
 }
 
-/// The history budget leaves the oldest exchanges out first.
+/// The history budget leaves the oldest exchanges out first (without summaries:
+/// `LULL_SUMMARY=off` keeps the window alone).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn history_is_cut_to_its_budget() {
-    let bot = Bot::start(&[("LULL_HISTORY_MESSAGES", "2")]).await;
+    let bot = Bot::start(&[("LULL_HISTORY_MESSAGES", "2"), ("LULL_SUMMARY", "off")]).await;
     for (i, text) in ["one", "two", "three"].iter().enumerate() {
         bot.say("c", &i.to_string(), text).await;
         bot.webhook

@@ -43,6 +43,7 @@ mod slash;
 mod status_page;
 mod store;
 mod stress;
+mod summaries;
 mod telegram;
 mod telegram_webhook;
 mod threads;

@@ -388,6 +388,7 @@ async fn postgres_deadlines_are_on_the_database_clock_whatever_a_replica_clock_s
                     holder: &ahead,
                     ttl,
                     history: 10,
+                    summaries: true,
                     now: skewed,
                 })
                 .await
@@ -831,6 +832,7 @@ async fn postgres_action_expiries_are_translated_between_timelines() {
             holder: &holder,
             ttl: Duration::from_secs(30),
             history: 5,
+            summaries: true,
             now: behind(),
         })
         .await

@@ -93,6 +93,28 @@ pub(crate) enum Behavior {
     /// 400 "tools are not supported" to a request that offers tools; else like
     /// `Answer` (a model without tool support).
     RefuseTools,
+    /// An ideal summariser, for checking what a summary kept: answers every distinct
+    /// fact word of the request's user turn (a word `f` followed by digits, `f07`),
+    /// in order of first appearance, after `after`, and once `gate` (if any) gives a
+    /// permit.
+    Digest {
+        after: Duration,
+        gate: Option<Arc<tokio::sync::Semaphore>>,
+    },
+}
+
+/// The distinct fact words of `text` (`f` and digits), in order of first appearance.
+pub(crate) fn fact_words(text: &str) -> Vec<String> {
+    let mut seen = Vec::new();
+    for word in text.split(|c: char| !c.is_ascii_alphanumeric()) {
+        let is_fact = word.len() > 1
+            && word.starts_with('f')
+            && word[1..].chars().all(|c| c.is_ascii_digit());
+        if is_fact && !seen.iter().any(|w| w == word) {
+            seen.push(word.to_owned());
+        }
+    }
+    seen
 }
 
 /// A model that uses tools, deterministically: asked with tools offered and no tool
@@ -271,6 +293,10 @@ struct Inner {
     model_list_script: Mutex<std::collections::VecDeque<ListAnswer>>,
     /// Model-list requests received.
     model_lists: std::sync::atomic::AtomicUsize,
+    /// Requests naming these models get this behaviour (before the script).
+    routes: Mutex<Vec<(String, Behavior)>>,
+    /// Requests to routed models answered (with content or an error).
+    routed_answered: std::sync::atomic::AtomicUsize,
 }
 
 pub(crate) struct FakeOpenAi {
@@ -303,6 +329,28 @@ impl FakeOpenAi {
     /// Behaviours for the next requests, in order.
     pub(crate) fn script(&self, behaviors: impl IntoIterator<Item = Behavior>) {
         self.inner.script.lock().unwrap().extend(behaviors);
+    }
+
+    /// Requests naming `model` get `behavior`, whatever the script says.
+    pub(crate) fn route_model(&self, model: &str, behavior: Behavior) {
+        let mut routes = self.inner.routes.lock().unwrap();
+        routes.retain(|(m, _)| m != model);
+        routes.push((model.to_owned(), behavior));
+    }
+
+    /// Requests to routed models answered so far.
+    pub(crate) fn routed_answered(&self) -> usize {
+        self.inner
+            .routed_answered
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The recorded requests naming `model`.
+    pub(crate) fn requests_for(&self, model: &str) -> Vec<Recorded> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.body["model"] == model)
+            .collect()
     }
 
     /// The behaviour once the script is used up (default: `Answer`).
@@ -688,6 +736,27 @@ async fn respond(inner: &Arc<Inner>, headers: HeaderMap, body: axum::body::Bytes
         authorization: authorization.clone(),
         at: Instant::now(),
     });
+    let routed = inner
+        .routes
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(model, _)| body["model"] == model.as_str())
+        .map(|(_, behavior)| behavior.clone());
+    if let Some(behavior) = routed {
+        let response = Box::pin(answer(
+            inner,
+            &body,
+            behavior,
+            streamed_of(&body),
+            authorization,
+        ))
+        .await;
+        inner
+            .routed_answered
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        return response;
+    }
     let behavior = inner
         .script
         .lock()
@@ -695,12 +764,28 @@ async fn respond(inner: &Arc<Inner>, headers: HeaderMap, body: axum::body::Bytes
         .pop_front()
         .or_else(|| inner.fallback.lock().unwrap().clone())
         .unwrap_or(Behavior::Answer);
+    answer(inner, &body, behavior, streamed_of(&body), authorization).await
+}
+
+/// Whether the request asks for a stream.
+fn streamed_of(body: &Value) -> bool {
+    body["stream"] == true
+}
+
+/// The answer of `behavior` to `body`.
+async fn answer(
+    inner: &Arc<Inner>,
+    body: &Value,
+    behavior: Behavior,
+    streamed: bool,
+    authorization: Option<String>,
+) -> Response {
+    let body = body.clone();
     let last_user = body["messages"]
         .as_array()
         .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
         .map(|m| content_text(&m["content"]))
         .unwrap_or_default();
-    let streamed = body["stream"] == true;
     if inner
         .refuse_images
         .load(std::sync::atomic::Ordering::SeqCst)
@@ -712,6 +797,14 @@ async fn respond(inner: &Arc<Inner>, headers: HeaderMap, body: axum::body::Bytes
         );
     }
     match behavior {
+        Behavior::Digest { after, gate } => {
+            tokio::time::sleep(after).await;
+            if let Some(gate) = gate {
+                gate.acquire().await.unwrap().forget();
+            }
+            let facts = fact_words(&last_user).join(" ");
+            axum::Json(completion(&format!("Facts: {facts}"), &body)).into_response()
+        }
         Behavior::RefuseTools if body.get("tools").is_some_and(|t| !t.is_null()) => {
             error(400, "tools are not supported by this model")
         }

@@ -180,6 +180,17 @@ pub fn merge_turn<'a>(
         .join("\n")
 }
 
+/// The characters an exchange takes in a prompt: its merged user turn and its reply.
+pub fn exchange_chars(exchange: &Exchange, is_group: bool) -> usize {
+    lull_port::split::char_len(&merge_turn(
+        exchange
+            .user
+            .iter()
+            .map(|s| (s.author.as_str(), s.text.as_str())),
+        is_group,
+    )) + lull_port::split::char_len(&exchange.reply)
+}
+
 /// A reply from the model: text, or calls of the offered tools (then `text` is what
 /// the model said alongside, often empty, and the round answers the calls and asks
 /// again).
@@ -320,23 +331,27 @@ pub struct HistoryBudget {
 impl HistoryBudget {
     /// The exchanges of `history` (oldest first) that fit, oldest first.
     pub fn fit<'h>(&self, history: &'h [Exchange], is_group: bool) -> &'h [Exchange] {
-        let (mut messages, mut chars, mut start) = (0, 0, history.len());
-        for (i, exchange) in history.iter().enumerate().rev() {
-            let size = lull_port::split::char_len(&merge_turn(
-                exchange
-                    .user
-                    .iter()
-                    .map(|s| (s.author.as_str(), s.text.as_str())),
-                is_group,
-            )) + lull_port::split::char_len(&exchange.reply);
+        let sizes: Vec<usize> = history
+            .iter()
+            .map(|e| exchange_chars(e, is_group))
+            .collect();
+        &history[history.len() - self.kept(&sizes)..]
+    }
+
+    /// How many of the newest exchanges fit, given each exchange's characters
+    /// ([`exchange_chars`], oldest first): the one rule `fit` and the summaries'
+    /// window both apply.
+    pub fn kept(&self, sizes: &[usize]) -> usize {
+        let (mut messages, mut chars, mut kept) = (0, 0, 0);
+        for size in sizes.iter().rev() {
             if messages + 2 > self.messages || chars + size > self.chars {
                 break;
             }
             messages += 2;
             chars += size;
-            start = i;
+            kept += 1;
         }
-        &history[start..]
+        kept
     }
 
     /// How many exchanges to read from the store to fill the budget.

@@ -1,49 +1,33 @@
 //! When a summary is due, and which exchanges it covers: the window's arithmetic,
 //! apart from the store and the model so it can be checked on its own.
 
-use crate::domain::Exchange;
-use crate::llm::{HistoryBudget, merge_turn};
-use lull_port::split::char_len;
+use crate::llm::HistoryBudget;
 
-/// The characters an exchange takes in a prompt (its user turn and its reply).
-pub(super) fn exchange_chars(exchange: &Exchange, is_group: bool) -> usize {
-    char_len(&merge_turn(
-        exchange
-            .user
-            .iter()
-            .map(|s| (s.author.as_str(), s.text.as_str())),
-        is_group,
-    )) + char_len(&exchange.reply)
+/// Whether the exchanges after the stored summary (each one's characters, oldest
+/// first: `llm::exchange_chars`) fill the window: one more exchange would not fit its
+/// messages, or they take more than three quarters of its characters. A summary made
+/// now has the time of the next exchange to land before anything falls out of the
+/// window unsummarised.
+pub(super) fn window_full(sizes: &[usize], budget: HistoryBudget) -> bool {
+    let chars: usize = sizes.iter().sum();
+    (sizes.len() + 1) * 2 > budget.messages || chars * 4 > budget.chars * 3
 }
 
-/// Whether `exchanges` (those after the stored summary, oldest first) fill the
-/// window: one more exchange would not fit its messages, or they take more than three
-/// quarters of its characters. A summary made now has the time of the next exchange
-/// to land before anything falls out of the window unsummarised.
-pub(super) fn window_full(exchanges: &[Exchange], budget: HistoryBudget, is_group: bool) -> bool {
-    let chars: usize = exchanges.iter().map(|e| exchange_chars(e, is_group)).sum();
-    (exchanges.len() + 1) * 2 > budget.messages || chars * 4 > budget.chars * 3
-}
-
-/// How many of `exchanges` (oldest first) the next summary covers: all but the newest
-/// that fit half the window (at least the newest one stays verbatim), and no more
-/// than fit `input_chars` as the summary's input (at least one, if any is covered).
-pub(super) fn covered(
-    exchanges: &[Exchange],
-    budget: HistoryBudget,
-    is_group: bool,
-    input_chars: usize,
-) -> usize {
+/// How many of the exchanges (their characters, oldest first) the next summary
+/// covers: all but the newest that fit half the window (at least the newest one stays
+/// verbatim), and no more than fit `input_chars` as the summary's input (at least
+/// one, if any is covered).
+pub(super) fn covered(sizes: &[usize], budget: HistoryBudget, input_chars: usize) -> usize {
     let half = HistoryBudget {
         messages: budget.messages / 2,
         chars: budget.chars / 2,
     };
-    let kept = half.fit(exchanges, is_group).len().max(1);
-    let candidates = exchanges.len().saturating_sub(kept);
+    let kept = half.kept(sizes).max(1);
+    let candidates = sizes.len().saturating_sub(kept);
     let mut chars = 0;
     let mut n = 0;
-    for exchange in &exchanges[..candidates] {
-        chars += exchange_chars(exchange, is_group);
+    for size in &sizes[..candidates] {
+        chars += size;
         if n > 0 && chars > input_chars {
             break;
         }
@@ -55,13 +39,18 @@ pub(super) fn covered(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::Said;
+    use crate::domain::{Exchange, Said};
+    use crate::llm::exchange_chars;
 
-    fn exchanges(n: usize, size: usize) -> Vec<Exchange> {
+    /// The sizes of `n` exchanges of a `size`-character message and a short reply.
+    fn exchanges(n: usize, size: usize) -> Vec<usize> {
         (0..n)
-            .map(|i| Exchange {
-                user: vec![Said::new("ann", "x".repeat(size))],
-                reply: format!("r{i}"),
+            .map(|i| {
+                let exchange = Exchange {
+                    user: vec![Said::new("ann", "x".repeat(size))],
+                    reply: format!("r{i}"),
+                };
+                exchange_chars(&exchange, false)
             })
             .collect()
     }
@@ -75,19 +64,19 @@ mod tests {
     /// summary covers all but the newest.
     #[test]
     fn a_summary_is_due_when_the_window_is_full_and_keeps_the_newest_half() {
-        assert!(!window_full(&exchanges(2, 10), SIX, false));
-        assert!(window_full(&exchanges(3, 10), SIX, false));
-        assert_eq!(covered(&exchanges(3, 10), SIX, false, 100_000), 2);
-        assert_eq!(covered(&exchanges(5, 10), SIX, false, 100_000), 4);
-        assert_eq!(covered(&exchanges(1, 10), SIX, false, 100_000), 0);
+        assert!(!window_full(&exchanges(2, 10), SIX));
+        assert!(window_full(&exchanges(3, 10), SIX));
+        assert_eq!(covered(&exchanges(3, 10), SIX, 100_000), 2);
+        assert_eq!(covered(&exchanges(5, 10), SIX, 100_000), 4);
+        assert_eq!(covered(&exchanges(1, 10), SIX, 100_000), 0);
         // The default window (20 messages): due at ten exchanges, five covered.
         let twenty = HistoryBudget {
             messages: 20,
             chars: 16_000,
         };
-        assert!(!window_full(&exchanges(9, 10), twenty, false));
-        assert!(window_full(&exchanges(10, 10), twenty, false));
-        assert_eq!(covered(&exchanges(10, 10), twenty, false, 100_000), 5);
+        assert!(!window_full(&exchanges(9, 10), twenty));
+        assert!(window_full(&exchanges(10, 10), twenty));
+        assert_eq!(covered(&exchanges(10, 10), twenty, 100_000), 5);
     }
 
     /// Characters count too: long exchanges fill the window before their number does,
@@ -98,11 +87,11 @@ mod tests {
             messages: 100,
             chars: 1000,
         };
-        assert!(!window_full(&exchanges(2, 300), budget, false));
-        assert!(window_full(&exchanges(3, 300), budget, false));
+        assert!(!window_full(&exchanges(2, 300), budget));
+        assert!(window_full(&exchanges(3, 300), budget));
         // Half the window (500 characters) keeps one exchange of ~302.
-        assert_eq!(covered(&exchanges(3, 300), budget, false, 100_000), 2);
-        assert_eq!(covered(&exchanges(3, 300), budget, false, 400), 1);
-        assert_eq!(covered(&exchanges(3, 300), budget, false, 10), 1);
+        assert_eq!(covered(&exchanges(3, 300), budget, 100_000), 2);
+        assert_eq!(covered(&exchanges(3, 300), budget, 400), 1);
+        assert_eq!(covered(&exchanges(3, 300), budget, 10), 1);
     }
 }

@@ -10,7 +10,7 @@ use super::{SUMMARY_MAX_CHARS, SUMMARY_MAX_TOKENS, cover, texts};
 use crate::dispatcher::lease_keeper::{self, LeaseKeeper};
 use crate::dispatcher::{Dispatcher, wallet};
 use crate::domain::{ConversationId, ConversationRef, Exchange, LeaseKey, Said};
-use crate::llm::{Choices, FailureKind, Partial, Prompt};
+use crate::llm::{Choices, FailureKind, Generation, Partial, Prompt, exchange_chars};
 use crate::metrics as names;
 use crate::store::{CoverableExchange, NewSummary, StoreError, SummaryPicture};
 
@@ -74,30 +74,12 @@ async fn under_lease(
     let Some(settings) = &d.settings.summary else {
         return Ok(None);
     };
-    let picture = d
-        .store
-        .summary_picture(asked.conversation, PICTURE_EXCHANGES)
-        .await?;
-    let all: Vec<Exchange> = picture
-        .exchanges
-        .iter()
-        .map(|e| e.exchange.clone())
-        .collect();
-    // Read again under the lease: a summary stored meanwhile may have made room.
-    if !cover::window_full(&all, settings.history, asked.is_group) {
+    let Some(plan) = plan(d, settings, asked).await? else {
         return Ok(None);
-    }
-    let input_chars = settings.history.chars.saturating_mul(2);
-    let n = cover::covered(&all, settings.history, asked.is_group, input_chars);
-    if n == 0 {
-        return Ok(None);
-    }
-    let model = settings.model.clone().or_else(|| asked.chat_model.clone());
-    let prompt = request(asked, &picture, n, model.clone());
+    };
     let lease = keeper.lease();
-    let now = d.clock.now();
-    let estimate = wallet::prompt_tokens(&d.settings.limits, &prompt) + SUMMARY_MAX_TOKENS;
-    let day = d.settings.limits.timezone.day(now);
+    let estimate = wallet::prompt_tokens(&d.settings.limits, &plan.prompt) + SUMMARY_MAX_TOKENS;
+    let day = d.settings.limits.timezone.day(d.clock.now());
     let charge = |tokens: i64, check: bool| {
         wallet::charge_summary(d, &lease, asked, tokens, check, day.clone())
     };
@@ -105,6 +87,79 @@ async fn under_lease(
     if !charge(estimate as i64, true).await? {
         return Ok(Some("over_budget"));
     }
+    let generation = match ask(d, &plan.prompt, keeper, asked).await {
+        Ok(generation) => generation,
+        Err(outcome) => {
+            // Given back under the lease; a lost lease leaves the worst case charged
+            // (the give-back fails as `LeaseLost`: counted as `fenced`).
+            charge(-(estimate as i64), false).await?;
+            return Ok(Some(outcome));
+        }
+    };
+    let spent = generation
+        .usage
+        .map_or(estimate, |u| u.prompt + u.completion);
+    charge(spent as i64 - estimate as i64, false).await?;
+    metrics::counter!(names::TOKENS, "kind" => "summary").increment(spent);
+    let summary = new_summary(d, asked, &plan, &generation);
+    let stored = d
+        .store
+        .store_summary(&lease, &summary, d.clock.now())
+        .await?;
+    Ok(Some(stored.outcome()))
+}
+
+/// What the next summary is made of: the picture read under the lease, how many of
+/// its exchanges it covers, the model that writes it and the request.
+struct Plan {
+    picture: SummaryPicture,
+    covered: usize,
+    model: Option<String>,
+    prompt: Prompt,
+}
+
+/// Read the picture under the lease and decide what the summary covers; `None`:
+/// nothing to do (a summary stored meanwhile made room in the window).
+async fn plan(
+    d: &Dispatcher,
+    settings: &super::SummarySettings,
+    asked: &SummaryAsked,
+) -> Result<Option<Plan>, StoreError> {
+    let picture = d
+        .store
+        .summary_picture(asked.conversation, PICTURE_EXCHANGES)
+        .await?;
+    let sizes: Vec<usize> = picture
+        .exchanges
+        .iter()
+        .map(|e| exchange_chars(&e.exchange, asked.is_group))
+        .collect();
+    if !cover::window_full(&sizes, settings.history) {
+        return Ok(None);
+    }
+    let input_chars = settings.history.chars.saturating_mul(2);
+    let covered = cover::covered(&sizes, settings.history, input_chars);
+    if covered == 0 {
+        return Ok(None);
+    }
+    let model = settings.model.clone().or_else(|| asked.chat_model.clone());
+    let prompt = request(asked, &picture, covered, model.clone());
+    Ok(Some(Plan {
+        picture,
+        covered,
+        model,
+        prompt,
+    }))
+}
+
+/// Ask the summary model, unless the summary lease is lost first: its answer, or the
+/// outcome that ends the summary (`fenced`, `refused`, `failed`).
+async fn ask(
+    d: &Dispatcher,
+    prompt: &Prompt,
+    keeper: &LeaseKeeper,
+    asked: &SummaryAsked,
+) -> Result<Generation, &'static str> {
     let partial = Partial::ignored();
     // A maker that lost its lease stops asking; the counter-test's makers write back
     // whatever happened, as the peers' do.
@@ -115,45 +170,20 @@ async fn under_lease(
         keeper.lost().await;
     };
     let answered = tokio::select! {
-        answered = d.responder.respond(&prompt, &partial) => answered,
-        () = lease_lost => {
-            charge(-(estimate as i64), false).await.ok();
-            return Ok(Some("fenced"));
-        }
+        answered = d.responder.respond(prompt, &partial) => answered,
+        () = lease_lost => return Err("fenced"),
     };
-    let generation = match answered {
-        Ok(generation) if !generation.text.trim().is_empty() => generation,
-        Ok(_) => {
-            charge(-(estimate as i64), false).await?;
-            return Ok(Some("refused"));
-        }
+    match answered {
+        Ok(generation) if !generation.text.trim().is_empty() => Ok(generation),
+        Ok(_) => Err("refused"),
         Err(error) => {
-            charge(-(estimate as i64), false).await?;
             tracing::info!(conversation = %asked.conversation, %error, "the summary model failed; the previous summary stays");
-            return Ok(Some(match error.kind() {
+            Err(match error.kind() {
                 FailureKind::Refused | FailureKind::TooLong => "refused",
                 FailureKind::Transient => "failed",
-            }));
+            })
         }
-    };
-    let spent = generation
-        .usage
-        .map_or(estimate, |u| u.prompt + u.completion);
-    charge(spent as i64 - estimate as i64, false).await?;
-    metrics::counter!(names::TOKENS, "kind" => "summary").increment(spent);
-    let summary = new_summary(
-        asked,
-        &picture,
-        n,
-        &generation.text,
-        model,
-        generation.usage,
-    );
-    let stored = d
-        .store
-        .store_summary(&lease, &summary, d.clock.now())
-        .await?;
-    Ok(Some(stored.outcome()))
+    }
 }
 
 /// The summary request: the summary model's instructions, the previous summary and
@@ -189,25 +219,25 @@ fn request(
     }
 }
 
-/// The row to store: covering the picture's previous summary and its `n` oldest
-/// exchanges, with the model's text cut to [`SUMMARY_MAX_CHARS`] at a sentence.
+/// The row to store: covering the picture's previous summary and its covered
+/// exchanges, with the model's text cut to [`SUMMARY_MAX_CHARS`] at a sentence; the
+/// model named is the one asked (the deployment's default when the chat chose none).
 fn new_summary(
+    d: &Dispatcher,
     asked: &SummaryAsked,
-    picture: &SummaryPicture,
-    n: usize,
-    text: &str,
-    model: Option<String>,
-    usage: Option<crate::domain::TokenUsage>,
+    plan: &Plan,
+    generation: &Generation,
 ) -> NewSummary {
-    let covered: &[CoverableExchange] = &picture.exchanges[..n];
-    let last = &covered[n - 1];
+    let picture = &plan.picture;
+    let covered: &[CoverableExchange] = &picture.exchanges[..plan.covered];
+    let last = &covered[covered.len() - 1];
     let before = picture.previous.as_ref().map_or(0, |p| p.messages);
     let messages = before
         + covered
             .iter()
             .map(|e| e.exchange.user.len() as u64)
             .sum::<u64>();
-    let text = text.trim();
+    let text = generation.text.trim();
     let text = if lull_port::split::char_len(text) > SUMMARY_MAX_CHARS {
         let window = &text[..lull_port::split::byte_index(text, SUMMARY_MAX_CHARS)];
         window[..lull_port::split::best_cut(window)]
@@ -224,8 +254,11 @@ fn new_summary(
         through_at: last.newest_at,
         messages,
         text,
-        model: model.unwrap_or_else(|| "default".to_owned()),
-        usage,
+        model: plan
+            .model
+            .clone()
+            .unwrap_or_else(|| d.settings.controls.default_model.clone()),
+        usage: generation.usage,
         picture_newest_message: picture
             .exchanges
             .iter()

@@ -22,7 +22,7 @@ mod texts;
 pub(super) use maker::{SummaryAsked, make_later};
 
 use crate::domain::Exchange;
-use crate::llm::HistoryBudget;
+use crate::llm::{HistoryBudget, exchange_chars};
 use crate::store::{Batch, Summary};
 
 /// The longest summary kept, in characters: a longer answer is cut at a sentence.
@@ -50,14 +50,19 @@ pub(super) fn block(summary: &Summary) -> String {
 /// after the stored summary (what the round read, and its own) leave no room in the
 /// history window for one more exchange, or fill three quarters of its characters.
 pub(super) fn due(settings: &SummarySettings, batch: &Batch, reply: &str) -> bool {
-    let mut exchanges = batch.history.clone();
-    exchanges.push(Exchange {
+    let own = Exchange {
         user: batch
             .pending
             .iter()
             .map(|m| crate::domain::Said::new(&m.author, m.said()))
             .collect(),
         reply: reply.to_owned(),
-    });
-    cover::window_full(&exchanges, settings.history, batch.is_group)
+    };
+    let sizes: Vec<usize> = batch
+        .history
+        .iter()
+        .chain(std::iter::once(&own))
+        .map(|e| exchange_chars(e, batch.is_group))
+        .collect();
+    cover::window_full(&sizes, settings.history)
 }

@@ -11,60 +11,40 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::support::db::{self, Location};
+use crate::support::db;
 use crate::support::fakes::openai::{Agent, Behavior, FakeOpenAi, Recorded};
-use crate::support::fakes::webhook::{Received, Webhook};
+use crate::support::fakes::webhook::Received;
+use crate::support::http_bot::HttpBot;
 use crate::support::process::LullProcess;
 
 const SECS: fn(u64) -> Duration = Duration::from_secs;
 
 /// Processes on one database behind the http adapter, with a model that remembers.
-struct MemoryBot {
-    dir: tempfile::TempDir,
-    database: Location,
-    webhook: Webhook,
-    model: FakeOpenAi,
-    client: reqwest::Client,
+struct MemoryBot(HttpBot);
+
+impl std::ops::Deref for MemoryBot {
+    type Target = HttpBot;
+    fn deref(&self) -> &HttpBot {
+        &self.0
+    }
 }
 
 impl MemoryBot {
     async fn new(agent: Agent, postgres: Option<String>) -> MemoryBot {
-        let dir = tempfile::tempdir().unwrap();
-        let model = FakeOpenAi::start().await;
-        model.fallback(Behavior::Agent(agent));
-        let database = match postgres {
-            Some(url) => Location::from_url(&url),
-            None => Location::Sqlite(dir.path().join("lull.db")),
-        };
-        MemoryBot {
-            dir,
-            database,
-            webhook: Webhook::start().await,
-            model,
-            client: reqwest::Client::new(),
-        }
+        let bot = HttpBot::new(postgres).await;
+        bot.model.fallback(Behavior::Agent(agent));
+        MemoryBot(bot)
     }
 
     async fn start(&self, name: &str, extra: &[(&str, &str)]) -> LullProcess {
         let mut env = vec![
-            ("DATABASE_URL", self.database.url()),
-            ("LULL_WEBHOOK_URL", self.webhook.url.clone()),
-            ("OPENAI_BASE_URL", self.model.base_url.clone()),
-            ("OPENAI_API_KEY", "sk-memory-test".into()),
-            ("OPENAI_MODEL", "fake-model".into()),
-            ("LULL_STREAM", "off".into()),
-            ("LULL_DEBOUNCE", "fixed".into()),
-            ("LULL_DEBOUNCE_MS", "150".into()),
-            ("LULL_MAX_WAIT_MS", "20000".into()),
-            ("LULL_POLL_MS", "200".into()),
-            ("LULL_LEASE_TTL_MS", "3000".into()),
-            ("LULL_ADMINS", "http:boss".into()),
-            ("RUST_LOG", "info,lull_core=debug".into()),
+            ("OPENAI_MODEL", "fake-model"),
+            ("LULL_DEBOUNCE_MS", "150"),
+            ("LULL_MAX_WAIT_MS", "20000"),
+            ("LULL_ADMINS", "http:boss"),
         ];
-        env.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
-        let mut lull = LullProcess::start(self.dir.path(), name, &["run"], &env);
-        lull.wait_healthy(SECS(30)).await;
-        lull
+        env.extend_from_slice(extra);
+        self.0.start(name, &env).await
     }
 
     /// `text` from `user` in `conversation` (a group when `group`), message `id`.

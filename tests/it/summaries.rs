@@ -12,9 +12,10 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::support::db::{self, Location};
-use crate::support::fakes::openai::{Behavior, FakeOpenAi, Recorded, fact_words};
-use crate::support::fakes::webhook::{Answer, Webhook};
+use crate::support::db;
+use crate::support::fakes::openai::{Behavior, Recorded, fact_words};
+use crate::support::fakes::webhook::Answer;
+use crate::support::http_bot::HttpBot;
 use crate::support::process::LullProcess;
 
 const SECS: fn(u64) -> Duration = Duration::from_secs;
@@ -24,57 +25,36 @@ const CHAT: &str = "long-chat";
 
 /// Processes on one database behind the http adapter, a chat model that answers at
 /// once, and a summariser routed apart.
-struct Long {
-    dir: tempfile::TempDir,
-    database: Location,
-    webhook: Webhook,
-    model: FakeOpenAi,
-    client: reqwest::Client,
+struct Long(HttpBot);
+
+impl std::ops::Deref for Long {
+    type Target = HttpBot;
+    fn deref(&self) -> &HttpBot {
+        &self.0
+    }
 }
 
 impl Long {
     async fn new(postgres: Option<String>, summarizer: Behavior) -> Long {
-        let dir = tempfile::tempdir().unwrap();
-        let model = FakeOpenAi::start().await;
+        let bot = HttpBot::new(postgres).await;
         // The chat model's replies carry no fact: what the model is shown of a fact
         // comes from the person's message or from a summary.
-        model.fallback(Behavior::Content("noted".into()));
-        model.route_model(SUMMARIZER, summarizer);
-        let database = match postgres {
-            Some(url) => Location::from_url(&url),
-            None => Location::Sqlite(dir.path().join("lull.db")),
-        };
-        Long {
-            dir,
-            database,
-            webhook: Webhook::start().await,
-            model,
-            client: reqwest::Client::new(),
-        }
+        bot.model.fallback(Behavior::Content("noted".into()));
+        bot.model.route_model(SUMMARIZER, summarizer);
+        Long(bot)
     }
 
     async fn start(&self, name: &str, extra: &[(&str, &str)]) -> LullProcess {
         let mut env = vec![
-            ("DATABASE_URL", self.database.url()),
-            ("LULL_WEBHOOK_URL", self.webhook.url.clone()),
-            ("OPENAI_BASE_URL", self.model.base_url.clone()),
-            ("OPENAI_API_KEY", "sk-summary-test".into()),
-            ("OPENAI_MODEL", "chat-model".into()),
-            ("LULL_SUMMARY_MODEL", SUMMARIZER.into()),
-            ("LULL_HISTORY_MESSAGES", "6".into()),
-            ("LULL_TOOLS", "off".into()),
-            ("LULL_STREAM", "off".into()),
-            ("LULL_LLM_RETRIES", "0".into()),
-            ("LULL_DEBOUNCE", "fixed".into()),
-            ("LULL_DEBOUNCE_MS", "100".into()),
-            ("LULL_POLL_MS", "200".into()),
-            ("LULL_LEASE_TTL_MS", "3000".into()),
-            ("RUST_LOG", "info,lull_core=debug".into()),
+            ("OPENAI_MODEL", "chat-model"),
+            ("LULL_SUMMARY_MODEL", SUMMARIZER),
+            ("LULL_HISTORY_MESSAGES", "6"),
+            ("LULL_TOOLS", "off"),
+            ("LULL_LLM_RETRIES", "0"),
+            ("LULL_DEBOUNCE_MS", "100"),
         ];
-        env.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
-        let mut lull = LullProcess::start(self.dir.path(), name, &["run"], &env);
-        lull.wait_healthy(SECS(30)).await;
-        lull
+        env.extend_from_slice(extra);
+        self.0.start(name, &env).await
     }
 
     /// Message `n` ("message f07 …") to `lull`, and wait for the reply covering it.

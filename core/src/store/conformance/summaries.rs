@@ -122,17 +122,17 @@ pub async fn a_summary_is_stored_under_its_lease_only_if_it_covers_more(store: &
     assert_eq!(store.summary(&http("sum-1")).await.unwrap(), None);
 }
 
-/// The batch a round claiming `conversation` reads, with summaries.
-async fn claimed_batch(
+/// A round's claim of `conversation` by `by` at `now`, reading summaries.
+async fn claim_reading_summaries(
     store: &dyn Store,
     conversation: ConversationId,
+    by: &crate::domain::HolderId,
     now: Timestamp,
-) -> crate::store::Batch {
-    let by = holder("reader");
-    let claimed = store
+) -> crate::store::Claimed {
+    store
         .claim_round(RoundClaim {
             conversation,
-            holder: &by,
+            holder: by,
             ttl: std::time::Duration::from_secs(30),
             history: 10,
             summaries: true,
@@ -140,27 +140,24 @@ async fn claimed_batch(
         })
         .await
         .expect("claiming")
-        .expect("free");
-    // A batch with nothing pending reads no history: store one more message first.
-    if claimed.batch.pending.is_empty() {
-        release(store, &claimed.lease, now).await;
-        let chat = claimed.batch.conversation.clone();
-        stored(store, super::message(chat, "m-next"), &by, now).await;
-        return store
-            .claim_round(RoundClaim {
-                conversation,
-                holder: &by,
-                ttl: std::time::Duration::from_secs(30),
-                history: 10,
-                summaries: true,
-                now: Timestamp(now.0 + 1),
-            })
-            .await
-            .expect("claiming")
-            .expect("free")
-            .batch;
-    }
-    claimed.batch
+        .expect("free")
+}
+
+/// The batch a round claiming `conversation` reads, with summaries (one more
+/// message stored first: a batch with nothing pending reads no history).
+async fn claimed_batch(
+    store: &dyn Store,
+    conversation: ConversationId,
+    now: Timestamp,
+) -> crate::store::Batch {
+    let by = holder("reader");
+    let claimed = claim_reading_summaries(store, conversation, &by, now).await;
+    release(store, &claimed.lease, now).await;
+    let chat = claimed.batch.conversation.clone();
+    stored(store, super::message(chat, "m-next"), &by, now).await;
+    claim_reading_summaries(store, conversation, &by, Timestamp(now.0 + 1))
+        .await
+        .batch
 }
 
 /// Retention: under its lease only; answered messages' and delivered replies' texts
@@ -198,18 +195,7 @@ pub async fn retention_removes_old_answered_and_delivered_texts_only(store: &dyn
     assert_eq!(removed, 7);
     // The pending message keeps its text, the undelivered reply too (owed by the
     // next round), and no delivered reply is left for the history.
-    let claimed = store
-        .claim_round(RoundClaim {
-            conversation,
-            holder: &by,
-            ttl: std::time::Duration::from_secs(30),
-            history: 10,
-            summaries: true,
-            now: at(60_010),
-        })
-        .await
-        .expect("claiming")
-        .expect("free");
+    let claimed = claim_reading_summaries(store, conversation, &by, at(60_010)).await;
     let pending: Vec<(&str, &str)> = claimed
         .batch
         .pending

@@ -10,6 +10,7 @@
 //! cargo bench --bench perf -- --ingest-only   # the write limit and ingest rows only
 //! cargo bench --bench perf -- --postgres-only # the PostgreSQL rows only
 //! cargo bench --bench perf -- --jobs-only     # the jobs row only
+//! cargo bench --bench perf -- --conversations-only # long conversations, retention
 //! ```
 //!
 //! What it measures (BENCHMARKS.md explains each figure and holds the results):
@@ -29,8 +30,12 @@
 //!   them), and the scheduler lateness across two replicas (ingested on one, answered
 //!   by either: the `NOTIFY` wake-up path);
 //! - jobs: 1,000 reminders due in the same second (one per chat), their lateness
-//!   p50/p99 from the due instant to the webhook's receipt.
+//!   p50/p99 from the due instant to the webhook's receipt;
+//! - long conversations (`conversations`): tokens sent over 200 messages with and
+//!   without summaries; retention on 100,000 messages: texts removed per second and
+//!   ingest latency while it runs.
 
+mod conversations;
 mod figures;
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -70,6 +75,12 @@ struct Sizes {
     reminders: usize,
     /// Only the jobs row (`--jobs-only`).
     jobs_only: bool,
+    /// Messages of the long conversation (tokens with and without summaries).
+    long_messages: usize,
+    /// Answered messages (and as many replies) retention removes the texts of.
+    retention_rows: usize,
+    /// Only the long-conversation and retention rows (`--conversations-only`).
+    conversations_only: bool,
 }
 
 impl Sizes {
@@ -85,6 +96,9 @@ impl Sizes {
             postgres_only: false,
             reminders: 1000,
             jobs_only: false,
+            long_messages: 200,
+            retention_rows: 100_000,
+            conversations_only: false,
         }
     }
 
@@ -100,6 +114,9 @@ impl Sizes {
             postgres_only: false,
             reminders: 200,
             jobs_only: false,
+            long_messages: 60,
+            retention_rows: 10_000,
+            conversations_only: false,
         }
     }
 }
@@ -452,6 +469,11 @@ async fn run(sizes: &Sizes) -> Table {
             jobs_rows(&mut table, sizes).await;
             continue;
         }
+        if sizes.conversations_only {
+            conversations::summary_rows(&mut table, sizes.long_messages).await;
+            conversations::retention_rows(&mut table, sizes.retention_rows).await;
+            continue;
+        }
         if sizes.postgres_only {
             match &postgres {
                 Some(cluster) => {
@@ -533,6 +555,11 @@ async fn run(sizes: &Sizes) -> Table {
             continue;
         }
         jobs_rows(&mut table, sizes).await;
+        // Long conversations and retention: slow, measured once.
+        if rep == 0 {
+            conversations::summary_rows(&mut table, sizes.long_messages).await;
+            conversations::retention_rows(&mut table, sizes.retention_rows).await;
+        }
 
         // Idle with no timers.
         let bot = Arc::new(Bot::start(&far_timers()).await);
@@ -1043,6 +1070,7 @@ fn main() {
             "--ingest-only" => sizes.ingest_only = true,
             "--postgres-only" => sizes.postgres_only = true,
             "--jobs-only" => sizes.jobs_only = true,
+            "--conversations-only" => sizes.conversations_only = true,
             "--reps" => sizes.reps = args.next().and_then(|v| v.parse().ok()).expect("--reps N"),
             "--bench" => {}
             other => panic!("unknown argument {other}"),

@@ -83,8 +83,8 @@ pub const JOBS_ACTIVE: &str = "lull_jobs_active";
 /// (`/memory`), `erase` (`/forgetme`).
 pub const MEMORIES: &str = "lull_memories_total";
 /// Labelled `outcome`: summaries made — `stored`; not stored: `superseded` (the stored
-/// one covers as much), `fenced` (the maker lost its summary lease), `reset` (`/new`
-/// meanwhile); not made: `over_budget`, `refused` (the model refused or answered
+/// one covers as much), `fenced` (the maker lost its summary lease, or `/forgetme`
+/// came while it was written), `reset` (`/new` meanwhile); not made: `over_budget`, `refused` (the model refused or answered
 /// nothing), `failed` (the model or the database failed). The previous summary stays.
 pub const SUMMARIES: &str = "lull_summaries_total";
 /// Labelled `kind` (`message`, `reply`, `overheard`): texts removed by retention

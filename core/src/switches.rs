@@ -106,7 +106,8 @@ pub(crate) fn memory_write_back() -> bool {
 }
 
 /// `LULL_TEST_UNFENCED_MEMORY=1`: a reply's commit writes the facts its round staged
-/// even when `/memory clear` or `/forgetme` came after the round read its batch (the
+/// even when `/memory clear` or `/forgetme` came after the round read its batch, and
+/// a summary is stored even when `/forgetme` came after its picture was read (the
 /// behaviour of bots whose memory writes do not look at what changed meanwhile).
 pub(crate) fn unfenced_memory() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();

@@ -618,3 +618,64 @@ async fn retention_removes_old_texts_but_never_pending_or_undelivered_ones() {
         );
     }
 }
+
+/// `/forgetme` while a summary of the person's chat is written from the picture
+/// before it; the text of the summary stored afterwards, if any.
+async fn forget_while_summarising(extra: &[(&str, &str)]) -> Option<String> {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let long = Long::new(
+        None,
+        Behavior::Digest {
+            after: Duration::ZERO,
+            gate: Some(gate.clone()),
+        },
+    )
+    .await;
+    let lull = long.start("lull0", extra).await;
+    for n in 1..=3 {
+        long.say(&lull, n).await;
+    }
+    wait_for(
+        || long.model.requests_for(SUMMARIZER).len() == 1,
+        "the summary asked for",
+    )
+    .await;
+    let r = long
+        .client
+        .post(format!("{}/api/messages", lull.base_url()))
+        .json(&json!({ "conversation": CHAT, "user": "ann", "name": "Ann",
+                       "text": "/forgetme", "id": "forget" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 202);
+    long.webhook
+        .wait_until_received(SECS(30), |r| r.text.contains("I erased"))
+        .await;
+    gate.add_permits(1);
+    long.summaries_settled(&[&lull]).await;
+    db::rows(&long.database, "SELECT text FROM summaries")
+        .into_iter()
+        .next()
+        .map(|r| r[0].clone())
+}
+
+/// `/forgetme` while a summary of the person's chat is being written: the summary is
+/// not stored, so their words never come back through it. Counter-test: with the
+/// fences off (`LULL_TEST_UNFENCED_MEMORY`) the summary written from the picture
+/// before the erase brings their words back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forgetme_fences_a_summary_being_written() {
+    let stored = forget_while_summarising(&[]).await;
+    println!("summary after /forgetme: {stored:?}");
+    assert!(
+        stored.as_deref().is_none_or(|s| fact_words(s).is_empty()),
+        "{stored:?}"
+    );
+    let broken = forget_while_summarising(&[("LULL_TEST_UNFENCED_MEMORY", "1")]).await;
+    println!("summary after /forgetme, fences off (counter-test): {broken:?}");
+    assert!(
+        broken.as_deref().is_some_and(|s| s.contains("f01")),
+        "the counter-test must bring the erased words back: {broken:?}"
+    );
+}

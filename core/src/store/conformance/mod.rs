@@ -35,7 +35,7 @@
 //!   `/forgetme` erases one person's memories and texts; concurrent commits keep
 //!   every fact; a clear or an erase fences the rounds in flight.
 //! - `summaries`: a summary is stored under its lease only if it covers more, never
-//!   after a `/new`, and read with the exchanges after it; retention removes old
+//!   after a `/new` or a `/forgetme`, and read with the exchanges after it; retention removes old
 //!   texts of answered messages and delivered replies only.
 //! - `status`: the operator's view counts what the rows say, the same on every backend.
 
@@ -181,6 +181,7 @@ macro_rules! store_conformance {
             a_clear_fences_the_rounds_in_flight,
             a_summary_is_stored_under_its_lease_only_if_it_covers_more,
             retention_removes_old_answered_and_delivered_texts_only,
+            a_summary_made_before_forgetme_is_not_stored,
             a_commit_teaches_the_rhythm_of_its_burst,
             a_typing_author_holds_the_timer_never_past_the_cap,
         );

@@ -230,3 +230,49 @@ pub async fn retention_removes_old_answered_and_delivered_texts_only(store: &dyn
             .is_err()
     );
 }
+
+/// `/forgetme` while a summary is being made: it is not stored (the person's words
+/// never come back through it); the summary of a newer exchange is.
+pub async fn a_summary_made_before_forgetme_is_not_stored(store: &dyn Store) {
+    let conversation = three_exchanges(store, "sum-forget").await;
+    let chat = http("sum-forget");
+    let key = LeaseKey::Summary(conversation);
+    let picture = store.summary_picture(conversation, 100).await.unwrap();
+    let lease = claim(store, &key, &holder("p1"), at(100_000))
+        .await
+        .expect("lease");
+    store
+        .erase_person(crate::domain::Platform::Http, "u1", at(100_001))
+        .await
+        .expect("erasing");
+    assert_eq!(
+        store
+            .store_summary(&lease, &summary_of(conversation, &picture, 2), at(100_002))
+            .await
+            .unwrap(),
+        SummaryStored::Fenced
+    );
+    assert_eq!(store.summary(&chat).await.unwrap(), None);
+    // A newer exchange: the next summary (made from the tombstoned texts) is stored.
+    let by = holder("p1");
+    let (_, round_lease, batch) = round(store, &chat, &by, &["m4"], at(200_000)).await;
+    let (outbox, _) = committed(store, &round_lease, &batch, "reply m4", at(200_001)).await;
+    mark(store, outbox, 1, true, at(200_002)).await;
+    release(store, &round_lease, at(200_003)).await;
+    let picture = store.summary_picture(conversation, 100).await.unwrap();
+    let lease = claim(store, &key, &by, at(300_000))
+        .await
+        .expect("lease again");
+    let all = picture.exchanges.len();
+    assert_eq!(
+        store
+            .store_summary(
+                &lease,
+                &summary_of(conversation, &picture, all),
+                at(300_001)
+            )
+            .await
+            .unwrap(),
+        SummaryStored::Stored
+    );
+}

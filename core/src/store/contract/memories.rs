@@ -196,9 +196,11 @@ pub trait MemoryStore: Send + Sync + 'static {
     /// memories they asked for, tombstone the text of every message they sent on
     /// `platform` (text, transcript and media emptied, `erased_at` set; the row, its
     /// version and what covers it stay, so counters and replies are intact), and
-    /// delete their overheard group messages; and fence the rounds in flight, as
-    /// [`MemoryStore::clear_memories`] does, for the person's scope and every fact they
-    /// asked for. On SQLite the freed bytes are
+    /// delete their overheard group messages and the summaries of every chat they
+    /// wrote in; and fence the rounds in flight, as [`MemoryStore::clear_memories`]
+    /// does, for the person's scope and every fact they asked for, and the summaries
+    /// being made of those chats (`SummaryStore::store_summary`: a summary whose
+    /// picture was read before the erase is not stored). On SQLite the freed bytes are
     /// overwritten (`secure_delete`) and the WAL is checkpointed after it.
     async fn erase_person(
         &self,

@@ -93,7 +93,8 @@ pub enum SummaryStored {
     Stored,
     /// The stored summary already covers as much or more: nothing stored.
     Superseded,
-    /// The maker's summary lease was lost (expired and taken): nothing stored.
+    /// The maker's summary lease was lost (expired and taken), or a `/forgetme` of
+    /// someone who wrote in the chat came after its picture was read: nothing stored.
     Fenced,
     /// The conversation was reset (`/new`) since the picture: nothing stored.
     Reset,
@@ -153,7 +154,8 @@ pub trait SummaryStore: Send + Sync + 'static {
     ) -> Result<SummaryPicture, StoreError>;
 
     /// Store `summary` under `lease` (the conversation's summary lease), in one
-    /// transaction: [`SummaryStored::Fenced`] unless the lease is still the maker's,
+    /// transaction: [`SummaryStored::Fenced`] unless the lease is still the maker's
+    /// and no `/forgetme` fenced the conversation after its picture was read,
     /// [`SummaryStored::Reset`] if the conversation's context moved since the picture,
     /// [`SummaryStored::Superseded`] unless it covers more than the stored summary of
     /// that context; else it replaces that row. Nothing else is written: no message or

@@ -276,7 +276,11 @@ async fn fence(tx: &Tx<'_>, platform: Platform, kind: &str, owner: &str) -> Resu
 /// Take the transaction-scoped advisory locks of fence keys `(platform, kind, owner)`
 /// — shared for a commit's facts, exclusive for a clear — all at once and sorted, so
 /// two transactions never wait on each other in a circle.
-async fn lock_fences(tx: &Tx<'_>, mut keys: Vec<String>, shared: bool) -> Result<(), StoreError> {
+pub(super) async fn lock_fences(
+    tx: &Tx<'_>,
+    mut keys: Vec<String>,
+    shared: bool,
+) -> Result<(), StoreError> {
     keys.sort();
     keys.dedup();
     let sql = if shared {
@@ -291,7 +295,7 @@ async fn lock_fences(tx: &Tx<'_>, mut keys: Vec<String>, shared: bool) -> Result
 }
 
 /// The advisory lock key of a fence.
-fn fence_key(platform: Platform, kind: &str, owner: &str) -> String {
+pub(super) fn fence_key(platform: Platform, kind: &str, owner: &str) -> String {
     format!("lull.memory_fence/{}/{kind}/{owner}", platform.as_str())
 }
 
@@ -323,11 +327,34 @@ async fn erase(
     user: &str,
     now: Timestamp,
 ) -> Result<Erased, StoreError> {
-    let keys = vec![
+    // The chats the person wrote in: their summaries being made are fenced too.
+    let chats: Vec<String> = query(
+        tx,
+        "SELECT DISTINCT m.conversation_id::text FROM messages m
+         JOIN conversations c ON c.id = m.conversation_id
+         WHERE m.user_id = $2 AND c.platform = $1",
+        &[&platform.as_str(), &user],
+        "finding the person's chats",
+    )
+    .await?
+    .iter()
+    .map(|r| r.get(0))
+    .collect();
+    let mut keys = vec![
         fence_key(platform, "person", user),
         fence_key(platform, "author", user),
     ];
+    keys.extend(
+        chats
+            .iter()
+            .map(|chat| fence_key(platform, "summary", chat)),
+    );
     lock_fences(tx, keys, false).await?;
+    // A maker whose picture was read before now stores nothing
+    // (`SummaryStore::store_summary`), so their words never come back in a summary.
+    for chat in &chats {
+        fence(tx, platform, "summary", chat).await?;
+    }
     fence(tx, platform, "person", user).await?;
     fence(tx, platform, "author", user).await?;
     let platform = platform.as_str();

@@ -7,7 +7,8 @@ use tokio_postgres::Row;
 
 use super::PostgresStore;
 use super::leases::ensure_lease;
-use super::sql::{Tx, execute, query, query_opt};
+use super::memories::{fence_key, lock_fences};
+use super::sql::{Tx, execute, query, query_one, query_opt};
 use crate::domain::{ConversationId, ConversationRef, Lease, Timestamp};
 use crate::store::faults::Operation;
 use crate::store::summary_rows::{self as rows, CoverableRow, SUMMARY_COLUMNS};
@@ -81,6 +82,9 @@ impl SummaryStore for PostgresStore {
                     Ok(()) => {}
                     Err(StoreError::LeaseLost(_)) => return Ok(SummaryStored::Fenced),
                     Err(e) => return Err(e),
+                }
+                if fenced_by_an_erase(&tx, summary).await? {
+                    return Ok(SummaryStored::Fenced);
                 }
                 let context_version = context_of(&tx, summary.conversation, "").await?;
                 if let Some(verdict) = rows::verdict(summary, context_version, None) {
@@ -177,6 +181,35 @@ impl SummaryStore for PostgresStore {
             .await
         })
     }
+}
+
+/// Whether a `/forgetme` came after `summary`'s picture was read (its newest message
+/// at or below the fence the erase left for the conversation). The fence's advisory
+/// lock is taken shared first, so an erase and this store never interleave.
+async fn fenced_by_an_erase(tx: &Tx<'_>, summary: &NewSummary) -> Result<bool, StoreError> {
+    if crate::switches::unfenced_memory() {
+        return Ok(false);
+    }
+    let chat = summary.conversation.0.to_string();
+    let platform: String = query_one(
+        tx,
+        "SELECT platform FROM conversations WHERE id = $1",
+        &[&summary.conversation.0],
+        "reading a conversation",
+    )
+    .await?
+    .get(0);
+    let platform: lull_port::Platform = platform.parse().map_err(StoreError::Corrupt)?;
+    lock_fences(tx, vec![fence_key(platform, "summary", &chat)], true).await?;
+    Ok(query_one(
+        tx,
+        "SELECT EXISTS (SELECT 1 FROM memory_fences
+           WHERE kind = 'summary' AND owner = $1 AND through_message >= $2)",
+        &[&chat, &summary.picture_newest_message],
+        "reading the summary fences",
+    )
+    .await?
+    .get(0))
 }
 
 /// The conversation's context version (its last `/new`), read with `lock`.

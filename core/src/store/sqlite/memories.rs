@@ -324,6 +324,20 @@ fn erase(
         .ctx("preparing a statement")?
         .execute(params![platform.as_str(), user])
         .ctx("erasing overheard messages")?;
+    // `/forgetme` fences the summaries being made of the chats the person wrote in: a
+    // maker whose picture was read before now (its newest message at or below the
+    // fence) stores nothing, so their words never come back in a summary.
+    tx.prepare_cached(
+        "INSERT INTO memory_fences (platform, kind, owner, through_message)
+         SELECT DISTINCT ?1, 'summary', CAST(m.conversation_id AS TEXT),
+                (SELECT COALESCE(MAX(id), 0) FROM messages)
+         FROM messages m JOIN conversations c ON c.id = m.conversation_id
+         WHERE m.user_id = ?2 AND c.platform = ?1
+         ON CONFLICT (platform, kind, owner) DO UPDATE SET through_message = excluded.through_message",
+    )
+    .ctx("preparing a statement")?
+    .execute(params![platform.as_str(), user])
+    .ctx("fencing the summaries in flight")?;
     let summaries = tx
         .prepare_cached(
             "DELETE FROM summaries WHERE conversation_id IN (

@@ -57,6 +57,9 @@ impl SummaryStore for SqliteStore {
                 Err(StoreError::LeaseLost(_)) => return Ok(SummaryStored::Fenced),
                 Err(e) => return Err(e),
             }
+            if fenced_by_an_erase(tx, &summary)? {
+                return Ok(SummaryStored::Fenced);
+            }
             let context_version = context_of(tx, summary.conversation)?;
             let stored: Option<(i64, i64)> = tx
                 .prepare_cached(
@@ -143,6 +146,27 @@ impl SummaryStore for SqliteStore {
         })
         .await
     }
+}
+
+/// Whether a `/forgetme` came after `summary`'s picture was read (its newest message
+/// at or below the fence the erase left for the conversation).
+fn fenced_by_an_erase(tx: &Connection, summary: &NewSummary) -> Result<bool, StoreError> {
+    if crate::switches::unfenced_memory() {
+        return Ok(false);
+    }
+    tx.prepare_cached(
+        "SELECT EXISTS (SELECT 1 FROM memory_fences
+           WHERE kind = 'summary' AND owner = ?1 AND through_message >= ?2)",
+    )
+    .ctx("preparing a statement")?
+    .query_row(
+        params![
+            summary.conversation.0.to_string(),
+            summary.picture_newest_message
+        ],
+        |r| r.get(0),
+    )
+    .ctx("reading the summary fences")
 }
 
 /// The conversation's context version (its last `/new`).

@@ -507,16 +507,10 @@ async fn wait_for_outcome(lull: &LullProcess, outcome: &str) {
     }
 }
 
-/// Retention with a test clock two days ahead and `LULL_RETENTION_DAYS=1`, on two
-/// processes started at once: the old answered messages' and delivered replies' texts
-/// are gone (rows kept), a pending message and an undelivered reply keep theirs, and
-/// each text is removed once.
-/// (SQLite only: on PostgreSQL every time is the database's clock, which a test clock
-/// does not move; `store::postgres::retention_removes_…` checks the same statements
-/// there with the time the check gives.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retention_removes_old_texts_but_never_pending_or_undelivered_ones() {
-    let long = Long::new(None, Behavior::Answer).await;
+/// On one process (stopped at the end): three answered and delivered messages in a
+/// chat, a reply that cannot be delivered, and a message whose round is still waiting
+/// for the model.
+async fn old_pending_and_undelivered(long: &Long) {
     long.model.fallback(Behavior::Answer);
     let first = long.start("lull-first", &[]).await;
     let say_to = |conversation: &'static str, id: &'static str, text: &'static str| {
@@ -567,6 +561,19 @@ async fn retention_removes_old_texts_but_never_pending_or_undelivered_ones() {
     )
     .await;
     drop(first);
+}
+
+/// Retention with a test clock two days ahead and `LULL_RETENTION_DAYS=1`, on two
+/// processes started at once: the old answered messages' and delivered replies' texts
+/// are gone (rows kept), a pending message and an undelivered reply keep theirs, and
+/// each text is removed once.
+/// (SQLite only: on PostgreSQL every time is the database's clock, which a test clock
+/// does not move; `store::postgres::retention_removes_…` checks the same statements
+/// there with the time the check gives.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_removes_old_texts_but_never_pending_or_undelivered_ones() {
+    let long = Long::new(None, Behavior::Answer).await;
+    old_pending_and_undelivered(&long).await;
     let ahead = [
         ("LULL_RETENTION_DAYS", "1"),
         ("LULL_TEST_CLOCK_OFFSET_MS", "172800000"),

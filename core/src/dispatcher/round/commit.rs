@@ -37,11 +37,7 @@ impl Round<'_> {
         let (Some((generation, llm_time)), Some(text)) = (&a.generation, a.reply.take()) else {
             return Ok(Flow::End(Ending::Quiet));
         };
-        let summary_due = d
-            .settings
-            .summary
-            .as_ref()
-            .is_some_and(|settings| summaries::due(settings, &a.batch, &text));
+        let summary = self.summary_asked(a, &text);
         let reply = NewReply {
             text,
             usage: generation.usage,
@@ -97,15 +93,23 @@ impl Round<'_> {
         a.rows.push(outbox);
         // The notices of members left out, stored after the reply.
         a.rows.extend(notices);
-        if summary_due {
-            *self.summary_due.lock().expect("summary mutex poisoned") = Some(SummaryAsked {
-                conversation,
-                chat: batch.conversation.clone(),
-                is_group: batch.is_group,
-                payers: wallet::authors(&batch.pending),
-                chat_model: a.prompt.choices.model.clone(),
-            });
-        }
+        // Asked for once the reply is committed; made after the round.
+        *self.summary_due.lock().expect("summary mutex poisoned") = summary;
         Ok(Flow::Go)
+    }
+
+    /// The summary to make after the round if the reply `text` fills the history's
+    /// window (`LULL_SUMMARY=on`): paid by the people it answers, by the chat's model
+    /// unless `LULL_SUMMARY_MODEL` names one.
+    fn summary_asked(&self, a: &Answering, text: &str) -> Option<SummaryAsked> {
+        let settings = self.dispatcher.settings.summary.as_ref()?;
+        let batch = &a.batch;
+        summaries::due(settings, batch, text).then(|| SummaryAsked {
+            conversation: self.conversation,
+            chat: batch.conversation.clone(),
+            is_group: batch.is_group,
+            payers: wallet::authors(&batch.pending),
+            chat_model: a.prompt.choices.model.clone(),
+        })
     }
 }

@@ -161,36 +161,15 @@ pub(super) async fn run(
     stop: &CancellationToken,
 ) -> Result<(), StoreError> {
     let d = dispatcher;
-    // One transaction: the claim, the batch and the rows owed.
     let claimed_at = d.clock.now();
-    let claimed = d
-        .store
-        .claim_round(RoundClaim {
-            conversation,
-            holder: &d.holder,
-            ttl: d.settings.lease.ttl(),
-            history: d.settings.history,
-            summaries: d.settings.summary.is_some(),
-            now: claimed_at,
-        })
-        .await;
-    let Claimed {
+    let Some(Claimed {
         lease,
         batch,
         owed,
         held_back,
-    } = match claimed {
-        Ok(Some(claimed)) => claimed,
-        Ok(None) => {
-            metrics::counter!(names::LEASE_CONTENDED).increment(1);
-            tracing::debug!(%conversation, "lease contended: another process is answering");
-            d.emit(Event::Contended { conversation });
-            return Ok(());
-        }
-        Err(e) => {
-            tracing::warn!(%conversation, error = %e, "could not claim a lease");
-            return Err(e);
-        }
+    }) = claim(d, conversation, claimed_at).await?
+    else {
+        return Ok(());
     };
     d.emit(Event::Claimed {
         conversation,
@@ -236,6 +215,39 @@ pub(super) async fn run(
         super::summaries::make_later(d, asked);
     }
     result
+}
+
+/// The claim of `conversation`'s round at `claimed_at`, in one transaction: the lease,
+/// the batch and the rows owed. `None`: another process holds the lease (counted).
+async fn claim(
+    d: &Dispatcher,
+    conversation: ConversationId,
+    claimed_at: crate::domain::Timestamp,
+) -> Result<Option<Claimed>, StoreError> {
+    let claimed = d
+        .store
+        .claim_round(RoundClaim {
+            conversation,
+            holder: &d.holder,
+            ttl: d.settings.lease.ttl(),
+            history: d.settings.history,
+            summaries: d.settings.summary.is_some(),
+            now: claimed_at,
+        })
+        .await;
+    match claimed {
+        Ok(Some(claimed)) => Ok(Some(claimed)),
+        Ok(None) => {
+            metrics::counter!(names::LEASE_CONTENDED).increment(1);
+            tracing::debug!(%conversation, "lease contended: another process is answering");
+            d.emit(Event::Contended { conversation });
+            Ok(None)
+        }
+        Err(e) => {
+            tracing::warn!(%conversation, error = %e, "could not claim a lease");
+            Err(e)
+        }
+    }
 }
 
 /// One round under a conversation's lease.

@@ -320,15 +320,9 @@ async fn drop_oldest(tx: &Tx<'_>, scope: &Scope) -> Result<u16, StoreError> {
     Ok(dropped as u16)
 }
 
-/// `/forgetme` in one transaction (see [`MemoryStore::erase_person`]).
-async fn erase(
-    tx: &Tx<'_>,
-    platform: Platform,
-    user: &str,
-    now: Timestamp,
-) -> Result<Erased, StoreError> {
-    // The chats the person wrote in: their summaries being made are fenced too.
-    let chats: Vec<String> = query(
+/// The conversations (ids, as fence owners) in which `user` wrote on `platform`.
+async fn chats_of(tx: &Tx<'_>, platform: Platform, user: &str) -> Result<Vec<String>, StoreError> {
+    Ok(query(
         tx,
         "SELECT DISTINCT m.conversation_id::text FROM messages m
          JOIN conversations c ON c.id = m.conversation_id
@@ -339,7 +333,18 @@ async fn erase(
     .await?
     .iter()
     .map(|r| r.get(0))
-    .collect();
+    .collect())
+}
+
+/// `/forgetme` in one transaction (see [`MemoryStore::erase_person`]).
+async fn erase(
+    tx: &Tx<'_>,
+    platform: Platform,
+    user: &str,
+    now: Timestamp,
+) -> Result<Erased, StoreError> {
+    // The chats the person wrote in: their summaries being made are fenced too.
+    let chats = chats_of(tx, platform, user).await?;
     let mut keys = vec![
         fence_key(platform, "person", user),
         fence_key(platform, "author", user),

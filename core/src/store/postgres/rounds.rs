@@ -355,22 +355,7 @@ async fn read_batch_and_owed(
         .parse()
         .map_err(StoreError::Corrupt)?;
     let (key, is_group, version): (String, bool, i64) = (row.get(1), row.get(2), row.get(3));
-    let pending = pending
-        .into_iter()
-        .map(|r| {
-            Ok(PendingMessage {
-                row: r.get(0),
-                message_id: r.get(1),
-                user_id: r.get(2),
-                author: r.get(3),
-                text: r.get(4),
-                version: Version(r.get(5)),
-                received_at: Timestamp(r.get(6)),
-                media: crate::store::decode_media(r.get(7))?,
-                transcript: r.get(8),
-            })
-        })
-        .collect::<Result<Vec<_>, StoreError>>()?;
+    let pending = pending_messages(pending)?;
     let timer = timer.map(|r| TimerState {
         due_at: Timestamp(r.get(0)),
         attempts: r.get::<_, i32>(1) as u32,
@@ -379,13 +364,7 @@ async fn read_batch_and_owed(
     let history = if history == 0 || pending.is_empty() {
         Vec::new()
     } else {
-        crate::store::rules::exchanges(exchanges.into_iter().map(|row| {
-            let said = Said {
-                author: row.get(2),
-                text: crate::store::said_text(row.get(3), row.get(4)),
-            };
-            (row.get(0), row.get(1), said)
-        }))
+        history_exchanges(exchanges)
     };
     let summary = summary
         .filter(|_| !pending.is_empty())
@@ -405,6 +384,37 @@ async fn read_batch_and_owed(
         None => (Vec::new(), false),
     };
     Ok((batch, owed))
+}
+
+/// The pending messages from their rows (the batch query's columns).
+fn pending_messages(rows: Vec<tokio_postgres::Row>) -> Result<Vec<PendingMessage>, StoreError> {
+    rows.into_iter()
+        .map(|r| {
+            Ok(PendingMessage {
+                row: r.get(0),
+                message_id: r.get(1),
+                user_id: r.get(2),
+                author: r.get(3),
+                text: r.get(4),
+                version: Version(r.get(5)),
+                received_at: Timestamp(r.get(6)),
+                media: crate::store::decode_media(r.get(7))?,
+                transcript: r.get(8),
+            })
+        })
+        .collect()
+}
+
+/// The history's exchanges from their rows (reply id, reply text, author, text,
+/// transcript), oldest first.
+fn history_exchanges(rows: Vec<tokio_postgres::Row>) -> Vec<crate::store::Exchange> {
+    crate::store::rules::exchanges(rows.into_iter().map(|row| {
+        let said = Said {
+            author: row.get(2),
+            text: crate::store::said_text(row.get(3), row.get(4)),
+        };
+        (row.get(0), row.get(1), said)
+    }))
 }
 
 /// A notice that answers messages (a give-up, or the notice of messages a reply left

@@ -324,6 +324,18 @@ fn erase(
         .ctx("preparing a statement")?
         .execute(params![platform.as_str(), user])
         .ctx("erasing overheard messages")?;
+    let summaries = erase_summaries(tx, platform, user)?;
+    Ok(Erased {
+        memories: memories as u64,
+        messages: messages as u64,
+        overheard: overheard as u64,
+        summaries,
+    })
+}
+
+/// `/forgetme`'s part in summaries: fence the summaries being made of the chats the
+/// person wrote in, and delete theirs; how many were deleted.
+fn erase_summaries(tx: &Connection, platform: Platform, user: &str) -> Result<u64, StoreError> {
     // `/forgetme` fences the summaries being made of the chats the person wrote in: a
     // maker whose picture was read before now (its newest message at or below the
     // fence) stores nothing, so their words never come back in a summary.
@@ -338,7 +350,7 @@ fn erase(
     .ctx("preparing a statement")?
     .execute(params![platform.as_str(), user])
     .ctx("fencing the summaries in flight")?;
-    let summaries = tx
+    let deleted = tx
         .prepare_cached(
             "DELETE FROM summaries WHERE conversation_id IN (
                  SELECT m.conversation_id FROM messages m JOIN conversations c ON c.id = m.conversation_id
@@ -347,10 +359,5 @@ fn erase(
         .ctx("preparing a statement")?
         .execute(params![platform.as_str(), user])
         .ctx("erasing summaries")?;
-    Ok(Erased {
-        memories: memories as u64,
-        messages: messages as u64,
-        overheard: overheard as u64,
-        summaries: summaries as u64,
-    })
+    Ok(deleted as u64)
 }

@@ -314,41 +314,7 @@ fn read_batch(
         return Err(StoreError::NoConversation(conversation));
     };
     let platform: Platform = platform.parse().map_err(StoreError::Corrupt)?;
-    let pending = {
-        let mut stmt = tx
-            .prepare_cached(
-                "SELECT id, platform_message_id, user_id, author, text, version, received_at, media, transcript
-                 FROM messages WHERE conversation_id = ?1 AND version > ?2 ORDER BY id",
-            )
-            .ctx("reading pending messages")?;
-        let rows = stmt
-            .query_map(params![conversation.0, answered], |r| {
-                let media: Option<String> = r.get(7)?;
-                let message = PendingMessage {
-                    row: r.get(0)?,
-                    message_id: r.get(1)?,
-                    user_id: r.get(2)?,
-                    author: r.get(3)?,
-                    text: r.get(4)?,
-                    version: Version(r.get(5)?),
-                    received_at: Timestamp(r.get(6)?),
-                    media: Vec::new(),
-                    transcript: r.get(8)?,
-                };
-                Ok((message, media))
-            })
-            .ctx("reading pending messages")?
-            .collect::<Result<Vec<_>, _>>()
-            .ctx("reading pending messages")?;
-        rows.into_iter()
-            .map(|(message, media)| {
-                Ok(PendingMessage {
-                    media: crate::store::decode_media(media.as_deref())?,
-                    ..message
-                })
-            })
-            .collect::<Result<Vec<_>, StoreError>>()?
-    };
+    let pending = read_pending(tx, conversation, answered)?;
     let timer = tx
         .prepare_cached("SELECT due_at, attempts FROM timers WHERE conversation_id = ?1")
         .ctx("preparing a statement")?
@@ -382,6 +348,48 @@ fn read_batch(
         summary,
         timer,
     })
+}
+
+/// The messages of `conversation` after its answered version, oldest first: the
+/// pending batch.
+fn read_pending(
+    tx: &Connection,
+    conversation: ConversationId,
+    answered: i64,
+) -> Result<Vec<PendingMessage>, StoreError> {
+    let mut stmt = tx
+        .prepare_cached(
+            "SELECT id, platform_message_id, user_id, author, text, version, received_at, media, transcript
+             FROM messages WHERE conversation_id = ?1 AND version > ?2 ORDER BY id",
+        )
+        .ctx("reading pending messages")?;
+    let rows = stmt
+        .query_map(params![conversation.0, answered], |r| {
+            let media: Option<String> = r.get(7)?;
+            let message = PendingMessage {
+                row: r.get(0)?,
+                message_id: r.get(1)?,
+                user_id: r.get(2)?,
+                author: r.get(3)?,
+                text: r.get(4)?,
+                version: Version(r.get(5)?),
+                received_at: Timestamp(r.get(6)?),
+                media: Vec::new(),
+                transcript: r.get(8)?,
+            };
+            Ok((message, media))
+        })
+        .ctx("reading pending messages")?
+        .collect::<Result<Vec<_>, _>>()
+        .ctx("reading pending messages")?;
+    rows.into_iter()
+        .map(|(message, media)| {
+            Ok(PendingMessage {
+                media: crate::store::decode_media(media.as_deref())?,
+                ..message
+            })
+        })
+        .collect()
 }
 
 /// The rows among `rows` that still carry a version at or before `v0`: an edit moves a

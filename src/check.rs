@@ -14,7 +14,10 @@ use secrecy::ExposeSecret;
 /// One line of the report.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Finding {
+    /// Whether lull can run with this (a warning is ok: it runs, perhaps not as meant).
     pub ok: bool,
+    /// A warning: lull runs, but this is likely not what the operator meant.
+    pub warn: bool,
     pub what: &'static str,
     pub detail: String,
 }
@@ -24,7 +27,11 @@ impl fmt::Display for Finding {
         write!(
             f,
             "{}  {:<13} {}",
-            if self.ok { "ok  " } else { "FAIL" },
+            match (self.ok, self.warn) {
+                (false, _) => "FAIL",
+                (true, true) => "warn",
+                (true, false) => "ok  ",
+            },
             self.what,
             self.detail
         )
@@ -34,16 +41,23 @@ impl fmt::Display for Finding {
 fn ok(what: &'static str, detail: impl Into<String>) -> Finding {
     Finding {
         ok: true,
+        warn: false,
         what,
         detail: detail.into(),
+    }
+}
+
+fn warn(what: &'static str, detail: impl Into<String>) -> Finding {
+    Finding {
+        warn: true,
+        ..ok(what, detail)
     }
 }
 
 fn fail(what: &'static str, detail: impl Into<String>) -> Finding {
     Finding {
         ok: false,
-        what,
-        detail: detail.into(),
+        ..ok(what, detail)
     }
 }
 
@@ -62,6 +76,10 @@ pub(crate) async fn run(config: &Config) -> Vec<Finding> {
     findings.push(ok("access", access(config, &found.access)));
     findings.push(jobs(config, &found.jobs));
     findings.push(ok("limits", config.dispatch.limits.describe()));
+    findings.push(ok("prices", config.dispatch.limits.prices.describe()));
+    for warning in config.price_warnings() {
+        findings.push(warn("prices", warning));
+    }
     if let Some(telegram) = &config.telegram {
         findings.push(telegram_bot(telegram).await);
     }

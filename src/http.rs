@@ -89,22 +89,49 @@ async fn healthz(State(state): State<HttpState>) -> Response {
     (status, Json(body)).into_response()
 }
 
+/// The budget gauges read from the store at scrape time: the bot's tokens today
+/// against `LULL_DAILY_TOKENS`, its dollars this month against `LULL_MONTHLY_USD`
+/// (each while set): the same numbers on every replica.
+async fn budget_gauges(state: &HttpState) {
+    use lull_core::limits::{BOT_MONTH_SCOPE, BOT_SCOPE};
+    use lull_core::metrics::{
+        DAILY_TOKENS_LIMIT, DAILY_TOKENS_USED, MONTH_COST_USD, MONTHLY_BUDGET_USD,
+    };
+    let limits = &state.limits;
+    let now = state.clock.now();
+    if limits.daily_tokens > 0 {
+        let day = limits.timezone.day(now);
+        match state.store.token_usage(&day, &[BOT_SCOPE.to_owned()]).await {
+            Ok(used) => {
+                metrics::gauge!(DAILY_TOKENS_USED).set(used[0].tokens as f64);
+                metrics::gauge!(DAILY_TOKENS_LIMIT).set(limits.daily_tokens as f64);
+            }
+            Err(e) => tracing::debug!(error = %e, "could not read today's token use for /metrics"),
+        }
+    }
+    if limits.monthly_usd.is_set() {
+        let month = limits.timezone.month(now);
+        match state
+            .store
+            .token_usage(&month, &[BOT_MONTH_SCOPE.to_owned()])
+            .await
+        {
+            Ok(used) => {
+                metrics::gauge!(MONTH_COST_USD).set(used[0].cost.dollars());
+                metrics::gauge!(MONTHLY_BUDGET_USD).set(limits.monthly_usd.dollars());
+            }
+            Err(e) => tracing::debug!(error = %e, "could not read this month's cost for /metrics"),
+        }
+    }
+}
+
 /// The gauges read at scrape time (what `/healthz` reads), then every metric.
 async fn metrics(State(state): State<HttpState>) -> Response {
     use lull_core::metrics::{DATABASE_UP, PLATFORM_CONNECTED};
     let database_up = state.store.ping().await.is_ok();
     metrics::gauge!(DATABASE_UP).set(if database_up { 1.0 } else { 0.0 });
-    if state.limits.daily_tokens > 0 && database_up {
-        use lull_core::metrics::{DAILY_TOKENS_LIMIT, DAILY_TOKENS_USED};
-        let day = state.limits.timezone.day(state.clock.now());
-        let scopes = [lull_core::limits::BOT_SCOPE.to_owned()];
-        match state.store.token_usage(&day, &scopes).await {
-            Ok(used) => {
-                metrics::gauge!(DAILY_TOKENS_USED).set(used[0] as f64);
-                metrics::gauge!(DAILY_TOKENS_LIMIT).set(state.limits.daily_tokens as f64);
-            }
-            Err(e) => tracing::debug!(error = %e, "could not read today's token use for /metrics"),
-        }
+    if database_up {
+        budget_gauges(&state).await;
     }
     for (platform, adapter) in state.health.snapshot() {
         let connected = matches!(adapter, lull_port::health::AdapterState::Up);
@@ -120,7 +147,7 @@ async fn metrics(State(state): State<HttpState>) -> Response {
                 header::CONTENT_TYPE,
                 "text/plain; version=0.0.4; charset=utf-8",
             )],
-            handle.render(),
+            handle.render() + &lull_core::metrics::render_costs(),
         )
             .into_response(),
         None => (

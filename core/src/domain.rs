@@ -139,4 +139,7 @@ pub struct Exchange {
 pub struct TokenUsage {
     pub prompt: u64,
     pub completion: u64,
+    /// Of `prompt`, the tokens the server read from its prompt cache (0 when it does
+    /// not say): priced at the cached input's price, if the price list has one.
+    pub cached: u64,
 }

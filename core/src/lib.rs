@@ -29,6 +29,8 @@
 //! - [`limits`]: what the bot may spend (messages per minute per user, tokens per day
 //!   per user and in all), counted in the store so limits hold across restarts and
 //!   processes.
+//! - [`money`]: dollars as whole nano-dollars, the price list (`LULL_PRICES`) and
+//!   what a call, a summary or a transcription costs at it.
 //! - [`tools`]: the tools seam (MCP servers), whose calls that act the dispatcher
 //!   reserves in the store's journal before they run.
 //! - [`controls`]: what a conversation chooses for its replies (`/model`, `/persona`,
@@ -67,6 +69,7 @@ pub mod domain;
 pub mod limits;
 pub mod llm;
 pub mod metrics;
+pub mod money;
 pub mod refreshed;
 pub mod rhythm;
 pub mod schedule;

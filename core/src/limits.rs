@@ -1,6 +1,12 @@
 //! What the bot may spend: messages per minute per user (`LULL_RATE_PER_MIN`), tokens
 //! per day per user (`LULL_USER_DAILY_TOKENS`) and for the whole bot
-//! (`LULL_DAILY_TOKENS`), days counted in `LULL_TIMEZONE`.
+//! (`LULL_DAILY_TOKENS`), dollars per day per user (`LULL_USER_DAILY_USD`), for the
+//! whole bot (`LULL_DAILY_USD`) and per month (`LULL_MONTHLY_USD`) at the prices of
+//! `LULL_PRICES` ([`crate::money`]), days counted in `LULL_TIMEZONE`.
+//!
+//! Dollars go through the same two steps as tokens, in the same charges: the worst
+//! case at the chat's model's price is reserved with the tokens (and caps the reply's
+//! `max_tokens` the same way), and settled to what the server reported.
 //!
 //! Every count lives in the database, so limits hold across restarts and across every
 //! process on it. A limit never drops a message: a limited conversation's messages
@@ -26,6 +32,8 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::domain::{ConversationRef, Platform, Timestamp};
+use crate::money::{Prices, Usd};
+use crate::store::{Period, Unit};
 
 /// The limits in force; zero means "no limit".
 #[derive(Debug, Clone, PartialEq)]
@@ -45,6 +53,14 @@ pub struct Limits {
     /// The system prompt's tokens (`LULL_SYSTEM_PROMPT`, estimated): part of every
     /// prompt, so part of every reservation.
     pub system_tokens: u64,
+    /// Dollars one user may spend per day (`LULL_USER_DAILY_USD`; 0: no limit).
+    pub user_daily_usd: Usd,
+    /// Dollars the whole bot may spend per day (`LULL_DAILY_USD`).
+    pub daily_usd: Usd,
+    /// Dollars the whole bot may spend per calendar month (`LULL_MONTHLY_USD`).
+    pub monthly_usd: Usd,
+    /// `LULL_PRICES`: what each model costs; an unpriced model costs nothing here.
+    pub prices: Prices,
 }
 
 impl Default for Limits {
@@ -56,6 +72,10 @@ impl Default for Limits {
             timezone: TimeZone::utc(),
             reply_tokens: 1024,
             system_tokens: 0,
+            user_daily_usd: Usd::ZERO,
+            daily_usd: Usd::ZERO,
+            monthly_usd: Usd::ZERO,
+            prices: Prices::default(),
         }
     }
 }
@@ -74,9 +94,56 @@ pub fn rate_window() -> Duration {
 }
 
 impl Limits {
-    /// Whether any token budget is set (else nothing is reserved or charged per user).
+    /// Whether any budget is set, of tokens or dollars (else nothing is reserved;
+    /// what was spent is still counted).
     pub fn has_budget(&self) -> bool {
-        self.user_daily_tokens > 0 || self.daily_tokens > 0
+        self.user_daily_tokens > 0
+            || self.daily_tokens > 0
+            || self.user_daily_usd.is_set()
+            || self.daily_usd.is_set()
+            || self.monthly_usd.is_set()
+    }
+
+    /// Whether any dollar budget is set.
+    pub fn has_dollar_budget(&self) -> bool {
+        !self.dollar_budgets().is_empty()
+    }
+
+    /// Whether a person has a budget of their own (tokens or dollars a day).
+    pub fn has_user_budget(&self) -> bool {
+        self.user_daily_tokens > 0 || self.user_daily_usd.is_set()
+    }
+
+    /// The dollar budgets that are set, by variable name, for warnings and checks.
+    pub fn dollar_budgets(&self) -> Vec<(&'static str, Usd)> {
+        [
+            ("LULL_USER_DAILY_USD", self.user_daily_usd),
+            ("LULL_DAILY_USD", self.daily_usd),
+            ("LULL_MONTHLY_USD", self.monthly_usd),
+        ]
+        .into_iter()
+        .filter(|(_, usd)| usd.is_set())
+        .collect()
+    }
+
+    /// Refuse dollar budgets that cannot hold one reply of `model` (the shortest
+    /// reply after the system prompt, at its price): they would hold messages for
+    /// ever. The error names the variable.
+    pub fn check_dollars(&self, model: &str) -> Result<(), String> {
+        let price = self.prices.tokens_of(model);
+        let least = price.worst(
+            self.system_tokens + MESSAGE_TOKENS * 2,
+            self.min_reply_tokens(),
+        );
+        for (name, budget) in self.dollar_budgets() {
+            if budget < least {
+                return Err(format!(
+                    "{name}={} cannot hold one reply of {model}: the system prompt and the shortest reply lull asks for cost {least} at its price (LULL_PRICES) (0: no limit)",
+                    budget.plain()
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The shortest reply a round asks for: [`MIN_REPLY_TOKENS`], or `reply_tokens`
@@ -115,11 +182,21 @@ impl Limits {
                 format!("{n} {unit}")
             }
         };
+        let usd_or_none = |usd: Usd, per: &str| {
+            if usd.is_set() {
+                format!("{usd} {per}")
+            } else {
+                "no limit".to_owned()
+            }
+        };
         let mut text = format!(
-            "messages per user: {}; tokens per user: {}; tokens for the bot: {}; days in {}",
+            "messages per user: {}; tokens per user: {}; tokens for the bot: {}; dollars per user: {}; dollars for the bot: {} and {}; days in {}",
             or_none(u64::from(self.rate_per_min), "a minute"),
             or_none(self.user_daily_tokens, "a day"),
             or_none(self.daily_tokens, "a day"),
+            usd_or_none(self.user_daily_usd, "a day"),
+            usd_or_none(self.daily_usd, "a day"),
+            usd_or_none(self.monthly_usd, "a month"),
             self.timezone
         );
         if self.has_budget() {
@@ -131,6 +208,59 @@ impl Limits {
             ));
         }
         text
+    }
+}
+
+/// How much of one budget is used, as the budget notices say it: which budget
+/// (`tokens`, `daily dollar budget`, `monthly dollar budget`), the amounts (`74 of
+/// 120`, `$0.42 of $0.50`) and the period (`today`, `this month`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spending {
+    pub used: u64,
+    pub limit: u64,
+    pub unit: Unit,
+    pub period: Period,
+}
+
+impl Spending {
+    /// The budget a refusal names: its scope's (`month:bot` counts a month).
+    pub fn of(scope: &str, used: u64, limit: u64, unit: Unit) -> Spending {
+        let period = if scope == BOT_MONTH_SCOPE {
+            Period::Month
+        } else {
+            Period::Day
+        };
+        Spending {
+            used,
+            limit,
+            unit,
+            period,
+        }
+    }
+
+    /// Which budget: `tokens`, `daily dollar budget`, `monthly dollar budget`.
+    pub fn what(&self) -> &'static str {
+        match (self.unit, self.period) {
+            (Unit::Tokens, _) => "tokens",
+            (Unit::Usd, Period::Day) => "daily dollar budget",
+            (Unit::Usd, Period::Month) => "monthly dollar budget",
+        }
+    }
+
+    /// `74 of 120`, `$0.42 of $0.50`.
+    pub fn amounts(&self) -> String {
+        match self.unit {
+            Unit::Tokens => format!("{} of {}", self.used, self.limit),
+            Unit::Usd => format!("{} of {}", Usd(self.used), Usd(self.limit)),
+        }
+    }
+
+    /// `today`, `this month`.
+    pub fn when(&self) -> &'static str {
+        match self.period {
+            Period::Day => "today",
+            Period::Month => "this month",
+        }
     }
 }
 
@@ -146,6 +276,10 @@ pub fn conversation_scope(conversation: &ConversationRef) -> String {
 
 /// The budget scope of the whole bot.
 pub const BOT_SCOPE: &str = "bot";
+
+/// The budget scope of the whole bot's month (`LULL_MONTHLY_USD`): rows keyed by the
+/// month (`2026-12`), charged with every charge of [`BOT_SCOPE`].
+pub const BOT_MONTH_SCOPE: &str = "month:bot";
 
 /// Not a budget: the tokens spent on generations whose reply never went out (dropped
 /// as stale, or stopped when overtaken), per day, for `/usage` (admins); already in
@@ -306,6 +440,28 @@ impl TimeZone {
             })
     }
 
+    /// The month `at` falls on here (`2026-12`): what the monthly budget counts by.
+    pub fn month(&self, at: Timestamp) -> String {
+        self.day(at).get(..7).unwrap_or_default().to_owned()
+    }
+
+    /// The first day of the month `at` falls on here (`2026-12-01`).
+    pub fn month_start_day(&self, at: Timestamp) -> String {
+        format!("{}-01", self.month(at))
+    }
+
+    /// When the month after the one `at` falls on begins here: when the monthly
+    /// budget resets.
+    pub fn next_month(&self, at: Timestamp) -> Timestamp {
+        let date = self.zoned(at).date().first_of_month();
+        date.checked_add(jiff::Span::new().months(1))
+            .ok()
+            .and_then(|d| d.to_zoned(self.zone.clone()).ok())
+            .map_or(self.next_day(at), |z| {
+                Timestamp(z.timestamp().as_millisecond())
+            })
+    }
+
     /// `at` as a user reads it: `14:05 (Europe/Berlin)`, with the date when it is not
     /// on the same day as `now`.
     pub fn show(&self, at: Timestamp, now: Timestamp) -> String {
@@ -334,6 +490,10 @@ mod tests {
         );
         assert_eq!(berlin.day_start(at), Timestamp(at.0 - 30 * 60_000));
         assert_eq!(TimeZone::utc().days_up_to(at, 1), ["2026-12-01"]);
+        assert_eq!(berlin.month(at), "2026-12");
+        assert_eq!(berlin.month_start_day(at), "2026-12-01");
+        // 2027-01-01 00:00 in Berlin is 2026-12-31 23:00 UTC.
+        assert_eq!(berlin.next_month(at).0, 1_798_758_000_000);
     }
 
     #[test]

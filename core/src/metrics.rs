@@ -91,6 +91,52 @@ pub const SUMMARIES: &str = "lull_summaries_total";
 /// (`LULL_RETENTION_DAYS`).
 pub const RETENTION_REMOVED: &str = "lull_retention_removed_total";
 
+/// Labelled `model`: dollars spent at `LULL_PRICES` (replies, tool turns, summaries,
+/// transcriptions, the replies dropped as stale), in dollars. The `metrics` facade
+/// counts in whole numbers, so this counter is kept here in nano-dollars
+/// ([`record_cost`]) and rendered beside the others ([`render_costs`]).
+pub const COST_USD: &str = "lull_cost_usd_total";
+/// Dollars the whole bot spent this month (the `LULL_TIMEZONE` month), read from the
+/// store at every scrape; set only while `LULL_MONTHLY_USD` is.
+pub const MONTH_COST_USD: &str = "lull_month_cost_usd";
+/// `LULL_MONTHLY_USD`, at every scrape while it is set: with [`MONTH_COST_USD`], how
+/// much of the month's budget is spent (the `LullMonthlyBudgetNearlySpent` alert).
+pub const MONTHLY_BUDGET_USD: &str = "lull_monthly_budget_usd";
+
+/// This process's dollars by model, in nano-dollars (exact; [`COST_USD`]).
+static COSTS: std::sync::Mutex<std::collections::BTreeMap<String, u64>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+/// Count `cost` spent with `model` in [`COST_USD`] (nothing for a free call).
+pub fn record_cost(model: &str, cost: crate::money::Usd) {
+    if cost.0 == 0 {
+        return;
+    }
+    let mut costs = COSTS.lock().unwrap_or_else(|e| e.into_inner());
+    let total = costs.entry(model.to_owned()).or_default();
+    *total = total.saturating_add(cost.0);
+}
+
+/// [`COST_USD`] in Prometheus's text format: its help, its type, and one sample per
+/// model that spent anything in this process (dollars, as a float).
+pub fn render_costs() -> String {
+    let costs = COSTS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut text = format!(
+        "# HELP {COST_USD} Dollars spent at LULL_PRICES, by model (replies, summaries, transcriptions).\n# TYPE {COST_USD} counter\n"
+    );
+    for (model, nanos) in costs.iter() {
+        let label = model
+            .replace('\\', "\\\\")
+            .replace('"', "\\\"")
+            .replace('\n', "\\n");
+        text.push_str(&format!(
+            "{COST_USD}{{model=\"{label}\"}} {}\n",
+            crate::money::Usd(*nanos).dollars()
+        ));
+    }
+    text
+}
+
 /// Register descriptions with the installed recorder (call once, after installing it).
 pub fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram};
@@ -183,6 +229,14 @@ pub fn describe() {
     describe_gauge!(
         DAILY_TOKENS_LIMIT,
         "LULL_DAILY_TOKENS: the whole bot's daily token budget (set while it is)."
+    );
+    describe_gauge!(
+        MONTH_COST_USD,
+        "Dollars the whole bot spent this month (set while LULL_MONTHLY_USD is)."
+    );
+    describe_gauge!(
+        MONTHLY_BUDGET_USD,
+        "LULL_MONTHLY_USD: the whole bot's monthly dollar budget (set while it is)."
     );
     describe_counter!(
         TOOL_CALLS,

@@ -124,6 +124,15 @@ pub(crate) fn summary_write_back() -> bool {
     *ON.get_or_init(|| on("LULL_TEST_SUMMARY_WRITE_BACK"))
 }
 
+/// `LULL_TEST_UNRESERVED_DOLLARS=1`: a round reserves no dollars before asking the
+/// model, only checks that some are left (a nano-dollar), and charges what was spent
+/// afterwards: the peers' "check, then bill", whose processes answering at once
+/// overspend a dollar budget together (the money tests' counter-test).
+pub(crate) fn unreserved_dollars() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| on("LULL_TEST_UNRESERVED_DOLLARS"))
+}
+
 /// `LULL_TEST_RESOLVE=name=address,…`: the web fetch's resolver answers these names
 /// with these addresses before asking the system (a public-looking name that resolves
 /// to loopback, without a hosts file). Its answers are judged like any other.

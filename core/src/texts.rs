@@ -17,7 +17,7 @@ use lull_port::QuickReply;
 
 use crate::access::AccessList;
 use crate::domain::Platform;
-use crate::limits;
+use crate::limits::{self, Spending};
 
 /// The system prompt when `LULL_SYSTEM_PROMPT` is unset.
 pub const DEFAULT_SYSTEM_PROMPT: &str = "You are lull, a friendly and concise assistant in a chat. \
@@ -126,37 +126,39 @@ I've kept them and will answer them together at {until}."
     )
 }
 
-/// What a user over a token budget is told, once a day per conversation: how much
-/// of which budget is used (`used` of `limit`, as the store counted when it refused),
-/// and when the kept messages are answered.
-pub fn budget_text(yours: bool, used: u64, limit: u64, resets: &str) -> String {
+/// What a conversation held by a budget is told, once: `yours` (the sender's own
+/// budget) or the bot's; `spending` says which budget and how much of it is used.
+pub fn budget_text(yours: bool, spending: &Spending, resets: &str) -> String {
+    let (what, used, when) = (spending.what(), spending.amounts(), spending.when());
     if yours {
         format!(
-            "Not enough left of your tokens for a reply: {used} of {limit} used today. \
+            "Not enough left of your {what} for a reply: {used} used {when}. \
 I've kept your messages and will answer them when your budget resets, at {resets}."
         )
     } else {
         format!(
-            "Not enough left of this bot's tokens for a reply: {used} of {limit} used today. \
+            "Not enough left of this bot's {what} for a reply: {used} used {when}. \
 I've kept your messages and will answer them when its budget resets, at {resets}."
         )
     }
 }
 
-/// What a group member over their token budget is told when the rest of the group is
+/// What a group member over their budget is told when the rest of the group is
 /// answered without their messages: this notice answers those messages.
-pub fn held_out_text(author: &str, used: u64, limit: u64, resets: &str) -> String {
+pub fn held_out_text(author: &str, spending: &Spending, resets: &str) -> String {
+    let (what, used, when) = (spending.what(), spending.amounts(), spending.when());
     format!(
-        "{author}: not enough left of your tokens for a reply: {used} of {limit} used today, \
+        "{author}: not enough left of your {what} for a reply: {used} used {when}, \
 so I answered the others without your messages. Your budget resets at {resets}; please ask again then."
     )
 }
 
-/// What a group member over their token budget is told when nobody else in the batch
+/// What a group member over their budget is told when nobody else in the batch
 /// could be answered either: this notice answers their messages.
-pub fn over_budget_text(author: &str, used: u64, limit: u64, resets: &str) -> String {
+pub fn over_budget_text(author: &str, spending: &Spending, resets: &str) -> String {
+    let (what, used, when) = (spending.what(), spending.amounts(), spending.when());
     format!(
-        "{author}: not enough left of your tokens for a reply: {used} of {limit} used today, \
+        "{author}: not enough left of your {what} for a reply: {used} used {when}, \
 so I can't answer this. Your budget resets at {resets}; please ask again then."
     )
 }
@@ -166,28 +168,71 @@ pub const USAGE_OF_THIS_GROUP: &str = "this group";
 /// Whose use `/usage` tells of, by default: the sender's own.
 pub const USAGE_OF_YOU: &str = "you";
 
-/// What `/usage` answers: `who` used `used` tokens on `day` of `limit` (0: none);
-/// with `bot`, the whole bot's use and limit too.
-pub fn usage_text(
-    day: &str,
-    who: &str,
-    used: u64,
-    limit: u64,
-    bot: Option<(u64, u64)>,
-    resets: &str,
-) -> String {
-    let of = |used: u64, limit: u64| {
-        if limit == 0 {
-            format!("{used} tokens (no limit)")
-        } else {
-            format!("{used} of {limit} tokens")
+/// One line of `/usage`: what was used, against its limits. A limit `None` is not
+/// mentioned (a month's tokens have none); `Some(0)` is "no limit".
+#[derive(Debug, Clone, Copy)]
+pub struct UsageLine {
+    pub used: crate::store::Used,
+    pub tokens: Option<u64>,
+    pub usd: Option<crate::money::Usd>,
+}
+
+impl UsageLine {
+    /// `74 of 120 tokens, $0.42 of $0.50` (dollars when `dollars`).
+    fn amounts(&self, dollars: bool) -> String {
+        let tokens = match self.tokens {
+            Some(0) => format!("{} tokens (no limit)", self.used.tokens),
+            Some(limit) => format!("{} of {limit} tokens", self.used.tokens),
+            None => format!("{} tokens", self.used.tokens),
+        };
+        if !dollars {
+            return tokens;
         }
-    };
-    let mut text = format!("Today ({day}), {who}: {}.", of(used, limit));
-    if let Some((used, limit)) = bot {
-        text.push_str(&format!(" The whole bot: {}.", of(used, limit)));
+        let usd = match self.usd {
+            Some(limit) if limit.is_set() => format!("{} of {limit}", self.used.cost),
+            Some(_) => format!("{} (no limit)", self.used.cost),
+            None => self.used.cost.to_string(),
+        };
+        format!("{tokens}, {usd}")
     }
-    text.push_str(&format!(" Budgets reset at {resets}."));
+}
+
+/// What `/usage` answers.
+#[derive(Debug, Clone)]
+pub struct UsageReport<'a> {
+    /// Today and this month, as the budgets count them (`2026-12-05`, `2026-12`).
+    pub day: &'a str,
+    pub month: &'a str,
+    /// Whose use it is: [`USAGE_OF_YOU`], [`USAGE_OF_THIS_GROUP`] or a user.
+    pub who: &'a str,
+    pub today: UsageLine,
+    pub this_month: UsageLine,
+    /// The whole bot's today and this month (admins).
+    pub bot: Option<(UsageLine, UsageLine)>,
+    /// Whether dollars are shown (a price list or a dollar budget is set).
+    pub dollars: bool,
+    pub resets: &'a str,
+}
+
+/// What `/usage` answers: `who`'s use today and this month against their limits;
+/// with `bot`, the whole bot's too.
+pub fn usage_text(r: &UsageReport<'_>) -> String {
+    let mut text = format!(
+        "Today ({}), {}: {}. This month ({}): {}.",
+        r.day,
+        r.who,
+        r.today.amounts(r.dollars),
+        r.month,
+        r.this_month.amounts(r.dollars)
+    );
+    if let Some((today, month)) = &r.bot {
+        text.push_str(&format!(
+            " The whole bot: {} today; {} this month.",
+            today.amounts(r.dollars),
+            month.amounts(r.dollars)
+        ));
+    }
+    text.push_str(&format!(" Budgets reset at {}.", r.resets));
     text
 }
 

@@ -57,8 +57,11 @@ pub(crate) fn responder(config: &Config) -> anyhow::Result<Arc<dyn Responder>> {
 }
 
 /// Say at start which responder answers, and warn when the offline `echo` answers
-/// only because no model is configured.
+/// only because no model is configured, and of each model without a price.
 fn log_responder(config: &Config) {
+    for warning in config.price_warnings() {
+        tracing::warn!("{warning}");
+    }
     match &config.llm {
         LlmConfig::Echo(_) if config.echo_by_default => tracing::warn!(
             responder = "echo",
@@ -321,6 +324,7 @@ fn status_page(
         Some(dispatcher.holder().clone()),
         Some(mcp_servers),
     )
+    .with_monthly_budget(config.dispatch.limits.monthly_usd)
 }
 
 #[cfg(test)]

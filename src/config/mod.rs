@@ -272,6 +272,37 @@ fn positive(variable: &str, ms: u64) -> Result<Duration, ConfigError> {
 }
 
 impl Config {
+    /// The price list's warnings ([`limits::price_warnings`]): each model lull may ask
+    /// (`LULL_MODELS`, the default, personas', `LULL_SUMMARY_MODEL`,
+    /// `LULL_TRANSCRIBE_MODEL`) with no price. None with the echo responder.
+    pub(crate) fn price_warnings(&self) -> Vec<String> {
+        if matches!(self.llm, LlmConfig::Echo(_)) {
+            return Vec::new();
+        }
+        let controls = &self.dispatch.controls;
+        let mut models: Vec<(&str, &str)> = vec![(&controls.default_model, "the default model")];
+        models.extend(controls.models.iter().map(|m| (m.as_str(), "LULL_MODELS")));
+        models.extend(
+            controls
+                .personas
+                .values()
+                .filter_map(|p| p.model.as_deref())
+                .map(|m| (m, "LULL_PERSONAS")),
+        );
+        if let Some(summary) = self
+            .dispatch
+            .summary
+            .as_ref()
+            .and_then(|s| s.model.as_deref())
+        {
+            models.push((summary, "LULL_SUMMARY_MODEL"));
+        }
+        if let Some(transcribe) = &self.transcribe {
+            models.push((&transcribe.model, "LULL_TRANSCRIBE_MODEL"));
+        }
+        limits::price_warnings(&self.dispatch.limits, &models)
+    }
+
     /// Check the settings together and build the configuration. Each group checks its
     /// own; the order is the one errors have always been reported in.
     pub(crate) fn from_settings(s: &Settings) -> Result<Config, ConfigError> {
@@ -293,7 +324,9 @@ impl Config {
         let max_reply_chars = s.model.max_reply_chars()?;
         let (timers, lease) = s.timing.check()?;
         let http_adapter = s.http.check()?;
-        let limits = s.limits.limits(&model.llm, max_reply_chars)?;
+        let limits = s
+            .limits
+            .limits(&model.llm, max_reply_chars, &controls.default_model)?;
         let tool_settings = s.tools.settings()?;
         let tools = s.tools.check()?;
         let web = s.web.settings(s.tools.tool_result_chars)?;

@@ -96,6 +96,8 @@ struct Inner {
     clock: Arc<dyn Clock>,
     /// `LULL_TIMEZONE`: the days tokens are counted by, as for `/usage` and budgets.
     timezone: TimeZone,
+    /// `LULL_MONTHLY_USD`, shown against the month so far.
+    monthly_budget: lull_core::money::Usd,
     access: Access,
     /// This process as a lease holder (`None`: not known, as in tests of the router).
     holder: Option<HolderId>,
@@ -125,6 +127,8 @@ pub(crate) struct Snapshot {
     pub mcp_servers: Vec<ServerState>,
     /// How many memories are kept, by scope (counts only: never a text).
     pub memories: MemoryCounts,
+    /// `LULL_MONTHLY_USD` (0: none), shown against the month's dollars.
+    pub monthly_budget: lull_core::money::Usd,
 }
 
 /// This process's own counters, read from its metrics.
@@ -156,6 +160,7 @@ impl StatusPage {
                 metrics,
                 clock,
                 timezone,
+                monthly_budget: lull_core::money::Usd::ZERO,
                 access,
                 holder,
                 mcp_servers,
@@ -163,6 +168,15 @@ impl StatusPage {
                 failures: login::Failures::default(),
             }),
         }
+    }
+
+    /// Show the month's dollars against `budget` (`LULL_MONTHLY_USD`). Call before
+    /// the page is shared (its routes cloned).
+    pub(crate) fn with_monthly_budget(mut self, budget: lull_core::money::Usd) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.monthly_budget = budget;
+        }
+        self
     }
 
     /// The routes: `/`, `/api/status`, `/login`.
@@ -230,6 +244,7 @@ impl StatusPage {
                 .collect(),
             mcp_servers: inner.mcp_servers.as_ref().map(|f| f()).unwrap_or_default(),
             memories,
+            monthly_budget: inner.monthly_budget,
         }
     }
 

@@ -5,6 +5,7 @@
 use std::fmt::Write as _;
 
 use super::Snapshot;
+use lull_core::money::Usd;
 use lull_core::store::{DayTokens, Recent};
 
 const STYLE: &str = "
@@ -260,6 +261,7 @@ pub(super) fn render(s: &Snapshot) -> String {
          <span id=\"tokens-today\" data-value=\"{tokens_today}\">{tokens_today}</span></h2>{}</section>",
         bar_chart(&st.tokens_per_day)
     );
+    dollars_section(&mut out, s);
     let _ = write!(
         out,
         "<section class=\"wide\"><h2>Replies sent per hour (last 24 hours) — in all \
@@ -349,6 +351,78 @@ fn bar_chart(days: &[DayTokens]) -> String {
     out
 }
 
+/// The dollars section: today's and the month's so far (against `LULL_MONTHLY_USD`
+/// when set), and dollars per day as bars.
+fn dollars_section(out: &mut String, s: &Snapshot) {
+    let st = &s.store;
+    let today = st.tokens_per_day.last().map_or(Usd::ZERO, |d| d.cost);
+    let budget = if s.monthly_budget.is_set() {
+        format!(
+            " of <span id=\"month-budget\" data-value=\"{}\">{}</span>",
+            s.monthly_budget.dollars(),
+            s.monthly_budget
+        )
+    } else {
+        String::new()
+    };
+    let _ = write!(
+        out,
+        "<section class=\"wide\"><h2>Dollars per day (last 30 days, at LULL_PRICES) — today \
+         <span id=\"cost-today\" data-value=\"{}\">{}</span>; this month so far \
+         <span id=\"cost-month\" data-value=\"{}\">{}</span>{budget}</h2>{}</section>",
+        today.dollars(),
+        today,
+        st.month_cost.dollars(),
+        st.month_cost,
+        cost_chart(&st.tokens_per_day)
+    );
+}
+
+/// Dollars per day as bars, one per day, each with `data-day` and `data-cost`
+/// (dollars).
+fn cost_chart(days: &[DayTokens]) -> String {
+    let mut out = format!(
+        "<svg id=\"cost-per-day\" role=\"img\" aria-label=\"dollars per day\" viewBox=\"0 0 {CHART_W} {CHART_H}\" width=\"100%\">"
+    );
+    let max = days.iter().map(|d| d.cost).max().unwrap_or(Usd::ZERO);
+    let top = max.0.max(1) as f64;
+    let plot_h = CHART_H - PAD_B - 8.0;
+    let base = CHART_H - PAD_B;
+    let _ = write!(
+        out,
+        "<line x1=\"{PAD_L}\" y1=\"8\" x2=\"{PAD_L}\" y2=\"{base}\" stroke=\"#c5cbd3\"/>\
+         <line x1=\"{PAD_L}\" y1=\"{base}\" x2=\"{CHART_W}\" y2=\"{base}\" stroke=\"#c5cbd3\"/>\
+         <text x=\"{tx}\" y=\"16\" text-anchor=\"end\">{max}</text>\
+         <text x=\"{tx}\" y=\"{base}\" text-anchor=\"end\">$0</text>",
+        tx = PAD_L - 6.0
+    );
+    let slot = (CHART_W - PAD_L) / days.len().max(1) as f64;
+    for (i, day) in days.iter().enumerate() {
+        let h = day.cost.0 as f64 / top * plot_h;
+        let x = PAD_L + i as f64 * slot + slot * 0.15;
+        let _ = write!(
+            out,
+            "<rect class=\"cost-bar\" data-day=\"{d}\" data-cost=\"{c}\" x=\"{x:.1}\" y=\"{y:.1}\" width=\"{w:.1}\" height=\"{h:.1}\" fill=\"#1a7f37\"><title>{d}: {shown}</title></rect>",
+            d = esc(&day.day),
+            c = day.cost.dollars(),
+            shown = day.cost,
+            y = base - h,
+            w = slot * 0.7
+        );
+        if (days.len() - 1 - i).is_multiple_of(7) {
+            let _ = write!(
+                out,
+                "<text x=\"{cx:.1}\" y=\"{ty}\" text-anchor=\"middle\">{}</text>",
+                esc(day.day.get(5..).unwrap_or(&day.day)),
+                cx = x + slot * 0.35,
+                ty = CHART_H - 6.0
+            );
+        }
+    }
+    out.push_str("</svg>");
+    out
+}
+
 /// Replies per hour as a line, the last point the hour ending now; each point a circle
 /// with `data-hour` (hours ago: 23 … 0) and `data-replies`.
 fn line_chart(hours: &[u64]) -> String {
@@ -411,6 +485,7 @@ mod tests {
             platforms: [("http".to_owned(), "up".to_owned())].into(),
             mcp_servers: Vec::new(),
             memories: Default::default(),
+            monthly_budget: Usd(10_000_000_000),
         };
         snapshot
             .store
@@ -422,8 +497,13 @@ mod tests {
                 tokens: 5,
                 replies: 1,
             });
+        snapshot.store.month_cost = Usd(2_500_000_000);
         let page = render(&snapshot);
         assert!(!page.contains("<script"), "{page}");
+        assert!(
+            page.contains("this month so far <span id=\"cost-month\" data-value=\"2.5\">$2.50</span> of <span id=\"month-budget\" data-value=\"10\">$10.00</span>"),
+            "{page}"
+        );
         assert!(page.contains("&lt;script&gt;"));
         for external in ["http://", "https://", "src=", "@import"] {
             assert!(!page.contains(external), "{external} in the page");

@@ -711,6 +711,7 @@ impl lull_core::llm::Responder for PastMidnight {
             usage: Some(lull_core::domain::TokenUsage {
                 prompt: 30,
                 completion: 5,
+                cached: 0,
             }),
             tool_calls: Vec::new(),
         })
@@ -770,7 +771,7 @@ async fn a_settle_after_midnight_lands_on_the_day_of_the_reservation() {
         .unwrap();
     let after = store.token_usage(&day(midnight), &scopes).await.unwrap();
     assert_eq!(
-        (before[0], after[0]),
+        (before[0].tokens, after[0].tokens),
         (35, 0),
         "reported usage on the reservation's day ({}), nothing on the next",
         day(midnight - 1)
@@ -819,7 +820,7 @@ async fn a_crashed_round_gives_its_reservation_back_at_the_next_claim(
         .await
         .unwrap();
     assert!(
-        reserved[0] >= 500,
+        reserved[0].tokens >= 500,
         "the reply's most is reserved: {reserved:?}"
     );
     a.crash();
@@ -835,7 +836,7 @@ async fn a_crashed_round_gives_its_reservation_back_at_the_next_claim(
         .unwrap();
     eprintln!("reserved by the crashed round: {reserved:?}; charged in the end: {used:?}");
     assert!(
-        used[0] < 100 && used[0] == used[1],
+        used[0].tokens < 100 && used[0] == used[1],
         "only the delivered reply is charged, not the crashed round's reservation too: {used:?}"
     );
 }

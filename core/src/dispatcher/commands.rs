@@ -9,6 +9,7 @@ use super::{Dispatcher, controls, job_commands, memory, notices};
 use crate::access::{AccessList, AccessRule, Sender, Subject, SubjectKind};
 use crate::domain::{Platform, Timestamp};
 use crate::limits;
+use crate::money::Usd;
 use crate::store::{CommandClaim, ContextReset, JobKind, StoreError};
 use crate::texts::{self, NoticeText};
 
@@ -193,8 +194,9 @@ fn subject(incoming: &Incoming, args: &[&str]) -> Result<Subject, String> {
     })
 }
 
-/// What `/usage` answers: the sender's own use today and their limit; an admin also
-/// sees the whole bot's, and asks for a group's (in the group) or a user's (named).
+/// What `/usage` answers: the sender's own use today and this month, tokens and
+/// dollars, against their limits; an admin also sees the whole bot's, and asks for a
+/// group's (in the group) or a user's (named).
 async fn usage(
     dispatcher: &Dispatcher,
     incoming: &Incoming,
@@ -204,48 +206,65 @@ async fn usage(
 ) -> Result<String, StoreError> {
     let limits = &dispatcher.settings.limits;
     let platform = incoming.conversation.platform;
-    let day = limits.timezone.day(now);
-    let resets = limits.timezone.show(limits.timezone.next_day(now), now);
-    let (label, scope, limit) = match (admin, args) {
+    let tz = &limits.timezone;
+    let (day, month) = (tz.day(now), tz.month(now));
+    let resets = tz.show(tz.next_day(now), now);
+    let (label, scope, limited) = match (admin, args) {
         (true, [who]) => {
             let (p, id) = who
                 .split_once(':')
                 .and_then(|(p, id)| Some((p.parse::<Platform>().ok()?, id)))
                 .unwrap_or((platform, who));
-            (
-                format!("{p}:{id}"),
-                limits::user_scope(p, id),
-                limits.user_daily_tokens,
-            )
+            (format!("{p}:{id}"), limits::user_scope(p, id), true)
         }
         (true, []) if incoming.is_group => (
             texts::USAGE_OF_THIS_GROUP.to_owned(),
             limits::conversation_scope(&incoming.conversation),
-            0,
+            false,
         ),
         _ => (
             texts::USAGE_OF_YOU.to_owned(),
             limits::user_scope(platform, &incoming.user_id),
-            if admin { 0 } else { limits.user_daily_tokens },
+            !admin,
         ),
     };
+    let store = &dispatcher.store;
     let scopes = [
-        scope,
+        scope.clone(),
         limits::BOT_SCOPE.to_owned(),
         limits::DROPPED_SCOPE.to_owned(),
     ];
-    let used = dispatcher.store.token_usage(&day, &scopes).await?;
-    let text = texts::usage_text(
-        &day,
-        &label,
-        used[0],
-        limit,
-        admin.then_some((used[1], limits.daily_tokens)),
-        &resets,
-    );
+    let today = store.token_usage(&day, &scopes).await?;
+    let so_far = store
+        .usage_between(&tz.month_start_day(now), &day, &[scope])
+        .await?[0];
+    let bot_month = store
+        .token_usage(&month, &[limits::BOT_MONTH_SCOPE.to_owned()])
+        .await?[0];
+    let line = |used, tokens, usd| texts::UsageLine { used, tokens, usd };
+    let (user_tokens, user_usd) = if limited {
+        (limits.user_daily_tokens, limits.user_daily_usd)
+    } else {
+        (0, Usd::ZERO)
+    };
+    let text = texts::usage_text(&texts::UsageReport {
+        day: &day,
+        month: &month,
+        who: &label,
+        today: line(today[0], Some(user_tokens), Some(user_usd)),
+        this_month: line(so_far, None, None),
+        bot: admin.then(|| {
+            (
+                line(today[1], Some(limits.daily_tokens), Some(limits.daily_usd)),
+                line(bot_month, None, Some(limits.monthly_usd)),
+            )
+        }),
+        dollars: !limits.prices.is_empty() || limits.has_dollar_budget(),
+        resets: &resets,
+    });
     // Admins also see what was spent on replies that never went out.
     Ok(if admin {
-        format!("{text} {}", texts::dropped_usage_text(used[2]))
+        format!("{text} {}", texts::dropped_usage_text(today[2].tokens))
     } else {
         text
     })

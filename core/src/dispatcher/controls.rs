@@ -329,7 +329,7 @@ async fn status(d: &Dispatcher, incoming: &Incoming, now: Timestamp) -> Result<S
         persona,
         own_prompt: chosen.prompt.is_some(),
         pending,
-        used_today: used.first().copied().unwrap_or(0),
+        used_today: used.first().map_or(0, |u| u.tokens),
         conversation: &incoming.conversation.to_string(),
         user: &format!("{platform}:{}", incoming.user_id),
     }))

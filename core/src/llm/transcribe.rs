@@ -21,6 +21,12 @@ use super::openai::HttpFailure;
 pub trait Transcriber: Send + Sync + 'static {
     /// The text spoken in `audio` (of MIME type `mime`).
     async fn transcribe(&self, audio: &[u8], mime: &str) -> Result<String, LlmError>;
+
+    /// The model that transcribes, as `LULL_PRICES` names its price (per second of
+    /// audio); `""` when there is none to price.
+    fn model(&self) -> &str {
+        ""
+    }
 }
 
 /// How to reach the transcription server.
@@ -129,6 +135,10 @@ impl Transcriber for OpenAiTranscriber {
             .as_str()
             .map(|t| t.trim().to_owned())
             .ok_or_else(|| LlmError::Malformed("transcription without text".into()))
+    }
+
+    fn model(&self) -> &str {
+        &self.settings.model
     }
 }
 

@@ -32,3 +32,15 @@ pub(super) const OUTBOX_QUICK_REPLIES: &str = r#"
 -- of {"label", "text"}; NULL: none (every reply, most notices, rows stored before).
 ALTER TABLE outbox ADD COLUMN quick_replies TEXT;
 "#;
+
+/// Costs in money beside the tokens: SQLite's twenty-second migration, PostgreSQL's
+/// twenty-third.
+pub(super) const COSTS: &str = r#"
+-- What each scope spent in dollars, as whole nano-dollars (10^-9 $), beside its tokens:
+-- per person, chat and bot and day, as tokens are; the bot's month (LULL_MONTHLY_USD)
+-- in rows of scope 'month:bot' keyed by the month ('2026-12'). Only ever added to.
+ALTER TABLE token_usage ADD COLUMN cost BIGINT NOT NULL DEFAULT 0;
+-- A round's reserved dollars, given back with its tokens when it never settles; `day`
+-- is the row's key (a month row's reservation names the month).
+ALTER TABLE token_reservations ADD COLUMN cost BIGINT NOT NULL DEFAULT 0;
+"#;

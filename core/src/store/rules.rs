@@ -11,7 +11,7 @@ use lull_port::{Media, MediaKind, QuickReply};
 
 use super::{
     AccessRule, ActionReservation, ActionRow, ActionState, Charged, CommitOutcome, Decision,
-    Exchange, HeldOut, NewAction, OutboxKind, OutboxRow, ScopeCharge, StoreError, Subject,
+    Exchange, HeldOut, NewAction, OutboxKind, OutboxRow, ScopeCharge, StoreError, Subject, Unit,
 };
 use crate::access::SubjectKind;
 use crate::domain::{
@@ -220,22 +220,44 @@ pub(crate) fn rate_verdict(
     }
 }
 
-/// Whether a scope's part of a charge is checked against a budget: it has a limit and
-/// spends (a give-back never passes a budget).
+/// Whether a scope's part of a charge is checked against a budget: it has a limit
+/// and spends in its unit (a give-back never passes a budget).
 pub(crate) fn budgeted(scope: &ScopeCharge) -> bool {
-    scope.limit.is_some() && scope.tokens > 0
+    (scope.limit.is_some() && scope.tokens > 0) || (scope.cost_limit.is_some() && scope.cost > 0)
 }
 
-/// The budget's verdict on a scope that used `used` tokens that day: `Some(Over)` when
-/// the charge's positive tokens on top of it would pass the scope's limit.
-pub(crate) fn over_budget(scope: &ScopeCharge, used: i64) -> Option<Charged> {
-    let limit = scope.limit.filter(|_| scope.tokens > 0)?;
-    let used = used.max(0) as u64;
-    (used.saturating_add(scope.tokens as u64) > limit).then(|| Charged::Over {
-        scope: scope.scope.clone(),
-        used,
-        limit,
-    })
+/// The budgets' verdict on a scope that used `tokens` and `cost` (nano-dollars) in
+/// its period: `Some(Over)` when the charge's positive tokens or dollars on top of
+/// them would pass the scope's token or dollar limit (tokens are checked first).
+pub(crate) fn over_budget(scope: &ScopeCharge, tokens: i64, cost: i64) -> Option<Charged> {
+    let over = |spent: i64, used: i64, limit: Option<u64>, unit: Unit| {
+        let limit = limit.filter(|_| spent > 0)?;
+        let used = used.max(0) as u64;
+        (used.saturating_add(spent as u64) > limit).then(|| Charged::Over {
+            scope: scope.scope.clone(),
+            used,
+            limit,
+            unit,
+        })
+    };
+    over(scope.tokens, tokens, scope.limit, Unit::Tokens)
+        .or_else(|| over(scope.cost, cost, scope.cost_limit, Unit::Usd))
+}
+
+/// Whether a reservation refused by `scope` (which used `tokens` and `cost`) would
+/// fit without `others`, the tokens and nano-dollars other rounds reserved on the same
+/// row and have not settled: then it is [`Charged::Busy`], not over.
+pub(crate) fn busy_only(scope: &ScopeCharge, tokens: i64, cost: i64, others: (i64, i64)) -> bool {
+    over_budget(scope, tokens - others.0, cost - others.1).is_none()
+}
+
+/// What a scope used, from its stored totals (a negative total, never stored but read
+/// defensively, counts as nothing).
+pub(crate) fn used(tokens: i64, cost: i64) -> super::Used {
+    super::Used {
+        tokens: tokens.max(0) as u64,
+        cost: crate::money::Usd(cost.max(0) as u64),
+    }
 }
 
 /// Sorting `due_work` candidates (one per conversation with work due by `now`) into
@@ -335,22 +357,26 @@ pub(crate) fn access_rule(
     })
 }
 
-/// A charge's scopes in the one order every charge takes its budget rows in (by
-/// scope name), each scope once (a scope named twice is charged the sum, against the
-/// smaller limit): two charges naming the same scopes in different orders queue on
-/// the first row they share instead of deadlocking.
+/// A charge's scopes in the one order every charge (and every give-back of an
+/// abandoned reservation) takes its budget rows in: by scope name, then period key;
+/// each row once (a scope named twice is charged the sum, against the smaller
+/// limit): two charges naming the same scopes in different orders queue on the
+/// first row they share instead of deadlocking.
 pub(crate) fn sorted_scopes(scopes: &[ScopeCharge]) -> Vec<ScopeCharge> {
     let mut sorted: Vec<ScopeCharge> = Vec::with_capacity(scopes.len());
     let mut scopes = scopes.to_vec();
-    scopes.sort_by(|a, b| a.scope.cmp(&b.scope));
+    scopes.sort_by(|a, b| (&a.scope, a.period).cmp(&(&b.scope, b.period)));
+    let smaller = |a: Option<u64>, b: Option<u64>| match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
     for scope in scopes {
         match sorted.last_mut() {
-            Some(last) if last.scope == scope.scope => {
+            Some(last) if last.scope == scope.scope && last.period == scope.period => {
                 last.tokens += scope.tokens;
-                last.limit = match (last.limit, scope.limit) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                };
+                last.cost += scope.cost;
+                last.limit = smaller(last.limit, scope.limit);
+                last.cost_limit = smaller(last.cost_limit, scope.cost_limit);
             }
             _ => sorted.push(scope),
         }
@@ -754,27 +780,69 @@ mod tests {
 
     #[test]
     fn only_spending_past_a_limit_is_over_budget() {
-        let scope = |tokens, limit| ScopeCharge {
-            scope: "bot".into(),
-            tokens,
-            limit,
-        };
-        assert!(over_budget(&scope(10, Some(100)), 90).is_none());
+        let scope = |tokens, limit| ScopeCharge::tokens("bot", tokens, limit);
+        assert!(over_budget(&scope(10, Some(100)), 90, 0).is_none());
         assert_eq!(
-            over_budget(&scope(11, Some(100)), 90),
+            over_budget(&scope(11, Some(100)), 90, 0),
             Some(Charged::Over {
                 scope: "bot".into(),
                 used: 90,
-                limit: 100
+                limit: 100,
+                unit: Unit::Tokens,
             })
         );
         // A give-back, or a scope with no limit, never passes a budget.
-        assert!(over_budget(&scope(-50, Some(100)), 500).is_none());
-        assert!(over_budget(&scope(50, None), 500).is_none());
+        assert!(over_budget(&scope(-50, Some(100)), 500, 0).is_none());
+        assert!(over_budget(&scope(50, None), 500, 0).is_none());
         assert!(!budgeted(&scope(-50, Some(100))) && !budgeted(&scope(50, None)));
         assert!(budgeted(&scope(1, Some(100))));
         // A negative total (never stored, but read defensively) counts as nothing used.
-        assert!(over_budget(&scope(100, Some(100)), -5).is_none());
+        assert!(over_budget(&scope(100, Some(100)), -5, 0).is_none());
+    }
+
+    #[test]
+    fn dollars_are_checked_against_their_own_budget() {
+        let scope = ScopeCharge {
+            cost: 300,
+            cost_limit: Some(1_000),
+            ..ScopeCharge::tokens("bot", 10, Some(100))
+        };
+        assert!(budgeted(&scope));
+        assert!(
+            over_budget(&scope, 0, 700).is_none(),
+            "exactly the budget fits"
+        );
+        assert_eq!(
+            over_budget(&scope, 0, 701),
+            Some(Charged::Over {
+                scope: "bot".into(),
+                used: 701,
+                limit: 1_000,
+                unit: Unit::Usd,
+            })
+        );
+        let free = ScopeCharge {
+            cost: 0,
+            ..scope.clone()
+        };
+        assert!(
+            over_budget(&free, 0, 5_000).is_none(),
+            "nothing spent passes nothing"
+        );
+    }
+
+    #[test]
+    fn a_month_row_sorts_apart_from_the_day_row_of_its_scope() {
+        let day = ScopeCharge::tokens("bot", 1, None);
+        let month = ScopeCharge {
+            period: crate::store::Period::Month,
+            ..ScopeCharge::tokens("bot", 2, None)
+        };
+        let sorted = sorted_scopes(&[month.clone(), day.clone(), day.clone()]);
+        assert_eq!(sorted.len(), 2);
+        assert_eq!((sorted[0].tokens, sorted[1].tokens), (2, 2));
+        assert_eq!(sorted[1].period, crate::store::Period::Month);
+        assert_eq!(month.row_day("2026-12-05"), "2026-12");
     }
 
     fn journal_row(state: ActionState, token: i64, expires_at: i64) -> ActionRow {

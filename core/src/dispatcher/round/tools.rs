@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use crate::dispatcher::job_tools::{ForBatch, JobTools};
 use crate::dispatcher::memory::{MemoryTools, Recalled};
-use crate::dispatcher::wallet::Spent;
+use crate::dispatcher::wallet::{self, Spent};
 use crate::domain::Version;
 use crate::llm::{FailureKind, Generation, LlmError, Prompt, ToolCall, ToolTurn};
 use crate::metrics as names;
@@ -84,7 +84,12 @@ impl Round<'_> {
                     return Ok(Generated::Stale { version, spent });
                 }
             };
-            spent += Spent::of(&d.settings.limits, prompt, &generation);
+            spent += Spent::of(
+                &d.settings.limits,
+                &wallet::price_of(d, prompt),
+                prompt,
+                &generation,
+            );
             if generation.tool_calls.is_empty() {
                 return Ok(Generated::Reply { generation, spent });
             }
@@ -148,11 +153,7 @@ impl Round<'_> {
         prompt: &mut Prompt,
     ) -> Result<String, Interrupt> {
         let d = self.dispatcher;
-        let model = prompt
-            .choices
-            .model
-            .clone()
-            .unwrap_or_else(|| d.settings.controls.default_model.clone());
+        let model = wallet::model_of(d, prompt);
         let Some(toolbox) = toolbox else {
             return Ok(model);
         };
@@ -281,8 +282,11 @@ impl Round<'_> {
     /// What a generation stopped mid-way is charged: its prompt (estimated: the
     /// server never reported the usage of a request it did not finish).
     fn overtaken_spent(&self, prompt: &Prompt) -> Spent {
-        let limits = &self.dispatcher.settings.limits;
-        Spent::estimated(crate::dispatcher::wallet::prompt_tokens(limits, prompt))
+        let d = self.dispatcher;
+        Spent::estimated(
+            wallet::prompt_tokens(&d.settings.limits, prompt),
+            &wallet::price_of(d, prompt),
+        )
     }
 
     /// The tools offered for `batch`: all of the toolbox's, but an admins-only

@@ -7,11 +7,13 @@
 use std::sync::Arc;
 
 use super::{SUMMARY_MAX_CHARS, SUMMARY_MAX_TOKENS, cover, texts};
+use crate::dispatcher::Dispatcher;
 use crate::dispatcher::lease_keeper::{self, LeaseKeeper};
-use crate::dispatcher::{Dispatcher, wallet};
+use crate::dispatcher::wallet::{self, Amount};
 use crate::domain::{ConversationId, ConversationRef, Exchange, LeaseKey, Said};
 use crate::llm::{Choices, FailureKind, Generation, Partial, Prompt, exchange_chars};
 use crate::metrics as names;
+use crate::money::Usd;
 use crate::store::{CoverableExchange, NewSummary, StoreError, SummaryPicture};
 
 /// The most exchanges one summary's picture reads (a summary that lagged behind many
@@ -78,13 +80,22 @@ async fn under_lease(
         return Ok(None);
     };
     let lease = keeper.lease();
-    let estimate = wallet::prompt_tokens(&d.settings.limits, &plan.prompt) + SUMMARY_MAX_TOKENS;
+    let model = plan
+        .model
+        .clone()
+        .unwrap_or_else(|| d.settings.controls.default_model.clone());
+    let price = d.settings.limits.prices.tokens_of(&model);
+    let input = wallet::prompt_tokens(&d.settings.limits, &plan.prompt);
+    let worst = Amount::new(
+        input + SUMMARY_MAX_TOKENS,
+        price.worst(input, SUMMARY_MAX_TOKENS),
+    );
     let day = d.settings.limits.timezone.day(d.clock.now());
-    let charge = |tokens: i64, check: bool| {
-        wallet::charge_summary(d, &lease, asked, tokens, check, day.clone())
+    let charge = |amount: Amount, check: bool| {
+        wallet::charge_summary(d, &lease, asked, amount, check, day.clone())
     };
     // Never for a chat over budget: the worst case is charged before it is asked.
-    if !charge(estimate as i64, true).await? {
+    if !charge(worst, true).await? {
         return Ok(Some("over_budget"));
     }
     let generation = match ask(d, &plan.prompt, keeper, asked).await {
@@ -92,15 +103,16 @@ async fn under_lease(
         Err(outcome) => {
             // Given back under the lease; a lost lease leaves the worst case charged
             // (the give-back fails as `LeaseLost`: counted as `fenced`).
-            charge(-(estimate as i64), false).await?;
+            charge(worst.negated(), false).await?;
             return Ok(Some(outcome));
         }
     };
-    let spent = generation
-        .usage
-        .map_or(estimate, |u| u.prompt + u.completion);
-    charge(spent as i64 - estimate as i64, false).await?;
-    metrics::counter!(names::TOKENS, "kind" => "summary").increment(spent);
+    let spent = generation.usage.map_or(worst, |u| {
+        Amount::new(u.prompt + u.completion, price.cost(&u))
+    });
+    charge(spent.minus(worst), false).await?;
+    metrics::counter!(names::TOKENS, "kind" => "summary").increment(spent.tokens as u64);
+    names::record_cost(&model, Usd(spent.cost as u64));
     let summary = new_summary(d, asked, &plan, &generation);
     let stored = d
         .store

@@ -107,12 +107,23 @@ fn whole_generation(response: CreateChatCompletionResponse) -> Result<Generation
     }
     Ok(Generation {
         text,
-        usage: response.usage.map(|u| TokenUsage {
-            prompt: u64::from(u.prompt_tokens),
-            completion: u64::from(u.completion_tokens),
-        }),
+        usage: response.usage.map(|u| usage_of(&u)),
         tool_calls,
     })
+}
+
+/// The usage a server reported: prompt and completion tokens, and the prompt's
+/// tokens read from its cache when it says so (priced apart, `LULL_PRICES`).
+fn usage_of(u: &async_openai::types::chat::CompletionUsage) -> TokenUsage {
+    TokenUsage {
+        prompt: u64::from(u.prompt_tokens),
+        completion: u64::from(u.completion_tokens),
+        cached: u
+            .prompt_tokens_details
+            .as_ref()
+            .and_then(|d| d.cached_tokens)
+            .map_or(0, u64::from),
+    }
 }
 
 /// The note for a reply cut at the token limit, counted (`lull_replies_cut_total`).
@@ -176,10 +187,7 @@ impl OpenAiResponder {
             let chunk = chunk.map_err(|e| classify(e, limit))?;
             events += 1;
             if let Some(u) = chunk.usage {
-                usage = Some(TokenUsage {
-                    prompt: u64::from(u.prompt_tokens),
-                    completion: u64::from(u.completion_tokens),
-                });
+                usage = Some(usage_of(&u));
             }
             // One choice is asked for (`n` unset).
             for choice in chunk.choices.into_iter().filter(|c| c.index == 0) {

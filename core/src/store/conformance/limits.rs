@@ -11,9 +11,10 @@ use super::{
 use crate::access::SubjectKind;
 use crate::domain::{ConversationId, ConversationRef, Lease, OutboxId, Platform, Timestamp};
 use crate::store::{
-    AccessRule, Batch, Charged, CommitOutcome, ContextReset, HeldOut, IngestOutcome, LeaseCharge,
-    MessageEdit, NewMessage, NewReply, OutboxKind, RateCheck, RateHold, RateWindow, ReplyCommit,
-    Reservation, RoundClaim, ScopeCharge, Store, StoreError, StoredBy, Subject, TokenCharge,
+    AccessRule, BUSY_RETRY, Batch, Charged, CommitOutcome, ContextReset, HeldOut, IngestOutcome,
+    LeaseCharge, MessageEdit, NewMessage, NewReply, OutboxKind, Period, RateCheck, RateHold,
+    RateWindow, ReplyCommit, Reservation, RoundClaim, ScopeCharge, Store, StoreError, StoredBy,
+    Subject, TokenCharge, Unit, Used,
 };
 
 /// Rate limit: past `max` messages of one user within the window (across their
@@ -210,11 +211,7 @@ async fn charged(
 }
 
 fn scope(name: &str, tokens: i64, limit: Option<u64>) -> ScopeCharge {
-    ScopeCharge {
-        scope: name.into(),
-        tokens,
-        limit,
-    }
+    ScopeCharge::tokens(name, tokens, limit)
 }
 
 fn charge(scopes: Vec<ScopeCharge>) -> TokenCharge {
@@ -227,6 +224,15 @@ fn charge(scopes: Vec<ScopeCharge>) -> TokenCharge {
 }
 
 pub(super) async fn usage(store: &dyn Store, day: &str, scopes: &[&str]) -> Vec<u64> {
+    spending(store, day, scopes)
+        .await
+        .into_iter()
+        .map(|u| u.tokens)
+        .collect()
+}
+
+/// What `scopes` used on `day` (or in a month, `2026-12`), tokens and dollars.
+pub(super) async fn spending(store: &dyn Store, day: &str, scopes: &[&str]) -> Vec<Used> {
     let scopes: Vec<String> = scopes.iter().map(|s| (*s).to_owned()).collect();
     store
         .token_usage(day, &scopes)
@@ -263,7 +269,8 @@ pub async fn a_token_charge_is_all_or_nothing_and_fenced(store: &dyn Store) {
         Charged::Over {
             scope: "user:http:u1".into(),
             used: 600,
-            limit: 1000
+            limit: 1000,
+            unit: Unit::Tokens,
         }
     );
     assert_eq!(
@@ -446,7 +453,8 @@ pub async fn a_refused_charge_without_a_hold_holds_nothing(store: &dyn Store) {
         Charged::Over {
             scope: "user:http:u1".into(),
             used: 0,
-            limit: 100
+            limit: 100,
+            unit: Unit::Tokens,
         }
     );
     assert_eq!(collect(store, id).await.timer, Some(before), "not held");
@@ -668,4 +676,187 @@ pub async fn a_stale_reply_stores_no_held_out_notice(store: &dyn Store) {
     );
     assert!(owed(store, id, at(1200)).await.is_empty());
     assert_eq!(pending_ids(&collect(store, id).await), ["m1", "m2", "m3"]);
+}
+
+/// A scope charging `tokens` and `cost` nano-dollars, with a dollar limit.
+fn priced(
+    name: &str,
+    period: Period,
+    tokens: i64,
+    cost: i64,
+    cost_limit: Option<u64>,
+) -> ScopeCharge {
+    ScopeCharge {
+        period,
+        cost,
+        cost_limit,
+        ..ScopeCharge::tokens(name, tokens, None)
+    }
+}
+
+/// Money: dollars are charged beside tokens, each budget against its own total, the
+/// bot's month on its own row (`2026-12`, read back by month and not among the days);
+/// a charge past a dollar budget adds nothing and says which; an abandoned round's
+/// reserved dollars are given back at the next claim, from the month's row too; six
+/// concurrent charges fit a dollar budget exactly as tokens do.
+pub async fn dollars_are_charged_checked_and_given_back_like_tokens(store: &dyn Store) {
+    let (a, b) = (holder("a"), holder("b"));
+    let (id, lease, _) = round(store, &http("c1"), &a, &["m1"], at(1000)).await;
+    let reserve = |cost: i64| {
+        reservation(
+            vec![
+                priced("user:http:u1", Period::Day, 10, cost, Some(1_000)),
+                priced("month:bot", Period::Month, 10, cost, Some(5_000)),
+            ],
+            Reservation::Reserve,
+        )
+    };
+    assert_eq!(
+        charged(store, &lease, &reserve(600), at(1000))
+            .await
+            .unwrap(),
+        Charged::Charged
+    );
+    assert_eq!(
+        charged(store, &lease, &reserve(500), at(1100))
+            .await
+            .unwrap(),
+        Charged::Over {
+            scope: "user:http:u1".into(),
+            used: 600,
+            limit: 1_000,
+            unit: Unit::Usd,
+        },
+        "600 + 500 nano-dollars pass a budget of 1000"
+    );
+    let used = spending(store, "2026-12", &["month:bot"]).await;
+    assert_eq!(
+        (used[0].tokens, used[0].cost.0),
+        (10, 600),
+        "the month's row"
+    );
+    assert_eq!(
+        spending(store, "2026-12-01", &["month:bot", "user:http:u1"]).await[1]
+            .cost
+            .0,
+        600
+    );
+    let between = store
+        .usage_between(
+            "2026-12-01",
+            "2026-12-31",
+            &["user:http:u1".into(), "month:bot".into()],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (between[0].cost.0, between[1].cost.0),
+        (600, 0),
+        "a range of days sums the days and never reads a month's row"
+    );
+
+    // The round is abandoned: the next claim gives back its dollars, month included.
+    let later = lease.expires_at.plus(Duration::from_secs(60));
+    store
+        .claim_round(RoundClaim {
+            conversation: id,
+            holder: &b,
+            ttl: TTL,
+            history: 10,
+            summaries: true,
+            now: later,
+        })
+        .await
+        .unwrap()
+        .expect("the lease expired");
+    let used = spending(store, "2026-12-01", &["user:http:u1"]).await;
+    assert_eq!(used[0].cost.0, 0, "the reserved dollars are given back");
+    assert_eq!(
+        spending(store, "2026-12", &["month:bot"]).await[0].cost.0,
+        0
+    );
+
+    // Six charges of 400 at once against a month's budget of 1000: two fit.
+    let mut leases = Vec::new();
+    for n in 0..6 {
+        let by = holder(&format!("m{n}"));
+        let (_, lease, _) = round(store, &http(&format!("d{n}")), &by, &["m1"], at(1000)).await;
+        leases.push(lease);
+    }
+    let each = charge(vec![priced(
+        "month:bot",
+        Period::Month,
+        1,
+        400,
+        Some(1_000),
+    )]);
+    let results = futures_util::future::join_all(
+        leases
+            .iter()
+            .map(|lease| charged(store, lease, &each, at(1500))),
+    )
+    .await;
+    let fitted = results
+        .into_iter()
+        .filter(|r| matches!(r, Ok(Charged::Charged)))
+        .count();
+    assert_eq!(fitted, 2, "two charges of 400 fit a budget of 1000");
+    assert_eq!(
+        spending(store, "2026-12", &["month:bot"]).await[0].cost.0,
+        800
+    );
+}
+
+/// Budgets: a reservation refused only because another round's reservation is not
+/// settled yet is `Busy`, not over: nothing is charged and the conversation waits
+/// [`BUSY_RETRY`], not until the budget resets; once the other settles for less, it
+/// fits. A budget truly spent is still `Over`.
+pub async fn a_reservation_crowded_out_by_open_reservations_waits_a_moment(store: &dyn Store) {
+    let (a, b) = (holder("a"), holder("b"));
+    let (_, first, _) = round(store, &http("c1"), &a, &["m1"], at(1000)).await;
+    let (id, second, _) = round(store, &http("c2"), &b, &["m1"], at(1000)).await;
+    let reserve = |tokens| {
+        reservation(
+            vec![scope("user:http:u1", tokens, Some(1000))],
+            Reservation::Reserve,
+        )
+    };
+    assert_eq!(
+        charged(store, &first, &reserve(600), at(1000))
+            .await
+            .unwrap(),
+        Charged::Charged
+    );
+    assert_eq!(
+        charged(store, &second, &reserve(600), at(1100))
+            .await
+            .unwrap(),
+        Charged::Busy {
+            scope: "user:http:u1".into()
+        }
+    );
+    assert_eq!(usage(store, "2026-12-01", &["user:http:u1"]).await, [600]);
+    let timer = collect(store, id).await.timer.expect("armed");
+    assert_eq!(
+        timer.due_at,
+        at(1100).plus(BUSY_RETRY),
+        "held a moment, not until the budget resets"
+    );
+    // The first settles for 300 of its 600: the second fits now.
+    let settle = reservation(vec![scope("user:http:u1", -300, None)], Reservation::Settle);
+    charged(store, &first, &settle, at(1200)).await.unwrap();
+    assert_eq!(
+        charged(store, &second, &reserve(600), at(1300))
+            .await
+            .unwrap(),
+        Charged::Charged
+    );
+    // 900 of 1000 used or reserved, and the second's own reservation does not count
+    // as another's: a third 600 is over, the budget's own verdict.
+    assert!(matches!(
+        charged(store, &second, &reserve(600), at(1400))
+            .await
+            .unwrap(),
+        Charged::Over { used: 900, .. }
+    ));
 }

@@ -132,6 +132,8 @@ macro_rules! store_conformance {
             edits_count_in_the_rate_window,
             a_token_charge_is_all_or_nothing_and_fenced,
             concurrent_token_charges_never_pass_a_budget,
+            dollars_are_charged_checked_and_given_back_like_tokens,
+            a_reservation_crowded_out_by_open_reservations_waits_a_moment,
             charges_naming_their_scopes_in_any_order_never_deadlock,
             a_refused_charge_without_a_hold_holds_nothing,
             an_abandoned_reservation_is_given_back_at_the_next_claim_on_its_day,

@@ -8,10 +8,11 @@ use super::{
 };
 use crate::domain::{Lease, LeaseKey, Platform, Timestamp, TokenUsage};
 use crate::limits::TimeZone;
+use crate::money::Usd;
 use crate::store::{
     CommitOutcome, ConnectionLease, ConversationTokens, Enqueue, LeaseCharge, LiveHolder,
-    NewNotice, NewReply, OutboxFailure, RateCheck, RateWindow, Recent, ReplyCommit, Reservation,
-    RoundFailure, ScopeCharge, StatusQuery, Store, StoreStatus, TokenCharge,
+    NewNotice, NewReply, OutboxFailure, Period, RateCheck, RateWindow, Recent, ReplyCommit,
+    Reservation, RoundFailure, ScopeCharge, StatusQuery, Store, StoreStatus, TokenCharge,
 };
 
 /// The status read at `now`: five top conversations, thirty UTC days.
@@ -26,19 +27,24 @@ async fn status_at(store: &dyn Store, now: Timestamp) -> StoreStatus {
     store.status(asked).await.expect("reading the status")
 }
 
-/// Charge `tokens` to `conversation` and the bot under `lease`, on `now`'s UTC day, as
-/// the wallet does for every model call.
+/// Charge `tokens` (and a thousand nano-dollars each) to `conversation`, the bot and
+/// the bot's month under `lease`, on `now`'s UTC day, as the wallet does for every
+/// model call.
 async fn spend(store: &dyn Store, lease: &Lease, conversation: &str, tokens: i64, now: Timestamp) {
     let charge = TokenCharge {
         day: TimeZone::utc().day(now),
-        scopes: [format!("conversation:http:{conversation}"), "bot".into()]
-            .into_iter()
-            .map(|scope| ScopeCharge {
-                scope,
-                tokens,
-                limit: None,
-            })
-            .collect(),
+        scopes: [
+            (format!("conversation:http:{conversation}"), Period::Day),
+            ("bot".into(), Period::Day),
+            ("month:bot".into(), Period::Month),
+        ]
+        .into_iter()
+        .map(|(scope, period)| ScopeCharge {
+            period,
+            cost: tokens * 1000,
+            ..ScopeCharge::tokens(scope, tokens, None)
+        })
+        .collect(),
         hold_until: None,
         reservation: Reservation::None,
     };
@@ -79,6 +85,7 @@ pub async fn the_status_counts_what_the_rows_say(store: &dyn Store) {
         usage: Some(TokenUsage {
             prompt: 100,
             completion: 20,
+            cached: 0,
         }),
         ..reply("answer")
     };
@@ -202,6 +209,7 @@ pub async fn the_status_counts_what_the_rows_say(store: &dyn Store) {
             model_failures: one,
             replies_per_hour: hours,
             tokens_per_day: Vec::new(),
+            month_cost: Usd(150_000),
             top_conversations: vec![
                 ConversationTokens {
                     conversation: c1.0,
@@ -226,6 +234,7 @@ pub async fn the_status_counts_what_the_rows_say(store: &dyn Store) {
         "the wallet's total, dropped attempts too"
     );
     assert_eq!(today.day, utc(now));
+    assert_eq!(today.cost, Usd(150_000), "dollars beside the tokens");
     assert_eq!(
         status.tokens_per_day.iter().map(|d| d.tokens).sum::<u64>(),
         150
@@ -241,6 +250,11 @@ pub async fn the_status_counts_what_the_rows_say(store: &dyn Store) {
     assert!(status.top_conversations.is_empty());
     assert!(status.holders.is_empty() && status.connections.is_empty());
     assert_eq!((status.answering, status.held, status.retrying), (0, 0, 1));
+    assert_eq!(
+        status.month_cost,
+        Usd(150_000),
+        "the month so far keeps yesterday"
+    );
     let days: Vec<u64> = status.tokens_per_day.iter().map(|d| d.tokens).collect();
     assert_eq!(days[28..], [150, 0]);
     assert_eq!(status.tokens_per_day[28].day, utc(now));

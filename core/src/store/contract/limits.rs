@@ -21,15 +21,72 @@ pub struct RateHold {
     pub began: bool,
 }
 
-/// One scope's part of a token charge ([`LimitStore::charge_tokens`]). A scope names who
-/// spent: `user:<platform>:<id>`, `conversation:<id>`, `bot`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One scope's part of a charge ([`LimitStore::charge_tokens`]). A scope names who
+/// spent: `user:<platform>:<id>`, `conversation:<id>`, `bot`, `month:bot`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ScopeCharge {
     pub scope: String,
+    /// Which row of the scope the charge lands on: the charge's day, or its month.
+    pub period: Period,
     /// Tokens to add (negative: give back part of a reservation).
     pub tokens: i64,
-    /// The scope's budget for the day, if it has one and this charge must fit it.
+    /// Nano-dollars to add ([`crate::money::Usd`]; negative: give back).
+    pub cost: i64,
+    /// The scope's token budget for the period, if it has one and this charge must fit it.
     pub limit: Option<u64>,
+    /// The scope's dollar budget for the period (nano-dollars), likewise.
+    pub cost_limit: Option<u64>,
+}
+
+impl ScopeCharge {
+    /// A charge of tokens alone on the charge's day.
+    pub fn tokens(scope: impl Into<String>, tokens: i64, limit: Option<u64>) -> Self {
+        ScopeCharge {
+            scope: scope.into(),
+            tokens,
+            limit,
+            ..ScopeCharge::default()
+        }
+    }
+
+    /// The key of the row this part lands on, for a charge on `day`.
+    pub fn row_day(&self, day: &str) -> String {
+        self.period.key(day)
+    }
+}
+
+/// The period a scope's row counts: a day (`2026-12-05`) or a month (`2026-12`; the
+/// bot's `LULL_MONTHLY_USD`). Month rows have scopes of their own (`month:bot`), so a
+/// range of days never reads one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Period {
+    #[default]
+    Day,
+    Month,
+}
+
+impl Period {
+    /// The row key of this period for a charge on `day` (`YYYY-MM-DD`).
+    pub fn key(self, day: &str) -> String {
+        match self {
+            Period::Day => day.to_owned(),
+            Period::Month => day.get(..7).unwrap_or(day).to_owned(),
+        }
+    }
+}
+
+/// What a scope used in a period: tokens and dollars.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Used {
+    pub tokens: u64,
+    pub cost: crate::money::Usd,
+}
+
+/// What a budget counts: tokens, or dollars (nano-dollars).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    Tokens,
+    Usd,
 }
 
 /// A token charge: what several scopes spend on one day, all or nothing.
@@ -68,14 +125,25 @@ pub enum Reservation {
 pub enum Charged {
     /// Every scope was charged.
     Charged,
-    /// `scope` would pass its `limit` (it has `used` today): nothing was charged and
-    /// the conversation's timer is held until the charge's `hold_until`.
+    /// `scope` would pass its `limit` (it has `used` in the period; both in `unit`):
+    /// nothing was charged and the conversation's timer is held until the charge's
+    /// `hold_until`.
     Over {
         scope: String,
         used: u64,
         limit: u64,
+        unit: Unit,
     },
+    /// A [`Reservation::Reserve`] that `scope` refused only because of other rounds'
+    /// reservations not yet settled (without them it would fit): nothing was charged,
+    /// no budget is spent, and (with the charge's `hold_until`) the conversation's
+    /// timer is held for [`BUSY_RETRY`] only, to try again once they settle (most
+    /// settle for less than they reserved).
+    Busy { scope: String },
 }
+
+/// How long a conversation refused as [`Charged::Busy`] waits before it tries again.
+pub const BUSY_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A rate check of `user_id`'s messages, right after one of them was stored in
 /// `conversation` ([`LimitStore::hold_over_rate`]).
@@ -117,16 +185,28 @@ pub trait LimitStore: Send + Sync + 'static {
     /// `charge` is added to, or none is. A scope with a limit that the charge would
     /// pass (its positive tokens on top of what it used that day) refuses the whole
     /// charge and, with `charge.hold_until`, holds the lease's conversation timer
-    /// until then. Totals change only by adding to them (never written back from a
-    /// read), so concurrent charges of several processes all count. The scopes' rows
-    /// are locked in one order (sorted by scope), whatever order `charge` names them
-    /// in, so concurrent charges queue and never deadlock. A
+    /// until then. A scope's token and dollar budgets are both checked (each limit
+    /// against its own total), on the row of its period. Totals change only by adding
+    /// to them (never written back from a read), so concurrent charges of several
+    /// processes all count. The scopes' rows are locked in one order (by scope, then
+    /// period key), whatever order `charge` names them in, so concurrent charges (and
+    /// the give-back of abandoned reservations) queue and never deadlock. A
     /// [`Reservation::Reserve`] that is charged is recorded under the lease's token
     /// and `charge.day`; a [`Reservation::Settle`] forgets the lease's record.
     async fn charge_tokens(&self, charge: LeaseCharge<'_>) -> Result<Charged, StoreError>;
 
-    /// Tokens each of `scopes` used on `day` (0 for a scope with none), in order.
-    async fn token_usage(&self, day: &str, scopes: &[String]) -> Result<Vec<u64>, StoreError>;
+    /// What each of `scopes` used on `day` (or in the month `day` names, `2026-12`, for
+    /// a month scope), tokens and dollars (0 for a scope with none), in order.
+    async fn token_usage(&self, day: &str, scopes: &[String]) -> Result<Vec<Used>, StoreError>;
+
+    /// What each of `scopes` used on the days from `first` to `last` (inclusive,
+    /// `YYYY-MM-DD`) together, in order: a month so far, for `/usage`.
+    async fn usage_between(
+        &self,
+        first: &str,
+        last: &str,
+        scopes: &[String],
+    ) -> Result<Vec<Used>, StoreError>;
 
     /// Record an admin's run-time access decision (`/allow`, `/deny`), replacing any
     /// earlier one for the same subject. Every process sees it on its next read.

@@ -58,6 +58,8 @@ pub struct DayTokens {
     /// `2026-12-01`.
     pub day: String,
     pub tokens: u64,
+    /// What they cost at `LULL_PRICES` (dollars in the JSON of `/api/status`).
+    pub cost: crate::money::Usd,
 }
 
 /// A conversation by the tokens it spent today (its wallet total, as `/usage` shows an
@@ -99,8 +101,11 @@ pub struct StoreStatus {
     pub model_failures: Recent,
     /// Replies delivered per hour, oldest first; the last is the hour ending at the read.
     pub replies_per_hour: Vec<u64>,
-    /// Tokens per UTC day, oldest first; the last is today.
+    /// Tokens and dollars per day, oldest first; the last is today.
     pub tokens_per_day: Vec<DayTokens>,
+    /// Dollars the whole bot spent in the month of the last day so far (its
+    /// `month:bot` total, what `LULL_MONTHLY_USD` counts against).
+    pub month_cost: crate::money::Usd,
     /// Today's (UTC) most expensive conversations, most tokens first (ties by id).
     pub top_conversations: Vec<ConversationTokens>,
 }
@@ -120,8 +125,10 @@ pub(crate) struct StatusRows {
     pub(crate) failed: Vec<(i64, u64)>,
     /// (hour bucket, replies generated, model-down notices).
     pub(crate) created: Vec<(i64, u64, u64)>,
-    /// (day, tokens) of the bot's total, for the asked days that have any.
-    pub(crate) tokens: Vec<(String, u64)>,
+    /// (day, tokens, nano-dollars) of the bot's total, for the asked days that have any.
+    pub(crate) tokens: Vec<(String, u64, u64)>,
+    /// Nano-dollars of the bot's month so far (the month of the last asked day).
+    pub(crate) month_cost: u64,
     pub(crate) top: Vec<ConversationTokens>,
 }
 
@@ -143,6 +150,14 @@ pub(crate) fn token_days(days: &[String]) -> (String, String) {
         days.first().cloned().unwrap_or_default(),
         days.last().cloned().unwrap_or_default(),
     )
+}
+
+/// The month of the last of `days` (`2026-12`): the key of the bot's month row.
+pub(crate) fn month_of(days: &[String]) -> String {
+    days.last()
+        .and_then(|d| d.get(..7))
+        .unwrap_or_default()
+        .to_owned()
 }
 
 /// The conversation a `conversation:PLATFORM:KEY` budget scope names.
@@ -231,14 +246,13 @@ impl StatusRows {
         connections.sort_by(|a, b| a.resource.cmp(&b.resource));
         let tokens_per_day = days
             .iter()
-            .map(|day| DayTokens {
-                day: day.clone(),
-                tokens: self
-                    .tokens
-                    .iter()
-                    .filter(|(d, _)| d == day)
-                    .map(|&(_, t)| t)
-                    .sum(),
+            .map(|day| {
+                let of_day = self.tokens.iter().filter(|(d, _, _)| d == day);
+                DayTokens {
+                    day: day.clone(),
+                    tokens: of_day.clone().map(|&(_, t, _)| t).sum(),
+                    cost: crate::money::Usd(of_day.map(|&(_, _, c)| c).sum()),
+                }
             })
             .collect();
         StoreStatus {
@@ -254,6 +268,7 @@ impl StatusRows {
             model_failures: recent(&model_failures),
             replies_per_hour: sent,
             tokens_per_day,
+            month_cost: crate::money::Usd(self.month_cost),
             top_conversations: self.top,
         }
     }

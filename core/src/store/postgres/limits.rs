@@ -10,8 +10,8 @@ use super::sql::{Tx, execute, query, query_one, query_opt};
 use crate::domain::{ConversationId, Timestamp};
 use crate::store::faults::Operation;
 use crate::store::rules::{self, RateVerdict, conversation_of};
-use crate::store::{AccessRule, Charged, LimitStore, RateHold, Reservation, StoreError};
-use crate::store::{LeaseCharge, RateCheck};
+use crate::store::{AccessRule, Charged, LimitStore, RateHold, Reservation, StoreError, Used};
+use crate::store::{BUSY_RETRY, LeaseCharge, RateCheck};
 
 #[async_trait]
 impl LimitStore for PostgresStore {
@@ -82,37 +82,60 @@ impl LimitStore for PostgresStore {
                 let now = self.now(&tx, charging.now).await?;
                 ensure_lease(&tx, charging.lease, &row, now).await?;
                 for scope in &scopes {
+                    let row_day = scope.row_day(&charging.charge.day);
                     execute(
                         &tx,
                         "INSERT INTO token_usage (scope, day, tokens) VALUES ($1, $2, 0)
                          ON CONFLICT (scope, day) DO NOTHING",
-                        &[&scope.scope, &charging.charge.day],
-                        "reading a token budget",
+                        &[&scope.scope, &row_day],
+                        "reading a budget",
                     )
                     .await?;
                     // Budgets: what a scope used is read under its row lock, so two
                     // charges never both fit the same remainder.
-                    let used: i64 = query_one(
+                    let used = query_one(
                         &tx,
-                        "SELECT tokens FROM token_usage WHERE scope = $1 AND day = $2 FOR UPDATE",
-                        &[&scope.scope, &charging.charge.day],
-                        "reading a token budget",
+                        "SELECT tokens, cost FROM token_usage WHERE scope = $1 AND day = $2 FOR UPDATE",
+                        &[&scope.scope, &row_day],
+                        "reading a budget",
                     )
-                    .await?
-                    .get(0);
-                    if let Some(over) = rules::over_budget(scope, used) {
+                    .await?;
+                    let (tokens, cost): (i64, i64) = (used.get(0), used.get(1));
+                    if let Some(over) = rules::over_budget(scope, tokens, cost) {
+                        // Refused only by other rounds' open reservations (committed
+                        // with the charges this row lock waited for), a reservation
+                        // tries again once they settle.
+                        let busy = charging.charge.reservation == Reservation::Reserve
+                            && rules::busy_only(
+                                scope,
+                                tokens,
+                                cost,
+                                reserved_by_others(&tx, scope, &row_day, charging.lease).await?,
+                            );
                         if let Some(until) = charging.charge.hold_until {
-                            hold_timer(&tx, conversation(), now.to_db(until)).await?;
+                            let until = if busy {
+                                now.to_db(charging.now).plus(BUSY_RETRY)
+                            } else {
+                                now.to_db(until)
+                            };
+                            hold_timer(&tx, conversation(), until).await?;
                         }
-                        return Ok(over);
+                        return Ok(if busy {
+                            Charged::Busy {
+                                scope: scope.scope.clone(),
+                            }
+                        } else {
+                            over
+                        });
                     }
                 }
                 for scope in &scopes {
                     // Totals are only ever added to, never written back from a read.
                     execute(
                         &tx,
-                        "UPDATE token_usage SET tokens = GREATEST(tokens + $3::int8, 0) WHERE scope = $1 AND day = $2",
-                        &[&scope.scope, &charging.charge.day, &scope.tokens],
+                        "UPDATE token_usage SET tokens = GREATEST(tokens + $3::int8, 0), cost = GREATEST(cost + $4::int8, 0)
+                         WHERE scope = $1 AND day = $2",
+                        &[&scope.scope, &scope.row_day(&charging.charge.day), &scope.tokens, &scope.cost],
                         "charging tokens",
                     )
                     .await?;
@@ -125,11 +148,12 @@ impl LimitStore for PostgresStore {
                         for scope in &scopes {
                             execute(
                                 &tx,
-                                "INSERT INTO token_reservations (conversation_id, lease_token, day, scope, tokens)
-                                 VALUES ($1, $2, $3, $4, $5)
+                                "INSERT INTO token_reservations (conversation_id, lease_token, day, scope, tokens, cost)
+                                 VALUES ($1, $2, $3, $4, $5, $6)
                                  ON CONFLICT (conversation_id, lease_token, day, scope)
-                                 DO UPDATE SET tokens = token_reservations.tokens + EXCLUDED.tokens",
-                                &[&conversation().0, &charging.lease.token.0, &charging.charge.day, &scope.scope, &scope.tokens],
+                                 DO UPDATE SET tokens = token_reservations.tokens + EXCLUDED.tokens,
+                                               cost = token_reservations.cost + EXCLUDED.cost",
+                                &[&conversation().0, &charging.lease.token.0, &scope.row_day(&charging.charge.day), &scope.scope, &scope.tokens, &scope.cost],
                                 "recording a reservation",
                             )
                             .await?;
@@ -151,21 +175,34 @@ impl LimitStore for PostgresStore {
         })
     }
 
-    async fn token_usage(&self, day: &str, scopes: &[String]) -> Result<Vec<u64>, StoreError> {
+    async fn token_usage(&self, day: &str, scopes: &[String]) -> Result<Vec<Used>, StoreError> {
+        self.usage_between(day, day, scopes).await
+    }
+
+    async fn usage_between(
+        &self,
+        first: &str,
+        last: &str,
+        scopes: &[String],
+    ) -> Result<Vec<Used>, StoreError> {
         transaction!(self, Operation::Read, "reading token usage", |tx| async {
             let rows = query(
                 &tx,
-                "SELECT s.scope, COALESCE(u.tokens, 0) FROM unnest($2::text[]) AS s (scope)
-                 LEFT JOIN token_usage u ON u.scope = s.scope AND u.day = $1",
-                &[&day, &scopes],
+                "SELECT s.scope, COALESCE(SUM(u.tokens), 0)::int8, COALESCE(SUM(u.cost), 0)::int8
+                 FROM unnest($3::text[]) AS s (scope)
+                 LEFT JOIN token_usage u ON u.scope = s.scope AND u.day >= $1 AND u.day <= $2
+                 GROUP BY s.scope",
+                &[&first, &last, &scopes],
                 "reading token usage",
             )
             .await?;
-            let used: std::collections::HashMap<String, i64> =
-                rows.into_iter().map(|r| (r.get(0), r.get(1))).collect();
+            let used: std::collections::HashMap<String, Used> = rows
+                .into_iter()
+                .map(|r| (r.get(0), rules::used(r.get(1), r.get(2))))
+                .collect();
             Ok(scopes
                 .iter()
-                .map(|scope| used.get(scope).copied().unwrap_or(0).max(0) as u64)
+                .map(|scope| used.get(scope).copied().unwrap_or_default())
                 .collect())
         }
         .await)
@@ -230,6 +267,25 @@ pub(super) fn access_rules_of(rows: Vec<Row>) -> Result<Vec<AccessRule>, StoreEr
             )
         })
         .collect()
+}
+
+/// The tokens and nano-dollars other rounds (any lease but `lease`) reserved on the
+/// budget row (`scope`, `row_day`) and have not settled.
+async fn reserved_by_others(
+    tx: &Tx<'_>,
+    scope: &crate::store::ScopeCharge,
+    row_day: &str,
+    lease: &crate::domain::Lease,
+) -> Result<(i64, i64), StoreError> {
+    let row = query_one(
+        tx,
+        "SELECT COALESCE(SUM(tokens), 0)::int8, COALESCE(SUM(cost), 0)::int8 FROM token_reservations
+         WHERE scope = $1 AND day = $2 AND NOT (conversation_id = $3 AND lease_token = $4)",
+        &[&scope.scope, &row_day, &conversation_of(lease).0, &lease.token.0],
+        "reading open reservations",
+    )
+    .await?;
+    Ok((row.get(0), row.get(1)))
 }
 
 /// Hold a conversation's timer: not due before `until` (a later deadline is kept).

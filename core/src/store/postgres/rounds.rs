@@ -514,8 +514,9 @@ async fn store_held_out(
 }
 
 /// Give back the reservations of the conversation's earlier leases (rounds abandoned
-/// before they settled: a lost lease, a stop, a crash), each on the day it counted
-/// for; budget rows are locked in the order every charge takes (day, then scope).
+/// before they settled: a lost lease, a stop, a crash), tokens and dollars, each on
+/// the row it was reserved on; budget rows are locked in the order every charge takes
+/// (scope, then day: a charge's day row and its month row included).
 async fn give_back_orphans(
     tx: &Tx<'_>,
     conversation: ConversationId,
@@ -524,7 +525,7 @@ async fn give_back_orphans(
     let orphans = query(
         tx,
         "DELETE FROM token_reservations WHERE conversation_id = $1 AND lease_token < $2
-         RETURNING day, scope, tokens",
+         RETURNING scope, day, tokens, cost",
         &[&conversation.0, &token.0],
         "reading abandoned reservations",
     )
@@ -532,20 +533,23 @@ async fn give_back_orphans(
     if orphans.is_empty() {
         return Ok(());
     }
-    let mut sums: std::collections::BTreeMap<(String, String), i64> = Default::default();
+    let mut sums: std::collections::BTreeMap<(String, String), (i64, i64)> = Default::default();
     for r in orphans {
-        *sums.entry((r.get(0), r.get(1))).or_default() += r.get::<_, i64>(2);
+        let sum = sums.entry((r.get(0), r.get(1))).or_default();
+        sum.0 += r.get::<_, i64>(2);
+        sum.1 += r.get::<_, i64>(3);
     }
-    for ((day, scope), tokens) in &sums {
+    for ((scope, day), (tokens, cost)) in &sums {
         execute(
             tx,
-            "UPDATE token_usage SET tokens = GREATEST(tokens - $3::int8, 0) WHERE scope = $1 AND day = $2",
-            &[scope, day, tokens],
+            "UPDATE token_usage SET tokens = GREATEST(tokens - $3::int8, 0), cost = GREATEST(cost - $4::int8, 0)
+             WHERE scope = $1 AND day = $2",
+            &[scope, day, tokens, cost],
             "giving back a reservation",
         )
         .await?;
     }
-    tracing::info!(%conversation, scopes = sums.len(), "gave back the token reservation of an abandoned round");
+    tracing::info!(%conversation, scopes = sums.len(), "gave back the reservation of an abandoned round");
     Ok(())
 }
 

@@ -68,6 +68,8 @@ const ALL: &[&str] = &[
     // 22 (SQLite 21): summaries as derived rows; retention's tombstones of delivered
     // replies.
     include_str!("migrations/v22_summaries.sql"),
+    // 23 (SQLite 22): costs in dollars beside the tokens, and their reservations.
+    ddl::COSTS,
 ];
 
 /// The schema version this build migrates to.

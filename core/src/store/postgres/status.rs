@@ -8,7 +8,7 @@ use super::PostgresStore;
 use super::sql::{Tx, query, query_one, query_opt};
 use crate::domain::Timestamp;
 use crate::store::contract::status::{
-    StatusBounds, StatusRows, hour_bucket, scope_conversation, token_days,
+    StatusBounds, StatusRows, hour_bucket, month_of, scope_conversation, token_days,
 };
 use crate::store::faults::Operation;
 use crate::store::{ConversationTokens, StatusQuery, StatusStore, StoreError, StoreStatus};
@@ -127,14 +127,30 @@ impl StatusStore for PostgresStore {
             let (first, last) = token_days(&asked.days);
             let tokens = query(
                 &tx,
-                "SELECT day, tokens FROM token_usage WHERE scope = 'bot' AND day >= $1 AND day <= $2",
+                "SELECT day, tokens, cost FROM token_usage WHERE scope = 'bot' AND day >= $1 AND day <= $2",
                 &[&first, &last],
                 "counting tokens per day",
             )
             .await?
             .into_iter()
-            .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1).max(0) as u64))
+            .map(|r| {
+                (
+                    r.get::<_, String>(0),
+                    r.get::<_, i64>(1).max(0) as u64,
+                    r.get::<_, i64>(2).max(0) as u64,
+                )
+            })
             .collect();
+            // The bot's month so far: its month row, by primary key.
+            let month_cost = query_one(
+                &tx,
+                "SELECT COALESCE(MAX(cost), 0)::int8 FROM token_usage WHERE scope = 'month:bot' AND day = $1",
+                &[&month_of(&asked.days)],
+                "counting the month's cost",
+            )
+            .await?
+            .get::<_, i64>(0)
+            .max(0) as u64;
             let top = read_top(&tx, &asked, now.to_db(asked.today_since)).await?;
             Ok(StatusRows {
                 pending,
@@ -145,6 +161,7 @@ impl StatusStore for PostgresStore {
                 failed,
                 created,
                 tokens,
+                month_cost,
                 top,
             }
             .assemble(&asked.days))

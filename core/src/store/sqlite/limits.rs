@@ -6,10 +6,10 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::SqliteStore;
 use super::leases::ensure_lease;
 use super::sql::Context;
-use crate::domain::{ConversationId, Timestamp};
+use crate::domain::{ConversationId, Lease, Timestamp};
 use crate::store::rules::{self, RateVerdict, conversation_of};
-use crate::store::{AccessRule, Charged, LimitStore, RateHold, Reservation, StoreError};
-use crate::store::{LeaseCharge, RateCheck};
+use crate::store::{AccessRule, Charged, LimitStore, RateHold, Reservation, StoreError, Used};
+use crate::store::{BUSY_RETRY, LeaseCharge, RateCheck, ScopeCharge};
 
 #[async_trait]
 impl LimitStore for SqliteStore {
@@ -81,30 +81,49 @@ impl LimitStore for SqliteStore {
                 if !rules::budgeted(scope) {
                     continue;
                 }
-                let used: i64 = tx
+                let (tokens, cost): (i64, i64) = tx
                     .prepare_cached(
-                        "SELECT COALESCE((SELECT tokens FROM token_usage WHERE scope = ?1 AND day = ?2), 0)",
+                        "SELECT COALESCE(MAX(tokens), 0), COALESCE(MAX(cost), 0) FROM token_usage WHERE scope = ?1 AND day = ?2",
                     )
                     .ctx("preparing a statement")?
-                    .query_row(params![scope.scope, charge.day], |r| r.get(0))
-                    .ctx("reading a token budget")?;
-                if let Some(over) = rules::over_budget(scope, used) {
+                    .query_row(params![scope.scope, scope.row_day(&charge.day)], |r| {
+                        Ok((r.get(0)?, r.get(1)?))
+                    })
+                    .ctx("reading a budget")?;
+                if let Some(over) = rules::over_budget(scope, tokens, cost) {
+                    // Budgets: refused only by other rounds' open reservations, a
+                    // reservation tries again once they settle.
+                    let busy = charge.reservation == Reservation::Reserve
+                        && rules::busy_only(
+                            scope,
+                            tokens,
+                            cost,
+                            reserved_by_others(tx, scope, &charge.day, &lease)?,
+                        );
                     if let Some(until) = charge.hold_until {
+                        let until = if busy { charging.now.plus(BUSY_RETRY) } else { until };
                         hold_timer(tx, conversation(), until)?;
                     }
-                    return Ok(over);
+                    return Ok(if busy {
+                        Charged::Busy {
+                            scope: scope.scope.clone(),
+                        }
+                    } else {
+                        over
+                    });
                 }
             }
             for scope in &scopes {
                 // Budgets: totals are only added to (never written back from a read),
                 // so concurrent charges all count; a give-back never goes below zero.
                 tx.prepare_cached(
-                    "INSERT INTO token_usage (scope, day, tokens) VALUES (?1, ?2, CASE WHEN ?3 > 0 THEN ?3 ELSE 0 END)
-                     ON CONFLICT (scope, day) DO UPDATE SET tokens =
-                         CASE WHEN token_usage.tokens + ?3 > 0 THEN token_usage.tokens + ?3 ELSE 0 END",
+                    "INSERT INTO token_usage (scope, day, tokens, cost)
+                     VALUES (?1, ?2, MAX(?3, 0), MAX(?4, 0))
+                     ON CONFLICT (scope, day) DO UPDATE SET
+                         tokens = MAX(token_usage.tokens + ?3, 0), cost = MAX(token_usage.cost + ?4, 0)",
                 )
                 .ctx("preparing a statement")?
-                .execute(params![scope.scope, charge.day, scope.tokens])
+                .execute(params![scope.scope, scope.row_day(&charge.day), scope.tokens, scope.cost])
                 .ctx("charging tokens")?;
             }
             match charge.reservation {
@@ -114,10 +133,11 @@ impl LimitStore for SqliteStore {
                     // token, it is given back at the next claim unless settled.
                     let mut record = tx
                         .prepare_cached(
-                            "INSERT INTO token_reservations (conversation_id, lease_token, day, scope, tokens)
-                             VALUES (?1, ?2, ?3, ?4, ?5)
+                            "INSERT INTO token_reservations (conversation_id, lease_token, day, scope, tokens, cost)
+                             VALUES (?1, ?2, ?3, ?4, ?5, ?6)
                              ON CONFLICT (conversation_id, lease_token, day, scope)
-                             DO UPDATE SET tokens = token_reservations.tokens + excluded.tokens",
+                             DO UPDATE SET tokens = token_reservations.tokens + excluded.tokens,
+                                           cost = token_reservations.cost + excluded.cost",
                         )
                         .ctx("recording a reservation")?;
                     for scope in &scopes {
@@ -125,9 +145,10 @@ impl LimitStore for SqliteStore {
                             .execute(params![
                                 conversation().0,
                                 lease.token.0,
-                                charge.day,
+                                scope.row_day(&charge.day),
                                 scope.scope,
-                                scope.tokens
+                                scope.tokens,
+                                scope.cost
                             ])
                             .ctx("recording a reservation")?;
                     }
@@ -146,20 +167,32 @@ impl LimitStore for SqliteStore {
         .await
     }
 
-    async fn token_usage(&self, day: &str, scopes: &[String]) -> Result<Vec<u64>, StoreError> {
-        let day = day.to_owned();
+    async fn token_usage(&self, day: &str, scopes: &[String]) -> Result<Vec<Used>, StoreError> {
+        self.usage_between(day, day, scopes).await
+    }
+
+    async fn usage_between(
+        &self,
+        first: &str,
+        last: &str,
+        scopes: &[String],
+    ) -> Result<Vec<Used>, StoreError> {
+        let (first, last) = (first.to_owned(), last.to_owned());
         let scopes = scopes.to_vec();
         self.with_conn(move |conn| {
             let mut stmt = conn
-                .prepare_cached("SELECT tokens FROM token_usage WHERE scope = ?1 AND day = ?2")
+                .prepare_cached(
+                    "SELECT COALESCE(SUM(tokens), 0), COALESCE(SUM(cost), 0) FROM token_usage
+                     WHERE scope = ?1 AND day >= ?2 AND day <= ?3",
+                )
                 .ctx("reading token usage")?;
             scopes
                 .iter()
                 .map(|scope| {
-                    stmt.query_row(params![scope, day], |r| r.get::<_, i64>(0))
-                        .optional()
-                        .map(|t| t.unwrap_or(0).max(0) as u64)
-                        .ctx("reading token usage")
+                    stmt.query_row(params![scope, first, last], |r| {
+                        Ok(rules::used(r.get(0)?, r.get(1)?))
+                    })
+                    .ctx("reading token usage")
                 })
                 .collect()
         })
@@ -196,6 +229,31 @@ impl LimitStore for SqliteStore {
     async fn access_rules(&self) -> Result<Vec<AccessRule>, StoreError> {
         self.with_conn(|conn| read_access_rules(conn)).await
     }
+}
+
+/// The tokens and nano-dollars other rounds (any lease but `lease`) reserved on
+/// `scope`'s row of a charge on `day` and have not settled.
+fn reserved_by_others(
+    tx: &Connection,
+    scope: &ScopeCharge,
+    day: &str,
+    lease: &Lease,
+) -> Result<(i64, i64), StoreError> {
+    tx.prepare_cached(
+        "SELECT COALESCE(SUM(tokens), 0), COALESCE(SUM(cost), 0) FROM token_reservations
+         WHERE scope = ?1 AND day = ?2 AND NOT (conversation_id = ?3 AND lease_token = ?4)",
+    )
+    .ctx("preparing a statement")?
+    .query_row(
+        params![
+            scope.scope,
+            scope.row_day(day),
+            conversation_of(lease).0,
+            lease.token.0
+        ],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )
+    .ctx("reading open reservations")
 }
 
 fn hold_timer(

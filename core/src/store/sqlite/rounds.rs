@@ -238,23 +238,23 @@ impl RoundStore for SqliteStore {
 
 /// Hold a conversation's timer: not due before `until` (a later deadline is kept).
 /// Give back the reservations of the conversation's earlier leases (rounds abandoned
-/// before they settled: a lost lease, a stop, a crash), each on the day it counted
-/// for, in the lock order of every charge (day, then scope).
+/// before they settled: a lost lease, a stop, a crash), tokens and dollars, each on
+/// the row it was reserved on, in the lock order of every charge (scope, then day).
 fn give_back_orphans(
     tx: &Connection,
     conversation: ConversationId,
     token: LeaseToken,
 ) -> Result<(), StoreError> {
-    let orphans: Vec<(String, String, i64)> = {
+    let orphans: Vec<(String, String, i64, i64)> = {
         let mut stmt = tx
             .prepare_cached(
-                "SELECT day, scope, SUM(tokens) FROM token_reservations
+                "SELECT scope, day, SUM(tokens), SUM(cost) FROM token_reservations
                  WHERE conversation_id = ?1 AND lease_token < ?2
-                 GROUP BY day, scope ORDER BY day, scope",
+                 GROUP BY scope, day ORDER BY scope, day",
             )
             .ctx("reading abandoned reservations")?;
         stmt.query_map(params![conversation.0, token.0], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
         })
         .ctx("reading abandoned reservations")?
         .collect::<Result<_, _>>()
@@ -265,13 +265,13 @@ fn give_back_orphans(
     }
     let mut give_back = tx
         .prepare_cached(
-            "UPDATE token_usage SET tokens = CASE WHEN tokens - ?3 > 0 THEN tokens - ?3 ELSE 0 END
+            "UPDATE token_usage SET tokens = MAX(tokens - ?3, 0), cost = MAX(cost - ?4, 0)
              WHERE scope = ?1 AND day = ?2",
         )
         .ctx("giving back a reservation")?;
-    for (day, scope, tokens) in &orphans {
+    for (scope, day, tokens, cost) in &orphans {
         give_back
-            .execute(params![scope, day, tokens])
+            .execute(params![scope, day, tokens, cost])
             .ctx("giving back a reservation")?;
     }
     tx.prepare_cached(
@@ -280,7 +280,7 @@ fn give_back_orphans(
     .ctx("preparing a statement")?
     .execute(params![conversation.0, token.0])
     .ctx("giving back a reservation")?;
-    tracing::info!(%conversation, scopes = orphans.len(), "gave back the token reservation of an abandoned round");
+    tracing::info!(%conversation, scopes = orphans.len(), "gave back the reservation of an abandoned round");
     Ok(())
 }
 

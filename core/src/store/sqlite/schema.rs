@@ -58,6 +58,8 @@ const ALL: &[&str] = &[
     include_str!("migrations/v20_memories.sql"),
     // 21: summaries as derived rows; retention's tombstones of delivered replies.
     include_str!("migrations/v21_summaries.sql"),
+    // 22: costs in dollars beside the tokens, and their reservations.
+    ddl::COSTS,
 ];
 
 /// The schema version this build migrates to.

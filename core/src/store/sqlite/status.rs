@@ -8,7 +8,7 @@ use super::SqliteStore;
 use super::sql::Context;
 use crate::domain::Timestamp;
 use crate::store::contract::status::{
-    StatusBounds, StatusRows, hour_bucket, scope_conversation, token_days,
+    StatusBounds, StatusRows, hour_bucket, month_of, scope_conversation, token_days,
 };
 use crate::store::{ConversationTokens, StatusQuery, StatusStore, StoreError, StoreStatus};
 
@@ -43,7 +43,10 @@ pub(super) const CREATED_SQL: &str = concat!(
 );
 /// The bot's token totals of a range of days (the primary key of `token_usage`).
 pub(super) const TOKENS_SQL: &str =
-    "SELECT day, tokens FROM token_usage WHERE scope = 'bot' AND day >= ?1 AND day <= ?2";
+    "SELECT day, tokens, cost FROM token_usage WHERE scope = 'bot' AND day >= ?1 AND day <= ?2";
+/// The bot's dollars of a month so far (its `month:bot` row, by primary key).
+pub(super) const MONTH_COST_SQL: &str =
+    "SELECT COALESCE(MAX(cost), 0) FROM token_usage WHERE scope = 'month:bot' AND day = ?1";
 /// Today's most expensive conversations by their budget scope (index
 /// `token_usage_by_day`: one day's scopes, most tokens first).
 pub(super) const TOP_SQL: &str = "SELECT scope, tokens FROM token_usage
@@ -124,11 +127,21 @@ fn read_status(conn: &Connection, asked: &StatusQuery) -> Result<StatusRows, Sto
         .prepare_cached(TOKENS_SQL)
         .ctx("counting tokens per day")?
         .query_map(params![first, last], |r| {
-            Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?.max(0) as u64))
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, i64>(1)?.max(0) as u64,
+                r.get::<_, i64>(2)?.max(0) as u64,
+            ))
         })
         .ctx("counting tokens per day")?
         .collect::<Result<_, _>>()
         .ctx("counting tokens per day")?;
+    let month_cost = conn
+        .prepare_cached(MONTH_COST_SQL)
+        .ctx("counting the month's cost")?
+        .query_row([month_of(&asked.days)], |r| r.get::<_, i64>(0))
+        .ctx("counting the month's cost")?
+        .max(0) as u64;
     Ok(StatusRows {
         // Kept by triggers on timers: one row, whatever the number of conversations.
         pending: count(
@@ -143,6 +156,7 @@ fn read_status(conn: &Connection, asked: &StatusQuery) -> Result<StatusRows, Sto
         failed: pairs(FAILED_SQL, bounds.day_ago, "counting failed replies")?,
         created,
         tokens,
+        month_cost,
         top,
     })
 }

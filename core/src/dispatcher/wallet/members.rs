@@ -1,0 +1,194 @@
+//! Who pays in a group: the members whose budget (tokens or dollars) cannot pay their
+//! share of the shortest reply are left out of the batch and told so.
+
+use super::super::Dispatcher;
+use super::spent::{authors, media_tokens, price_of, prompt_tokens};
+use crate::domain::Timestamp;
+use crate::limits::{self, Spending};
+use crate::llm::Prompt;
+use crate::money::Usd;
+use crate::store::{Batch, HeldOut, PendingMessage, StoreError, Unit, Used};
+use crate::texts;
+
+/// A group member left out of a batch: their budget cannot pay their share of the
+/// shortest reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(in crate::dispatcher) struct MemberOver {
+    pub user_id: String,
+    pub author: String,
+    /// The budget they cannot pay from, and how much of it is used.
+    pub spending: Spending,
+}
+
+impl MemberOver {
+    /// The notice that answers this member's messages of `batch` (the whole batch as
+    /// collected), instead of the reply.
+    pub(in crate::dispatcher) fn held_out(
+        &self,
+        d: &Dispatcher,
+        batch: &Batch,
+        now: Timestamp,
+    ) -> HeldOut {
+        let tz = &d.settings.limits.timezone;
+        let theirs: Vec<&PendingMessage> = batch
+            .pending
+            .iter()
+            .filter(|m| m.user_id == self.user_id)
+            .collect();
+        HeldOut {
+            rows: theirs.iter().map(|m| m.row).collect(),
+            text: texts::held_out_text(
+                &self.author,
+                &self.spending,
+                &tz.show(tz.next_day(now), now),
+            ),
+            reply_to: theirs.last().map(|m| m.message_id.clone()),
+        }
+    }
+}
+
+/// What a group is told when every author of its batch is over their budget: one
+/// line each (the notice ends the batch: a group is never held for one member).
+pub(in crate::dispatcher) fn refusal_text(
+    d: &Dispatcher,
+    over: &[MemberOver],
+    now: Timestamp,
+) -> String {
+    let tz = &d.settings.limits.timezone;
+    let resets = tz.show(tz.next_day(now), now);
+    over.iter()
+        .map(|m| texts::over_budget_text(&m.author, &m.spending, &resets))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// What the shortest reply to some messages costs: tokens and dollars.
+#[derive(Debug, Clone, Copy)]
+struct Least {
+    tokens: u64,
+    cost: Usd,
+}
+
+/// What a member has left today of each of their budgets.
+fn left_of(d: &Dispatcher, used: Used) -> (u64, u64) {
+    let limits = &d.settings.limits;
+    let tokens = if limits.user_daily_tokens > 0 {
+        limits.user_daily_tokens.saturating_sub(used.tokens)
+    } else {
+        u64::MAX
+    };
+    let usd = if limits.user_daily_usd.is_set() {
+        limits.user_daily_usd.0.saturating_sub(used.cost.0)
+    } else {
+        u64::MAX
+    };
+    (tokens, usd)
+}
+
+/// The budget a member over it cannot pay `share` from (tokens first), if any.
+fn short_of(d: &Dispatcher, used: Used, share: Least) -> Option<Spending> {
+    let limits = &d.settings.limits;
+    let (tokens, usd) = left_of(d, used);
+    if tokens < share.tokens {
+        return Some(Spending::of(
+            "user",
+            used.tokens,
+            limits.user_daily_tokens,
+            Unit::Tokens,
+        ));
+    }
+    (usd < share.cost.0)
+        .then(|| Spending::of("user", used.cost.0, limits.user_daily_usd.0, Unit::Usd))
+}
+
+/// The group members whose budget cannot pay their share of the shortest reply to
+/// the batch (see the module docs); `prompt_of` builds the prompt of a part of the
+/// batch. Every author, when none can pay: then the batch is ended with a notice
+/// ([`refusal_text`]), so a member over budget who writes alone holds nobody either.
+/// Empty in a private chat, without a per-user budget, and when the bot's budget
+/// cannot pay: then the whole batch is refused by [`super::reserve`] and held.
+pub(in crate::dispatcher) async fn members_over(
+    d: &Dispatcher,
+    batch: &Batch,
+    prompt_of: impl Fn(&[PendingMessage]) -> Prompt,
+    now: Timestamp,
+) -> Result<Vec<MemberOver>, StoreError> {
+    let limits = &d.settings.limits;
+    let platform = batch.conversation.platform;
+    if !batch.is_group || !limits.has_user_budget() {
+        return Ok(Vec::new());
+    }
+    let limited: Vec<String> = authors(&batch.pending)
+        .into_iter()
+        .filter(|u| !d.settings.access.admins.contains(platform, u))
+        .collect();
+    if limited.is_empty() {
+        return Ok(Vec::new());
+    }
+    let day = limits.timezone.day(now);
+    let mut scopes: Vec<String> = limited
+        .iter()
+        .map(|u| limits::user_scope(platform, u))
+        .collect();
+    scopes.push(limits::BOT_SCOPE.to_owned());
+    let used = d.store.token_usage(&day, &scopes).await?;
+    let month = d
+        .store
+        .token_usage(
+            &limits.timezone.month(now),
+            &[limits::BOT_MONTH_SCOPE.to_owned()],
+        )
+        .await?[0];
+    let bot = super::bot_left(limits, used[limited.len()], month);
+    let mut over: Vec<MemberOver> = Vec::new();
+    loop {
+        let included: Vec<PendingMessage> = batch
+            .pending
+            .iter()
+            .filter(|m| !over.iter().any(|o| o.user_id == m.user_id))
+            .cloned()
+            .collect();
+        let payers = authors(&included);
+        if payers.is_empty() {
+            // Every member is over their own budget: each is told, nobody waits.
+            return Ok(over);
+        }
+        let prompt = prompt_of(&included);
+        let input = prompt_tokens(limits, &prompt) + media_tokens(d, &included);
+        let least = Least {
+            tokens: input + limits.min_reply_tokens(),
+            cost: price_of(d, &prompt).worst(input, limits.min_reply_tokens()),
+        };
+        if least.tokens > bot.0 || least.cost.0 > bot.1 {
+            return Ok(Vec::new());
+        }
+        let n = payers.len() as u64;
+        let share = Least {
+            tokens: least.tokens.div_ceil(n),
+            cost: Usd(least.cost.0.div_ceil(n)),
+        };
+        // The poorest member short of their share goes first: without them the
+        // others' shares grow, and the loop looks again.
+        let Some((user, spending, _)) = limited
+            .iter()
+            .enumerate()
+            .filter(|(_, u)| payers.contains(u))
+            .filter_map(|(i, u)| short_of(d, used[i], share).map(|s| (u, s, left_of(d, used[i]))))
+            .min_by_key(|(_, _, left)| *left)
+        else {
+            return Ok(over);
+        };
+        let author = batch
+            .pending
+            .iter()
+            .rev()
+            .find(|m| &m.user_id == user)
+            .map_or_else(|| user.clone(), |m| m.author.clone());
+        tracing::info!(conversation = %batch.conversation, user = %user, budget = spending.what(), used = %spending.amounts(), "a group member is over their budget: the others are answered without their messages");
+        over.push(MemberOver {
+            user_id: user.clone(),
+            author,
+            spending,
+        });
+    }
+}

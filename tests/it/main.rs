@@ -32,6 +32,7 @@ mod mcp;
 mod media;
 mod memory;
 mod menus;
+mod money;
 mod overtaken;
 mod project;
 mod promql;

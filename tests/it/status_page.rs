@@ -160,6 +160,17 @@ fn tokens_in(db: &Path) -> Vec<(String, u64, u64)> {
 
 /// What the stored replies report spending (the page's count before issue 37), and the
 /// bot's wallet total.
+/// A wallet scope's dollars in the database, nano-dollars, all days together.
+fn cost_in(db: &Path, scope: &str) -> u64 {
+    let conn = rusqlite::Connection::open(db).unwrap();
+    conn.query_row(
+        "SELECT COALESCE(SUM(cost), 0) FROM token_usage WHERE scope = ?1",
+        [scope],
+        |r| r.get::<_, i64>(0),
+    )
+    .unwrap() as u64
+}
+
 fn reply_and_wallet_tokens(db: &Path) -> (u64, u64) {
     let conn = rusqlite::Connection::open(db).unwrap();
     let count = |sql: &str| conn.query_row(sql, [], |r| r.get::<_, i64>(0)).unwrap() as u64;
@@ -187,6 +198,8 @@ async fn the_status_page_shows_a_scripted_run() {
         ("OPENAI_BASE_URL", model.base_url.clone()),
         ("OPENAI_API_KEY", "sk-status-page-test".into()),
         ("OPENAI_MODEL", "fake-model".into()),
+        ("LULL_PRICES", "fake-model=2/8".into()),
+        ("LULL_MONTHLY_USD", "10".into()),
         ("LULL_LLM_RETRIES", "0".into()),
         ("TELEGRAM_BOT_TOKEN", telegram.token.clone()),
         ("TELEGRAM_API_URL", telegram.url.clone()),
@@ -342,6 +355,22 @@ async fn the_status_page_shows_a_scripted_run() {
     let bars = tags(&dom, "class=\"bar\"");
     assert_eq!(bars.len(), 30, "a bar per day");
     assert_eq!(attr(bars[29], "data-tokens"), total.to_string());
+    // Dollars: today's bar and the month so far are the wallet's, at LULL_PRICES.
+    let dollars = |scope: &str| cost_in(&dir.path().join("lull.db"), scope) as f64 / 1e9;
+    let (today, month) = (dollars("bot"), dollars("month:bot"));
+    assert!(today > 0.0 && today == month, "{today} {month}");
+    let cost_bars = tags(&dom, "class=\"cost-bar\"");
+    assert_eq!(cost_bars.len(), 30, "a dollar bar per day");
+    let shown = |value: String| value.parse::<f64>().unwrap();
+    assert_eq!(shown(attr(cost_bars[29], "data-cost")), today);
+    assert_eq!(
+        attribute(&dom, "id=\"cost-month\"", "data-value").map(shown),
+        Some(month)
+    );
+    assert_eq!(
+        attribute(&dom, "id=\"month-budget\"", "data-value").map(shown),
+        Some(10.0)
+    );
     let points = tags(&dom, "class=\"point\"");
     assert_eq!(points.len(), 24, "a point per hour");
     assert_eq!(attr(points[23], "data-hour"), "0");
@@ -379,7 +408,7 @@ async fn the_status_page_shows_a_scripted_run() {
                 &profile,
                 &[
                     format!("--screenshot={}", shot.display()),
-                    "--window-size=1280,1600".into(),
+                    "--window-size=1280,1900".into(),
                     "--hide-scrollbars".into(),
                 ],
                 &page,

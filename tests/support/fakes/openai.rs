@@ -50,6 +50,14 @@ pub(crate) enum Behavior {
     /// Answer like `Answer`, reporting this usage instead of the usual (a model that
     /// counts more tokens than lull estimated).
     Usage { prompt: u64, completion: u64 },
+    /// Answer like `Answer` after `delay`, reporting this usage with `cached` of the
+    /// prompt's tokens read from the cache (`prompt_tokens_details.cached_tokens`).
+    Billed {
+        prompt: u64,
+        completion: u64,
+        cached: u64,
+        delay: Duration,
+    },
     /// Wait, then answer.
     Slow(Duration),
     /// An error status with an OpenAI-style error body.
@@ -874,6 +882,21 @@ async fn answer(
             let mut answer = completion(&format!("[model] {last_user}"), &body);
             answer["usage"] = json!({
                 "prompt_tokens": prompt, "completion_tokens": reported, "total_tokens": prompt + reported
+            });
+            axum::Json(answer).into_response()
+        }
+        Behavior::Billed {
+            prompt,
+            completion: reported,
+            cached,
+            delay,
+        } => {
+            tokio::time::sleep(delay).await;
+            let mut answer = completion(&format!("[model] {last_user}"), &body);
+            answer["usage"] = json!({
+                "prompt_tokens": prompt, "completion_tokens": reported,
+                "total_tokens": prompt + reported,
+                "prompt_tokens_details": { "cached_tokens": cached }
             });
             axum::Json(answer).into_response()
         }

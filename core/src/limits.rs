@@ -190,7 +190,7 @@ impl Limits {
             }
         };
         let mut text = format!(
-            "messages per user: {}; tokens per user: {}; tokens for the bot: {}; dollars per user: {}; dollars for the bot: {} and {}; days in {}",
+            "messages per user: {}; tokens per user: {}; tokens for the bot: {}; dollars per user: {}; dollars for the bot: {}; dollars for the bot's month: {}; days in {}",
             or_none(u64::from(self.rate_per_min), "a minute"),
             or_none(self.user_daily_tokens, "a day"),
             or_none(self.daily_tokens, "a day"),

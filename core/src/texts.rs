@@ -936,7 +936,7 @@ Commands:\n\
 /model, /persona: list the models and personas, or pick one for this chat (in a group: admins only)\n\
 /retry: write my last answer again (in a group: admins only)\n\
 /status: this chat's model, persona, what is waiting, today's usage\n\
-/usage: how much you have used today, and your limit\n\
+/usage: how much you have used today and this month, and your limits\n\
 /remind WHEN TEXT: remind this chat, e.g. /remind in 20m take the pizza out, /remind every weekday 8:30 stand-up (in a group: admins only)\n\
 /schedule WHEN PROMPT: I answer PROMPT then, e.g. /schedule every day 8:00 give me the day's plan (in a group: admins only)\n\
 /jobs: this chat's reminders and tasks; /jobs cancel N stops one\n\

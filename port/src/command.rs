@@ -227,10 +227,10 @@ pub const COMMANDS: [CommandSpec; 20] = [
         argument: None,
         who: Who::Anyone,
         who_bare: Who::Anyone,
-        menu: Menu::Everyone("Tokens used today and the limits"),
+        menu: Menu::Everyone("Tokens and dollars used, and the limits"),
         help: Some(HelpLine {
             order: 6,
-            text: "/usage: how much you have used today, and your limit",
+            text: "/usage: how much you have used today and this month, and your limits",
         }),
         acts: false,
     },

@@ -136,7 +136,7 @@ mod tests {
                     "Show or pick a persona",
                     Some(("name", "The persona to use"))
                 ),
-                ("usage", "Tokens used today and the limits", None),
+                ("usage", "Tokens and dollars used, and the limits", None),
                 ("status", "Model, persona and what is pending", None),
                 (
                     "remind",

@@ -302,38 +302,51 @@ const CHART_H: f64 = 180.0;
 const PAD_L: f64 = 56.0;
 const PAD_B: f64 = 22.0;
 
-/// The y axis of a chart whose largest value is `max`: its top label and scale.
-fn y_axis(out: &mut String, max: u64) -> f64 {
-    let top = max.max(1) as f64;
+/// The y axis of a chart whose largest value is `max`, labelled `top` and `zero`:
+/// the scale from values to heights.
+fn y_axis(out: &mut String, max: u64, top: &str, zero: &str) -> f64 {
     let plot_h = CHART_H - PAD_B - 8.0;
     let _ = write!(
         out,
         "<line x1=\"{PAD_L}\" y1=\"8\" x2=\"{PAD_L}\" y2=\"{b}\" stroke=\"#c5cbd3\"/>\
          <line x1=\"{PAD_L}\" y1=\"{b}\" x2=\"{CHART_W}\" y2=\"{b}\" stroke=\"#c5cbd3\"/>\
-         <text x=\"{tx}\" y=\"16\" text-anchor=\"end\">{max}</text>\
-         <text x=\"{tx}\" y=\"{b}\" text-anchor=\"end\">0</text>",
+         <text x=\"{tx}\" y=\"16\" text-anchor=\"end\">{top}</text>\
+         <text x=\"{tx}\" y=\"{b}\" text-anchor=\"end\">{zero}</text>",
         b = CHART_H - PAD_B,
         tx = PAD_L - 6.0
     );
-    plot_h / top
+    plot_h / max.max(1) as f64
 }
 
-/// Tokens per day as bars, one per day, each with `data-day` and `data-tokens`.
-fn bar_chart(days: &[DayTokens]) -> String {
+/// A bar per day of `days` (an `<svg id>` of its own, `label` for screen readers):
+/// each bar `value` high, scaled to the largest, drawn as `bar` says (its class,
+/// `data-` attributes and title); the y axis labelled `top` and `zero`; a date every
+/// week.
+fn day_bars(
+    (id, label): (&str, &str),
+    days: &[DayTokens],
+    value: impl Fn(&DayTokens) -> u64,
+    (top, zero): (&str, &str),
+    bar: impl Fn(&DayTokens) -> String,
+) -> String {
     let mut out = format!(
-        "<svg id=\"tokens-per-day\" role=\"img\" aria-label=\"tokens per day\" viewBox=\"0 0 {CHART_W} {CHART_H}\" width=\"100%\">"
+        "<svg id=\"{id}\" role=\"img\" aria-label=\"{label}\" viewBox=\"0 0 {CHART_W} {CHART_H}\" width=\"100%\">"
     );
-    let scale = y_axis(&mut out, days.iter().map(|d| d.tokens).max().unwrap_or(0));
+    let scale = y_axis(
+        &mut out,
+        days.iter().map(&value).max().unwrap_or(0),
+        top,
+        zero,
+    );
     let slot = (CHART_W - PAD_L) / days.len().max(1) as f64;
     let base = CHART_H - PAD_B;
     for (i, day) in days.iter().enumerate() {
-        let h = day.tokens as f64 * scale;
+        let h = value(day) as f64 * scale;
         let x = PAD_L + i as f64 * slot + slot * 0.15;
         let _ = write!(
             out,
-            "<rect class=\"bar\" data-day=\"{d}\" data-tokens=\"{t}\" x=\"{x:.1}\" y=\"{y:.1}\" width=\"{w:.1}\" height=\"{h:.1}\" fill=\"#3b6fd4\"><title>{d}: {t} tokens</title></rect>",
-            d = esc(&day.day),
-            t = day.tokens,
+            "<rect x=\"{x:.1}\" y=\"{y:.1}\" width=\"{w:.1}\" height=\"{h:.1}\" {}",
+            bar(day),
             y = base - h,
             w = slot * 0.7
         );
@@ -349,6 +362,24 @@ fn bar_chart(days: &[DayTokens]) -> String {
     }
     out.push_str("</svg>");
     out
+}
+
+/// Tokens per day as bars, one per day, each with `data-day` and `data-tokens`.
+fn bar_chart(days: &[DayTokens]) -> String {
+    let max = days.iter().map(|d| d.tokens).max().unwrap_or(0).to_string();
+    day_bars(
+        ("tokens-per-day", "tokens per day"),
+        days,
+        |d| d.tokens,
+        (&max, "0"),
+        |d| {
+            format!(
+                "class=\"bar\" data-day=\"{d}\" data-tokens=\"{t}\" fill=\"#3b6fd4\"><title>{d}: {t} tokens</title></rect>",
+                d = esc(&d.day),
+                t = d.tokens
+            )
+        },
+    )
 }
 
 /// The dollars section: today's and the month's so far (against `LULL_MONTHLY_USD`
@@ -381,46 +412,26 @@ fn dollars_section(out: &mut String, s: &Snapshot) {
 /// Dollars per day as bars, one per day, each with `data-day` and `data-cost`
 /// (dollars).
 fn cost_chart(days: &[DayTokens]) -> String {
-    let mut out = format!(
-        "<svg id=\"cost-per-day\" role=\"img\" aria-label=\"dollars per day\" viewBox=\"0 0 {CHART_W} {CHART_H}\" width=\"100%\">"
-    );
-    let max = days.iter().map(|d| d.cost).max().unwrap_or(Usd::ZERO);
-    let top = max.0.max(1) as f64;
-    let plot_h = CHART_H - PAD_B - 8.0;
-    let base = CHART_H - PAD_B;
-    let _ = write!(
-        out,
-        "<line x1=\"{PAD_L}\" y1=\"8\" x2=\"{PAD_L}\" y2=\"{base}\" stroke=\"#c5cbd3\"/>\
-         <line x1=\"{PAD_L}\" y1=\"{base}\" x2=\"{CHART_W}\" y2=\"{base}\" stroke=\"#c5cbd3\"/>\
-         <text x=\"{tx}\" y=\"16\" text-anchor=\"end\">{max}</text>\
-         <text x=\"{tx}\" y=\"{base}\" text-anchor=\"end\">$0</text>",
-        tx = PAD_L - 6.0
-    );
-    let slot = (CHART_W - PAD_L) / days.len().max(1) as f64;
-    for (i, day) in days.iter().enumerate() {
-        let h = day.cost.0 as f64 / top * plot_h;
-        let x = PAD_L + i as f64 * slot + slot * 0.15;
-        let _ = write!(
-            out,
-            "<rect class=\"cost-bar\" data-day=\"{d}\" data-cost=\"{c}\" x=\"{x:.1}\" y=\"{y:.1}\" width=\"{w:.1}\" height=\"{h:.1}\" fill=\"#1a7f37\"><title>{d}: {shown}</title></rect>",
-            d = esc(&day.day),
-            c = day.cost.dollars(),
-            shown = day.cost,
-            y = base - h,
-            w = slot * 0.7
-        );
-        if (days.len() - 1 - i).is_multiple_of(7) {
-            let _ = write!(
-                out,
-                "<text x=\"{cx:.1}\" y=\"{ty}\" text-anchor=\"middle\">{}</text>",
-                esc(day.day.get(5..).unwrap_or(&day.day)),
-                cx = x + slot * 0.35,
-                ty = CHART_H - 6.0
-            );
-        }
-    }
-    out.push_str("</svg>");
-    out
+    let max = days
+        .iter()
+        .map(|d| d.cost)
+        .max()
+        .unwrap_or(Usd::ZERO)
+        .to_string();
+    day_bars(
+        ("cost-per-day", "dollars per day"),
+        days,
+        |d| d.cost.0,
+        (&max, "$0"),
+        |d| {
+            format!(
+                "class=\"cost-bar\" data-day=\"{d}\" data-cost=\"{c}\" fill=\"#1a7f37\"><title>{d}: {shown}</title></rect>",
+                d = esc(&d.day),
+                c = d.cost.dollars(),
+                shown = d.cost
+            )
+        },
+    )
 }
 
 /// Replies per hour as a line, the last point the hour ending now; each point a circle
@@ -429,7 +440,8 @@ fn line_chart(hours: &[u64]) -> String {
     let mut out = format!(
         "<svg id=\"replies-per-hour\" role=\"img\" aria-label=\"replies per hour\" viewBox=\"0 0 {CHART_W} {CHART_H}\" width=\"100%\">"
     );
-    let scale = y_axis(&mut out, hours.iter().copied().max().unwrap_or(0));
+    let max = hours.iter().copied().max().unwrap_or(0);
+    let scale = y_axis(&mut out, max, &max.to_string(), "0");
     let step = (CHART_W - PAD_L - 12.0) / (hours.len().max(2) - 1) as f64;
     let base = CHART_H - PAD_B;
     let point = |i: usize, n: u64| (PAD_L + 6.0 + i as f64 * step, base - n as f64 * scale);

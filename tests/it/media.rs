@@ -607,12 +607,15 @@ async fn more_images_than_one_reply_reads_are_left_out_and_the_user_told() {
 /// Transcriptions count against the token budgets (10 tokens a second of audio): a
 /// voice note its sender's budget cannot pay for is not transcribed (the rest is
 /// answered, the model told why), a short one is, and its cost is charged with the
-/// replies.
+/// replies; in dollars, at the transcription model's price per minute
+/// (`LULL_PRICES`), apart from the chat model's per token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transcription_is_charged_to_the_budget_and_refused_past_it() {
     let run = start(&[
         ("LULL_USER_DAILY_TOKENS", "400"),
         ("LULL_MAX_TOKENS", "10"),
+        // Dollars too: the chat model per token, the transcription per minute.
+        ("LULL_PRICES", "gpt-4.1-mini=1/2,whisper-1=0.006/min"),
         // The budget is about the transcript; no tool definitions in the requests.
         ("LULL_TOOLS", "off"),
     ])
@@ -649,6 +652,15 @@ async fn a_transcription_is_charged_to_the_budget_and_refused_past_it() {
             "SELECT SUM(tokens) FROM token_usage WHERE scope = 'user:telegram:4612'"
         ),
         27 + 47 + 30
+    );
+    // In nano-dollars: 60 prompt tokens at $1 and 14 completion tokens at $2 per
+    // million, and three seconds of audio at $0.006 a minute.
+    assert_eq!(
+        db::count(
+            &run.db(),
+            "SELECT SUM(cost) FROM token_usage WHERE scope = 'user:telegram:4612'"
+        ),
+        60 * 1_000 + 14 * 2_000 + 300_000
     );
     run.finish();
 }

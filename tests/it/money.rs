@@ -342,3 +342,139 @@ async fn counter_test_checking_without_reserving_overspends() {
         "the unreserved check should overspend: {o:?}"
     );
 }
+
+/// A model priced 0/0 (a local one) is counted, costs nothing and is never held by
+/// a dollar budget, however small.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_free_model_costs_nothing_and_is_never_held() {
+    let bot = HttpBot::new(None).await;
+    let lull = start(
+        &bot,
+        "free",
+        &[
+            ("LULL_PRICES", "small=0/0,big=0/0"),
+            ("LULL_USER_DAILY_USD", "0.000001"),
+        ],
+    )
+    .await;
+    for n in 1..=3 {
+        say(&bot, &lull, "c1", "ann", &format!("message {n}")).await;
+        let got = wait_received(&bot, "c1", n).await;
+        assert!(got[n - 1].starts_with("[model]"), "{got:?}");
+    }
+    assert_eq!(cost_of(&bot, "user:http:ann"), 0);
+    let tokens = db::rows(
+        &bot.database,
+        "SELECT SUM(tokens) FROM token_usage WHERE scope = 'user:http:ann'",
+    );
+    assert!(
+        tokens[0][0].parse::<u64>().unwrap() > 0,
+        "still counted in tokens"
+    );
+}
+
+/// `lull check` shows the price list and warns of a model lull may ask that has no
+/// price (its calls count as $0, so the dollar budget cannot bound them); a malformed
+/// entry refuses, naming the variable, the entry and the expected form.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_names_an_unpriced_model_and_refuses_a_malformed_price_list() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = crate::support::fakes::openai::FakeOpenAi::start().await;
+    let webhook = crate::support::fakes::webhook::Webhook::start().await;
+    let env = |prices: &str| {
+        vec![
+            (
+                "DATABASE_URL",
+                format!("sqlite:{}", dir.path().join("lull.db").display()),
+            ),
+            ("OPENAI_BASE_URL", model.base_url.clone()),
+            ("OPENAI_API_KEY", "sk-money-check".into()),
+            ("OPENAI_MODEL", "fake-model".into()),
+            ("LULL_MODELS", "fake-model,big".into()),
+            ("LULL_WEBHOOK_URL", webhook.url.clone()),
+            ("LULL_DAILY_USD", "1".into()),
+            ("LULL_PRICES", prices.into()),
+        ]
+    };
+    let (code, report) =
+        crate::check::lull_check(env("fake-model=0.15/0.6,whisper-1=0.006/min")).await;
+    eprintln!("{report}");
+    assert_eq!(code, Some(0), "a warning is not a failure:\n{report}");
+    assert!(
+        report.contains("ok    prices        fake-model $0.15/$0.6 per million tokens in/out; whisper-1 $0.006 per minute of audio"),
+        "{report}"
+    );
+    assert!(
+        report.contains("warn  prices        LULL_PRICES has no price for big (LULL_MODELS): its calls count as $0, so LULL_DAILY_USD cannot bound them"),
+        "{report}"
+    );
+    let (code, report) = crate::check::lull_check(env("fake-model=0.15")).await;
+    eprintln!("{report}");
+    assert_ne!(code, Some(0), "{report}");
+    assert!(
+        report.contains("LULL_PRICES: \"fake-model=0.15\" is not a price"),
+        "{report}"
+    );
+}
+
+/// A summary is priced at `LULL_SUMMARY_MODEL`, a reply at the chat's model: with
+/// both priced apart, the bot's month is every chat call's cost at one price and every
+/// summary call's at the other, to the nano-dollar (the summary's worst case charged
+/// first, then settled to what was reported).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_summary_is_priced_at_the_summary_model() {
+    let bot = HttpBot::new(None).await;
+    let billed = |prompt, completion| Behavior::Billed {
+        prompt,
+        completion,
+        cached: 0,
+        delay: Duration::ZERO,
+    };
+    bot.model.fallback(billed(300, 20));
+    bot.model.route_model("summarizer", billed(900, 100));
+    let lull = start(
+        &bot,
+        "summaries",
+        &[
+            ("LULL_SUMMARY", "on"),
+            ("LULL_SUMMARY_MODEL", "summarizer"),
+            ("LULL_HISTORY_MESSAGES", "2"),
+            ("LULL_PRICES", "small=1/4,summarizer=3/9"),
+        ],
+    )
+    .await;
+    for n in 1..=6 {
+        say(&bot, &lull, "c1", "ann", &format!("fact number {n}")).await;
+        wait_received(&bot, "c1", n).await;
+    }
+    // Every summary asked for has its outcome counted.
+    let deadline = std::time::Instant::now() + SECS(20);
+    loop {
+        let asked = bot.model.requests_for("summarizer").len();
+        let counted: f64 = lull
+            .metrics()
+            .await
+            .unwrap_or_default()
+            .iter()
+            .filter(|(k, _)| k.starts_with("lull_summaries_total{"))
+            .map(|(_, v)| v)
+            .sum();
+        if asked > 0 && counted as usize >= asked {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no summary settled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let summaries = bot.model.requests_for("summarizer").len() as u64;
+    let chats = bot.model.requests().len() as u64 - summaries;
+    // In nano-dollars: $1/$4 per million for the chat model, $3/$9 for the summariser.
+    let expected = chats * (300 * 1_000 + 20 * 4_000) + summaries * (900 * 3_000 + 100 * 9_000);
+    eprintln!("{chats} chat calls, {summaries} summaries: {expected} nano-dollars");
+    assert_eq!(cost_of(&bot, "month:bot"), expected);
+    let metrics = lull.metrics().await.unwrap();
+    let summarizer = metrics["lull_cost_usd_total{model=\"summarizer\"}"];
+    assert!(
+        (summarizer - summaries as f64 * 0.0036).abs() < 1e-12,
+        "{summarizer}"
+    );
+}

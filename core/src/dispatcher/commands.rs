@@ -205,29 +205,10 @@ async fn usage(
     now: Timestamp,
 ) -> Result<String, StoreError> {
     let limits = &dispatcher.settings.limits;
-    let platform = incoming.conversation.platform;
     let tz = &limits.timezone;
     let (day, month) = (tz.day(now), tz.month(now));
     let resets = tz.show(tz.next_day(now), now);
-    let (label, scope, limited) = match (admin, args) {
-        (true, [who]) => {
-            let (p, id) = who
-                .split_once(':')
-                .and_then(|(p, id)| Some((p.parse::<Platform>().ok()?, id)))
-                .unwrap_or((platform, who));
-            (format!("{p}:{id}"), limits::user_scope(p, id), true)
-        }
-        (true, []) if incoming.is_group => (
-            texts::USAGE_OF_THIS_GROUP.to_owned(),
-            limits::conversation_scope(&incoming.conversation),
-            false,
-        ),
-        _ => (
-            texts::USAGE_OF_YOU.to_owned(),
-            limits::user_scope(platform, &incoming.user_id),
-            !admin,
-        ),
-    };
+    let (label, scope, limited) = usage_subject(incoming, admin, args);
     let store = &dispatcher.store;
     let scopes = [
         scope.clone(),
@@ -268,6 +249,32 @@ async fn usage(
     } else {
         text
     })
+}
+
+/// Whose use `/usage` tells of: its label, its budget scope, and whether a person's
+/// own limits apply (not an admin's, not a group's). An admin names a user
+/// (`telegram:42`, or an id on this platform), or asks in a group for the group's.
+fn usage_subject(incoming: &Incoming, admin: bool, args: &[&str]) -> (String, String, bool) {
+    let platform = incoming.conversation.platform;
+    match (admin, args) {
+        (true, [who]) => {
+            let (p, id) = who
+                .split_once(':')
+                .and_then(|(p, id)| Some((p.parse::<Platform>().ok()?, id)))
+                .unwrap_or((platform, who));
+            (format!("{p}:{id}"), limits::user_scope(p, id), true)
+        }
+        (true, []) if incoming.is_group => (
+            texts::USAGE_OF_THIS_GROUP.to_owned(),
+            limits::conversation_scope(&incoming.conversation),
+            false,
+        ),
+        _ => (
+            texts::USAGE_OF_YOU.to_owned(),
+            limits::user_scope(platform, &incoming.user_id),
+            !admin,
+        ),
+    }
 }
 
 /// The words after the command word (`""` for none).

@@ -251,6 +251,25 @@ pub(crate) fn busy_only(scope: &ScopeCharge, tokens: i64, cost: i64, others: (i6
     over_budget(scope, tokens - others.0, cost - others.1).is_none()
 }
 
+/// What a refused charge answers and how long it holds the conversation (with the
+/// charge's `hold_until`): `over` as the budget said, held until the budget resets; or,
+/// `busy` (refused only by other rounds' open reservations), [`Charged::Busy`], held
+/// for [`BUSY_RETRY`](super::BUSY_RETRY) from `now`.
+pub(crate) fn refusal(
+    over: Charged,
+    busy: bool,
+    hold_until: Option<Timestamp>,
+    now: Timestamp,
+) -> (Charged, Option<Timestamp>) {
+    match over {
+        Charged::Over { scope, .. } if busy => (
+            Charged::Busy { scope },
+            hold_until.map(|_| now.plus(super::BUSY_RETRY)),
+        ),
+        over => (over, hold_until),
+    }
+}
+
 /// What a scope used, from its stored totals (a negative total, never stored but read
 /// defensively, counts as nothing).
 pub(crate) fn used(tokens: i64, cost: i64) -> super::Used {

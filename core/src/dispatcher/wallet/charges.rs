@@ -191,6 +191,29 @@ fn transcription(d: &Dispatcher, secs: u64) -> (Amount, String) {
     )
 }
 
+/// A transcription's charge of `amount` to `user_id` and the bot, on `now`'s day:
+/// against the budgets with `check`.
+fn transcription_charge(
+    d: &Dispatcher,
+    conversation: &ConversationRef,
+    user_id: &str,
+    amount: Amount,
+    check: bool,
+    now: Timestamp,
+) -> TokenCharge {
+    ChargeOf {
+        conversation,
+        authors: &[user_id.to_owned()],
+        per_author: amount,
+        total: amount,
+        check,
+        hold_until: None,
+        reservation: Reservation::None,
+        day: d.settings.limits.timezone.day(now),
+    }
+    .build(d)
+}
+
 /// Before a voice message of `user_id` is transcribed: charge its `secs` seconds
 /// ([`transcription`]) to the sender's and the bot's budgets. `false`: a budget has
 /// not that much left; nothing was charged and nothing is held (the message is
@@ -203,19 +226,9 @@ pub(in crate::dispatcher) async fn charge_transcription(
     secs: u64,
     now: Timestamp,
 ) -> Result<bool, StoreError> {
-    let limits = &d.settings.limits;
     let (amount, model) = transcription(d, secs);
-    let charge = ChargeOf {
-        conversation,
-        authors: &[user_id.to_owned()],
-        per_author: amount,
-        total: amount,
-        check: limits.has_budget(),
-        hold_until: None,
-        reservation: Reservation::None,
-        day: limits.timezone.day(now),
-    }
-    .build(d);
+    let check = d.settings.limits.has_budget();
+    let charge = transcription_charge(d, conversation, user_id, amount, check, now);
     let charged = charge_under(d, lease, &charge, now).await? == Charged::Charged;
     if charged {
         metrics::counter!(names::TOKENS, "kind" => "transcription").increment(amount.tokens as u64);
@@ -233,19 +246,8 @@ pub(in crate::dispatcher) async fn refund_transcription(
     secs: u64,
     now: Timestamp,
 ) -> Result<(), StoreError> {
-    let limits = &d.settings.limits;
     let (amount, _) = transcription(d, secs);
-    let charge = ChargeOf {
-        conversation,
-        authors: &[user_id.to_owned()],
-        per_author: amount.negated(),
-        total: amount.negated(),
-        check: false,
-        hold_until: None,
-        reservation: Reservation::None,
-        day: limits.timezone.day(now),
-    }
-    .build(d);
+    let charge = transcription_charge(d, conversation, user_id, amount.negated(), false, now);
     charge_under(d, lease, &charge, now).await?;
     Ok(())
 }

@@ -69,6 +69,27 @@ struct Least {
     cost: Usd,
 }
 
+impl Least {
+    /// One of `n` equal shares, rounded up.
+    fn share(self, n: u64) -> Least {
+        Least {
+            tokens: self.tokens.div_ceil(n),
+            cost: Usd(self.cost.0.div_ceil(n)),
+        }
+    }
+}
+
+/// What the shortest reply to `messages` (asked with `prompt`) costs: the prompt as
+/// estimated, their media, and the shortest reply, at the prompt's model's price.
+fn least_reply(d: &Dispatcher, prompt: &Prompt, messages: &[PendingMessage]) -> Least {
+    let limits = &d.settings.limits;
+    let input = prompt_tokens(limits, prompt) + media_tokens(d, messages);
+    Least {
+        tokens: input + limits.min_reply_tokens(),
+        cost: price_of(d, prompt).worst(input, limits.min_reply_tokens()),
+    }
+}
+
 /// What a member has left today of each of their budgets.
 fn left_of(d: &Dispatcher, used: Used) -> (u64, u64) {
     let limits = &d.settings.limits;
@@ -132,13 +153,7 @@ pub(in crate::dispatcher) async fn members_over(
         .collect();
     scopes.push(limits::BOT_SCOPE.to_owned());
     let used = d.store.token_usage(&day, &scopes).await?;
-    let month = d
-        .store
-        .token_usage(
-            &limits.timezone.month(now),
-            &[limits::BOT_MONTH_SCOPE.to_owned()],
-        )
-        .await?[0];
+    let month = super::bot_month(d, now).await?;
     let bot = super::bot_left(limits, used[limited.len()], month);
     let mut over: Vec<MemberOver> = Vec::new();
     loop {
@@ -153,20 +168,11 @@ pub(in crate::dispatcher) async fn members_over(
             // Every member is over their own budget: each is told, nobody waits.
             return Ok(over);
         }
-        let prompt = prompt_of(&included);
-        let input = prompt_tokens(limits, &prompt) + media_tokens(d, &included);
-        let least = Least {
-            tokens: input + limits.min_reply_tokens(),
-            cost: price_of(d, &prompt).worst(input, limits.min_reply_tokens()),
-        };
+        let least = least_reply(d, &prompt_of(&included), &included);
         if least.tokens > bot.0 || least.cost.0 > bot.1 {
             return Ok(Vec::new());
         }
-        let n = payers.len() as u64;
-        let share = Least {
-            tokens: least.tokens.div_ceil(n),
-            cost: Usd(least.cost.0.div_ceil(n)),
-        };
+        let share = least.share(payers.len() as u64);
         // The poorest member short of their share goes first: without them the
         // others' shares grow, and the loop looks again.
         let Some((user, spending, _)) = limited

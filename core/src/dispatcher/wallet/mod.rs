@@ -96,6 +96,14 @@ impl Reserved {
     }
 }
 
+/// What the whole bot spent in the month `now` falls on (its month row).
+pub(super) async fn bot_month(d: &Dispatcher, now: Timestamp) -> Result<Used, StoreError> {
+    let month = d.settings.limits.timezone.month(now);
+    Ok(d.store
+        .token_usage(&month, &[limits::BOT_MONTH_SCOPE.to_owned()])
+        .await?[0])
+}
+
 /// What the bot has left today and this month, tokens and nano-dollars (`u64::MAX`
 /// for a budget not set).
 pub(super) fn bot_left(limits: &Limits, today: Used, month: Used) -> (u64, u64) {
@@ -145,24 +153,8 @@ pub(super) async fn reserve(
             max_tokens: None,
         }));
     }
-    let price = limits.prices.tokens_of(&model);
-    let estimate = prompt_tokens(limits, prompt);
-    let (left_tokens, left_usd) = room(d, batch, &authors, now).await?;
-    let unreserved = crate::switches::unreserved_dollars();
-    let by_dollars = if unreserved {
-        u64::MAX
-    } else {
-        price.output_within(Usd(left_usd), estimate)
-    };
-    let reply = limits
-        .reply_tokens
-        .min(left_tokens.saturating_sub(estimate))
-        .min(by_dollars)
-        .max(limits.min_reply_tokens());
-    let worst = price.worst(estimate, reply);
-    // Counter-test only: check that a nano-dollar is left, reserve nothing more.
-    let worst = if unreserved { worst.min(Usd(1)) } else { worst };
-    let amount = Amount::new(estimate + reply, worst);
+    let left = room(d, batch, &authors, now).await?;
+    let (reply, amount) = worst_case(limits, &model, prompt, left);
     let charge = ChargeOf {
         conversation: &batch.conversation,
         authors: &authors,
@@ -204,6 +196,30 @@ pub(super) async fn reserve(
             Ok(None)
         }
     }
+}
+
+/// The most the reply may take and the worst case of the call, tokens and dollars at
+/// `model`'s price, given what the budgets have `left` (tokens, nano-dollars): the
+/// reply takes `LULL_MAX_TOKENS`, or what the prompt's estimate leaves of either
+/// when that is less, down to the shortest reply.
+fn worst_case(limits: &Limits, model: &str, prompt: &Prompt, left: (u64, u64)) -> (u64, Amount) {
+    let price = limits.prices.tokens_of(model);
+    let estimate = prompt_tokens(limits, prompt);
+    let unreserved = crate::switches::unreserved_dollars();
+    let by_dollars = if unreserved {
+        u64::MAX
+    } else {
+        price.output_within(Usd(left.1), estimate)
+    };
+    let reply = limits
+        .reply_tokens
+        .min(left.0.saturating_sub(estimate))
+        .min(by_dollars)
+        .max(limits.min_reply_tokens());
+    let worst = price.worst(estimate, reply);
+    // Counter-test only: check that a nano-dollar is left, reserve nothing more.
+    let worst = if unreserved { worst.min(Usd(1)) } else { worst };
+    (reply, Amount::new(estimate + reply, worst))
 }
 
 /// A batch refused by `scope`'s budget: counted, and the conversation told once per
@@ -270,13 +286,7 @@ async fn room(
         .store
         .token_usage(&limits.timezone.day(now), &scopes)
         .await?;
-    let month = d
-        .store
-        .token_usage(
-            &limits.timezone.month(now),
-            &[limits::BOT_MONTH_SCOPE.to_owned()],
-        )
-        .await?[0];
+    let month = bot_month(d, now).await?;
     let n = authors.len().max(1) as u64;
     let (mut tokens, mut usd) = bot_left(limits, used[limited.len()], month);
     for user in &used[..limited.len()] {

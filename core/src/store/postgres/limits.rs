@@ -11,7 +11,7 @@ use crate::domain::{ConversationId, Timestamp};
 use crate::store::faults::Operation;
 use crate::store::rules::{self, RateVerdict, conversation_of};
 use crate::store::{AccessRule, Charged, LimitStore, RateHold, Reservation, StoreError, Used};
-use crate::store::{BUSY_RETRY, LeaseCharge, RateCheck};
+use crate::store::{LeaseCharge, RateCheck, ScopeCharge};
 
 #[async_trait]
 impl LimitStore for PostgresStore {
@@ -70,64 +70,23 @@ impl LimitStore for PostgresStore {
 
     async fn charge_tokens(&self, charging: LeaseCharge<'_>) -> Result<Charged, StoreError> {
         let row = self.row(&charging.lease.key, &charging.lease.holder);
-        // Budget rows are locked in one order, sorted once here (by scope, each
-        // scope once), every row of the charge before any is written: concurrent
-        // charges queue on the first row they share and never deadlock.
+        // Budget rows are locked in one order, sorted once here (by scope, then
+        // period key, each row once), every row of the charge before any is written:
+        // concurrent charges queue on the first row they share and never deadlock.
         let scopes = crate::store::rules::sorted_scopes(&charging.charge.scopes);
-        // Only a hold or a reservation names the conversation (a summary's charge is
-        // under its summary lease, and neither holds nor reserves).
-        let conversation = || conversation_of(charging.lease);
         transaction!(self, Operation::Other, "charging tokens", |tx| {
             async {
                 let now = self.now(&tx, charging.now).await?;
                 ensure_lease(&tx, charging.lease, &row, now).await?;
-                for scope in &scopes {
-                    let row_day = scope.row_day(&charging.charge.day);
-                    execute(
-                        &tx,
-                        "INSERT INTO token_usage (scope, day, tokens) VALUES ($1, $2, 0)
-                         ON CONFLICT (scope, day) DO NOTHING",
-                        &[&scope.scope, &row_day],
-                        "reading a budget",
-                    )
-                    .await?;
-                    // Budgets: what a scope used is read under its row lock, so two
-                    // charges never both fit the same remainder.
-                    let used = query_one(
-                        &tx,
-                        "SELECT tokens, cost FROM token_usage WHERE scope = $1 AND day = $2 FOR UPDATE",
-                        &[&scope.scope, &row_day],
-                        "reading a budget",
-                    )
-                    .await?;
-                    let (tokens, cost): (i64, i64) = (used.get(0), used.get(1));
-                    if let Some(over) = rules::over_budget(scope, tokens, cost) {
-                        // Refused only by other rounds' open reservations (committed
-                        // with the charges this row lock waited for), a reservation
-                        // tries again once they settle.
-                        let busy = charging.charge.reservation == Reservation::Reserve
-                            && rules::busy_only(
-                                scope,
-                                tokens,
-                                cost,
-                                reserved_by_others(&tx, scope, &row_day, charging.lease).await?,
-                            );
-                        if let Some(until) = charging.charge.hold_until {
-                            let until = if busy {
-                                now.to_db(charging.now).plus(BUSY_RETRY)
-                            } else {
-                                now.to_db(until)
-                            };
-                            hold_timer(&tx, conversation(), until).await?;
-                        }
-                        return Ok(if busy {
-                            Charged::Busy {
-                                scope: scope.scope.clone(),
-                            }
-                        } else {
-                            over
-                        });
+                if let Some((refused, hold)) = refusal(&tx, &charging, &scopes).await? {
+                    // Only a hold or a reservation names the conversation (a summary's
+                    // charge is under its summary lease, and neither holds nor
+                    // reserves).
+                    if let Some(until) = hold {
+                        let conversation = conversation_of(charging.lease);
+                        hold_timer(&tx, conversation, now.to_db(until)).await?;
                     }
+                    return Ok(refused);
                 }
                 for scope in &scopes {
                     // Totals are only ever added to, never written back from a read.
@@ -140,36 +99,7 @@ impl LimitStore for PostgresStore {
                     )
                     .await?;
                 }
-                match charging.charge.reservation {
-                    Reservation::None => {}
-                    Reservation::Reserve => {
-                        // Every reservation expires: recorded under the lease's token, it
-                        // is given back at the next claim unless settled.
-                        for scope in &scopes {
-                            execute(
-                                &tx,
-                                "INSERT INTO token_reservations (conversation_id, lease_token, day, scope, tokens, cost)
-                                 VALUES ($1, $2, $3, $4, $5, $6)
-                                 ON CONFLICT (conversation_id, lease_token, day, scope)
-                                 DO UPDATE SET tokens = token_reservations.tokens + EXCLUDED.tokens,
-                                               cost = token_reservations.cost + EXCLUDED.cost",
-                                &[&conversation().0, &charging.lease.token.0, &scope.row_day(&charging.charge.day), &scope.scope, &scope.tokens, &scope.cost],
-                                "recording a reservation",
-                            )
-                            .await?;
-                        }
-                    }
-                    Reservation::Settle => {
-                        execute(
-                            &tx,
-                            "DELETE FROM token_reservations WHERE conversation_id = $1 AND lease_token = $2",
-                            &[&conversation().0, &charging.lease.token.0],
-                            "settling a reservation",
-                        )
-                        .await?;
-                    }
-                }
-                Ok(Charged::Charged)
+                keep_reservation(&tx, &charging, &scopes).await
             }
             .await
         })
@@ -269,11 +199,103 @@ pub(super) fn access_rules_of(rows: Vec<Row>) -> Result<Vec<AccessRule>, StoreEr
         .collect()
 }
 
+/// Lock every budget row of the charge (`scopes`, in order; a missing row made
+/// first), and answer the first budget the charge would pass, with the hold it puts
+/// on the caller's timeline ([`rules::refusal`]); `None`: every budget has room.
+async fn refusal(
+    tx: &Tx<'_>,
+    charging: &LeaseCharge<'_>,
+    scopes: &[ScopeCharge],
+) -> Result<Option<(Charged, Option<Timestamp>)>, StoreError> {
+    let charge = charging.charge;
+    for scope in scopes {
+        let row_day = scope.row_day(&charge.day);
+        execute(
+            tx,
+            "INSERT INTO token_usage (scope, day, tokens) VALUES ($1, $2, 0)
+             ON CONFLICT (scope, day) DO NOTHING",
+            &[&scope.scope, &row_day],
+            "reading a budget",
+        )
+        .await?;
+        // Budgets: what a scope used is read under its row lock, so two charges never
+        // both fit the same remainder.
+        let used = query_one(
+            tx,
+            "SELECT tokens, cost FROM token_usage WHERE scope = $1 AND day = $2 FOR UPDATE",
+            &[&scope.scope, &row_day],
+            "reading a budget",
+        )
+        .await?;
+        let (tokens, cost): (i64, i64) = (used.get(0), used.get(1));
+        if let Some(over) = rules::over_budget(scope, tokens, cost) {
+            // Refused only by other rounds' open reservations (committed with the
+            // charges this row lock waited for), a reservation tries again once they
+            // settle.
+            let busy = charge.reservation == Reservation::Reserve
+                && rules::busy_only(
+                    scope,
+                    tokens,
+                    cost,
+                    reserved_by_others(tx, scope, &row_day, charging.lease).await?,
+                );
+            return Ok(Some(rules::refusal(
+                over,
+                busy,
+                charge.hold_until,
+                charging.now,
+            )));
+        }
+    }
+    Ok(None)
+}
+
+/// What a charged charge does to the lease's reservation: a `Reserve` is recorded
+/// under the lease's token on each row it charged (given back at the next claim
+/// unless settled), a `Settle` forgets the lease's record.
+async fn keep_reservation(
+    tx: &Tx<'_>,
+    charging: &LeaseCharge<'_>,
+    scopes: &[ScopeCharge],
+) -> Result<Charged, StoreError> {
+    let (lease, charge) = (charging.lease, charging.charge);
+    match charge.reservation {
+        Reservation::None => {}
+        Reservation::Reserve => {
+            // Every reservation expires: recorded under the lease's token, it is
+            // given back at the next claim unless settled.
+            for scope in scopes {
+                execute(
+                    tx,
+                    "INSERT INTO token_reservations (conversation_id, lease_token, day, scope, tokens, cost)
+                     VALUES ($1, $2, $3, $4, $5, $6)
+                     ON CONFLICT (conversation_id, lease_token, day, scope)
+                     DO UPDATE SET tokens = token_reservations.tokens + EXCLUDED.tokens,
+                                   cost = token_reservations.cost + EXCLUDED.cost",
+                    &[&conversation_of(lease).0, &lease.token.0, &scope.row_day(&charge.day), &scope.scope, &scope.tokens, &scope.cost],
+                    "recording a reservation",
+                )
+                .await?;
+            }
+        }
+        Reservation::Settle => {
+            execute(
+                tx,
+                "DELETE FROM token_reservations WHERE conversation_id = $1 AND lease_token = $2",
+                &[&conversation_of(lease).0, &lease.token.0],
+                "settling a reservation",
+            )
+            .await?;
+        }
+    }
+    Ok(Charged::Charged)
+}
+
 /// The tokens and nano-dollars other rounds (any lease but `lease`) reserved on the
 /// budget row (`scope`, `row_day`) and have not settled.
 async fn reserved_by_others(
     tx: &Tx<'_>,
-    scope: &crate::store::ScopeCharge,
+    scope: &ScopeCharge,
     row_day: &str,
     lease: &crate::domain::Lease,
 ) -> Result<(i64, i64), StoreError> {

@@ -9,7 +9,7 @@ use super::sql::Context;
 use crate::domain::{ConversationId, Lease, Timestamp};
 use crate::store::rules::{self, RateVerdict, conversation_of};
 use crate::store::{AccessRule, Charged, LimitStore, RateHold, Reservation, StoreError, Used};
-use crate::store::{BUSY_RETRY, LeaseCharge, RateCheck, ScopeCharge};
+use crate::store::{LeaseCharge, RateCheck, ScopeCharge, TokenCharge};
 
 #[async_trait]
 impl LimitStore for SqliteStore {
@@ -71,47 +71,16 @@ impl LimitStore for SqliteStore {
         self.write("charging tokens", move |tx| {
             // Budgets: charged under the lease, fenced like the final check.
             ensure_lease(tx, &lease, &row.resource, charging.now)?;
-            // Only a hold or a reservation names the conversation (a summary's charge is
-            // under its summary lease, and neither holds nor reserves).
-            let conversation = || conversation_of(&lease);
             // One order for every charge (SQLite has one writer; PostgreSQL locks
             // the rows in this order).
             let scopes = crate::store::rules::sorted_scopes(&charge.scopes);
-            for scope in &scopes {
-                if !rules::budgeted(scope) {
-                    continue;
+            if let Some((refused, hold)) = refusal(tx, &charge, &scopes, &lease, charging.now)? {
+                // Only a hold or a reservation names the conversation (a summary's
+                // charge is under its summary lease, and neither holds nor reserves).
+                if let Some(until) = hold {
+                    hold_timer(tx, conversation_of(&lease), until)?;
                 }
-                let (tokens, cost): (i64, i64) = tx
-                    .prepare_cached(
-                        "SELECT COALESCE(MAX(tokens), 0), COALESCE(MAX(cost), 0) FROM token_usage WHERE scope = ?1 AND day = ?2",
-                    )
-                    .ctx("preparing a statement")?
-                    .query_row(params![scope.scope, scope.row_day(&charge.day)], |r| {
-                        Ok((r.get(0)?, r.get(1)?))
-                    })
-                    .ctx("reading a budget")?;
-                if let Some(over) = rules::over_budget(scope, tokens, cost) {
-                    // Budgets: refused only by other rounds' open reservations, a
-                    // reservation tries again once they settle.
-                    let busy = charge.reservation == Reservation::Reserve
-                        && rules::busy_only(
-                            scope,
-                            tokens,
-                            cost,
-                            reserved_by_others(tx, scope, &charge.day, &lease)?,
-                        );
-                    if let Some(until) = charge.hold_until {
-                        let until = if busy { charging.now.plus(BUSY_RETRY) } else { until };
-                        hold_timer(tx, conversation(), until)?;
-                    }
-                    return Ok(if busy {
-                        Charged::Busy {
-                            scope: scope.scope.clone(),
-                        }
-                    } else {
-                        over
-                    });
-                }
+                return Ok(refused);
             }
             for scope in &scopes {
                 // Budgets: totals are only added to (never written back from a read),
@@ -126,43 +95,7 @@ impl LimitStore for SqliteStore {
                 .execute(params![scope.scope, scope.row_day(&charge.day), scope.tokens, scope.cost])
                 .ctx("charging tokens")?;
             }
-            match charge.reservation {
-                Reservation::None => {}
-                Reservation::Reserve => {
-                    // Budgets: every reservation expires: recorded under the lease's
-                    // token, it is given back at the next claim unless settled.
-                    let mut record = tx
-                        .prepare_cached(
-                            "INSERT INTO token_reservations (conversation_id, lease_token, day, scope, tokens, cost)
-                             VALUES (?1, ?2, ?3, ?4, ?5, ?6)
-                             ON CONFLICT (conversation_id, lease_token, day, scope)
-                             DO UPDATE SET tokens = token_reservations.tokens + excluded.tokens,
-                                           cost = token_reservations.cost + excluded.cost",
-                        )
-                        .ctx("recording a reservation")?;
-                    for scope in &scopes {
-                        record
-                            .execute(params![
-                                conversation().0,
-                                lease.token.0,
-                                scope.row_day(&charge.day),
-                                scope.scope,
-                                scope.tokens,
-                                scope.cost
-                            ])
-                            .ctx("recording a reservation")?;
-                    }
-                }
-                Reservation::Settle => {
-                    tx.prepare_cached(
-                        "DELETE FROM token_reservations WHERE conversation_id = ?1 AND lease_token = ?2",
-                    )
-                    .ctx("preparing a statement")?
-                    .execute(params![conversation().0, lease.token.0])
-                    .ctx("settling a reservation")?;
-                }
-            }
-            Ok(Charged::Charged)
+            keep_reservation(tx, &charge, &scopes, &lease)
         })
         .await
     }
@@ -229,6 +162,89 @@ impl LimitStore for SqliteStore {
     async fn access_rules(&self) -> Result<Vec<AccessRule>, StoreError> {
         self.with_conn(|conn| read_access_rules(conn)).await
     }
+}
+
+/// The first budget of `scopes` the charge would pass, as the charge answers it with
+/// the hold it puts ([`rules::refusal`]); `None`: every budget has room.
+fn refusal(
+    tx: &Connection,
+    charge: &TokenCharge,
+    scopes: &[ScopeCharge],
+    lease: &Lease,
+    now: Timestamp,
+) -> Result<Option<(Charged, Option<Timestamp>)>, StoreError> {
+    for scope in scopes.iter().filter(|s| rules::budgeted(s)) {
+        let (tokens, cost): (i64, i64) = tx
+            .prepare_cached(
+                "SELECT COALESCE(MAX(tokens), 0), COALESCE(MAX(cost), 0) FROM token_usage WHERE scope = ?1 AND day = ?2",
+            )
+            .ctx("preparing a statement")?
+            .query_row(params![scope.scope, scope.row_day(&charge.day)], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .ctx("reading a budget")?;
+        if let Some(over) = rules::over_budget(scope, tokens, cost) {
+            // Budgets: refused only by other rounds' open reservations, a reservation
+            // tries again once they settle.
+            let busy = charge.reservation == Reservation::Reserve
+                && rules::busy_only(
+                    scope,
+                    tokens,
+                    cost,
+                    reserved_by_others(tx, scope, &charge.day, lease)?,
+                );
+            return Ok(Some(rules::refusal(over, busy, charge.hold_until, now)));
+        }
+    }
+    Ok(None)
+}
+
+/// What a charged charge does to the lease's reservation: a `Reserve` is recorded
+/// under the lease's token on each row it charged (given back at the next claim
+/// unless settled), a `Settle` forgets the lease's record.
+fn keep_reservation(
+    tx: &Connection,
+    charge: &TokenCharge,
+    scopes: &[ScopeCharge],
+    lease: &Lease,
+) -> Result<Charged, StoreError> {
+    match charge.reservation {
+        Reservation::None => {}
+        Reservation::Reserve => {
+            // Budgets: every reservation expires: recorded under the lease's token, it
+            // is given back at the next claim unless settled.
+            let mut record = tx
+                .prepare_cached(
+                    "INSERT INTO token_reservations (conversation_id, lease_token, day, scope, tokens, cost)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                     ON CONFLICT (conversation_id, lease_token, day, scope)
+                     DO UPDATE SET tokens = token_reservations.tokens + excluded.tokens,
+                                   cost = token_reservations.cost + excluded.cost",
+                )
+                .ctx("recording a reservation")?;
+            for scope in scopes {
+                record
+                    .execute(params![
+                        conversation_of(lease).0,
+                        lease.token.0,
+                        scope.row_day(&charge.day),
+                        scope.scope,
+                        scope.tokens,
+                        scope.cost
+                    ])
+                    .ctx("recording a reservation")?;
+            }
+        }
+        Reservation::Settle => {
+            tx.prepare_cached(
+                "DELETE FROM token_reservations WHERE conversation_id = ?1 AND lease_token = ?2",
+            )
+            .ctx("preparing a statement")?
+            .execute(params![conversation_of(lease).0, lease.token.0])
+            .ctx("settling a reservation")?;
+        }
+    }
+    Ok(Charged::Charged)
 }
 
 /// The tokens and nano-dollars other rounds (any lease but `lease`) reserved on

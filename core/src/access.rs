@@ -45,6 +45,14 @@ impl AccessList {
         !self.everyone && self.platforms.is_empty() && self.ids.is_empty()
     }
 
+    /// Whether the list admits anyone at all on `platform` (what `lull check` asks of a
+    /// configured platform).
+    pub fn names_any(&self, platform: Platform) -> bool {
+        self.everyone
+            || self.platforms.contains(&platform)
+            || self.ids.iter().any(|(p, _)| *p == platform)
+    }
+
     /// The entry an owner adds to allow this user.
     pub fn entry_for(platform: Platform, user_id: &str) -> String {
         format!("{platform}:{user_id}")
@@ -127,6 +135,11 @@ impl Admins {
 
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
+    }
+
+    /// Whether an admin is named on `platform`.
+    pub fn any_on(&self, platform: Platform) -> bool {
+        self.0.iter().any(|(p, _)| *p == platform)
     }
 
     /// The admins as written, sorted.

@@ -431,6 +431,11 @@ pub(super) mod tests {
         Cli::try_parse_from(argv).expect("parses").settings
     }
 
+    /// The configuration of `args` (no environment of lull's own set).
+    pub(crate) fn config_of(args: &[&str]) -> Config {
+        Config::from_settings(&settings(args)).expect("a valid configuration")
+    }
+
     /// Each case's settings are refused with an error naming its variable.
     pub(crate) fn assert_errors_name(cases: &[(&[&str], &str)]) {
         for (args, variable) in cases {

@@ -473,3 +473,53 @@ fn a_broken_env_file_is_named_by_line_and_never_shown() {
     assert!(stderr.contains("line 4 does not parse"), "{stderr}");
     assert!(!stderr.contains("sk-never-shown"), "{stderr}");
 }
+
+/// A newcomer's configurations that run but are not what they meant: Telegram with
+/// nobody admitted and the echo responder answering it, replies posted back to lull
+/// itself. Each is a `warn` line naming what to set; warnings alone pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_warns_of_a_newcomers_configurations() {
+    let dir = tempfile::tempdir().unwrap();
+    let (telegram, _discord) = platform_fakes().await;
+    let port = free_port();
+    let (code, report) = lull_check(vec![
+        (
+            "DATABASE_URL",
+            format!("sqlite:{}", dir.path().join("lull.db").display()),
+        ),
+        ("TELEGRAM_BOT_TOKEN", telegram.token.clone()),
+        ("TELEGRAM_API_URL", telegram.url.clone()),
+        ("LULL_HTTP_ADDR", format!("127.0.0.1:{port}")),
+        (
+            "LULL_WEBHOOK_URL",
+            format!("http://localhost:{port}/replies"),
+        ),
+    ])
+    .await;
+    eprintln!("{report}");
+    assert_eq!(code, Some(0), "warnings alone pass:\n{report}");
+    for expected in [
+        "warn  access        nobody on Telegram can use the bot",
+        "LULL_ALLOWED_USERS=telegram:<your id>",
+        "warn  model         the offline echo responder answers Telegram",
+        "warn  http adapter  LULL_WEBHOOK_URL",
+        "replies would be posted back to lull",
+    ] {
+        assert!(
+            report.contains(expected),
+            "missing '{expected}' in:\n{report}"
+        );
+    }
+    // Admitting someone there ends the first warning.
+    let (_, report) = lull_check(vec![
+        (
+            "DATABASE_URL",
+            format!("sqlite:{}", dir.path().join("lull.db").display()),
+        ),
+        ("TELEGRAM_BOT_TOKEN", telegram.token.clone()),
+        ("TELEGRAM_API_URL", telegram.url.clone()),
+        ("LULL_ALLOWED_USERS", "telegram:42".into()),
+    ])
+    .await;
+    assert!(!report.contains("nobody on Telegram"), "{report}");
+}

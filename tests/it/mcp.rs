@@ -561,7 +561,7 @@ async fn lull_check_lists_each_servers_tools_and_names_a_broken_one() {
     let report = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{report}");
     assert!(
-        report.contains("ok    mcp           t: 2 tools (lookup, append)"),
+        report.contains("ok    mcp           t: 2 tools (lookup: read-only, append: acts once)"),
         "{report}"
     );
     let broken = report

@@ -1,6 +1,9 @@
 //! `lull check`: validate the configuration and try every connection it names, then
-//! print a readable report. Each failed line names the variable to fix. It changes
+//! print a readable report. Each failed line names the variable to fix; `warn` lines
+//! ([`warnings`]) name what runs but is likely not meant, and pass. It changes
 //! nothing: the database is inspected read-only (no file created, no migration).
+
+mod warnings;
 
 use std::fmt;
 use std::time::Duration;
@@ -74,6 +77,7 @@ pub(crate) async fn run(config: &Config) -> Vec<Finding> {
     let (database, found) = database(config).await;
     findings.push(database);
     findings.push(ok("access", access(config, &found.access)));
+    findings.extend(warnings::warnings(config, &found.access));
     findings.push(jobs(config, &found.jobs));
     findings.push(ok("limits", config.dispatch.limits.describe()));
     findings.push(ok("prices", config.dispatch.limits.prices.describe()));
@@ -174,10 +178,10 @@ async fn mcp(tools: &crate::config::ToolsConfig) -> Vec<Finding> {
         .into_iter()
         .map(|server| {
             if server.state == "ready" {
-                let names: Vec<&str> = offered
+                let names: Vec<String> = offered
                     .iter()
                     .filter(|t| t.server == server.name)
-                    .map(|t| t.tool.as_str())
+                    .map(|t| format!("{}: {}", t.tool, class(t.effect)))
                     .collect();
                 ok(
                     "mcp",
@@ -204,6 +208,17 @@ async fn mcp(tools: &crate::config::ToolsConfig) -> Vec<Finding> {
         .collect();
     toolbox.shutdown().await;
     findings
+}
+
+/// A tool's class as `lull check` shows it: what a call of it does.
+fn class(effect: lull_core::tools::Effect) -> &'static str {
+    use lull_core::tools::Effect;
+    match effect {
+        Effect::ReadOnly => "read-only",
+        Effect::Acts { .. } => "acts once",
+        Effect::Destructive { .. } => "waits for /approve",
+        Effect::WithReply => "written with the reply",
+    }
 }
 
 fn describe(config: &Config) -> String {

@@ -402,15 +402,25 @@ impl Cli {
                         .and_then(|a| a.get_env().map(|v| v.to_string_lossy().into_owned())),
                     _ => None,
                 };
+                let value = match e.get(ContextKind::InvalidValue) {
+                    Some(ContextValue::String(value)) => value.clone(),
+                    _ => String::new(),
+                };
                 match variable {
                     Some(variable) => {
-                        eprintln!(
-                            "lull: invalid {variable}: {}",
-                            e.render()
+                        let why = match expected_form(&variable) {
+                            Some(form) => format!("{value:?} is not {form}"),
+                            None => e
+                                .render()
                                 .to_string()
                                 .trim_start_matches("error: ")
-                                .trim_end()
-                        );
+                                .lines()
+                                .take_while(|l| !l.trim().is_empty())
+                                .map(str::trim)
+                                .collect::<Vec<_>>()
+                                .join(" "),
+                        };
+                        eprintln!("lull: invalid {variable}: {why}");
                         std::process::exit(2);
                     }
                     None => e.exit(),
@@ -418,6 +428,35 @@ impl Cli {
             }
             Err(e) => e.exit(),
         }
+    }
+}
+
+/// The form a numeric variable expects, by its name, as an error says it: whole
+/// milliseconds for `…_MS`, seconds, days, or a whole number of something.
+fn expected_form(variable: &str) -> Option<&'static str> {
+    let whole = [
+        "_TOKENS",
+        "_PER_MIN",
+        "_CHARS",
+        "_MESSAGES",
+        "_BATCH",
+        "_RETRIES",
+        "_STEPS",
+        "_SHARDS",
+        "_BYTES",
+        "_PER_CHAT",
+        "_CONTEXT",
+    ];
+    if variable.ends_with("_MS") {
+        Some("whole milliseconds (a number such as 1500)")
+    } else if variable.ends_with("_SECONDS") {
+        Some("whole seconds (a number such as 300)")
+    } else if variable.ends_with("_DAYS") {
+        Some("whole days (a number such as 30)")
+    } else if whole.iter().any(|w| variable.ends_with(w)) {
+        Some("a whole number (such as 100)")
+    } else {
+        None
     }
 }
 

@@ -151,6 +151,20 @@ fn a_backup_never_overwrites_and_postgres_is_pointed_to_pg_dump() {
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("never overwrites"), "{stderr}");
     assert_eq!(std::fs::read(&target).unwrap(), b"an earlier backup");
+    // A folder that does not exist is named, with how to make it.
+    let missing = dir.path().join("backups/daily");
+    let (code, _, stderr) = lull_backup(
+        &format!("sqlite:{}", source.display()),
+        &missing.join("copy.db"),
+    );
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "the folder {} does not exist (create it first: mkdir -p",
+            missing.display()
+        )),
+        "{stderr}"
+    );
     let (code, _, stderr) = lull_backup(
         "postgres://lull:s3cret-pw@127.0.0.1:9/lull",
         &dir.path().join("pg.db"),

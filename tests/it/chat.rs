@@ -92,11 +92,36 @@ fn commands_answer_without_the_model() {
     assert!(!stdout.contains("[echo]"));
 }
 
+/// `/status` right after `/prompt` says nothing waits: the command's own notice, not
+/// yet delivered, is not a message waiting for an answer.
+#[test]
+fn status_right_after_a_prompt_says_nothing_waits() {
+    let db = temp_db();
+    let out = lull_chat(&db.path, "/prompt Be short.\n/status\n", &[]);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("Waiting for an answer: nothing"),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn bad_settings_stop_the_program_naming_the_variable() {
     let db = temp_db();
     for (variable, value, expected) in [
         ("LULL_DEBOUNCE_MS", "soon", "LULL_DEBOUNCE_MS"),
+        // A number says the form it expects.
+        (
+            "LULL_DEBOUNCE_MS",
+            "1.5s",
+            "invalid LULL_DEBOUNCE_MS: \"1.5s\" is not whole milliseconds (a number such as 1500)",
+        ),
+        (
+            "LULL_MAX_AUDIO_SECONDS",
+            "5m",
+            "\"5m\" is not whole seconds",
+        ),
         ("LULL_MAX_WAIT_MS", "100", "LULL_DEBOUNCE_MS"),
         ("LULL_ECHO_DELAY_MS", "9..1", "LULL_ECHO_DELAY_MS"),
         ("DATABASE_URL", "mysql://db", "DATABASE_URL"),

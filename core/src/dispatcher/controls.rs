@@ -303,7 +303,8 @@ async fn status(d: &Dispatcher, incoming: &Incoming, now: Timestamp) -> Result<S
         .persona
         .as_deref()
         .filter(|p| controls.personas.contains_key(*p));
-    let pending = d.store.is_settled(&incoming.conversation).await? == Some(false);
+    // Messages waiting for a reply (not the notice of the command just before).
+    let pending = d.store.awaits_reply(&incoming.conversation).await?;
     let platform = incoming.conversation.platform;
     let day = d.settings.limits.timezone.day(now);
     let used = d

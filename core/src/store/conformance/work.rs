@@ -94,16 +94,19 @@ pub async fn due_work_includes_undelivered_outbox_rows(store: &dyn Store) {
 }
 
 /// A conversation is settled with nothing pending, no timer and nothing undelivered;
-/// the pending count counts conversations waiting for a reply.
+/// it awaits a reply only while a message is pending; the pending count counts
+/// conversations waiting for a reply.
 pub async fn settled_and_pending_conversations(store: &dyn Store) {
     let a = holder("a");
     let c1 = http("c1");
     assert_eq!(store.is_settled(&c1).await.unwrap(), None, "unknown");
+    assert!(!store.awaits_reply(&c1).await.unwrap());
     assert_eq!(store.pending_conversations().await.unwrap(), 0);
     let (id, _, _) = stored(store, message(c1.clone(), "m1"), &a, at(0)).await;
     stored(store, message(http("c2"), "m1"), &a, at(0)).await;
     assert_eq!(store.pending_conversations().await.unwrap(), 2);
     assert_eq!(store.is_settled(&c1).await.unwrap(), Some(false), "pending");
+    assert!(store.awaits_reply(&c1).await.unwrap(), "pending");
     let lease = claimed(store, id, &a, at(1000)).await;
     let batch = collect(store, id).await;
     let (outbox, _) = committed(store, &lease, &batch, "answer", at(1000)).await;
@@ -112,6 +115,10 @@ pub async fn settled_and_pending_conversations(store: &dyn Store) {
         store.is_settled(&c1).await.unwrap(),
         Some(false),
         "undelivered"
+    );
+    assert!(
+        !store.awaits_reply(&c1).await.unwrap(),
+        "answered, only the delivery is left"
     );
     mark(store, outbox, 1, true, at(1100)).await;
     assert_eq!(store.is_settled(&c1).await.unwrap(), Some(true));

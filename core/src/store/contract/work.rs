@@ -42,6 +42,12 @@ pub trait WorkStore: Send + Sync + 'static {
     /// undelivered outbox row. `None` if the conversation does not exist.
     async fn is_settled(&self, conversation: &ConversationRef) -> Result<Option<bool>, StoreError>;
 
+    /// Whether a conversation's messages wait for a reply: a message not yet answered
+    /// or a timer armed (what `/status` calls waiting). Unlike [`WorkStore::is_settled`],
+    /// an undelivered notice (the answer to a command) is not waiting. `false` for an
+    /// unknown conversation.
+    async fn awaits_reply(&self, conversation: &ConversationRef) -> Result<bool, StoreError>;
+
     /// How many conversations have messages waiting for a reply.
     async fn pending_conversations(&self) -> Result<u64, StoreError>;
 

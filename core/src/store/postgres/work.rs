@@ -112,6 +112,27 @@ impl WorkStore for PostgresStore {
         )
     }
 
+    async fn awaits_reply(&self, conversation: &ConversationRef) -> Result<bool, StoreError> {
+        transaction!(
+            self,
+            Operation::Read,
+            "checking whether a conversation waits for a reply",
+            |tx| async {
+                let row = query_opt(
+                    &tx,
+                    "SELECT c.version <> c.answered_version
+                        OR EXISTS (SELECT 1 FROM timers t WHERE t.conversation_id = c.id)
+                 FROM conversations c WHERE c.platform = $1 AND c.key = $2",
+                    &[&conversation.platform.as_str(), &conversation.key],
+                    "checking whether a conversation waits for a reply",
+                )
+                .await?;
+                Ok(row.is_some_and(|r| r.get(0)))
+            }
+            .await
+        )
+    }
+
     async fn pending_conversations(&self) -> Result<u64, StoreError> {
         transaction!(
             self,

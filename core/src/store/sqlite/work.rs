@@ -94,6 +94,26 @@ impl WorkStore for SqliteStore {
         .await
     }
 
+    async fn awaits_reply(&self, conversation: &ConversationRef) -> Result<bool, StoreError> {
+        let conversation = conversation.clone();
+        self.with_conn(move |conn| {
+            conn.prepare_cached(
+                "SELECT c.version <> c.answered_version
+                        OR EXISTS (SELECT 1 FROM timers t WHERE t.conversation_id = c.id)
+                 FROM conversations c WHERE c.platform = ?1 AND c.key = ?2",
+            )
+            .ctx("preparing a statement")?
+            .query_row(
+                params![conversation.platform.as_str(), conversation.key],
+                |r| r.get(0),
+            )
+            .optional()
+            .map(|waits| waits.unwrap_or(false))
+            .ctx("checking whether a conversation waits for a reply")
+        })
+        .await
+    }
+
     async fn pending_conversations(&self) -> Result<u64, StoreError> {
         self.with_conn(|conn| {
             // Kept by triggers on timers: one row, whatever the number of conversations.

@@ -4,6 +4,25 @@
 use clap::Args;
 use lull_core::access::{Access, AccessList, Admins};
 
+/// What admins may do, one literal for `--help` ([`ADMINS_HELP`]) and [`ADMIN_POWERS`].
+macro_rules! admin_powers {
+    () => {
+        "they alone change a group's conversation (/new, /stop, /retry, /model, /persona, its memory and jobs), set a chat's /prompt, see others' /usage, /allow or /deny at run time, and use admins-only tools; the per-user limits do not bind them"
+    };
+}
+
+/// What admins may do, said the same in `--help`, `.env.example` and the docs (a
+/// documentation test compares them).
+#[cfg(test)]
+pub(crate) const ADMIN_POWERS: &str = admin_powers!();
+
+/// `LULL_ADMINS`'s `--help`: the entries' form, [`ADMIN_POWERS`], the default.
+const ADMINS_HELP: &str = concat!(
+    "Admins, platform:user_id entries: ",
+    admin_powers!(),
+    " [default: none]"
+);
+
 /// `LULL_ALLOWED_USERS`, `LULL_ALLOWED_CHATS`, `LULL_ADMINS`.
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Access")]
@@ -27,10 +46,11 @@ pub(crate) struct AccessArgs {
         value_parser = chat_list
     )]
     pub allowed_chats: AccessList,
-    /// Admins, `platform:user_id` entries: they alone /reset groups, see others' /usage, and /allow or /deny users and chats at run time [default: none]
+    /// Admins, `platform:user_id` entries ([`ADMIN_POWERS`]) [default: none]
     #[arg(
         long,
         global = true,
+        help = ADMINS_HELP,
         env = "LULL_ADMINS",
         default_value = "",
         hide_default_value = true

@@ -88,3 +88,31 @@ fn env_example_mentions_every_variable() {
         );
     }
 }
+
+/// What admins may do reads the same in `--help`, `.env.example` (where the comment
+/// wraps its lines), the configuration table and the access page.
+#[test]
+fn the_admins_powers_read_the_same_everywhere() {
+    use super::access::ADMIN_POWERS;
+    let flat = |text: &str| {
+        text.lines()
+            .map(|l| l.trim_start_matches('#').trim())
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let help = Cli::command().render_long_help().to_string();
+    assert!(flat(&help).contains(ADMIN_POWERS), "--help");
+    for (name, text) in [
+        (".env.example", include_str!("../../.env.example")),
+        (
+            "docs/configuration.md",
+            include_str!("../../docs/configuration.md"),
+        ),
+        (
+            "docs/access-and-costs.md",
+            include_str!("../../docs/access-and-costs.md"),
+        ),
+    ] {
+        assert!(flat(text).contains(ADMIN_POWERS), "{name}");
+    }
+}

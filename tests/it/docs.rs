@@ -42,7 +42,7 @@ const RUN: &[(&str, &str)] = &[
         HTTP_EXAMPLE,
     ),
     (
-        "until lull healthcheck >/dev/null 2>&1; do sleep 0.2; done",
+        "for _ in $(seq 50); do lull healthcheck >/dev/null 2>&1 && break; sleep 0.2; done",
         HTTP_EXAMPLE,
     ),
     (

@@ -78,6 +78,30 @@ impl Screen {
     }
 }
 
+/// What marks a reply apart from the lines typed at a terminal: `lull ›` in bold
+/// before its first line, the others indented under it.
+const REPLY_MARK: &str = "\x1b[1mlull ›\x1b[0m ";
+/// The width of [`REPLY_MARK`] as shown.
+const REPLY_INDENT: &str = "       ";
+
+/// A reply as printed: at a terminal marked apart from what the user types (they
+/// share the screen); into a pipe or a file, as is (scripts read replies alone).
+pub fn reply_text(text: &str, terminal: bool) -> String {
+    if !terminal {
+        return text.to_owned();
+    }
+    let mut lines = text.split('\n');
+    let mut shown = format!("{REPLY_MARK}{}", lines.next().unwrap_or_default());
+    for line in lines {
+        shown.push('\n');
+        if !line.is_empty() {
+            shown.push_str(REPLY_INDENT);
+        }
+        shown.push_str(line);
+    }
+    shown
+}
+
 /// The last [`DRAFT_LINES`] lines of `text` wrapped at [`DRAFT_COLUMNS`] characters.
 pub fn draft_lines(text: &str) -> Vec<String> {
     let mut lines: Vec<String> = Vec::new();
@@ -139,9 +163,10 @@ impl Outbound for ConsoleOutbound {
 
     async fn send(&self, part: &OutgoingPart<'_>) -> Result<(), SendError> {
         let mut screen = self.screen.lock().expect("console output poisoned");
+        let shown = reply_text(part.text, screen.terminal);
         screen
             .erase_draft()
-            .and_then(|()| writeln!(screen.out, "{}\n", part.text))
+            .and_then(|()| writeln!(screen.out, "{shown}\n"))
             .and_then(|()| screen.out.flush())
             .map_err(write_error)
     }
@@ -286,8 +311,8 @@ mod tests {
         console.send(&reply("Hello,\nworld!")).await.unwrap();
         assert_eq!(
             out.take(),
-            "\r\x1b[1A\x1b[J\x1b[?7hHello,\nworld!\n\n",
-            "two lines erased, wrapping back on, then the reply"
+            "\r\x1b[1A\x1b[J\x1b[?7h\x1b[1mlull ›\x1b[0m Hello,\n       world!\n\n",
+            "two lines erased, wrapping back on, then the reply marked apart from typing"
         );
         console.end_draft();
         assert_eq!(out.take(), "", "nothing left to erase");

@@ -71,7 +71,9 @@ fn main() -> ExitCode {
     let command = cli.command.unwrap_or(Command::Run);
     let default_filter = match command {
         Command::Run => "info",
-        Command::Chat | Command::Check | Command::Healthcheck | Command::Backup { .. } => "warn",
+        // Its report says it all; the MCP SDK's own lines would only repeat it worse.
+        Command::Check => "off",
+        Command::Chat | Command::Healthcheck | Command::Backup { .. } => "warn",
     };
     let filter = cli.settings.log_filter.as_deref().unwrap_or(default_filter);
     if let Err(e) = crate::logging::init(cli.settings.log_format, filter) {

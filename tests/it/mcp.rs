@@ -559,7 +559,12 @@ async fn lull_check_lists_each_servers_tools_and_names_a_broken_one() {
     .await
     .unwrap();
     let report = String::from_utf8_lossy(&out.stdout);
+    let logs = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{report}");
+    assert!(
+        !logs.contains("rmcp") && !report.contains("rmcp::"),
+        "the SDK's own lines and type names stay out of check's output: {logs}{report}"
+    );
     assert!(
         report.contains("ok    mcp           t: 2 tools (lookup: read-only, append: acts once)"),
         "{report}"

@@ -424,9 +424,12 @@ async fn connect(server: &Arc<Server>) -> Result<(Running, Vec<Tool>), String> {
             if let Some(stderr) = stderr {
                 tokio::spawn(read_stderr(server.clone(), stderr));
             }
-            info.serve(transport)
-                .await
-                .map_err(|e| format!("initialize failed: {}", lull_port::secrets::chain(&e)))?
+            info.serve(transport).await.map_err(|e| {
+                format!(
+                    "initialize failed: {}",
+                    plain(&lull_port::secrets::chain(&e))
+                )
+            })?
         }
         Transport::Http { url, headers } => {
             use reqwest::header::{HeaderName, HeaderValue};
@@ -451,17 +454,56 @@ async fn connect(server: &Arc<Server>) -> Result<(Running, Vec<Tool>), String> {
                 format!(
                     "cannot connect to {}: {}",
                     lull_port::secrets::redact_url(url),
-                    lull_port::secrets::chain(&e)
+                    plain(&lull_port::secrets::chain(&e))
                 )
             })?
         }
     };
-    let tools = running
-        .peer()
-        .list_all_tools()
-        .await
-        .map_err(|e| format!("tools/list failed: {}", lull_port::secrets::chain(&e)))?;
+    let tools = running.peer().list_all_tools().await.map_err(|e| {
+        format!(
+            "tools/list failed: {}",
+            plain(&lull_port::secrets::chain(&e))
+        )
+    })?;
     Ok((running, tools))
+}
+
+/// An MCP client error as one plain sentence for people (`lull check`, `/healthz`,
+/// the logs): the SDK's Rust type names (`[rmcp::transport::…]`) and its request
+/// bookkeeping (`Send message error Transport`, `, when send initialize request`)
+/// left out, and the two failures a newcomer meets said in words: a server that
+/// closed its end before it answered (it exited at start), a URL nothing answers at.
+pub(crate) fn plain(text: &str) -> String {
+    let mut text = text.to_owned();
+    if let Some(at) = text.find(", when send ") {
+        text.truncate(at);
+    }
+    // Bracketed type names, brackets balanced (generics nest `<…>`, not brackets).
+    while let Some(start) = text.find(" [")
+        && let Some(len) = text[start..].find(']')
+        && text[start..start + len].contains("::")
+    {
+        text.replace_range(start..start + len + 1, "");
+    }
+    for noise in ["Send message error Transport error: ", "Client error: "] {
+        text = text.replace(noise, "");
+    }
+    if let Some(at) = text.find("error sending request for url") {
+        text.replace_range(
+            at..,
+            "nothing answered the request (is the server running, and is the URL right?)",
+        );
+    }
+    if let Some(at) = ["Broken pipe", "connection closed"]
+        .iter()
+        .find_map(|closed| text.find(closed))
+    {
+        text.replace_range(
+            at..,
+            "the server closed its end before it answered: it may have exited at start (run its command by hand to see why)",
+        );
+    }
+    text
 }
 
 /// Log the child's stderr (redacted, at debug level) and keep its last line.
@@ -664,6 +706,28 @@ pub fn output(result: &CallToolResult, max_chars: usize) -> ToolOutput {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_sdks_errors_read_as_plain_sentences() {
+        assert_eq!(
+            plain(
+                "Send message error Transport [rmcp::transport::child_process::TokioChildProcess] error: Broken pipe (os error 32), when send initialize request"
+            ),
+            "the server closed its end before it answered: it may have exited at start (run its command by hand to see why)"
+        );
+        assert_eq!(
+            plain(
+                "Send message error Transport [rmcp::transport::worker::WorkerTransport<rmcp::transport::streamable_http_client::StreamableHttpClientWorker<reqwest::async_impl::client::Client>>] error: Client error: error sending request for url (http://127.0.0.1:9/mcp), when send initialize request"
+            ),
+            "nothing answered the request (is the server running, and is the URL right?)"
+        );
+        assert_eq!(
+            plain("connection closed: initialize response"),
+            plain("Broken pipe (os error 32)"),
+            "the same failure, however the SDK words it"
+        );
+        assert_eq!(plain("a plain reason"), "a plain reason");
+    }
 
     #[test]
     fn names_fit_the_rule_and_are_unique() {

@@ -151,7 +151,7 @@ pub(crate) struct Settings {
         help_heading = "Database and logs"
     )]
     pub log_format: LogFormat,
-    /// Log filter, tracing's EnvFilter syntax [default: info; warn for `lull chat`]
+    /// Log filter, tracing's EnvFilter syntax [default: info; warn for `lull chat`, `healthcheck` and `backup`; none for `lull check`, whose report says it all]
     #[arg(
         long,
         global = true,
@@ -382,8 +382,13 @@ impl Cli {
     /// program with clap's message, prefixed with the variable it came from.
     pub(crate) fn parse_or_exit() -> Cli {
         use clap::CommandFactory;
+        use clap::FromArgMatches;
         use clap::error::{ContextKind, ContextValue, ErrorKind};
-        match Cli::try_parse() {
+        let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+        let parsed = command_for(&argv)
+            .try_get_matches_from(&argv)
+            .and_then(|matches| Cli::from_arg_matches(&matches));
+        match parsed {
             Ok(cli) => cli,
             Err(e)
                 if matches!(
@@ -428,6 +433,35 @@ impl Cli {
             }
             Err(e) => e.exit(),
         }
+    }
+}
+
+/// The settings a subcommand that needs few of them reads (by their field names): its
+/// `--help` shows those and hides the rest (every setting is global, for `run`,
+/// `chat` and `check`).
+const OWN_SETTINGS: [(&str, &[&str]); 2] = [
+    ("healthcheck", &["http_addr", "log_format", "log_filter"]),
+    ("backup", &["database_url", "log_format", "log_filter"]),
+];
+
+/// The command line as `argv` uses it: for `healthcheck` and `backup` (named anywhere
+/// in `argv`), the settings they do not read hidden from `--help`; they are still
+/// accepted, so an environment set for `lull run` works for them too.
+pub(crate) fn command_for(argv: &[std::ffi::OsString]) -> clap::Command {
+    use clap::CommandFactory;
+    let command = Cli::command();
+    let own = OWN_SETTINGS
+        .iter()
+        .find(|(name, _)| argv.iter().skip(1).any(|a| a == name));
+    match own {
+        Some((_, keep)) => command.mut_args(|arg| {
+            if arg.is_global_set() && !keep.contains(&arg.get_id().as_str()) {
+                arg.hide(true)
+            } else {
+                arg
+            }
+        }),
+        None => command,
     }
 }
 

@@ -523,3 +523,50 @@ async fn check_warns_of_a_newcomers_configurations() {
     .await;
     assert!(!report.contains("nobody on Telegram"), "{report}");
 }
+
+/// Each subcommand's `--help` lists the settings it reads: `healthcheck` its address,
+/// `backup` its database (both still accept the rest, so one environment serves
+/// all); `run` every one.
+#[test]
+fn each_subcommands_help_lists_its_own_settings() {
+    let help = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_lull"))
+            .args(args)
+            .env_clear()
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let healthcheck = help(&["healthcheck", "--help"]);
+    assert!(healthcheck.contains("--http-addr"), "{healthcheck}");
+    assert!(
+        !healthcheck.contains("--telegram-bot-token"),
+        "{healthcheck}"
+    );
+    assert!(!healthcheck.contains("--database-url"), "{healthcheck}");
+    let backup = help(&["backup", "--help"]);
+    assert!(
+        backup.contains("--database-url") && !backup.contains("--openai-model"),
+        "{backup}"
+    );
+    let run = help(&["run", "--help"]);
+    assert!(run.contains("--telegram-bot-token") && run.contains("--database-url"));
+    // The rest is still accepted: one environment serves every subcommand.
+    let out = Command::new(env!("CARGO_BIN_EXE_lull"))
+        .args([
+            "healthcheck",
+            "--openai-model",
+            "x",
+            "--http-addr",
+            "127.0.0.1:1",
+        ])
+        .env_clear()
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("nothing listens on 127.0.0.1:1"),
+        "{stderr}"
+    );
+}

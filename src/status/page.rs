@@ -180,7 +180,7 @@ pub(super) fn render(s: &Snapshot) -> String {
 
     out.push_str("<section><h2>Processes (replicas holding a lease)</h2>");
     if st.holders.is_empty() {
-        out.push_str("<p class=\"muted\" id=\"processes\" data-count=\"0\">No process holds a lease right now.</p>");
+        out.push_str("<p class=\"muted\" id=\"processes\" data-count=\"0\">Running and idle: no process is answering a conversation or holding a platform connection right now (one takes a lease when a message needs an answer).</p>");
     } else {
         let _ = write!(
             out,

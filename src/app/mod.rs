@@ -325,6 +325,7 @@ fn status_page(
         Some(mcp_servers),
     )
     .with_monthly_budget(config.dispatch.limits.monthly_usd)
+    .with_console(dispatcher.clone())
 }
 
 #[cfg(test)]

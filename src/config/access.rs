@@ -4,7 +4,7 @@
 use clap::Args;
 use lull_core::access::{Access, AccessList, Admins};
 
-/// What admins may do, one literal for `--help` ([`ADMINS_HELP`]) and [`ADMIN_POWERS`].
+/// What admins may do, one literal for `--help` ([`ADMINS_HELP`]) and `ADMIN_POWERS`.
 macro_rules! admin_powers {
     () => {
         "they alone change a group's conversation (/new, /stop, /retry, /model, /persona, its memory and jobs), set a chat's /prompt, see others' /usage, /allow or /deny at run time, and use admins-only tools; the per-user limits do not bind them"
@@ -16,7 +16,7 @@ macro_rules! admin_powers {
 #[cfg(test)]
 pub(crate) const ADMIN_POWERS: &str = admin_powers!();
 
-/// `LULL_ADMINS`'s `--help`: the entries' form, [`ADMIN_POWERS`], the default.
+/// `LULL_ADMINS`'s `--help`: the entries' form, `ADMIN_POWERS`, the default.
 const ADMINS_HELP: &str = concat!(
     "Admins, platform:user_id entries: ",
     admin_powers!(),
@@ -46,7 +46,7 @@ pub(crate) struct AccessArgs {
         value_parser = chat_list
     )]
     pub allowed_chats: AccessList,
-    /// Admins, `platform:user_id` entries ([`ADMIN_POWERS`]) [default: none]
+    /// Admins, `platform:user_id` entries (`ADMIN_POWERS`) [default: none]
     #[arg(
         long,
         global = true,

@@ -7,14 +7,21 @@
 //! servers' state. One snapshot is kept for [`CACHE_TTL`], so a refreshing browser (or
 //! many) reads the database at most once per TTL.
 //!
-//! Access ([`Access`]): on a loopback `LULL_HTTP_ADDR` the page is open; elsewhere only
-//! with `LULL_HTTP_TOKEN`, given as `Authorization: Bearer …` or once in the login form,
+//! It is also the operator's console: `/chats` and `/chats/{id}` ([`chats`]) show
+//! every chat and change one through the chat commands' own store operations, each
+//! change a form whose token must be this browser's ([`csrf`]).
+//!
+//! Access ([`Access`]): with `LULL_HTTP_TOKEN` set, the page and the console need it
+//! on every address, loopback included; without one, a loopback `LULL_HTTP_ADDR` is
+//! open and any other closed. The token is given as `Authorization: Bearer …` or once in the login form,
 //! which sets an `HttpOnly`, `SameSite=Strict` cookie holding a session that expires
 //! after [`login::SESSION_LIFETIME`] (`Secure` when a proxy says the request came over
 //! HTTPS), never the token ([`login`]); the form takes at most [`login::MAX_FAILURES`]
 //! wrong tokens a minute. No secret ever travels in a URL; every comparison is in
 //! constant time.
 
+mod chats;
+mod csrf;
 mod login;
 mod page;
 
@@ -69,11 +76,13 @@ impl Access {
     /// The rule for a server on `addr` with `token` (`LULL_HTTP_TOKEN`).
     pub(crate) fn new(addr: std::net::SocketAddr, token: Option<SecretString>) -> Access {
         match token {
-            _ if addr.ip().is_loopback() => Access::Open,
+            // Once a token is set it is needed on every address: a reverse proxy on
+            // this host would otherwise publish a console that changes chats.
             Some(token) => {
                 let sessions = login::Sessions::new(&token);
                 Access::Token { token, sessions }
             }
+            None if addr.ip().is_loopback() => Access::Open,
             None => Access::Closed,
         }
     }
@@ -98,6 +107,8 @@ struct Inner {
     timezone: TimeZone,
     /// `LULL_MONTHLY_USD`, shown against the month so far.
     monthly_budget: lull_core::money::Usd,
+    /// The dispatcher the console's changes go through (`None`: the pages only show).
+    console: Option<Arc<lull_core::dispatcher::Dispatcher>>,
     access: Access,
     /// This process as a lease holder (`None`: not known, as in tests of the router).
     holder: Option<HolderId>,
@@ -161,6 +172,7 @@ impl StatusPage {
                 clock,
                 timezone,
                 monthly_budget: lull_core::money::Usd::ZERO,
+                console: None,
                 access,
                 holder,
                 mcp_servers,
@@ -179,12 +191,26 @@ impl StatusPage {
         self
     }
 
-    /// The routes: `/`, `/api/status`, `/login`.
+    /// Let the console change chats through `dispatcher` (the chat commands' store
+    /// operations). Call before the page is shared (its routes cloned).
+    pub(crate) fn with_console(
+        mut self,
+        dispatcher: Arc<lull_core::dispatcher::Dispatcher>,
+    ) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.console = Some(dispatcher);
+        }
+        self
+    }
+
+    /// The routes: `/`, `/api/status`, `/login`, and the console's `/chats`.
     pub(crate) fn routes(self) -> Router {
         Router::new()
             .route("/", get(page))
             .route("/api/status", get(api))
             .route("/login", get(login_form).post(login))
+            .route("/chats", get(chats::list))
+            .route("/chats/{id}", get(chats::detail).post(chats::change))
             .with_state(self)
     }
 
@@ -473,7 +499,10 @@ mod tests {
         let token = || Some(SecretString::from("s3cret"));
         let loopback = "127.0.0.1:8080".parse().unwrap();
         let anywhere = "0.0.0.0:8080".parse().unwrap();
-        assert!(matches!(Access::new(loopback, token()), Access::Open));
+        assert!(
+            matches!(Access::new(loopback, token()), Access::Token { .. }),
+            "a token set is needed on loopback too (a proxy on this host would publish the console)"
+        );
         assert!(matches!(Access::new(loopback, None), Access::Open));
         assert!(matches!(Access::new(anywhere, None), Access::Closed));
         let Access::Token { sessions, .. } = Access::new(anywhere, token()) else {

@@ -25,11 +25,28 @@ td.n{text-align:right;font-variant-numeric:tabular-nums}
 .tiles{display:flex;gap:16px;flex-wrap:wrap}.tile{min-width:80px}.tile small{display:block;color:#5b6675}
 .ok{color:#1a7f37}.bad{color:#c0262d}.muted{color:#5b6675}
 svg text{font:11px system-ui,sans-serif;fill:#5b6675}
-form{display:flex;gap:8px;margin-top:12px}input{padding:6px;font:inherit}
+form{display:flex;gap:8px;margin-top:12px;flex-wrap:wrap}input,select,textarea,button{padding:6px;font:inherit}
+nav a{color:#b8c0cc;margin-right:16px}nav a.here{color:#fff;font-weight:600}
+textarea{width:100%;min-height:5em}.done{color:#1a7f37}
 ";
 
+/// The console's pages, linked from every header: path, label.
+const PAGES: [(&str, &str); 2] = [("/", "Overview"), ("/chats", "Chats")];
+
+/// The console's navigation, `here` marked.
+pub(super) fn nav(here: &str) -> String {
+    let links: Vec<String> = PAGES
+        .iter()
+        .map(|(path, label)| {
+            let class = if *path == here { " class=\"here\"" } else { "" };
+            format!("<a href=\"{path}\"{class}>{label}</a>")
+        })
+        .collect();
+    format!("<nav>{}</nav>", links.join(""))
+}
+
 /// `text` with HTML's special characters escaped (ids come from platforms and users).
-fn esc(text: &str) -> String {
+pub(super) fn esc(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {
@@ -44,7 +61,7 @@ fn esc(text: &str) -> String {
     out
 }
 
-fn document(title: &str, body: &str) -> String {
+pub(super) fn document(title: &str, body: &str) -> String {
     format!(
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
          <meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">\
@@ -100,11 +117,12 @@ pub(super) fn render(s: &Snapshot) -> String {
     let _ = write!(
         out,
         "<header><h1>lull status</h1><p>Read at <span id=\"generated-at\" data-value=\"{}\">{}</span> \
-         · database: <span id=\"database\" class=\"{db_class}\">{}</span> · refresh the page for new numbers (kept {} s)</p></header><main>",
+         · database: <span id=\"database\" class=\"{db_class}\">{}</span> · refresh the page for new numbers (kept {} s)</p>{}</header><main>",
         s.generated_at,
         esc(&generated),
         esc(&s.database),
-        super::CACHE_TTL.as_secs()
+        super::CACHE_TTL.as_secs(),
+        nav("/")
     );
 
     out.push_str("<section><h2>Conversations</h2><div class=\"tiles\">");

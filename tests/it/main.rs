@@ -8,6 +8,7 @@ mod backup;
 mod buttons;
 mod chat;
 mod check;
+mod console;
 mod controls;
 mod conversations;
 mod debounce;

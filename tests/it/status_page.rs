@@ -23,7 +23,7 @@ const TOKEN: &str = "status-page-test-token";
 
 /// The Chromium binary, if installed; `None` prints the skip line (and panics when
 /// `LULL_REQUIRE_CHROMIUM=1`).
-fn chromium() -> Option<PathBuf> {
+pub(crate) fn chromium() -> Option<PathBuf> {
     let found = std::iter::once(PathBuf::from("/usr/bin/chromium"))
         .chain(
             std::env::var_os("PATH")

@@ -138,7 +138,7 @@ async fn retry(
 
 /// The models a conversation may pick: `LULL_MODELS`, else the server's list (read
 /// at most once per [`MODEL_LIST_TTL`]). `Err`: why there is none.
-async fn offered_models(d: &Dispatcher) -> Result<Arc<Vec<String>>, String> {
+pub(super) async fn offered_models(d: &Dispatcher) -> Result<Arc<Vec<String>>, String> {
     let controls = &d.settings.controls;
     if !controls.models.is_empty() {
         return Ok(Arc::new(controls.models.clone()));
@@ -255,16 +255,24 @@ async fn change(
     value: Option<&str>,
     now: Timestamp,
 ) -> Result<bool, StoreError> {
-    let outcome = d
-        .store
-        .change_setting(SettingChange {
-            conversation: &incoming.conversation,
-            is_group: incoming.is_group,
-            setting,
-            value,
-            now,
-        })
-        .await?;
+    let change = SettingChange {
+        conversation: &incoming.conversation,
+        is_group: incoming.is_group,
+        setting,
+        value,
+        now,
+    };
+    change_setting(d, change).await
+}
+
+/// Write one setting as `change` says (a chat command's, or the console's); `true`
+/// if it changed (then a generation in flight here stops).
+pub(super) async fn change_setting(
+    d: &Dispatcher,
+    change: SettingChange<'_>,
+) -> Result<bool, StoreError> {
+    let setting = change.setting;
+    let outcome = d.store.change_setting(change).await?;
     Ok(match outcome {
         SettingOutcome::Changed {
             conversation,

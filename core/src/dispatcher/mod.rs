@@ -8,6 +8,8 @@
 //! - `commands`: what each chat command does and answers, at ingest; `controls`: the
 //!   commands that change what lull does in a conversation (`/model`, `/persona`,
 //!   `/prompt`, `/stop`, `/status`).
+//! - `console`: the operator's console's changes to a chat, through the chat
+//!   commands' own store operations.
 //! - `notices`: the one builder of notices (ingest's and rounds'), stored at most
 //!   once per dedupe key.
 //! - `scheduler`: sleeps until the earliest deadline (woken at once for work this
@@ -53,6 +55,7 @@
 //!
 //! [`Dispatcher`] holds what they share; it is also the adapters' [`lull_port::Intake`].
 
+pub use console::ConsoleChange;
 pub use jobs::{JOB_MIN_INTERVAL, JOBS_PER_CHAT, JobSettings, MissedPolicy};
 pub use memory::{MEMORY_CHARS, MemorySettings};
 pub use summaries::{SUMMARY_MAX_CHARS, SummarySettings};
@@ -60,6 +63,7 @@ mod acks;
 mod background;
 mod bounds;
 mod commands;
+mod console;
 mod controls;
 mod delivery;
 pub mod drafts;

@@ -154,6 +154,7 @@ macro_rules! store_conformance {
             a_yes_is_taken_with_its_reservation_judged_at_its_arrival,
             concurrent_reservations_of_one_key_store_one_row,
             the_status_counts_what_the_rows_say,
+            the_console_lists_chats_with_their_choices_and_state,
             a_setting_is_applied_once_and_per_conversation,
             a_setting_changed_mid_generation_makes_the_reply_stale,
             stop_closes_the_pending_messages_and_the_generation,

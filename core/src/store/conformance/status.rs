@@ -6,13 +6,14 @@ use std::time::Duration;
 use super::{
     TTL, at, claim, claimed, collect, holder, http, mark, message, release, reply, stored,
 };
-use crate::domain::{Lease, LeaseKey, Platform, Timestamp, TokenUsage};
+use crate::domain::{ConversationId, Lease, LeaseKey, Platform, Timestamp, TokenUsage};
 use crate::limits::TimeZone;
 use crate::money::Usd;
 use crate::store::{
     CommitOutcome, ConnectionLease, ConversationTokens, Enqueue, LeaseCharge, LiveHolder,
     NewNotice, NewReply, OutboxFailure, Period, RateCheck, RateWindow, Recent, ReplyCommit,
-    Reservation, RoundFailure, ScopeCharge, StatusQuery, Store, StoreStatus, TokenCharge,
+    Reservation, RoundFailure, ScopeCharge, Setting, SettingChange, StatusQuery, Store,
+    StoreStatus, TokenCharge,
 };
 
 /// The status read at `now`: five top conversations, thirty UTC days.
@@ -266,4 +267,58 @@ fn utc(now: Timestamp) -> String {
         .unwrap()
         .strftime("%Y-%m-%d")
         .to_string()
+}
+
+/// The console's chats: each with its choices and state, the most recently written to
+/// first; one asked by id alone; an unknown id none.
+pub async fn the_console_lists_chats_with_their_choices_and_state(store: &dyn Store) {
+    let a = holder("a");
+    let (c1, _, _) = stored(store, message(http("c1"), "m1"), &a, at(1000)).await;
+    let (c2, _, _) = stored(store, message(http("c2"), "m1"), &a, at(2000)).await;
+    store
+        .change_setting(SettingChange {
+            conversation: &http("c1"),
+            is_group: false,
+            setting: Setting::Model,
+            value: Some("big"),
+            now: at(2100),
+        })
+        .await
+        .unwrap();
+    claimed(store, c2, &a, at(2200)).await;
+    let chats = store.chats(None, 10, at(2300)).await.unwrap();
+    // Id, key, model, newest message, waiting, answering.
+    type Shown<'a> = (i64, &'a str, Option<&'a str>, Option<i64>, bool, bool);
+    let shown: Vec<Shown<'_>> = chats
+        .iter()
+        .map(|c| {
+            (
+                c.id,
+                c.key.as_str(),
+                c.model.as_deref(),
+                c.last_message_at,
+                c.waiting,
+                c.answering,
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            (c2.0, "c2", None, Some(at(2000).0), true, true),
+            (c1.0, "c1", Some("big"), Some(at(1000).0), true, false),
+        ]
+    );
+    assert_eq!(chats[0].platform, "http");
+    let one = store.chats(Some(c1), 10, at(2300)).await.unwrap();
+    assert_eq!(one.len(), 1);
+    assert_eq!(one[0].model.as_deref(), Some("big"));
+    assert!(
+        store
+            .chats(Some(ConversationId(c2.0 + 100)), 10, at(2300))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(store.chats(None, 1, at(2300)).await.unwrap().len(), 1);
 }

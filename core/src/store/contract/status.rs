@@ -9,9 +9,7 @@
 
 use async_trait::async_trait;
 
-#[cfg(doc)]
-use crate::domain::ConversationId;
-use crate::domain::Timestamp;
+use crate::domain::{ConversationId, Timestamp};
 use crate::store::StoreError;
 
 /// One hour, in milliseconds: the width of a bucket of [`StoreStatus::replies_per_hour`].
@@ -284,4 +282,37 @@ pub trait StatusStore: Send + Sync + 'static {
     /// token totals of the asked days): it takes no write lock and costs the same
     /// whatever the number of conversations and messages, so a round never waits for it.
     async fn status(&self, asked: StatusQuery) -> Result<StoreStatus, StoreError>;
+
+    /// The chats the operator's console lists (`/chats`), at most `limit`, the most
+    /// recently written to first (chats with no message last), or only `only`: what
+    /// the chat commands change, and whether each waits for or is being answered at
+    /// `now`. Read-only; one pass over the conversations (a console's page, not a
+    /// round's path).
+    async fn chats(
+        &self,
+        only: Option<ConversationId>,
+        limit: usize,
+        now: Timestamp,
+    ) -> Result<Vec<ChatRow>, StoreError>;
+}
+
+/// A chat as the operator's console shows it: its choices (what `/model`, `/persona`
+/// and `/prompt` set) and its state; never a message's text.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ChatRow {
+    /// The conversation's row id ([`ConversationId`]), as `/chats/{id}` names it.
+    pub id: i64,
+    pub platform: String,
+    /// The platform's id of the chat.
+    pub key: String,
+    pub is_group: bool,
+    pub model: Option<String>,
+    pub persona: Option<String>,
+    pub prompt: Option<String>,
+    /// When its newest message arrived, on the caller's timeline (`None`: none yet).
+    pub last_message_at: Option<i64>,
+    /// Messages wait for a reply (a timer is armed).
+    pub waiting: bool,
+    /// A process is answering it now (a live conversation lease).
+    pub answering: bool,
 }

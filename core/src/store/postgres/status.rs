@@ -6,15 +6,63 @@ use async_trait::async_trait;
 
 use super::PostgresStore;
 use super::sql::{Tx, query, query_one, query_opt};
+use crate::domain::ConversationId;
 use crate::domain::Timestamp;
 use crate::store::contract::status::{
     StatusBounds, StatusRows, hour_bucket, month_of, scope_conversation, token_days,
 };
 use crate::store::faults::Operation;
-use crate::store::{ConversationTokens, StatusQuery, StatusStore, StoreError, StoreStatus};
+use crate::store::{
+    ChatRow, ConversationTokens, StatusQuery, StatusStore, StoreError, StoreStatus,
+};
 
 #[async_trait]
 impl StatusStore for PostgresStore {
+    async fn chats(
+        &self,
+        only: Option<ConversationId>,
+        limit: usize,
+        now: Timestamp,
+    ) -> Result<Vec<ChatRow>, StoreError> {
+        transaction!(self, Operation::Read, "reading the chats", |tx| {
+            async {
+                let now = self.now(&tx, now).await?;
+                let rows = query(
+                    &tx,
+                    "SELECT c.id, c.platform, c.key, c.is_group, s.model, s.persona, s.prompt,
+                        (SELECT MAX(m.received_at) FROM messages m WHERE m.conversation_id = c.id) AS last_at,
+                        EXISTS (SELECT 1 FROM timers t WHERE t.conversation_id = c.id),
+                        EXISTS (SELECT 1 FROM leases l WHERE l.conversation_id = c.id
+                                AND l.holder IS NOT NULL AND l.expires_at > $1)
+                     FROM conversations c LEFT JOIN conversation_settings s ON s.conversation_id = c.id
+                     WHERE $2::int8 IS NULL OR c.id = $2
+                     ORDER BY last_at DESC NULLS LAST, c.id DESC LIMIT $3",
+                    &[&now.db.0, &only.map(|c| c.0), &(limit as i64)],
+                    "reading the chats",
+                )
+                .await?;
+                Ok(rows
+                    .into_iter()
+                    .map(|r| ChatRow {
+                        id: r.get(0),
+                        platform: r.get(1),
+                        key: r.get(2),
+                        is_group: r.get(3),
+                        model: r.get(4),
+                        persona: r.get(5),
+                        prompt: r.get(6),
+                        last_message_at: r
+                            .get::<_, Option<i64>>(7)
+                            .map(|at| now.to_caller(Timestamp(at)).0),
+                        waiting: r.get(8),
+                        answering: r.get(9),
+                    })
+                    .collect())
+            }
+            .await
+        })
+    }
+
     async fn status(&self, asked: StatusQuery) -> Result<StoreStatus, StoreError> {
         transaction!(self, Operation::Read, "reading the status", |tx| {
             async {

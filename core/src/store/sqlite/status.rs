@@ -6,11 +6,14 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::SqliteStore;
 use super::sql::Context;
+use crate::domain::ConversationId;
 use crate::domain::Timestamp;
 use crate::store::contract::status::{
     StatusBounds, StatusRows, hour_bucket, month_of, scope_conversation, token_days,
 };
-use crate::store::{ConversationTokens, StatusQuery, StatusStore, StoreError, StoreStatus};
+use crate::store::{
+    ChatRow, ConversationTokens, StatusQuery, StatusStore, StoreError, StoreStatus,
+};
 
 /// Live leases (index `leases_held`).
 pub(super) const LIVE_LEASES_SQL: &str =
@@ -59,8 +62,49 @@ pub(super) const TOP_ROW_SQL: &str = "SELECT c.id,
                                           AND o.created_at >= ?3)
      FROM conversations c WHERE c.platform = ?1 AND c.key = ?2";
 
+/// The console's chats (`StatusStore::chats`): settings, newest message, state.
+pub(super) const CHATS_SQL: &str =
+    "SELECT c.id, c.platform, c.key, c.is_group, s.model, s.persona, s.prompt,
+        (SELECT MAX(m.received_at) FROM messages m WHERE m.conversation_id = c.id) AS last_at,
+        EXISTS (SELECT 1 FROM timers t WHERE t.conversation_id = c.id),
+        EXISTS (SELECT 1 FROM leases l WHERE l.conversation_id = c.id
+                AND l.holder IS NOT NULL AND l.expires_at > ?1)
+     FROM conversations c LEFT JOIN conversation_settings s ON s.conversation_id = c.id
+     WHERE ?2 IS NULL OR c.id = ?2
+     ORDER BY last_at IS NULL, last_at DESC, c.id DESC LIMIT ?3";
+
 #[async_trait]
 impl StatusStore for SqliteStore {
+    async fn chats(
+        &self,
+        only: Option<ConversationId>,
+        limit: usize,
+        now: Timestamp,
+    ) -> Result<Vec<ChatRow>, StoreError> {
+        self.with_conn(move |conn| {
+            conn.prepare_cached(CHATS_SQL)
+                .ctx("reading the chats")?
+                .query_map(params![now.0, only.map(|c| c.0), limit as i64], |r| {
+                    Ok(ChatRow {
+                        id: r.get(0)?,
+                        platform: r.get(1)?,
+                        key: r.get(2)?,
+                        is_group: r.get(3)?,
+                        model: r.get(4)?,
+                        persona: r.get(5)?,
+                        prompt: r.get(6)?,
+                        last_message_at: r.get(7)?,
+                        waiting: r.get(8)?,
+                        answering: r.get(9)?,
+                    })
+                })
+                .ctx("reading the chats")?
+                .collect::<Result<_, _>>()
+                .ctx("reading the chats")
+        })
+        .await
+    }
+
     async fn status(&self, asked: StatusQuery) -> Result<StoreStatus, StoreError> {
         self.with_conn(move |conn| {
             // One read transaction: every count is of the same snapshot.

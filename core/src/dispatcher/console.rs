@@ -1,0 +1,135 @@
+//! The operator's console's changes to a chat: the chat commands' own store operations
+//! (`/model`, `/persona`, `/prompt`, `/new`, `/stop`, `/allow chat`, `/deny chat`), so
+//! they obey the same fences (each moves the conversation's version, and a reply being
+//! written is dropped at its final check) and every process sees them at once.
+
+use super::{Dispatcher, controls};
+use crate::access::{AccessRule, Subject, SubjectKind};
+use crate::domain::ConversationRef;
+use crate::store::{ContextReset, Setting, SettingChange, Stop, StoreError};
+
+/// What a console change did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConsoleChange {
+    /// Stored; `false`: it was already so (nothing moved).
+    Done { changed: bool },
+    /// Refused, and why (a model or persona not offered): nothing was stored.
+    Refused(String),
+}
+
+impl Dispatcher {
+    /// The models a chat may be given (what `/model` lists: `LULL_MODELS`, or the
+    /// server's list), the first the default's; `Err`: why there is none.
+    pub async fn console_models(&self) -> Result<Vec<String>, String> {
+        controls::offered_models(self)
+            .await
+            .map(|models| models.as_ref().clone())
+    }
+
+    /// The deployment's default model (the one a chat that chose none answers with).
+    pub fn console_default_model(&self) -> &str {
+        &self.settings.controls.default_model
+    }
+
+    /// The personas a chat may be given (`LULL_PERSONAS`), by name.
+    pub fn console_personas(&self) -> Vec<String> {
+        self.settings.controls.personas.keys().cloned().collect()
+    }
+
+    /// Set `setting` of `chat` to `value` (`None`: back to the default), as the chat's
+    /// command would: a model must be one `/model` offers, a persona one of
+    /// `LULL_PERSONAS`.
+    pub async fn console_setting(
+        &self,
+        chat: &ConversationRef,
+        is_group: bool,
+        setting: Setting,
+        value: Option<&str>,
+    ) -> Result<ConsoleChange, StoreError> {
+        if let Some(value) = value {
+            let offered = match setting {
+                Setting::Model => match controls::offered_models(self).await {
+                    Ok(models) => models.iter().any(|m| m == value),
+                    Err(why) => return Ok(ConsoleChange::Refused(why)),
+                },
+                Setting::Persona => self.settings.controls.personas.contains_key(value),
+                Setting::Prompt => !value.trim().is_empty(),
+            };
+            if !offered {
+                return Ok(ConsoleChange::Refused(format!(
+                    "{value:?} is not offered here"
+                )));
+            }
+        }
+        let change = SettingChange {
+            conversation: chat,
+            is_group,
+            setting,
+            value,
+            now: self.clock.now(),
+        };
+        let changed = controls::change_setting(self, change).await?;
+        Ok(ConsoleChange::Done { changed })
+    }
+
+    /// `/new` for `chat`: its context starts afresh.
+    pub async fn console_new(
+        &self,
+        chat: &ConversationRef,
+        is_group: bool,
+    ) -> Result<ConsoleChange, StoreError> {
+        let reset = self
+            .store
+            .reset_context(ContextReset {
+                conversation: chat,
+                is_group,
+                holder: &self.holder,
+                now: self.clock.now(),
+            })
+            .await?;
+        controls::moved(self, reset.conversation, reset.version);
+        Ok(ConsoleChange::Done { changed: true })
+    }
+
+    /// `/stop` for `chat`: the reply being written is dropped and the messages waiting
+    /// for one are closed unanswered.
+    pub async fn console_stop(
+        &self,
+        chat: &ConversationRef,
+        is_group: bool,
+    ) -> Result<ConsoleChange, StoreError> {
+        let stopped = self
+            .store
+            .stop_conversation(Stop {
+                conversation: chat,
+                is_group,
+                now: self.clock.now(),
+            })
+            .await?;
+        controls::moved(self, stopped.conversation, stopped.version);
+        tracing::info!(conversation = %stopped.conversation, closed = stopped.closed.len(), "stopped from the console");
+        Ok(ConsoleChange::Done {
+            changed: !stopped.closed.is_empty(),
+        })
+    }
+
+    /// `/allow chat` or `/deny chat` for `chat`, decided by the console's operator.
+    pub async fn console_access(
+        &self,
+        chat: &ConversationRef,
+        allowed: bool,
+    ) -> Result<ConsoleChange, StoreError> {
+        let rule = AccessRule {
+            subject: Subject {
+                platform: chat.platform,
+                kind: SubjectKind::Chat,
+                id: chat.key.clone(),
+            },
+            allowed,
+            set_by: "console".into(),
+            set_at: self.clock.now(),
+        };
+        self.store.set_access(&rule).await?;
+        Ok(ConsoleChange::Done { changed: true })
+    }
+}

@@ -1,0 +1,343 @@
+//! The operator's console (issue 44), through the real binary and the http adapter:
+//! behind `LULL_HTTP_TOKEN` on loopback too, a login that sets a session, a chat's
+//! model changed from `/chats/{id}` and the next model request using it; a forged form
+//! (no token of this browser's) refused and nothing changed; a session past its end
+//! refused.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::support::db;
+use crate::support::http_bot::HttpBot;
+use crate::support::process::LullProcess;
+
+const TOKEN: &str = "console-test-token";
+const SECS: fn(u64) -> Duration = Duration::from_secs;
+
+/// A client that follows no redirect (the test reads each answer itself).
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+async fn start(bot: &HttpBot, name: &str, extra: &[(&str, &str)]) -> LullProcess {
+    let mut env = vec![
+        ("LULL_HTTP_TOKEN", TOKEN),
+        ("OPENAI_MODEL", "small"),
+        ("LULL_MODELS", "small,big"),
+        ("LULL_SUMMARY", "off"),
+        ("LULL_TOOLS", "off"),
+        ("LULL_DEBOUNCE_MS", "100"),
+    ];
+    env.extend_from_slice(extra);
+    bot.start(name, &env).await
+}
+
+/// Post `text` in the chat `c1` (the http adapter wants the token too), and wait for
+/// the `n`th reply there.
+async fn say(bot: &HttpBot, lull: &LullProcess, id: &str, text: &str, n: usize) {
+    let r = bot
+        .client
+        .post(format!("{}/api/messages", lull.base_url()))
+        .bearer_auth(TOKEN)
+        .json(&json!({ "conversation": "c1", "user": "ann", "text": text, "id": id }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 202);
+    bot.webhook.wait_replies(n, SECS(20)).await;
+}
+
+/// The value of the cookie `name` a response sets.
+fn set_cookie(response: &reqwest::Response, name: &str) -> Option<String> {
+    response
+        .headers()
+        .get_all(reqwest::header::SET_COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find_map(|v| v.strip_prefix(&format!("{name}=")))
+        .map(|v| v.split(';').next().unwrap_or_default().to_owned())
+}
+
+/// Log in with the token: the session cookie.
+async fn log_in(lull: &LullProcess) -> String {
+    let r = client()
+        .post(format!("{}/login", lull.base_url()))
+        .form(&[("token", TOKEN)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 303);
+    set_cookie(&r, "lull_status").expect("the login sets the session cookie")
+}
+
+/// `POST /chats/{id}` with `cookies` and the form `fields`: the answer.
+async fn post(
+    lull: &LullProcess,
+    id: &str,
+    cookies: &str,
+    fields: &[(&str, &str)],
+) -> reqwest::Response {
+    client()
+        .post(format!("{}/chats/{id}", lull.base_url()))
+        .header(reqwest::header::COOKIE, cookies)
+        .form(fields)
+        .send()
+        .await
+        .unwrap()
+}
+
+fn chat_model(bot: &HttpBot, id: &str) -> String {
+    let rows = db::rows(
+        &bot.database,
+        &format!(
+            "SELECT COALESCE(model, '') FROM conversation_settings WHERE conversation_id = {id}"
+        ),
+    );
+    rows.first().map(|r| r[0].clone()).unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_changes_a_chats_model_once_logged_in_and_refuses_a_forged_form() {
+    let bot = HttpBot::new(None).await;
+    let lull = start(&bot, "console", &[]).await;
+    say(&bot, &lull, "m1", "hello", 1).await;
+    let id = db::rows(
+        &bot.database,
+        "SELECT id FROM conversations WHERE key = 'c1'",
+    )[0][0]
+        .clone();
+
+    // On loopback too, the token is needed once it is set.
+    let r = client()
+        .get(format!("{}/chats", lull.base_url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401, "no session: the login form");
+    let session = log_in(&lull).await;
+
+    // The list and the chat's page; the page gives this browser its form token.
+    let r = client()
+        .get(format!("{}/chats", lull.base_url()))
+        .header(reqwest::header::COOKIE, format!("lull_status={session}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let csrf = set_cookie(&r, "lull_csrf").expect("a form token");
+    let list = r.text().await.unwrap();
+    assert!(list.contains(&format!("data-chat=\"{id}\"")), "{list}");
+    let cookies = format!("lull_status={session}; lull_csrf={csrf}");
+    let page = client()
+        .get(format!("{}/chats/{id}", lull.base_url()))
+        .header(reqwest::header::COOKIE, &cookies)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains(&format!("name=\"csrf\" value=\"{csrf}\""))
+            && page.contains("<option value=\"big\">"),
+        "{page}"
+    );
+
+    // Forged: no form token, another token, or the right one without the browser's
+    // cookie (what another site can post). Each is refused and changes nothing.
+    let session_only = format!("lull_status={session}");
+    for (cookies, fields) in [
+        (
+            cookies.as_str(),
+            vec![("action", "model"), ("value", "big")],
+        ),
+        (
+            cookies.as_str(),
+            vec![
+                ("action", "model"),
+                ("value", "big"),
+                ("csrf", "0123456789abcdef0123456789abcdef"),
+            ],
+        ),
+        (
+            session_only.as_str(),
+            vec![
+                ("action", "model"),
+                ("value", "big"),
+                ("csrf", csrf.as_str()),
+            ],
+        ),
+    ] {
+        let r = post(&lull, &id, cookies, &fields).await;
+        assert_eq!(r.status().as_u16(), 403, "{fields:?}");
+    }
+    assert_eq!(chat_model(&bot, &id), "", "nothing changed");
+
+    // The real form: saved, redirected back saying so; the next reply uses it.
+    let r = post(
+        &lull,
+        &id,
+        &cookies,
+        &[("action", "model"), ("value", "big"), ("csrf", &csrf)],
+    )
+    .await;
+    assert_eq!(r.status().as_u16(), 303);
+    let back = r.headers()[reqwest::header::LOCATION]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        back.starts_with(&format!("/chats/{id}?done=saved")),
+        "{back}"
+    );
+    assert_eq!(chat_model(&bot, &id), "big");
+    say(&bot, &lull, "m2", "and now?", 2).await;
+    let models: Vec<String> = bot
+        .model
+        .requests()
+        .iter()
+        .map(|r| r.body["model"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(
+        models,
+        ["small", "big"],
+        "the next model request uses the change"
+    );
+
+    // A model not offered is refused, saying why; /stop and access decisions work.
+    let r = post(
+        &lull,
+        &id,
+        &cookies,
+        &[("action", "model"), ("value", "huge"), ("csrf", &csrf)],
+    )
+    .await;
+    let back = r.headers()[reqwest::header::LOCATION]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(back.contains("not+saved"), "{back}");
+    assert_eq!(chat_model(&bot, &id), "big");
+    let r = post(&lull, &id, &cookies, &[("action", "deny"), ("csrf", &csrf)]).await;
+    assert_eq!(r.status().as_u16(), 303);
+    let rules = db::rows(
+        &bot.database,
+        "SELECT kind, subject, allowed, set_by FROM access_rules",
+    );
+    assert_eq!(rules.len(), 1, "{rules:?}");
+    assert_eq!(rules[0][0], "chat");
+    assert_eq!(rules[0][1], "c1");
+    assert_eq!(rules[0][3], "console");
+    drop(lull);
+
+    // Thirteen hours later (sessions last twelve), the same cookie is refused.
+    let later = start(&bot, "later", &[("LULL_TEST_CLOCK_OFFSET_MS", "46800000")]).await;
+    let r = client()
+        .get(format!("{}/chats/{id}", later.base_url()))
+        .header(reqwest::header::COOKIE, &cookies)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401, "an expired session");
+    let r = post(
+        &later,
+        &id,
+        &cookies,
+        &[("action", "model"), ("value", "small"), ("csrf", &csrf)],
+    )
+    .await;
+    assert_eq!(
+        r.status().as_u16(),
+        401,
+        "no change with an expired session"
+    );
+    assert_eq!(chat_model(&bot, &id), "big");
+}
+
+/// puppeteer-core's `node_modules` (`LULL_PUPPETEER`, from `scripts/puppeteer`), if
+/// installed; `None` prints the skip line (and panics when `LULL_REQUIRE_PUPPETEER=1`).
+fn puppeteer() -> Option<std::path::PathBuf> {
+    let found = std::env::var_os("LULL_PUPPETEER")
+        .map(std::path::PathBuf::from)
+        .filter(|dir| dir.join("puppeteer-core").is_dir());
+    if found.is_none() {
+        assert!(
+            !std::env::var("LULL_REQUIRE_PUPPETEER").is_ok_and(|v| v == "1"),
+            "LULL_REQUIRE_PUPPETEER=1 but LULL_PUPPETEER names no puppeteer-core (eval \"$(scripts/puppeteer)\")"
+        );
+        crate::support::skip::skipped(
+            "the console's browser test",
+            "needs puppeteer-core (eval \"$(scripts/puppeteer)\") and chromium",
+        );
+    }
+    found
+}
+
+/// In a real browser (headless Chromium driven by puppeteer-core): the login form,
+/// the log in, the chats, the chat's model changed with its form and the next model
+/// request using it, the same form again changing nothing, a forged post from the
+/// page refused. A screenshot of each page is saved (to `LULL_SCREENSHOT_DIR` too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_browser_the_console_logs_in_and_changes_a_chats_model() {
+    let (Some(chromium), Some(modules)) = (crate::status_page::chromium(), puppeteer()) else {
+        return;
+    };
+    let bot = HttpBot::new(None).await;
+    let lull = start(&bot, "browser", &[]).await;
+    say(&bot, &lull, "m1", "hello", 1).await;
+    let id = db::rows(
+        &bot.database,
+        "SELECT id FROM conversations WHERE key = 'c1'",
+    )[0][0]
+        .clone();
+    let shots = bot.dir.path().join("shots");
+    std::fs::create_dir_all(&shots).unwrap();
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/console_browser.mjs");
+    let out = tokio::process::Command::new("node")
+        .arg(&script)
+        .env("LULL_PUPPETEER", &modules)
+        .env("CHROMIUM", &chromium)
+        .env("BASE", lull.base_url())
+        .env("TOKEN", TOKEN)
+        .env("CHAT", &id)
+        .env("SHOTS", &shots)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    eprintln!("the browser saw: {seen}");
+    assert_eq!(seen["unauthenticated"], 401);
+    assert_eq!(seen["after_login"], "/");
+    assert_eq!(seen["chats"], 200);
+    assert_eq!(seen["listed"], json!([id]));
+    assert_eq!(seen["done"], "saved: model is now big");
+    assert_eq!(seen["model"], "big");
+    assert_eq!(seen["again"], "nothing to change: model was big already");
+    assert_eq!(seen["forged"], 403);
+    assert_eq!(chat_model(&bot, &id), "big");
+    say(&bot, &lull, "m2", "and now?", 2).await;
+    let last = bot.model.requests().last().unwrap().body["model"].clone();
+    assert_eq!(last, "big", "the next model request uses the change");
+    for name in ["login", "overview", "chats", "chat", "chat-saved"] {
+        let png = std::fs::read(shots.join(format!("console-{name}.png"))).unwrap();
+        assert!(png.starts_with(b"\x89PNG"), "{name}");
+    }
+    if let Some(keep) = std::env::var_os("LULL_SCREENSHOT_DIR") {
+        let keep = std::path::PathBuf::from(keep);
+        std::fs::create_dir_all(&keep).unwrap();
+        for entry in std::fs::read_dir(&shots).unwrap().flatten() {
+            std::fs::copy(entry.path(), keep.join(entry.file_name())).unwrap();
+        }
+    }
+}

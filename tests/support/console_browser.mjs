@@ -1,0 +1,64 @@
+// The console's browser test (tests/it/console.rs): headless Chromium driven by
+// puppeteer-core, as an operator would use the console. Given by the environment:
+// CHROMIUM (the browser), BASE (lull's address), TOKEN (LULL_HTTP_TOKEN), CHAT (the
+// chat's id), SHOTS (where to save a screenshot of each page). Prints one JSON object
+// of what it saw; the Rust test checks it, and what lull did.
+import { createRequire } from "node:module";
+import path from "node:path";
+
+const require = createRequire(path.join(process.env.LULL_PUPPETEER, "x.js"));
+const puppeteer = require("puppeteer-core");
+
+const { CHROMIUM, BASE, TOKEN, CHAT, SHOTS } = process.env;
+const seen = {};
+const browser = await puppeteer.launch({
+  executablePath: CHROMIUM,
+  headless: true,
+  args: ["--no-sandbox", "--disable-gpu"],
+});
+try {
+  const page = await browser.newPage();
+  await page.setViewport({ width: 1200, height: 900 });
+  const shot = (name) => page.screenshot({ path: path.join(SHOTS, `console-${name}.png`), fullPage: true });
+
+  // Not logged in: the chats are behind the login form.
+  let response = await page.goto(`${BASE}/chats`);
+  seen.unauthenticated = response.status();
+  await shot("login");
+  await page.type("input[name=token]", TOKEN);
+  await Promise.all([page.waitForNavigation(), page.click("#login button")]);
+  seen.after_login = new URL(page.url()).pathname;
+  await shot("overview");
+
+  // The chats, then the chat: its model changed with the form.
+  response = await page.goto(`${BASE}/chats`);
+  seen.chats = response.status();
+  seen.listed = await page.$$eval("#chats tr[data-chat]", (rows) => rows.map((r) => r.dataset.chat));
+  await shot("chats");
+  await Promise.all([page.waitForNavigation(), page.click(`a[href="/chats/${CHAT}"]`)]);
+  await shot("chat");
+  await page.select("#form-model select", "big");
+  await Promise.all([page.waitForNavigation(), page.click("#form-model button")]);
+  seen.done = await page.$eval("#done", (e) => e.textContent);
+  seen.model = await page.$eval("#model", (e) => e.textContent);
+  await shot("chat-saved");
+
+  // The same form posted again: nothing to change, said so.
+  await page.select("#form-model select", "big");
+  await Promise.all([page.waitForNavigation(), page.click("#form-model button")]);
+  seen.again = await page.$eval("#done", (e) => e.textContent);
+
+  // A forged post from the page (no form token): refused, nothing changed.
+  seen.forged = await page.evaluate(async (chat) => {
+    const r = await fetch(`/chats/${chat}`, {
+      method: "POST",
+      headers: { "Content-Type": "application/x-www-form-urlencoded" },
+      body: "action=model&value=small",
+      redirect: "manual",
+    });
+    return r.status;
+  }, CHAT);
+} finally {
+  await browser.close();
+}
+console.log(JSON.stringify(seen));

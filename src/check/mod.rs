@@ -181,7 +181,7 @@ async fn mcp(tools: &crate::config::ToolsConfig) -> Vec<Finding> {
                 let names: Vec<String> = offered
                     .iter()
                     .filter(|t| t.server == server.name)
-                    .map(|t| format!("{}: {}", t.tool, class(t.effect)))
+                    .map(|t| format!("{}: {}", t.tool, t.effect.class()))
                     .collect();
                 ok(
                     "mcp",
@@ -208,17 +208,6 @@ async fn mcp(tools: &crate::config::ToolsConfig) -> Vec<Finding> {
         .collect();
     toolbox.shutdown().await;
     findings
-}
-
-/// A tool's class as `lull check` shows it: what a call of it does.
-fn class(effect: lull_core::tools::Effect) -> &'static str {
-    use lull_core::tools::Effect;
-    match effect {
-        Effect::ReadOnly => "read-only",
-        Effect::Acts { .. } => "acts once",
-        Effect::Destructive { .. } => "waits for /approve",
-        Effect::WithReply => "written with the reply",
-    }
 }
 
 fn describe(config: &Config) -> String {

@@ -621,6 +621,21 @@ async fn healthz_shows_each_server_and_a_clean_stop_ends_the_children() {
         body["status"], "ok",
         "a tool server down leaves lull healthy"
     );
+    // The console's tools page: each server's state, each tool's class.
+    let page = reqwest::get(format!("{}/tools", lull.base_url()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for shown in [
+        "data-server=\"broken\" data-state=\"failed\"",
+        "data-server=\"t\" data-state=\"ready\"",
+        "data-tool=\"t__lookup\" data-class=\"read-only\"",
+        "data-tool=\"t__append\" data-class=\"acts once\"",
+    ] {
+        assert!(page.contains(shown), "{shown} in {page}");
+    }
     // The child is lull's: gone after a clean stop.
     let child = children_of(lull.pid().unwrap());
     assert_eq!(child.len(), 1, "{child:?}");

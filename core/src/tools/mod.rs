@@ -72,6 +72,19 @@ pub enum Effect {
     WithReply,
 }
 
+impl Effect {
+    /// The class people read (`lull check`, the console's tools page): what a call of
+    /// the tool does.
+    pub fn class(self) -> &'static str {
+        match self {
+            Effect::ReadOnly => "read-only",
+            Effect::Acts { .. } => "acts once",
+            Effect::Destructive { .. } => "waits for /approve",
+            Effect::WithReply => "written with the reply",
+        }
+    }
+}
+
 /// Who may trigger a server's tools (`"users"` in the config).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Users {

@@ -46,7 +46,7 @@ pub(super) async fn list(State(status): State<StatusPage>, headers: HeaderMap) -
 /// What the redirect after a change says (`?done=…`).
 #[derive(serde::Deserialize)]
 pub(super) struct Done {
-    done: Option<String>,
+    pub(super) done: Option<String>,
 }
 
 /// `GET /chats/{id}`.
@@ -216,7 +216,7 @@ fn not_found(id: i64) -> Response {
 
 /// The page `render` makes with this browser's form token, giving it one first if it
 /// has none.
-fn with_token(headers: &HeaderMap, render: impl FnOnce(&str) -> String) -> Response {
+pub(super) fn with_token(headers: &HeaderMap, render: impl FnOnce(&str) -> String) -> Response {
     let (token, new) = match csrf::from_cookie(headers) {
         Some(token) => (token, false),
         None => (csrf::new_token(), true),

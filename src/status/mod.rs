@@ -24,6 +24,7 @@ mod chats;
 mod csrf;
 mod login;
 mod page;
+mod people;
 mod tools;
 
 use std::collections::BTreeMap;
@@ -212,6 +213,7 @@ impl StatusPage {
             .route("/login", get(login_form).post(login))
             .route("/chats", get(chats::list))
             .route("/chats/{id}", get(chats::detail).post(chats::change))
+            .route("/people", get(people::page).post(people::change))
             .route("/tools", get(tools::page))
             .with_state(self)
     }

@@ -31,7 +31,12 @@ textarea{width:100%;min-height:5em}.done{color:#1a7f37}
 ";
 
 /// The console's pages, linked from every header: path, label.
-const PAGES: [(&str, &str); 3] = [("/", "Overview"), ("/chats", "Chats"), ("/tools", "Tools")];
+const PAGES: [(&str, &str); 4] = [
+    ("/", "Overview"),
+    ("/chats", "Chats"),
+    ("/people", "People"),
+    ("/tools", "Tools"),
+];
 
 /// The console's navigation, `here` marked.
 pub(super) fn nav(here: &str) -> String {

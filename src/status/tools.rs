@@ -1,5 +1,6 @@
-//! The console's tools page, `GET /tools`: each MCP server's state, and each tool
-//! the model may call with its class (read-only, acts once, waits for `/approve`,
+//! The console's tools page, `GET /tools`: each MCP server's state, and each of their
+//! tools the model may call (lull's own are not listed: they are composed per round)
+//! with its class (read-only, acts once, waits for `/approve`,
 //! written with the reply), who may trigger it, and this process's calls of it by
 //! outcome (`lull_tool_calls_total`). Read-only.
 
@@ -73,7 +74,7 @@ fn render(
     calls: &BTreeMap<((String, String), String), u64>,
 ) -> String {
     let mut out = format!(
-        "<header><h1>lull tools</h1><p>{} tool(s) the model may call; calls counted by this process since it started</p>{}</header><main>",
+        "<header><h1>lull tools</h1><p>{} tool(s) of MCP servers the model may call (lull's own, for memory, jobs and the web, are in docs/tools.md); calls counted by this process since it started</p>{}</header><main>",
         tools.len(),
         nav("/tools")
     );

@@ -287,7 +287,8 @@ async fn in_a_browser_the_console_logs_in_and_changes_a_chats_model() {
         return;
     };
     let bot = HttpBot::new(None).await;
-    let lull = start(&bot, "browser", &[]).await;
+    // lull's own tools on, for the tools page's screenshot.
+    let lull = start(&bot, "browser", &[("LULL_TOOLS", "auto")]).await;
     say(&bot, &lull, "m1", "hello", 1).await;
     let id = db::rows(
         &bot.database,
@@ -325,11 +326,23 @@ async fn in_a_browser_the_console_logs_in_and_changes_a_chats_model() {
     assert_eq!(seen["model"], "big");
     assert_eq!(seen["again"], "nothing to change: model was big already");
     assert_eq!(seen["forged"], 403);
+    assert_eq!(
+        (seen["people"].clone(), seen["tools"].clone()),
+        (json!(200), json!(200))
+    );
     assert_eq!(chat_model(&bot, &id), "big");
     say(&bot, &lull, "m2", "and now?", 2).await;
     let last = bot.model.requests().last().unwrap().body["model"].clone();
     assert_eq!(last, "big", "the next model request uses the change");
-    for name in ["login", "overview", "chats", "chat", "chat-saved"] {
+    for name in [
+        "login",
+        "overview",
+        "chats",
+        "chat",
+        "chat-saved",
+        "people",
+        "tools",
+    ] {
         let png = std::fs::read(shots.join(format!("console-{name}.png"))).unwrap();
         assert!(png.starts_with(b"\x89PNG"), "{name}");
     }
@@ -340,4 +353,78 @@ async fn in_a_browser_the_console_logs_in_and_changes_a_chats_model() {
             std::fs::copy(entry.path(), keep.join(entry.file_name())).unwrap();
         }
     }
+}
+
+/// The people page admits a Telegram user nobody listed: their first message gets the
+/// bot's "private" answer; allowed from the console (a form with this browser's
+/// token), their next message is answered. A forged post is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_people_page_allows_a_user_whose_next_message_is_answered() {
+    use crate::support::fakes::telegram::text_message;
+    let tg = crate::telegram::start(&[("LULL_ALLOWED_USERS", "")]).await;
+    let base = tg.lull.base_url();
+    tg.fake.push_message(text_message(4801, 4801, "hello?"));
+    let sent = tg.fake.wait_sent(4801, 1, SECS(15)).await;
+    assert!(
+        sent[0].text.contains("this bot is private"),
+        "{}",
+        sent[0].text
+    );
+
+    // No token set, loopback: open; the page gives the browser its form token.
+    let r = client().get(format!("{base}/people")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let csrf = set_cookie(&r, "lull_csrf").expect("a form token");
+    let page = r.text().await.unwrap();
+    assert!(
+        page.contains("LULL_ALLOWED_USERS</th><td>local users only"),
+        "{page}"
+    );
+    let cookies = format!("lull_csrf={csrf}");
+    let forged = client()
+        .post(format!("{base}/people"))
+        .form(&[("action", "allow"), ("user", "telegram:4801")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        forged.status().as_u16(),
+        403,
+        "a post without the browser's token"
+    );
+    let r = client()
+        .post(format!("{base}/people"))
+        .header(reqwest::header::COOKIE, &cookies)
+        .form(&[
+            ("action", "allow"),
+            ("user", "telegram:4801"),
+            ("csrf", &csrf),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 303);
+    let back = r.headers()[reqwest::header::LOCATION]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(back.starts_with("/people?done=saved"), "{back}");
+    let page = client()
+        .get(format!("{base}/people"))
+        .header(reqwest::header::COOKIE, &cookies)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("data-subject=\"telegram:4801\" data-allowed=\"true\""),
+        "{page}"
+    );
+    // Admitted now (every process reads the decisions within LULL_POLL_MS).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    tg.fake.push_message(text_message(4801, 4801, "now?"));
+    let sent = tg.fake.wait_sent(4801, 2, SECS(15)).await;
+    assert!(sent[1].text.contains("now?"), "answered: {}", sent[1].text);
 }

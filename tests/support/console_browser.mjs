@@ -48,6 +48,14 @@ try {
   await Promise.all([page.waitForNavigation(), page.click("#form-model button")]);
   seen.again = await page.$eval("#done", (e) => e.textContent);
 
+  // The people and tools pages.
+  response = await page.goto(`${BASE}/people`);
+  seen.people = response.status();
+  await shot("people");
+  response = await page.goto(`${BASE}/tools`);
+  seen.tools = response.status();
+  await shot("tools");
+
   // A forged post from the page (no form token): refused, nothing changed.
   seen.forged = await page.evaluate(async (chat) => {
     const r = await fetch(`/chats/${chat}`, {

@@ -113,6 +113,44 @@ impl Dispatcher {
         })
     }
 
+    /// The access lists in force (`LULL_ALLOWED_USERS`, `LULL_ALLOWED_CHATS`,
+    /// `LULL_ADMINS`: read-only here, they come from the environment).
+    pub fn console_access_lists(&self) -> &crate::access::Access {
+        &self.settings.access
+    }
+
+    /// The limits in force (a person's budgets, the day's time zone).
+    pub fn console_limits(&self) -> &crate::limits::Limits {
+        &self.settings.limits
+    }
+
+    /// `/allow` or `/deny` of the user `id` on `platform`, decided by the console's
+    /// operator; every process follows it at its next read of the decisions.
+    pub async fn console_user_access(
+        &self,
+        platform: crate::domain::Platform,
+        id: &str,
+        allowed: bool,
+    ) -> Result<ConsoleChange, StoreError> {
+        if id.is_empty() || id == "*" {
+            return Ok(ConsoleChange::Refused(
+                "name one user, as platform:id".to_owned(),
+            ));
+        }
+        let rule = AccessRule {
+            subject: Subject {
+                platform,
+                kind: SubjectKind::User,
+                id: id.to_owned(),
+            },
+            allowed,
+            set_by: "console".into(),
+            set_at: self.clock.now(),
+        };
+        self.store.set_access(&rule).await?;
+        Ok(ConsoleChange::Done { changed: true })
+    }
+
     /// `/allow chat` or `/deny chat` for `chat`, decided by the console's operator.
     pub async fn console_access(
         &self,

@@ -155,6 +155,7 @@ macro_rules! store_conformance {
             concurrent_reservations_of_one_key_store_one_row,
             the_status_counts_what_the_rows_say,
             the_console_lists_chats_with_their_choices_and_state,
+            the_console_lists_a_days_people_by_their_use,
             a_setting_is_applied_once_and_per_conversation,
             a_setting_changed_mid_generation_makes_the_reply_stale,
             stop_closes_the_pending_messages_and_the_generation,

@@ -322,3 +322,61 @@ pub async fn the_console_lists_chats_with_their_choices_and_state(store: &dyn St
     );
     assert_eq!(store.chats(None, 1, at(2300)).await.unwrap().len(), 1);
 }
+
+/// The console's people: a day's `user:` totals, tokens and dollars, most tokens
+/// first, other scopes and other days left out.
+pub async fn the_console_lists_a_days_people_by_their_use(store: &dyn Store) {
+    let a = holder("a");
+    let (id, _, _) = stored(store, message(http("c1"), "m1"), &a, at(1000)).await;
+    let lease = claimed(store, id, &a, at(1000)).await;
+    let charge = |day: &str, scopes: Vec<(&str, i64)>| TokenCharge {
+        day: day.into(),
+        scopes: scopes
+            .into_iter()
+            .map(|(scope, tokens)| ScopeCharge {
+                cost: tokens * 10,
+                ..ScopeCharge::tokens(scope, tokens, None)
+            })
+            .collect(),
+        hold_until: None,
+        reservation: Reservation::None,
+    };
+    for c in [
+        charge(
+            "2026-12-05",
+            vec![
+                ("user:telegram:7", 100),
+                ("user:telegram:8", 300),
+                ("bot", 400),
+            ],
+        ),
+        charge("2026-12-05", vec![("conversation:http:c1", 900)]),
+        charge("2026-12-04", vec![("user:telegram:9", 50)]),
+    ] {
+        store
+            .charge_tokens(LeaseCharge {
+                lease: &lease,
+                charge: &c,
+                now: at(1100),
+            })
+            .await
+            .unwrap();
+    }
+    let people = store.people_usage("2026-12-05", 10).await.unwrap();
+    let shown: Vec<(&str, u64, u64)> = people
+        .iter()
+        .map(|p| (p.user.as_str(), p.tokens, p.cost.0))
+        .collect();
+    assert_eq!(
+        shown,
+        [("telegram:8", 300, 3000), ("telegram:7", 100, 1000)]
+    );
+    assert_eq!(store.people_usage("2026-12-05", 1).await.unwrap().len(), 1);
+    assert!(
+        store
+            .people_usage("2026-12-06", 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}

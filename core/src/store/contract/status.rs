@@ -294,6 +294,34 @@ pub trait StatusStore: Send + Sync + 'static {
         limit: usize,
         now: Timestamp,
     ) -> Result<Vec<ChatRow>, StoreError>;
+
+    /// The people who spent on `day` (the budgets' day), most tokens first, at most
+    /// `limit`: their wallet totals (the console's people page). A seek on the day's
+    /// index.
+    async fn people_usage(&self, day: &str, limit: usize) -> Result<Vec<PersonUsage>, StoreError>;
+}
+
+/// What one person spent on a day, as the wallet counts it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PersonUsage {
+    /// `platform:user_id`, as `LULL_ALLOWED_USERS` and `/allow` name them.
+    pub user: String,
+    pub tokens: u64,
+    pub cost: crate::money::Usd,
+}
+
+/// People's totals from their `user:PLATFORM:ID` scopes' rows (scope, tokens,
+/// nano-dollars), in order.
+pub(crate) fn people_of(rows: Vec<(String, i64, i64)>) -> Vec<PersonUsage> {
+    rows.into_iter()
+        .filter_map(|(scope, tokens, cost)| {
+            Some(PersonUsage {
+                user: scope.strip_prefix("user:")?.to_owned(),
+                tokens: tokens.max(0) as u64,
+                cost: crate::money::Usd(cost.max(0) as u64),
+            })
+        })
+        .collect()
 }
 
 /// A chat as the operator's console shows it: its choices (what `/model`, `/persona`

@@ -4,6 +4,8 @@
 
 use async_trait::async_trait;
 
+use crate::store::{PersonUsage, people_of};
+
 use super::PostgresStore;
 use super::sql::{Tx, query, query_one, query_opt};
 use crate::domain::ConversationId;
@@ -18,6 +20,28 @@ use crate::store::{
 
 #[async_trait]
 impl StatusStore for PostgresStore {
+    async fn people_usage(&self, day: &str, limit: usize) -> Result<Vec<PersonUsage>, StoreError> {
+        transaction!(self, Operation::Read, "reading the people's use", |tx| {
+            async {
+                let rows = query(
+                    &tx,
+                    "SELECT scope, tokens, cost FROM token_usage
+                 WHERE day = $1 AND scope LIKE 'user:%' AND tokens > 0
+                 ORDER BY tokens DESC, scope LIMIT $2",
+                    &[&day, &(limit as i64)],
+                    "reading the people's use",
+                )
+                .await?;
+                Ok(people_of(
+                    rows.into_iter()
+                        .map(|r| (r.get(0), r.get(1), r.get(2)))
+                        .collect(),
+                ))
+            }
+            .await
+        })
+    }
+
     async fn chats(
         &self,
         only: Option<ConversationId>,

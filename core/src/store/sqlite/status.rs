@@ -2,6 +2,8 @@
 //! (never the writer, so a round's write never queues behind it).
 
 use async_trait::async_trait;
+
+use crate::store::{PersonUsage, people_of};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::SqliteStore;
@@ -73,8 +75,30 @@ pub(super) const CHATS_SQL: &str =
      WHERE ?2 IS NULL OR c.id = ?2
      ORDER BY last_at IS NULL, last_at DESC, c.id DESC LIMIT ?3";
 
+/// A day's people by tokens (index `token_usage_by_day`).
+pub(super) const PEOPLE_SQL: &str = "SELECT scope, tokens, cost FROM token_usage
+     WHERE day = ?1 AND scope LIKE 'user:%' AND tokens > 0
+     ORDER BY tokens DESC, scope LIMIT ?2";
+
 #[async_trait]
 impl StatusStore for SqliteStore {
+    async fn people_usage(&self, day: &str, limit: usize) -> Result<Vec<PersonUsage>, StoreError> {
+        let day = day.to_owned();
+        self.with_conn(move |conn| {
+            let rows: Vec<(String, i64, i64)> = conn
+                .prepare_cached(PEOPLE_SQL)
+                .ctx("reading the people's use")?
+                .query_map(params![day, limit as i64], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })
+                .ctx("reading the people's use")?
+                .collect::<Result<_, _>>()
+                .ctx("reading the people's use")?;
+            Ok(people_of(rows))
+        })
+        .await
+    }
+
     async fn chats(
         &self,
         only: Option<ConversationId>,

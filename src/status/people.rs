@@ -1,0 +1,224 @@
+//! The console's people page: `GET /people` shows who may use the bot (the lists and
+//! the admins from the environment, read-only; the run-time decisions) and what each
+//! person spent today against their budgets; `POST /people` (`action` `allow` or
+//! `deny`, `user` as `platform:id`, and the form's `csrf`) decides about a user as
+//! `/allow` and `/deny` do, answered by a redirect back saying what was done.
+
+use std::fmt::Write as _;
+
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use lull_core::access::AccessRule;
+use lull_core::dispatcher::{ConsoleChange, Dispatcher};
+use lull_core::domain::Platform;
+use lull_core::store::PersonUsage;
+
+use super::chats::{Done, with_token};
+use super::page::{document, esc, nav};
+use super::{StatusPage, csrf, html};
+
+/// The most people the page lists.
+const LIMIT: usize = 200;
+
+/// `GET /people`.
+pub(super) async fn page(
+    State(status): State<StatusPage>,
+    Query(done): Query<Done>,
+    headers: HeaderMap,
+) -> Response {
+    if let Some(refused) = status.refusal(&headers, false) {
+        return refused;
+    }
+    let Some(console) = status.inner.console.clone() else {
+        return html(
+            StatusCode::NOT_FOUND,
+            document(
+                "lull — people",
+                "<main><p>Not available in this process.</p></main>",
+            ),
+        );
+    };
+    let store = &status.inner.store;
+    let now = status.inner.clock.now();
+    let day = console.console_limits().timezone.day(now);
+    let read = async {
+        Ok::<_, lull_core::store::StoreError>((
+            store.access_rules().await?,
+            store.people_usage(&day, LIMIT).await?,
+        ))
+    };
+    match read.await {
+        Ok((rules, people)) => with_token(&headers, |csrf| {
+            render(&console, &rules, &people, &day, csrf, done.done.as_deref())
+        }),
+        Err(e) => html(
+            StatusCode::SERVICE_UNAVAILABLE,
+            document(
+                "lull — people",
+                &format!("<main><p class=\"bad\">{}</p></main>", esc(&e.to_string())),
+            ),
+        ),
+    }
+}
+
+/// `POST /people`: allow or deny a user; refused without the session (off loopback)
+/// or with a form token that is not the browser's (403).
+pub(super) async fn change(
+    State(status): State<StatusPage>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Some(refused) = status.refusal(&headers, false) {
+        return refused;
+    }
+    let field = |name: &str| {
+        url::form_urlencoded::parse(&body)
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.into_owned())
+    };
+    if !csrf::checked(&headers, field("csrf").as_deref()) {
+        tracing::warn!("a console change of access without this browser's form token was refused");
+        return (
+            StatusCode::FORBIDDEN,
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            "Refused: this form is not one this console gave your browser (reload the page and try again).\n",
+        )
+            .into_response();
+    }
+    let Some(console) = status.inner.console.clone() else {
+        return (StatusCode::NOT_FOUND, "changes are not available here\n").into_response();
+    };
+    let action = field("action").unwrap_or_default();
+    let user = field("user").unwrap_or_default();
+    let said = match decide(&console, &action, user.trim()).await {
+        Ok(said) => said,
+        Err(e) => format!("not saved: {e}"),
+    };
+    tracing::info!(%action, %user, outcome = %said, "a console change of access");
+    let location = format!(
+        "/people?done={}",
+        url::form_urlencoded::byte_serialize(said.as_bytes()).collect::<String>()
+    );
+    (StatusCode::SEE_OTHER, [(header::LOCATION, location)]).into_response()
+}
+
+/// Allow or deny `user` (`platform:id`); what the page then says.
+async fn decide(
+    console: &Dispatcher,
+    action: &str,
+    user: &str,
+) -> Result<String, lull_core::store::StoreError> {
+    let allowed = match action {
+        "allow" => true,
+        "deny" => false,
+        other => return Ok(format!("not saved: unknown action {other:?}")),
+    };
+    let Some((platform, id)) = user
+        .split_once(':')
+        .and_then(|(p, id)| Some((p.parse::<Platform>().ok()?, id.trim())))
+    else {
+        return Ok(format!(
+            "not saved: {user:?} is not platform:id (telegram:42)"
+        ));
+    };
+    Ok(
+        match console.console_user_access(platform, id, allowed).await? {
+            ConsoleChange::Refused(why) => format!("not saved: {why}"),
+            ConsoleChange::Done { .. } => format!(
+                "saved: {platform}:{id} is {}",
+                if allowed { "allowed" } else { "denied" }
+            ),
+        },
+    )
+}
+
+/// A form posting `action` about `user` (empty: a field to type one).
+fn form(csrf: &str, action: &str, user: Option<&str>, label: &str) -> String {
+    let user = match user {
+        Some(user) => format!(
+            "<input type=\"hidden\" name=\"user\" value=\"{}\">",
+            esc(user)
+        ),
+        None => "<input name=\"user\" placeholder=\"telegram:42\" aria-label=\"user\" required>"
+            .to_owned(),
+    };
+    format!(
+        "<form method=\"post\" action=\"/people\" class=\"form-{action}\">\
+         <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
+         <input type=\"hidden\" name=\"action\" value=\"{action}\">{user}\
+         <button type=\"submit\">{label}</button></form>"
+    )
+}
+
+/// `used` against `limit` (none when zero).
+fn against(used: String, limit: Option<String>) -> String {
+    match limit {
+        Some(limit) => format!("{used} of {limit}"),
+        None => used,
+    }
+}
+
+fn render(
+    console: &Dispatcher,
+    rules: &[AccessRule],
+    people: &[PersonUsage],
+    day: &str,
+    csrf: &str,
+    done: Option<&str>,
+) -> String {
+    let access = console.console_access_lists();
+    let limits = console.console_limits();
+    let or = |s: String, none: &str| if s.is_empty() { none.to_owned() } else { s };
+    let done = done
+        .map(|d| format!("<p class=\"done\" id=\"done\">{}</p>", esc(d)))
+        .unwrap_or_default();
+    let mut out = format!(
+        "<header><h1>lull people</h1><p>who may use the bot, and what each spent today ({day})</p>{}</header><main>\
+         <section class=\"wide\">{done}<h2>From the environment (read-only)</h2><table id=\"lists\">\
+         <tr><th>LULL_ALLOWED_USERS</th><td>{}</td></tr><tr><th>LULL_ALLOWED_CHATS</th><td>{}</td></tr>\
+         <tr><th>LULL_ADMINS</th><td>{}</td></tr></table>",
+        nav("/people"),
+        esc(&or(access.users.describe(), "local users only")),
+        esc(&or(access.chats.describe(), "none")),
+        esc(&or(access.admins.describe(), "none")),
+    );
+    out.push_str("<h2>Decided at run time</h2><p>Decisions win over the lists; every process follows them within LULL_POLL_MS.</p>");
+    out.push_str(&form(csrf, "allow", None, "Allow"));
+    out.push_str(&form(csrf, "deny", None, "Deny"));
+    out.push_str("<table id=\"decisions\"><tr><th>who</th><th>decision</th><th>by</th></tr>");
+    for r in rules {
+        let _ = write!(
+            out,
+            "<tr data-subject=\"{s}\" data-allowed=\"{a}\"><td>{s}</td><td>{d}</td><td>{by}</td></tr>",
+            s = esc(&r.subject.to_string()),
+            a = r.allowed,
+            d = if r.allowed { "allowed" } else { "denied" },
+            by = esc(&r.set_by),
+        );
+    }
+    out.push_str("</table></section><section class=\"wide\"><h2>Spent today</h2><table id=\"people\"><tr><th>who</th><th>tokens</th><th>dollars</th><th></th></tr>");
+    for p in people {
+        let tokens = against(
+            p.tokens.to_string(),
+            (limits.user_daily_tokens > 0).then(|| limits.user_daily_tokens.to_string()),
+        );
+        let dollars = against(
+            p.cost.to_string(),
+            limits
+                .user_daily_usd
+                .is_set()
+                .then(|| limits.user_daily_usd.to_string()),
+        );
+        let _ = write!(
+            out,
+            "<tr data-user=\"{u}\" data-tokens=\"{t}\"><td>{u}</td><td>{tokens}</td><td>{dollars}</td><td>{deny}</td></tr>",
+            u = esc(&p.user),
+            t = p.tokens,
+            deny = form(csrf, "deny", Some(&p.user), "Deny"),
+        );
+    }
+    out.push_str("</table></section></main>");
+    document("lull — people", &out)
+}

@@ -22,6 +22,7 @@
 
 mod chats;
 mod csrf;
+mod jobs;
 mod login;
 mod page;
 mod people;
@@ -214,6 +215,7 @@ impl StatusPage {
             .route("/chats", get(chats::list))
             .route("/chats/{id}", get(chats::detail).post(chats::change))
             .route("/people", get(people::page).post(people::change))
+            .route("/jobs", get(jobs::page).post(jobs::cancel))
             .route("/tools", get(tools::page))
             .with_state(self)
     }

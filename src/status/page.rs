@@ -31,10 +31,11 @@ textarea{width:100%;min-height:5em}.done{color:#1a7f37}
 ";
 
 /// The console's pages, linked from every header: path, label.
-const PAGES: [(&str, &str); 4] = [
+const PAGES: [(&str, &str); 5] = [
     ("/", "Overview"),
     ("/chats", "Chats"),
     ("/people", "People"),
+    ("/jobs", "Jobs"),
     ("/tools", "Tools"),
 ];
 

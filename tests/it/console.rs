@@ -290,6 +290,17 @@ async fn in_a_browser_the_console_logs_in_and_changes_a_chats_model() {
     // lull's own tools on, for the tools page's screenshot.
     let lull = start(&bot, "browser", &[("LULL_TOOLS", "auto")]).await;
     say(&bot, &lull, "m1", "hello", 1).await;
+    // A reminder for the jobs page to cancel (its confirmation is a notice).
+    let r = bot
+        .client
+        .post(format!("{}/api/messages", lull.base_url()))
+        .bearer_auth(TOKEN)
+        .json(&json!({ "conversation": "c1", "user": "ann", "text": "/remind in 2h stretch", "id": "m0" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 202);
+    bot.webhook.wait_notices(1, SECS(10)).await;
     let id = db::rows(
         &bot.database,
         "SELECT id FROM conversations WHERE key = 'c1'",
@@ -330,6 +341,20 @@ async fn in_a_browser_the_console_logs_in_and_changes_a_chats_model() {
         (seen["people"].clone(), seen["tools"].clone()),
         (json!(200), json!(200))
     );
+    assert_eq!(seen["jobs"].as_array().map(Vec::len), Some(1), "{seen}");
+    assert!(
+        seen["cancelled"]
+            .as_str()
+            .unwrap()
+            .starts_with("Stopped job #"),
+        "{seen}"
+    );
+    assert_eq!(seen["jobs_after"], 0);
+    assert_eq!(
+        db::rows(&bot.database, "SELECT state FROM jobs")[0][0],
+        "cancelled",
+        "the same store operation as /jobs cancel"
+    );
     assert_eq!(chat_model(&bot, &id), "big");
     say(&bot, &lull, "m2", "and now?", 2).await;
     let last = bot.model.requests().last().unwrap().body["model"].clone();
@@ -340,6 +365,7 @@ async fn in_a_browser_the_console_logs_in_and_changes_a_chats_model() {
         "chats",
         "chat",
         "chat-saved",
+        "jobs",
         "people",
         "tools",
     ] {

@@ -48,6 +48,14 @@ try {
   await Promise.all([page.waitForNavigation(), page.click("#form-model button")]);
   seen.again = await page.$eval("#done", (e) => e.textContent);
 
+  // The jobs page: the chat's reminder cancelled with its button.
+  response = await page.goto(`${BASE}/jobs`);
+  seen.jobs = await page.$$eval("#jobs tr[data-job]", (rows) => rows.map((r) => r.dataset.job));
+  await shot("jobs");
+  await Promise.all([page.waitForNavigation(), page.click("#jobs tr[data-job] button")]);
+  seen.cancelled = await page.$eval("#done", (e) => e.textContent);
+  seen.jobs_after = await page.$$eval("#jobs tr[data-job]", (rows) => rows.length);
+
   // The people and tools pages.
   response = await page.goto(`${BASE}/people`);
   seen.people = response.status();

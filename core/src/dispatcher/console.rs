@@ -1,5 +1,6 @@
 //! The operator's console's changes to a chat: the chat commands' own store operations
-//! (`/model`, `/persona`, `/prompt`, `/new`, `/stop`, `/allow chat`, `/deny chat`), so
+//! (`/model`, `/persona`, `/prompt`, `/new`, `/stop`, `/jobs cancel N`, `/allow`,
+//! `/deny`), so
 //! they obey the same fences (each moves the conversation's version, and a reply being
 //! written is dropped at its final check) and every process sees them at once.
 
@@ -149,6 +150,16 @@ impl Dispatcher {
         };
         self.store.set_access(&rule).await?;
         Ok(ConsoleChange::Done { changed: true })
+    }
+
+    /// `/jobs cancel N` of `chat`: what the chat's command would answer (the job
+    /// cancelled, or no such active job there).
+    pub async fn console_cancel_job(
+        &self,
+        chat: &ConversationRef,
+        id: i64,
+    ) -> Result<String, StoreError> {
+        super::job_commands::cancel(self.store.as_ref(), chat, id, self.clock.now()).await
     }
 
     /// `/allow chat` or `/deny chat` for `chat`, decided by the console's operator.

@@ -200,8 +200,38 @@ pub async fn a_cancelled_job_never_fires(store: &dyn Store) {
     );
     assert_eq!(store.cancel_job(&chat, job.id, at(20)).await.unwrap(), None);
     assert!(store.due_jobs(at(2_000), 10).await.unwrap().due.is_empty());
+    assert!(
+        store.all_jobs(10).await.unwrap().is_empty(),
+        "the console lists active jobs only"
+    );
     assert_eq!(fire(store, &job, None, "a").await, Fired::Gone);
     assert_eq!(store.active_jobs().await.unwrap(), 0);
+}
+
+/// The console's jobs: every chat's active jobs, the next to fire first, at most the
+/// limit asked.
+pub async fn every_chats_active_jobs_are_listed_next_first(store: &dyn Store) {
+    let later = create(
+        store,
+        new_job(&http("jobs-7a"), JobKind::Reminder, "command/l", at(5_000)),
+    )
+    .await;
+    let sooner = create(
+        store,
+        new_job(&http("jobs-7b"), JobKind::Task, "command/s", at(2_000)),
+    )
+    .await;
+    let all: Vec<i64> = store
+        .all_jobs(10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|j| j.id)
+        .collect();
+    assert_eq!(all, [sooner.id, later.id]);
+    let first = store.all_jobs(1).await.unwrap();
+    assert_eq!(first.len(), 1);
+    assert_eq!(first[0].conversation, http("jobs-7b"));
 }
 
 /// A chat's time zone: none until chosen, then the chosen one, then none again.

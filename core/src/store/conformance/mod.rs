@@ -176,6 +176,7 @@ macro_rules! store_conformance {
             a_recurring_job_arms_its_next_occurrence,
             a_task_fires_as_a_message_from_its_creator,
             a_cancelled_job_never_fires,
+            every_chats_active_jobs_are_listed_next_first,
             a_chat_keeps_its_time_zone,
             memories_are_written_with_a_committed_reply_only,
             a_scope_keeps_its_newest_memories,

@@ -211,6 +211,10 @@ pub trait JobStore: Send + Sync + 'static {
     /// The active jobs of `conversation`, by id.
     async fn jobs_of(&self, conversation: &ConversationRef) -> Result<Vec<JobRow>, StoreError>;
 
+    /// Every chat's active jobs, the next to fire first (at most `limit`): the
+    /// console's jobs page.
+    async fn all_jobs(&self, limit: usize) -> Result<Vec<JobRow>, StoreError>;
+
     /// Cancel job `id` of `conversation` (a job of another conversation is not found):
     /// the row after it, `None` when there is no such active job.
     async fn cancel_job(

@@ -56,6 +56,20 @@ impl JobStore for PostgresStore {
         })
     }
 
+    async fn all_jobs(&self, limit: usize) -> Result<Vec<JobRow>, StoreError> {
+        transaction!(self, Operation::Read, "reading jobs", |tx| {
+            async {
+                let sql = format!(
+                    "SELECT {JOB_COLUMNS} FROM jobs j JOIN conversations c ON c.id = j.conversation_id
+                     WHERE j.state = 'active' ORDER BY j.next_at ASC NULLS LAST, j.id LIMIT $1"
+                );
+                let rows = query(&tx, &sql, &[&(limit as i64)], "reading jobs").await?;
+                rows.iter().map(job_row).collect::<Result<Vec<_>, _>>()
+            }
+            .await
+        })
+    }
+
     async fn cancel_job(
         &self,
         conversation: &ConversationRef,

@@ -44,6 +44,21 @@ impl JobStore for SqliteStore {
         .await
     }
 
+    async fn all_jobs(&self, limit: usize) -> Result<Vec<JobRow>, StoreError> {
+        self.with_conn(move |conn| {
+            let sql = format!(
+                "SELECT {JOB_COLUMNS} FROM jobs j JOIN conversations c ON c.id = j.conversation_id
+                 WHERE j.state = 'active' ORDER BY j.next_at IS NULL, j.next_at, j.id LIMIT ?1"
+            );
+            let mut statement = conn.prepare_cached(&sql).ctx("preparing a statement")?;
+            let rows = statement
+                .query_map(params![limit as i64], raw_job)
+                .ctx("reading jobs")?;
+            jobs(rows.collect::<Result<Vec<_>, _>>().ctx("reading jobs")?)
+        })
+        .await
+    }
+
     async fn cancel_job(
         &self,
         conversation: &ConversationRef,

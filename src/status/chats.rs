@@ -18,7 +18,7 @@ use lull_core::domain::{ConversationId, ConversationRef, Platform};
 use lull_core::store::{ChatRow, Setting};
 
 use super::page::{document, esc, nav};
-use super::{StatusPage, csrf, html, over_https};
+use super::{StatusPage, csrf, forms, html, over_https};
 
 /// The most chats `/chats` lists.
 const LIMIT: usize = 500;
@@ -78,26 +78,11 @@ pub(super) async fn change(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if let Some(refused) = status.refusal(&headers, false) {
-        return refused;
-    }
-    let field = |name: &str| {
-        url::form_urlencoded::parse(&body)
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.into_owned())
+    let posted = match forms::checked(&status, &headers, body) {
+        Ok(posted) => posted,
+        Err(refused) => return *refused,
     };
-    if !csrf::checked(&headers, field("csrf").as_deref()) {
-        tracing::warn!(
-            chat = id,
-            "a console change without this browser's form token was refused"
-        );
-        return (
-            StatusCode::FORBIDDEN,
-            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-            "Refused: this form is not one this console gave your browser (reload the page and try again).\n",
-        )
-            .into_response();
-    }
+    let field = |name: &str| posted.field(name);
     let Some(console) = status.inner.console.clone() else {
         return (StatusCode::NOT_FOUND, "changes are not available here\n").into_response();
     };
@@ -111,11 +96,7 @@ pub(super) async fn change(
         Err(e) => format!("not saved: {e}"),
     };
     tracing::info!(chat = id, %action, outcome = %said, "a console change");
-    let location = format!(
-        "/chats/{id}?done={}",
-        url::form_urlencoded::byte_serialize(said.as_bytes()).collect::<String>()
-    );
-    (StatusCode::SEE_OTHER, [(header::LOCATION, location)]).into_response()
+    forms::back_to(&format!("/chats/{id}"), &said)
 }
 
 /// Do `action` on `chat`; what the page then says.
@@ -133,29 +114,7 @@ async fn apply(
     // What was done, and what the page says when it was already so.
     let (done, what, same) = match action {
         "model" | "persona" | "prompt" => {
-            let setting = match action {
-                "model" => Setting::Model,
-                "persona" => Setting::Persona,
-                _ => Setting::Prompt,
-            };
-            let done = console
-                .console_setting(&conversation, chat.is_group, setting, value_or_default)
-                .await?;
-            let (what, same) = match value_or_default {
-                Some(_) if action == "prompt" => (
-                    "the chat has its own prompt".to_owned(),
-                    "the chat had that prompt already".to_owned(),
-                ),
-                Some(v) => (
-                    format!("{action} is now {v}"),
-                    format!("{action} was {v} already"),
-                ),
-                None => (
-                    format!("{action} is back to the default"),
-                    format!("{action} was the default already"),
-                ),
-            };
-            (done, what, same)
+            apply_setting(console, chat, &conversation, action, value_or_default).await?
         }
         "new" => (
             console.console_new(&conversation, chat.is_group).await?,
@@ -185,6 +144,40 @@ async fn apply(
         ConsoleChange::Done { changed: false } => format!("nothing to change: {same}"),
         ConsoleChange::Refused(why) => format!("not saved: {why}"),
     })
+}
+
+/// Set the chat's `action` (`model`, `persona`, `prompt`) to `value` (`None`: the
+/// default): what was done, and what the page says when it was already so.
+async fn apply_setting(
+    console: &Dispatcher,
+    chat: &ChatRow,
+    conversation: &ConversationRef,
+    action: &str,
+    value: Option<&str>,
+) -> Result<(ConsoleChange, String, String), lull_core::store::StoreError> {
+    let setting = match action {
+        "model" => Setting::Model,
+        "persona" => Setting::Persona,
+        _ => Setting::Prompt,
+    };
+    let done = console
+        .console_setting(conversation, chat.is_group, setting, value)
+        .await?;
+    let (what, same) = match value {
+        Some(_) if action == "prompt" => (
+            "the chat has its own prompt".to_owned(),
+            "the chat had that prompt already".to_owned(),
+        ),
+        Some(v) => (
+            format!("{action} is now {v}"),
+            format!("{action} was {v} already"),
+        ),
+        None => (
+            format!("{action} is back to the default"),
+            format!("{action} was the default already"),
+        ),
+    };
+    Ok((done, what, same))
 }
 
 /// The chat `id`, if it exists.
@@ -320,6 +313,48 @@ fn form(id: i64, csrf: &str, action: &str, fields: &str, label: &str) -> String 
     )
 }
 
+/// The forms of a chat's model and persona, each with what is in force now.
+fn choice_forms(out: &mut String, c: &ChatRow, offered: &Offered, csrf: &str) {
+    let _ = write!(
+        out,
+        "<h2>Model</h2><p>Now: <span id=\"model\">{}</span></p>",
+        esc(c.model.as_deref().unwrap_or("default"))
+    );
+    match &offered.models {
+        Ok(models) => {
+            let mut options = vec![(
+                String::new(),
+                format!("default ({})", offered.default_model),
+            )];
+            options.extend(models.iter().map(|m| (m.clone(), m.clone())));
+            out.push_str(&form(
+                c.id,
+                csrf,
+                "model",
+                &select(&options, c.model.as_deref().unwrap_or("")),
+                "Set the model",
+            ));
+        }
+        Err(why) => {
+            let _ = write!(out, "<p class=\"bad\">No model list: {}</p>", esc(why));
+        }
+    }
+    let _ = write!(
+        out,
+        "<h2>Persona</h2><p>Now: <span id=\"persona\">{}</span></p>",
+        esc(c.persona.as_deref().unwrap_or("default"))
+    );
+    let mut personas = vec![(String::new(), "default".to_owned())];
+    personas.extend(offered.personas.iter().map(|p| (p.clone(), p.clone())));
+    out.push_str(&form(
+        c.id,
+        csrf,
+        "persona",
+        &select(&personas, c.persona.as_deref().unwrap_or("")),
+        "Set the persona",
+    ));
+}
+
 /// A select named `value` of `options` (value, label), `chosen` selected.
 fn select(options: &[(String, String)], chosen: &str) -> String {
     let mut out = String::from("<select name=\"value\">");
@@ -364,44 +399,7 @@ fn render_detail(
         );
         return document(&format!("lull — chat #{}", c.id), &out);
     }
-    let _ = write!(
-        out,
-        "<h2>Model</h2><p>Now: <span id=\"model\">{}</span></p>",
-        esc(c.model.as_deref().unwrap_or("default"))
-    );
-    match &offered.models {
-        Ok(models) => {
-            let mut options = vec![(
-                String::new(),
-                format!("default ({})", offered.default_model),
-            )];
-            options.extend(models.iter().map(|m| (m.clone(), m.clone())));
-            out.push_str(&form(
-                c.id,
-                csrf,
-                "model",
-                &select(&options, c.model.as_deref().unwrap_or("")),
-                "Set the model",
-            ));
-        }
-        Err(why) => {
-            let _ = write!(out, "<p class=\"bad\">No model list: {}</p>", esc(why));
-        }
-    }
-    let _ = write!(
-        out,
-        "<h2>Persona</h2><p>Now: <span id=\"persona\">{}</span></p>",
-        esc(c.persona.as_deref().unwrap_or("default"))
-    );
-    let mut personas = vec![(String::new(), "default".to_owned())];
-    personas.extend(offered.personas.iter().map(|p| (p.clone(), p.clone())));
-    out.push_str(&form(
-        c.id,
-        csrf,
-        "persona",
-        &select(&personas, c.persona.as_deref().unwrap_or("")),
-        "Set the persona",
-    ));
+    choice_forms(&mut out, c, offered, csrf);
     out.push_str("<h2>Prompt</h2><p>This chat's own system prompt; empty: the default.</p>");
     let prompt = format!(
         "<textarea name=\"value\" aria-label=\"prompt\">{}</textarea>",

@@ -10,7 +10,7 @@
 //! console open on loopback too, where a page on the internet could otherwise reach
 //! `127.0.0.1` through the operator's browser.
 
-use axum::http::{HeaderMap, HeaderValue, header};
+use axum::http::{HeaderMap, HeaderValue};
 
 /// The cookie holding the form token.
 pub(super) const CSRF_COOKIE: &str = "lull_csrf";
@@ -24,14 +24,8 @@ pub(super) fn new_token() -> String {
 
 /// The form token the browser holds, if any (a well-formed one: 32 hex digits).
 pub(super) fn from_cookie(headers: &HeaderMap) -> Option<String> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .filter(|(name, _)| *name == CSRF_COOKIE)
-        .map(|(_, value)| value.to_owned())
+    super::cookies(headers, CSRF_COOKIE)
+        .into_iter()
         .find(|value| value.len() == 32 && value.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
@@ -55,6 +49,7 @@ pub(super) fn checked(headers: &HeaderMap, posted: Option<&str>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::header;
 
     fn with_cookie(value: &str) -> HeaderMap {
         let mut headers = HeaderMap::new();

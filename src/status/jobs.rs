@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 
 use axum::body::Bytes;
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use lull_core::domain::Timestamp;
 use lull_core::limits::TimeZone;
@@ -16,7 +16,7 @@ use lull_core::store::{JobKind, JobRow};
 
 use super::chats::{Done, with_token};
 use super::page::{document, esc, nav};
-use super::{StatusPage, csrf, html};
+use super::{StatusPage, forms, html};
 
 /// The most jobs the page lists.
 const LIMIT: usize = 500;
@@ -59,26 +59,11 @@ pub(super) async fn cancel(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if let Some(refused) = status.refusal(&headers, false) {
-        return refused;
-    }
-    let field = |name: &str| {
-        url::form_urlencoded::parse(&body)
-            .find(|(n, _)| n == name)
-            .and_then(|(_, v)| v.parse::<i64>().ok())
+    let posted = match forms::checked(&status, &headers, body) {
+        Ok(posted) => posted,
+        Err(refused) => return *refused,
     };
-    let posted = url::form_urlencoded::parse(&body)
-        .find(|(n, _)| n == "csrf")
-        .map(|(_, v)| v.into_owned());
-    if !csrf::checked(&headers, posted.as_deref()) {
-        tracing::warn!("a console job cancel without this browser's form token was refused");
-        return (
-            StatusCode::FORBIDDEN,
-            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-            "Refused: this form is not one this console gave your browser (reload the page and try again).\n",
-        )
-            .into_response();
-    }
+    let field = |name: &str| posted.field(name).and_then(|v| v.parse::<i64>().ok());
     let Some(console) = status.inner.console.clone() else {
         return (StatusCode::NOT_FOUND, "changes are not available here\n").into_response();
     };
@@ -107,11 +92,7 @@ pub(super) async fn cancel(
         }
         _ => "not cancelled: the form names no job".to_owned(),
     };
-    let location = format!(
-        "/jobs?done={}",
-        url::form_urlencoded::byte_serialize(said.as_bytes()).collect::<String>()
-    );
-    (StatusCode::SEE_OTHER, [(header::LOCATION, location)]).into_response()
+    forms::back_to("/jobs", &said)
 }
 
 fn render(

@@ -22,6 +22,7 @@
 
 mod chats;
 mod csrf;
+mod forms;
 mod jobs;
 mod login;
 mod page;
@@ -440,14 +441,22 @@ fn bearer(headers: &HeaderMap, token: &SecretString) -> bool {
 
 /// Whether a `Cookie` header carries a login cookie holding a session open at `now`.
 fn has_session(headers: &HeaderMap, sessions: &login::Sessions, now: Timestamp) -> bool {
+    cookies(headers, COOKIE)
+        .iter()
+        .any(|value| sessions.valid(value, now))
+}
+
+/// The values of the cookie `name` the request carries (every `Cookie` header).
+fn cookies(headers: &HeaderMap, name: &str) -> Vec<String> {
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
-        .filter(|(name, _)| *name == COOKIE)
-        .any(|(_, value)| sessions.valid(value, now))
+        .filter(|(n, _)| *n == name)
+        .map(|(_, value)| value.to_owned())
+        .collect()
 }
 
 /// Equal bytes, in a time that depends on the lengths alone.

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 
 use axum::body::Bytes;
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use lull_core::access::AccessRule;
 use lull_core::dispatcher::{ConsoleChange, Dispatcher};
@@ -17,7 +17,7 @@ use lull_core::store::PersonUsage;
 
 use super::chats::{Done, with_token};
 use super::page::{document, esc, nav};
-use super::{StatusPage, csrf, html};
+use super::{StatusPage, forms, html};
 
 /// The most people the page lists.
 const LIMIT: usize = 200;
@@ -70,23 +70,11 @@ pub(super) async fn change(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if let Some(refused) = status.refusal(&headers, false) {
-        return refused;
-    }
-    let field = |name: &str| {
-        url::form_urlencoded::parse(&body)
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.into_owned())
+    let posted = match forms::checked(&status, &headers, body) {
+        Ok(posted) => posted,
+        Err(refused) => return *refused,
     };
-    if !csrf::checked(&headers, field("csrf").as_deref()) {
-        tracing::warn!("a console change of access without this browser's form token was refused");
-        return (
-            StatusCode::FORBIDDEN,
-            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-            "Refused: this form is not one this console gave your browser (reload the page and try again).\n",
-        )
-            .into_response();
-    }
+    let field = |name: &str| posted.field(name);
     let Some(console) = status.inner.console.clone() else {
         return (StatusCode::NOT_FOUND, "changes are not available here\n").into_response();
     };
@@ -97,11 +85,7 @@ pub(super) async fn change(
         Err(e) => format!("not saved: {e}"),
     };
     tracing::info!(%action, %user, outcome = %said, "a console change of access");
-    let location = format!(
-        "/people?done={}",
-        url::form_urlencoded::byte_serialize(said.as_bytes()).collect::<String>()
-    );
-    (StatusCode::SEE_OTHER, [(header::LOCATION, location)]).into_response()
+    forms::back_to("/people", &said)
 }
 
 /// Allow or deny `user` (`platform:id`); what the page then says.

@@ -1,0 +1,56 @@
+//! What every console change shares: the checks before it (the session off
+//! loopback, the form token of this browser) and the redirect back after it, saying
+//! what was done.
+
+use axum::body::Bytes;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+use super::{StatusPage, csrf};
+
+/// A posted form (`application/x-www-form-urlencoded`).
+pub(super) struct Posted(Bytes);
+
+impl Posted {
+    /// The value of the field `name`, if the form has it.
+    pub(super) fn field(&self, name: &str) -> Option<String> {
+        url::form_urlencoded::parse(&self.0)
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.into_owned())
+    }
+}
+
+/// The form posted to `status` with `headers`, once it may change something: the
+/// session (off loopback, or with a token set) and this browser's form token
+/// ([`csrf`]). `Err`: the answer that refuses it (the login form, or 403).
+pub(super) fn checked(
+    status: &StatusPage,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<Posted, Box<Response>> {
+    if let Some(refused) = status.refusal(headers, false) {
+        return Err(Box::new(refused));
+    }
+    let posted = Posted(body);
+    if !csrf::checked(headers, posted.field("csrf").as_deref()) {
+        tracing::warn!("a console change without this browser's form token was refused");
+        return Err(Box::new(
+            (
+                StatusCode::FORBIDDEN,
+                [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+                "Refused: this form is not one this console gave your browser (reload the page and try again).\n",
+            )
+                .into_response(),
+        ));
+    }
+    Ok(posted)
+}
+
+/// The answer to a change: back to `page`, saying `said` (`?done=…`).
+pub(super) fn back_to(page: &str, said: &str) -> Response {
+    let location = format!(
+        "{page}?done={}",
+        url::form_urlencoded::byte_serialize(said.as_bytes()).collect::<String>()
+    );
+    (StatusCode::SEE_OTHER, [(header::LOCATION, location)]).into_response()
+}

@@ -8,8 +8,12 @@
 //! many) reads the database at most once per TTL.
 //!
 //! It is also the operator's console: `/chats` and `/chats/{id}` ([`chats`]) show
-//! every chat and change one through the chat commands' own store operations, each
-//! change a form whose token must be this browser's ([`csrf`]).
+//! every chat and change one through the chat commands' own store operations;
+//! `/people` ([`people`]) who may use the bot and what each spent today, allowing or
+//! denying a user; `/jobs` ([`jobs`]) every chat's active jobs, cancelling one;
+//! `/tools` ([`tools`]) the MCP servers and their tools. Each change is a form whose
+//! token must be this browser's ([`csrf`]), checked before it and answered after it
+//! by a redirect back ([`forms`]).
 //!
 //! Access ([`Access`]): with `LULL_HTTP_TOKEN` set, the page and the console need it
 //! on every address, loopback included; without one, a loopback `LULL_HTTP_ADDR` is

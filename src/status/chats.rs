@@ -384,7 +384,7 @@ fn render_detail(
         .unwrap_or_default();
     let mut out = format!(
         "<header><h1>chat #{id}</h1><p>{p} <code>{k}</code> · {kind} · last message {at} · \
-         <span id=\"state\">{st}</span></p>{nav}</header><main><section class=\"wide\">{done}",
+         <span id=\"state\">{st}</span> · <a href=\"/memories?scope={mem}\">its memories</a></p>{nav}</header><main><section class=\"wide\">{done}",
         id = c.id,
         p = esc(&c.platform),
         k = esc(&c.key),
@@ -392,6 +392,10 @@ fn render_detail(
         at = esc(&shown_at(c.last_message_at, tz, now)),
         st = state(c),
         nav = nav("/chats"),
+        mem = url::form_urlencoded::byte_serialize(
+            format!("chat:{}:{}", c.platform, c.key).as_bytes()
+        )
+        .collect::<String>(),
     );
     if !offered.changes {
         out.push_str(

@@ -48,8 +48,9 @@ pub(super) fn checked(
 
 /// The answer to a change: back to `page`, saying `said` (`?done=…`).
 pub(super) fn back_to(page: &str, said: &str) -> Response {
+    let joint = if page.contains('?') { '&' } else { '?' };
     let location = format!(
-        "{page}?done={}",
+        "{page}{joint}done={}",
         url::form_urlencoded::byte_serialize(said.as_bytes()).collect::<String>()
     );
     (StatusCode::SEE_OTHER, [(header::LOCATION, location)]).into_response()

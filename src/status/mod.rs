@@ -11,6 +11,7 @@
 //! every chat and change one through the chat commands' own store operations;
 //! `/people` ([`people`]) who may use the bot and what each spent today, allowing or
 //! denying a user; `/jobs` ([`jobs`]) every chat's active jobs, cancelling one;
+//! `/memories` ([`memories`]) a scope's memories on request, forgetting them;
 //! `/tools` ([`tools`]) the MCP servers and their tools. Each change is a form whose
 //! token must be this browser's ([`csrf`]), checked before it and answered after it
 //! by a redirect back ([`forms`]).
@@ -29,6 +30,7 @@ mod csrf;
 mod forms;
 mod jobs;
 mod login;
+mod memories;
 mod page;
 mod people;
 mod tools;
@@ -221,6 +223,7 @@ impl StatusPage {
             .route("/chats/{id}", get(chats::detail).post(chats::change))
             .route("/people", get(people::page).post(people::change))
             .route("/jobs", get(jobs::page).post(jobs::cancel))
+            .route("/memories", get(memories::page).post(memories::change))
             .route("/tools", get(tools::page))
             .with_state(self)
     }

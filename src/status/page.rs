@@ -31,11 +31,12 @@ textarea{width:100%;min-height:5em}.done{color:#1a7f37}
 ";
 
 /// The console's pages, linked from every header: path, label.
-const PAGES: [(&str, &str); 5] = [
+const PAGES: [(&str, &str); 6] = [
     ("/", "Overview"),
     ("/chats", "Chats"),
     ("/people", "People"),
     ("/jobs", "Jobs"),
+    ("/memories", "Memories"),
     ("/tools", "Tools"),
 ];
 

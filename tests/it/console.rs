@@ -350,6 +350,7 @@ async fn in_a_browser_the_console_logs_in_and_changes_a_chats_model() {
         "{seen}"
     );
     assert_eq!(seen["jobs_after"], 0);
+    assert_eq!(seen["memories"], 200);
     assert_eq!(
         db::rows(&bot.database, "SELECT state FROM jobs")[0][0],
         "cancelled",
@@ -367,6 +368,7 @@ async fn in_a_browser_the_console_logs_in_and_changes_a_chats_model() {
         "chat-saved",
         "jobs",
         "people",
+        "memories",
         "tools",
     ] {
         let png = std::fs::read(shots.join(format!("console-{name}.png"))).unwrap();
@@ -453,4 +455,83 @@ async fn the_people_page_allows_a_user_whose_next_message_is_answered() {
     tg.fake.push_message(text_message(4801, 4801, "now?"));
     let sent = tg.fake.wait_sent(4801, 2, SECS(15)).await;
     assert!(sent[1].text.contains("now?"), "answered: {}", sent[1].text);
+}
+
+/// The memories page: a person's memories shown on request, one forgotten with its
+/// button as `/memory forget N` does (a forged post refused first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_memories_page_shows_a_persons_memories_and_forgets_one() {
+    use crate::support::fakes::openai::{Agent, Behavior};
+    let bot = HttpBot::new(None).await;
+    bot.model.fallback(Behavior::Agent(Agent {
+        calls: vec![("lull__remember".into(), json!({ "text": "" }))],
+        newest_field: Some("text"),
+        only_if: Some("remember:"),
+        ..Agent::default()
+    }));
+    let lull = start(&bot, "memories", &[("LULL_TOOLS", "auto")]).await;
+    say(&bot, &lull, "m1", "remember: likes green tea", 1).await;
+    let stored = db::rows(&bot.database, "SELECT id, text FROM memories");
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    let id = stored[0][0].clone();
+
+    let session = log_in(&lull).await;
+    let r = client()
+        .get(format!(
+            "{}/memories?scope=person:http:ann",
+            lull.base_url()
+        ))
+        .header(reqwest::header::COOKIE, format!("lull_status={session}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let csrf = set_cookie(&r, "lull_csrf").expect("a form token");
+    let page = r.text().await.unwrap();
+    assert!(
+        page.contains(&format!("data-memory=\"{id}\"")) && page.contains("likes green tea"),
+        "{page}"
+    );
+    let cookies = format!("lull_status={session}; lull_csrf={csrf}");
+    let forget = |csrf: &str| {
+        vec![
+            ("scope", "person:http:ann".to_owned()),
+            ("action", "forget".to_owned()),
+            ("id", id.clone()),
+            ("csrf", csrf.to_owned()),
+        ]
+    };
+    let forged = client()
+        .post(format!("{}/memories", lull.base_url()))
+        .header(reqwest::header::COOKIE, format!("lull_status={session}"))
+        .form(&forget(&csrf))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        forged.status().as_u16(),
+        403,
+        "without the browser's cookie"
+    );
+    assert_eq!(db::rows(&bot.database, "SELECT id FROM memories").len(), 1);
+    let r = client()
+        .post(format!("{}/memories", lull.base_url()))
+        .header(reqwest::header::COOKIE, &cookies)
+        .form(&forget(&csrf))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 303);
+    let back = r.headers()[reqwest::header::LOCATION]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        back.starts_with("/memories?scope=person%3Ahttp%3Aann&done="),
+        "{back}"
+    );
+    assert!(
+        db::rows(&bot.database, "SELECT id FROM memories").is_empty(),
+        "forgotten"
+    );
 }

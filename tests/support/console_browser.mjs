@@ -60,6 +60,9 @@ try {
   response = await page.goto(`${BASE}/people`);
   seen.people = response.status();
   await shot("people");
+  response = await page.goto(`${BASE}/memories?scope=person:http:ann`);
+  seen.memories = response.status();
+  await shot("memories");
   response = await page.goto(`${BASE}/tools`);
   seen.tools = response.status();
   await shot("tools");

@@ -162,6 +162,37 @@ impl Dispatcher {
         super::job_commands::cancel(self.store.as_ref(), chat, id, self.clock.now()).await
     }
 
+    /// The memories of `scope`, newest first (what `/memory` lists there).
+    pub async fn console_memories(
+        &self,
+        scope: &crate::store::Scope,
+    ) -> Result<Vec<crate::store::Memory>, StoreError> {
+        self.store
+            .memories(
+                std::slice::from_ref(scope),
+                crate::store::MEMORIES_PER_SCOPE,
+            )
+            .await
+    }
+
+    /// `/memory forget N` in `scope`: what the chat's command would answer.
+    pub async fn console_forget_memory(
+        &self,
+        scope: &crate::store::Scope,
+        id: i64,
+    ) -> Result<String, StoreError> {
+        super::memory::forget_in(self, scope, id).await
+    }
+
+    /// `/memory clear` of `scope` (its rounds in flight fenced): what the chat's
+    /// command would answer.
+    pub async fn console_clear_memories(
+        &self,
+        scope: &crate::store::Scope,
+    ) -> Result<String, StoreError> {
+        super::memory::clear_in(self, scope).await
+    }
+
     /// `/allow chat` or `/deny chat` for `chat`, decided by the console's operator.
     pub async fn console_access(
         &self,

@@ -49,25 +49,43 @@ pub(in crate::dispatcher) async fn memory(
             if !may_change {
                 return Ok(texts::GROUP_ADMINS_ONLY_TEXT.to_owned());
             }
-            Ok(if d.store.forget_memory(&scope, id).await? {
-                count("command_forget", 1);
-                tracing::info!(conversation = %incoming.conversation, memory = id, "memory forgotten by command");
-                texts::forgotten_text(id)
-            } else {
-                texts::no_such_memory_text(id)
-            })
+            forget_in(d, &scope, id).await
         }
         [clear] if clear.eq_ignore_ascii_case("clear") => {
             if !may_change {
                 return Ok(texts::GROUP_ADMINS_ONLY_TEXT.to_owned());
             }
-            let cleared = d.store.clear_memories(&scope).await?;
-            count("clear", cleared);
-            tracing::info!(conversation = %incoming.conversation, cleared, "memories cleared by command");
-            Ok(texts::cleared_text(cleared))
+            clear_in(d, &scope).await
         }
         _ => Ok(texts::MEMORY_USAGE_TEXT.to_owned()),
     }
+}
+
+/// `/memory forget N` in `scope` (the chat's command, or the console's): the answer.
+pub(in crate::dispatcher) async fn forget_in(
+    d: &Dispatcher,
+    scope: &Scope,
+    id: i64,
+) -> Result<String, StoreError> {
+    Ok(if d.store.forget_memory(scope, id).await? {
+        count("command_forget", 1);
+        tracing::info!(scope = %scope.owner, memory = id, "memory forgotten by command");
+        texts::forgotten_text(id)
+    } else {
+        texts::no_such_memory_text(id)
+    })
+}
+
+/// `/memory clear` of `scope` (the chat's command, or the console's): every memory
+/// deleted and the rounds in flight fenced (the store's clear); the answer.
+pub(in crate::dispatcher) async fn clear_in(
+    d: &Dispatcher,
+    scope: &Scope,
+) -> Result<String, StoreError> {
+    let cleared = d.store.clear_memories(scope).await?;
+    count("clear", cleared);
+    tracing::info!(scope = %scope.owner, cleared, "memories cleared by command");
+    Ok(texts::cleared_text(cleared))
 }
 
 /// `/forgetme`: every memory of the sender (theirs, and the chat memories they asked

@@ -16,7 +16,7 @@ mod commands;
 mod texts;
 mod tools;
 
-pub(super) use commands::{forget_me, memory};
+pub(super) use commands::{clear_in, forget_in, forget_me, memory};
 use tools::Rights;
 pub(super) use tools::{MemoryTools, Staging};
 

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use lull_core::dispatcher::{ConsoleChange, Dispatcher};
 use lull_core::domain::{ConversationId, ConversationRef, Platform};
 use lull_core::store::{ChatRow, Setting};
@@ -33,13 +33,7 @@ pub(super) async fn list(State(status): State<StatusPage>, headers: HeaderMap) -
         Ok(chats) => with_token(&headers, |_| {
             render_list(&chats, &status.inner.timezone, now)
         }),
-        Err(e) => html(
-            StatusCode::SERVICE_UNAVAILABLE,
-            document(
-                "lull — chats",
-                &format!("<main><p class=\"bad\">{}</p></main>", esc(&e.to_string())),
-            ),
-        ),
+        Err(e) => forms::unavailable("lull — chats", &e),
     }
 }
 
@@ -84,7 +78,7 @@ pub(super) async fn change(
     };
     let field = |name: &str| posted.field(name);
     let Some(console) = status.inner.console.clone() else {
-        return (StatusCode::NOT_FOUND, "changes are not available here\n").into_response();
+        return forms::no_changes();
     };
     let Some(chat) = one(&status, id).await else {
         return not_found(id);
@@ -121,11 +115,7 @@ async fn apply(
             "the conversation starts afresh".to_owned(),
             String::new(),
         ),
-        "stop" => (
-            console.console_stop(&conversation, chat.is_group).await?,
-            "stopped: the waiting messages are closed unanswered".to_owned(),
-            "no message was waiting".to_owned(),
-        ),
+        "stop" => return console.console_stop(&conversation, chat.is_group).await,
         "allow" | "deny" => {
             let allowed = action == "allow";
             (

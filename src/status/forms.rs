@@ -55,3 +55,22 @@ pub(super) fn back_to(page: &str, said: &str) -> Response {
     );
     (StatusCode::SEE_OTHER, [(header::LOCATION, location)]).into_response()
 }
+
+/// The page `title` when the database did not answer: 503, saying why.
+pub(super) fn unavailable(title: &str, error: &lull_core::store::StoreError) -> Response {
+    super::html(
+        StatusCode::SERVICE_UNAVAILABLE,
+        super::page::document(
+            title,
+            &format!(
+                "<main><p class=\"bad\">{}</p></main>",
+                super::page::esc(&error.to_string())
+            ),
+        ),
+    )
+}
+
+/// The answer to a change posted to a process without a dispatcher to make it.
+pub(super) fn no_changes() -> Response {
+    (StatusCode::NOT_FOUND, "changes are not available here\n").into_response()
+}

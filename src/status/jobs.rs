@@ -8,15 +8,15 @@ use std::fmt::Write as _;
 
 use axum::body::Bytes;
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::http::HeaderMap;
+use axum::response::Response;
 use lull_core::domain::Timestamp;
 use lull_core::limits::TimeZone;
 use lull_core::store::{JobKind, JobRow};
 
 use super::chats::{Done, with_token};
 use super::page::{document, esc, nav};
-use super::{StatusPage, forms, html};
+use super::{StatusPage, forms};
 
 /// The most jobs the page lists.
 const LIMIT: usize = 500;
@@ -42,13 +42,7 @@ pub(super) async fn page(
                 status.inner.console.is_some(),
             )
         }),
-        Err(e) => html(
-            StatusCode::SERVICE_UNAVAILABLE,
-            document(
-                "lull — jobs",
-                &format!("<main><p class=\"bad\">{}</p></main>", esc(&e.to_string())),
-            ),
-        ),
+        Err(e) => forms::unavailable("lull — jobs", &e),
     }
 }
 
@@ -65,7 +59,7 @@ pub(super) async fn cancel(
     };
     let field = |name: &str| posted.field(name).and_then(|v| v.parse::<i64>().ok());
     let Some(console) = status.inner.console.clone() else {
-        return (StatusCode::NOT_FOUND, "changes are not available here\n").into_response();
+        return forms::no_changes();
     };
     let said = match (field("job"), field("chat")) {
         (Some(job), Some(chat)) => {

@@ -9,14 +9,14 @@ use std::fmt::Write as _;
 
 use axum::body::Bytes;
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::HeaderMap;
 use axum::response::Response;
 use lull_core::domain::Platform;
 use lull_core::store::{Memory, Scope, ScopeKind};
 
 use super::chats::with_token;
 use super::page::{document, esc, nav};
-use super::{StatusPage, forms, html};
+use super::{StatusPage, forms};
 
 /// What `GET /memories` is asked.
 #[derive(serde::Deserialize)]
@@ -58,13 +58,7 @@ pub(super) async fn page(
         (Some(scope), Some(console)) => match console.console_memories(scope).await {
             Ok(memories) => Some(memories),
             Err(e) => {
-                return html(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    document(
-                        "lull — memories",
-                        &format!("<main><p class=\"bad\">{}</p></main>", esc(&e.to_string())),
-                    ),
-                );
+                return forms::unavailable("lull — memories", &e);
             }
         },
         _ => None,
@@ -139,10 +133,7 @@ pub(super) async fn change(
         Err(refused) => return *refused,
     };
     let Some(console) = status.inner.console.clone() else {
-        return html(
-            StatusCode::NOT_FOUND,
-            "changes are not available here\n".to_owned(),
-        );
+        return forms::no_changes();
     };
     let scope_text = posted.field("scope").unwrap_or_default();
     let Some(scope) = scope_of(&scope_text) else {

@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use axum::body::Bytes;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use lull_core::access::AccessRule;
 use lull_core::dispatcher::{ConsoleChange, Dispatcher};
 use lull_core::domain::Platform;
@@ -53,13 +53,7 @@ pub(super) async fn page(
         Ok((rules, people)) => with_token(&headers, |csrf| {
             render(&console, &rules, &people, &day, csrf, done.done.as_deref())
         }),
-        Err(e) => html(
-            StatusCode::SERVICE_UNAVAILABLE,
-            document(
-                "lull — people",
-                &format!("<main><p class=\"bad\">{}</p></main>", esc(&e.to_string())),
-            ),
-        ),
+        Err(e) => forms::unavailable("lull — people", &e),
     }
 }
 
@@ -76,7 +70,7 @@ pub(super) async fn change(
     };
     let field = |name: &str| posted.field(name);
     let Some(console) = status.inner.console.clone() else {
-        return (StatusCode::NOT_FOUND, "changes are not available here\n").into_response();
+        return forms::no_changes();
     };
     let action = field("action").unwrap_or_default();
     let user = field("user").unwrap_or_default();

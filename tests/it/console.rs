@@ -450,8 +450,7 @@ async fn the_people_page_allows_a_user_whose_next_message_is_answered() {
         page.contains("data-subject=\"telegram:4801\" data-allowed=\"true\""),
         "{page}"
     );
-    // Admitted now (every process reads the decisions within LULL_POLL_MS).
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Admitted at once here (other processes read the decisions within LULL_POLL_MS).
     tg.fake.push_message(text_message(4801, 4801, "now?"));
     let sent = tg.fake.wait_sent(4801, 2, SECS(15)).await;
     assert!(sent[1].text.contains("now?"), "answered: {}", sent[1].text);

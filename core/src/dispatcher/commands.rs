@@ -88,18 +88,7 @@ async fn act(
             texts::unknown_command_text(text.split_whitespace().next().unwrap_or(""))
         }
         Command::Reset | Command::New => {
-            let reset = dispatcher
-                .store
-                .reset_context(ContextReset {
-                    conversation: &incoming.conversation,
-                    is_group: incoming.is_group,
-                    holder: &dispatcher.holder,
-                    now,
-                })
-                .await?;
-            // A generation in flight here stops at once (elsewhere the final check
-            // finds the version moved).
-            controls::moved(dispatcher, reset.conversation, reset.version);
+            reset(dispatcher, &incoming.conversation, incoming.is_group, now).await?;
             texts::RESET_TEXT.to_owned()
         }
         Command::Usage => usage(dispatcher, incoming, admin, args, now).await?,
@@ -139,15 +128,44 @@ async fn act(
                     ),
                     set_at: now,
                 };
-                dispatcher.store.set_access(&rule).await?;
-                dispatcher.forget_access_rules();
-                tracing::info!(subject = %rule.subject, allowed, by = %rule.set_by, "access decision recorded");
+                decide_access(dispatcher, &rule).await?;
                 texts::access_set_text(&rule.subject.to_string(), allowed)
             }
             Err(why) => why,
         },
     };
     Ok(answer.into())
+}
+
+/// `/new` (or `/reset`) of `conversation`, from a chat or the console: its context
+/// starts afresh, in one write that moves its version; a generation in flight here
+/// stops at once (elsewhere the final check finds the version moved).
+pub(super) async fn reset(
+    d: &Dispatcher,
+    conversation: &lull_port::ConversationRef,
+    is_group: bool,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    let reset = d
+        .store
+        .reset_context(ContextReset {
+            conversation,
+            is_group,
+            holder: &d.holder,
+            now,
+        })
+        .await?;
+    controls::moved(d, reset.conversation, reset.version);
+    Ok(())
+}
+
+/// Record an access decision (`/allow`, `/deny`, or the console's): stored for every
+/// process, and this process's copy of the decisions dropped so it follows at once.
+pub(super) async fn decide_access(d: &Dispatcher, rule: &AccessRule) -> Result<(), StoreError> {
+    d.store.set_access(rule).await?;
+    d.forget_access_rules();
+    tracing::info!(subject = %rule.subject, allowed = rule.allowed, by = %rule.set_by, "access decision recorded");
+    Ok(())
 }
 
 /// Queue a command's answer, once per command message.

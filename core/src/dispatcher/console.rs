@@ -7,7 +7,7 @@
 use super::{Dispatcher, controls};
 use crate::access::{AccessRule, Subject, SubjectKind};
 use crate::domain::ConversationRef;
-use crate::store::{ContextReset, Setting, SettingChange, Stop, StoreError};
+use crate::store::{Setting, SettingChange, StoreError};
 
 /// What a console change did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,39 +79,19 @@ impl Dispatcher {
         chat: &ConversationRef,
         is_group: bool,
     ) -> Result<ConsoleChange, StoreError> {
-        let reset = self
-            .store
-            .reset_context(ContextReset {
-                conversation: chat,
-                is_group,
-                holder: &self.holder,
-                now: self.clock.now(),
-            })
-            .await?;
-        controls::moved(self, reset.conversation, reset.version);
+        super::commands::reset(self, chat, is_group, self.clock.now()).await?;
         Ok(ConsoleChange::Done { changed: true })
     }
 
     /// `/stop` for `chat`: the reply being written is dropped and the messages waiting
-    /// for one are closed unanswered.
+    /// for one are closed unanswered; what the chat's command would answer.
     pub async fn console_stop(
         &self,
         chat: &ConversationRef,
         is_group: bool,
-    ) -> Result<ConsoleChange, StoreError> {
-        let stopped = self
-            .store
-            .stop_conversation(Stop {
-                conversation: chat,
-                is_group,
-                now: self.clock.now(),
-            })
-            .await?;
-        controls::moved(self, stopped.conversation, stopped.version);
-        tracing::info!(conversation = %stopped.conversation, closed = stopped.closed.len(), "stopped from the console");
-        Ok(ConsoleChange::Done {
-            changed: !stopped.closed.is_empty(),
-        })
+    ) -> Result<String, StoreError> {
+        let said = controls::stop_chat(self, chat, is_group, self.clock.now()).await?;
+        Ok(said.text)
     }
 
     /// The access lists in force (`LULL_ALLOWED_USERS`, `LULL_ALLOWED_CHATS`,
@@ -148,7 +128,7 @@ impl Dispatcher {
             set_by: "console".into(),
             set_at: self.clock.now(),
         };
-        self.store.set_access(&rule).await?;
+        super::commands::decide_access(self, &rule).await?;
         Ok(ConsoleChange::Done { changed: true })
     }
 
@@ -209,7 +189,7 @@ impl Dispatcher {
             set_by: "console".into(),
             set_at: self.clock.now(),
         };
-        self.store.set_access(&rule).await?;
+        super::commands::decide_access(self, &rule).await?;
         Ok(ConsoleChange::Done { changed: true })
     }
 }

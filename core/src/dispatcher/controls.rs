@@ -11,7 +11,7 @@ use std::time::Duration;
 use lull_port::{Command, Incoming};
 
 use super::{Dispatcher, Event};
-use crate::domain::{ConversationId, Timestamp, Version};
+use crate::domain::{ConversationId, ConversationRef, Timestamp, Version};
 use crate::limits;
 use crate::store::{
     BatchOf, RetryOutcome, RetryRequest, Setting, SettingChange, SettingOutcome, Stop, StoreError,
@@ -74,11 +74,23 @@ async fn stop(
     incoming: &Incoming,
     now: Timestamp,
 ) -> Result<NoticeText, StoreError> {
+    stop_chat(d, &incoming.conversation, incoming.is_group, now).await
+}
+
+/// `/stop` of `conversation`, from a chat or the console: the reply being written is
+/// dropped, the pending messages closed unanswered (their ack reactions taken off);
+/// the answer reports what the closed batch's actions did.
+pub(super) async fn stop_chat(
+    d: &Dispatcher,
+    conversation: &ConversationRef,
+    is_group: bool,
+    now: Timestamp,
+) -> Result<NoticeText, StoreError> {
     let stopped = d
         .store
         .stop_conversation(Stop {
-            conversation: &incoming.conversation,
-            is_group: incoming.is_group,
+            conversation,
+            is_group,
             now,
         })
         .await?;
@@ -86,10 +98,10 @@ async fn stop(
     let closed = stopped.closed.len() as u64;
     tracing::info!(conversation = %stopped.conversation, closed, "stopped: pending messages closed without a reply");
     // Closed without a reply: nothing will take their ack reactions off.
-    if let Some(outbound) = d.outbounds.get(&incoming.conversation.platform).cloned() {
+    if let Some(outbound) = d.outbounds.get(&conversation.platform).cloned() {
         d.acks.answered(
             outbound,
-            incoming.conversation.clone(),
+            conversation.clone(),
             stopped.conversation,
             stopped.closed,
         );

@@ -38,10 +38,15 @@ impl Round<'_> {
         if let Some(toolbox) = &a.toolbox {
             a.prompt.tools = self.offered(toolbox.as_ref(), &a.batch).into();
         }
-        let Some(reserved) = self.reserve(&a.batch, &a.prompt, &mut a.rows).await? else {
-            a.rows
-                .extend(self.approvals_held(&a.batch, &a.approvals).await?);
-            return Ok(Flow::End(Ending::Quiet));
+        let reserved = match self.reserve(&a.batch, &a.prompt, &mut a.rows).await? {
+            wallet::Reserve::Reserved(reserved) => reserved,
+            wallet::Reserve::Held => {
+                a.rows
+                    .extend(self.approvals_held(&a.batch, &a.approvals).await?);
+                return Ok(Flow::End(Ending::Quiet));
+            }
+            // Tried again in a moment: what the approvals did is said with the reply.
+            wallet::Reserve::Busy => return Ok(Flow::End(Ending::Quiet)),
         };
         a.prompt.max_tokens = reserved.max_tokens();
         a.reservation = Reservation::Open(reserved);
@@ -117,7 +122,7 @@ impl Round<'_> {
         batch: &Batch,
         prompt: &Prompt,
         rows: &mut Vec<OutboxRow>,
-    ) -> Result<Option<Reserved>, Interrupt> {
+    ) -> Result<wallet::Reserve, Interrupt> {
         let d = self.dispatcher;
         let lease = self.keeper.lease();
         Ok(wallet::reserve(d, &lease, batch, prompt, rows, d.clock.now()).await?)

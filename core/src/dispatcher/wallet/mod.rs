@@ -73,6 +73,19 @@ use crate::money::Usd;
 use crate::store::{Batch, Charged, OutboxRow, Period, Reservation, StoreError, Used};
 use crate::texts;
 
+/// What [`reserve`] did.
+#[derive(Debug)]
+pub(super) enum Reserve {
+    /// Reserved: ask the model, then settle.
+    Reserved(Reserved),
+    /// A budget is spent: the messages wait until it resets, and the conversation is
+    /// told once (the notice joined the round's rows).
+    Held,
+    /// Other rounds' reservations fill a budget for now: the conversation tries again
+    /// in a moment ([`crate::store::BUSY_RETRY`]); nobody is told anything.
+    Busy,
+}
+
 /// What a round reserved, to be settled once the model answered (or failed).
 #[derive(Debug, Clone)]
 pub(super) struct Reserved {
@@ -96,8 +109,12 @@ impl Reserved {
     }
 }
 
-/// What the whole bot spent in the month `now` falls on (its month row).
+/// What the whole bot spent in the month `now` falls on (its month row), for
+/// `LULL_MONTHLY_USD`; nothing is read without that budget (a round's hot path).
 pub(super) async fn bot_month(d: &Dispatcher, now: Timestamp) -> Result<Used, StoreError> {
+    if !d.settings.limits.monthly_usd.is_set() {
+        return Ok(Used::default());
+    }
     let month = d.settings.limits.timezone.month(now);
     Ok(d.store
         .token_usage(&month, &[limits::BOT_MONTH_SCOPE.to_owned()])
@@ -124,14 +141,15 @@ pub(super) fn bot_left(limits: &Limits, today: Used, month: Used) -> (u64, u64) 
 
 /// Before the model is asked: reserve the prompt (as estimated) and the most the
 /// reply may take, in tokens and in dollars at the model's price, in every budget the
-/// batch counts against, under the lease (`Some`; nothing is reserved when no budget
-/// is set). The reply may take `LULL_MAX_TOKENS`, or what the budgets have left after
-/// the prompt when that is less, down to the shortest reply. `None`: a budget cannot
-/// hold that; nothing was charged, the store holds the conversation until the budget
-/// resets, and the user is told once how much is used (the notice, if queued now,
-/// joins `rows`). A budget filled only by other rounds' reservations not yet settled
-/// refuses too ([`Charged::Busy`]), without a notice: the store holds the
-/// conversation a moment and the round tries again once they settle.
+/// batch counts against, under the lease ([`Reserve::Reserved`]; nothing is reserved
+/// when no budget is set). The reply may take `LULL_MAX_TOKENS`, or what the budgets
+/// have left after the prompt when that is less, down to the shortest reply.
+/// [`Reserve::Held`]: a budget cannot hold that; nothing was charged, the store holds
+/// the conversation until the budget resets, and the user is told once how much is
+/// used (the notice, if queued now, joins `rows`). [`Reserve::Busy`]: a budget filled
+/// only by other rounds' reservations not yet settled ([`Charged::Busy`]); nothing
+/// was charged, nobody is told, the store holds the conversation a moment and the
+/// round tries again once they settle.
 pub(super) async fn reserve(
     d: &Dispatcher,
     lease: &Lease,
@@ -139,13 +157,13 @@ pub(super) async fn reserve(
     prompt: &Prompt,
     rows: &mut Vec<OutboxRow>,
     now: Timestamp,
-) -> Result<Option<Reserved>, StoreError> {
+) -> Result<Reserve, StoreError> {
     let limits = &d.settings.limits;
     let day = limits.timezone.day(now);
     let authors = authors(&batch.pending);
     let model = model_of(d, prompt);
     if !limits.has_budget() {
-        return Ok(Some(Reserved {
+        return Ok(Reserve::Reserved(Reserved {
             authors,
             amount: Amount::default(),
             model,
@@ -171,7 +189,7 @@ pub(super) async fn reserve(
             if reply < limits.reply_tokens {
                 tracing::debug!(conversation = %batch.conversation, max_tokens = reply, "the reply is capped to what the budget has left");
             }
-            Ok(Some(Reserved {
+            Ok(Reserve::Reserved(Reserved {
                 authors,
                 amount,
                 model,
@@ -183,7 +201,7 @@ pub(super) async fn reserve(
             // Not spent: other rounds' reservations fill it for now. The store holds
             // the conversation for a moment; nobody is told anything.
             tracing::debug!(conversation = %batch.conversation, %scope, "a budget is reserved to the brim by other rounds: trying again once they settle");
-            Ok(None)
+            Ok(Reserve::Busy)
         }
         Charged::Over {
             scope,
@@ -193,7 +211,7 @@ pub(super) async fn reserve(
         } => {
             let spending = Spending::of(&scope, used, limit, unit);
             held(d, batch, &scope, spending, rows, now).await?;
-            Ok(None)
+            Ok(Reserve::Held)
         }
     }
 }

@@ -128,9 +128,17 @@ fn split_entry<'a>(
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Admins(HashSet<(Platform, String)>);
 
+/// The user id the console's operator answers approvals as, in the chat that asked
+/// (`Dispatcher::console_answer_approval`): an admin on every platform
+/// ([`Admins::contains`]). Only the console writes it; ingest refuses an update carrying
+/// it from every adapter, so nobody on a platform can speak as the operator.
+pub const CONSOLE_OPERATOR: &str = "lull:console";
+
 impl Admins {
+    /// Whether `user_id` is an admin on `platform`: named in `LULL_ADMINS`, or the
+    /// console's operator ([`CONSOLE_OPERATOR`]).
     pub fn contains(&self, platform: Platform, user_id: &str) -> bool {
-        self.0.contains(&(platform, user_id.to_owned()))
+        user_id == CONSOLE_OPERATOR || self.0.contains(&(platform, user_id.to_owned()))
     }
 
     pub fn is_empty(&self) -> bool {

@@ -6,6 +6,10 @@ use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
+use std::sync::Arc;
+
+use lull_core::dispatcher::Dispatcher;
+
 use super::{StatusPage, csrf};
 
 /// A posted form (`application/x-www-form-urlencoded`).
@@ -23,11 +27,7 @@ impl Posted {
 /// The form posted to `status` with `headers`, once it may change something: the
 /// session (off loopback, or with a token set) and this browser's form token
 /// ([`csrf`]). `Err`: the answer that refuses it (the login form, or 403).
-pub(super) fn checked(
-    status: &StatusPage,
-    headers: &HeaderMap,
-    body: Bytes,
-) -> Result<Posted, Box<Response>> {
+fn checked(status: &StatusPage, headers: &HeaderMap, body: Bytes) -> Result<Posted, Box<Response>> {
     if let Some(refused) = status.refusal(headers, false) {
         return Err(Box::new(refused));
     }
@@ -44,6 +44,20 @@ pub(super) fn checked(
         ));
     }
     Ok(posted)
+}
+
+/// [`checked`], and the dispatcher that makes console changes: `Err` the answer that
+/// refuses the form, or says changes are not available in this process.
+pub(super) fn console_change(
+    status: &StatusPage,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<(Posted, Arc<Dispatcher>), Box<Response>> {
+    let posted = checked(status, headers, body)?;
+    match status.inner.console.clone() {
+        Some(console) => Ok((posted, console)),
+        None => Err(Box::new(no_changes())),
+    }
 }
 
 /// The answer to a change: back to `page`, saying `said` (`?done=…`).

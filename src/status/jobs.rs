@@ -53,14 +53,11 @@ pub(super) async fn cancel(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let posted = match forms::checked(&status, &headers, body) {
-        Ok(posted) => posted,
+    let (posted, console) = match forms::console_change(&status, &headers, body) {
+        Ok(checked) => checked,
         Err(refused) => return *refused,
     };
     let field = |name: &str| posted.field(name).and_then(|v| v.parse::<i64>().ok());
-    let Some(console) = status.inner.console.clone() else {
-        return forms::no_changes();
-    };
     let said = match (field("job"), field("chat")) {
         (Some(job), Some(chat)) => {
             let now = status.inner.clock.now();

@@ -128,12 +128,9 @@ pub(super) async fn change(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let posted = match forms::checked(&status, &headers, body) {
-        Ok(posted) => posted,
+    let (posted, console) = match forms::console_change(&status, &headers, body) {
+        Ok(checked) => checked,
         Err(refused) => return *refused,
-    };
-    let Some(console) = status.inner.console.clone() else {
-        return forms::no_changes();
     };
     let scope_text = posted.field("scope").unwrap_or_default();
     let Some(scope) = scope_of(&scope_text) else {

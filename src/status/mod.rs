@@ -7,12 +7,16 @@
 //! servers' state. One snapshot is kept for [`CACHE_TTL`], so a refreshing browser (or
 //! many) reads the database at most once per TTL.
 //!
+//! The overview opens with what runs ([`running`]) and the shipped alert rules its
+//! numbers can judge, judged now ([`alerts`]). Every text shown is escaped ([`escape`]).
+//!
 //! It is also the operator's console: `/chats` and `/chats/{id}` ([`chats`]) show
 //! every chat and change one through the chat commands' own store operations;
 //! `/people` ([`people`]) who may use the bot and what each spent today, allowing or
 //! denying a user; `/jobs` ([`jobs`]) every chat's active jobs, cancelling one;
 //! `/memories` ([`memories`]) a scope's memories on request, forgetting them;
-//! `/tools` ([`tools`]) the MCP servers and their tools. Each change is a form whose
+//! `/approvals` ([`approvals`]) the tool calls waiting for a yes, answering one as an
+//! admin would in the chat; `/tools` ([`tools`]) the MCP servers and their tools. Each change is a form whose
 //! token must be this browser's ([`csrf`]), checked before it and answered after it
 //! by a redirect back ([`forms`]).
 //!
@@ -25,14 +29,18 @@
 //! wrong tokens a minute. No secret ever travels in a URL; every comparison is in
 //! constant time.
 
+mod alerts;
+mod approvals;
 mod chats;
 mod csrf;
+mod escape;
 mod forms;
 mod jobs;
 mod login;
 mod memories;
 mod page;
 mod people;
+mod running;
 mod tools;
 
 use std::collections::BTreeMap;
@@ -150,6 +158,30 @@ pub(crate) struct Snapshot {
     pub memories: MemoryCounts,
     /// `LULL_MONTHLY_USD` (0: none), shown against the month's dollars.
     pub monthly_budget: lull_core::money::Usd,
+    /// What runs: the version, the model and models, the approvals waiting.
+    pub running: running::Running,
+    /// The shipped alert rules these numbers can judge, judged now ([`alerts`]).
+    pub alerts: Vec<alerts::Condition>,
+}
+
+#[cfg(test)]
+impl Snapshot {
+    /// A snapshot of a sound, idle deployment serving http alone: what unit tests
+    /// change.
+    pub(super) fn idle() -> Snapshot {
+        Snapshot {
+            generated_at: 0,
+            database: "ok".into(),
+            store: StoreStatus::default(),
+            process: ProcessStatus::default(),
+            platforms: [("http".to_owned(), "up".to_owned())].into(),
+            mcp_servers: Vec::new(),
+            memories: MemoryCounts::default(),
+            monthly_budget: lull_core::money::Usd::ZERO,
+            running: running::Running::default(),
+            alerts: Vec::new(),
+        }
+    }
 }
 
 /// This process's own counters, read from its metrics.
@@ -224,6 +256,7 @@ impl StatusPage {
             .route("/people", get(people::page).post(people::change))
             .route("/jobs", get(jobs::page).post(jobs::cancel))
             .route("/memories", get(memories::page).post(memories::change))
+            .route("/approvals", get(approvals::page).post(approvals::answer))
             .route("/tools", get(tools::page))
             .with_state(self)
     }
@@ -271,7 +304,8 @@ impl StatusPage {
             .map(|m| process_status(&m.render()))
             .unwrap_or_default();
         process.holder = inner.holder.as_ref().map(|h| h.as_str().to_owned());
-        Snapshot {
+        let running = running::read(inner.console.as_deref()).await;
+        let mut snapshot = Snapshot {
             generated_at: now.0,
             database,
             store,
@@ -285,7 +319,11 @@ impl StatusPage {
             mcp_servers: inner.mcp_servers.as_ref().map(|f| f()).unwrap_or_default(),
             memories,
             monthly_budget: inner.monthly_budget,
-        }
+            running,
+            alerts: Vec::new(),
+        };
+        snapshot.alerts = alerts::judge(&snapshot);
+        snapshot
     }
 
     /// The answer to a request that may not see the page (`None`: it may).

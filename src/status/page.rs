@@ -5,6 +5,7 @@
 use std::fmt::Write as _;
 
 use super::Snapshot;
+pub(super) use super::escape::esc;
 use lull_core::money::Usd;
 use lull_core::store::{DayTokens, Recent};
 
@@ -28,15 +29,17 @@ svg text{font:11px system-ui,sans-serif;fill:#5b6675}
 form{display:flex;gap:8px;margin-top:12px;flex-wrap:wrap}input,select,textarea,button{padding:6px;font:inherit}
 nav a{color:#b8c0cc;margin-right:16px}nav a.here{color:#fff;font-weight:600}
 textarea{width:100%;min-height:5em}.done{color:#1a7f37}
+.answers{display:flex;gap:8px}.answers form{margin-top:0}
 ";
 
 /// The console's pages, linked from every header: path, label.
-const PAGES: [(&str, &str); 6] = [
+const PAGES: [(&str, &str); 7] = [
     ("/", "Overview"),
     ("/chats", "Chats"),
     ("/people", "People"),
     ("/jobs", "Jobs"),
     ("/memories", "Memories"),
+    ("/approvals", "Approvals"),
     ("/tools", "Tools"),
 ];
 
@@ -50,22 +53,6 @@ pub(super) fn nav(here: &str) -> String {
         })
         .collect();
     format!("<nav>{}</nav>", links.join(""))
-}
-
-/// `text` with HTML's special characters escaped (ids come from platforms and users).
-pub(super) fn esc(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 pub(super) fn document(title: &str, body: &str) -> String {
@@ -132,6 +119,8 @@ pub(super) fn render(s: &Snapshot) -> String {
         nav("/")
     );
 
+    super::running::section(&mut out, s);
+    super::alerts::section(&mut out, s);
     out.push_str("<section><h2>Conversations</h2><div class=\"tiles\">");
     tile(
         &mut out,
@@ -515,14 +504,8 @@ mod tests {
     #[test]
     fn ids_are_escaped_and_nothing_is_fetched() {
         let mut snapshot = super::super::Snapshot {
-            generated_at: 0,
-            database: "ok".into(),
-            store: Default::default(),
-            process: Default::default(),
-            platforms: [("http".to_owned(), "up".to_owned())].into(),
-            mcp_servers: Vec::new(),
-            memories: Default::default(),
             monthly_budget: Usd(10_000_000_000),
+            ..super::super::Snapshot::idle()
         };
         snapshot
             .store

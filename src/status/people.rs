@@ -64,14 +64,11 @@ pub(super) async fn change(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let posted = match forms::checked(&status, &headers, body) {
-        Ok(posted) => posted,
+    let (posted, console) = match forms::console_change(&status, &headers, body) {
+        Ok(checked) => checked,
         Err(refused) => return *refused,
     };
     let field = |name: &str| posted.field(name);
-    let Some(console) = status.inner.console.clone() else {
-        return forms::no_changes();
-    };
     let action = field("action").unwrap_or_default();
     let user = field("user").unwrap_or_default();
     let said = match decide(&console, &action, user.trim()).await {

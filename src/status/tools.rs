@@ -1,6 +1,6 @@
-//! The console's tools page, `GET /tools`: each MCP server's state, and each of their
-//! tools the model may call (lull's own are not listed: they are composed per round)
-//! with its class (read-only, acts once, waits for `/approve`,
+//! The console's tools page, `GET /tools`: each MCP server's state, and each tool the
+//! model may call (the servers', then lull's own that are on: a private chat's round
+//! offers them all) with its class (read-only, acts once, waits for `/approve`,
 //! written with the reply), who may trigger it, and this process's calls of it by
 //! outcome (`lull_tool_calls_total`). Read-only.
 
@@ -25,9 +25,12 @@ pub(super) async fn page(State(status): State<StatusPage>, headers: HeaderMap) -
         .console
         .as_ref()
         .and_then(|d| d.toolbox().cloned());
-    let (servers, tools) = toolbox
+    let (servers, mut tools) = toolbox
         .map(|t| (t.servers(), t.tools()))
         .unwrap_or_default();
+    if let Some(d) = &status.inner.console {
+        tools.extend(d.console_own_tools());
+    }
     let calls = status
         .inner
         .metrics
@@ -74,7 +77,7 @@ fn render(
     calls: &BTreeMap<((String, String), String), u64>,
 ) -> String {
     let mut out = format!(
-        "<header><h1>lull tools</h1><p>{} tool(s) of MCP servers the model may call (lull's own, for memory, jobs and the web, are in docs/tools.md); calls counted by this process since it started</p>{}</header><main>",
+        "<header><h1>lull tools</h1><p>{} tool(s) the model may call: the MCP servers', then lull's own (server lull: memory, jobs and the web, as they are on); calls counted by this process since it started</p>{}</header><main>",
         tools.len(),
         nav("/tools")
     );

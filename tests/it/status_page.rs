@@ -283,6 +283,15 @@ async fn the_status_page_shows_a_scripted_run() {
     assert_eq!(store["replies_per_hour"][23], 3);
     assert_eq!(store["tokens_per_day"][29]["tokens"], total);
     assert_eq!(status["process"]["replies_dropped_stale"], 1);
+    // What runs, and the alerts judged on these numbers: one model failure told
+    // among three replies is no alert.
+    assert_eq!(status["running"]["version"], env!("CARGO_PKG_VERSION"));
+    let alerts = status["alerts"].as_array().unwrap();
+    assert!(alerts.iter().all(|a| a["firing"] == false), "{status:#}");
+    assert!(
+        alerts.iter().any(|a| a["name"] == "LullModelFailing"),
+        "{status:#}"
+    );
     assert_eq!(status["process"]["llm_requests"]["ok"], 3, "{status:#}");
     assert_eq!(
         status["process"]["llm_requests"]["cancelled"], 1,
@@ -349,9 +358,23 @@ async fn the_status_page_shows_a_scripted_run() {
         ("llm-ok-process", 3),
         ("replies-24h", 3),
         ("tokens-today", total),
+        ("alerts-firing", 0),
+        ("approvals-waiting", 0),
     ] {
         assert_eq!(value_of(&dom, id), expected, "#{id} on the page");
     }
+    assert!(
+        dom.contains(&format!(
+            "<span id=\"version\">{}</span>",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "the version on the overview"
+    );
+    assert_eq!(
+        tags(&dom, "data-alert=").len(),
+        7,
+        "every rule judged here is listed"
+    );
     let bars = tags(&dom, "class=\"bar\"");
     assert_eq!(bars.len(), 30, "a bar per day");
     assert_eq!(attr(bars[29], "data-tokens"), total.to_string());

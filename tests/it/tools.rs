@@ -128,7 +128,7 @@ impl ToolBot {
         }
     }
 
-    async fn say(&self, conversation: &str, id: &str, text: &str) {
+    pub(crate) async fn say(&self, conversation: &str, id: &str, text: &str) {
         self.say_to(0, conversation, id, text).await;
     }
 
@@ -181,7 +181,7 @@ impl ToolBot {
     }
 
     /// How many times `tool` was executed (started).
-    fn executed(&self, tool: &str) -> usize {
+    pub(crate) fn executed(&self, tool: &str) -> usize {
         executed_in(self.dir.path(), tool)
     }
 
@@ -201,7 +201,7 @@ impl ToolBot {
 
     /// Wait until a receiver deduplicating on `webhook-id` shows `n` replies (a kill
     /// between a send and its mark may deliver one twice, under the same id).
-    async fn wait_shown(&self, n: usize, limit: Duration) -> Vec<Received> {
+    pub(crate) async fn wait_shown(&self, n: usize, limit: Duration) -> Vec<Received> {
         let deadline = Instant::now() + limit;
         loop {
             let shown = self.webhook.shown();
@@ -230,7 +230,7 @@ impl ToolBot {
         db::settled(&self.database, Duration::from_secs(30)).await
     }
 
-    async fn assert_invariants(&self, replies: usize) {
+    pub(crate) async fn assert_invariants(&self, replies: usize) {
         let v = self.verdict().await;
         assert_eq!(
             (v.replies, v.duplicates, v.lost, v.stale),
@@ -928,13 +928,13 @@ async fn stop_after_an_action_says_what_was_done() {
 }
 
 /// A model that asks to delete the notes: the destructive call of the approval tests.
-fn deleter() -> Agent {
+pub(crate) fn deleter() -> Agent {
     Agent::calling("counter__delete", json!({ "what": "notes" }))
 }
 
 /// "delete my notes" in `conversation`, once its question and its reply are shown: the
 /// approval id asked for.
-async fn ask_to_delete(bot: &ToolBot, conversation: &str) -> String {
+pub(crate) async fn ask_to_delete(bot: &ToolBot, conversation: &str) -> String {
     bot.say(conversation, "1", "delete my notes").await;
     let notices = bot.webhook.wait_notices(1, LONG).await;
     let id = approval_id(&notices[0].text);
@@ -942,7 +942,7 @@ async fn ask_to_delete(bot: &ToolBot, conversation: &str) -> String {
     id
 }
 
-fn approval_id(question: &str) -> String {
+pub(crate) fn approval_id(question: &str) -> String {
     question
         .split("/approve ")
         .nth(1)

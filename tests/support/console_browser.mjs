@@ -1,7 +1,8 @@
 // The console's browser test (tests/it/console.rs): headless Chromium driven by
 // puppeteer-core, as an operator would use the console. Given by the environment:
 // CHROMIUM (the browser), BASE (lull's address), TOKEN (LULL_HTTP_TOKEN), CHAT (the
-// chat's id), SHOTS (where to save a screenshot of each page). Prints one JSON object
+// chat's id), APPROVAL (a tool call's approval waiting for a yes), SHOTS (where to
+// save a screenshot of each page). Prints one JSON object
 // of what it saw; the Rust test checks it, and what lull did.
 import { createRequire } from "node:module";
 import path from "node:path";
@@ -9,7 +10,7 @@ import path from "node:path";
 const require = createRequire(path.join(process.env.LULL_PUPPETEER, "x.js"));
 const puppeteer = require("puppeteer-core");
 
-const { CHROMIUM, BASE, TOKEN, CHAT, SHOTS } = process.env;
+const { CHROMIUM, BASE, TOKEN, CHAT, APPROVAL, SHOTS } = process.env;
 const seen = {};
 const browser = await puppeteer.launch({
   executablePath: CHROMIUM,
@@ -56,6 +57,28 @@ try {
   seen.cancelled = await page.$eval("#done", (e) => e.textContent);
   seen.jobs_after = await page.$$eval("#jobs tr[data-job]", (rows) => rows.length);
 
+  // The approvals page, open in two tabs: the call approved with a double click, then
+  // again from the other tab. lull stores one answer and runs the call once.
+  const other = await browser.newPage();
+  await other.setViewport({ width: 1200, height: 900 });
+  await other.goto(`${BASE}/approvals`);
+  // A page in the background gets no frames: bring each to the front to use it.
+  await page.bringToFront();
+  response = await page.goto(`${BASE}/approvals`);
+  seen.approvals = await page.$$eval("#approvals tr[data-approval]", (rows) => rows.map((r) => r.dataset.approval));
+  await shot("approvals");
+  // Two submissions: the browser follows the last one's answer, so wait for the page
+  // that says what was done rather than for one navigation.
+  await page.click(`#approve-${APPROVAL} button`, { clickCount: 2 });
+  await page.waitForSelector("#done", { timeout: 15000 });
+  seen.approved = await page.$eval("#done", (e) => e.textContent);
+  await shot("approvals-answered");
+  await other.bringToFront();
+  await Promise.all([other.waitForNavigation(), other.click(`#approve-${APPROVAL} button`)]);
+  seen.approved_again = await other.$eval("#done", (e) => e.textContent);
+  await other.close();
+  await page.bringToFront();
+
   // The people and tools pages.
   response = await page.goto(`${BASE}/people`);
   seen.people = response.status();
@@ -65,6 +88,7 @@ try {
   await shot("memories");
   response = await page.goto(`${BASE}/tools`);
   seen.tools = response.status();
+  seen.tools_listed = await page.$$eval("#tools tr[data-tool]", (rows) => rows.map((r) => r.dataset.tool));
   await shot("tools");
 
   // A forged post from the page (no form token): refused, nothing changed.

@@ -3,11 +3,27 @@
 //! `/deny`), so
 //! they obey the same fences (each moves the conversation's version, and a reply being
 //! written is dropped at its final check) and every process sees them at once.
+//!
+//! An approval is answered the way the chat answers it: `/approve ID` (or `/cancel ID`)
+//! stored in the chat that asked, as the console's operator
+//! ([`CONSOLE_OPERATOR`], an admin), so a round decides it under the conversation's
+//! lease like any answer (a yes taken with the call's reservation, fenced by `v0`; a
+//! `/cancel` in the same batch wins) and the chat is told what was done.
 
-use super::{Dispatcher, controls};
-use crate::access::{AccessRule, Subject, SubjectKind};
+use super::{Dispatcher, Event, controls};
+use crate::access::{AccessRule, CONSOLE_OPERATOR, Subject, SubjectKind};
 use crate::domain::ConversationRef;
-use crate::store::{Setting, SettingChange, StoreError};
+use crate::store::{
+    IngestOutcome, NewMessage, Setting, SettingChange, StoreError, WaitingApproval,
+    console_answer_id,
+};
+
+/// The most open approvals the console lists (and looks an answered one up among).
+const APPROVALS_LISTED: usize = 500;
+
+/// The name the console's operator writes under in a chat (the model and the
+/// history show it).
+const OPERATOR_NAME: &str = "the operator (console)";
 
 /// What a console change did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,6 +108,12 @@ impl Dispatcher {
     ) -> Result<String, StoreError> {
         let said = controls::stop_chat(self, chat, is_group, self.clock.now()).await?;
         Ok(said.text)
+    }
+
+    /// lull's own tools a round offers in a private chat (memory, jobs, the web, as
+    /// they are on here), beside the MCP servers' (`Dispatcher::toolbox`).
+    pub fn console_own_tools(&self) -> Vec<crate::tools::ToolSpec> {
+        super::round::own_tools(self)
     }
 
     /// The access lists in force (`LULL_ALLOWED_USERS`, `LULL_ALLOWED_CHATS`,
@@ -191,5 +213,68 @@ impl Dispatcher {
         };
         super::commands::decide_access(self, &rule).await?;
         Ok(ConsoleChange::Done { changed: true })
+    }
+}
+
+impl Dispatcher {
+    /// Every chat's approvals waiting for an answer, oldest first (at most
+    /// [`APPROVALS_LISTED`]).
+    pub async fn console_approvals(&self) -> Result<Vec<WaitingApproval>, StoreError> {
+        self.store
+            .waiting_approvals(self.clock.now(), APPROVALS_LISTED)
+            .await
+    }
+
+    /// Answer the approval `id` from the console: `/approve ID` (`approve`) or
+    /// `/cancel ID` stored in its chat as the console's operator, decided there by the
+    /// next round (see the module doc). The same answer posted again is the same
+    /// message, stored once: a second click does nothing. What the console shows.
+    pub async fn console_answer_approval(
+        &self,
+        id: i64,
+        approve: bool,
+    ) -> Result<String, StoreError> {
+        let waiting = self.console_approvals().await?;
+        let Some(found) = waiting.into_iter().find(|w| w.action.id == id) else {
+            return Ok(format!(
+                "No approval #{id} is waiting: it was answered, it expired, or it was never asked."
+            ));
+        };
+        let (word, said) = if approve {
+            ("approve", "Approved")
+        } else {
+            ("cancel", "Cancelled")
+        };
+        let message = NewMessage {
+            conversation: found.conversation.clone(),
+            is_group: found.is_group,
+            message_id: console_answer_id(id, approve),
+            user_id: CONSOLE_OPERATOR.to_owned(),
+            author: OPERATOR_NAME.to_owned(),
+            text: format!("/{word} {id}"),
+            media: Vec::new(),
+        };
+        let now = self.clock.now();
+        match self.store.ingest(message, &self.holder, now).await? {
+            IngestOutcome::Stored {
+                conversation,
+                version,
+                due_at,
+            } => {
+                tracing::info!(%conversation, action = id, approve, "an approval answered from the console");
+                self.emit(Event::Ingested {
+                    conversation,
+                    version,
+                });
+                self.wake_by(due_at);
+                Ok(format!(
+                    "{said} #{id} ({}) in {}: the chat's next round decides it once and tells the chat.",
+                    found.action.tool, found.conversation
+                ))
+            }
+            IngestOutcome::Duplicate { .. } | IngestOutcome::EditIgnored => Ok(format!(
+                "#{id} was already answered so from the console: nothing more is done."
+            )),
+        }
     }
 }

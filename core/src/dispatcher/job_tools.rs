@@ -81,12 +81,6 @@ impl JobTools {
         Some(Beside::over(own, inner))
     }
 
-    fn spec(&self, name: &str, description: &str, parameters: Value, effect: Effect) -> ToolSpec {
-        // Offered to everyone: who may change this chat's jobs is checked by the call
-        // (an admins-only tool would take the group's history out of the prompt).
-        ToolSpec::own(name, description, parameters, effect, Users::Allowed)
-    }
-
     /// `lull__schedule`: a job made from `when` and `text`; one idempotency key (one
     /// reserved call) makes one job.
     async fn schedule(&self, arguments: &Map<String, Value>, key: Option<&str>) -> ToolOutput {
@@ -142,38 +136,7 @@ impl JobTools {
 #[async_trait]
 impl OwnTools for JobTools {
     fn specs(&self) -> Vec<ToolSpec> {
-        let mut tools = Vec::new();
-        tools.push(self.spec(
-            SCHEDULE,
-            "Make a reminder (its text sent as is when due) or a task (its text answered by you when due) in this chat. when: in 20m, at 18:00, tomorrow 9:00, 2026-12-24 18:00, every day 8:00, every weekday 8:30, every monday 9:00, every 2h, cron \"0 8 * * 1-5\".",
-            json!({
-                "type": "object",
-                "properties": {
-                    "when": {"type": "string", "description": "When, in the forms listed"},
-                    "text": {"type": "string", "description": "The reminder's text, or the task's prompt"},
-                    "kind": {"type": "string", "enum": ["reminder", "task"]}
-                },
-                "required": ["when", "text"]
-            }),
-            Effect::Acts { idempotent: true },
-        ));
-        tools.push(self.spec(
-            JOBS,
-            "List this chat's reminders and scheduled tasks: id, kind, when, next time, text.",
-            json!({"type": "object", "properties": {}}),
-            Effect::ReadOnly,
-        ));
-        tools.push(self.spec(
-            CANCEL,
-            "Stop one of this chat's reminders or scheduled tasks, by its id from lull__jobs.",
-            json!({
-                "type": "object",
-                "properties": {"id": {"type": "integer"}},
-                "required": ["id"]
-            }),
-            Effect::Acts { idempotent: true },
-        ));
-        tools
+        job_specs()
     }
 
     fn owns(&self, name: &str) -> bool {
@@ -200,6 +163,48 @@ impl OwnTools for JobTools {
             _ => failed(crate::texts::unknown_tool_result(name)),
         }
     }
+}
+
+/// The job tools, as every round offers them (the same in every chat).
+pub(super) fn job_specs() -> Vec<ToolSpec> {
+    let mut tools = Vec::new();
+    tools.push(spec(
+        SCHEDULE,
+        "Make a reminder (its text sent as is when due) or a task (its text answered by you when due) in this chat. when: in 20m, at 18:00, tomorrow 9:00, 2026-12-24 18:00, every day 8:00, every weekday 8:30, every monday 9:00, every 2h, cron \"0 8 * * 1-5\".",
+        json!({
+            "type": "object",
+            "properties": {
+                "when": {"type": "string", "description": "When, in the forms listed"},
+                "text": {"type": "string", "description": "The reminder's text, or the task's prompt"},
+                "kind": {"type": "string", "enum": ["reminder", "task"]}
+            },
+            "required": ["when", "text"]
+        }),
+        Effect::Acts { idempotent: true },
+    ));
+    tools.push(spec(
+        JOBS,
+        "List this chat's reminders and scheduled tasks: id, kind, when, next time, text.",
+        json!({"type": "object", "properties": {}}),
+        Effect::ReadOnly,
+    ));
+    tools.push(spec(
+        CANCEL,
+        "Stop one of this chat's reminders or scheduled tasks, by its id from lull__jobs.",
+        json!({
+            "type": "object",
+            "properties": {"id": {"type": "integer"}},
+            "required": ["id"]
+        }),
+        Effect::Acts { idempotent: true },
+    ));
+    tools
+}
+
+fn spec(name: &str, description: &str, parameters: Value, effect: Effect) -> ToolSpec {
+    // Offered to everyone: who may change this chat's jobs is checked by the call
+    // (an admins-only tool would take the group's history out of the prompt).
+    ToolSpec::own(name, description, parameters, effect, Users::Allowed)
 }
 
 fn done(text: String) -> ToolOutput {

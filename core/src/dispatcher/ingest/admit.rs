@@ -5,7 +5,7 @@
 use lull_port::{Accepted, Command, Incoming, IncomingKind, IngestError};
 
 use super::{Admission, Arriving, Step};
-use crate::access::Sender;
+use crate::access::{CONSOLE_OPERATOR, Sender};
 use crate::dispatcher::not_stored::not_stored;
 use crate::dispatcher::{Dispatcher, commands, notices, overheard, threads};
 use crate::domain::Timestamp;
@@ -42,11 +42,17 @@ impl Arriving<'_> {
         }
     }
 
-    /// An update from a platform this process does not run is refused.
+    /// An update from a platform this process does not run is refused; so is one whose
+    /// sender claims the console operator's id (only the console writes as it).
     fn platform(&self) -> Result<Step, IngestError> {
         let platform = self.incoming.conversation.platform;
         if !self.dispatcher.outbounds.contains_key(&platform) {
             return Err(IngestError::UnknownPlatform(platform));
+        }
+        if self.incoming.user_id == CONSOLE_OPERATOR {
+            tracing::warn!(%platform, "an update sent as the console's operator was refused: only the console writes as it");
+            metrics::counter!(names::LIMITED, "reason" => "denied").increment(1);
+            return Ok(Step::Done(Accepted::Denied));
         }
         Ok(Step::Next)
     }

@@ -5,7 +5,8 @@
 //! An update walks one chain. First the admission steps ([`ADMISSION`], in `admit`),
 //! each of which passes it on or ends its ingest with the adapter's answer:
 //!
-//! 1. **platform**: an update from a platform lull does not run is refused.
+//! 1. **platform**: an update from a platform lull does not run is refused, and one
+//!    sent as the console's operator (`access::CONSOLE_OPERATOR`).
 //! 2. **thread**: a message in a Discord thread lull opened needs no mention.
 //! 3. **overheard**: a group message not addressed to lull is group context at most.
 //! 4. **access**: a sender who is not admitted is told how to get access, once.

@@ -18,7 +18,7 @@ mod tools;
 
 pub(super) use commands::{clear_in, forget_in, forget_me, memory};
 use tools::Rights;
-pub(super) use tools::{MemoryTools, Staging};
+pub(super) use tools::{MemoryTools, Staging, memory_specs};
 
 use std::sync::Arc;
 

@@ -222,29 +222,7 @@ impl MemoryTools {
 #[async_trait]
 impl OwnTools for MemoryTools {
     fn specs(&self) -> Vec<ToolSpec> {
-        vec![
-            Self::spec(
-                REMEMBER,
-                texts::REMEMBER_DESCRIPTION,
-                json!({
-                    "type": "object",
-                    "properties": {
-                        "text": {"type": "string", "description": "The fact, in a short sentence (at most 500 characters)"},
-                        "scope": {"type": "string", "enum": ["person", "chat"]}
-                    },
-                    "required": ["text"]
-                }),
-            ),
-            Self::spec(
-                FORGET,
-                texts::FORGET_DESCRIPTION,
-                json!({
-                    "type": "object",
-                    "properties": {"id": {"type": "integer"}},
-                    "required": ["id"]
-                }),
-            ),
-        ]
+        memory_specs()
     }
 
     fn owns(&self, name: &str) -> bool {
@@ -263,6 +241,33 @@ impl OwnTools for MemoryTools {
             self.staging.forget(&arguments)
         }
     }
+}
+
+/// The memory tools, as every round with memory on offers them.
+pub(crate) fn memory_specs() -> Vec<ToolSpec> {
+    vec![
+        MemoryTools::spec(
+            REMEMBER,
+            texts::REMEMBER_DESCRIPTION,
+            json!({
+                "type": "object",
+                "properties": {
+                    "text": {"type": "string", "description": "The fact, in a short sentence (at most 500 characters)"},
+                    "scope": {"type": "string", "enum": ["person", "chat"]}
+                },
+                "required": ["text"]
+            }),
+        ),
+        MemoryTools::spec(
+            FORGET,
+            texts::FORGET_DESCRIPTION,
+            json!({
+                "type": "object",
+                "properties": {"id": {"type": "integer"}},
+                "required": ["id"]
+            }),
+        ),
+    ]
 }
 
 fn done(text: String) -> ToolOutput {

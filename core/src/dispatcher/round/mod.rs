@@ -47,6 +47,7 @@ mod stages;
 mod tools;
 
 pub(super) use actions::batch_report;
+pub(super) use tools::own_tools;
 
 use std::sync::Arc;
 

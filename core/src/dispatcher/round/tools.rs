@@ -53,6 +53,23 @@ enum Turn {
     Overtaken(Version),
 }
 
+/// lull's own tools a round offers in a private chat, as [`Round::toolbox_for`] layers
+/// them (the console's tools page): with `LULL_TOOLS=auto` or MCP servers, the job
+/// tools when jobs are on; the web tools that are on; with `LULL_TOOLS=auto`, the
+/// memory tools when memory is on.
+pub(in crate::dispatcher) fn own_tools(d: &crate::dispatcher::Dispatcher) -> Vec<ToolSpec> {
+    let mut tools = Vec::new();
+    if d.settings.jobs.is_some() && (d.settings.builtin_tools || d.toolbox().is_some()) {
+        tools.extend(crate::dispatcher::job_tools::job_specs());
+    }
+    if let Some(web) = d.web() {
+        tools.extend(web.specs());
+    }
+    if d.settings.memory.is_some() && d.settings.builtin_tools {
+        tools.extend(crate::dispatcher::memory::memory_specs());
+    }
+    tools
+}
 impl Round<'_> {
     /// Generate the reply to `prompt`, answering the model's tool calls in between.
     /// The notices it queues (an approval's question) join `rows`; `toolbox`: the

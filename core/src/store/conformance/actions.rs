@@ -487,7 +487,8 @@ pub async fn an_expired_approval_is_refused(store: &dyn Store) {
 
 /// A batch's actions are its own (not another batch's, not another conversation's),
 /// in the order stored; open approvals are the open questions (not expired) and the
-/// approved calls not yet run, oldest first, of that conversation alone.
+/// approved calls not yet run, oldest first, of that conversation alone; every chat's
+/// (the console's) are the same rows, with their chats.
 pub async fn a_batch_lists_its_actions_and_open_approvals_only_open_ones(store: &dyn Store) {
     let a = holder("a");
     let (id, lease, batch) = round(store, &http("c1"), &a, &["m1"], at(1000)).await;
@@ -522,7 +523,7 @@ pub async fn a_batch_lists_its_actions_and_open_approvals_only_open_ones(store: 
     assert!(finish(store, &done.key, lease.token, "ok").await);
     // Another conversation's, at the same batch row.
     let theirs = destructive(call(other, start, "t__ask", 1, at(9000)));
-    reserve(store, &other_lease, other_batch.v0, &theirs, at(1800)).await;
+    let theirs = asked(store, &other_lease, other_batch.v0, &theirs, at(1800)).await;
 
     let ids: Vec<i64> = of_batch(store, id, start)
         .await
@@ -543,6 +544,54 @@ pub async fn a_batch_lists_its_actions_and_open_approvals_only_open_ones(store: 
         "an expired question is not open"
     );
     assert_eq!(open(store, other, at(1900)).await.len(), 1);
+
+    // Every chat's, for the console: the same rows, oldest first, with their chats.
+    let waiting = |now, limit| async move {
+        store
+            .waiting_approvals(now, limit)
+            .await
+            .expect("reading every chat's open approvals")
+            .into_iter()
+            .map(|w| (w.action.id, w.conversation.key, w.console_answer))
+            .collect::<Vec<_>>()
+    };
+    let c = |row: &ActionRow, key: &str| (row.id, key.to_owned(), None);
+    assert_eq!(
+        waiting(at(1900), 10).await,
+        [
+            c(&lasting, "c1"),
+            c(&brief, "c1"),
+            c(&yes, "c1"),
+            c(&theirs, "c2")
+        ]
+    );
+    assert_eq!(
+        waiting(at(2000), 10).await,
+        [c(&lasting, "c1"), c(&yes, "c1"), c(&theirs, "c2")],
+        "an expired question is not waiting"
+    );
+    assert_eq!(waiting(at(2000), 2).await.len(), 2, "at most the limit");
+    // The console's answers stored in the chat, not yet decided: shown with their
+    // approval (a cancel wins over an approve), and only in their own chat.
+    for (row, chat, answers) in [
+        (&lasting, http("c1"), &[true][..]),
+        (&yes, http("c1"), &[true, false][..]),
+        (&theirs, http("c1"), &[false][..]),
+    ] {
+        for &approve in answers {
+            let id = crate::store::console_answer_id(row.id, approve);
+            stored(store, message(chat.clone(), &id), &a, at(1950)).await;
+        }
+    }
+    assert_eq!(
+        waiting(at(2000), 10).await,
+        [
+            (lasting.id, "c1".to_owned(), Some(true)),
+            (yes.id, "c1".to_owned(), Some(false)),
+            c(&theirs, "c2")
+        ],
+        "the console's answers, each in the chat that asked"
+    );
 }
 
 /// A yes taken with the reservation (the round's way): judged open at the answer's

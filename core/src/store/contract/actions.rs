@@ -25,7 +25,7 @@
 
 use async_trait::async_trait;
 
-use crate::domain::{ConversationId, Lease, LeaseToken, Timestamp, Version};
+use crate::domain::{ConversationId, ConversationRef, Lease, LeaseToken, Timestamp, Version};
 use crate::store::{ConversationAt, StoreError};
 
 /// The idempotency key of an action: a hash of the conversation, the batch it
@@ -180,6 +180,35 @@ pub struct ActionRow {
     /// as [`Askers::stored`] writes them; read them with [`ActionRow::askers`].
     pub requested_by: Option<String>,
     pub created_at: Timestamp,
+}
+
+/// An approval still open, with the chat it was asked in: what the console's approvals
+/// page lists and answers ([`ActionStore::waiting_approvals`]).
+#[derive(Debug, Clone)]
+pub struct WaitingApproval {
+    pub action: ActionRow,
+    pub conversation: ConversationRef,
+    pub is_group: bool,
+    /// The answer the console stored in the chat for it ([`console_answer_id`]), not
+    /// yet decided by a round: `Some(true)` approve, `Some(false)` cancel (which wins,
+    /// as in a round, when both were sent).
+    pub console_answer: Option<bool>,
+}
+
+/// The message id of the console's answer to approval `id` in its chat: one per
+/// approval and answer, so the same answer sent again is a redelivery, stored once.
+pub fn console_answer_id(id: i64, approve: bool) -> String {
+    let word = if approve { "approve" } else { "cancel" };
+    format!("console:{word}:{id}")
+}
+
+/// The answer a [`console_answer_id`] names (`None`: not one).
+pub fn console_answer_of(message_id: &str) -> Option<bool> {
+    match message_id.split(':').nth(1)? {
+        "approve" => Some(true),
+        "cancel" => Some(false),
+        _ => None,
+    }
 }
 
 impl ActionRow {
@@ -386,6 +415,16 @@ pub trait ActionStore: Send + Sync + 'static {
         at: ConversationAt,
         answered: std::time::Duration,
     ) -> Result<Vec<ActionRow>, StoreError>;
+
+    /// Every chat's open approvals at `now` (as [`ActionStore::open_approvals`] reads
+    /// one chat's, expiry judged at `now`), oldest first, at most `limit`: the
+    /// console's approvals page. Read only: an answer goes to the chat, where a round
+    /// decides it under the conversation's lease.
+    async fn waiting_approvals(
+        &self,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<WaitingApproval>, StoreError>;
 
     /// Answer the approval `id` of `conversation`: `awaiting` → `approved` (or
     /// `refused`), or `approved` → `refused` (a `/cancel` of a call approved but not

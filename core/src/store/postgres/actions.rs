@@ -22,19 +22,36 @@ use super::clock::Now;
 use super::leases::ensure_lease;
 use super::messages::lock_conversation;
 use super::sql::{Tx, execute, query, query_one, query_opt};
-use crate::domain::{ConversationId, LeaseToken, Timestamp};
+use crate::domain::{ConversationId, ConversationRef, LeaseToken, Timestamp};
 use crate::store::faults::Operation;
 use crate::store::rules::{self, ActionStep, conversation_of};
 use crate::store::{
     ActionKey, ActionReservation, ActionRow, ActionState, ActionStore, Decision, StoreError,
 };
-use crate::store::{ActionResult, ApprovalAnswer, BatchOf, ConversationAt, Reserve};
+use crate::store::{
+    ActionResult, ApprovalAnswer, BatchOf, ConversationAt, Reserve, WaitingApproval,
+    console_answer_of,
+};
 
 /// A batch's actions, in the order stored (index `actions_batch`).
 const ACTIONS_OF_BATCH_SQL: &str = concat!(
     "SELECT ",
     action_columns!(),
     " FROM actions WHERE conversation_id = $1 AND batch = $2 ORDER BY id"
+);
+
+/// Every chat's open approvals, oldest first, each with its chat: the action's
+/// columns, then the chat's platform, key and kind (columns 13 to 15), and the
+/// console's answer stored for it (16: `MAX` prefers a cancel, as a round does).
+const WAITING_APPROVALS_SQL: &str = concat!(
+    "SELECT a.*, c.platform, c.key, c.is_group,
+        (SELECT MAX(m.platform_message_id) FROM messages m WHERE m.conversation_id = a.conversation_id
+            AND m.platform_message_id IN ('console:approve:' || a.id, 'console:cancel:' || a.id))
+     FROM (SELECT ",
+    action_columns!(),
+    " FROM actions WHERE state IN ('awaiting', 'approved')
+        AND (state = 'approved' OR expires_at > $1) ORDER BY id LIMIT $2) a
+     JOIN conversations c ON c.id = a.conversation_id ORDER BY a.id"
 );
 
 /// A conversation's open approvals, oldest first (index `actions_open`).
@@ -170,6 +187,43 @@ impl ActionStore for PostgresStore {
                     now,
                 )
                 .await
+            }
+            .await
+        })
+    }
+
+    async fn waiting_approvals(
+        &self,
+        caller: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<WaitingApproval>, StoreError> {
+        transaction!(self, Operation::Read, "reading open approvals", |tx| {
+            async {
+                let now = self.now(&tx, caller).await?;
+                let limit = limit as i64;
+                let params: [&(dyn ToSql + Sync); 2] = [&now.db.0, &limit];
+                let rows = query(
+                    &tx,
+                    WAITING_APPROVALS_SQL,
+                    &params,
+                    "reading open approvals",
+                )
+                .await?;
+                rows.iter()
+                    .map(|r| {
+                        let platform: String = r.get(13);
+                        let platform = platform.parse().map_err(StoreError::Corrupt)?;
+                        let key: String = r.get(14);
+                        Ok::<_, StoreError>(WaitingApproval {
+                            action: action_row(r, now)?,
+                            conversation: ConversationRef::new(platform, key),
+                            is_group: r.get(15),
+                            console_answer: r
+                                .get::<_, Option<&str>>(16)
+                                .and_then(console_answer_of),
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()
             }
             .await
         })

@@ -9,12 +9,15 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::SqliteStore;
 use super::leases::ensure_lease;
 use super::sql::Context;
-use crate::domain::{ConversationId, LeaseToken, Timestamp};
+use crate::domain::{ConversationId, ConversationRef, LeaseToken, Timestamp};
 use crate::store::rules::{self, ActionStep, conversation_of};
 use crate::store::{
     ActionKey, ActionReservation, ActionRow, ActionState, ActionStore, Decision, StoreError,
 };
-use crate::store::{ActionResult, ApprovalAnswer, BatchOf, ConversationAt, Reserve};
+use crate::store::{
+    ActionResult, ApprovalAnswer, BatchOf, ConversationAt, Reserve, WaitingApproval,
+    console_answer_of,
+};
 
 /// A batch's actions, in the order stored (index `actions_batch`).
 pub(super) const ACTIONS_OF_BATCH_SQL: &str = concat!(
@@ -29,6 +32,20 @@ pub(super) const OPEN_APPROVALS_SQL: &str = concat!(
     action_columns!(),
     " FROM actions WHERE conversation_id = ?1 AND state IN ('awaiting', 'approved')
         AND (state = 'approved' OR expires_at > ?2) ORDER BY id"
+);
+
+/// Every chat's open approvals, oldest first, each with its chat: the action's
+/// columns, then the chat's platform, key and kind (columns 13 to 15), and the
+/// console's answer stored for it (16: `MAX` prefers a cancel, as a round does).
+const WAITING_APPROVALS_SQL: &str = concat!(
+    "SELECT a.*, c.platform, c.key, c.is_group,
+        (SELECT MAX(m.platform_message_id) FROM messages m WHERE m.conversation_id = a.conversation_id
+            AND m.platform_message_id IN ('console:approve:' || a.id, 'console:cancel:' || a.id))
+     FROM (SELECT ",
+    action_columns!(),
+    " FROM actions WHERE state IN ('awaiting', 'approved')
+        AND (state = 'approved' OR expires_at > ?1) ORDER BY id LIMIT ?2) a
+     JOIN conversations c ON c.id = a.conversation_id ORDER BY a.id"
 );
 
 #[async_trait]
@@ -123,6 +140,39 @@ impl ActionStore for SqliteStore {
                 OPEN_APPROVALS_SQL,
                 params![at.conversation.0, open_at.0],
             )
+        })
+        .await
+    }
+
+    async fn waiting_approvals(
+        &self,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<WaitingApproval>, StoreError> {
+        self.with_conn(move |conn| {
+            let mut stmt = conn
+                .prepare_cached(WAITING_APPROVALS_SQL)
+                .ctx("reading open approvals")?;
+            let rows = stmt
+                .query_map(params![now.0, limit as i64], |r| {
+                    let chat: (String, String, bool) = (r.get(13)?, r.get(14)?, r.get(15)?);
+                    let answer: Option<String> = r.get(16)?;
+                    Ok((action_row(r)?, chat, answer))
+                })
+                .ctx("reading open approvals")?
+                .collect::<Result<Vec<_>, _>>()
+                .ctx("reading open approvals")?;
+            rows.into_iter()
+                .map(|(action, (platform, key, is_group), answer)| {
+                    let platform = platform.parse().map_err(StoreError::Corrupt)?;
+                    Ok(WaitingApproval {
+                        action: action?,
+                        conversation: ConversationRef::new(platform, key),
+                        is_group,
+                        console_answer: answer.as_deref().and_then(console_answer_of),
+                    })
+                })
+                .collect()
         })
         .await
     }

@@ -132,7 +132,9 @@ impl Web {
         Beside::over(WebTools(self.clone()), inner)
     }
 
-    fn specs(&self) -> Vec<ToolSpec> {
+    /// The web tools this process offers (`lull__fetch`, `lull__search`: each only
+    /// when on).
+    pub fn specs(&self) -> Vec<ToolSpec> {
         let spec = |name: &str, description: &str, parameters: Value, users: Users| {
             ToolSpec::own(name, description, parameters, Effect::ReadOnly, users)
         };

@@ -27,7 +27,11 @@ impl Posted {
 /// The form posted to `status` with `headers`, once it may change something: the
 /// session (off loopback, or with a token set) and this browser's form token
 /// ([`csrf`]). `Err`: the answer that refuses it (the login form, or 403).
-fn checked(status: &StatusPage, headers: &HeaderMap, body: Bytes) -> Result<Posted, Box<Response>> {
+pub(super) fn checked(
+    status: &StatusPage,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<Posted, Box<Response>> {
     if let Some(refused) = status.refusal(headers, false) {
         return Err(Box::new(refused));
     }

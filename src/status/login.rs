@@ -5,7 +5,10 @@
 //! milliseconds since the Unix epoch and `MAC` the hex HMAC-SHA256 of it under a key
 //! derived from `LULL_HTTP_TOKEN`. It holds no secret, cannot be extended or forged
 //! without the token, stops working at its end (whatever the browser keeps), and every
-//! session ends when the token changes.
+//! session ends when the token changes. `POST /logout` ends one sooner: the browser's
+//! cookie is cleared and the session is refused by this process until its end
+//! ([`Sessions::revoke`]; a copy of the cookie still opens another replica's console
+//! until then, as after a restart: change the token to end every session at once).
 //!
 //! Wrong tokens are counted for the whole process: after [`MAX_FAILURES`] in
 //! [`FAILURE_WINDOW`], `POST /login` answers 429 until the window has room again. Per
@@ -13,8 +16,8 @@
 //! the proxy's address, and a per-address limit would be one forwarded header away from
 //! useless.
 
-use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hmac::{Hmac, Mac};
@@ -35,6 +38,10 @@ pub(super) const FAILURE_WINDOW: Duration = Duration::from_secs(60);
 pub(crate) struct Sessions {
     /// The HMAC key: SHA-256 of a label and the token (never the token itself).
     key: [u8; 32],
+    /// Sessions logged out in this process, each with its end (dropped once past it:
+    /// it is refused then anyway). Only valid sessions enter, so its size is bounded
+    /// by the logins.
+    revoked: Arc<Mutex<HashMap<String, i64>>>,
 }
 
 impl Sessions {
@@ -44,6 +51,7 @@ impl Sessions {
         hash.update(token.expose_secret().as_bytes());
         Sessions {
             key: hash.finalize().into(),
+            revoked: Arc::default(),
         }
     }
 
@@ -74,6 +82,25 @@ impl Sessions {
         };
         lull_adapters::http::same_secret(mac.as_bytes(), self.mac(expires).as_bytes())
             && expires > now.0
+            && !self.revoked().contains_key(value)
+    }
+
+    /// End the session `value` now (a logout), if it is one of this token's and open:
+    /// from now on [`Sessions::valid`] refuses it in this process.
+    pub(crate) fn revoke(&self, value: &str, now: Timestamp) {
+        if !self.valid(value, now) {
+            return;
+        }
+        let Some(expires) = value.split_once('.').and_then(|(e, _)| e.parse().ok()) else {
+            return;
+        };
+        let mut revoked = self.revoked();
+        revoked.retain(|_, end| *end > now.0);
+        revoked.insert(value.to_owned(), expires);
+    }
+
+    fn revoked(&self) -> std::sync::MutexGuard<'_, HashMap<String, i64>> {
+        self.revoked.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -130,6 +157,26 @@ mod tests {
         let later = now.plus(SESSION_LIFETIME * 10).0;
         assert!(!sessions.valid(&format!("{later}.{mac}"), now));
         assert!(!sessions.valid("garbage", now));
+    }
+
+    #[test]
+    fn a_logged_out_session_is_refused_until_its_end() {
+        let sessions = Sessions::new(&SecretString::from("s3cret"));
+        let now = Timestamp(1_700_000_000_000);
+        let (one, two) = (sessions.issue(now), sessions.issue(Timestamp(now.0 + 1)));
+        sessions.revoke(&one, Timestamp(now.0 + 5));
+        assert!(!sessions.valid(&one, Timestamp(now.0 + 6)), "logged out");
+        assert!(
+            sessions.valid(&two, Timestamp(now.0 + 6)),
+            "another login stays"
+        );
+        sessions.revoke("garbage.00", now);
+        assert_eq!(sessions.revoked().len(), 1, "only sessions enter");
+        // Past its end it is dropped at the next logout (it is refused anyway).
+        let end = Timestamp(now.plus(SESSION_LIFETIME).0 + 2);
+        let three = sessions.issue(end);
+        sessions.revoke(&three, end);
+        assert_eq!(sessions.revoked().len(), 1);
     }
 
     #[test]

@@ -22,12 +22,12 @@
 //!
 //! Access ([`Access`]): with `LULL_HTTP_TOKEN` set, the page and the console need it
 //! on every address, loopback included; without one, a loopback `LULL_HTTP_ADDR` is
-//! open and any other closed. The token is given as `Authorization: Bearer …` or once in the login form,
-//! which sets an `HttpOnly`, `SameSite=Strict` cookie holding a session that expires
-//! after [`login::SESSION_LIFETIME`] (`Secure` when a proxy says the request came over
-//! HTTPS), never the token ([`login`]); the form takes at most [`login::MAX_FAILURES`]
-//! wrong tokens a minute. No secret ever travels in a URL; every comparison is in
-//! constant time.
+//! open and any other closed. The token is given as `Authorization: Bearer …` or once
+//! in the login form, which sets an `HttpOnly`, `SameSite=Strict` cookie holding a
+//! session that expires after [`login::SESSION_LIFETIME`] (`Secure` when a proxy says
+//! the request came over HTTPS), never the token ([`login`]), ended sooner by logging
+//! out ([`logout`]); the form takes at most [`login::MAX_FAILURES`] wrong tokens a
+//! minute. No secret ever travels in a URL; every comparison is in constant time.
 
 mod alerts;
 mod approvals;
@@ -37,6 +37,7 @@ mod escape;
 mod forms;
 mod jobs;
 mod login;
+mod logout;
 mod memories;
 mod page;
 mod people;
@@ -251,6 +252,7 @@ impl StatusPage {
             .route("/", get(page))
             .route("/api/status", get(api))
             .route("/login", get(login_form).post(login))
+            .route("/logout", get(logout::form).post(logout::end))
             .route("/chats", get(chats::list))
             .route("/chats/{id}", get(chats::detail).post(chats::change))
             .route("/people", get(people::page).post(people::change))

@@ -14,9 +14,10 @@ const STYLE: &str = "
 body{font:14px/1.4 system-ui,sans-serif;margin:0;background:#f6f7f9;color:#1d2430}
 header{background:#1d2430;color:#fff;padding:12px 24px}
 header h1{font-size:20px;margin:0}header p{margin:4px 0 0;color:#b8c0cc}
-main{padding:16px 24px;display:grid;grid-template-columns:repeat(auto-fill,minmax(380px,1fr));gap:16px}
-section{min-width:0;background:#fff;border:1px solid #dde1e7;border-radius:6px;padding:12px 16px}
+main{padding:16px 24px;display:grid;grid-template-columns:repeat(auto-fill,minmax(min(380px,100%),1fr));gap:16px}
+section{min-width:0;overflow-x:auto;background:#fff;border:1px solid #dde1e7;border-radius:6px;padding:12px 16px}
 section.wide{grid-column:1/-1}
+@media (max-width:600px){main{padding:8px}header{padding:8px 12px}}
 h2{font-size:15px;margin:0 0 8px}
 table{border-collapse:collapse;width:100%}
 td,th{text-align:left;padding:3px 6px;border-bottom:1px solid #eef0f3;vertical-align:top}
@@ -27,7 +28,7 @@ td.n{text-align:right;font-variant-numeric:tabular-nums}
 .ok{color:#1a7f37}.bad{color:#c0262d}.muted{color:#5b6675}
 svg text{font:11px system-ui,sans-serif;fill:#5b6675}
 form{display:flex;gap:8px;margin-top:12px;flex-wrap:wrap}input,select,textarea,button{padding:6px;font:inherit}
-nav a{color:#b8c0cc;margin-right:16px}nav a.here{color:#fff;font-weight:600}
+nav{display:flex;flex-wrap:wrap;gap:4px 16px}nav a{color:#b8c0cc}nav a.here{color:#fff;font-weight:600}
 textarea{width:100%;min-height:5em}.done{color:#1a7f37}
 .answers{display:flex;gap:8px}.answers form{margin-top:0}
 ";
@@ -52,7 +53,15 @@ pub(super) fn nav(here: &str) -> String {
             format!("<a href=\"{path}\"{class}>{label}</a>")
         })
         .collect();
-    format!("<nav>{}</nav>", links.join(""))
+    format!(
+        "<nav>{}<a href=\"/logout\"{}>Log out</a></nav>",
+        links.join(""),
+        if here == "/logout" {
+            " class=\"here\""
+        } else {
+            ""
+        }
+    )
 }
 
 pub(super) fn document(title: &str, body: &str) -> String {

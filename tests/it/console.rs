@@ -62,8 +62,8 @@ fn set_cookie(response: &reqwest::Response, name: &str) -> Option<String> {
         .map(|v| v.split(';').next().unwrap_or_default().to_owned())
 }
 
-/// `GET url` with `cookies` (none: empty), which must answer 200: the form token it
-/// gives this browser, and the page.
+/// `GET url` with `cookies` (none: empty), which must answer 200: this browser's form
+/// token (given now, or held), and the page.
 async fn open_page(url: String, cookies: &str) -> (String, String) {
     let mut get = client().get(url);
     if !cookies.is_empty() {
@@ -71,7 +71,12 @@ async fn open_page(url: String, cookies: &str) -> (String, String) {
     }
     let r = get.send().await.unwrap();
     assert_eq!(r.status().as_u16(), 200);
-    let csrf = set_cookie(&r, "lull_csrf").expect("a form token");
+    // A browser that holds a form token keeps it.
+    let held = cookies
+        .split("; ")
+        .find_map(|c| c.strip_prefix("lull_csrf="))
+        .map(str::to_owned);
+    let csrf = set_cookie(&r, "lull_csrf").or(held).expect("a form token");
     (csrf, r.text().await.unwrap())
 }
 
@@ -245,6 +250,35 @@ async fn the_console_changes_a_chats_model_once_logged_in_and_refuses_a_forged_f
     assert_eq!(rules[0][0], "chat");
     assert_eq!(rules[0][1], "c1");
     assert_eq!(rules[0][3], "console");
+
+    // Logging out: a post without the form token is refused; the form's ends the
+    // session, clears the cookie and leads to the login form; the session is refused.
+    let (out_csrf, page) = open_page(format!("{}/logout", lull.base_url()), &cookies).await;
+    assert!(page.contains("id=\"logout\""), "{page}");
+    let logout = |fields: Vec<(&'static str, String)>| {
+        client()
+            .post(format!("{}/logout", lull.base_url()))
+            .header(reqwest::header::COOKIE, &cookies)
+            .form(&fields)
+            .send()
+    };
+    let forged = logout(vec![("csrf", "0".repeat(32))]).await.unwrap();
+    assert_eq!(forged.status().as_u16(), 403);
+    let r = logout(vec![("csrf", out_csrf)]).await.unwrap();
+    assert_eq!(r.status().as_u16(), 303);
+    assert_eq!(r.headers()[reqwest::header::LOCATION], "/login");
+    assert_eq!(
+        set_cookie(&r, "lull_status").as_deref(),
+        Some(""),
+        "cleared"
+    );
+    let r = client()
+        .get(format!("{}/chats", lull.base_url()))
+        .header(reqwest::header::COOKIE, &cookies)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401, "a logged-out session");
     drop(lull);
 
     // Thirteen hours later (sessions last twelve), the same cookie is refused.
@@ -379,6 +413,18 @@ async fn in_a_browser_the_console_logs_in_and_changes_a_chats_model() {
     assert_eq!(seen["model"], "big");
     assert_eq!(seen["again"], "nothing to change: model was big already");
     assert_eq!(seen["forged"], 403);
+    for path in ["/", "/chats", "/approvals"] {
+        assert_eq!(
+            seen[format!("phone{path}")],
+            "fits",
+            "{path} on a phone: {seen}"
+        );
+    }
+    assert_eq!(
+        (seen["after_logout"].clone(), seen["logged_out"].clone()),
+        (json!("/login"), json!(401)),
+        "logged out: {seen}"
+    );
     assert_eq!(
         (seen["people"].clone(), seen["tools"].clone()),
         (json!(200), json!(200))
@@ -445,6 +491,7 @@ async fn in_a_browser_the_console_logs_in_and_changes_a_chats_model() {
         "approvals",
         "approvals-answered",
         "tools",
+        "phone",
     ] {
         let png = std::fs::read(shots.join(format!("console-{name}.png"))).unwrap();
         assert!(png.starts_with(b"\x89PNG"), "{name}");

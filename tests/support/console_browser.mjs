@@ -101,6 +101,24 @@ try {
     });
     return r.status;
   }, CHAT);
+
+  // On a phone: nothing wider than the screen (wide tables scroll inside their box).
+  await page.setViewport({ width: 390, height: 844, isMobile: true });
+  for (const path of ["/", "/approvals", "/chats"]) {
+    await page.goto(`${BASE}${path}`);
+    // A phone's browser widens its layout to fit what would not: compare with the screen.
+    const wide = await page.evaluate(() => document.documentElement.scrollWidth);
+    seen[`phone${path}`] = wide <= 390 ? "fits" : `${wide}px on a 390px screen`;
+  }
+  await shot("phone");
+  await page.setViewport({ width: 1200, height: 900 });
+
+  // Log out: the session ends, and the console asks for the token again.
+  await page.goto(`${BASE}/logout`);
+  await Promise.all([page.waitForNavigation(), page.click("#logout button")]);
+  seen.after_logout = new URL(page.url()).pathname;
+  response = await page.goto(`${BASE}/chats`);
+  seen.logged_out = response.status();
 } finally {
   await browser.close();
 }

@@ -226,6 +226,7 @@ where
             user_id: user.clone(),
             chats: Vec::new(),
             author: user.clone(),
+            title: None,
             message_id: format!("{session}-{number}"),
             content: Content::Text(line),
             media: Vec::new(),

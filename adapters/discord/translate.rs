@@ -88,6 +88,9 @@ fn incoming_of(message: &Message, in_guild: bool) -> Incoming {
         is_group: in_guild,
         user_id: message.author.id.to_string(),
         chats: chats(message.channel_id, message.guild_id),
+        // A DM is named after the person; a guild channel's name is not in its
+        // messages (the console shows its id).
+        title: (!in_guild).then(|| author.clone()),
         author,
         message_id: message.id.to_string(),
         content: Content::Text(String::new()),
@@ -175,6 +178,7 @@ pub(super) fn edit(event: &MessageUpdateEvent, bot: &BotIdentity) -> Option<Inco
             .global_name
             .clone()
             .unwrap_or_else(|| author.name.clone()),
+        title: None,
         message_id: event.id.to_string(),
         content: Content::Text(text),
         media,
@@ -235,6 +239,7 @@ pub(crate) fn interaction_message(
         is_group: guild.is_some(),
         user_id: user.id.to_string(),
         chats: chats(channel, guild),
+        title: guild.is_none().then(|| author.clone()),
         author,
         message_id: format!("{TAP_PREFIX}{id}"),
         content: Content::Text(text),

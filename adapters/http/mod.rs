@@ -2,7 +2,8 @@
 //! stress test's way in).
 //!
 //! Inbound: `POST /api/messages` with `{"conversation","user","text","id"}` (optional
-//! `"name"`, the display name, and `"group": true` for multi-user conversations) →
+//! `"name"`, the display name, `"title"`, the conversation's name as the console shows
+//! it, and `"group": true` for multi-user conversations) →
 //! `202` once the message is stored; idempotent on `id` within a conversation. `id` is
 //! a string or an integer, and the two are different ids (`"7"` is not `7`).
 //! Outbound (`webhook`): every reply and notice is POSTed to `LULL_WEBHOOK_URL` by the
@@ -58,6 +59,8 @@ struct MessageIn {
     id: serde_json::Value,
     #[serde(default)]
     name: Option<String>,
+    #[serde(default)]
+    title: Option<String>,
     #[serde(default)]
     group: bool,
 }
@@ -125,7 +128,7 @@ fn authorized(headers: &HeaderMap, token: &SecretString) -> bool {
 
 /// Longest `conversation`, `user` and `id`, in bytes (UTF-8).
 pub const MAX_ID_BYTES: usize = 256;
-/// Longest `name`, in bytes (UTF-8).
+/// Longest `name` and `title`, in bytes (UTF-8).
 pub const MAX_NAME_BYTES: usize = 128;
 
 fn parse(body: &[u8]) -> Result<MessageIn, ApiError> {
@@ -151,6 +154,11 @@ fn parse(body: &[u8]) -> Result<MessageIn, ApiError> {
         (
             "name",
             message.name.as_deref().unwrap_or_default(),
+            MAX_NAME_BYTES,
+        ),
+        (
+            "title",
+            message.title.as_deref().unwrap_or_default(),
             MAX_NAME_BYTES,
         ),
     ] {
@@ -242,6 +250,7 @@ async fn accept(
         // The http platform is local (admitted by default) and names no chats.
         chats: Vec::new(),
         author: message.name.clone().unwrap_or_else(|| message.user.clone()),
+        title: message.title.clone().filter(|t| !t.trim().is_empty()),
         message_id: message_id(&message.id)?,
         content: Content::Text(message.text),
         media: Vec::new(),

@@ -363,6 +363,12 @@ fn incoming(
         } else {
             Vec::new()
         },
+        // A group's title; a private chat is named after the person.
+        title: msg
+            .chat
+            .title()
+            .map(str::to_owned)
+            .or_else(|| (!is_group).then(|| author.clone())),
         author,
         message_id: msg.id.0.to_string(),
         content,
@@ -574,6 +580,11 @@ mod tests {
             (i.user_id.as_str(), i.author.as_str(), i.message_id.as_str()),
             ("42", "Ann Lee", "10")
         );
+        assert_eq!(
+            i.title.as_deref(),
+            Some("Ann Lee"),
+            "named after the person"
+        );
         assert_eq!(text(&i), "hello");
         assert_eq!(i.kind, IncomingKind::New);
         let edit = t
@@ -613,6 +624,7 @@ mod tests {
         let i = take(&mut t, mentioning(3, "@lull_bot, what is 2+2?")).unwrap();
         assert!(i.is_group);
         assert_eq!(i.conversation.key, "-100123");
+        assert_eq!(i.title.as_deref(), Some("G"), "the group's title");
         assert_eq!(text(&i), "what is 2+2?", "the leading mention is stripped");
         let i = take(&mut t, mentioning(4, "tell me @lull_bot")).unwrap();
         assert_eq!(text(&i), "tell me @lull_bot");

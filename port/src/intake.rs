@@ -54,6 +54,10 @@ pub struct Incoming {
     pub chats: Vec<String>,
     /// The user's display name.
     pub author: String,
+    /// The chat's name as its platform shows it, when the update carries one: a
+    /// Telegram group's title, the person's name for a private chat (`None`: not
+    /// known from this update). Shown on the console; never in a prompt.
+    pub title: Option<String>,
     /// The platform's message id, unique within the conversation. Redeliveries carry
     /// the same id and are stored once.
     pub message_id: String,

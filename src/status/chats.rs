@@ -263,7 +263,7 @@ fn render_list(
 ) -> String {
     let mut out = format!(
         "<header><h1>lull chats</h1><p>{} chat(s), the most recent first</p>{}</header><main><section class=\"wide\">\
-         <table id=\"chats\"><tr><th>chat</th><th>platform</th><th>id</th><th>kind</th><th>model</th><th>persona</th>\
+         <table id=\"chats\"><tr><th>chat</th><th>name</th><th>platform</th><th>id</th><th>kind</th><th>model</th><th>persona</th>\
          <th>prompt</th><th>last message</th><th>state</th></tr>",
         chats.len(),
         nav("/chats")
@@ -271,9 +271,10 @@ fn render_list(
     for c in chats {
         let _ = write!(
             out,
-            "<tr data-chat=\"{id}\" data-state=\"{st}\" data-model=\"{m}\"><td><a href=\"/chats/{id}\">#{id}</a></td><td>{p}</td>\
+            "<tr data-chat=\"{id}\" data-state=\"{st}\" data-model=\"{m}\"><td><a href=\"/chats/{id}\">#{id}</a></td><td class=\"title\">{t}</td><td>{p}</td>\
              <td><code>{k}</code></td><td>{kind}</td><td>{m_shown}</td><td>{pe}</td><td>{pr}</td><td>{at}</td><td>{st}</td></tr>",
             id = c.id,
+            t = esc(c.title.as_deref().unwrap_or("—")),
             st = state(c),
             m = esc(c.model.as_deref().unwrap_or("")),
             p = esc(&c.platform),
@@ -370,9 +371,14 @@ fn render_detail(
         .map(|d| format!("<p class=\"done\" id=\"done\">{}</p>", esc(d)))
         .unwrap_or_default();
     let mut out = format!(
-        "<header><h1>chat #{id}</h1><p>{p} <code>{k}</code> · {kind} · last message {at} · \
+        "<header><h1>chat #{id}{t}</h1><p>{p} <code>{k}</code> · {kind} · last message {at} · \
          <span id=\"state\">{st}</span> · <a href=\"/memories?scope={mem}\">its memories</a></p>{nav}</header><main><section class=\"wide\">{done}",
         id = c.id,
+        t = c
+            .title
+            .as_deref()
+            .map(|t| format!(": <span id=\"title\">{}</span>", esc(t)))
+            .unwrap_or_default(),
         p = esc(&c.platform),
         k = esc(&c.key),
         kind = if c.is_group { "group" } else { "private chat" },

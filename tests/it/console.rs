@@ -43,7 +43,7 @@ async fn say(bot: &HttpBot, lull: &LullProcess, id: &str, text: &str, n: usize) 
         .client
         .post(format!("{}/api/messages", lull.base_url()))
         .bearer_auth(TOKEN)
-        .json(&json!({ "conversation": "c1", "user": "ann", "text": text, "id": id }))
+        .json(&json!({ "conversation": "c1", "user": "ann", "text": text, "id": id, "title": "Team notes" }))
         .send()
         .await
         .unwrap();
@@ -149,6 +149,10 @@ async fn the_console_changes_a_chats_model_once_logged_in_and_refuses_a_forged_f
     let csrf = set_cookie(&r, "lull_csrf").expect("a form token");
     let list = r.text().await.unwrap();
     assert!(list.contains(&format!("data-chat=\"{id}\"")), "{list}");
+    assert!(
+        list.contains("<td class=\"title\">Team notes</td>"),
+        "the chat's name, as the client gave it: {list}"
+    );
     let cookies = format!("lull_status={session}; lull_csrf={csrf}");
     let page = client()
         .get(format!("{}/chats/{id}", lull.base_url()))
@@ -576,6 +580,12 @@ async fn the_people_page_allows_a_user_whose_next_message_is_answered() {
     tg.fake.push_message(text_message(4801, 4801, "now?"));
     let sent = tg.fake.wait_sent(4801, 2, SECS(15)).await;
     assert!(sent[1].text.contains("now?"), "answered: {}", sent[1].text);
+    // The private chat is named after the person, as Telegram shows them.
+    let (_, chats) = open_page(format!("{base}/chats"), &cookies).await;
+    assert!(
+        chats.contains("<td class=\"title\">User4801</td>"),
+        "{chats}"
+    );
 }
 
 /// The memories page: a person's memories shown on request, one forgotten with its

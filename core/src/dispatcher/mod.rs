@@ -46,6 +46,8 @@
 //! - `overheard`: group context, the recent group messages not addressed to lull,
 //!   kept (bounded) for the prompt; never a message to answer.
 //! - `threads`: the Discord threads lull opened, where a message needs no mention.
+//! - `titles`: each chat's name as its platform shows it, noted for the console when it
+//!   changed.
 //! - `lease_keeper`: claims a lease and renews it for as long as the work it protects.
 //! - `wallet`: who pays for a round, what it reserves before the model is asked, and
 //!   the settle after; token budgets that never hold a conversation for good nor let
@@ -84,6 +86,7 @@ mod scheduler;
 mod sessions;
 mod summaries;
 mod threads;
+mod titles;
 mod tool_refusals;
 mod wallet;
 
@@ -387,6 +390,8 @@ pub struct Dispatcher {
     /// The server's model list as last read, for `/model` (`controls`): read again
     /// once older than `controls::MODEL_LIST_TTL`. `Err`: why there is none.
     models: Refreshed<Vec<String>, String>,
+    /// The chat titles this process noted last (`titles`).
+    titles: titles::Titles,
 }
 
 /// What a [`Dispatcher`] is built from ([`Dispatcher::builder`]): everything it uses
@@ -470,6 +475,7 @@ impl DispatcherBuilder {
             events_emitted: std::sync::atomic::AtomicU64::new(0),
             access_rules: Refreshed::default(),
             models: Refreshed::default(),
+            titles: titles::Titles::default(),
         })
     }
 }

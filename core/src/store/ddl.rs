@@ -44,3 +44,12 @@ ALTER TABLE token_usage ADD COLUMN cost BIGINT NOT NULL DEFAULT 0;
 -- is the row's key (a month row's reservation names the month).
 ALTER TABLE token_reservations ADD COLUMN cost BIGINT NOT NULL DEFAULT 0;
 "#;
+
+/// A chat's name as its platform shows it, for the console: SQLite's twenty-third
+/// migration, PostgreSQL's twenty-fourth.
+pub(super) const CHAT_TITLES: &str = r#"
+-- The chat's name as its platform last showed it (a Telegram group's title, the
+-- person's name for a private chat); NULL: never told. Not a setting: writing it
+-- moves no version.
+ALTER TABLE conversations ADD COLUMN title TEXT;
+"#;

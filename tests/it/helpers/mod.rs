@@ -471,6 +471,7 @@ pub(crate) fn message(conversation: &str, id: &str, text: &str) -> Incoming {
         user_id: "user".into(),
         chats: Vec::new(),
         author: "User".into(),
+        title: None,
         message_id: id.into(),
         content: Content::Text(text.into()),
         media: Vec::new(),

@@ -18,10 +18,12 @@
 //! duplicate), and once it is, the after-store effects ([`AFTER_STORE`], in
 //! `stored`) run; their failures are logged, never reported as "not stored":
 //!
-//! 1. **rate**: over `LULL_RATE_PER_MIN`, the message is held, and the rest skipped.
-//! 2. **wake**: the scheduler is woken for the new deadline.
-//! 3. **ack**: 👀 on a burst whose reply is not immediate (`acks`).
-//! 4. **draft**: "Thinking…" in the conversation's draft while the debounce waits.
+//! 1. **title**: the chat's name as its platform shows it, noted when it changed
+//!    (`titles`).
+//! 2. **rate**: over `LULL_RATE_PER_MIN`, the message is held, and the rest skipped.
+//! 3. **wake**: the scheduler is woken for the new deadline.
+//! 4. **ack**: 👀 on a burst whose reply is not immediate (`acks`).
+//! 5. **draft**: "Thinking…" in the conversation's draft while the debounce waits.
 //!
 //! A new admission policy or effect lands as one step in one of the two lists (and a
 //! line here, in the same order: a test checks it).
@@ -62,6 +64,7 @@ const ADMISSION: [Admission; 7] = [
 /// One effect after a message is stored, in [`AFTER_STORE`] order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum AfterStore {
+    Title,
     Rate,
     Wake,
     Ack,
@@ -69,7 +72,8 @@ enum AfterStore {
 }
 
 /// The effects after a message is stored, in order.
-const AFTER_STORE: [AfterStore; 4] = [
+const AFTER_STORE: [AfterStore; 5] = [
+    AfterStore::Title,
     AfterStore::Rate,
     AfterStore::Wake,
     AfterStore::Ack,

@@ -1,5 +1,5 @@
-//! What follows a stored message, the after-store effects of ingest: `rate` (the
-//! rate limit's hold), `wake`, `ack` and `draft` (the order is the parent's list).
+//! What follows a stored message, the after-store effects of ingest: `title`, `rate`
+//! (the rate limit's hold), `wake`, `ack` and `draft` (the order is the parent's list).
 //! The message is stored by then: a failure here is logged, never reported as "not
 //! stored" (a redelivery would only be a duplicate).
 
@@ -17,6 +17,7 @@ impl AfterStore {
     /// The effect's name, as the parent's module doc lists it.
     pub(super) fn name(self) -> &'static str {
         match self {
+            AfterStore::Title => "title",
             AfterStore::Rate => "rate",
             AfterStore::Wake => "wake",
             AfterStore::Ack => "ack",
@@ -44,6 +45,13 @@ impl Arriving<'_> {
     /// Run one after-store effect.
     pub(super) async fn after_store(&self, effect: AfterStore, stored: &Stored) -> Step {
         match effect {
+            AfterStore::Title => {
+                if let Some(title) = &self.incoming.title {
+                    crate::dispatcher::titles::note(self.dispatcher, stored.conversation, title)
+                        .await;
+                }
+                Step::Next
+            }
             AfterStore::Rate => self.rate(stored).await,
             AfterStore::Wake => {
                 self.dispatcher.wake_by(stored.due_at);

@@ -321,6 +321,18 @@ pub async fn the_console_lists_chats_with_their_choices_and_state(store: &dyn St
             .is_empty()
     );
     assert_eq!(store.chats(None, 1, at(2300)).await.unwrap().len(), 1);
+
+    // A title noted, renamed, noted again unchanged: the newest shown, no version
+    // moved (it is no setting: a round in flight is not dropped for it).
+    assert_eq!(chats[1].title, None, "never told");
+    for title in ["Family", "Family chat", "Family chat"] {
+        store.note_chat_title(c1, title).await.unwrap();
+    }
+    let one = store.chats(Some(c1), 10, at(2300)).await.unwrap();
+    assert_eq!(one[0].title.as_deref(), Some("Family chat"));
+    // The message, the model, then the next message: the titles moved no version.
+    let (_, version, _) = stored(store, message(http("c1"), "m2"), &a, at(2400)).await;
+    assert_eq!(version.0, 3, "a title moves no version");
 }
 
 /// The console's people: a day's `user:` totals, tokens and dollars, most tokens

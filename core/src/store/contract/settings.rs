@@ -188,4 +188,12 @@ pub trait SettingStore: Send + Sync + 'static {
     /// context kept from before the quiet spell. `true`: it was
     /// reset. A conversation never seen, or already fresh, is left alone.
     async fn forget_if_idle(&self, forget: IdleForget<'_>) -> Result<bool, StoreError>;
+
+    /// Note the chat's name as its platform shows it (for the console), unless it is
+    /// already so. Not a setting: it moves no version, so no reply is dropped for it.
+    async fn note_chat_title(
+        &self,
+        conversation: ConversationId,
+        title: &str,
+    ) -> Result<(), StoreError>;
 }

@@ -333,6 +333,8 @@ pub struct ChatRow {
     pub platform: String,
     /// The platform's id of the chat.
     pub key: String,
+    /// Its name as its platform last showed it (`None`: never told).
+    pub title: Option<String>,
     pub is_group: bool,
     pub model: Option<String>,
     pub persona: Option<String>,

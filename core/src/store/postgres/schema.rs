@@ -70,6 +70,8 @@ const ALL: &[&str] = &[
     include_str!("migrations/v22_summaries.sql"),
     // 23 (SQLite 22): costs in dollars beside the tokens, and their reservations.
     ddl::COSTS,
+    // 24 (SQLite 23): a chat's name as its platform shows it, for the console.
+    ddl::CHAT_TITLES,
 ];
 
 /// The schema version this build migrates to.

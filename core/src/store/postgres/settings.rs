@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use super::PostgresStore;
 use super::messages::upsert_conversation;
 use super::sql::{execute, query, query_one, query_opt};
-use crate::domain::{ConversationRef, Version};
+use crate::domain::{ConversationId, ConversationRef, Version};
 use crate::store::faults::Operation;
 use crate::store::{
     COMMAND_CLAIM_DAYS, ConversationSettings, RetryOutcome, SettingOutcome, SettingStore, Stopped,
@@ -305,6 +305,26 @@ impl SettingStore for PostgresStore {
             Ok(n > 0)
         }
         .await
+        })
+    }
+
+    async fn note_chat_title(
+        &self,
+        conversation: ConversationId,
+        title: &str,
+    ) -> Result<(), StoreError> {
+        transaction!(self, Operation::Other, "noting a chat's title", |tx| {
+            async {
+                execute(
+                    &tx,
+                    "UPDATE conversations SET title = $2 WHERE id = $1 AND title IS DISTINCT FROM $2",
+                    &[&conversation.0, &title],
+                    "noting a chat's title",
+                )
+                .await?;
+                Ok(())
+            }
+            .await
         })
     }
 }

@@ -57,7 +57,8 @@ impl StatusStore for PostgresStore {
                         (SELECT MAX(m.received_at) FROM messages m WHERE m.conversation_id = c.id) AS last_at,
                         EXISTS (SELECT 1 FROM timers t WHERE t.conversation_id = c.id),
                         EXISTS (SELECT 1 FROM leases l WHERE l.conversation_id = c.id
-                                AND l.holder IS NOT NULL AND l.expires_at > $1)
+                                AND l.holder IS NOT NULL AND l.expires_at > $1),
+                        c.title
                      FROM conversations c LEFT JOIN conversation_settings s ON s.conversation_id = c.id
                      WHERE $2::int8 IS NULL OR c.id = $2
                      ORDER BY last_at DESC NULLS LAST, c.id DESC LIMIT $3",
@@ -80,6 +81,7 @@ impl StatusStore for PostgresStore {
                             .map(|at| now.to_caller(Timestamp(at)).0),
                         waiting: r.get(8),
                         answering: r.get(9),
+                        title: r.get(10),
                     })
                     .collect())
             }

@@ -60,6 +60,8 @@ const ALL: &[&str] = &[
     include_str!("migrations/v21_summaries.sql"),
     // 22: costs in dollars beside the tokens, and their reservations.
     ddl::COSTS,
+    // 23: a chat's name as its platform shows it, for the console.
+    ddl::CHAT_TITLES,
 ];
 
 /// The schema version this build migrates to.

@@ -8,7 +8,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::SqliteStore;
 use super::messages::upsert_conversation;
 use super::sql::Context;
-use crate::domain::{ConversationRef, Version};
+use crate::domain::{ConversationId, ConversationRef, Version};
 use crate::store::{
     COMMAND_CLAIM_DAYS, ConversationSettings, RetryOutcome, SettingOutcome, SettingStore, Stopped,
     StoreError,
@@ -261,6 +261,24 @@ impl SettingStore for SqliteStore {
                 .ctx("forgetting old group context")?;
             }
             Ok(reset > 0)
+        })
+        .await
+    }
+
+    async fn note_chat_title(
+        &self,
+        conversation: ConversationId,
+        title: &str,
+    ) -> Result<(), StoreError> {
+        let title = title.to_owned();
+        self.write("noting a chat's title", move |tx| {
+            tx.prepare_cached(
+                "UPDATE conversations SET title = ?2 WHERE id = ?1 AND title IS NOT ?2",
+            )
+            .ctx("preparing a statement")?
+            .execute(params![conversation.0, title])
+            .ctx("noting a chat's title")?;
+            Ok(())
         })
         .await
     }

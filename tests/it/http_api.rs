@@ -128,9 +128,17 @@ async fn health_and_metrics_follow_a_scripted_exchange(backend: Backend) {
     let replies = app.webhook.wait_replies(2, Duration::from_secs(15)).await;
     assert_eq!(replies[1].covers, ["a", "b"]);
 
-    // Gauges and counters are read after the pending gauge had a poll to update.
-    tokio::time::sleep(Duration::from_millis(1200)).await;
-    let m = app.lull.metrics().await.unwrap();
+    // Gauges and counters are read once the pending gauge had a poll to update (a
+    // loaded machine may take more than one poll interval).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let m = loop {
+        let m = app.lull.metrics().await.unwrap();
+        let settled = m.get("lull_pending_conversations") == Some(&0.0);
+        if settled || std::time::Instant::now() > deadline {
+            break m;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     let get = |name: &str| m.get(name).copied().unwrap_or(f64::NAN);
     assert_eq!(get("lull_messages_ingested_total"), 5.0, "{m:#?}");
     assert_eq!(get("lull_replies_sent_total"), 2.0);

@@ -689,7 +689,9 @@ async fn postgres_a_lock_held_too_long_is_busy() {
     let database = Postgres(url.clone());
     while db::count(
         &database,
-        "SELECT COUNT(*) FROM pg_stat_activity WHERE query LIKE '%pg_sleep(8)%' AND state = 'active' AND pid <> pg_backend_pid()",
+        // Asleep: the lock is taken (the statement is active from its start, before
+        // its FOR UPDATE has the row).
+        "SELECT COUNT(*) FROM pg_stat_activity WHERE query LIKE '%pg_sleep(8)%' AND wait_event = 'PgSleep' AND pid <> pg_backend_pid()",
     ) == 0
     {
         tokio::time::sleep(Duration::from_millis(20)).await;

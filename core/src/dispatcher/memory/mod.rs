@@ -22,7 +22,8 @@ pub(super) use tools::{MemoryTools, Staging, memory_specs};
 
 use std::sync::Arc;
 
-use crate::store::{Batch, Memory, MemoryApplied, MemoryWrites, Scope};
+use crate::access::CONSOLE_OPERATOR;
+use crate::store::{Batch, Memory, MemoryApplied, MemoryWrites, PendingMessage, Scope};
 
 /// `LULL_MEMORY_CHARS`: the most characters of memories in one prompt.
 pub const MEMORY_CHARS: usize = 2000;
@@ -49,16 +50,26 @@ pub(super) fn shown_scope(batch: &Batch) -> Option<Scope> {
     if batch.is_group {
         return Some(Scope::chat(&batch.conversation));
     }
-    let person = batch.pending.last()?;
+    let person = by_people(batch).last()?;
     Some(Scope::person(batch.conversation.platform, &person.user_id))
+}
+
+/// The batch's messages written by people: the console's answers to approvals
+/// ([`CONSOLE_OPERATOR`]) speak for no person, so no one's memories are read or written
+/// because of them (a private chat whose batch is only the operator's shows none).
+fn by_people(batch: &Batch) -> impl Iterator<Item = &PendingMessage> {
+    batch
+        .pending
+        .iter()
+        .filter(|m| m.user_id != CONSOLE_OPERATOR)
 }
 
 /// Where the memory tools of `batch`'s round may write: the chat's scope in a private
 /// chat or for a batch of admins only, a person's when one person wrote the batch.
 pub(super) fn rights(d: &super::Dispatcher, batch: &Batch) -> Rights {
     let platform = batch.conversation.platform;
-    let newest = batch.pending.last();
-    let one_author = newest.filter(|n| batch.pending.iter().all(|m| m.user_id == n.user_id));
+    let newest = by_people(batch).last();
+    let one_author = newest.filter(|n| by_people(batch).all(|m| m.user_id == n.user_id));
     Rights {
         is_group: batch.is_group,
         all_admins: d.written_by_admins(batch),
@@ -143,6 +154,42 @@ mod tests {
             created_at: Timestamp(0),
             version: 1,
         }
+    }
+
+    fn said_by(user: &str, row: i64) -> PendingMessage {
+        PendingMessage {
+            row,
+            message_id: format!("m{row}"),
+            user_id: user.into(),
+            author: user.into(),
+            text: "hi".into(),
+            version: crate::domain::Version(row),
+            received_at: Timestamp(row),
+            media: Vec::new(),
+            transcript: None,
+        }
+    }
+
+    /// A private chat's batch answered from the console shows and writes the person's
+    /// memories (or none), never the operator's.
+    #[test]
+    fn the_consoles_answers_speak_for_no_person() {
+        let mut batch = Batch {
+            conversation_id: crate::domain::ConversationId(1),
+            conversation: crate::domain::ConversationRef::new(Platform::Telegram, "42"),
+            is_group: false,
+            v0: crate::domain::Version(2),
+            pending: vec![said_by("42", 1), said_by(CONSOLE_OPERATOR, 2)],
+            history: Vec::new(),
+            summary: None,
+            timer: None,
+        };
+        assert_eq!(
+            shown_scope(&batch),
+            Some(Scope::person(Platform::Telegram, "42"))
+        );
+        batch.pending.remove(0);
+        assert_eq!(shown_scope(&batch), None, "only the operator's: none");
     }
 
     #[test]

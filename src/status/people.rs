@@ -186,12 +186,22 @@ fn render(
                 .is_set()
                 .then(|| limits.user_daily_usd.to_string()),
         );
+        // The replies to the console's own answers are charged to the operator, who
+        // is no one to deny.
+        let operator = p
+            .user
+            .split_once(':')
+            .is_some_and(|(_, id)| id == lull_core::access::CONSOLE_OPERATOR);
+        let (who, deny) = if operator {
+            ("the operator (console)".to_owned(), String::new())
+        } else {
+            (esc(&p.user), form(csrf, "deny", Some(&p.user), "Deny"))
+        };
         let _ = write!(
             out,
-            "<tr data-user=\"{u}\" data-tokens=\"{t}\"><td>{u}</td><td>{tokens}</td><td>{dollars}</td><td>{deny}</td></tr>",
+            "<tr data-user=\"{u}\" data-tokens=\"{t}\"><td>{who}</td><td>{tokens}</td><td>{dollars}</td><td>{deny}</td></tr>",
             u = esc(&p.user),
             t = p.tokens,
-            deny = form(csrf, "deny", Some(&p.user), "Deny"),
         );
     }
     out.push_str("</table></section></main>");

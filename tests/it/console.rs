@@ -309,6 +309,27 @@ async fn the_console_changes_a_chats_model_once_logged_in_and_refuses_a_forged_f
     assert_eq!(chat_model(&bot, &id), "big");
 }
 
+/// A session cookie for `token` signed as the console signs one (`status::login`), an
+/// hour past its end: only its end is wrong.
+fn expired_session(token: &str) -> String {
+    use hmac::{Hmac, Mac};
+    use sha2::{Digest, Sha256};
+    let mut key = Sha256::new();
+    key.update(b"lull status page session\0");
+    key.update(token.as_bytes());
+    let key: [u8; 32] = key.finalize().into();
+    let ended = lull_core::domain::Timestamp::now().0 - 3_600_000;
+    let mut mac = Hmac::<Sha256>::new_from_slice(&key).unwrap();
+    mac.update(ended.to_string().as_bytes());
+    let mac: String = mac
+        .finalize()
+        .into_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("{ended}.{mac}")
+}
+
 /// puppeteer-core's `node_modules` (`LULL_PUPPETEER`, from `scripts/puppeteer`), if
 /// installed; `None` prints the skip line (and panics when `LULL_REQUIRE_PUPPETEER=1`).
 fn puppeteer() -> Option<std::path::PathBuf> {
@@ -394,6 +415,7 @@ async fn in_a_browser_the_console_logs_in_and_changes_a_chats_model() {
         .env("TOKEN", TOKEN)
         .env("CHAT", &id)
         .env("APPROVAL", &approval)
+        .env("EXPIRED", expired_session(TOKEN))
         .env("SHOTS", &shots)
         .output()
         .await
@@ -468,19 +490,40 @@ async fn in_a_browser_the_console_logs_in_and_changes_a_chats_model() {
             "{seen}"
         );
     }
-    let replies = bot.webhook.wait_replies(3, SECS(20)).await;
-    assert!(
-        replies[2].text.contains("✓ counter__delete"),
-        "{:?}",
-        replies[2]
+    // Bob, denied then allowed from the people page: refused, then answered.
+    assert_eq!(
+        (seen["bob_denied"].clone(), seen["bob_allowed"].clone()),
+        (json!("denied"), json!("stored")),
+        "{seen}"
     );
+    assert!(
+        seen["allowed"]
+            .as_str()
+            .unwrap()
+            .starts_with("saved: http:bob"),
+        "{seen}"
+    );
+    let replies = bot.webhook.wait_replies(4, SECS(20)).await;
+    assert!(
+        replies
+            .iter()
+            .any(|r| r.conversation == "c2" && r.text.contains("✓ counter__delete")),
+        "{replies:?}"
+    );
+    assert!(
+        replies
+            .iter()
+            .any(|r| r.conversation == "c3" && r.covers == ["b2"]),
+        "bob's allowed message answered: {replies:?}"
+    );
+    assert_eq!(seen["expired"], 401, "an expired session: {seen}");
     let answers = db::rows(
         &bot.database,
         "SELECT platform_message_id FROM messages WHERE user_id = 'lull:console'",
     );
     assert_eq!(answers.len(), 1, "{answers:?}");
     assert_eq!(crate::tools::executed_in(bot.dir.path(), "delete"), 1);
-    say(&bot, &lull, "m2", "and now?", 4).await;
+    say(&bot, &lull, "m2", "and now?", 5).await;
     let last = bot.model.requests().last().unwrap().body["model"].clone();
     assert_eq!(last, "big", "the next model request uses the change");
     for name in [

@@ -1,8 +1,9 @@
 // The console's browser test (tests/it/console.rs): headless Chromium driven by
 // puppeteer-core, as an operator would use the console. Given by the environment:
 // CHROMIUM (the browser), BASE (lull's address), TOKEN (LULL_HTTP_TOKEN), CHAT (the
-// chat's id), APPROVAL (a tool call's approval waiting for a yes), SHOTS (where to
-// save a screenshot of each page). Prints one JSON object
+// chat's id), APPROVAL (a tool call's approval waiting for a yes), EXPIRED (a session
+// cookie signed with the token, past its end), SHOTS (where to save a screenshot of
+// each page). Prints one JSON object
 // of what it saw; the Rust test checks it, and what lull did.
 import { createRequire } from "node:module";
 import path from "node:path";
@@ -10,7 +11,7 @@ import path from "node:path";
 const require = createRequire(path.join(process.env.LULL_PUPPETEER, "x.js"));
 const puppeteer = require("puppeteer-core");
 
-const { CHROMIUM, BASE, TOKEN, CHAT, APPROVAL, SHOTS } = process.env;
+const { CHROMIUM, BASE, TOKEN, CHAT, APPROVAL, EXPIRED, SHOTS } = process.env;
 const seen = {};
 const browser = await puppeteer.launch({
   executablePath: CHROMIUM,
@@ -79,9 +80,27 @@ try {
   await other.close();
   await page.bringToFront();
 
-  // The people and tools pages.
+  // The people page: bob denied, then allowed; his message is refused, then stored
+  // (the Rust test sees it answered).
+  const post = async (id) => {
+    const r = await fetch(`${BASE}/api/messages`, {
+      method: "POST",
+      headers: { Authorization: `Bearer ${TOKEN}`, "Content-Type": "application/json" },
+      body: JSON.stringify({ conversation: "c3", user: "bob", text: "hi, it is bob", id }),
+    });
+    return (await r.json()).status;
+  };
+  const decide = async (action) => {
+    await page.type(`.form-${action} input[name=user]`, "http:bob");
+    await Promise.all([page.waitForNavigation(), page.click(`.form-${action} button`)]);
+    return page.$eval("#done", (e) => e.textContent);
+  };
   response = await page.goto(`${BASE}/people`);
   seen.people = response.status();
+  seen.denied = await decide("deny");
+  seen.bob_denied = await post("b1");
+  seen.allowed = await decide("allow");
+  seen.bob_allowed = await post("b2");
   await shot("people");
   response = await page.goto(`${BASE}/memories?scope=person:http:ann`);
   seen.memories = response.status();
@@ -119,6 +138,11 @@ try {
   seen.after_logout = new URL(page.url()).pathname;
   response = await page.goto(`${BASE}/chats`);
   seen.logged_out = response.status();
+
+  // A session past its end (signed with the token, so only its end is wrong): refused.
+  await page.setCookie({ name: "lull_status", value: EXPIRED, url: BASE });
+  response = await page.goto(`${BASE}/chats`);
+  seen.expired = response.status();
 } finally {
   await browser.close();
 }

@@ -80,6 +80,12 @@ async fn open_page(url: String, cookies: &str) -> (String, String) {
     (csrf, r.text().await.unwrap())
 }
 
+/// The status `GET url` with `cookies` is answered with.
+async fn status_of(url: String, cookies: &str) -> u16 {
+    let r = client().get(url).header(reqwest::header::COOKIE, cookies);
+    r.send().await.unwrap().status().as_u16()
+}
+
 /// Log in with the token: the session cookie.
 async fn log_in(lull: &LullProcess) -> String {
     let r = client()
@@ -276,24 +282,14 @@ async fn the_console_changes_a_chats_model_once_logged_in_and_refuses_a_forged_f
         Some(""),
         "cleared"
     );
-    let r = client()
-        .get(format!("{}/chats", lull.base_url()))
-        .header(reqwest::header::COOKIE, &cookies)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 401, "a logged-out session");
+    let url = format!("{}/chats", lull.base_url());
+    assert_eq!(status_of(url, &cookies).await, 401, "a logged-out session");
     drop(lull);
 
     // Thirteen hours later (sessions last twelve), the same cookie is refused.
     let later = start(&bot, "later", &[("LULL_TEST_CLOCK_OFFSET_MS", "46800000")]).await;
-    let r = client()
-        .get(format!("{}/chats/{id}", later.base_url()))
-        .header(reqwest::header::COOKIE, &cookies)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 401, "an expired session");
+    let url = format!("{}/chats/{id}", later.base_url());
+    assert_eq!(status_of(url, &cookies).await, 401, "an expired session");
     let r = post(
         &later,
         &id,

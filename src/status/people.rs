@@ -144,7 +144,6 @@ fn render(
     done: Option<&str>,
 ) -> String {
     let access = console.console_access_lists();
-    let limits = console.console_limits();
     let or = |s: String, none: &str| if s.is_empty() { none.to_owned() } else { s };
     let done = done
         .map(|d| format!("<p class=\"done\" id=\"done\">{}</p>", esc(d)))
@@ -173,7 +172,16 @@ fn render(
             by = esc(&r.set_by),
         );
     }
-    out.push_str("</table></section><section class=\"wide\"><h2>Spent today</h2><table id=\"people\"><tr><th>who</th><th>tokens</th><th>dollars</th><th></th></tr>");
+    out.push_str("</table></section>");
+    spent(&mut out, people, console.console_limits(), csrf);
+    out.push_str("</main>");
+    document("lull — people", &out)
+}
+
+/// The "spent today" section: each person's tokens and dollars against their budgets,
+/// each with a Deny button.
+fn spent(out: &mut String, people: &[PersonUsage], limits: &lull_core::limits::Limits, csrf: &str) {
+    out.push_str("<section class=\"wide\"><h2>Spent today</h2><table id=\"people\"><tr><th>who</th><th>tokens</th><th>dollars</th><th></th></tr>");
     for p in people {
         let tokens = against(
             p.tokens.to_string(),
@@ -204,6 +212,5 @@ fn render(
             t = p.tokens,
         );
     }
-    out.push_str("</table></section></main>");
-    document("lull — people", &out)
+    out.push_str("</table></section>");
 }

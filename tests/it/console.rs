@@ -160,15 +160,9 @@ async fn the_console_changes_a_chats_model_once_logged_in_and_refuses_a_forged_f
         "the chat's name, as the client gave it: {list}"
     );
     let cookies = format!("lull_status={session}; lull_csrf={csrf}");
-    let page = client()
-        .get(format!("{}/chats/{id}", lull.base_url()))
-        .header(reqwest::header::COOKIE, &cookies)
-        .send()
+    let page = open_page(format!("{}/chats/{id}", lull.base_url()), &cookies)
         .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+        .1;
     assert!(
         page.contains(&format!("name=\"csrf\" value=\"{csrf}\""))
             && page.contains("<option value=\"big\">"),
@@ -214,10 +208,7 @@ async fn the_console_changes_a_chats_model_once_logged_in_and_refuses_a_forged_f
     )
     .await;
     assert_eq!(r.status().as_u16(), 303);
-    let back = r.headers()[reqwest::header::LOCATION]
-        .to_str()
-        .unwrap()
-        .to_owned();
+    let back = location(&r);
     assert!(
         back.starts_with(&format!("/chats/{id}?done=saved")),
         "{back}"
@@ -244,10 +235,7 @@ async fn the_console_changes_a_chats_model_once_logged_in_and_refuses_a_forged_f
         &[("action", "model"), ("value", "huge"), ("csrf", &csrf)],
     )
     .await;
-    let back = r.headers()[reqwest::header::LOCATION]
-        .to_str()
-        .unwrap()
-        .to_owned();
+    let back = location(&r);
     assert!(back.contains("not+saved"), "{back}");
     assert_eq!(chat_model(&bot, &id), "big");
     let r = post(&lull, &id, &cookies, &[("action", "deny"), ("csrf", &csrf)]).await;
@@ -597,20 +585,9 @@ async fn the_people_page_allows_a_user_whose_next_message_is_answered() {
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 303);
-    let back = r.headers()[reqwest::header::LOCATION]
-        .to_str()
-        .unwrap()
-        .to_owned();
+    let back = location(&r);
     assert!(back.starts_with("/people?done=saved"), "{back}");
-    let page = client()
-        .get(format!("{base}/people"))
-        .header(reqwest::header::COOKIE, &cookies)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = open_page(format!("{base}/people"), &cookies).await.1;
     assert!(
         page.contains("data-subject=\"telegram:4801\" data-allowed=\"true\""),
         "{page}"
@@ -682,10 +659,7 @@ async fn the_memories_page_shows_a_persons_memories_and_forgets_one() {
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 303);
-    let back = r.headers()[reqwest::header::LOCATION]
-        .to_str()
-        .unwrap()
-        .to_owned();
+    let back = location(&r);
     assert!(
         back.starts_with("/memories?scope=person%3Ahttp%3Aann&done="),
         "{back}"
@@ -696,10 +670,18 @@ async fn the_memories_page_shows_a_persons_memories_and_forgets_one() {
     );
 }
 
+/// Where a redirect sends the browser.
+fn location(r: &reqwest::Response) -> String {
+    r.headers()[reqwest::header::LOCATION]
+        .to_str()
+        .unwrap()
+        .to_owned()
+}
+
 /// The `done` a console change's redirect says.
 fn done_of(r: &reqwest::Response) -> String {
     assert_eq!(r.status().as_u16(), 303);
-    let back = r.headers()[reqwest::header::LOCATION].to_str().unwrap();
+    let back = location(r);
     reqwest::Url::parse(&format!("http://console{back}"))
         .unwrap()
         .query_pairs()
@@ -768,14 +750,7 @@ async fn the_approvals_page_approves_a_call_once_and_cancels_another() {
     );
     let third = done_of(&answer(id.clone(), "approve", cookies.clone()).await);
     assert!(third.starts_with(&format!("No approval #{id}")), "{third}");
-    let page = client()
-        .get(format!("{base}/approvals"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = open_page(format!("{base}/approvals"), "").await.1;
     assert!(
         !page.contains("data-approval=\""),
         "no longer waiting: {page}"

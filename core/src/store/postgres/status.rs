@@ -197,34 +197,7 @@ impl StatusStore for PostgresStore {
                 )
             })
             .collect();
-            // The primary key of token_usage: the bot's totals of the asked days.
-            let (first, last) = token_days(&asked.days);
-            let tokens = query(
-                &tx,
-                "SELECT day, tokens, cost FROM token_usage WHERE scope = 'bot' AND day >= $1 AND day <= $2",
-                &[&first, &last],
-                "counting tokens per day",
-            )
-            .await?
-            .into_iter()
-            .map(|r| {
-                (
-                    r.get::<_, String>(0),
-                    r.get::<_, i64>(1).max(0) as u64,
-                    r.get::<_, i64>(2).max(0) as u64,
-                )
-            })
-            .collect();
-            // The bot's month so far: its month row, by primary key.
-            let month_cost = query_one(
-                &tx,
-                "SELECT COALESCE(MAX(cost), 0)::int8 FROM token_usage WHERE scope = 'month:bot' AND day = $1",
-                &[&month_of(&asked.days)],
-                "counting the month's cost",
-            )
-            .await?
-            .get::<_, i64>(0)
-            .max(0) as u64;
+            let (tokens, month_cost) = read_spend(&tx, &asked).await?;
             let top = read_top(&tx, &asked, now.to_db(asked.today_since)).await?;
             Ok(StatusRows {
                 pending,
@@ -243,6 +216,41 @@ impl StatusStore for PostgresStore {
         .await
         })
     }
+}
+
+/// The bot's spend: its tokens and dollars on each asked day (the primary key of
+/// `token_usage`), and its month so far (its month row, by primary key).
+async fn read_spend(
+    tx: &Tx<'_>,
+    asked: &StatusQuery,
+) -> Result<(Vec<(String, u64, u64)>, u64), StoreError> {
+    let (first, last) = token_days(&asked.days);
+    let tokens = query(
+        tx,
+        "SELECT day, tokens, cost FROM token_usage WHERE scope = 'bot' AND day >= $1 AND day <= $2",
+        &[&first, &last],
+        "counting tokens per day",
+    )
+    .await?
+    .into_iter()
+    .map(|r| {
+        (
+            r.get::<_, String>(0),
+            r.get::<_, i64>(1).max(0) as u64,
+            r.get::<_, i64>(2).max(0) as u64,
+        )
+    })
+    .collect();
+    let month_cost = query_one(
+        tx,
+        "SELECT COALESCE(MAX(cost), 0)::int8 FROM token_usage WHERE scope = 'month:bot' AND day = $1",
+        &[&month_of(&asked.days)],
+        "counting the month's cost",
+    )
+    .await?
+    .get::<_, i64>(0)
+    .max(0) as u64;
+    Ok((tokens, month_cost))
 }
 
 /// Today's most expensive conversations: their budget scopes' totals (index

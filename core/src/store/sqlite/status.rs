@@ -192,6 +192,32 @@ fn read_status(conn: &Connection, asked: &StatusQuery) -> Result<StatusRows, Sto
         .collect::<Result<_, _>>()
         .ctx("counting generated replies")?;
     let top = read_top(conn, asked)?;
+    let (tokens, month_cost) = read_spend(conn, asked)?;
+    Ok(StatusRows {
+        // Kept by triggers on timers: one row, whatever the number of conversations.
+        pending: count(
+            "SELECT pending FROM stats WHERE id = 1",
+            &[],
+            "counting pending conversations",
+        )?,
+        held: count(HELD_SQL, &[&now.0], "counting held conversations")?,
+        retrying: count(RETRYING_SQL, &[], "counting retrying conversations")?,
+        leases,
+        sent: pairs(SENT_SQL, bounds.day_ago, "counting sent replies")?,
+        failed: pairs(FAILED_SQL, bounds.day_ago, "counting failed replies")?,
+        created,
+        tokens,
+        month_cost,
+        top,
+    })
+}
+
+/// The bot's spend: its tokens and dollars on each asked day, and its month so far
+/// (both by `token_usage`'s primary key).
+fn read_spend(
+    conn: &Connection,
+    asked: &StatusQuery,
+) -> Result<(Vec<(String, u64, u64)>, u64), StoreError> {
     let (first, last) = token_days(&asked.days);
     let tokens = conn
         .prepare_cached(TOKENS_SQL)
@@ -212,23 +238,7 @@ fn read_status(conn: &Connection, asked: &StatusQuery) -> Result<StatusRows, Sto
         .query_row([month_of(&asked.days)], |r| r.get::<_, i64>(0))
         .ctx("counting the month's cost")?
         .max(0) as u64;
-    Ok(StatusRows {
-        // Kept by triggers on timers: one row, whatever the number of conversations.
-        pending: count(
-            "SELECT pending FROM stats WHERE id = 1",
-            &[],
-            "counting pending conversations",
-        )?,
-        held: count(HELD_SQL, &[&now.0], "counting held conversations")?,
-        retrying: count(RETRYING_SQL, &[], "counting retrying conversations")?,
-        leases,
-        sent: pairs(SENT_SQL, bounds.day_ago, "counting sent replies")?,
-        failed: pairs(FAILED_SQL, bounds.day_ago, "counting failed replies")?,
-        created,
-        tokens,
-        month_cost,
-        top,
-    })
+    Ok((tokens, month_cost))
 }
 
 /// Today's most expensive conversations: their budget scopes' totals, then each one's

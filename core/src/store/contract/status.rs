@@ -108,6 +108,10 @@ pub struct StoreStatus {
     pub top_conversations: Vec<ConversationTokens>,
 }
 
+/// The bot's spend as both backends read it: (day, tokens, nano-dollars) of the asked
+/// days that have any, and the month's nano-dollars so far.
+pub(crate) type SpendRows = (Vec<(String, u64, u64)>, u64);
+
 /// The rows a backend reads for [`StatusStore::status`], before they are put together
 /// the same way for both ([`StatusRows::assemble`]). Times on the caller's timeline.
 #[derive(Debug, Default)]

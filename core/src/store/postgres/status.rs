@@ -223,7 +223,7 @@ impl StatusStore for PostgresStore {
 async fn read_spend(
     tx: &Tx<'_>,
     asked: &StatusQuery,
-) -> Result<(Vec<(String, u64, u64)>, u64), StoreError> {
+) -> Result<crate::store::contract::status::SpendRows, StoreError> {
     let (first, last) = token_days(&asked.days);
     let tokens = query(
         tx,

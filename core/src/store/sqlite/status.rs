@@ -217,7 +217,7 @@ fn read_status(conn: &Connection, asked: &StatusQuery) -> Result<StatusRows, Sto
 fn read_spend(
     conn: &Connection,
     asked: &StatusQuery,
-) -> Result<(Vec<(String, u64, u64)>, u64), StoreError> {
+) -> Result<crate::store::contract::status::SpendRows, StoreError> {
     let (first, last) = token_days(&asked.days);
     let tokens = conn
         .prepare_cached(TOKENS_SQL)

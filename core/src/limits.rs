@@ -442,7 +442,7 @@ impl TimeZone {
 
     /// The month `at` falls on here (`2026-12`): what the monthly budget counts by.
     pub fn month(&self, at: Timestamp) -> String {
-        self.day(at).get(..7).unwrap_or_default().to_owned()
+        Period::Month.key(&self.day(at))
     }
 
     /// The first day of the month `at` falls on here (`2026-12-01`).

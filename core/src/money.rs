@@ -240,17 +240,6 @@ impl Prices {
         self.by_model.is_empty()
     }
 
-    /// Of `models`, those with no price, each once, in order.
-    pub fn unpriced<'a>(&self, models: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
-        let mut missing: Vec<&str> = Vec::new();
-        for model in models {
-            if !self.by_model.contains_key(model) && !missing.contains(&model) {
-                missing.push(model);
-            }
-        }
-        missing
-    }
-
     /// The list as `lull check` prints it.
     pub fn describe(&self) -> String {
         if self.by_model.is_empty() {
@@ -362,7 +351,6 @@ mod tests {
         assert_eq!(prices.audio_of("whisper-1", 1), Usd(100_000));
         assert_eq!(prices.tokens_of("free").worst(1_000_000, 1_000_000), Usd(0));
         assert_eq!(prices.tokens_of("unknown").worst(10, 10), Usd(0));
-        assert_eq!(prices.unpriced(["mini", "other", "other"]), ["other"]);
     }
 
     #[test]

@@ -197,7 +197,9 @@ pub trait LimitStore: Send + Sync + 'static {
 
     /// What each of `scopes` used on `day` (or in the month `day` names, `2026-12`, for
     /// a month scope), tokens and dollars (0 for a scope with none), in order.
-    async fn token_usage(&self, day: &str, scopes: &[String]) -> Result<Vec<Used>, StoreError>;
+    async fn token_usage(&self, day: &str, scopes: &[String]) -> Result<Vec<Used>, StoreError> {
+        self.usage_between(day, day, scopes).await
+    }
 
     /// What each of `scopes` used on the days from `first` to `last` (inclusive,
     /// `YYYY-MM-DD`) together, in order: a month so far, for `/usage`.

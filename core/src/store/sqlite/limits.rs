@@ -100,10 +100,6 @@ impl LimitStore for SqliteStore {
         .await
     }
 
-    async fn token_usage(&self, day: &str, scopes: &[String]) -> Result<Vec<Used>, StoreError> {
-        self.usage_between(day, day, scopes).await
-    }
-
     async fn usage_between(
         &self,
         first: &str,

@@ -413,7 +413,11 @@ impl Cli {
                 };
                 match variable {
                     Some(variable) => {
-                        let why = match expected_form(&variable) {
+                        // Only a plain number's parse error is said so: a setting
+                        // with its own parser says its own form.
+                        let plain_number = std::error::Error::source(&e)
+                            .is_some_and(|s| s.is::<std::num::ParseIntError>());
+                        let why = match expected_form(&variable).filter(|_| plain_number) {
                             Some(form) => format!("{value:?} is not {form}"),
                             None => e
                                 .render()

@@ -116,11 +116,10 @@ fn budgets(s: &Snapshot, add: &mut impl FnMut(&'static str, bool, String)) {
 /// another process (this one standing by).
 fn connected(s: &Snapshot, platform: &str, state: &str) -> bool {
     state == "up"
-        || s.store.connections.iter().any(|c| {
-            c.resource
-                .strip_prefix("poller/")
-                .is_some_and(|r| r.split('/').next() == Some(platform))
-        })
+        || s.store
+            .connections
+            .iter()
+            .any(|c| super::polls(&c.resource, platform))
 }
 
 /// The overview's alerts section: the firing first, each with what the numbers say.

@@ -53,8 +53,9 @@ pub(super) async fn detail(
     if let Some(refused) = status.refusal(&headers, false) {
         return refused;
     }
-    let Some(chat) = one(&status, id).await else {
-        return not_found(id);
+    let chat = match one(&status, id).await {
+        Ok(chat) => chat,
+        Err(answer) => return answer,
     };
     let offered = Offered::of(status.inner.console.as_deref()).await;
     let now = status.inner.clock.now();
@@ -77,8 +78,9 @@ pub(super) async fn change(
         Err(refused) => return *refused,
     };
     let field = |name: &str| posted.field(name);
-    let Some(chat) = one(&status, id).await else {
-        return not_found(id);
+    let chat = match one(&status, id).await {
+        Ok(chat) => chat,
+        Err(answer) => return answer,
     };
     let action = field("action").unwrap_or_default();
     let value = field("value").unwrap_or_default();
@@ -167,8 +169,9 @@ async fn apply_setting(
     Ok((done, what, same))
 }
 
-/// The chat `id`, if it exists.
-async fn one(status: &StatusPage, id: i64) -> Option<ChatRow> {
+/// The chat `id`; `Err`: the page saying there is none (404), or that the database
+/// did not answer (503).
+async fn one(status: &StatusPage, id: i64) -> Result<ChatRow, Response> {
     let now = status.inner.clock.now();
     match status
         .inner
@@ -176,11 +179,8 @@ async fn one(status: &StatusPage, id: i64) -> Option<ChatRow> {
         .chats(Some(ConversationId(id)), 1, now)
         .await
     {
-        Ok(mut rows) => rows.pop(),
-        Err(e) => {
-            tracing::warn!(error = %e, "the console could not read a chat");
-            None
-        }
+        Ok(mut rows) => rows.pop().ok_or_else(|| not_found(id)),
+        Err(e) => Err(forms::unavailable("lull — chat", &e)),
     }
 }
 

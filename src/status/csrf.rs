@@ -31,11 +31,7 @@ pub(super) fn from_cookie(headers: &HeaderMap) -> Option<String> {
 
 /// The `Set-Cookie` value that gives the browser `token`.
 pub(super) fn set_cookie(token: &str, secure: bool) -> Option<HeaderValue> {
-    let secure = if secure { "; Secure" } else { "" };
-    HeaderValue::from_str(&format!(
-        "{CSRF_COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/{secure}"
-    ))
-    .ok()
+    super::set_cookie(CSRF_COOKIE, token, None, secure)
 }
 
 /// Whether a posted form's `csrf` field is the token of the browser that posted it.

@@ -6,12 +6,12 @@
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use super::chats::with_token;
 use super::page::{document, nav};
-use super::{Access, COOKIE, StatusPage, cookies, forms, html};
+use super::{Access, COOKIE, StatusPage, cookies, forms, html, set_cookie};
 
 /// `GET /logout`: the form that logs out.
 pub(super) async fn form(State(status): State<StatusPage>, headers: HeaderMap) -> Response {
@@ -53,9 +53,8 @@ pub(super) async fn end(
     }
     tracing::info!("a console session was logged out");
     let mut response = (StatusCode::SEE_OTHER, [(header::LOCATION, "/login")]).into_response();
-    let cleared = format!("{COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0");
-    if let Ok(value) = HeaderValue::from_str(&cleared) {
-        response.headers_mut().insert(header::SET_COOKIE, value);
+    if let Some(cleared) = set_cookie(COOKIE, "", Some(0), false) {
+        response.headers_mut().insert(header::SET_COOKIE, cleared);
     }
     response
 }

@@ -450,16 +450,35 @@ fn over_https(headers: &HeaderMap) -> bool {
 
 fn redirect_home(session: Option<&str>, secure: bool) -> Response {
     let mut response = (StatusCode::SEE_OTHER, [(header::LOCATION, "/")]).into_response();
-    let max_age = login::SESSION_LIFETIME.as_secs();
-    let secure = if secure { "; Secure" } else { "" };
+    let max_age = Some(login::SESSION_LIFETIME.as_secs());
     if let Some(value) = session
-        && let Ok(set) = HeaderValue::from_str(&format!(
-            "{COOKIE}={value}; HttpOnly; SameSite=Strict; Path=/; Max-Age={max_age}{secure}"
-        ))
+        && let Some(set) = set_cookie(COOKIE, value, max_age, secure)
     {
         response.headers_mut().insert(header::SET_COOKIE, set);
     }
     response
+}
+
+/// Whether the lease `resource` is `platform`'s connection (`poller/telegram`, or one
+/// shard's, `poller/discord/shard-1`).
+fn polls(resource: &str, platform: &str) -> bool {
+    resource
+        .strip_prefix("poller/")
+        .is_some_and(|r| r.split('/').next() == Some(platform))
+}
+
+/// The `Set-Cookie` value of every cookie the console sets: `HttpOnly`,
+/// `SameSite=Strict`, the whole site, `Secure` when the browser came over HTTPS; kept
+/// `max_age` seconds (`None`: for the browser's session; `Some(0)`: cleared).
+fn set_cookie(name: &str, value: &str, max_age: Option<u64>, secure: bool) -> Option<HeaderValue> {
+    let max_age = max_age
+        .map(|s| format!("; Max-Age={s}"))
+        .unwrap_or_default();
+    let secure = if secure { "; Secure" } else { "" };
+    HeaderValue::from_str(&format!(
+        "{name}={value}; HttpOnly; SameSite=Strict; Path=/{max_age}{secure}"
+    ))
+    .ok()
 }
 
 fn html(code: StatusCode, body: String) -> Response {

@@ -243,11 +243,7 @@ pub(super) fn render(s: &Snapshot) -> String {
         let holder = st
             .connections
             .iter()
-            .filter(|c| {
-                c.resource
-                    .strip_prefix("poller/")
-                    .is_some_and(|r| r.split('/').next() == Some(platform))
-            })
+            .filter(|c| super::polls(&c.resource, platform))
             .map(|c| format!("{} → {}", c.resource, c.holder))
             .collect::<Vec<_>>()
             .join("<br>");

@@ -4,17 +4,11 @@
 //! where the console has a dispatcher (in `lull run`).
 
 use std::fmt::Write as _;
-use std::time::Duration;
 
 use serde::Serialize;
 
 use super::Snapshot;
 use super::escape::esc;
-
-/// How long the overview waits for the model server's list (asked only without
-/// `LULL_MODELS`, and kept for a while once answered): a server that hangs must not
-/// hang the page.
-const MODELS_WAIT: Duration = Duration::from_secs(2);
 
 /// What runs, as the overview shows it.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -44,12 +38,9 @@ pub(super) async fn read(console: Option<&lull_core::dispatcher::Dispatcher>) ->
     };
     running.model = Some(d.console_default_model().to_owned());
     running.daily_tokens_limit = d.console_limits().daily_tokens;
-    match tokio::time::timeout(MODELS_WAIT, d.console_models()).await {
-        Ok(Ok(models)) => running.models = models,
-        Ok(Err(why)) => running.models_error = Some(why),
-        Err(_) => {
-            running.models_error = Some("the model server did not list its models in time".into())
-        }
+    match d.console_models().await {
+        Ok(models) => running.models = models,
+        Err(why) => running.models_error = Some(why),
     }
     match d.console_approvals().await {
         Ok(waiting) => running.approvals_waiting = Some(waiting.len()),

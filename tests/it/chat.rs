@@ -124,6 +124,12 @@ fn bad_settings_stop_the_program_naming_the_variable() {
         ),
         ("LULL_MAX_WAIT_MS", "100", "LULL_DEBOUNCE_MS"),
         ("LULL_ECHO_DELAY_MS", "9..1", "LULL_ECHO_DELAY_MS"),
+        // A setting with a parser of its own says its own form.
+        (
+            "LULL_ECHO_DELAY_MS",
+            "fast",
+            "a range `MIN..MAX`, got 'fast'",
+        ),
         ("DATABASE_URL", "mysql://db", "DATABASE_URL"),
         ("LULL_ALLOWED_USERS", "nobody", "LULL_ALLOWED_USERS"),
         ("LULL_ALLOWED_CHATS", "-100123", "LULL_ALLOWED_CHATS"),

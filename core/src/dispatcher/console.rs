@@ -21,6 +21,11 @@ use crate::store::{
 /// The most open approvals the console lists (and looks an answered one up among).
 const APPROVALS_LISTED: usize = 500;
 
+/// How long a console page waits for the model server's list of models (asked only
+/// without `LULL_MODELS`, and kept for a while once answered): a server that hangs
+/// must not hang the page.
+const MODELS_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The name the console's operator writes under in a chat (the model and the
 /// history show it).
 const OPERATOR_NAME: &str = "the operator (console)";
@@ -37,10 +42,13 @@ pub enum ConsoleChange {
 impl Dispatcher {
     /// The models a chat may be given (what `/model` lists: `LULL_MODELS`, or the
     /// server's list), the first the default's; `Err`: why there is none.
+    /// A model server that does not list its models within [`MODELS_WAIT`] is told as
+    /// the reason: a page waits no longer for it.
     pub async fn console_models(&self) -> Result<Vec<String>, String> {
-        controls::offered_models(self)
-            .await
-            .map(|models| models.as_ref().clone())
+        match tokio::time::timeout(MODELS_WAIT, controls::offered_models(self)).await {
+            Ok(listed) => listed.map(|models| models.as_ref().clone()),
+            Err(_) => Err("the model server did not list its models in time".to_owned()),
+        }
     }
 
     /// The deployment's default model (the one a chat that chose none answers with).

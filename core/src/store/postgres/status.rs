@@ -18,6 +18,28 @@ use crate::store::{
     ChatRow, ConversationTokens, StatusQuery, StatusStore, StoreError, StoreStatus,
 };
 
+/// The console's chats (`StatusStore::chats`): settings, newest message, state.
+macro_rules! chats_select {
+    () => {
+        "SELECT c.id, c.platform, c.key, c.is_group, s.model, s.persona, s.prompt,
+            (SELECT MAX(m.received_at) FROM messages m WHERE m.conversation_id = c.id) AS last_at,
+            EXISTS (SELECT 1 FROM timers t WHERE t.conversation_id = c.id),
+            EXISTS (SELECT 1 FROM leases l WHERE l.conversation_id = c.id
+                    AND l.holder IS NOT NULL AND l.expires_at > $1),
+            c.title
+         FROM conversations c LEFT JOIN conversation_settings s ON s.conversation_id = c.id"
+    };
+}
+
+/// Every chat, the most recently written to first (one pass over the conversations).
+const CHATS_SQL: &str = concat!(
+    chats_select!(),
+    " ORDER BY last_at DESC NULLS LAST, c.id DESC LIMIT $2"
+);
+
+/// One chat, by its primary key (a console change looks its chat up so).
+const CHAT_SQL: &str = concat!(chats_select!(), " WHERE c.id = $2");
+
 #[async_trait]
 impl StatusStore for PostgresStore {
     async fn people_usage(&self, day: &str, limit: usize) -> Result<Vec<PersonUsage>, StoreError> {
@@ -51,21 +73,12 @@ impl StatusStore for PostgresStore {
         transaction!(self, Operation::Read, "reading the chats", |tx| {
             async {
                 let now = self.now(&tx, now).await?;
-                let rows = query(
-                    &tx,
-                    "SELECT c.id, c.platform, c.key, c.is_group, s.model, s.persona, s.prompt,
-                        (SELECT MAX(m.received_at) FROM messages m WHERE m.conversation_id = c.id) AS last_at,
-                        EXISTS (SELECT 1 FROM timers t WHERE t.conversation_id = c.id),
-                        EXISTS (SELECT 1 FROM leases l WHERE l.conversation_id = c.id
-                                AND l.holder IS NOT NULL AND l.expires_at > $1),
-                        c.title
-                     FROM conversations c LEFT JOIN conversation_settings s ON s.conversation_id = c.id
-                     WHERE $2::int8 IS NULL OR c.id = $2
-                     ORDER BY last_at DESC NULLS LAST, c.id DESC LIMIT $3",
-                    &[&now.db.0, &only.map(|c| c.0), &(limit as i64)],
-                    "reading the chats",
-                )
-                .await?;
+                // One chat by its primary key, or every chat in one pass.
+                let (sql, second) = match only {
+                    Some(chat) => (CHAT_SQL, chat.0),
+                    None => (CHATS_SQL, limit as i64),
+                };
+                let rows = query(&tx, sql, &[&now.db.0, &second], "reading the chats").await?;
                 Ok(rows
                     .into_iter()
                     .map(|r| ChatRow {

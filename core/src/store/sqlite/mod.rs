@@ -613,4 +613,27 @@ mod tests {
             }
         }
     }
+
+    /// A console change finds its chat by the primary key, whatever the number of
+    /// conversations (the list's one pass is for the list alone).
+    #[test]
+    fn one_chat_is_read_by_its_primary_key() {
+        let (_dir, conn) = migrated();
+        let sql = super::status::CHAT_SQL;
+        let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let plan: Vec<String> = stmt
+            .query_map(rusqlite::params![0i64, 5i64], |r| r.get::<_, String>(3))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert!(
+            plan.iter()
+                .any(|step| step.starts_with("SEARCH c USING INTEGER PRIMARY KEY")),
+            "{plan:#?}"
+        );
+        assert!(
+            !plan.iter().any(|step| step.starts_with("SCAN c")),
+            "{plan:#?}"
+        );
+    }
 }

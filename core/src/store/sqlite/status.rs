@@ -65,16 +65,26 @@ pub(super) const TOP_ROW_SQL: &str = "SELECT c.id,
      FROM conversations c WHERE c.platform = ?1 AND c.key = ?2";
 
 /// The console's chats (`StatusStore::chats`): settings, newest message, state.
-pub(super) const CHATS_SQL: &str =
-    "SELECT c.id, c.platform, c.key, c.is_group, s.model, s.persona, s.prompt,
-        (SELECT MAX(m.received_at) FROM messages m WHERE m.conversation_id = c.id) AS last_at,
-        EXISTS (SELECT 1 FROM timers t WHERE t.conversation_id = c.id),
-        EXISTS (SELECT 1 FROM leases l WHERE l.conversation_id = c.id
-                AND l.holder IS NOT NULL AND l.expires_at > ?1),
-        c.title
-     FROM conversations c LEFT JOIN conversation_settings s ON s.conversation_id = c.id
-     WHERE ?2 IS NULL OR c.id = ?2
-     ORDER BY last_at IS NULL, last_at DESC, c.id DESC LIMIT ?3";
+macro_rules! chats_select {
+    () => {
+        "SELECT c.id, c.platform, c.key, c.is_group, s.model, s.persona, s.prompt,
+            (SELECT MAX(m.received_at) FROM messages m WHERE m.conversation_id = c.id) AS last_at,
+            EXISTS (SELECT 1 FROM timers t WHERE t.conversation_id = c.id),
+            EXISTS (SELECT 1 FROM leases l WHERE l.conversation_id = c.id
+                    AND l.holder IS NOT NULL AND l.expires_at > ?1),
+            c.title
+         FROM conversations c LEFT JOIN conversation_settings s ON s.conversation_id = c.id"
+    };
+}
+
+/// Every chat, the most recently written to first (one pass over the conversations).
+pub(super) const CHATS_SQL: &str = concat!(
+    chats_select!(),
+    " ORDER BY last_at IS NULL, last_at DESC, c.id DESC LIMIT ?2"
+);
+
+/// One chat, by its primary key (a console change looks its chat up so).
+pub(super) const CHAT_SQL: &str = concat!(chats_select!(), " WHERE c.id = ?2");
 
 /// A day's people by tokens (index `token_usage_by_day`).
 pub(super) const PEOPLE_SQL: &str = "SELECT scope, tokens, cost FROM token_usage
@@ -106,10 +116,14 @@ impl StatusStore for SqliteStore {
         limit: usize,
         now: Timestamp,
     ) -> Result<Vec<ChatRow>, StoreError> {
+        let (sql, second) = match only {
+            Some(chat) => (CHAT_SQL, chat.0),
+            None => (CHATS_SQL, limit as i64),
+        };
         self.with_conn(move |conn| {
-            conn.prepare_cached(CHATS_SQL)
+            conn.prepare_cached(sql)
                 .ctx("reading the chats")?
-                .query_map(params![now.0, only.map(|c| c.0), limit as i64], |r| {
+                .query_map(params![now.0, second], |r| {
                     Ok(ChatRow {
                         id: r.get(0)?,
                         platform: r.get(1)?,

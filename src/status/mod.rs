@@ -27,7 +27,8 @@
 //! session that expires after [`login::SESSION_LIFETIME`] (`Secure` when a proxy says
 //! the request came over HTTPS), never the token ([`login`]), ended sooner by logging
 //! out ([`logout`]); the form takes at most [`login::MAX_FAILURES`] wrong tokens a
-//! minute. No secret ever travels in a URL; every comparison is in constant time.
+//! minute, and as many wrong bearer tokens. No secret ever travels in a URL; every
+//! comparison is in constant time.
 
 mod alerts;
 mod approvals;
@@ -138,6 +139,8 @@ struct Inner {
     cache: Refreshed<Snapshot, Infallible>,
     /// Wrong tokens the login form was given lately.
     failures: login::Failures,
+    /// Wrong `Authorization: Bearer` tokens lately, limited as the login form's are.
+    bearer_failures: login::Failures,
 }
 
 /// What the page and `/api/status` show: one moment's numbers.
@@ -221,6 +224,7 @@ impl StatusPage {
                 mcp_servers,
                 cache: Refreshed::default(),
                 failures: login::Failures::default(),
+                bearer_failures: login::Failures::default(),
             }),
         }
     }
@@ -340,9 +344,21 @@ impl StatusPage {
                 .into_response()),
             Access::Token { token, sessions } => {
                 let now = self.inner.clock.now();
-                if bearer(headers, token) || has_session(headers, sessions, now) {
-                    None
-                } else if json {
+                if has_session(headers, sessions, now) {
+                    return None;
+                }
+                if let Some(right) = bearer(headers, token) {
+                    // Guessed no faster than through the login form.
+                    let tried = std::time::Instant::now();
+                    if let Err(wait) = self.inner.bearer_failures.check(tried) {
+                        return Some(too_many_tries(wait, json));
+                    }
+                    if right {
+                        return None;
+                    }
+                    self.inner.bearer_failures.record(tried);
+                }
+                if json {
                     Some((
                         StatusCode::UNAUTHORIZED,
                         [(header::WWW_AUTHENTICATE, "Bearer")],
@@ -404,15 +420,7 @@ async fn login(State(status): State<StatusPage>, headers: HeaderMap, body: Bytes
     };
     let tried = std::time::Instant::now();
     if let Err(wait) = status.inner.failures.check(tried) {
-        let seconds = wait.as_secs().max(1).to_string();
-        let mut response = html(
-            StatusCode::TOO_MANY_REQUESTS,
-            page::login(Some("Too many wrong tokens: wait a minute and try again.")),
-        );
-        if let Ok(value) = HeaderValue::from_str(&seconds) {
-            response.headers_mut().insert(header::RETRY_AFTER, value);
-        }
-        return response;
+        return too_many_tries(wait, false);
     }
     let given = url::form_urlencoded::parse(&body)
         .find(|(name, _)| name == "token")
@@ -493,16 +501,41 @@ fn html(code: StatusCode, body: String) -> Response {
         .into_response()
 }
 
-/// `Authorization: Bearer <token>` (the scheme name case-insensitive), compared in
-/// constant time.
-fn bearer(headers: &HeaderMap, token: &SecretString) -> bool {
-    headers
+/// Whether `Authorization: Bearer <token>` (the scheme name case-insensitive) names
+/// the token, compared in constant time; `None`: the request names no bearer token.
+fn bearer(headers: &HeaderMap, token: &SecretString) -> Option<bool> {
+    let mut given = headers
         .get_all(header::AUTHORIZATION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .filter_map(|v| v.trim_start().split_once(' '))
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .any(|(_, given)| same_secret(given.trim().as_bytes(), token.expose_secret().as_bytes()))
+        .peekable();
+    given.peek()?;
+    Some(
+        given.any(|(_, given)| {
+            same_secret(given.trim().as_bytes(), token.expose_secret().as_bytes())
+        }),
+    )
+}
+
+/// 429 with `Retry-After` once too many wrong tokens were given lately (a page's login
+/// form again, or a JSON error).
+fn too_many_tries(wait: Duration, json: bool) -> Response {
+    let said = "Too many wrong tokens: wait a minute and try again.";
+    let mut response = if json {
+        (
+            StatusCode::TOO_MANY_REQUESTS,
+            axum::Json(serde_json::json!({ "error": said })),
+        )
+            .into_response()
+    } else {
+        html(StatusCode::TOO_MANY_REQUESTS, page::login(Some(said)))
+    };
+    if let Ok(value) = HeaderValue::from_str(&wait.as_secs().max(1).to_string()) {
+        response.headers_mut().insert(header::RETRY_AFTER, value);
+    }
+    response
 }
 
 /// Whether a `Cookie` header carries a login cookie holding a session open at `now`.
@@ -611,7 +644,11 @@ mod tests {
             header::AUTHORIZATION,
             HeaderValue::from_static("bearer s3cret"),
         );
-        assert!(bearer(&headers, &SecretString::from("s3cret")));
-        assert!(!bearer(&headers, &SecretString::from("s3cre")));
+        assert_eq!(bearer(&headers, &SecretString::from("s3cret")), Some(true));
+        assert_eq!(bearer(&headers, &SecretString::from("s3cre")), Some(false));
+        assert_eq!(
+            bearer(&HeaderMap::new(), &SecretString::from("s3cret")),
+            None
+        );
     }
 }

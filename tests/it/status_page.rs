@@ -618,6 +618,17 @@ async fn off_loopback_the_page_needs_the_token() {
     let r = login(TOKEN).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 429);
     assert!(r.headers().get("retry-after").is_some());
+    // Bearer tokens are guessed no faster (three wrong ones were tried above): after
+    // ten, even the right one is told to wait; a logged-in browser is not.
+    for n in 0..7 {
+        let r = get("/").bearer_auth("wrong").send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 401, "wrong bearer {n}");
+    }
+    let r = get("/api/status").bearer_auth(TOKEN).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 429);
+    assert!(r.headers().get("retry-after").is_some());
+    let r = get("/").header("cookie", &pair).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200, "a session is no guess");
     for path in ["/healthz", "/metrics"] {
         assert_eq!(
             get(path).send().await.unwrap().status().as_u16(),

@@ -16,7 +16,7 @@ use lull_core::domain::Timestamp;
 use lull_core::limits::TimeZone;
 use lull_core::store::{ActionState, WaitingApproval};
 
-use super::chats::{Done, with_token};
+use super::forms::Done;
 use super::page::{document, esc, nav};
 use super::{StatusPage, forms};
 
@@ -29,24 +29,26 @@ pub(super) async fn page(
     Query(done): Query<Done>,
     headers: HeaderMap,
 ) -> Response {
-    if let Some(refused) = status.refusal(&headers, false) {
-        return refused;
-    }
     let Some(console) = status.inner.console.clone() else {
         return forms::no_changes();
     };
     let now = status.inner.clock.now();
-    match console.console_approvals().await {
-        Ok(waiting) => with_token(&headers, |csrf| {
+    let read = console.console_approvals();
+    forms::page(
+        &status,
+        &headers,
+        "lull — approvals",
+        read,
+        |waiting, csrf| {
             let shown = Shown {
                 tz: &status.inner.timezone,
                 now,
                 csrf,
             };
             render(&waiting, &shown, done.done.as_deref())
-        }),
-        Err(e) => forms::unavailable("lull — approvals", &e),
-    }
+        },
+    )
+    .await
 }
 
 /// `POST /approvals`: answer one; refused without the session (off loopback, or with

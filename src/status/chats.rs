@@ -11,36 +11,27 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use lull_core::dispatcher::{ConsoleChange, Dispatcher};
 use lull_core::domain::{ConversationId, ConversationRef, Platform};
 use lull_core::store::{ChatRow, Setting};
 
+use super::forms::{Done, with_token};
 use super::page::{document, esc, nav};
-use super::{StatusPage, csrf, forms, html, over_https};
+use super::{StatusPage, forms, html};
 
 /// The most chats `/chats` lists.
 const LIMIT: usize = 500;
 
 /// `GET /chats`.
 pub(super) async fn list(State(status): State<StatusPage>, headers: HeaderMap) -> Response {
-    if let Some(refused) = status.refusal(&headers, false) {
-        return refused;
-    }
     let now = status.inner.clock.now();
-    match status.inner.store.chats(None, LIMIT, now).await {
-        Ok(chats) => with_token(&headers, |_| {
-            render_list(&chats, &status.inner.timezone, now)
-        }),
-        Err(e) => forms::unavailable("lull — chats", &e),
-    }
-}
-
-/// What the redirect after a change says (`?done=…`).
-#[derive(serde::Deserialize)]
-pub(super) struct Done {
-    pub(super) done: Option<String>,
+    let read = status.inner.store.chats(None, LIMIT, now);
+    forms::page(&status, &headers, "lull — chats", read, |chats, _| {
+        render_list(&chats, &status.inner.timezone, now)
+    })
+    .await
 }
 
 /// `GET /chats/{id}`.
@@ -192,20 +183,6 @@ fn not_found(id: i64) -> Response {
             &format!("<main><p>No chat #{id}. <a href=\"/chats\">All chats</a></p></main>"),
         ),
     )
-}
-
-/// The page `render` makes with this browser's form token, giving it one first if it
-/// has none.
-pub(super) fn with_token(headers: &HeaderMap, render: impl FnOnce(&str) -> String) -> Response {
-    let (token, new) = match csrf::from_cookie(headers) {
-        Some(token) => (token, false),
-        None => (csrf::new_token(), true),
-    };
-    let mut response = html(StatusCode::OK, render(&token));
-    if new && let Some(cookie) = csrf::set_cookie(&token, over_https(headers)) {
-        response.headers_mut().append(header::SET_COOKIE, cookie);
-    }
-    response
 }
 
 /// What the chat's forms offer: the models (or why there are none), the default, the

@@ -1,6 +1,7 @@
-//! What every console change shares: the checks before it (the session off
-//! loopback, the form token of this browser) and the redirect back after it, saying
-//! what was done.
+//! What every console page and change shares: a page refused without the session
+//! before anything is read, rendered with this browser's form token ([`page`],
+//! [`with_token`]); a change's checks (the session off loopback, the form token of this
+//! browser) and the redirect back after it, saying what was done ([`Done`]).
 
 use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode, header};
@@ -10,7 +11,7 @@ use std::sync::Arc;
 
 use lull_core::dispatcher::Dispatcher;
 
-use super::{StatusPage, csrf};
+use super::{StatusPage, csrf, html, over_https};
 
 /// A posted form (`application/x-www-form-urlencoded`).
 pub(super) struct Posted(Bytes);
@@ -91,4 +92,43 @@ pub(super) fn unavailable(title: &str, error: &lull_core::store::StoreError) -> 
 /// The answer to a change posted to a process without a dispatcher to make it.
 pub(super) fn no_changes() -> Response {
     (StatusCode::NOT_FOUND, "changes are not available here\n").into_response()
+}
+
+/// What the redirect after a change says (`?done=…`).
+#[derive(serde::Deserialize)]
+pub(super) struct Done {
+    pub(super) done: Option<String>,
+}
+
+/// The page `render` makes with this browser's form token, giving it one first if it
+/// has none.
+pub(super) fn with_token(headers: &HeaderMap, render: impl FnOnce(&str) -> String) -> Response {
+    let (token, new) = match csrf::from_cookie(headers) {
+        Some(token) => (token, false),
+        None => (csrf::new_token(), true),
+    };
+    let mut response = html(StatusCode::OK, render(&token));
+    if new && let Some(cookie) = csrf::set_cookie(&token, over_https(headers)) {
+        response.headers_mut().append(header::SET_COOKIE, cookie);
+    }
+    response
+}
+
+/// A console page: refused without the session (the login form, off loopback or with a
+/// token set) before anything is read; else what `read` found, rendered with this
+/// browser's form token, or 503 saying why the database did not answer.
+pub(super) async fn page<T>(
+    status: &StatusPage,
+    headers: &HeaderMap,
+    title: &str,
+    read: impl std::future::Future<Output = Result<T, lull_core::store::StoreError>>,
+    render: impl FnOnce(T, &str) -> String,
+) -> Response {
+    if let Some(refused) = status.refusal(headers, false) {
+        return refused;
+    }
+    match read.await {
+        Ok(found) => with_token(headers, |csrf| render(found, csrf)),
+        Err(e) => unavailable(title, &e),
+    }
 }

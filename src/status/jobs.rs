@@ -14,7 +14,7 @@ use lull_core::domain::Timestamp;
 use lull_core::limits::TimeZone;
 use lull_core::store::{JobKind, JobRow};
 
-use super::chats::{Done, with_token};
+use super::forms::Done;
 use super::page::{document, esc, nav};
 use super::{StatusPage, forms};
 
@@ -27,23 +27,19 @@ pub(super) async fn page(
     Query(done): Query<Done>,
     headers: HeaderMap,
 ) -> Response {
-    if let Some(refused) = status.refusal(&headers, false) {
-        return refused;
-    }
     let now = status.inner.clock.now();
-    match status.inner.store.all_jobs(LIMIT).await {
-        Ok(jobs) => with_token(&headers, |csrf| {
-            render(
-                &jobs,
-                &status.inner.timezone,
-                now,
-                csrf,
-                done.done.as_deref(),
-                status.inner.console.is_some(),
-            )
-        }),
-        Err(e) => forms::unavailable("lull — jobs", &e),
-    }
+    let read = status.inner.store.all_jobs(LIMIT);
+    forms::page(&status, &headers, "lull — jobs", read, |jobs, csrf| {
+        render(
+            &jobs,
+            &status.inner.timezone,
+            now,
+            csrf,
+            done.done.as_deref(),
+            status.inner.console.is_some(),
+        )
+    })
+    .await
 }
 
 /// `POST /jobs`: cancel a job; refused without the session (off loopback) or with a

@@ -9,7 +9,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use super::chats::with_token;
+use super::forms::with_token;
 use super::page::{document, nav};
 use super::{Access, COOKIE, StatusPage, cookies, forms, html, set_cookie};
 

@@ -14,7 +14,7 @@ use axum::response::Response;
 use lull_core::domain::Platform;
 use lull_core::store::{Memory, Scope, ScopeKind};
 
-use super::chats::with_token;
+use super::forms::with_token;
 use super::page::{document, esc, nav};
 use super::{StatusPage, forms};
 

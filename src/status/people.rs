@@ -15,7 +15,7 @@ use lull_core::dispatcher::{ConsoleChange, Dispatcher};
 use lull_core::domain::Platform;
 use lull_core::store::PersonUsage;
 
-use super::chats::{Done, with_token};
+use super::forms::Done;
 use super::page::{document, esc, nav};
 use super::{StatusPage, forms, html};
 
@@ -49,12 +49,14 @@ pub(super) async fn page(
             store.people_usage(&day, LIMIT).await?,
         ))
     };
-    match read.await {
-        Ok((rules, people)) => with_token(&headers, |csrf| {
-            render(&console, &rules, &people, &day, csrf, done.done.as_deref())
-        }),
-        Err(e) => forms::unavailable("lull — people", &e),
-    }
+    forms::page(
+        &status,
+        &headers,
+        "lull — people",
+        read,
+        |(rules, people), csrf| render(&console, &rules, &people, &day, csrf, done.done.as_deref()),
+    )
+    .await
 }
 
 /// `POST /people`: allow or deny a user; refused without the session (off loopback)

@@ -516,7 +516,8 @@ async fn store_held_out(
 /// Give back the reservations of the conversation's earlier leases (rounds abandoned
 /// before they settled: a lost lease, a stop, a crash), tokens and dollars, each on
 /// the row it was reserved on; budget rows are locked in the order every charge takes
-/// (scope, then day: a charge's day row and its month row included).
+/// (scope, then row key: a month is counted under a scope of its own, `month:bot`, so
+/// no scope has both day and month rows, and the key's text order is the charge's).
 async fn give_back_orphans(
     tx: &Tx<'_>,
     conversation: ConversationId,

@@ -344,16 +344,17 @@ impl Round<'_> {
             u64::from,
         );
         let lease = self.keeper.lease();
-        if !wallet::charge_transcription(d, &lease, conversation, user, secs, d.clock.now()).await?
-        {
+        // A refund goes back to the day (and month) the charge went to, even past
+        // midnight.
+        let charged_at = d.clock.now();
+        if !wallet::charge_transcription(d, &lease, conversation, user, secs, charged_at).await? {
             tracing::info!(%conversation, %user, secs, "not enough left of a token budget to transcribe a voice message; answering without it");
             notes.model.push(texts::AUDIO_NO_BUDGET_NOTE);
             return Ok(Ok(None));
         }
         let transcribed = transcriber.transcribe(&audio.bytes, &audio.mime).await;
         if transcribed.is_err() {
-            wallet::refund_transcription(d, &lease, conversation, user, secs, d.clock.now())
-                .await?;
+            wallet::refund_transcription(d, &lease, conversation, user, secs, charged_at).await?;
         }
         Ok(match transcribed {
             Ok(transcript) => Ok(Some(

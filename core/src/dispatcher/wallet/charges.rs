@@ -237,18 +237,20 @@ pub(in crate::dispatcher) async fn charge_transcription(
     Ok(charged)
 }
 
-/// Give back a transcription's charge ([`charge_transcription`]): it failed.
+/// Give back a transcription's charge ([`charge_transcription`]): it failed. `charged_at`
+/// is the charge's own time, so the same day's (and month's) rows get it back.
 pub(in crate::dispatcher) async fn refund_transcription(
     d: &Dispatcher,
     lease: &Lease,
     conversation: &ConversationRef,
     user_id: &str,
     secs: u64,
-    now: Timestamp,
+    charged_at: Timestamp,
 ) -> Result<(), StoreError> {
     let (amount, _) = transcription(d, secs);
-    let charge = transcription_charge(d, conversation, user_id, amount.negated(), false, now);
-    charge_under(d, lease, &charge, now).await?;
+    let charge = transcription_charge(d, conversation, user_id, amount.negated(), false, charged_at);
+    // Fenced now (the lease must still be held); booked on the charge's day.
+    charge_under(d, lease, &charge, d.clock.now()).await?;
     Ok(())
 }
 

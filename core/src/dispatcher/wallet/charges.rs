@@ -248,7 +248,14 @@ pub(in crate::dispatcher) async fn refund_transcription(
     charged_at: Timestamp,
 ) -> Result<(), StoreError> {
     let (amount, _) = transcription(d, secs);
-    let charge = transcription_charge(d, conversation, user_id, amount.negated(), false, charged_at);
+    let charge = transcription_charge(
+        d,
+        conversation,
+        user_id,
+        amount.negated(),
+        false,
+        charged_at,
+    );
     // Fenced now (the lease must still be held); booked on the charge's day.
     charge_under(d, lease, &charge, d.clock.now()).await?;
     Ok(())

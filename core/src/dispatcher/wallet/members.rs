@@ -4,7 +4,7 @@
 use super::super::Dispatcher;
 use super::spent::{authors, media_tokens, price_of, prompt_tokens};
 use crate::domain::Timestamp;
-use crate::limits::{self, Spending};
+use crate::limits::Spending;
 use crate::llm::Prompt;
 use crate::money::Usd;
 use crate::store::{Batch, HeldOut, PendingMessage, StoreError, Unit, Used};
@@ -90,26 +90,10 @@ fn least_reply(d: &Dispatcher, prompt: &Prompt, messages: &[PendingMessage]) -> 
     }
 }
 
-/// What a member has left today of each of their budgets.
-fn left_of(d: &Dispatcher, used: Used) -> (u64, u64) {
-    let limits = &d.settings.limits;
-    let tokens = if limits.user_daily_tokens > 0 {
-        limits.user_daily_tokens.saturating_sub(used.tokens)
-    } else {
-        u64::MAX
-    };
-    let usd = if limits.user_daily_usd.is_set() {
-        limits.user_daily_usd.0.saturating_sub(used.cost.0)
-    } else {
-        u64::MAX
-    };
-    (tokens, usd)
-}
-
 /// The budget a member over it cannot pay `share` from (tokens first), if any.
 fn short_of(d: &Dispatcher, used: Used, share: Least) -> Option<Spending> {
     let limits = &d.settings.limits;
-    let (tokens, usd) = left_of(d, used);
+    let (tokens, usd) = super::user_left(limits, used);
     if tokens < share.tokens {
         return Some(Spending::of(
             "user",
@@ -139,22 +123,11 @@ pub(in crate::dispatcher) async fn members_over(
     if !batch.is_group || !limits.has_user_budget() {
         return Ok(Vec::new());
     }
-    let limited: Vec<String> = authors(&batch.pending)
-        .into_iter()
-        .filter(|u| !d.settings.access.admins.contains(platform, u))
-        .collect();
-    if limited.is_empty() {
+    let weighed = super::weigh(d, platform, &authors(&batch.pending), now).await?;
+    if weighed.limited.is_empty() {
         return Ok(Vec::new());
     }
-    let day = limits.timezone.day(now);
-    let mut scopes: Vec<String> = limited
-        .iter()
-        .map(|u| limits::user_scope(platform, u))
-        .collect();
-    scopes.push(limits::BOT_SCOPE.to_owned());
-    let used = d.store.token_usage(&day, &scopes).await?;
-    let month = super::bot_month(d, now).await?;
-    let bot = super::bot_left(limits, used[limited.len()], month);
+    let bot = weighed.bot;
     let mut over: Vec<MemberOver> = Vec::new();
     loop {
         let included: Vec<PendingMessage> = batch
@@ -175,11 +148,14 @@ pub(in crate::dispatcher) async fn members_over(
         let share = least.share(payers.len() as u64);
         // The poorest member short of their share goes first: without them the
         // others' shares grow, and the loop looks again.
-        let Some((user, spending, _)) = limited
+        let Some((user, spending, _)) = weighed
+            .limited
             .iter()
-            .enumerate()
-            .filter(|(_, u)| payers.contains(u))
-            .filter_map(|(i, u)| short_of(d, used[i], share).map(|s| (u, s, left_of(d, used[i]))))
+            .filter(|(u, _)| payers.contains(u))
+            .filter_map(|(u, used)| {
+                let left = super::user_left(limits, *used);
+                short_of(d, *used, share).map(|s| (u, s, left))
+            })
             .min_by_key(|(_, _, left)| *left)
         else {
             return Ok(over);

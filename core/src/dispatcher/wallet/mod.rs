@@ -276,8 +276,8 @@ async fn held(
     Ok(())
 }
 
-/// What the budgets of `authors` and the bot have left now for one reply shared among
-/// them (each author pays an equal share): tokens and nano-dollars, `u64::MAX` when
+/// What the bot's budgets and the budgets of `authors` leave for a reply to them
+/// (each author pays an equal share): tokens and nano-dollars, `u64::MAX` when
 /// none limits it.
 async fn room(
     d: &Dispatcher,
@@ -285,8 +285,36 @@ async fn room(
     authors: &[String],
     now: Timestamp,
 ) -> Result<(u64, u64), StoreError> {
+    let weighed = weigh(d, batch.conversation.platform, authors, now).await?;
+    let n = authors.len().max(1) as u64;
+    let (mut tokens, mut usd) = weighed.bot;
+    for (_, used) in &weighed.limited {
+        let (left, left_usd) = user_left(&d.settings.limits, *used);
+        tokens = tokens.min(left.saturating_mul(n));
+        usd = usd.min(left_usd.saturating_mul(n));
+    }
+    Ok((tokens, usd))
+}
+
+/// What [`room`] and [`members::members_over`] weigh: the day's use of each of some
+/// authors who has a budget of their own (admins have none, nor anyone without a
+/// per-person budget), and what the bot's day and month leave.
+pub(super) struct Weighed {
+    /// The authors with a budget of their own, each with what they used today.
+    pub(super) limited: Vec<(String, Used)>,
+    /// What the bot's budgets leave (tokens, nano-dollars).
+    pub(super) bot: (u64, u64),
+}
+
+/// Read what [`Weighed`] holds for `authors` on `platform` (one read of the day's
+/// rows, one of the month's when `LULL_MONTHLY_USD` is set).
+pub(super) async fn weigh(
+    d: &Dispatcher,
+    platform: crate::domain::Platform,
+    authors: &[String],
+    now: Timestamp,
+) -> Result<Weighed, StoreError> {
     let limits = &d.settings.limits;
-    let platform = batch.conversation.platform;
     let limited: Vec<&String> = if limits.has_user_budget() {
         authors
             .iter()
@@ -305,19 +333,26 @@ async fn room(
         .token_usage(&limits.timezone.day(now), &scopes)
         .await?;
     let month = bot_month(d, now).await?;
-    let n = authors.len().max(1) as u64;
-    let (mut tokens, mut usd) = bot_left(limits, used[limited.len()], month);
-    for user in &used[..limited.len()] {
-        if limits.user_daily_tokens > 0 {
-            let left = limits.user_daily_tokens.saturating_sub(user.tokens);
-            tokens = tokens.min(left.saturating_mul(n));
-        }
-        if limits.user_daily_usd.is_set() {
-            let left = limits.user_daily_usd.0.saturating_sub(user.cost.0);
-            usd = usd.min(left.saturating_mul(n));
-        }
-    }
-    Ok((tokens, usd))
+    Ok(Weighed {
+        bot: bot_left(limits, used[limited.len()], month),
+        limited: limited.into_iter().cloned().zip(used).collect(),
+    })
+}
+
+/// What a person has left today of each of their own budgets, tokens and
+/// nano-dollars (`u64::MAX` for a budget not set).
+pub(super) fn user_left(limits: &Limits, used: Used) -> (u64, u64) {
+    let tokens = if limits.user_daily_tokens > 0 {
+        limits.user_daily_tokens.saturating_sub(used.tokens)
+    } else {
+        u64::MAX
+    };
+    let usd = if limits.user_daily_usd.is_set() {
+        limits.user_daily_usd.0.saturating_sub(used.cost.0)
+    } else {
+        u64::MAX
+    };
+    (tokens, usd)
 }
 
 /// After the model answered (or failed): turn the reservation into what was spent,

@@ -447,9 +447,14 @@ async fn a_summary_is_priced_at_the_summary_model() {
         say(&bot, &lull, "c1", "ann", &format!("fact number {n}")).await;
         wait_received(&bot, "c1", n).await;
     }
-    // Every summary asked for has its outcome counted.
+    // In nano-dollars: $1/$4 per million for the chat model, $3/$9 for the summariser.
+    let expected_of = |chats: u64, summaries: u64| {
+        chats * (300 * 1_000 + 20 * 4_000) + summaries * (900 * 3_000 + 100 * 9_000)
+    };
+    // Every summary asked for has its outcome counted, and no later one is under way
+    // (its worst case charged before its request): the books are settled.
     let deadline = std::time::Instant::now() + SECS(20);
-    loop {
+    let (chats, summaries) = loop {
         let asked = bot.model.requests_for("summarizer").len();
         let counted: f64 = lull
             .metrics()
@@ -459,16 +464,19 @@ async fn a_summary_is_priced_at_the_summary_model() {
             .filter(|(k, _)| k.starts_with("lull_summaries_total{"))
             .map(|(_, v)| v)
             .sum();
-        if asked > 0 && counted as usize >= asked {
-            break;
+        let summaries = asked as u64;
+        let chats = bot.model.requests().len() as u64 - summaries;
+        let settled = cost_of(&bot, "month:bot") == expected_of(chats, summaries);
+        if asked > 0 && counted as usize >= asked && settled {
+            break (chats, summaries);
         }
-        assert!(std::time::Instant::now() < deadline, "no summary settled");
+        if std::time::Instant::now() > deadline {
+            break (chats, summaries);
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let summaries = bot.model.requests_for("summarizer").len() as u64;
-    let chats = bot.model.requests().len() as u64 - summaries;
-    // In nano-dollars: $1/$4 per million for the chat model, $3/$9 for the summariser.
-    let expected = chats * (300 * 1_000 + 20 * 4_000) + summaries * (900 * 3_000 + 100 * 9_000);
+    };
+    assert!(summaries > 0, "no summary settled");
+    let expected = expected_of(chats, summaries);
     eprintln!("{chats} chat calls, {summaries} summaries: {expected} nano-dollars");
     assert_eq!(cost_of(&bot, "month:bot"), expected);
     let metrics = lull.metrics().await.unwrap();

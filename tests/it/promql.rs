@@ -216,6 +216,19 @@ async fn readme_queries_answer_on_a_real_prometheus() {
         tokio::time::sleep(Duration::from_millis(300)).await;
         prometheus.scrapes(2).await;
     }
+    // The pending gauge is set at the scheduler's polls (a loaded machine may take
+    // several): once lull reads none pending, Prometheus scrapes that.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while lull
+        .metrics()
+        .await
+        .and_then(|m| m.get("lull_pending_conversations").copied())
+        != Some(0.0)
+        && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    prometheus.scrapes(2).await;
 
     let expected = [
         ("model calls per delivered reply", 1.0),

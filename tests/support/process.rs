@@ -32,6 +32,9 @@ pub(crate) struct LullProcess {
     child: Option<Child>,
     /// Process ids of every incarnation, oldest first.
     pub pids: Vec<u32>,
+    /// The port was picked here (not named by the test): another may be picked when
+    /// something else took it between the pick and lull's bind.
+    picked_port: bool,
 }
 
 impl LullProcess {
@@ -48,11 +51,11 @@ impl LullProcess {
             .map(|(k, v)| (k.to_string(), v.clone()))
             .collect();
         // A test that needs the address up front (a webhook URL naming it) sets it.
-        let port = all
+        let named = all
             .get("LULL_HTTP_ADDR")
             .and_then(|addr| addr.rsplit_once(':'))
-            .and_then(|(_, port)| port.parse().ok())
-            .unwrap_or_else(free_port);
+            .and_then(|(_, port)| port.parse().ok());
+        let port = named.unwrap_or_else(free_port);
         all.entry("LULL_HTTP_ADDR".into())
             .or_insert_with(|| format!("127.0.0.1:{port}"));
         let mut process = LullProcess {
@@ -63,9 +66,25 @@ impl LullProcess {
             log: dir.join(format!("{name}.log")),
             child: None,
             pids: Vec::new(),
+            picked_port: named.is_none(),
         };
         process.spawn();
         process
+    }
+
+    /// A process that exited because the port picked for it was taken meanwhile (an
+    /// outgoing connection of another test may be given the same port): start it again
+    /// on a port picked anew. `false`: it exited for another reason.
+    fn restarted_on_a_new_port(&mut self) -> bool {
+        if !self.picked_port || !self.logs().contains("Address already in use") {
+            return false;
+        }
+        self.port = free_port();
+        self.env
+            .insert("LULL_HTTP_ADDR".into(), format!("127.0.0.1:{}", self.port));
+        let _ = std::fs::remove_file(&self.log);
+        self.spawn();
+        true
     }
 
     fn spawn(&mut self) {
@@ -169,7 +188,7 @@ impl LullProcess {
             {
                 return;
             }
-            if !self.is_running() {
+            if !self.is_running() && !self.restarted_on_a_new_port() {
                 panic!("{} exited during start:\n{}", self.name, self.logs());
             }
             if Instant::now() > deadline {
